@@ -1,0 +1,159 @@
+/*
+ * dlock: a two-tier distributed lock on Redis for heavily threaded C servers.
+ *
+ * One client per process (dlock_client_open) is shared by all its threads.
+ * Threads of one client that want the same name are coalesced by the local
+ * tier: at most one of them talks to Redis for that name at a time, the
+ * others sleep on a condition variable. Reentrant acquires cost no Redis
+ * command. Across processes and machines, exclusion comes from a lease in
+ * Redis owned by the client, renewed in batches by one renewal thread.
+ *
+ * Thread safety: every function may be called concurrently from any number
+ * of threads on the same client, except dlock_client_close, which must be the
+ * last call on a client (no call may be running on it or start after it).
+ *
+ * Errors: functions return DLOCK_OK (0) or a negative DLOCK_E* code;
+ * dlock_strerror() names it and dlock_last_error() gives the calling thread's
+ * detailed message for its last failed call (for example hiredis' reason when
+ * Redis is unreachable).
+ */
+#ifndef DLOCK_H
+#define DLOCK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Error codes: XX(name, value, message). One list generates the enum,
+ * dlock_strerror() and dlock_err_name(). */
+#define DLOCK_ERRNO_MAP(XX)                                                      \
+    XX(EINVAL, -1, "invalid argument")                                           \
+    XX(EBUSY, -2, "lock is held elsewhere")                                      \
+    XX(ETIMEDOUT, -3, "timed out waiting for the lock")                          \
+    XX(ENOTHELD, -4, "lock is not held by this thread")                          \
+    XX(ELOST, -5, "lease was lost while held")                                   \
+    XX(EREDIS, -6, "redis unreachable or failed")                                \
+    XX(ENOMEM, -7, "out of memory")                                              \
+    XX(EFORK, -8, "client used in a forked child; open a new client there")     \
+    XX(ECLOSED, -9, "client is closing")
+
+enum {
+    DLOCK_OK = 0,
+#define DLOCK_XX_(name, val, msg) DLOCK_##name = (val),
+    DLOCK_ERRNO_MAP(DLOCK_XX_)
+#undef DLOCK_XX_
+};
+
+/* Limits, checked by every call that takes such an argument. */
+#define DLOCK_NAME_MAX 512            /* bytes in a lock name, without the NUL */
+#define DLOCK_PREFIX_MAX 64           /* bytes in key_prefix */
+#define DLOCK_LEASE_MIN_MS 100u       /* shortest lease_ms accepted */
+#define DLOCK_LEASE_MAX_MS 86400000u  /* longest lease_ms accepted (one day) */
+#define DLOCK_TIMEOUT_MAX_MS 600000u  /* longest connect/command timeout */
+
+typedef struct dlock_client dlock_client;
+
+typedef struct dlock_config {
+    const char *redis_host;     /* default "127.0.0.1" */
+    int redis_port;             /* default 6379 */
+    const char *redis_password; /* default NULL (no AUTH) */
+    int redis_db;               /* default 0 */
+    const char *key_prefix;     /* default "dlock:"; at most DLOCK_PREFIX_MAX bytes */
+    uint32_t lease_ms;          /* default 30000; renewed every lease_ms/3 while held */
+    uint32_t connect_timeout_ms, command_timeout_ms; /* defaults 1000 */
+    uint32_t pass_limit;        /* local handoffs before the lease returns to Redis
+                                   (reserved for cohort handoff; default 16) */
+    /* Called once for each held lease that is lost (found gone in Redis, or
+     * its validity ran out while Redis was unreachable). It runs on a library
+     * thread, outside every library lock: it may call dlock_held() or
+     * dlock_release(), but must not block for long (it delays renewals). */
+    void (*on_lost)(const char *name, uint64_t fence, void *arg);
+    void *on_lost_arg;
+    uint32_t pool_size;         /* Redis connections shared by caller threads; default 8 */
+    uint32_t retry_max_ms;      /* longest pause of a poller between two tries
+                                   while the lock is held elsewhere; default 100 */
+} dlock_config;
+
+/* Fills *cfg with the defaults above. Always call it before setting fields,
+ * so that fields added later get their defaults. */
+void dlock_config_init(dlock_config *cfg);
+
+/* Opens a client: one per process, shared by its threads. Copies everything
+ * it needs from *cfg (strings included). Starts the renewal thread and tries
+ * to connect; an unreachable Redis is not an error here (every later call
+ * reports it as DLOCK_EREDIS and reconnects), so a server may start before
+ * its Redis. Returns DLOCK_OK and sets *out, or DLOCK_EINVAL for a NULL or
+ * out-of-range argument (the message says which), or DLOCK_ENOMEM. */
+int dlock_client_open(const dlock_config *cfg, dlock_client **out);
+
+/* Stops the renewal thread, releases in Redis every lease the client holds,
+ * and frees the client. Must be the last call on it. Threads that still held
+ * locks must not use them afterwards. NULL is ignored. In a forked child the
+ * parent's client is only forgotten: nothing is released or freed there. */
+void dlock_client_close(dlock_client *c);
+
+/* Acquires the lock `name` for the calling thread.
+ *   wait_ms == 0: try once; DLOCK_EBUSY if the lock is held elsewhere (by
+ *                 another process, or by or for another thread of this client).
+ *   wait_ms  > 0: wait at most that long; DLOCK_ETIMEDOUT when it runs out.
+ *   wait_ms  < 0: wait until acquired.
+ * On DLOCK_OK the thread holds the lock and, if fence is not NULL, *fence is
+ * the fencing token of this grant: strictly greater than every token given
+ * before for this name, across all clients. Reentrant: a thread that holds
+ * the lock acquires it again at once, with no Redis command, and gets the
+ * same token; each acquire needs its own release.
+ * Errors: DLOCK_EINVAL (NULL client or name, empty name, name longer than
+ * DLOCK_NAME_MAX), DLOCK_EREDIS (Redis unreachable or failed, after at most
+ * the connect plus command timeouts; if the outcome of the acquire is unknown
+ * the library tries to release the lease at once, else it expires after
+ * lease_ms), DLOCK_ELOST (a nested acquire while the held lease is lost),
+ * DLOCK_EFORK, DLOCK_ENOMEM. */
+int dlock_acquire(dlock_client *c, const char *name, int64_t wait_ms, uint64_t *fence);
+
+/* Releases one level of the calling thread's hold on `name`; the outermost
+ * release gives the lease back to Redis (or, with cohort handoff, to a waiting
+ * thread of this client). Returns DLOCK_OK; DLOCK_ENOTHELD if the calling
+ * thread does not hold `name` (nothing changes); DLOCK_ELOST if the lease had
+ * been lost while held (the lock is released locally all the same);
+ * DLOCK_EREDIS if Redis could not be told (the lock is released locally and
+ * the lease expires in Redis after at most lease_ms); DLOCK_EINVAL, DLOCK_EFORK. */
+int dlock_release(dlock_client *c, const char *name);
+
+/* 1 if the calling thread holds `name` and its lease is still valid (known
+ * renewed in time, by the local clock with a drift margin), else 0. Costs no
+ * Redis command. Returns 0 for invalid arguments and in a forked child. */
+int dlock_held(dlock_client *c, const char *name);
+
+/* Counters of one client since it was opened, read without stopping it. */
+typedef struct dlock_stats {
+    uint64_t acquisitions;       /* successful dlock_acquire calls, nested ones included */
+    uint64_t redis_commands;     /* commands sent to Redis by the client (all threads) */
+    uint64_t redis_round_trips;  /* round trips to Redis (a pipeline counts once) */
+    uint64_t renew_rounds;       /* renewal periods in which leases were renewed */
+    uint64_t renew_round_trips;  /* round trips spent renewing */
+    uint64_t renew_keys;         /* leases renewed, summed over rounds */
+    uint64_t leases_held;        /* leases held right now */
+    uint64_t leases_lost;        /* leases found lost while held */
+    uint64_t entries;            /* local entries (names some thread holds or waits for) */
+} dlock_stats;
+
+/* Fills *out with the client's counters. DLOCK_EINVAL for NULL arguments. */
+int dlock_client_stats(dlock_client *c, dlock_stats *out);
+
+/* The message of error `code` ("unknown error" for codes not in the list). */
+const char *dlock_strerror(int code);
+
+/* The symbolic name of error `code`, such as "DLOCK_EBUSY". */
+const char *dlock_err_name(int code);
+
+/* The calling thread's detailed message for its last failed dlock call, or ""
+ * if it has none. Valid until the thread's next dlock call. */
+const char *dlock_last_error(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DLOCK_H */

@@ -1,0 +1,604 @@
+/*
+ * The client and the public lock API: the local tier's rules around the
+ * entry table, and the Redis calls of acquire and release.
+ *
+ * Invariants, per entry (all under e->mu; see table.h for the fields):
+ *   I1. has_owner implies depth >= 1 and state is HELD or LOST.
+ *   I2. At most one thread per entry talks to Redis for it (design rule 1):
+ *       the poller (poller == 1, state ACQUIRING during its call) or the
+ *       releaser (state RELEASING). A thread may become the poller only when
+ *       !has_owner, state == NONE and poller == 0.
+ *   I3. state HELD implies the grant is registered with the renewal manager
+ *       (e->renew != NULL), which holds a reference on e.
+ *   I4. A LOST lease is never given to another thread: the owner must
+ *       release it, which returns DLOCK_ELOST and resets state to NONE.
+ * References: a thread inside a call holds one; the owner thread keeps the
+ * one of its outermost acquire until its outermost release.
+ *
+ * Lock order: e->mu, then the renewal manager's mutex; the table and pool
+ * mutexes are leaves. No Redis I/O happens with e->mu held; on_lost runs
+ * with no lock held.
+ *
+ * Which operations may run concurrently on one client: all of them, from
+ * any threads, except dlock_client_close (last, alone).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include "common.h"
+#include "conn.h"
+#include "error.h"
+#include "renew.h"
+#include "table.h"
+
+struct dlock_client {
+    dlock_conn_cfg conn;
+    char *prefix;
+    char id[33];        /* 128 random bits, hex: the owner of our leases */
+    char lease_str[16]; /* lease_ms in decimal, for the scripts */
+    uint32_t lease_ms, pass_limit, retry_max_ms;
+    int64_t drift_ns;
+    void (*on_lost)(const char *name, uint64_t fence, void *arg);
+    void *on_lost_arg;
+    unsigned fork_gen; /* fork generation at open: calls in a child fail */
+    dlock_counters ctr;
+    dlock_table *table;
+    dlock_pool *pool;
+    dlock_renew *renew;
+};
+
+/* fork(): the child gets a copy of the client without its threads or a
+ * consistent view of its locks. pthread_atfork's child handler bumps this
+ * generation (only one thread exists then, so a plain store would do; the
+ * atomic keeps TSan informed). */
+static unsigned fork_generation;
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+
+static void on_fork_child(void)
+{
+    ck_pr_inc_uint(&fork_generation);
+}
+
+static void install_atfork(void)
+{
+    pthread_atfork(NULL, NULL, on_fork_child);
+}
+
+void dlock_config_init(dlock_config *cfg)
+{
+    if (!cfg)
+        return;
+    memset(cfg, 0, sizeof *cfg);
+    cfg->redis_host = "127.0.0.1";
+    cfg->redis_port = 6379;
+    cfg->redis_password = NULL;
+    cfg->redis_db = 0;
+    cfg->key_prefix = "dlock:";
+    cfg->lease_ms = 30000;
+    cfg->connect_timeout_ms = 1000;
+    cfg->command_timeout_ms = 1000;
+    cfg->pass_limit = 16;
+    cfg->pool_size = 8;
+    cfg->retry_max_ms = 100;
+}
+
+static int check_config(const dlock_config *cfg)
+{
+    if (!cfg->redis_host || !cfg->redis_host[0])
+        return dlock_err_set(DLOCK_EINVAL, "redis_host is NULL or empty");
+    if (cfg->redis_port <= 0 || cfg->redis_port > 65535)
+        return dlock_err_set(DLOCK_EINVAL, "redis_port %d is not in 1..65535", cfg->redis_port);
+    if (cfg->redis_db < 0)
+        return dlock_err_set(DLOCK_EINVAL, "redis_db %d is negative", cfg->redis_db);
+    if (!cfg->key_prefix)
+        return dlock_err_set(DLOCK_EINVAL, "key_prefix is NULL");
+    if (strnlen(cfg->key_prefix, DLOCK_PREFIX_MAX + 1) > DLOCK_PREFIX_MAX)
+        return dlock_err_set(DLOCK_EINVAL, "key_prefix is longer than %d bytes", DLOCK_PREFIX_MAX);
+    if (cfg->lease_ms < DLOCK_LEASE_MIN_MS || cfg->lease_ms > DLOCK_LEASE_MAX_MS)
+        return dlock_err_set(DLOCK_EINVAL, "lease_ms %" PRIu32 " is not in %u..%u", cfg->lease_ms,
+                             DLOCK_LEASE_MIN_MS, DLOCK_LEASE_MAX_MS);
+    if (cfg->connect_timeout_ms == 0 || cfg->connect_timeout_ms > DLOCK_TIMEOUT_MAX_MS)
+        return dlock_err_set(DLOCK_EINVAL, "connect_timeout_ms %" PRIu32 " is not in 1..%u",
+                             cfg->connect_timeout_ms, DLOCK_TIMEOUT_MAX_MS);
+    if (cfg->command_timeout_ms == 0 || cfg->command_timeout_ms > DLOCK_TIMEOUT_MAX_MS)
+        return dlock_err_set(DLOCK_EINVAL, "command_timeout_ms %" PRIu32 " is not in 1..%u",
+                             cfg->command_timeout_ms, DLOCK_TIMEOUT_MAX_MS);
+    if (cfg->pool_size == 0 || cfg->pool_size > 1024)
+        return dlock_err_set(DLOCK_EINVAL, "pool_size %" PRIu32 " is not in 1..1024",
+                             cfg->pool_size);
+    if (cfg->retry_max_ms == 0 || cfg->retry_max_ms > cfg->lease_ms)
+        return dlock_err_set(DLOCK_EINVAL, "retry_max_ms %" PRIu32 " is not in 1..lease_ms",
+                             cfg->retry_max_ms);
+    return DLOCK_OK;
+}
+
+static int random_id(char out[33])
+{
+    unsigned char b[16];
+    size_t got = 0;
+    while (got < sizeof b) {
+        ssize_t n = getrandom(b + got, sizeof b - got, 0);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return -1;
+        got += (size_t)n;
+    }
+    for (int i = 0; i < 16; i++)
+        snprintf(out + 2 * i, 3, "%02x", b[i]);
+    return 0;
+}
+
+static void client_free(dlock_client *c)
+{
+    dlock_renew_stop(c->renew);
+    dlock_pool_destroy(c->pool);
+    dlock_table_destroy(c->table);
+    free(c->conn.host);
+    free(c->conn.password);
+    free(c->prefix);
+    free(c);
+}
+
+static void lost_from_renewal(void *arg, const char *name, uint64_t token)
+{
+    dlock_client *c = arg;
+    if (c->on_lost)
+        c->on_lost(name, token, c->on_lost_arg);
+}
+
+int dlock_client_open(const dlock_config *cfg, dlock_client **out)
+{
+    dlock_err_clear();
+    if (!out)
+        return dlock_err_set(DLOCK_EINVAL, "out is NULL");
+    *out = NULL;
+    if (!cfg)
+        return dlock_err_set(DLOCK_EINVAL, "config is NULL");
+    int rc = check_config(cfg);
+    if (rc != DLOCK_OK)
+        return rc;
+    pthread_once(&atfork_once, install_atfork);
+
+    dlock_client *c = calloc(1, sizeof *c);
+    if (!c)
+        return dlock_err_set(DLOCK_ENOMEM, "out of memory");
+    c->conn.host = strdup(cfg->redis_host);
+    c->conn.password = cfg->redis_password ? strdup(cfg->redis_password) : NULL;
+    c->prefix = strdup(cfg->key_prefix);
+    c->conn.port = cfg->redis_port;
+    c->conn.db = cfg->redis_db;
+    c->conn.connect_timeout_ms = cfg->connect_timeout_ms;
+    c->conn.command_timeout_ms = cfg->command_timeout_ms;
+    c->lease_ms = cfg->lease_ms;
+    snprintf(c->lease_str, sizeof c->lease_str, "%" PRIu32, cfg->lease_ms);
+    c->pass_limit = cfg->pass_limit;
+    c->retry_max_ms = cfg->retry_max_ms;
+    c->drift_ns = dlock_renew_drift_ns(cfg->lease_ms);
+    c->on_lost = cfg->on_lost;
+    c->on_lost_arg = cfg->on_lost_arg;
+    c->fork_gen = ck_pr_load_uint(&fork_generation);
+    if (!c->conn.host || !c->prefix || (cfg->redis_password && !c->conn.password)) {
+        client_free(c);
+        return dlock_err_set(DLOCK_ENOMEM, "out of memory");
+    }
+    if (random_id(c->id) != 0) {
+        client_free(c);
+        return dlock_err_set(DLOCK_ENOMEM, "no random bytes for the client id");
+    }
+    c->table = dlock_table_create(c->prefix, &c->ctr);
+    c->pool = dlock_pool_create(&c->conn, cfg->pool_size, &c->ctr);
+    if (!c->table || !c->pool) {
+        client_free(c);
+        return dlock_err_set(DLOCK_ENOMEM, "out of memory");
+    }
+    dlock_renew_cfg rc_cfg = {
+        .conn = &c->conn,
+        .ctr = &c->ctr,
+        .table = c->table,
+        .client_id = c->id,
+        .lease_ms = c->lease_ms,
+        .lost = lost_from_renewal,
+        .lost_arg = c,
+    };
+    rc = dlock_renew_start(&rc_cfg, &c->renew);
+    if (rc != DLOCK_OK) {
+        client_free(c);
+        return rc;
+    }
+    /* Connect once now so that the first acquire is fast; an unreachable
+     * Redis is reported by later calls, not here. */
+    redisContext *rc_conn;
+    if (dlock_pool_get(c->pool, &rc_conn) == DLOCK_OK)
+        dlock_pool_put(c->pool, rc_conn, 0);
+    dlock_err_clear();
+    *out = c;
+    return DLOCK_OK;
+}
+
+void dlock_client_close(dlock_client *c)
+{
+    if (!c)
+        return;
+    if (ck_pr_load_uint(&fork_generation) != c->fork_gen)
+        return; /* a child: the parent's client is not ours to touch */
+    client_free(c);
+}
+
+/* Checks the arguments common to the lock calls; sets *len. */
+static int check_call(dlock_client *c, const char *name, size_t *len)
+{
+    if (!c)
+        return dlock_err_set(DLOCK_EINVAL, "client is NULL");
+    if (ck_pr_load_uint(&fork_generation) != c->fork_gen)
+        return dlock_err_set(DLOCK_EFORK, "this client was opened before fork(); open a new "
+                                          "client in the child");
+    if (!name)
+        return dlock_err_set(DLOCK_EINVAL, "name is NULL");
+    *len = strnlen(name, DLOCK_NAME_MAX + 1);
+    if (*len == 0)
+        return dlock_err_set(DLOCK_EINVAL, "name is empty");
+    if (*len > DLOCK_NAME_MAX)
+        return dlock_err_set(DLOCK_EINVAL, "name is longer than %d bytes", DLOCK_NAME_MAX);
+    return DLOCK_OK;
+}
+
+/* A small per-thread generator for retry jitter (xorshift64*). */
+static uint64_t jitter_rand(void)
+{
+    static __thread uint64_t s;
+    if (!s)
+        s = (uint64_t)dlock_now_ns() ^ ((uint64_t)(uintptr_t)&s << 17) ^ 0x9e3779b97f4a7c15ULL;
+    s ^= s >> 12;
+    s ^= s << 25;
+    s ^= s >> 27;
+    return s * 2685821657736338717ULL;
+}
+
+/* Best-effort release of whatever grant of e this client owns, after an
+ * acquire whose outcome is unknown. Called as e's poller (state ACQUIRING,
+ * so no other grant of e can exist in this client), without e->mu. */
+static void release_orphan(dlock_client *c, dlock_entry *e)
+{
+    redisContext *conn;
+    if (dlock_pool_get(c->pool, &conn) != DLOCK_OK)
+        return; /* the lease, if granted, expires after lease_ms */
+    const char *argv[5] = {e->key, e->fence_key, c->id, "*", c->lease_str};
+    redisReply *rep = dlock_conn_eval(conn, &c->ctr, DLOCK_SCRIPT_RELEASE, 2, 3, argv, NULL);
+    if (rep)
+        freeReplyObject(rep);
+    dlock_pool_put(c->pool, conn, rep == NULL);
+}
+
+/* The acquire script. Called by e's poller without e->mu. Returns DLOCK_OK
+ * with *token and *sent_ns, DLOCK_EBUSY with *pttl_ms, or DLOCK_EREDIS. */
+static int redis_acquire(dlock_client *c, dlock_entry *e, uint64_t *token, int64_t *pttl_ms,
+                         int64_t *sent_ns)
+{
+    redisContext *conn;
+    int rc = dlock_pool_get(c->pool, &conn);
+    if (rc != DLOCK_OK)
+        return rc; /* nothing was sent */
+    const char *argv[4] = {e->key, e->fence_key, c->id, c->lease_str};
+    *sent_ns = dlock_now_ns();
+    redisReply *rep = dlock_conn_eval(conn, &c->ctr, DLOCK_SCRIPT_ACQUIRE, 2, 2, argv, NULL);
+    if (!rep) {
+        rc = dlock_err_set(DLOCK_EREDIS, "redis acquire of '%s': %s", e->name, conn->errstr);
+        dlock_pool_put(c->pool, conn, 1);
+        release_orphan(c, e); /* the outcome is unknown: do not leave a lease behind */
+        return rc;
+    }
+    if (rep->type == REDIS_REPLY_ARRAY && rep->elements == 2 &&
+        rep->element[0]->type == REDIS_REPLY_INTEGER &&
+        rep->element[1]->type == REDIS_REPLY_INTEGER) {
+        if (rep->element[0]->integer == 1) {
+            *token = (uint64_t)rep->element[1]->integer;
+            rc = DLOCK_OK;
+        } else {
+            *pttl_ms = rep->element[1]->integer;
+            rc = DLOCK_EBUSY;
+        }
+    } else {
+        rc = dlock_err_set(DLOCK_EREDIS, "redis acquire of '%s': %s", e->name,
+                           rep->type == REDIS_REPLY_ERROR ? rep->str : "unexpected reply");
+    }
+    freeReplyObject(rep);
+    dlock_pool_put(c->pool, conn, 0);
+    return rc;
+}
+
+/* The release script for grant `token`. Without e->mu, as e's releaser.
+ * DLOCK_OK, DLOCK_ELOST (the grant was gone), or DLOCK_EREDIS. */
+static int redis_release(dlock_client *c, dlock_entry *e, uint64_t token)
+{
+    redisContext *conn;
+    int rc = dlock_pool_get(c->pool, &conn);
+    if (rc != DLOCK_OK)
+        return rc;
+    char tok[24];
+    snprintf(tok, sizeof tok, "%" PRIu64, token);
+    const char *argv[5] = {e->key, e->fence_key, c->id, tok, c->lease_str};
+    redisReply *rep = dlock_conn_eval(conn, &c->ctr, DLOCK_SCRIPT_RELEASE, 2, 3, argv, NULL);
+    if (!rep) {
+        rc = dlock_err_set(DLOCK_EREDIS, "redis release of '%s': %s (the lease expires after "
+                                         "%" PRIu32 " ms)", e->name, conn->errstr, c->lease_ms);
+        dlock_pool_put(c->pool, conn, 1);
+        return rc;
+    }
+    if (rep->type == REDIS_REPLY_INTEGER)
+        rc = rep->integer == 1 ? DLOCK_OK
+                               : dlock_err_set(DLOCK_ELOST, "the lease of '%s' was gone from "
+                                                            "redis at release", e->name);
+    else
+        rc = dlock_err_set(DLOCK_EREDIS, "redis release of '%s': %s", e->name,
+                           rep->type == REDIS_REPLY_ERROR ? rep->str : "unexpected reply");
+    freeReplyObject(rep);
+    dlock_pool_put(c->pool, conn, 0);
+    return rc;
+}
+
+/* Makes the calling thread e's owner for a new grant. Called with e->mu held. */
+static int take_grant(dlock_client *c, dlock_entry *e, uint64_t token, int64_t sent_ns)
+{
+    e->state = DLOCK_LEASE_HELD;
+    e->token = token;
+    e->epoch++;
+    e->valid_until_ns = sent_ns + (int64_t)c->lease_ms * DLOCK_NS_PER_MS - c->drift_ns;
+    e->passes = 0;
+    e->lost_notified = 0;
+    int rc = dlock_renew_add(c->renew, e);
+    if (rc != DLOCK_OK) {
+        e->state = DLOCK_LEASE_NONE;
+        return dlock_err_set(rc, "out of memory registering the lease of '%s'", e->name);
+    }
+    e->has_owner = 1;
+    e->owner = pthread_self();
+    e->depth = 1;
+    dlock_count(&c->ctr.leases_held, 1);
+    return DLOCK_OK;
+}
+
+/*
+ * The poller's loop. Called with e->mu held, as e's designated poller
+ * (e->poller == 1, !has_owner, state NONE); returns with e->mu held. Talks
+ * to Redis without e->mu; between tries it sleeps on e->cv until the retry
+ * time (from the remaining TTL, capped by an exponential backoff, with
+ * jitter) or its own deadline, whichever comes first.
+ */
+static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int once)
+{
+    int64_t backoff_ms = 2;
+    for (;;) {
+        DLOCK_ASSERT(!e->has_owner && e->state == DLOCK_LEASE_NONE);
+        e->state = DLOCK_LEASE_ACQUIRING;
+        pthread_mutex_unlock(&e->mu);
+        uint64_t token = 0;
+        int64_t pttl = 0, sent_ns = 0;
+        int rc = redis_acquire(c, e, &token, &pttl, &sent_ns);
+        if (rc == DLOCK_OK && dlock_now_ns() >= sent_ns + (int64_t)c->lease_ms * DLOCK_NS_PER_MS -
+                                                           c->drift_ns) {
+            /* The answer came back after the lease could have expired. */
+            release_orphan(c, e);
+            rc = dlock_err_set(DLOCK_EREDIS, "redis answered the acquire of '%s' too late",
+                               e->name);
+        }
+        pthread_mutex_lock(&e->mu);
+        e->state = DLOCK_LEASE_NONE;
+        if (rc == DLOCK_OK) {
+            rc = take_grant(c, e, token, sent_ns);
+            if (rc != DLOCK_OK) {
+                pthread_mutex_unlock(&e->mu);
+                release_orphan(c, e);
+                pthread_mutex_lock(&e->mu);
+            }
+            return rc;
+        }
+        if (rc != DLOCK_EBUSY)
+            return rc;
+        if (once)
+            return dlock_err_set(DLOCK_EBUSY, "'%s' is held by another client", e->name);
+        int64_t now = dlock_now_ns();
+        if (now >= deadline)
+            return dlock_err_set(DLOCK_ETIMEDOUT, "timed out waiting for '%s'", e->name);
+        int64_t delay_ms = backoff_ms;
+        if (pttl > 0 && pttl < delay_ms)
+            delay_ms = pttl;
+        if (backoff_ms < c->retry_max_ms)
+            backoff_ms = backoff_ms * 2 < c->retry_max_ms ? backoff_ms * 2 : c->retry_max_ms;
+        /* Jitter: sleep a uniform time in [delay/2, delay] (at least 0.5 ms). */
+        int64_t delay_ns = delay_ms * DLOCK_NS_PER_MS;
+        delay_ns = delay_ns / 2 + (int64_t)(jitter_rand() % (uint64_t)(delay_ns / 2 + 1));
+        if (delay_ns < DLOCK_NS_PER_MS / 2)
+            delay_ns = DLOCK_NS_PER_MS / 2;
+        int64_t wake = now + delay_ns < deadline ? now + delay_ns : deadline;
+        while (dlock_now_ns() < wake) {
+            struct timespec ts = dlock_ts(wake);
+            pthread_cond_timedwait(&e->cv, &e->mu, &ts);
+        }
+    }
+}
+
+int dlock_acquire(dlock_client *c, const char *name, int64_t wait_ms, uint64_t *fence)
+{
+    dlock_err_clear();
+    size_t len;
+    int rc = check_call(c, name, &len);
+    if (rc != DLOCK_OK)
+        return rc;
+    int64_t now = dlock_now_ns();
+    /* Waits beyond ~292 years are "forever". */
+    int64_t deadline = wait_ms < 0 || wait_ms > (DLOCK_NEVER - now) / DLOCK_NS_PER_MS
+                           ? DLOCK_NEVER
+                           : now + wait_ms * DLOCK_NS_PER_MS;
+    dlock_entry *e = dlock_table_get(c->table, name, len);
+    if (!e)
+        return dlock_err_set(DLOCK_ENOMEM, "out of memory");
+
+    pthread_mutex_lock(&e->mu);
+    if (e->has_owner && pthread_equal(e->owner, pthread_self())) {
+        /* Reentrant acquire: depth only, no Redis command. */
+        if (e->state != DLOCK_LEASE_HELD || dlock_now_ns() >= e->valid_until_ns) {
+            rc = dlock_err_set(DLOCK_ELOST, "the lease of '%s' is lost; release it", name);
+        } else {
+            e->depth++;
+            if (fence)
+                *fence = e->token;
+        }
+        pthread_mutex_unlock(&e->mu);
+        dlock_table_put(c->table, e); /* the owner keeps its outermost reference */
+        if (rc == DLOCK_OK)
+            dlock_count(&c->ctr.acquisitions, 1);
+        return rc;
+    }
+
+    e->waiters++;
+    uint64_t fail_seq = e->fail_seq;
+    for (;;) {
+        if (!e->has_owner && e->state == DLOCK_LEASE_NONE && !e->poller) {
+            e->poller = 1;
+            rc = poll_redis(c, e, deadline, wait_ms == 0);
+            e->poller = 0;
+            if (rc == DLOCK_EREDIS) {
+                /* Tell the threads that waited behind this poll: they fail
+                 * too rather than each wait a timeout in turn. */
+                e->fail_seq++;
+                snprintf(e->fail_msg, sizeof e->fail_msg, "%s", dlock_last_error());
+            }
+            if (rc != DLOCK_OK)
+                pthread_cond_broadcast(&e->cv); /* another waiter may poll */
+            break;
+        }
+        if (e->fail_seq != fail_seq) {
+            rc = dlock_err_set(DLOCK_EREDIS, "%s", e->fail_msg);
+            break;
+        }
+        if (wait_ms == 0) {
+            rc = dlock_err_set(DLOCK_EBUSY, "'%s' is held or being acquired by another thread",
+                               name);
+            break;
+        }
+        if (dlock_now_ns() >= deadline) {
+            rc = dlock_err_set(DLOCK_ETIMEDOUT, "timed out waiting for '%s'", name);
+            break;
+        }
+        if (deadline == DLOCK_NEVER) {
+            pthread_cond_wait(&e->cv, &e->mu);
+        } else {
+            struct timespec ts = dlock_ts(deadline);
+            pthread_cond_timedwait(&e->cv, &e->mu, &ts);
+        }
+    }
+    e->waiters--;
+    uint64_t token = e->token;
+    pthread_mutex_unlock(&e->mu);
+    if (rc != DLOCK_OK) {
+        dlock_table_put(c->table, e);
+        return rc;
+    }
+    /* Our reference becomes the owner's, dropped by the outermost release. */
+    dlock_count(&c->ctr.acquisitions, 1);
+    if (fence)
+        *fence = token;
+    return DLOCK_OK;
+}
+
+int dlock_release(dlock_client *c, const char *name)
+{
+    dlock_err_clear();
+    size_t len;
+    int rc = check_call(c, name, &len);
+    if (rc != DLOCK_OK)
+        return rc;
+    dlock_entry *e = dlock_table_find(c->table, name, len);
+    if (!e)
+        return dlock_err_set(DLOCK_ENOTHELD, "'%s' is not held by this thread", name);
+
+    pthread_mutex_lock(&e->mu);
+    if (!e->has_owner || !pthread_equal(e->owner, pthread_self())) {
+        pthread_mutex_unlock(&e->mu);
+        dlock_table_put(c->table, e);
+        return dlock_err_set(DLOCK_ENOTHELD, "'%s' is not held by this thread", name);
+    }
+    if (e->depth > 1) {
+        e->depth--;
+        pthread_mutex_unlock(&e->mu);
+        dlock_table_put(c->table, e);
+        return DLOCK_OK;
+    }
+    /* Outermost release. */
+    e->has_owner = 0;
+    e->depth = 0;
+    if (e->state == DLOCK_LEASE_LOST) {
+        e->state = DLOCK_LEASE_NONE;
+        pthread_cond_broadcast(&e->cv);
+        pthread_mutex_unlock(&e->mu);
+        dlock_table_put(c->table, e);
+        dlock_table_put(c->table, e); /* the owner's reference */
+        return dlock_err_set(DLOCK_ELOST, "the lease of '%s' was lost while held", name);
+    }
+    DLOCK_ASSERT(e->state == DLOCK_LEASE_HELD);
+    int drop = dlock_renew_remove(c->renew, e); /* no renewal after this point */
+    e->state = DLOCK_LEASE_RELEASING;
+    uint64_t token = e->token;
+    pthread_mutex_unlock(&e->mu);
+    if (drop)
+        dlock_table_put(c->table, e); /* we still hold two references */
+
+    rc = redis_release(c, e, token);
+
+    int notify = 0;
+    pthread_mutex_lock(&e->mu);
+    dlock_count(&c->ctr.leases_held, (uint64_t)-1);
+    if (rc == DLOCK_ELOST) {
+        dlock_count(&c->ctr.leases_lost, 1);
+        notify = !e->lost_notified;
+        e->lost_notified = 1;
+    }
+    e->state = DLOCK_LEASE_NONE;
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    if (notify && c->on_lost)
+        c->on_lost(e->name, token, c->on_lost_arg);
+    dlock_table_put(c->table, e);
+    dlock_table_put(c->table, e); /* the owner's reference */
+    return rc;
+}
+
+int dlock_held(dlock_client *c, const char *name)
+{
+    size_t len;
+    if (check_call(c, name, &len) != DLOCK_OK)
+        return 0;
+    dlock_entry *e = dlock_table_find(c->table, name, len);
+    if (!e)
+        return 0;
+    pthread_mutex_lock(&e->mu);
+    int held = e->has_owner && pthread_equal(e->owner, pthread_self()) &&
+               e->state == DLOCK_LEASE_HELD && dlock_now_ns() < e->valid_until_ns;
+    pthread_mutex_unlock(&e->mu);
+    dlock_table_put(c->table, e);
+    return held;
+}
+
+int dlock_client_stats(dlock_client *c, dlock_stats *out)
+{
+    if (!c || !out)
+        return dlock_err_set(DLOCK_EINVAL, "client or out is NULL");
+    out->acquisitions = ck_pr_load_64(&c->ctr.acquisitions);
+    out->redis_commands = ck_pr_load_64(&c->ctr.redis_commands);
+    out->redis_round_trips = ck_pr_load_64(&c->ctr.redis_round_trips);
+    out->renew_rounds = ck_pr_load_64(&c->ctr.renew_rounds);
+    out->renew_round_trips = ck_pr_load_64(&c->ctr.renew_round_trips);
+    out->renew_keys = ck_pr_load_64(&c->ctr.renew_keys);
+    out->leases_held = ck_pr_load_64(&c->ctr.leases_held);
+    out->leases_lost = ck_pr_load_64(&c->ctr.leases_lost);
+    out->entries = ck_pr_load_64(&c->ctr.entries);
+    return DLOCK_OK;
+}

@@ -1,0 +1,60 @@
+/*
+ * The renewal manager: one thread per client that renews every held lease,
+ * one batched script call per chunk of keys, all chunks pipelined, so one
+ * round trip per period whatever the number of leases. It marks a lease lost
+ * when Redis says it is gone, or when its validity deadline passes without a
+ * successful renewal, and then calls the lost callback outside every lock.
+ *
+ * Lock order: entry->mu, then the manager's mutex (never the reverse).
+ */
+#ifndef DLOCK_RENEW_H
+#define DLOCK_RENEW_H
+
+#include "conn.h"
+#include "table.h"
+
+typedef struct dlock_renew dlock_renew;
+
+/* Called for each lease found lost, on the manager thread, with no library
+ * lock held. name stays valid during the call. */
+typedef void (*dlock_renew_lost_fn)(void *arg, const char *name, uint64_t token);
+
+typedef struct dlock_renew_cfg {
+    const dlock_conn_cfg *conn; /* must outlive the manager */
+    dlock_counters *ctr;
+    dlock_table *table;
+    const char *client_id;      /* must outlive the manager */
+    uint32_t lease_ms;
+    dlock_renew_lost_fn lost;
+    void *lost_arg;
+} dlock_renew_cfg;
+
+/* Starts the manager thread. DLOCK_OK, DLOCK_ENOMEM, or DLOCK_EINVAL if the
+ * thread cannot be created. */
+int dlock_renew_start(const dlock_renew_cfg *cfg, dlock_renew **out);
+
+/* Stops and joins the thread, gives back to Redis every lease still
+ * registered (one pipelined round trip, best effort within the timeouts),
+ * drops the registry's references and frees the manager. */
+void dlock_renew_stop(dlock_renew *r);
+
+/* Registers e's current grant (e->token, e->epoch) for renewal and takes a
+ * reference on e for the registry. Called with e->mu held, e->state HELD and
+ * e->renew NULL. Returns DLOCK_OK or DLOCK_ENOMEM. */
+int dlock_renew_add(dlock_renew *r, dlock_entry *e);
+
+/* Unregisters e's grant: after this returns no renewal of it is sent.
+ * Called with e->mu held. Returns 1 if it was registered: the caller must
+ * then drop the registry's reference with dlock_table_put after unlocking
+ * e->mu; 0 if it was not. */
+int dlock_renew_remove(dlock_renew *r, dlock_entry *e);
+
+/* The drift margin subtracted from a lease's validity, in ns. */
+int64_t dlock_renew_drift_ns(uint32_t lease_ms);
+
+/* Marks e's grant lost: state LOST, unregistered, counters updated. Called
+ * with e->mu held and e->state HELD. Returns as dlock_renew_remove. Whether
+ * the lost callback is due is e->lost_notified's business (the caller's). */
+int dlock_renew_mark_lost(dlock_renew *r, dlock_entry *e);
+
+#endif

@@ -1,0 +1,56 @@
+/*
+ * Script texts and their digests.
+ *
+ * Concurrency: shas[] is written once per script (the same value by any
+ * writer) and read by every caller thread. A writer fills the digest, then
+ * publishes it by storing ready[id] = 1 after a store fence; a reader loads
+ * ready[id], then a load fence, then reads the digest. Concurrent writers
+ * write identical bytes under the mutex, so readers never see a torn value.
+ */
+#include <pthread.h>
+#include <string.h>
+
+#include <ck_pr.h>
+
+#include "script.h"
+
+extern const char dlock_lua_acquire[];
+extern const char dlock_lua_release[];
+extern const char dlock_lua_renew[];
+
+static const char *const bodies[DLOCK_SCRIPT_COUNT] = {
+    [DLOCK_SCRIPT_ACQUIRE] = dlock_lua_acquire,
+    [DLOCK_SCRIPT_RELEASE] = dlock_lua_release,
+    [DLOCK_SCRIPT_RENEW] = dlock_lua_renew,
+};
+
+static char shas[DLOCK_SCRIPT_COUNT][41];
+static int ready[DLOCK_SCRIPT_COUNT];
+static pthread_mutex_t sha_mu = PTHREAD_MUTEX_INITIALIZER;
+
+const char *dlock_script_body(dlock_script_id id)
+{
+    return bodies[id];
+}
+
+const char *dlock_script_sha(dlock_script_id id)
+{
+    if (!ck_pr_load_int(&ready[id]))
+        return NULL;
+    ck_pr_fence_load(); /* pairs with the store fence in dlock_script_set_sha */
+    return shas[id];
+}
+
+void dlock_script_set_sha(dlock_script_id id, const char *sha, size_t len)
+{
+    if (len != 40)
+        return;
+    pthread_mutex_lock(&sha_mu);
+    if (!ck_pr_load_int(&ready[id])) {
+        memcpy(shas[id], sha, 40);
+        shas[id][40] = '\0';
+        ck_pr_fence_store(); /* the digest is visible before the flag */
+        ck_pr_store_int(&ready[id], 1);
+    }
+    pthread_mutex_unlock(&sha_mu);
+}

@@ -1,0 +1,191 @@
+/*
+ * The entry table of the local tier.
+ *
+ * Protocol (as Elasticsearch's AbstractRefCounted, with ck_pr atomics):
+ *   - try_inc_ref succeeds only on a count > 0; a count of 0 means the entry
+ *     is closing and will be unlinked: a lookup that meets it retries.
+ *   - the dec_ref that takes the count to 0 unlinks and frees the entry,
+ *     exactly once (only one decrement can observe the old value 1, and a
+ *     count of 0 is never incremented again).
+ *
+ * Why a reader never touches freed memory: lookups read and try_inc_ref an
+ * entry only while holding the table mutex, and the closer unlinks under the
+ * same mutex before freeing. A lookup that got its reference holds the count
+ * above 0, so the entry cannot close under it.
+ *
+ * Memory ordering: a thread's writes to an entry (made under e->mu) happen
+ * before its decrement (release fence before the atomic); the closer issues
+ * an acquire fence after seeing 1 -> 0, so it frees only after every other
+ * user's accesses. The mutexes already order most of this; the fences make
+ * the argument independent of them.
+ *
+ * Lock order: the table mutex is a leaf (see table.h).
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "table.h"
+
+struct dlock_table {
+    pthread_mutex_t mu;
+    dlock_entry *entries; /* uthash head, guarded by mu */
+    unsigned count;       /* guarded by mu */
+    dlock_counters *ctr;
+    size_t prefix_len;
+    char prefix[];
+};
+
+dlock_table *dlock_table_create(const char *prefix, dlock_counters *ctr)
+{
+    size_t plen = strlen(prefix);
+    dlock_table *t = calloc(1, sizeof *t + plen + 1);
+    if (!t)
+        return NULL;
+    pthread_mutex_init(&t->mu, NULL);
+    t->ctr = ctr;
+    t->prefix_len = plen;
+    memcpy(t->prefix, prefix, plen + 1);
+    return t;
+}
+
+static void entry_free(dlock_entry *e)
+{
+    pthread_cond_destroy(&e->cv);
+    pthread_mutex_destroy(&e->mu);
+    free(e->key);
+    free(e);
+}
+
+void dlock_table_destroy(dlock_table *t)
+{
+    if (!t)
+        return;
+    dlock_entry *e, *tmp;
+    HASH_ITER(hh, t->entries, e, tmp) {
+        HASH_DEL(t->entries, e);
+        entry_free(e);
+    }
+    pthread_mutex_destroy(&t->mu);
+    free(t);
+}
+
+/* Called with t->mu held (it reads the prefix only, but callers need the
+ * entry linked atomically with its creation). */
+static dlock_entry *entry_new(dlock_table *t, const char *name, size_t len)
+{
+    dlock_entry *e = calloc(1, sizeof *e + len + 1);
+    if (!e)
+        return NULL;
+    /* "<prefix>{<name>}" and "<prefix>{<name>}:fence" in one allocation */
+    size_t klen = t->prefix_len + len + 2;
+    e->key = malloc(2 * klen + 8);
+    if (!e->key) {
+        free(e);
+        return NULL;
+    }
+    memcpy(e->key, t->prefix, t->prefix_len);
+    e->key[t->prefix_len] = '{';
+    memcpy(e->key + t->prefix_len + 1, name, len);
+    memcpy(e->key + t->prefix_len + 1 + len, "}", 2);
+    e->fence_key = e->key + klen + 1;
+    memcpy(e->fence_key, e->key, klen);
+    memcpy(e->fence_key + klen, ":fence", 7);
+
+    memcpy(e->name, name, len);
+    e->name[len] = '\0';
+    e->name_len = len;
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&e->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    e->state = DLOCK_LEASE_NONE;
+    e->refs = 1;
+    return e;
+}
+
+static int try_inc_ref(dlock_entry *e)
+{
+    unsigned n = ck_pr_load_uint(&e->refs);
+    while (n > 0) {
+        /* On failure ck_pr_cas_uint_value stores the current count in n. */
+        if (ck_pr_cas_uint_value(&e->refs, n, n + 1, &n))
+            return 1;
+    }
+    return 0;
+}
+
+static dlock_entry *lookup(dlock_table *t, const char *name, size_t len, int create)
+{
+    for (;;) {
+        dlock_entry *e;
+        pthread_mutex_lock(&t->mu);
+        HASH_FIND(hh, t->entries, name, len, e);
+        if (e && try_inc_ref(e)) {
+            pthread_mutex_unlock(&t->mu);
+            return e;
+        }
+        if (!e) {
+            if (create && (e = entry_new(t, name, len)) != NULL) {
+                HASH_ADD_KEYPTR(hh, t->entries, e->name, len, e);
+                t->count++;
+                dlock_count(&t->ctr->entries, 1);
+            }
+            pthread_mutex_unlock(&t->mu);
+            return e;
+        }
+        /* Closing: its closer is waiting for t->mu to unlink it. */
+        pthread_mutex_unlock(&t->mu);
+        sched_yield();
+    }
+}
+
+dlock_entry *dlock_table_get(dlock_table *t, const char *name, size_t len)
+{
+    return lookup(t, name, len, 1);
+}
+
+dlock_entry *dlock_table_find(dlock_table *t, const char *name, size_t len)
+{
+    return lookup(t, name, len, 0);
+}
+
+void dlock_table_ref(dlock_entry *e)
+{
+    unsigned old = ck_pr_faa_uint(&e->refs, 1);
+    DLOCK_ASSERT(old > 0);
+}
+
+void dlock_table_put(dlock_table *t, dlock_entry *e)
+{
+    ck_pr_fence_release(); /* our accesses to e come before the decrement */
+    unsigned old = ck_pr_faa_uint(&e->refs, (unsigned)-1);
+    DLOCK_ASSERT(old > 0);
+    if (old != 1)
+        return;
+    ck_pr_fence_acquire(); /* every other user's accesses come before the free */
+    pthread_mutex_lock(&t->mu);
+    HASH_DEL(t->entries, e);
+    t->count--;
+    pthread_mutex_unlock(&t->mu);
+    dlock_count(&t->ctr->entries, (uint64_t)-1);
+    entry_free(e);
+}
+
+unsigned dlock_table_count(dlock_table *t)
+{
+    pthread_mutex_lock(&t->mu);
+    unsigned n = t->count;
+    pthread_mutex_unlock(&t->mu);
+    return n;
+}
+
+void dlock_table_foreach(dlock_table *t, void (*fn)(dlock_entry *e, void *arg), void *arg)
+{
+    pthread_mutex_lock(&t->mu);
+    dlock_entry *e, *tmp;
+    HASH_ITER(hh, t->entries, e, tmp) fn(e, arg);
+    pthread_mutex_unlock(&t->mu);
+}

@@ -1,0 +1,93 @@
+/*
+ * The local tier: one entry per lock name that some thread of this client
+ * holds or waits for, in a reference-counted table.
+ *
+ * Lock order (outermost first): entry->mu, then the renewal manager's mutex.
+ * The table mutex is a leaf: it is never held while taking another lock, and
+ * dlock_table_put must never be called with entry->mu held (it may free it).
+ */
+#ifndef DLOCK_TABLE_H
+#define DLOCK_TABLE_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include <uthash.h>
+
+#include "common.h"
+
+typedef enum dlock_lease_state {
+    DLOCK_LEASE_NONE,      /* this client does not own the lease */
+    DLOCK_LEASE_ACQUIRING, /* the poller is asking Redis for it */
+    DLOCK_LEASE_HELD,      /* owned and, as far as we know, valid */
+    DLOCK_LEASE_RELEASING, /* the releaser is giving it back to Redis */
+    DLOCK_LEASE_LOST       /* found gone, or expired unrenewed; the holder must release */
+} dlock_lease_state;
+
+typedef struct dlock_renew_item dlock_renew_item;
+
+typedef struct dlock_entry {
+    UT_hash_handle hh; /* guarded by the table mutex */
+
+    /* References: one per thread inside acquire/release/held for this
+     * name, one for the owner thread while it holds the lock, one for the
+     * renewal manager while the lease is registered with it. Atomic
+     * (ck_pr); 0 means closing: never revived. */
+    unsigned refs;
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv; /* CLOCK_MONOTONIC; broadcast when owner, state or poller change */
+
+    /* Guarded by mu. */
+    int has_owner;               /* a thread of this client holds the lock */
+    pthread_t owner;             /* that thread, when has_owner */
+    unsigned depth;              /* its reentrancy depth, >= 1 when has_owner */
+    dlock_lease_state state;
+    int poller;                  /* a thread is the designated poller (rule 1) */
+    uint64_t token;              /* fencing token of the current grant */
+    uint64_t epoch;              /* grants of this entry so far; renewals carry it */
+    int64_t valid_until_ns;      /* lease validity by the local monotonic clock */
+    unsigned passes;             /* consecutive local handoffs (cohort handoff) */
+    unsigned waiters;            /* threads in acquire waiting for this name */
+    int lost_notified;           /* on_lost already ran for this grant */
+    uint64_t fail_seq;           /* polls of this entry that failed with EREDIS */
+    char fail_msg[160];          /* the last such failure's message */
+    dlock_renew_item *renew;     /* registration with the renewal manager, or NULL */
+
+    /* Immutable after creation. */
+    size_t name_len;
+    char *key;       /* "<prefix>{<name>}" */
+    char *fence_key; /* "<prefix>{<name>}:fence" */
+    char name[];     /* NUL-terminated */
+} dlock_entry;
+
+typedef struct dlock_table dlock_table;
+
+/* A table whose entries' keys start with prefix (copied). NULL on ENOMEM. */
+dlock_table *dlock_table_create(const char *prefix, dlock_counters *ctr);
+
+/* Frees the table and every entry still in it, whatever its count. */
+void dlock_table_destroy(dlock_table *t);
+
+/* The entry for name, created if absent, with one reference for the caller.
+ * NULL when out of memory. */
+dlock_entry *dlock_table_get(dlock_table *t, const char *name, size_t len);
+
+/* The entry for name with one reference for the caller, or NULL if absent. */
+dlock_entry *dlock_table_find(dlock_table *t, const char *name, size_t len);
+
+/* Adds a reference; the caller must already hold one (so refs > 0). */
+void dlock_table_ref(dlock_entry *e);
+
+/* Drops a reference; the last one unlinks and frees the entry. Must not be
+ * called with e->mu held. */
+void dlock_table_put(dlock_table *t, dlock_entry *e);
+
+/* Number of entries in the table now. */
+unsigned dlock_table_count(dlock_table *t);
+
+/* Calls fn on every entry, under the table mutex (fn must not lock entries
+ * or call back into the table). For close and tests. */
+void dlock_table_foreach(dlock_table *t, void (*fn)(dlock_entry *e, void *arg), void *arg);
+
+#endif

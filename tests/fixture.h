@@ -1,0 +1,54 @@
+/*
+ * A private redis-server for tests and storms: started on a free loopback
+ * port in a fresh temporary directory (no persistence), stopped after.
+ * Also reads the server's own load figures (INFO commandstats and cpu).
+ *
+ * Not thread-safe per fx_redis; each test process owns its servers.
+ */
+#ifndef DLOCK_FIXTURE_H
+#define DLOCK_FIXTURE_H
+
+#include <sys/types.h>
+#include <hiredis/hiredis.h>
+#include "dlock.h"
+
+typedef struct fx_redis {
+    pid_t pid;          /* redis-server's pid, 0 when not running */
+    int port;           /* loopback port, kept across fx_redis_restart */
+    char dir[256];      /* temporary working directory (removed by stop) */
+} fx_redis;
+
+/* Starts redis-server on a free port of 127.0.0.1 and waits (at most 10 s)
+ * until it answers PING. Returns 0, or -1 with a message on stderr. */
+int fx_redis_start(fx_redis *r);
+
+/* Stops it (SIGTERM, then SIGKILL after 5 s), reaps it, removes its dir. */
+void fx_redis_stop(fx_redis *r);
+
+/* Sends `sig` to the server (SIGKILL, SIGSTOP, SIGCONT...). After SIGKILL
+ * the process is reaped and pid is 0. Returns 0 or -1. */
+int fx_redis_signal(fx_redis *r, int sig);
+
+/* Starts the server again on the same port after a kill (empty data set).
+ * Returns 0 or -1. */
+int fx_redis_restart(fx_redis *r);
+
+/* A new connection to host:port (1 s timeouts), or NULL. */
+redisContext *fx_connect(const char *host, int port);
+
+/* Calls of `cmd` (lower case, e.g. "evalsha") in INFO commandstats of
+ * host:port; cmd NULL sums every command except INFO itself. -1 on error. */
+long long fx_info_calls(const char *host, int port, const char *cmd);
+
+/* used_cpu_sys + used_cpu_user of host:port in seconds, or -1 on error. */
+double fx_info_cpu(const char *host, int port);
+
+/* dlock_config_init, then points it at r with test-friendly timeouts
+ * (connect 500 ms, command 1000 ms). */
+void fx_config(dlock_config *cfg, const fx_redis *r);
+
+/* Monotonic time in ns, and a sleep in ms. */
+long long fx_now_ns(void);
+void fx_sleep_ms(long ms);
+
+#endif
