@@ -184,7 +184,7 @@ int dlock_client_open(const dlock_config *cfg, dlock_client **out)
     c->drift_ns = dlock_renew_drift_ns(cfg->lease_ms);
     c->on_lost = cfg->on_lost;
     c->on_lost_arg = cfg->on_lost_arg;
-    c->fork_gen = ck_pr_load_uint(&fork_generation);
+    c->fork_gen = dlock_load_uint(&fork_generation);
     if (!c->conn.host || !c->prefix || (cfg->redis_password && !c->conn.password)) {
         client_free(c);
         return dlock_err_set(DLOCK_ENOMEM, "out of memory");
@@ -227,7 +227,7 @@ void dlock_client_close(dlock_client *c)
 {
     if (!c)
         return;
-    if (ck_pr_load_uint(&fork_generation) != c->fork_gen)
+    if (dlock_load_uint(&fork_generation) != c->fork_gen)
         return; /* a child: the parent's client is not ours to touch */
     client_free(c);
 }
@@ -237,7 +237,7 @@ static int check_call(dlock_client *c, const char *name, size_t *len)
 {
     if (!c)
         return dlock_err_set(DLOCK_EINVAL, "client is NULL");
-    if (ck_pr_load_uint(&fork_generation) != c->fork_gen)
+    if (dlock_load_uint(&fork_generation) != c->fork_gen)
         return dlock_err_set(DLOCK_EFORK, "this client was opened before fork(); open a new "
                                           "client in the child");
     if (!name)
@@ -591,14 +591,14 @@ int dlock_client_stats(dlock_client *c, dlock_stats *out)
 {
     if (!c || !out)
         return dlock_err_set(DLOCK_EINVAL, "client or out is NULL");
-    out->acquisitions = ck_pr_load_64(&c->ctr.acquisitions);
-    out->redis_commands = ck_pr_load_64(&c->ctr.redis_commands);
-    out->redis_round_trips = ck_pr_load_64(&c->ctr.redis_round_trips);
-    out->renew_rounds = ck_pr_load_64(&c->ctr.renew_rounds);
-    out->renew_round_trips = ck_pr_load_64(&c->ctr.renew_round_trips);
-    out->renew_keys = ck_pr_load_64(&c->ctr.renew_keys);
-    out->leases_held = ck_pr_load_64(&c->ctr.leases_held);
-    out->leases_lost = ck_pr_load_64(&c->ctr.leases_lost);
-    out->entries = ck_pr_load_64(&c->ctr.entries);
+    out->acquisitions = dlock_load_64(&c->ctr.acquisitions);
+    out->redis_commands = dlock_load_64(&c->ctr.redis_commands);
+    out->redis_round_trips = dlock_load_64(&c->ctr.redis_round_trips);
+    out->renew_rounds = dlock_load_64(&c->ctr.renew_rounds);
+    out->renew_round_trips = dlock_load_64(&c->ctr.renew_round_trips);
+    out->renew_keys = dlock_load_64(&c->ctr.renew_keys);
+    out->leases_held = dlock_load_64(&c->ctr.leases_held);
+    out->leases_lost = dlock_load_64(&c->ctr.leases_lost);
+    out->entries = dlock_load_64(&c->ctr.entries);
     return DLOCK_OK;
 }

@@ -25,6 +25,35 @@
         }                                                                      \
     } while (0)
 
+/*
+ * Atomic loads and stores. ConcurrencyKit's read-modify-write operations are
+ * visible to ThreadSanitizer when built with CK_USE_CC_BUILTINS=1, but its
+ * plain loads and stores are volatile accesses that TSan takes for races; in
+ * TSan builds these use the compiler's relaxed atomics instead, which is what
+ * ck_pr_load/ck_pr_store are (no ordering implied; callers add fences).
+ */
+#if defined(__SANITIZE_THREAD__)
+#define DLOCK_UNDER_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define DLOCK_UNDER_TSAN 1
+#endif
+#endif
+
+#ifdef DLOCK_UNDER_TSAN
+#define DLOCK_LOAD_(p) __atomic_load_n((p), __ATOMIC_RELAXED)
+#define DLOCK_STORE_(p, v) __atomic_store_n((p), (v), __ATOMIC_RELAXED)
+static inline unsigned dlock_load_uint(unsigned *p) { return DLOCK_LOAD_(p); }
+static inline int dlock_load_int(int *p) { return DLOCK_LOAD_(p); }
+static inline uint64_t dlock_load_64(uint64_t *p) { return DLOCK_LOAD_(p); }
+static inline void dlock_store_int(int *p, int v) { DLOCK_STORE_(p, v); }
+#else
+static inline unsigned dlock_load_uint(unsigned *p) { return ck_pr_load_uint(p); }
+static inline int dlock_load_int(int *p) { return ck_pr_load_int(p); }
+static inline uint64_t dlock_load_64(uint64_t *p) { return ck_pr_load_64(p); }
+static inline void dlock_store_int(int *p, int v) { ck_pr_store_int(p, v); }
+#endif
+
 #define DLOCK_NS_PER_MS 1000000LL
 
 /* CLOCK_MONOTONIC in ns: every local deadline uses it. */

@@ -10,7 +10,7 @@
 #include <pthread.h>
 #include <string.h>
 
-#include <ck_pr.h>
+#include "common.h"
 
 #include "script.h"
 
@@ -35,7 +35,7 @@ const char *dlock_script_body(dlock_script_id id)
 
 const char *dlock_script_sha(dlock_script_id id)
 {
-    if (!ck_pr_load_int(&ready[id]))
+    if (!dlock_load_int(&ready[id]))
         return NULL;
     ck_pr_fence_load(); /* pairs with the store fence in dlock_script_set_sha */
     return shas[id];
@@ -46,11 +46,11 @@ void dlock_script_set_sha(dlock_script_id id, const char *sha, size_t len)
     if (len != 40)
         return;
     pthread_mutex_lock(&sha_mu);
-    if (!ck_pr_load_int(&ready[id])) {
+    if (!dlock_load_int(&ready[id])) {
         memcpy(shas[id], sha, 40);
         shas[id][40] = '\0';
         ck_pr_fence_store(); /* the digest is visible before the flag */
-        ck_pr_store_int(&ready[id], 1);
+        dlock_store_int(&ready[id], 1);
     }
     pthread_mutex_unlock(&sha_mu);
 }

@@ -108,7 +108,7 @@ static dlock_entry *entry_new(dlock_table *t, const char *name, size_t len)
 
 static int try_inc_ref(dlock_entry *e)
 {
-    unsigned n = ck_pr_load_uint(&e->refs);
+    unsigned n = dlock_load_uint(&e->refs);
     while (n > 0) {
         /* On failure ck_pr_cas_uint_value stores the current count in n. */
         if (ck_pr_cas_uint_value(&e->refs, n, n + 1, &n))

@@ -1,0 +1,161 @@
+/*
+ * The Redis connection module against a real redis-server: opening (AUTH,
+ * SELECT, script digests), EVALSHA with its EVAL fallback after the server
+ * forgot the scripts, and the caller threads' pool (limit, reuse, broken
+ * connections dropped, waits bounded by the command timeout).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "conn.h"
+#include "fixture.h"
+
+static fx_redis srv;
+
+static int setup(void **state)
+{
+    (void)state;
+    return fx_redis_start(&srv);
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    fx_redis_stop(&srv);
+    return 0;
+}
+
+static dlock_conn_cfg conn_cfg(int port)
+{
+    dlock_conn_cfg cfg = {(char *)"127.0.0.1", port, NULL, 0, 500, 1000};
+    return cfg;
+}
+
+static void test_open_loads_scripts(void **state)
+{
+    (void)state;
+    dlock_counters ctr = {0};
+    dlock_conn_cfg cfg = conn_cfg(srv.port);
+    redisContext *c;
+    assert_int_equal(dlock_conn_open(&cfg, &ctr, &c), DLOCK_OK);
+    for (int id = 0; id < DLOCK_SCRIPT_COUNT; id++) {
+        const char *sha = dlock_script_sha(id);
+        assert_non_null(sha);
+        assert_int_equal(strlen(sha), 40);
+        redisReply *r = redisCommand(c, "SCRIPT EXISTS %s", sha);
+        assert_non_null(r);
+        assert_int_equal(r->element[0]->integer, 1);
+        freeReplyObject(r);
+    }
+    redisFree(c);
+}
+
+/* A flushed (or restarted) server answers NOSCRIPT: the call still runs,
+ * through EVAL, and the script is cached again for the next EVALSHA. */
+static void test_eval_fallback_after_flush(void **state)
+{
+    (void)state;
+    dlock_counters ctr = {0};
+    dlock_conn_cfg cfg = conn_cfg(srv.port);
+    redisContext *c;
+    assert_int_equal(dlock_conn_open(&cfg, &ctr, &c), DLOCK_OK);
+    redisReply *r = redisCommand(c, "SCRIPT FLUSH");
+    freeReplyObject(r);
+    long long evals = fx_info_calls("127.0.0.1", srv.port, "eval");
+
+    const char *argv[4] = {"t:{n}", "t:{n}:fence", "0123456789abcdef0123456789abcdef", "5000"};
+    r = dlock_conn_eval(c, &ctr, DLOCK_SCRIPT_ACQUIRE, 2, 2, argv, NULL);
+    assert_non_null(r);
+    assert_int_equal(r->type, REDIS_REPLY_ARRAY);
+    assert_int_equal(r->element[0]->integer, 1);
+    freeReplyObject(r);
+    assert_int_equal(fx_info_calls("127.0.0.1", srv.port, "eval"), evals + 1);
+
+    r = redisCommand(c, "SCRIPT EXISTS %s", dlock_script_sha(DLOCK_SCRIPT_ACQUIRE));
+    assert_int_equal(r->element[0]->integer, 1);
+    freeReplyObject(r);
+    redisFree(c);
+}
+
+static void test_connect_refused(void **state)
+{
+    (void)state;
+    fx_redis dead;
+    assert_int_equal(fx_redis_start(&dead), 0);
+    int port = dead.port;
+    fx_redis_stop(&dead); /* nothing listens there now */
+    dlock_counters ctr = {0};
+    dlock_conn_cfg cfg = conn_cfg(port);
+    redisContext *c = (redisContext *)1;
+    assert_int_equal(dlock_conn_open(&cfg, &ctr, &c), DLOCK_EREDIS);
+    assert_null(c);
+    assert_non_null(strstr(dlock_last_error(), "connect"));
+}
+
+static void test_auth_and_select_errors(void **state)
+{
+    (void)state;
+    dlock_counters ctr = {0};
+    dlock_conn_cfg cfg = conn_cfg(srv.port);
+    redisContext *c;
+    cfg.password = (char *)"secret"; /* the server has no password */
+    assert_int_equal(dlock_conn_open(&cfg, &ctr, &c), DLOCK_EREDIS);
+    assert_non_null(strstr(dlock_last_error(), "AUTH"));
+    cfg.password = NULL;
+    cfg.db = 1000; /* beyond the server's 16 databases */
+    assert_int_equal(dlock_conn_open(&cfg, &ctr, &c), DLOCK_EREDIS);
+    assert_non_null(strstr(dlock_last_error(), "SELECT"));
+    cfg.db = 3;
+    assert_int_equal(dlock_conn_open(&cfg, &ctr, &c), DLOCK_OK);
+    redisFree(c);
+}
+
+static void test_pool_limit_and_reuse(void **state)
+{
+    (void)state;
+    dlock_counters ctr = {0};
+    dlock_conn_cfg cfg = conn_cfg(srv.port);
+    cfg.command_timeout_ms = 200;
+    dlock_pool *p = dlock_pool_create(&cfg, 2, &ctr);
+    redisContext *a, *b, *x;
+    assert_int_equal(dlock_pool_get(p, &a), DLOCK_OK);
+    assert_int_equal(dlock_pool_get(p, &b), DLOCK_OK);
+    assert_ptr_not_equal(a, b);
+    /* Full: the third caller waits the command timeout, then fails. */
+    long long t0 = fx_now_ns();
+    assert_int_equal(dlock_pool_get(p, &x), DLOCK_EREDIS);
+    long long waited_ms = (fx_now_ns() - t0) / 1000000;
+    assert_true(waited_ms >= 190);
+    assert_true(waited_ms < 5000); /* generous: a busy machine */
+
+    dlock_pool_put(p, a, 0);
+    assert_int_equal(dlock_pool_get(p, &x), DLOCK_OK);
+    assert_ptr_equal(x, a); /* the idle connection is reused */
+
+    /* A broken connection is closed, and its slot opens a new one. */
+    dlock_pool_put(p, x, 1);
+    assert_int_equal(dlock_pool_get(p, &x), DLOCK_OK);
+    redisReply *r = redisCommand(x, "PING");
+    assert_non_null(r);
+    assert_string_equal(r->str, "PONG");
+    freeReplyObject(r);
+    dlock_pool_put(p, x, 0);
+    dlock_pool_put(p, b, 0);
+    dlock_pool_destroy(p);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_open_loads_scripts),
+        cmocka_unit_test(test_eval_fallback_after_flush),
+        cmocka_unit_test(test_connect_refused),
+        cmocka_unit_test(test_auth_and_select_errors),
+        cmocka_unit_test(test_pool_limit_and_reuse),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
