@@ -45,6 +45,7 @@ struct dlock_client {
     char lease_str[16]; /* lease_ms in decimal, for the scripts */
     uint32_t lease_ms, pass_limit, retry_max_ms;
     int64_t drift_ns;
+    int64_t handoff_margin_ns; /* no handoff this close to the validity deadline */
     void (*on_lost)(const char *name, uint64_t fence, void *arg);
     void *on_lost_arg;
     unsigned fork_gen; /* fork generation at open: calls in a child fail */
@@ -182,6 +183,9 @@ int dlock_client_open(const dlock_config *cfg, dlock_client **out)
     c->pass_limit = cfg->pass_limit;
     c->retry_max_ms = cfg->retry_max_ms;
     c->drift_ns = dlock_renew_drift_ns(cfg->lease_ms);
+    /* A lease renewed on time keeps at least 2/3 of its time: one with less
+     * than 1/3 left has missed a renewal and is not passed on. */
+    c->handoff_margin_ns = (int64_t)cfg->lease_ms * DLOCK_NS_PER_MS / 3;
     c->on_lost = cfg->on_lost;
     c->on_lost_arg = cfg->on_lost_arg;
     c->fork_gen = dlock_load_uint(&fork_generation);
@@ -314,18 +318,20 @@ static int redis_acquire(dlock_client *c, dlock_entry *e, uint64_t *token, int64
     return rc;
 }
 
-/* The release script for grant `token`. Without e->mu, as e's releaser.
+/* The release script for the grant with Redis token `grant`, whose last
+ * token handed out was `last`. Without e->mu, as e's releaser.
  * DLOCK_OK, DLOCK_ELOST (the grant was gone), or DLOCK_EREDIS. */
-static int redis_release(dlock_client *c, dlock_entry *e, uint64_t token)
+static int redis_release(dlock_client *c, dlock_entry *e, uint64_t grant, uint64_t last)
 {
     redisContext *conn;
     int rc = dlock_pool_get(c->pool, &conn);
     if (rc != DLOCK_OK)
         return rc;
-    char tok[24];
-    snprintf(tok, sizeof tok, "%" PRIu64, token);
-    const char *argv[5] = {e->key, e->fence_key, c->id, tok, c->lease_str};
-    redisReply *rep = dlock_conn_eval(conn, &c->ctr, DLOCK_SCRIPT_RELEASE, 2, 3, argv, NULL);
+    char tok[24], last_tok[24];
+    snprintf(tok, sizeof tok, "%" PRIu64, grant);
+    snprintf(last_tok, sizeof last_tok, "%" PRIu64, last);
+    const char *argv[6] = {e->key, e->fence_key, c->id, tok, c->lease_str, last_tok};
+    redisReply *rep = dlock_conn_eval(conn, &c->ctr, DLOCK_SCRIPT_RELEASE, 2, 4, argv, NULL);
     if (!rep) {
         rc = dlock_err_set(DLOCK_EREDIS, "redis release of '%s': %s (the lease expires after "
                                          "%" PRIu32 " ms)", e->name, conn->errstr, c->lease_ms);
@@ -348,7 +354,9 @@ static int redis_release(dlock_client *c, dlock_entry *e, uint64_t token)
 static int take_grant(dlock_client *c, dlock_entry *e, uint64_t token, int64_t sent_ns)
 {
     e->state = DLOCK_LEASE_HELD;
+    e->grant_token = token;
     e->token = token;
+    e->handoff = 0;
     e->epoch++;
     e->valid_until_ns = sent_ns + (int64_t)c->lease_ms * DLOCK_NS_PER_MS - c->drift_ns;
     e->passes = 0;
@@ -362,6 +370,27 @@ static int take_grant(dlock_client *c, dlock_entry *e, uint64_t token, int64_t s
     e->owner = pthread_self();
     e->depth = 1;
     dlock_count(&c->ctr.leases_held, 1);
+    return DLOCK_OK;
+}
+
+/* Takes a lease that its holder passed on (cohort handoff): no Redis command.
+ * Called with e->mu held, e->handoff set. If the lease's validity ran out
+ * while it was passed, it is lost and not taken (rule 4): the caller polls,
+ * and drops the registry's reference after unlocking if *drop was set.
+ * DLOCK_OK or DLOCK_ELOST. */
+static int take_handoff(dlock_client *c, dlock_entry *e, int *drop)
+{
+    DLOCK_ASSERT(!e->has_owner && e->state == DLOCK_LEASE_HELD);
+    e->handoff = 0;
+    if (dlock_now_ns() >= e->valid_until_ns) {
+        *drop += dlock_renew_mark_lost(c->renew, e);
+        e->lost_notified = 1; /* no thread held it: nobody to tell */
+        e->state = DLOCK_LEASE_NONE;
+        return DLOCK_ELOST;
+    }
+    e->has_owner = 1;
+    e->owner = pthread_self();
+    e->depth = 1;
     return DLOCK_OK;
 }
 
@@ -460,7 +489,19 @@ int dlock_acquire(dlock_client *c, const char *name, int64_t wait_ms, uint64_t *
 
     e->waiters++;
     uint64_t fail_seq = e->fail_seq;
+    int drop_registry = 0;
     for (;;) {
+        if (!e->has_owner && e->state == DLOCK_LEASE_LOST) {
+            /* Lost while being passed between threads: nobody holds it. */
+            e->state = DLOCK_LEASE_NONE;
+            e->handoff = 0;
+        }
+        if (e->handoff) {
+            rc = take_handoff(c, e, &drop_registry);
+            if (rc == DLOCK_OK)
+                break;
+            continue; /* it expired in passing: poll Redis again */
+        }
         if (!e->has_owner && e->state == DLOCK_LEASE_NONE && !e->poller) {
             e->poller = 1;
             rc = poll_redis(c, e, deadline, wait_ms == 0);
@@ -498,6 +539,8 @@ int dlock_acquire(dlock_client *c, const char *name, int64_t wait_ms, uint64_t *
     e->waiters--;
     uint64_t token = e->token;
     pthread_mutex_unlock(&e->mu);
+    while (drop_registry-- > 0)
+        dlock_table_put(c->table, e); /* our own reference keeps e alive */
     if (rc != DLOCK_OK) {
         dlock_table_put(c->table, e);
         return rc;
@@ -544,14 +587,27 @@ int dlock_release(dlock_client *c, const char *name)
         return dlock_err_set(DLOCK_ELOST, "the lease of '%s' was lost while held", name);
     }
     DLOCK_ASSERT(e->state == DLOCK_LEASE_HELD);
+    if (e->waiters > 0 && e->passes < c->pass_limit &&
+        dlock_now_ns() + c->handoff_margin_ns < e->valid_until_ns) {
+        /* Cohort handoff (rule 3): the lease stays with this client and
+         * passes to a waiting thread, with the next token. */
+        e->passes++;
+        e->token++;
+        e->handoff = 1;
+        pthread_cond_broadcast(&e->cv);
+        pthread_mutex_unlock(&e->mu);
+        dlock_table_put(c->table, e);
+        dlock_table_put(c->table, e); /* the owner's: the taker has its own */
+        return DLOCK_OK;
+    }
     int drop = dlock_renew_remove(c->renew, e); /* no renewal after this point */
     e->state = DLOCK_LEASE_RELEASING;
-    uint64_t token = e->token;
+    uint64_t grant = e->grant_token, token = e->token;
     pthread_mutex_unlock(&e->mu);
     if (drop)
         dlock_table_put(c->table, e); /* we still hold two references */
 
-    rc = redis_release(c, e, token);
+    rc = redis_release(c, e, grant, token);
 
     int notify = 0;
     pthread_mutex_lock(&e->mu);

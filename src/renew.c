@@ -64,6 +64,7 @@ typedef struct snap {
     dlock_renew_item *item; /* identity only: compared, never dereferenced */
     char token[24];
     int verdict; /* 1 renewed, 0 gone, -1 no answer */
+    uint64_t lost_token; /* the holder's token when found lost */
 } snap;
 
 int64_t dlock_renew_drift_ns(uint32_t lease_ms)
@@ -80,7 +81,7 @@ int dlock_renew_add(dlock_renew *r, dlock_entry *e)
         return DLOCK_ENOMEM;
     it->e = e;
     it->epoch = e->epoch;
-    snprintf(it->token, sizeof it->token, "%" PRIu64, e->token);
+    snprintf(it->token, sizeof it->token, "%" PRIu64, e->grant_token);
     dlock_table_ref(e);
     pthread_mutex_lock(&r->mu);
     it->next = r->items;
@@ -242,6 +243,7 @@ static int64_t apply(dlock_renew *r, snap *s, size_t n, int64_t sent_ns)
                     e->valid_until_ns = valid;
             } else if (s[i].verdict == 0 || now >= e->valid_until_ns) {
                 drop_registry_ref = dlock_renew_mark_lost(r, e);
+                s[i].lost_token = e->token;
                 if (!e->lost_notified) {
                     e->lost_notified = 1;
                     lost = 1;
@@ -261,7 +263,7 @@ static int64_t apply(dlock_renew *r, snap *s, size_t n, int64_t sent_ns)
     }
     for (size_t i = 0; i < nlost; i++) {
         if (r->cfg.lost)
-            r->cfg.lost(r->cfg.lost_arg, s[i].e->name, strtoull(s[i].token, NULL, 10));
+            r->cfg.lost(r->cfg.lost_arg, s[i].e->name, s[i].lost_token);
         dlock_table_put(r->cfg.table, s[i].e);
     }
     return earliest;
@@ -396,9 +398,13 @@ static void release_all(dlock_renew *r)
     snprintf(fence_ms, sizeof fence_ms, "%" PRIu32, r->cfg.lease_ms);
     size_t sent = 0;
     for (dlock_renew_item *it = r->items; it; it = it->next) {
-        const char *argv[5] = {it->e->key, it->e->fence_key, r->cfg.client_id, it->token,
-                               fence_ms};
-        if (dlock_conn_append_eval(r->conn, r->cfg.ctr, DLOCK_SCRIPT_RELEASE, 2, 3, argv,
+        char last[24];
+        pthread_mutex_lock(&it->e->mu);
+        snprintf(last, sizeof last, "%" PRIu64, it->e->token);
+        pthread_mutex_unlock(&it->e->mu);
+        const char *argv[6] = {it->e->key, it->e->fence_key, r->cfg.client_id, it->token,
+                               fence_ms, last};
+        if (dlock_conn_append_eval(r->conn, r->cfg.ctr, DLOCK_SCRIPT_RELEASE, 2, 4, argv,
                                    NULL) != 0)
             break;
         v[sent++] = it;
@@ -420,6 +426,7 @@ static void release_all(dlock_renew *r)
             continue;
         const char *argv[5] = {v[i]->e->key, v[i]->e->fence_key, r->cfg.client_id, v[i]->token,
                                fence_ms};
+        /* Without the last local token: the fence keeps the grant's token. */
         redisReply *rep = dlock_conn_eval(r->conn, r->cfg.ctr, DLOCK_SCRIPT_RELEASE, 2, 3, argv,
                                           NULL);
         if (rep)

@@ -44,7 +44,9 @@ typedef struct dlock_entry {
     unsigned depth;              /* its reentrancy depth, >= 1 when has_owner */
     dlock_lease_state state;
     int poller;                  /* a thread is the designated poller (rule 1) */
-    uint64_t token;              /* fencing token of the current grant */
+    uint64_t grant_token;        /* token Redis gave the current grant */
+    uint64_t token;              /* the holder's token: grant_token + local passes */
+    int handoff;                 /* the holder passed the lease on: a waiter takes it */
     uint64_t epoch;              /* grants of this entry so far; renewals carry it */
     int64_t valid_until_ns;      /* lease validity by the local monotonic clock */
     unsigned passes;             /* consecutive local handoffs (cohort handoff) */
