@@ -53,6 +53,7 @@ enum {
 #define DLOCK_LEASE_MIN_MS 100u       /* shortest lease_ms accepted */
 #define DLOCK_LEASE_MAX_MS 86400000u  /* longest lease_ms accepted (one day) */
 #define DLOCK_TIMEOUT_MAX_MS 600000u  /* longest connect/command timeout */
+#define DLOCK_PASS_LIMIT_MAX 1000000u /* largest pass_limit accepted */
 
 typedef struct dlock_client dlock_client;
 
@@ -64,8 +65,10 @@ typedef struct dlock_config {
     const char *key_prefix;     /* default "dlock:"; at most DLOCK_PREFIX_MAX bytes */
     uint32_t lease_ms;          /* default 30000; renewed every lease_ms/3 while held */
     uint32_t connect_timeout_ms, command_timeout_ms; /* defaults 1000 */
-    uint32_t pass_limit;        /* local handoffs before the lease returns to Redis
-                                   (reserved for cohort handoff; default 16) */
+    uint32_t pass_limit;        /* consecutive local handoffs of one lease between
+                                   threads of this client before it goes back to
+                                   Redis for other clients; 0: no handoff;
+                                   at most DLOCK_PASS_LIMIT_MAX; default 16 */
     /* Called once for each held lease that is lost (found gone in Redis, or
      * its validity ran out while Redis was unreachable). It runs on a library
      * thread, outside every library lock: it may call dlock_held() or
@@ -130,6 +133,8 @@ int dlock_held(dlock_client *c, const char *name);
 /* Counters of one client since it was opened, read without stopping it. */
 typedef struct dlock_stats {
     uint64_t acquisitions;       /* successful dlock_acquire calls, nested ones included */
+    uint64_t grants;             /* leases granted by Redis */
+    uint64_t handoffs;           /* leases passed from thread to thread with no Redis command */
     uint64_t redis_commands;     /* commands sent to Redis by the client (all threads) */
     uint64_t redis_round_trips;  /* round trips to Redis (a pipeline counts once) */
     uint64_t renew_rounds;       /* renewal periods in which leases were renewed */

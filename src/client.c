@@ -111,6 +111,9 @@ static int check_config(const dlock_config *cfg)
     if (cfg->command_timeout_ms == 0 || cfg->command_timeout_ms > DLOCK_TIMEOUT_MAX_MS)
         return dlock_err_set(DLOCK_EINVAL, "command_timeout_ms %" PRIu32 " is not in 1..%u",
                              cfg->command_timeout_ms, DLOCK_TIMEOUT_MAX_MS);
+    if (cfg->pass_limit > DLOCK_PASS_LIMIT_MAX)
+        return dlock_err_set(DLOCK_EINVAL, "pass_limit %" PRIu32 " is above %u", cfg->pass_limit,
+                             DLOCK_PASS_LIMIT_MAX);
     if (cfg->pool_size == 0 || cfg->pool_size > 1024)
         return dlock_err_set(DLOCK_EINVAL, "pool_size %" PRIu32 " is not in 1..1024",
                              cfg->pool_size);
@@ -370,6 +373,7 @@ static int take_grant(dlock_client *c, dlock_entry *e, uint64_t token, int64_t s
     e->owner = pthread_self();
     e->depth = 1;
     dlock_count(&c->ctr.leases_held, 1);
+    dlock_count(&c->ctr.grants, 1);
     return DLOCK_OK;
 }
 
@@ -593,6 +597,7 @@ int dlock_release(dlock_client *c, const char *name)
          * passes to a waiting thread, with the next token. */
         e->passes++;
         e->token++;
+        dlock_count(&c->ctr.handoffs, 1);
         e->handoff = 1;
         pthread_cond_broadcast(&e->cv);
         pthread_mutex_unlock(&e->mu);
@@ -648,6 +653,8 @@ int dlock_client_stats(dlock_client *c, dlock_stats *out)
     if (!c || !out)
         return dlock_err_set(DLOCK_EINVAL, "client or out is NULL");
     out->acquisitions = dlock_load_64(&c->ctr.acquisitions);
+    out->grants = dlock_load_64(&c->ctr.grants);
+    out->handoffs = dlock_load_64(&c->ctr.handoffs);
     out->redis_commands = dlock_load_64(&c->ctr.redis_commands);
     out->redis_round_trips = dlock_load_64(&c->ctr.redis_round_trips);
     out->renew_rounds = dlock_load_64(&c->ctr.renew_rounds);

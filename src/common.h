@@ -82,6 +82,8 @@ static inline struct timespec dlock_ts(int64_t ns)
  */
 typedef struct dlock_counters {
     uint64_t acquisitions;
+    uint64_t grants;
+    uint64_t handoffs;
     uint64_t redis_commands;
     uint64_t redis_round_trips;
     uint64_t renew_rounds;
