@@ -189,6 +189,7 @@ struct dlock_pool {
     const dlock_conn_cfg *cfg;
     dlock_counters *ctr;
     unsigned size, open, nidle;
+    uint64_t returns; /* connections given back so far: progress of other callers */
     redisContext *idle[];
 };
 
@@ -222,8 +223,15 @@ void dlock_pool_destroy(dlock_pool *p)
 
 int dlock_pool_get(dlock_pool *p, redisContext **out)
 {
-    int64_t deadline = dlock_now_ns() + (int64_t)p->cfg->command_timeout_ms * DLOCK_NS_PER_MS;
+    /* While other callers keep giving connections back, Redis is answering
+     * and waiting is worth it; a command timeout without any coming back
+     * means Redis is stuck. The hard limit keeps an unlucky waiter from
+     * waiting forever behind a busy crowd. */
+    int64_t tmo = (int64_t)p->cfg->command_timeout_ms * DLOCK_NS_PER_MS;
+    int64_t now = dlock_now_ns();
+    int64_t idle_deadline = now + tmo, hard_deadline = now + 10 * tmo;
     pthread_mutex_lock(&p->mu);
+    uint64_t seen = p->returns;
     for (;;) {
         if (p->nidle) {
             *out = p->idle[--p->nidle];
@@ -242,11 +250,18 @@ int dlock_pool_get(dlock_pool *p, redisContext **out)
             }
             return rc;
         }
+        int64_t deadline = idle_deadline < hard_deadline ? idle_deadline : hard_deadline;
         struct timespec ts = dlock_ts(deadline);
-        if (pthread_cond_timedwait(&p->cv, &p->mu, &ts) == ETIMEDOUT) {
+        pthread_cond_timedwait(&p->cv, &p->mu, &ts);
+        now = dlock_now_ns();
+        if (p->returns != seen) {
+            seen = p->returns;
+            idle_deadline = now + tmo;
+        }
+        if (now >= idle_deadline || now >= hard_deadline) {
             pthread_mutex_unlock(&p->mu);
-            return dlock_err_set(DLOCK_EREDIS, "no redis connection free within %u ms",
-                                 p->cfg->command_timeout_ms);
+            return dlock_err_set(DLOCK_EREDIS, "no redis connection came free in time (all %u "
+                                 "busy; redis slow or stuck)", p->size);
         }
     }
 }
@@ -264,6 +279,7 @@ void dlock_pool_put(dlock_pool *p, redisContext *c, int broken)
         p->idle[p->nidle++] = c;
     else
         p->open--;
+    p->returns++;
     pthread_cond_signal(&p->cv);
     pthread_mutex_unlock(&p->mu);
 }

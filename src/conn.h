@@ -51,7 +51,8 @@ dlock_pool *dlock_pool_create(const dlock_conn_cfg *cfg, unsigned size, dlock_co
 void dlock_pool_destroy(dlock_pool *p);
 
 /* Checks out a connection: an idle one, or a new one while fewer than size
- * are open; otherwise waits up to the command timeout for one to come back.
+ * are open; otherwise waits for one to come back, as long as others do come
+ * back at least once per command timeout, and at most 10 command timeouts.
  * DLOCK_OK, or DLOCK_EREDIS (cannot connect, or none came back in time). */
 int dlock_pool_get(dlock_pool *p, redisContext **out);
 

@@ -40,6 +40,11 @@ redisContext *fx_connect(const char *host, int port);
  * host:port; cmd NULL sums every command except INFO itself. -1 on error. */
 long long fx_info_calls(const char *host, int port, const char *cmd);
 
+/* Top-level commands a dlock client sends (EVALSHA, EVAL, SCRIPT, AUTH,
+ * SELECT, PING) in INFO commandstats of host:port: what the server counts
+ * as round trips, without the commands run inside scripts. -1 on error. */
+long long fx_info_top_calls(const char *host, int port);
+
 /* used_cpu_sys + used_cpu_user of host:port in seconds, or -1 on error. */
 double fx_info_cpu(const char *host, int port);
 

@@ -1,0 +1,398 @@
+/*
+ * A private redis-server for tests and storms (see fixture.h).
+ *
+ * The server runs in the foreground as our child (fork + execvp), bound to
+ * 127.0.0.1 only, on a port found by binding a socket to 127.0.0.1:0, in a
+ * fresh mkdtemp directory, with persistence off. Its stdout/stderr go to
+ * /dev/null and its log to <dir>/redis.log. Every wait here is bounded.
+ *
+ * If the server is started from the process's main thread it gets
+ * PR_SET_PDEATHSIG(SIGKILL), so a crashed test does not leave servers behind.
+ * (Not from other threads: Linux sends the signal when the *thread* that
+ * forked exits, which would kill the server under a still-running test.)
+ */
+#define _GNU_SOURCE
+#include "fixture.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define FX_REDIS_BIN "redis-server"
+#define FX_HOST "127.0.0.1"
+#define FX_START_WAIT_MS 10000  /* fixture.h: at most 10 s until PING */
+#define FX_STOP_WAIT_MS 5000    /* fixture.h: SIGKILL after 5 s */
+#define FX_START_TRIES 5        /* fresh ports tried by fx_redis_start */
+#define FX_RESTART_WAIT_MS 15000 /* restart on the same port: total budget */
+
+long long fx_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+void fx_sleep_ms(long ms)
+{
+    if (ms <= 0)
+        return;
+    struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
+}
+
+/* A port that was free a moment ago on 127.0.0.1, or -1. */
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = 0;
+    socklen_t len = sizeof a;
+    int port = -1;
+    if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    close(fd);
+    return port;
+}
+
+/* Removes every file in dir (redis writes no subdirectories), then dir. */
+static void remove_dir(const char *dir)
+{
+    if (!dir[0])
+        return;
+    DIR *d = opendir(dir);
+    if (d) {
+        struct dirent *e;
+        char path[512];
+        while ((e = readdir(d)) != NULL) {
+            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+                continue;
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+            unlink(path);
+        }
+        closedir(d);
+    }
+    rmdir(dir);
+}
+
+/* Waits at most ms for pid to exit. 1 if reaped, 0 if still running. */
+static int reap_within(pid_t pid, long ms)
+{
+    long long deadline = fx_now_ns() + ms * 1000000LL;
+    for (;;) {
+        int st;
+        pid_t w = waitpid(pid, &st, WNOHANG);
+        if (w == pid || (w < 0 && errno == ECHILD))
+            return 1;
+        if (fx_now_ns() >= deadline)
+            return 0;
+        fx_sleep_ms(10);
+    }
+}
+
+/* SIGKILL and reap (a killed process cannot refuse; the wait is still bounded). */
+static void kill_and_reap(pid_t pid)
+{
+    kill(pid, SIGKILL);
+    if (!reap_within(pid, FX_STOP_WAIT_MS))
+        fprintf(stderr, "fixture: redis-server %d did not exit after SIGKILL\n", (int)pid);
+}
+
+static int ping_once(int port)
+{
+    struct timeval tv = { 0, 200000 };
+    redisContext *c = redisConnectWithTimeout(FX_HOST, port, tv);
+    if (!c)
+        return 0;
+    int ok = 0;
+    if (!c->err) {
+        redisSetTimeout(c, tv);
+        redisReply *r = redisCommand(c, "PING");
+        if (r) {
+            ok = r->type == REDIS_REPLY_STATUS && !strcasecmp(r->str, "PONG");
+            freeReplyObject(r);
+        }
+    }
+    redisFree(c);
+    return ok;
+}
+
+/*
+ * Spawns redis-server on r->port in r->dir and waits until it answers PING,
+ * at most wait_ms. 0 on success (r->pid set); -1 if it exited or never
+ * answered (it is then killed and reaped, r->pid is 0).
+ */
+static int spawn(fx_redis *r, long wait_ms)
+{
+    char port[16], log[300];
+    snprintf(port, sizeof port, "%d", r->port);
+    snprintf(log, sizeof log, "%s/redis.log", r->dir);
+    char *argv[] = {
+        FX_REDIS_BIN, "--port", port, "--bind", FX_HOST,
+        "--save", "", "--appendonly", "no", "--dir", r->dir,
+        "--daemonize", "no", "--logfile", log, NULL
+    };
+    /* Decided before fork: syscall() is fine in the child, but keep it simple. */
+    int main_thread = (pid_t)syscall(SYS_gettid) == getpid();
+    pid_t parent = getpid();
+
+    pid_t pid = fork();
+    if (pid < 0) {
+        fprintf(stderr, "fixture: fork: %s\n", strerror(errno));
+        return -1;
+    }
+    if (pid == 0) {
+        /* Only async-signal-safe calls until exec. */
+        int nul = open("/dev/null", O_RDWR);
+        if (nul >= 0) {
+            dup2(nul, 0);
+            dup2(nul, 1);
+            dup2(nul, 2);
+            if (nul > 2)
+                close(nul);
+        }
+        if (main_thread) {
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
+            if (getppid() != parent)
+                _exit(127);
+        }
+        execvp(FX_REDIS_BIN, argv);
+        _exit(127);
+    }
+
+    long long deadline = fx_now_ns() + wait_ms * 1000000LL;
+    for (;;) {
+        int st;
+        pid_t w = waitpid(pid, &st, WNOHANG);
+        if (w == pid) {  /* exited: port taken, or exec failed */
+            r->pid = 0;
+            return -1;
+        }
+        if (ping_once(r->port)) {
+            r->pid = pid;
+            return 0;
+        }
+        if (fx_now_ns() >= deadline)
+            break;
+        fx_sleep_ms(20);
+    }
+    fprintf(stderr, "fixture: redis-server on port %d did not answer PING in %ld ms\n",
+            r->port, wait_ms);
+    kill_and_reap(pid);
+    r->pid = 0;
+    return -1;
+}
+
+int fx_redis_start(fx_redis *r)
+{
+    memset(r, 0, sizeof *r);
+    const char *tmp = getenv("TMPDIR");
+    if (!tmp || !tmp[0] || strlen(tmp) > 200)
+        tmp = "/tmp";
+    snprintf(r->dir, sizeof r->dir, "%s/dlock-fx-XXXXXX", tmp);
+    if (!mkdtemp(r->dir)) {
+        fprintf(stderr, "fixture: mkdtemp %s: %s\n", r->dir, strerror(errno));
+        r->dir[0] = '\0';
+        return -1;
+    }
+    long long deadline = fx_now_ns() + (long long)FX_START_WAIT_MS * 1000000LL;
+    for (int i = 0; i < FX_START_TRIES; i++) {
+        r->port = free_port();
+        if (r->port <= 0)
+            continue;
+        long left = (long)((deadline - fx_now_ns()) / 1000000LL);
+        if (left < 500)
+            left = 500;
+        if (spawn(r, left) == 0)
+            return 0;
+    }
+    fprintf(stderr, "fixture: could not start %s (log: %s/redis.log)\n", FX_REDIS_BIN, r->dir);
+    remove_dir(r->dir);
+    r->dir[0] = '\0';
+    r->port = 0;
+    return -1;
+}
+
+void fx_redis_stop(fx_redis *r)
+{
+    if (r->pid > 0) {
+        pid_t pid = r->pid;
+        kill(pid, SIGCONT);  /* a SIGSTOPped server would never handle SIGTERM */
+        kill(pid, SIGTERM);
+        if (!reap_within(pid, FX_STOP_WAIT_MS))
+            kill_and_reap(pid);
+        r->pid = 0;
+    }
+    remove_dir(r->dir);
+    r->dir[0] = '\0';
+}
+
+int fx_redis_signal(fx_redis *r, int sig)
+{
+    if (r->pid <= 0)
+        return -1;
+    if (kill(r->pid, sig) != 0)
+        return -1;
+    if (sig == SIGKILL) {
+        if (!reap_within(r->pid, FX_STOP_WAIT_MS))
+            return -1;
+        r->pid = 0;
+    }
+    return 0;
+}
+
+int fx_redis_restart(fx_redis *r)
+{
+    if (r->pid > 0 && fx_redis_signal(r, SIGKILL) != 0)
+        return -1;
+    if (r->port <= 0 || !r->dir[0])
+        return -1;
+    /* The port may linger briefly (TIME_WAIT; redis sets SO_REUSEADDR, so this
+     * is rare); retry on the same port within a bounded budget. */
+    long long deadline = fx_now_ns() + (long long)FX_RESTART_WAIT_MS * 1000000LL;
+    for (;;) {
+        long left = (long)((deadline - fx_now_ns()) / 1000000LL);
+        if (left <= 0)
+            break;
+        if (spawn(r, left < FX_START_WAIT_MS ? left : FX_START_WAIT_MS) == 0)
+            return 0;
+        fx_sleep_ms(100);
+    }
+    fprintf(stderr, "fixture: could not restart redis-server on port %d (log: %s/redis.log)\n",
+            r->port, r->dir);
+    return -1;
+}
+
+redisContext *fx_connect(const char *host, int port)
+{
+    struct timeval tv = { 1, 0 };
+    redisContext *c = redisConnectWithTimeout(host, port, tv);
+    if (!c)
+        return NULL;
+    if (c->err || redisSetTimeout(c, tv) != REDIS_OK) {
+        redisFree(c);
+        return NULL;
+    }
+    return c;
+}
+
+/* The text of INFO <section>, malloc'd, or NULL. */
+static char *info(const char *host, int port, const char *section)
+{
+    redisContext *c = fx_connect(host, port);
+    if (!c)
+        return NULL;
+    char *out = NULL;
+    redisReply *r = redisCommand(c, "INFO %s", section);
+    if (r && r->type == REDIS_REPLY_STRING)
+        out = strdup(r->str);
+    if (r)
+        freeReplyObject(r);
+    redisFree(c);
+    return out;
+}
+
+long long fx_info_calls(const char *host, int port, const char *cmd)
+{
+    char *text = info(host, port, "commandstats");
+    if (!text)
+        return -1;
+    long long total = 0;
+    const char *p = text;
+    static const char tag[] = "cmdstat_";
+    while ((p = strstr(p, tag)) != NULL) {
+        /* Only at the start of a line. */
+        if (p != text && p[-1] != '\n') {
+            p += sizeof tag - 1;
+            continue;
+        }
+        const char *name = p + sizeof tag - 1;
+        const char *colon = strchr(name, ':');
+        if (!colon)
+            break;
+        size_t n = (size_t)(colon - name);
+        const char *calls = strstr(colon, "calls=");
+        const char *eol = strchr(colon, '\n');
+        p = colon;
+        if (!calls || (eol && calls > eol))
+            continue;
+        long long v = strtoll(calls + 6, NULL, 10);
+        if (cmd) {
+            if (strlen(cmd) == n && !strncasecmp(name, cmd, n))
+                total += v;
+        } else if (!(n == 4 && !strncasecmp(name, "info", 4))) {
+            total += v;
+        }
+    }
+    free(text);
+    return total;
+}
+
+long long fx_info_top_calls(const char *host, int port)
+{
+    static const char *const top[] = {"evalsha", "eval", "script|load", "script|exists",
+                                      "script|flush", "auth", "select", "ping"};
+    long long total = 0;
+    for (size_t i = 0; i < sizeof top / sizeof top[0]; i++) {
+        long long v = fx_info_calls(host, port, top[i]);
+        if (v < 0)
+            return -1;
+        total += v;
+    }
+    return total;
+}
+
+static double field_double(const char *text, const char *key)
+{
+    const char *p = text;
+    size_t k = strlen(key);
+    while ((p = strstr(p, key)) != NULL) {
+        if ((p == text || p[-1] == '\n') && p[k] == ':')
+            return strtod(p + k + 1, NULL);
+        p += k;
+    }
+    return -1;
+}
+
+double fx_info_cpu(const char *host, int port)
+{
+    char *text = info(host, port, "cpu");
+    if (!text)
+        return -1;
+    double sys = field_double(text, "used_cpu_sys");
+    double user = field_double(text, "used_cpu_user");
+    free(text);
+    if (sys < 0 || user < 0)
+        return -1;
+    return sys + user;
+}
+
+void fx_config(dlock_config *cfg, const fx_redis *r)
+{
+    dlock_config_init(cfg);
+    cfg->redis_host = FX_HOST;
+    cfg->redis_port = r->port;
+    cfg->connect_timeout_ms = 500;
+    cfg->command_timeout_ms = 1000;
+}
