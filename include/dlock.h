@@ -70,9 +70,12 @@ typedef struct dlock_config {
                                    Redis for other clients; 0: no handoff;
                                    at most DLOCK_PASS_LIMIT_MAX; default 16 */
     /* Called once for each held lease that is lost (found gone in Redis, or
-     * its validity ran out while Redis was unreachable). It runs on a library
-     * thread, outside every library lock: it may call dlock_held() or
-     * dlock_release(), but must not block for long (it delays renewals). */
+     * its validity ran out while Redis was unreachable), with the holder's
+     * token. It runs outside every library lock, on the renewal thread (then
+     * it must not block for long: it delays renewals) or, when a release is
+     * the first to find the lease gone, on the releasing thread. It may call
+     * dlock_held(); the holder itself learns of the loss from dlock_held() and
+     * from its dlock_release(), which returns DLOCK_ELOST. */
     void (*on_lost)(const char *name, uint64_t fence, void *arg);
     void *on_lost_arg;
     uint32_t pool_size;         /* Redis connections shared by caller threads; default 8 */
