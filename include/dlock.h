@@ -111,12 +111,15 @@ void dlock_client_close(dlock_client *c);
  * before for this name, across all clients. Reentrant: a thread that holds
  * the lock acquires it again at once, with no Redis command, and gets the
  * same token; each acquire needs its own release.
+ * A deadline is kept while waiting; a Redis call already under way when it
+ * passes may overrun it by up to the command timeout.
  * Errors: DLOCK_EINVAL (NULL client or name, empty name, name longer than
- * DLOCK_NAME_MAX), DLOCK_EREDIS (Redis unreachable or failed, after at most
- * the connect plus command timeouts; if the outcome of the acquire is unknown
- * the library tries to release the lease at once, else it expires after
- * lease_ms), DLOCK_ELOST (a nested acquire while the held lease is lost),
- * DLOCK_EFORK, DLOCK_ENOMEM. */
+ * DLOCK_NAME_MAX), DLOCK_EREDIS (Redis unreachable or failed: within the
+ * connect timeout plus two command timeouts, one of them spent waiting for a
+ * free connection while all are stuck; if the outcome of the acquire is
+ * unknown, the renewal thread releases that grant in the background, or it
+ * expires after lease_ms), DLOCK_ELOST (a nested acquire while the held
+ * lease is lost), DLOCK_EFORK, DLOCK_ENOMEM. */
 int dlock_acquire(dlock_client *c, const char *name, int64_t wait_ms, uint64_t *fence);
 
 /* Releases one level of the calling thread's hold on `name`; the outermost

@@ -43,7 +43,9 @@ struct dlock_client {
     char *prefix;
     char id[33];        /* 128 random bits, hex: the owner of our leases */
     char lease_str[16]; /* lease_ms in decimal, for the scripts */
-    uint32_t lease_ms, pass_limit, retry_max_ms;
+    char pass_limit_str[16];
+    uint64_t attempts;  /* acquire attempts so far: their nonces (atomic) */
+    uint32_t lease_ms, pass_limit, retry_max_ms, pool_size;
     int64_t drift_ns;
     int64_t handoff_margin_ns; /* no handoff this close to the validity deadline */
     void (*on_lost)(const char *name, uint64_t fence, void *arg);
@@ -111,9 +113,11 @@ static int check_config(const dlock_config *cfg)
     if (cfg->command_timeout_ms == 0 || cfg->command_timeout_ms > DLOCK_TIMEOUT_MAX_MS)
         return dlock_err_set(DLOCK_EINVAL, "command_timeout_ms %" PRIu32 " is not in 1..%u",
                              cfg->command_timeout_ms, DLOCK_TIMEOUT_MAX_MS);
-    if (cfg->pass_limit > DLOCK_PASS_LIMIT_MAX)
-        return dlock_err_set(DLOCK_EINVAL, "pass_limit %" PRIu32 " is above %u", cfg->pass_limit,
-                             DLOCK_PASS_LIMIT_MAX);
+    /* Tokens of local handoffs are reserved for one lease time; beyond it,
+     * server time in us must be past them: pass_limit < lease_ms * 1000. */
+    if (cfg->pass_limit > DLOCK_PASS_LIMIT_MAX || cfg->pass_limit >= (uint64_t)cfg->lease_ms * 1000)
+        return dlock_err_set(DLOCK_EINVAL, "pass_limit %" PRIu32 " is above %u or not below "
+                             "lease_ms * 1000", cfg->pass_limit, DLOCK_PASS_LIMIT_MAX);
     if (cfg->pool_size == 0 || cfg->pool_size > 1024)
         return dlock_err_set(DLOCK_EINVAL, "pool_size %" PRIu32 " is not in 1..1024",
                              cfg->pool_size);
@@ -184,7 +188,9 @@ int dlock_client_open(const dlock_config *cfg, dlock_client **out)
     c->lease_ms = cfg->lease_ms;
     snprintf(c->lease_str, sizeof c->lease_str, "%" PRIu32, cfg->lease_ms);
     c->pass_limit = cfg->pass_limit;
+    snprintf(c->pass_limit_str, sizeof c->pass_limit_str, "%" PRIu32, cfg->pass_limit);
     c->retry_max_ms = cfg->retry_max_ms;
+    c->pool_size = cfg->pool_size;
     c->drift_ns = dlock_renew_drift_ns(cfg->lease_ms);
     /* A lease renewed on time keeps at least 2/3 of its time: one with less
      * than 1/3 left has missed a renewal and is not passed on. */
@@ -269,37 +275,66 @@ static uint64_t jitter_rand(void)
     return s * 2685821657736338717ULL;
 }
 
-/* Best-effort release of whatever grant of e this client owns, after an
- * acquire whose outcome is unknown. Called as e's poller (state ACQUIRING,
- * so no other grant of e can exist in this client), without e->mu. */
-static void release_orphan(dlock_client *c, dlock_entry *e)
+/* 1 if c failed because the server had closed it (an idle timeout, a
+ * restart): the command was not run, and another connection may succeed. */
+static int conn_was_closed(const redisContext *c)
 {
-    redisContext *conn;
-    if (dlock_pool_get(c->pool, &conn) != DLOCK_OK)
-        return; /* the lease, if granted, expires after lease_ms */
-    const char *argv[5] = {e->key, e->fence_key, c->id, "*", c->lease_str};
-    redisReply *rep = dlock_conn_eval(conn, &c->ctr, DLOCK_SCRIPT_RELEASE, 2, 3, argv, NULL);
-    if (rep)
-        freeReplyObject(rep);
-    dlock_pool_put(c->pool, conn, rep == NULL);
+    return c->err == REDIS_ERR_EOF ||
+           (c->err == REDIS_ERR_IO &&
+            (strstr(c->errstr, "reset") || strstr(c->errstr, "Broken pipe")));
 }
 
-/* The acquire script. Called by e's poller without e->mu. Returns DLOCK_OK
- * with *token and *sent_ns, DLOCK_EBUSY with *pttl_ms, or DLOCK_EREDIS. */
-static int redis_acquire(dlock_client *c, dlock_entry *e, uint64_t *token, int64_t *pttl_ms,
-                         int64_t *sent_ns)
+/*
+ * Runs a script on a pooled connection and returns its reply in *out.
+ * A pooled connection that the server closed while it sat idle fails at once
+ * with EOF or a reset; the call is then made again on another connection, at
+ * most pool_size + 1 times. That is safe even if the first try did run,
+ * because every script is idempotent for its caller: a release matches its
+ * grant, and an acquire retried with the same nonce is granted again in
+ * place. Returns DLOCK_OK, or DLOCK_EREDIS with the message set and *sent
+ * telling whether the command may have reached Redis.
+ */
+static int call_script(dlock_client *c, dlock_script_id id, int nkeys, int nargs,
+                       const char **argv, const char *what, const char *name, redisReply **out,
+                       int *sent)
 {
-    redisContext *conn;
-    int rc = dlock_pool_get(c->pool, &conn);
-    if (rc != DLOCK_OK)
-        return rc; /* nothing was sent */
-    const char *argv[4] = {e->key, e->fence_key, c->id, c->lease_str};
-    *sent_ns = dlock_now_ns();
-    redisReply *rep = dlock_conn_eval(conn, &c->ctr, DLOCK_SCRIPT_ACQUIRE, 2, 2, argv, NULL);
-    if (!rep) {
-        rc = dlock_err_set(DLOCK_EREDIS, "redis acquire of '%s': %s", e->name, conn->errstr);
+    *sent = 0;
+    for (uint32_t attempt = 0;; attempt++) {
+        redisContext *conn;
+        int rc = dlock_pool_get(c->pool, &conn);
+        if (rc != DLOCK_OK)
+            return rc;
+        *sent = 1;
+        *out = dlock_conn_eval(conn, &c->ctr, id, nkeys, nargs, argv, NULL);
+        if (*out) {
+            dlock_pool_put(c->pool, conn, 0);
+            return DLOCK_OK;
+        }
+        int again = conn_was_closed(conn) && attempt < c->pool_size;
+        rc = dlock_err_set(DLOCK_EREDIS, "redis %s of '%s': %s", what, name, conn->errstr);
         dlock_pool_put(c->pool, conn, 1);
-        release_orphan(c, e); /* the outcome is unknown: do not leave a lease behind */
+        if (!again)
+            return rc;
+    }
+}
+
+/* The acquire script, as attempt `nonce`. Called by e's poller without e->mu.
+ * Returns DLOCK_OK with *token and *sent_ns, DLOCK_EBUSY with *pttl_ms, or
+ * DLOCK_EREDIS. */
+static int redis_acquire(dlock_client *c, dlock_entry *e, const char *nonce, uint64_t *token,
+                         int64_t *pttl_ms, int64_t *sent_ns)
+{
+    const char *argv[6] = {e->key, e->fence_key, c->id, c->lease_str, nonce, c->pass_limit_str};
+    redisReply *rep;
+    int sent;
+    *sent_ns = dlock_now_ns();
+    int rc = call_script(c, DLOCK_SCRIPT_ACQUIRE, 2, 4, argv, "acquire", e->name, &rep, &sent);
+    if (rc != DLOCK_OK) {
+        /* If it reached Redis the outcome is unknown: the renewal thread
+         * releases exactly this attempt's grant, if there is one, without
+         * delaying the caller. */
+        if (sent)
+            dlock_renew_orphan(c->renew, e, nonce);
         return rc;
     }
     if (rep->type == REDIS_REPLY_ARRAY && rep->elements == 2 &&
@@ -317,7 +352,6 @@ static int redis_acquire(dlock_client *c, dlock_entry *e, uint64_t *token, int64
                            rep->type == REDIS_REPLY_ERROR ? rep->str : "unexpected reply");
     }
     freeReplyObject(rep);
-    dlock_pool_put(c->pool, conn, 0);
     return rc;
 }
 
@@ -326,20 +360,18 @@ static int redis_acquire(dlock_client *c, dlock_entry *e, uint64_t *token, int64
  * DLOCK_OK, DLOCK_ELOST (the grant was gone), or DLOCK_EREDIS. */
 static int redis_release(dlock_client *c, dlock_entry *e, uint64_t grant, uint64_t last)
 {
-    redisContext *conn;
-    int rc = dlock_pool_get(c->pool, &conn);
-    if (rc != DLOCK_OK)
-        return rc;
     char tok[24], last_tok[24];
     snprintf(tok, sizeof tok, "%" PRIu64, grant);
     snprintf(last_tok, sizeof last_tok, "%" PRIu64, last);
-    const char *argv[6] = {e->key, e->fence_key, c->id, tok, c->lease_str, last_tok};
-    redisReply *rep = dlock_conn_eval(conn, &c->ctr, DLOCK_SCRIPT_RELEASE, 2, 4, argv, NULL);
-    if (!rep) {
-        rc = dlock_err_set(DLOCK_EREDIS, "redis release of '%s': %s (the lease expires after "
-                                         "%" PRIu32 " ms)", e->name, conn->errstr, c->lease_ms);
-        dlock_pool_put(c->pool, conn, 1);
-        return rc;
+    const char *argv[7] = {e->key, e->fence_key, c->id, "token", tok, c->lease_str, last_tok};
+    redisReply *rep;
+    int sent;
+    int rc = call_script(c, DLOCK_SCRIPT_RELEASE, 2, 5, argv, "release", e->name, &rep, &sent);
+    if (rc != DLOCK_OK) {
+        char why[200];
+        snprintf(why, sizeof why, "%s", dlock_last_error());
+        return dlock_err_set(rc, "%s (the lease expires after %" PRIu32 " ms)", why,
+                             c->lease_ms);
     }
     if (rep->type == REDIS_REPLY_INTEGER)
         rc = rep->integer == 1 ? DLOCK_OK
@@ -349,7 +381,6 @@ static int redis_release(dlock_client *c, dlock_entry *e, uint64_t grant, uint64
         rc = dlock_err_set(DLOCK_EREDIS, "redis release of '%s': %s", e->name,
                            rep->type == REDIS_REPLY_ERROR ? rep->str : "unexpected reply");
     freeReplyObject(rep);
-    dlock_pool_put(c->pool, conn, 0);
     return rc;
 }
 
@@ -414,11 +445,13 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
         pthread_mutex_unlock(&e->mu);
         uint64_t token = 0;
         int64_t pttl = 0, sent_ns = 0;
-        int rc = redis_acquire(c, e, &token, &pttl, &sent_ns);
+        char nonce[24];
+        snprintf(nonce, sizeof nonce, "%" PRIu64, ck_pr_faa_64(&c->attempts, 1));
+        int rc = redis_acquire(c, e, nonce, &token, &pttl, &sent_ns);
         if (rc == DLOCK_OK && dlock_now_ns() >= sent_ns + (int64_t)c->lease_ms * DLOCK_NS_PER_MS -
                                                            c->drift_ns) {
             /* The answer came back after the lease could have expired. */
-            release_orphan(c, e);
+            dlock_renew_orphan(c->renew, e, nonce);
             rc = dlock_err_set(DLOCK_EREDIS, "redis answered the acquire of '%s' too late",
                                e->name);
         }
@@ -426,11 +459,8 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
         e->state = DLOCK_LEASE_NONE;
         if (rc == DLOCK_OK) {
             rc = take_grant(c, e, token, sent_ns);
-            if (rc != DLOCK_OK) {
-                pthread_mutex_unlock(&e->mu);
-                release_orphan(c, e);
-                pthread_mutex_lock(&e->mu);
-            }
+            if (rc != DLOCK_OK)
+                dlock_renew_orphan(c->renew, e, nonce);
             return rc;
         }
         if (rc != DLOCK_EBUSY)
@@ -611,6 +641,7 @@ int dlock_release(dlock_client *c, const char *name)
     pthread_mutex_unlock(&e->mu);
     if (drop)
         dlock_table_put(c->table, e); /* we still hold two references */
+    dlock_renew_quiesce(c->renew); /* no renewal of this grant after the release */
 
     rc = redis_release(c, e, grant, token);
 

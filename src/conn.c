@@ -158,11 +158,11 @@ static int append_script(redisContext *c, dlock_script_id id, int use_sha, int n
     return rc;
 }
 
-int dlock_conn_append_eval(redisContext *c, dlock_counters *ctr, dlock_script_id id, int nkeys,
-                           int nargs, const char **argv, const size_t *lens)
+int dlock_conn_append_eval(redisContext *c, dlock_counters *ctr, dlock_script_id id, int use_sha,
+                           int nkeys, int nargs, const char **argv, const size_t *lens)
 {
     dlock_count(&ctr->redis_commands, 1);
-    return append_script(c, id, 1, nkeys, nargs, argv, lens);
+    return append_script(c, id, use_sha, nkeys, nargs, argv, lens);
 }
 
 redisReply *dlock_conn_eval(redisContext *c, dlock_counters *ctr, dlock_script_id id, int nkeys,
@@ -189,7 +189,7 @@ struct dlock_pool {
     const dlock_conn_cfg *cfg;
     dlock_counters *ctr;
     unsigned size, open, nidle;
-    uint64_t returns; /* connections given back so far: progress of other callers */
+    uint64_t returns; /* healthy connections given back: Redis is answering */
     redisContext *idle[];
 };
 
@@ -275,11 +275,12 @@ void dlock_pool_put(dlock_pool *p, redisContext *c, int broken)
         c = NULL;
     }
     pthread_mutex_lock(&p->mu);
-    if (c)
+    if (c) {
         p->idle[p->nidle++] = c;
-    else
+        p->returns++; /* only a healthy connection shows Redis answering */
+    } else {
         p->open--;
-    p->returns++;
+    }
     pthread_cond_signal(&p->cv);
     pthread_mutex_unlock(&p->mu);
 }

@@ -33,9 +33,10 @@ int dlock_conn_open(const dlock_conn_cfg *cfg, dlock_counters *ctr, redisContext
 redisReply *dlock_conn_eval(redisContext *c, dlock_counters *ctr, dlock_script_id id,
                             int nkeys, int nargs, const char **argv, const size_t *lens);
 
-/* Appends one script call to c's output buffer without waiting, as EVALSHA
- * when the digest is known, else EVAL. 0 or -1 (out of memory). */
-int dlock_conn_append_eval(redisContext *c, dlock_counters *ctr, dlock_script_id id,
+/* Appends one script call to c's output buffer without waiting: EVALSHA
+ * when use_sha and the digest is known, else EVAL (after a NOSCRIPT answer).
+ * 0 or -1 (out of memory). */
+int dlock_conn_append_eval(redisContext *c, dlock_counters *ctr, dlock_script_id id, int use_sha,
                            int nkeys, int nargs, const char **argv, const size_t *lens);
 
 /* 1 if reply is the NOSCRIPT error of an EVALSHA. */

@@ -2,28 +2,40 @@
  * The renewal manager.
  *
  * Shared state and its guards:
- *   r->mu guards the registry (items, count), r->stop and r->kick.
+ *   r->mu guards the registry (items, count), the orphan list, r->stop and
+ *   r->writing. It is never held during Redis I/O.
  *   Each item stands for one grant (entry, epoch, token) and holds one
  *   reference on its entry. e->renew points at e's item; it is written only
- *   with both e->mu and r->mu held, so either lock suffices to read it.
+ *   with both e->mu and r->mu held, so either lock suffices to read it. Items
+ *   are freed only under r->mu, so an item seen in the registry under r->mu
+ *   can be read then.
  * Lock order: e->mu, then r->mu. The manager thread never takes e->mu while
  * holding r->mu, and never calls dlock_table_put with any lock held.
  *
  * A round:
  *   1. under r->mu: snapshot every item (entry with an extra reference, epoch,
- *      token), append one renew script call per chunk to the connection and
- *      write them all out. Because removal also takes r->mu, a grant removed
- *      before the snapshot is never renewed, and one removed after it was
- *      already on the wire before its release command could be sent.
- *   2. without locks: read the replies (one round trip for all chunks).
- *   3. per entry, under e->mu: apply the verdict only if the entry still holds
+ *      token), append one renew script call per chunk to the connection's
+ *      buffer, and set r->writing.
+ *   2. without locks: write the buffer out; then, under r->mu, clear
+ *      r->writing and wake releasers waiting in dlock_renew_quiesce. A
+ *      releaser unregisters its grant (under r->mu) and then waits out any
+ *      write in progress before it sends its release: so no renewal of a
+ *      grant is ever sent after its release (a late renewal could otherwise
+ *      extend a lease whose release failed).
+ *   3. without locks: read the replies (one round trip for all chunks).
+ *   4. per entry, under e->mu: apply the verdict only if the entry still holds
  *      the same grant (state HELD, same epoch, same item): renewed -> validity
  *      extended from the time the round was sent; gone -> lost; no answer ->
  *      lost only once the validity deadline has passed.
- *   4. without locks: run the lost callbacks, then drop the references.
+ *   5. without locks: run the lost callbacks, then drop the references.
  * Between rounds the thread sleeps until the next period (lease/3), or sooner
  * when the earliest validity deadline of a lease that could not be renewed
  * comes first, or after a short retry pause when Redis failed.
+ *
+ * Orphans: a caller whose acquire has an unknown outcome hands the attempt's
+ * nonce here (dlock_renew_orphan) instead of waiting for another round trip;
+ * the thread wakes, releases exactly that grant if it exists, and keeps
+ * trying for one lease time while Redis fails (after that it expired).
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -46,16 +58,28 @@ struct dlock_renew_item {
     char token[24]; /* decimal, as the scripts store it */
 };
 
+typedef struct orphan {
+    struct orphan *next;
+    int64_t until_ns; /* give up then: the lease has expired */
+    char nonce[24];
+    char *fence_key;  /* inside key's allocation */
+    char key[];
+} orphan;
+
 struct dlock_renew {
     dlock_renew_cfg cfg;
     pthread_t thread;
     pthread_mutex_t mu;
-    pthread_cond_t cv; /* CLOCK_MONOTONIC: stop, or a new item to schedule */
+    pthread_cond_t cv;       /* CLOCK_MONOTONIC: stop, a first item, or an orphan */
+    pthread_cond_t wrote;    /* r->writing went back to 0 */
     dlock_renew_item *items; /* list head, guarded by mu */
     size_t count;            /* guarded by mu */
+    orphan *orphans;         /* guarded by mu */
+    int writing;             /* guarded by mu: a renewal write is in progress */
     int stop;                /* guarded by mu */
     redisContext *conn;      /* the manager thread's own connection */
     int64_t period_ns, drift_ns;
+    char lease_str[16];
 };
 
 typedef struct snap {
@@ -153,29 +177,46 @@ static ssize_t snapshot(dlock_renew *r, snap **out)
     return (ssize_t)n;
 }
 
-/* Appends ceil(n / CHUNK) renew calls. Called with r->mu held (the snapshot's
- * entries are referenced, so their keys stay valid). 0 or -1. */
-static int append_chunks(dlock_renew *r, const snap *s, size_t n)
+/* Appends the renew call of s[0 .. k) (k <= CHUNK). The snapshot's entries
+ * are referenced, so their keys stay valid. 0 or -1 (out of memory). */
+static int append_chunk(dlock_renew *r, const snap *s, size_t k, int use_sha)
 {
-    const char **argv = malloc(sizeof *argv * (2 * CHUNK + 2));
-    if (!argv)
-        return -1;
-    char lease[16];
-    snprintf(lease, sizeof lease, "%" PRIu32, r->cfg.lease_ms);
-    int rc = 0;
-    for (size_t at = 0; at < n && rc == 0; at += CHUNK) {
-        size_t k = n - at < CHUNK ? n - at : CHUNK;
-        for (size_t i = 0; i < k; i++) {
-            argv[i] = s[at + i].e->key;
-            argv[k + 2 + i] = s[at + i].token;
-        }
-        argv[k] = r->cfg.client_id;
-        argv[k + 1] = lease;
-        rc = dlock_conn_append_eval(r->conn, r->cfg.ctr, DLOCK_SCRIPT_RENEW, (int)k, (int)k + 2,
-                                    argv, NULL);
+    const char *argv[2 * CHUNK + 2];
+    for (size_t i = 0; i < k; i++) {
+        argv[i] = s[i].e->key;
+        argv[k + 2 + i] = s[i].token;
     }
-    free(argv);
-    return rc;
+    argv[k] = r->cfg.client_id;
+    argv[k + 1] = r->lease_str;
+    return dlock_conn_append_eval(r->conn, r->cfg.ctr, DLOCK_SCRIPT_RENEW, use_sha, (int)k,
+                                  (int)k + 2, argv, NULL);
+}
+
+/* Writes the connection's output buffer out. 0, or -1 if it failed. */
+static int flush(redisContext *c)
+{
+    int done = 0;
+    while (!done)
+        if (redisBufferWrite(c, &done) != REDIS_OK)
+            return -1;
+    return 0;
+}
+
+/* Ends a write begun under r->mu (r->writing set): releasers may go on. */
+static void end_write(dlock_renew *r)
+{
+    pthread_mutex_lock(&r->mu);
+    r->writing = 0;
+    pthread_cond_broadcast(&r->wrote);
+    pthread_mutex_unlock(&r->mu);
+}
+
+void dlock_renew_quiesce(dlock_renew *r)
+{
+    pthread_mutex_lock(&r->mu);
+    while (r->writing)
+        pthread_cond_wait(&r->wrote, &r->mu);
+    pthread_mutex_unlock(&r->mu);
 }
 
 /* Reads one chunk's reply into verdicts. 0, or -1 if the connection failed. */
@@ -198,31 +239,33 @@ static int read_chunk(dlock_renew *r, snap *s, size_t k, int retried)
     return 0;
 }
 
-/* Runs one chunk again synchronously, after NOSCRIPT (a restarted server). */
+/* Runs one chunk again after NOSCRIPT (a restarted server), with EVAL, for
+ * the grants still registered: a grant released since the snapshot is not
+ * renewed. 0, or -1 if the connection failed. */
 static int rerun_chunk(dlock_renew *r, snap *s, size_t k)
 {
-    const char **argv = malloc(sizeof *argv * (2 * k + 2));
-    if (!argv)
-        return 0;
-    char lease[16];
-    snprintf(lease, sizeof lease, "%" PRIu32, r->cfg.lease_ms);
+    snap keep[CHUNK];
+    size_t idx[CHUNK], m = 0;
+    pthread_mutex_lock(&r->mu);
     for (size_t i = 0; i < k; i++) {
-        argv[i] = s[i].e->key;
-        argv[k + 2 + i] = s[i].token;
+        dlock_renew_item *it = s[i].e->renew; /* readable under r->mu */
+        if (it == s[i].item && it->epoch == s[i].epoch) {
+            keep[m] = s[i];
+            idx[m++] = i;
+        }
     }
-    argv[k] = r->cfg.client_id;
-    argv[k + 1] = lease;
-    redisReply *rep = dlock_conn_eval(r->conn, r->cfg.ctr, DLOCK_SCRIPT_RENEW, (int)k,
-                                      (int)k + 2, argv, NULL);
-    free(argv);
-    if (!rep)
-        return -1;
-    if (rep->type == REDIS_REPLY_ARRAY && rep->elements == k)
-        for (size_t i = 0; i < k; i++)
-            s[i].verdict = rep->element[i]->type == REDIS_REPLY_INTEGER &&
-                           rep->element[i]->integer == 1;
-    freeReplyObject(rep);
-    return 0;
+    r->writing = m > 0;
+    pthread_mutex_unlock(&r->mu);
+    if (!m)
+        return 0;
+    int rc = append_chunk(r, keep, m, 0) == 0 && flush(r->conn) == 0 ? 0 : -1;
+    if (rc == 0)
+        dlock_count(&r->cfg.ctr->redis_round_trips, 1);
+    end_write(r);
+    if (rc == 0 && (rc = read_chunk(r, keep, m, 1)) == 0)
+        for (size_t i = 0; i < m; i++)
+            s[idx[i]].verdict = keep[i].verdict;
+    return rc;
 }
 
 /* Step 3 and 4 of a round. Returns the earliest validity deadline among the
@@ -269,58 +312,66 @@ static int64_t apply(dlock_renew *r, snap *s, size_t n, int64_t sent_ns)
     return earliest;
 }
 
+/* Opens the manager's connection if it has none. 0 or -1. */
+static int ensure_conn(dlock_renew *r)
+{
+    if (!r->conn && dlock_conn_open(r->cfg.conn, r->cfg.ctr, &r->conn) != DLOCK_OK)
+        r->conn = NULL;
+    return r->conn ? 0 : -1;
+}
+
+static void drop_conn(dlock_renew *r)
+{
+    if (r->conn) {
+        redisFree(r->conn); /* reconnect next time */
+        r->conn = NULL;
+    }
+}
+
 /* One round. Returns when the next one is due. */
 static int64_t round_once(dlock_renew *r)
 {
     int64_t now = dlock_now_ns();
-    if (!r->conn && dlock_conn_open(r->cfg.conn, r->cfg.ctr, &r->conn) != DLOCK_OK)
-        r->conn = NULL;
+    ensure_conn(r);
 
     snap *s;
     pthread_mutex_lock(&r->mu);
     ssize_t n = snapshot(r, &s);
     int64_t sent_ns = dlock_now_ns();
-    int ok = r->conn && n > 0 && append_chunks(r, s, (size_t)n) == 0;
-    if (ok) {
-        int done = 0;
-        while (!done && ok)
-            ok = redisBufferWrite(r->conn, &done) == REDIS_OK;
-    }
+    int ok = r->conn != NULL && n > 0;
+    for (ssize_t at = 0; ok && at < n; at += CHUNK)
+        ok = append_chunk(r, s + at, n - at < CHUNK ? (size_t)(n - at) : CHUNK, 1) == 0;
+    r->writing = ok;
     pthread_mutex_unlock(&r->mu);
     if (n <= 0)
         return now + r->period_ns; /* nothing held (or no memory): idle */
 
     if (ok) {
+        ok = flush(r->conn) == 0;
+        end_write(r);
+    }
+    if (ok) {
         dlock_count(&r->cfg.ctr->redis_round_trips, 1);
         dlock_count(&r->cfg.ctr->renew_round_trips, 1);
+        int noscript = 0;
         for (size_t at = 0; at < (size_t)n && ok; at += CHUNK) {
             size_t k = (size_t)n - at < CHUNK ? (size_t)n - at : CHUNK;
             int rc = read_chunk(r, s + at, k, 0);
-            if (rc == 1) {
-                /* NOSCRIPT: the rest of the pipeline is read first, then the
-                 * chunk is run again (its keys are still ours to renew: the
-                 * script checks each grant's token). */
-                size_t rest_at = at + k;
-                for (size_t a2 = rest_at; a2 < (size_t)n && ok; a2 += CHUNK) {
-                    size_t k2 = (size_t)n - a2 < CHUNK ? (size_t)n - a2 : CHUNK;
-                    ok = read_chunk(r, s + a2, k2, 1) == 0;
-                }
-                for (size_t a2 = at; a2 < (size_t)n && ok; a2 += CHUNK) {
-                    size_t k2 = (size_t)n - a2 < CHUNK ? (size_t)n - a2 : CHUNK;
-                    if (s[a2].verdict == -1)
-                        ok = rerun_chunk(r, s + a2, k2) == 0;
-                }
-                break;
-            }
-            ok = rc == 0;
+            noscript |= rc == 1;
+            ok = rc >= 0;
+        }
+        /* NOSCRIPT (a restarted server): once the pipeline is read, run the
+         * unanswered chunks again with EVAL. */
+        for (size_t at = 0; noscript && at < (size_t)n && ok; at += CHUNK) {
+            size_t k = (size_t)n - at < CHUNK ? (size_t)n - at : CHUNK;
+            if (s[at].verdict == -1)
+                ok = rerun_chunk(r, s + at, k) == 0;
         }
         dlock_count(&r->cfg.ctr->renew_rounds, 1);
         dlock_count(&r->cfg.ctr->renew_keys, (uint64_t)n);
     }
-    if (!ok && r->conn) {
-        redisFree(r->conn); /* reconnect next round */
-        r->conn = NULL;
-    }
+    if (!ok)
+        drop_conn(r);
     int64_t earliest = apply(r, s, (size_t)n, sent_ns);
     free(s);
     int64_t next = ok ? sent_ns + r->period_ns : dlock_now_ns() + RETRY_MS * DLOCK_NS_PER_MS;
@@ -329,21 +380,121 @@ static int64_t round_once(dlock_renew *r)
     return earliest < next ? earliest : next;
 }
 
+void dlock_renew_orphan(dlock_renew *r, const dlock_entry *e, const char *nonce)
+{
+    size_t klen = strlen(e->key), flen = strlen(e->fence_key);
+    orphan *o = malloc(sizeof *o + klen + flen + 2);
+    if (!o)
+        return; /* the lease, if granted, expires after lease_ms */
+    memcpy(o->key, e->key, klen + 1);
+    o->fence_key = o->key + klen + 1;
+    memcpy(o->fence_key, e->fence_key, flen + 1);
+    snprintf(o->nonce, sizeof o->nonce, "%s", nonce);
+    o->until_ns = dlock_now_ns() + (int64_t)r->cfg.lease_ms * DLOCK_NS_PER_MS;
+    pthread_mutex_lock(&r->mu);
+    o->next = r->orphans;
+    r->orphans = o;
+    pthread_cond_signal(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* Releases the orphaned grants, one pipeline; those Redis did not answer go
+ * back on the list until their lease time is over. Called without locks.
+ * Returns 0, or -1 if some remain (retry soon). */
+static int release_orphans(dlock_renew *r)
+{
+    pthread_mutex_lock(&r->mu);
+    orphan *list = r->orphans;
+    r->orphans = NULL;
+    pthread_mutex_unlock(&r->mu);
+    if (!list)
+        return 0;
+    size_t sent = 0;
+    if (ensure_conn(r) == 0) {
+        for (orphan *o = list; o; o = o->next, sent++) {
+            const char *argv[7] = {o->key, o->fence_key, r->cfg.client_id, "nonce", o->nonce,
+                                   r->lease_str, "0"};
+            if (dlock_conn_append_eval(r->conn, r->cfg.ctr, DLOCK_SCRIPT_RELEASE, 1, 2, 5, argv,
+                                       NULL) != 0)
+                break;
+        }
+        if (sent)
+            dlock_count(&r->cfg.ctr->redis_round_trips, 1);
+    }
+    orphan *keep = NULL, *next;
+    size_t i = 0;
+    int failed = 0;
+    for (orphan *o = list; o; o = next, i++) {
+        next = o->next;
+        int done = 0;
+        if (i < sent && !failed) {
+            redisReply *rep = NULL;
+            if (redisGetReply(r->conn, (void **)&rep) != REDIS_OK) {
+                failed = 1;
+            } else {
+                done = !dlock_conn_is_noscript(rep);
+                freeReplyObject(rep);
+                if (!done) { /* a restarted server: once more, with EVAL */
+                    const char *argv[7] = {o->key, o->fence_key, r->cfg.client_id, "nonce",
+                                           o->nonce, r->lease_str, "0"};
+                    rep = dlock_conn_eval(r->conn, r->cfg.ctr, DLOCK_SCRIPT_RELEASE, 2, 5, argv,
+                                          NULL);
+                    done = rep != NULL;
+                    if (rep)
+                        freeReplyObject(rep);
+                    else
+                        failed = 1;
+                }
+            }
+        }
+        if (done || dlock_now_ns() >= o->until_ns) {
+            free(o);
+        } else {
+            o->next = keep;
+            keep = o;
+        }
+    }
+    if (failed || (r->conn && r->conn->err))
+        drop_conn(r);
+    if (!keep)
+        return 0;
+    pthread_mutex_lock(&r->mu);
+    orphan **tail = &keep;
+    while (*tail)
+        tail = &(*tail)->next;
+    *tail = r->orphans;
+    r->orphans = keep;
+    pthread_mutex_unlock(&r->mu);
+    return -1;
+}
+
 static void *manager_main(void *arg)
 {
     dlock_renew *r = arg;
     int64_t next = dlock_now_ns() + r->period_ns;
+    int64_t orphan_retry = 0;
     pthread_mutex_lock(&r->mu);
     while (!r->stop) {
         int64_t now = dlock_now_ns();
+        if (r->orphans && now >= orphan_retry) {
+            pthread_mutex_unlock(&r->mu);
+            if (release_orphans(r) != 0)
+                orphan_retry = dlock_now_ns() + RETRY_MS * DLOCK_NS_PER_MS;
+            pthread_mutex_lock(&r->mu);
+            continue;
+        }
         if (now < next) {
-            /* With nothing registered, sleep until a lease arrives; its first
-             * renewal is then due one period later. */
-            if (r->count == 0) {
+            int64_t wake = next;
+            if (r->orphans && orphan_retry < wake)
+                wake = orphan_retry;
+            /* With nothing registered, sleep until a lease or an orphan
+             * arrives; a first lease's renewal is due one period later. */
+            if (r->count == 0 && !r->orphans) {
                 pthread_cond_wait(&r->cv, &r->mu);
-                next = dlock_now_ns() + r->period_ns;
+                if (r->count)
+                    next = dlock_now_ns() + r->period_ns;
             } else {
-                struct timespec ts = dlock_ts(next);
+                struct timespec ts = dlock_ts(wake);
                 pthread_cond_timedwait(&r->cv, &r->mu, &ts);
             }
             continue;
@@ -364,13 +515,16 @@ int dlock_renew_start(const dlock_renew_cfg *cfg, dlock_renew **out)
     r->cfg = *cfg;
     r->period_ns = (int64_t)cfg->lease_ms * DLOCK_NS_PER_MS / 3;
     r->drift_ns = dlock_renew_drift_ns(cfg->lease_ms);
+    snprintf(r->lease_str, sizeof r->lease_str, "%" PRIu32, cfg->lease_ms);
     pthread_mutex_init(&r->mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&r->cv, &ca);
     pthread_condattr_destroy(&ca);
+    pthread_cond_init(&r->wrote, NULL);
     if (pthread_create(&r->thread, NULL, manager_main, r) != 0) {
+        pthread_cond_destroy(&r->wrote);
         pthread_cond_destroy(&r->cv);
         pthread_mutex_destroy(&r->mu);
         free(r);
@@ -385,29 +539,30 @@ int dlock_renew_start(const dlock_renew_cfg *cfg, dlock_renew **out)
  * lease_ms. */
 static void release_all(dlock_renew *r)
 {
-    if (!r->items)
+    if (!r->items || ensure_conn(r) != 0)
         return;
-    if (!r->conn && dlock_conn_open(r->cfg.conn, r->cfg.ctr, &r->conn) != DLOCK_OK)
-        r->conn = NULL;
-    if (!r->conn)
-        return;
-    dlock_renew_item **v = malloc(sizeof *v * r->count);
+    typedef struct rel {
+        dlock_renew_item *it;
+        char last[24];
+        int done;
+    } rel;
+    rel *v = malloc(sizeof *v * r->count);
     if (!v)
         return;
-    char fence_ms[16];
-    snprintf(fence_ms, sizeof fence_ms, "%" PRIu32, r->cfg.lease_ms);
     size_t sent = 0;
     for (dlock_renew_item *it = r->items; it; it = it->next) {
-        char last[24];
+        rel *x = &v[sent];
+        x->it = it;
+        x->done = 0;
         pthread_mutex_lock(&it->e->mu);
-        snprintf(last, sizeof last, "%" PRIu64, it->e->token);
+        snprintf(x->last, sizeof x->last, "%" PRIu64, it->e->token);
         pthread_mutex_unlock(&it->e->mu);
-        const char *argv[6] = {it->e->key, it->e->fence_key, r->cfg.client_id, it->token,
-                               fence_ms, last};
-        if (dlock_conn_append_eval(r->conn, r->cfg.ctr, DLOCK_SCRIPT_RELEASE, 2, 4, argv,
+        const char *argv[7] = {it->e->key, it->e->fence_key, r->cfg.client_id, "token",
+                               it->token, r->lease_str, x->last};
+        if (dlock_conn_append_eval(r->conn, r->cfg.ctr, DLOCK_SCRIPT_RELEASE, 1, 2, 5, argv,
                                    NULL) != 0)
             break;
-        v[sent++] = it;
+        sent++;
     }
     if (sent)
         dlock_count(&r->cfg.ctr->redis_round_trips, 1);
@@ -416,18 +571,16 @@ static void release_all(dlock_renew *r)
         redisReply *rep = NULL;
         if (redisGetReply(r->conn, (void **)&rep) != REDIS_OK)
             break;
-        if (!dlock_conn_is_noscript(rep))
-            v[got] = NULL; /* done */
+        v[got].done = !dlock_conn_is_noscript(rep);
         freeReplyObject(rep);
     }
     /* A restarted server answered NOSCRIPT: run those again with EVAL. */
     for (size_t i = 0; i < got && r->conn->err == 0; i++) {
-        if (!v[i])
+        if (v[i].done)
             continue;
-        const char *argv[5] = {v[i]->e->key, v[i]->e->fence_key, r->cfg.client_id, v[i]->token,
-                               fence_ms};
-        /* Without the last local token: the fence keeps the grant's token. */
-        redisReply *rep = dlock_conn_eval(r->conn, r->cfg.ctr, DLOCK_SCRIPT_RELEASE, 2, 3, argv,
+        const char *argv[7] = {v[i].it->e->key, v[i].it->e->fence_key, r->cfg.client_id,
+                               "token", v[i].it->token, r->lease_str, v[i].last};
+        redisReply *rep = dlock_conn_eval(r->conn, r->cfg.ctr, DLOCK_SCRIPT_RELEASE, 2, 5, argv,
                                           NULL);
         if (rep)
             freeReplyObject(rep);
@@ -445,7 +598,13 @@ void dlock_renew_stop(dlock_renew *r)
     pthread_mutex_unlock(&r->mu);
     pthread_join(r->thread, NULL);
 
+    release_orphans(r); /* one last try for the orphans */
     release_all(r);
+    while (r->orphans) {
+        orphan *o = r->orphans;
+        r->orphans = o->next;
+        free(o);
+    }
     while (r->items) {
         dlock_entry *e = r->items->e;
         pthread_mutex_lock(&e->mu);
@@ -460,6 +619,7 @@ void dlock_renew_stop(dlock_renew *r)
     }
     if (r->conn)
         redisFree(r->conn);
+    pthread_cond_destroy(&r->wrote);
     pthread_cond_destroy(&r->cv);
     pthread_mutex_destroy(&r->mu);
     free(r);

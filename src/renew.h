@@ -49,6 +49,16 @@ int dlock_renew_add(dlock_renew *r, dlock_entry *e);
  * e->mu; 0 if it was not. */
 int dlock_renew_remove(dlock_renew *r, dlock_entry *e);
 
+/* Waits until no renewal write is in progress. A releaser calls it after
+ * dlock_renew_remove and before sending its release, without e->mu: then no
+ * renewal of the released grant can reach Redis after the release. */
+void dlock_renew_quiesce(dlock_renew *r);
+
+/* Hands over an acquire attempt of e whose outcome is unknown: the manager
+ * thread releases the grant with this nonce, if Redis made one, as soon as
+ * it can (retrying for one lease time). Returns at once; no lock needed. */
+void dlock_renew_orphan(dlock_renew *r, const dlock_entry *e, const char *nonce);
+
 /* The drift margin subtracted from a lease's validity, in ns. */
 int64_t dlock_renew_drift_ns(uint32_t lease_ms);
 
