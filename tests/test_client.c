@@ -351,8 +351,25 @@ static void test_open_invalid(void **state)
     BAD(command_timeout_ms, 0);
     BAD(command_timeout_ms, DLOCK_TIMEOUT_MAX_MS + 1);
     BAD(pool_size, 0);
+    BAD(pool_size, 1025);
+    BAD(redis_db, -1);
+    BAD(redis_host, "");
+    BAD(retry_max_ms, 0);
+    BAD(pass_limit, DLOCK_PASS_LIMIT_MAX + 1);
+    /* Handoff tokens must stay below the lease time in us (good has the
+     * default 30 s lease). */
+    BAD(pass_limit, 30000u * 1000u);
+    cfg = good;
+    cfg.lease_ms = 100;
+    cfg.pass_limit = 100000; /* = lease_ms * 1000 */
+    expect_open(&cfg, DLOCK_EINVAL, "pass_limit 100000 with lease_ms 100");
+    cfg.pass_limit = 99999;
+    expect_open(&cfg, DLOCK_OK, "pass_limit 99999 with lease_ms 100");
 
     /* The limits themselves are accepted. */
+    OK(pass_limit, 0);
+    OK(pass_limit, DLOCK_PASS_LIMIT_MAX);
+    OK(pool_size, 1024);
     OK(key_prefix, prefix64);
     OK(lease_ms, DLOCK_LEASE_MIN_MS);
     OK(lease_ms, DLOCK_LEASE_MAX_MS);
