@@ -54,6 +54,7 @@ enum {
 #define DLOCK_LEASE_MAX_MS 86400000u  /* longest lease_ms accepted (one day) */
 #define DLOCK_TIMEOUT_MAX_MS 600000u  /* longest connect/command timeout */
 #define DLOCK_PASS_LIMIT_MAX 1000000u /* largest pass_limit accepted */
+#define DLOCK_WAITER_TTL_MIN_MS 100u  /* shortest waiter_ttl_ms accepted */
 
 typedef struct dlock_client dlock_client;
 
@@ -79,8 +80,13 @@ typedef struct dlock_config {
     void (*on_lost)(const char *name, uint64_t fence, void *arg);
     void *on_lost_arg;
     uint32_t pool_size;         /* Redis connections shared by caller threads; default 8 */
-    uint32_t retry_max_ms;      /* longest pause of a poller between two tries
-                                   while the lock is held elsewhere; default 100 */
+    uint32_t waiter_ttl_ms;     /* a client waiting for a lock keeps its place in
+                                   the lock's wait queue in Redis this long
+                                   without news (its poller retries every
+                                   waiter_ttl_ms/4, or at once when woken); a
+                                   dead waiter is skipped after at most this;
+                                   DLOCK_WAITER_TTL_MIN_MS..DLOCK_LEASE_MAX_MS;
+                                   default 2000 */
 } dlock_config;
 
 /* Fills *cfg with the defaults above. Always call it before setting fields,

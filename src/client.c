@@ -36,6 +36,7 @@
 #include "conn.h"
 #include "error.h"
 #include "renew.h"
+#include "sub.h"
 #include "table.h"
 
 struct dlock_client {
@@ -44,8 +45,13 @@ struct dlock_client {
     char id[33];        /* 128 random bits, hex: the owner of our leases */
     char lease_str[16]; /* lease_ms in decimal, for the scripts */
     char pass_limit_str[16];
+    char waiter_ttl_str[16];
+    char *wake_prefix;  /* "<prefix>wake:" */
+    char *channel;      /* "<prefix>wake:<id>": this client's wake channel */
+    dlock_script_args args;
     uint64_t attempts;  /* acquire attempts so far: their nonces (atomic) */
-    uint32_t lease_ms, pass_limit, retry_max_ms, pool_size;
+    uint32_t lease_ms, pass_limit, waiter_ttl_ms, pool_size;
+    int64_t fallback_ns; /* a queued poller retries this often without a wake-up */
     int64_t drift_ns;
     int64_t handoff_margin_ns; /* no handoff this close to the validity deadline */
     void (*on_lost)(const char *name, uint64_t fence, void *arg);
@@ -55,6 +61,7 @@ struct dlock_client {
     dlock_table *table;
     dlock_pool *pool;
     dlock_renew *renew;
+    dlock_sub *sub;
 };
 
 /* fork(): the child gets a copy of the client without its threads or a
@@ -89,7 +96,7 @@ void dlock_config_init(dlock_config *cfg)
     cfg->command_timeout_ms = 1000;
     cfg->pass_limit = 16;
     cfg->pool_size = 8;
-    cfg->retry_max_ms = 100;
+    cfg->waiter_ttl_ms = 2000;
 }
 
 static int check_config(const dlock_config *cfg)
@@ -121,9 +128,9 @@ static int check_config(const dlock_config *cfg)
     if (cfg->pool_size == 0 || cfg->pool_size > 1024)
         return dlock_err_set(DLOCK_EINVAL, "pool_size %" PRIu32 " is not in 1..1024",
                              cfg->pool_size);
-    if (cfg->retry_max_ms == 0 || cfg->retry_max_ms > cfg->lease_ms)
-        return dlock_err_set(DLOCK_EINVAL, "retry_max_ms %" PRIu32 " is not in 1..lease_ms",
-                             cfg->retry_max_ms);
+    if (cfg->waiter_ttl_ms < DLOCK_WAITER_TTL_MIN_MS || cfg->waiter_ttl_ms > DLOCK_LEASE_MAX_MS)
+        return dlock_err_set(DLOCK_EINVAL, "waiter_ttl_ms %" PRIu32 " is not in %u..%u",
+                             cfg->waiter_ttl_ms, DLOCK_WAITER_TTL_MIN_MS, DLOCK_LEASE_MAX_MS);
     return DLOCK_OK;
 }
 
@@ -146,13 +153,50 @@ static int random_id(char out[33])
 
 static void client_free(dlock_client *c)
 {
+    dlock_sub_stop(c->sub);
     dlock_renew_stop(c->renew);
     dlock_pool_destroy(c->pool);
     dlock_table_destroy(c->table);
     free(c->conn.host);
     free(c->conn.password);
     free(c->prefix);
+    free(c->wake_prefix);
+    free(c->channel);
     free(c);
+}
+
+/* The subscriber got a wake-up for a lock name: its poller, if this client
+ * still waits for it, tries again at once. On the subscriber thread. */
+static void wake_one(void *arg, const char *name, size_t len)
+{
+    dlock_client *c = arg;
+    if (len == 0 || len > DLOCK_NAME_MAX)
+        return;
+    dlock_entry *e = dlock_table_find(c->table, name, len);
+    if (!e)
+        return; /* nobody here waits for it any more */
+    pthread_mutex_lock(&e->mu);
+    e->woken = 1;
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    dlock_table_put(c->table, e);
+}
+
+static void wake_entry(dlock_entry *e, void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&e->mu);
+    e->woken = 1;
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* The subscriber reconnected: wake-ups may have been missed, so every
+ * poller of this client tries again. On the subscriber thread. */
+static void wake_all(void *arg)
+{
+    dlock_client *c = arg;
+    dlock_table_each_ref(c->table, wake_entry, NULL);
 }
 
 static void lost_from_renewal(void *arg, const char *name, uint64_t token)
@@ -189,7 +233,9 @@ int dlock_client_open(const dlock_config *cfg, dlock_client **out)
     snprintf(c->lease_str, sizeof c->lease_str, "%" PRIu32, cfg->lease_ms);
     c->pass_limit = cfg->pass_limit;
     snprintf(c->pass_limit_str, sizeof c->pass_limit_str, "%" PRIu32, cfg->pass_limit);
-    c->retry_max_ms = cfg->retry_max_ms;
+    c->waiter_ttl_ms = cfg->waiter_ttl_ms;
+    snprintf(c->waiter_ttl_str, sizeof c->waiter_ttl_str, "%" PRIu32, cfg->waiter_ttl_ms);
+    c->fallback_ns = (int64_t)cfg->waiter_ttl_ms * DLOCK_NS_PER_MS / 4;
     c->pool_size = cfg->pool_size;
     c->drift_ns = dlock_renew_drift_ns(cfg->lease_ms);
     /* A lease renewed on time keeps at least 2/3 of its time: one with less
@@ -206,6 +252,17 @@ int dlock_client_open(const dlock_config *cfg, dlock_client **out)
         client_free(c);
         return dlock_err_set(DLOCK_ENOMEM, "no random bytes for the client id");
     }
+    size_t plen = strlen(c->prefix);
+    c->wake_prefix = malloc(plen + 6);
+    c->channel = malloc(plen + 6 + sizeof c->id);
+    if (!c->wake_prefix || !c->channel) {
+        client_free(c);
+        return dlock_err_set(DLOCK_ENOMEM, "out of memory");
+    }
+    snprintf(c->wake_prefix, plen + 6, "%swake:", c->prefix);
+    snprintf(c->channel, plen + 6 + sizeof c->id, "%s%s", c->wake_prefix, c->id);
+    c->args = (dlock_script_args){c->id, c->lease_str, c->pass_limit_str, c->waiter_ttl_str,
+                                  c->wake_prefix};
     c->table = dlock_table_create(c->prefix, &c->ctr);
     c->pool = dlock_pool_create(&c->conn, cfg->pool_size, &c->ctr);
     if (!c->table || !c->pool) {
@@ -216,12 +273,25 @@ int dlock_client_open(const dlock_config *cfg, dlock_client **out)
         .conn = &c->conn,
         .ctr = &c->ctr,
         .table = c->table,
-        .client_id = c->id,
+        .args = &c->args,
         .lease_ms = c->lease_ms,
         .lost = lost_from_renewal,
         .lost_arg = c,
     };
     rc = dlock_renew_start(&rc_cfg, &c->renew);
+    if (rc != DLOCK_OK) {
+        client_free(c);
+        return rc;
+    }
+    dlock_sub_cfg sub_cfg = {
+        .conn = &c->conn,
+        .ctr = &c->ctr,
+        .channel = c->channel,
+        .on_message = wake_one,
+        .on_resubscribed = wake_all,
+        .arg = c,
+    };
+    rc = dlock_sub_start(&sub_cfg, &c->sub);
     if (rc != DLOCK_OK) {
         client_free(c);
         return rc;
@@ -321,14 +391,23 @@ static int call_script(dlock_client *c, dlock_script_id id, int nkeys, int nargs
 /* The acquire script, as attempt `nonce`. Called by e's poller without e->mu.
  * Returns DLOCK_OK with *token and *sent_ns, DLOCK_EBUSY with *pttl_ms, or
  * DLOCK_EREDIS. */
-static int redis_acquire(dlock_client *c, dlock_entry *e, const char *nonce, uint64_t *token,
-                         int64_t *pttl_ms, int64_t *sent_ns)
+static int redis_acquire(dlock_client *c, dlock_entry *e, const char *nonce, int queue,
+                         uint64_t *token, int64_t *pttl_ms, int64_t *sent_ns)
 {
-    const char *argv[6] = {e->key, e->fence_key, c->id, c->lease_str, nonce, c->pass_limit_str};
+    const char *argv[DLOCK_KEYS + DLOCK_ACQUIRE_ARGS + 1];
+    for (int k = 0; k < DLOCK_KEYS; k++)
+        argv[k] = e->keys[k];
+    argv[DLOCK_KEYS + 0] = c->id;
+    argv[DLOCK_KEYS + 1] = c->lease_str;
+    argv[DLOCK_KEYS + 2] = nonce;
+    argv[DLOCK_KEYS + 3] = c->pass_limit_str;
+    argv[DLOCK_KEYS + 4] = c->waiter_ttl_str;
+    argv[DLOCK_KEYS + 5] = queue ? "1" : "0";
     redisReply *rep;
     int sent;
     *sent_ns = dlock_now_ns();
-    int rc = call_script(c, DLOCK_SCRIPT_ACQUIRE, 2, 4, argv, "acquire", e->name, &rep, &sent);
+    int rc = call_script(c, DLOCK_SCRIPT_ACQUIRE, DLOCK_KEYS, DLOCK_ACQUIRE_ARGS + 1, argv,
+                         "acquire", e->name, &rep, &sent);
     if (rc != DLOCK_OK) {
         /* If it reached Redis the outcome is unknown: the renewal thread
          * releases exactly this attempt's grant, if there is one, without
@@ -363,10 +442,12 @@ static int redis_release(dlock_client *c, dlock_entry *e, uint64_t grant, uint64
     char tok[24], last_tok[24];
     snprintf(tok, sizeof tok, "%" PRIu64, grant);
     snprintf(last_tok, sizeof last_tok, "%" PRIu64, last);
-    const char *argv[7] = {e->key, e->fence_key, c->id, "token", tok, c->lease_str, last_tok};
+    const char *argv[DLOCK_KEYS + DLOCK_RELEASE_ARGS];
+    dlock_script_release_argv(&c->args, e->keys, e->name, "token", tok, last_tok, argv);
     redisReply *rep;
     int sent;
-    int rc = call_script(c, DLOCK_SCRIPT_RELEASE, 2, 5, argv, "release", e->name, &rep, &sent);
+    int rc = call_script(c, DLOCK_SCRIPT_RELEASE, DLOCK_KEYS, DLOCK_RELEASE_ARGS, argv, "release",
+                         e->name, &rep, &sent);
     if (rc != DLOCK_OK) {
         char why[200];
         snprintf(why, sizeof why, "%s", dlock_last_error());
@@ -374,7 +455,7 @@ static int redis_release(dlock_client *c, dlock_entry *e, uint64_t grant, uint64
                              c->lease_ms);
     }
     if (rep->type == REDIS_REPLY_INTEGER)
-        rc = rep->integer == 1 ? DLOCK_OK
+        rc = rep->integer >= 1 ? DLOCK_OK /* 2: it also woke the next waiter */
                                : dlock_err_set(DLOCK_ELOST, "the lease of '%s' was gone from "
                                                             "redis at release", e->name);
     else
@@ -382,6 +463,29 @@ static int redis_release(dlock_client *c, dlock_entry *e, uint64_t grant, uint64
                            rep->type == REDIS_REPLY_ERROR ? rep->str : "unexpected reply");
     freeReplyObject(rep);
     return rc;
+}
+
+/* Takes this client out of e's wait queue in Redis (its last waiter gave
+ * up), passing the turn on if it had it. Best effort: a queue entry left
+ * behind is skipped once its waiter ttl runs out. Without e->mu, as e's
+ * poller. */
+static void redis_leave(dlock_client *c, dlock_entry *e)
+{
+    const char *argv[DLOCK_KEYS + DLOCK_LEAVE_ARGS];
+    for (int k = 0; k < DLOCK_KEYS; k++)
+        argv[k] = e->keys[k];
+    argv[DLOCK_KEYS + 0] = c->id;
+    argv[DLOCK_KEYS + 1] = c->wake_prefix;
+    argv[DLOCK_KEYS + 2] = e->name;
+    argv[DLOCK_KEYS + 3] = c->waiter_ttl_str;
+    redisReply *rep;
+    int sent;
+    char keep[256]; /* the caller's own error message stays the one reported */
+    snprintf(keep, sizeof keep, "%s", dlock_last_error());
+    if (call_script(c, DLOCK_SCRIPT_LEAVE, DLOCK_KEYS, DLOCK_LEAVE_ARGS, argv, "leave", e->name,
+                    &rep, &sent) == DLOCK_OK)
+        freeReplyObject(rep);
+    dlock_err_set(0, "%s", keep);
 }
 
 /* Makes the calling thread e's owner for a new grant. Called with e->mu held. */
@@ -432,22 +536,27 @@ static int take_handoff(dlock_client *c, dlock_entry *e, int *drop)
 /*
  * The poller's loop. Called with e->mu held, as e's designated poller
  * (e->poller == 1, !has_owner, state NONE); returns with e->mu held. Talks
- * to Redis without e->mu; between tries it sleeps on e->cv until the retry
- * time (from the remaining TTL, capped by an exponential backoff, with
- * jitter) or its own deadline, whichever comes first.
+ * to Redis without e->mu. A refused try leaves the client in the lock's wait
+ * queue in Redis (unless `once`); the poller then sleeps on e->cv until a
+ * wake-up (e->woken, set by the subscriber when a release gives this client
+ * the turn), the fallback retry time (waiter_ttl/4, which also keeps its
+ * place in the queue alive; sooner if the lease's remaining time is
+ * shorter, for a holder that died), or its own deadline. A poller that gives
+ * up while no other thread of this client waits takes the client out of the
+ * queue.
  */
 static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int once)
 {
-    int64_t backoff_ms = 2;
     for (;;) {
         DLOCK_ASSERT(!e->has_owner && e->state == DLOCK_LEASE_NONE);
         e->state = DLOCK_LEASE_ACQUIRING;
+        e->woken = 0; /* a wake-up from now on triggers another try */
         pthread_mutex_unlock(&e->mu);
         uint64_t token = 0;
         int64_t pttl = 0, sent_ns = 0;
         char nonce[24];
         snprintf(nonce, sizeof nonce, "%" PRIu64, ck_pr_faa_64(&c->attempts, 1));
-        int rc = redis_acquire(c, e, nonce, &token, &pttl, &sent_ns);
+        int rc = redis_acquire(c, e, nonce, !once, &token, &pttl, &sent_ns);
         if (rc == DLOCK_OK && dlock_now_ns() >= sent_ns + (int64_t)c->lease_ms * DLOCK_NS_PER_MS -
                                                            c->drift_ns) {
             /* The answer came back after the lease could have expired. */
@@ -468,20 +577,24 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
         if (once)
             return dlock_err_set(DLOCK_EBUSY, "'%s' is held by another client", e->name);
         int64_t now = dlock_now_ns();
-        if (now >= deadline)
+        if (now >= deadline) {
+            if (e->waiters == 1) { /* nobody else here waits: leave the queue */
+                e->state = DLOCK_LEASE_ACQUIRING; /* still the only one talking to Redis */
+                pthread_mutex_unlock(&e->mu);
+                redis_leave(c, e);
+                pthread_mutex_lock(&e->mu);
+                e->state = DLOCK_LEASE_NONE;
+            }
             return dlock_err_set(DLOCK_ETIMEDOUT, "timed out waiting for '%s'", e->name);
-        int64_t delay_ms = backoff_ms;
-        if (pttl > 0 && pttl < delay_ms)
-            delay_ms = pttl;
-        if (backoff_ms < c->retry_max_ms)
-            backoff_ms = backoff_ms * 2 < c->retry_max_ms ? backoff_ms * 2 : c->retry_max_ms;
-        /* Jitter: sleep a uniform time in [delay/2, delay] (at least 0.5 ms). */
-        int64_t delay_ns = delay_ms * DLOCK_NS_PER_MS;
-        delay_ns = delay_ns / 2 + (int64_t)(jitter_rand() % (uint64_t)(delay_ns / 2 + 1));
-        if (delay_ns < DLOCK_NS_PER_MS / 2)
-            delay_ns = DLOCK_NS_PER_MS / 2;
+        }
+        int64_t delay_ns = c->fallback_ns;
+        if (pttl > 0 && pttl * DLOCK_NS_PER_MS < delay_ns)
+            delay_ns = pttl * DLOCK_NS_PER_MS + DLOCK_NS_PER_MS / 2;
+        /* Jitter: a uniform time in [3/4, 1] of the delay, so that pollers of
+         * many clients do not retry in step. */
+        delay_ns -= (int64_t)(jitter_rand() % (uint64_t)(delay_ns / 4 + 1));
         int64_t wake = now + delay_ns < deadline ? now + delay_ns : deadline;
-        while (dlock_now_ns() < wake) {
+        while (!e->woken && dlock_now_ns() < wake) {
             struct timespec ts = dlock_ts(wake);
             pthread_cond_timedwait(&e->cv, &e->mu, &ts);
         }

@@ -60,10 +60,11 @@ struct dlock_renew_item {
 
 typedef struct orphan {
     struct orphan *next;
-    int64_t until_ns; /* give up then: the lease has expired */
+    int64_t until_ns;       /* give up then: the lease has expired */
     char nonce[24];
-    char *fence_key;  /* inside key's allocation */
-    char key[];
+    char *keys[DLOCK_KEYS]; /* copies of the entry's keys, in buf */
+    char *name;             /* in buf */
+    char buf[];
 } orphan;
 
 struct dlock_renew {
@@ -79,7 +80,6 @@ struct dlock_renew {
     int stop;                /* guarded by mu */
     redisContext *conn;      /* the manager thread's own connection */
     int64_t period_ns, drift_ns;
-    char lease_str[16];
 };
 
 typedef struct snap {
@@ -183,11 +183,11 @@ static int append_chunk(dlock_renew *r, const snap *s, size_t k, int use_sha)
 {
     const char *argv[2 * CHUNK + 2];
     for (size_t i = 0; i < k; i++) {
-        argv[i] = s[i].e->key;
+        argv[i] = s[i].e->keys[DLOCK_KEY_LEASE];
         argv[k + 2 + i] = s[i].token;
     }
-    argv[k] = r->cfg.client_id;
-    argv[k + 1] = r->lease_str;
+    argv[k] = r->cfg.args->client_id;
+    argv[k + 1] = r->cfg.args->lease_ms;
     return dlock_conn_append_eval(r->conn, r->cfg.ctr, DLOCK_SCRIPT_RENEW, use_sha, (int)k,
                                   (int)k + 2, argv, NULL);
 }
@@ -382,13 +382,18 @@ static int64_t round_once(dlock_renew *r)
 
 void dlock_renew_orphan(dlock_renew *r, const dlock_entry *e, const char *nonce)
 {
-    size_t klen = strlen(e->key), flen = strlen(e->fence_key);
-    orphan *o = malloc(sizeof *o + klen + flen + 2);
+    size_t len[DLOCK_KEYS], total = e->name_len + 1;
+    for (int k = 0; k < DLOCK_KEYS; k++)
+        total += (len[k] = strlen(e->keys[k]) + 1);
+    orphan *o = malloc(sizeof *o + total);
     if (!o)
         return; /* the lease, if granted, expires after lease_ms */
-    memcpy(o->key, e->key, klen + 1);
-    o->fence_key = o->key + klen + 1;
-    memcpy(o->fence_key, e->fence_key, flen + 1);
+    char *p = o->buf;
+    for (int k = 0; k < DLOCK_KEYS; k++) {
+        o->keys[k] = memcpy(p, e->keys[k], len[k]);
+        p += len[k];
+    }
+    o->name = memcpy(p, e->name, e->name_len + 1);
     snprintf(o->nonce, sizeof o->nonce, "%s", nonce);
     o->until_ns = dlock_now_ns() + (int64_t)r->cfg.lease_ms * DLOCK_NS_PER_MS;
     pthread_mutex_lock(&r->mu);
@@ -412,10 +417,11 @@ static int release_orphans(dlock_renew *r)
     size_t sent = 0;
     if (ensure_conn(r) == 0) {
         for (orphan *o = list; o; o = o->next, sent++) {
-            const char *argv[7] = {o->key, o->fence_key, r->cfg.client_id, "nonce", o->nonce,
-                                   r->lease_str, "0"};
-            if (dlock_conn_append_eval(r->conn, r->cfg.ctr, DLOCK_SCRIPT_RELEASE, 1, 2, 5, argv,
-                                       NULL) != 0)
+            const char *argv[5 + DLOCK_RELEASE_ARGS];
+            dlock_script_release_argv(r->cfg.args, o->keys, o->name, "nonce", o->nonce, "0",
+                                      argv);
+            if (dlock_conn_append_eval(r->conn, r->cfg.ctr, DLOCK_SCRIPT_RELEASE, 1, 5,
+                                       DLOCK_RELEASE_ARGS, argv, NULL) != 0)
                 break;
         }
         if (sent)
@@ -435,10 +441,11 @@ static int release_orphans(dlock_renew *r)
                 done = !dlock_conn_is_noscript(rep);
                 freeReplyObject(rep);
                 if (!done) { /* a restarted server: once more, with EVAL */
-                    const char *argv[7] = {o->key, o->fence_key, r->cfg.client_id, "nonce",
-                                           o->nonce, r->lease_str, "0"};
-                    rep = dlock_conn_eval(r->conn, r->cfg.ctr, DLOCK_SCRIPT_RELEASE, 2, 5, argv,
-                                          NULL);
+                    const char *argv[5 + DLOCK_RELEASE_ARGS];
+                    dlock_script_release_argv(r->cfg.args, o->keys, o->name, "nonce", o->nonce,
+                                              "0", argv);
+                    rep = dlock_conn_eval(r->conn, r->cfg.ctr, DLOCK_SCRIPT_RELEASE, 5,
+                                          DLOCK_RELEASE_ARGS, argv, NULL);
                     done = rep != NULL;
                     if (rep)
                         freeReplyObject(rep);
@@ -515,7 +522,6 @@ int dlock_renew_start(const dlock_renew_cfg *cfg, dlock_renew **out)
     r->cfg = *cfg;
     r->period_ns = (int64_t)cfg->lease_ms * DLOCK_NS_PER_MS / 3;
     r->drift_ns = dlock_renew_drift_ns(cfg->lease_ms);
-    snprintf(r->lease_str, sizeof r->lease_str, "%" PRIu32, cfg->lease_ms);
     pthread_mutex_init(&r->mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -557,10 +563,11 @@ static void release_all(dlock_renew *r)
         pthread_mutex_lock(&it->e->mu);
         snprintf(x->last, sizeof x->last, "%" PRIu64, it->e->token);
         pthread_mutex_unlock(&it->e->mu);
-        const char *argv[7] = {it->e->key, it->e->fence_key, r->cfg.client_id, "token",
-                               it->token, r->lease_str, x->last};
-        if (dlock_conn_append_eval(r->conn, r->cfg.ctr, DLOCK_SCRIPT_RELEASE, 1, 2, 5, argv,
-                                   NULL) != 0)
+        const char *argv[5 + DLOCK_RELEASE_ARGS];
+        dlock_script_release_argv(r->cfg.args, it->e->keys, it->e->name, "token", it->token,
+                                  x->last, argv);
+        if (dlock_conn_append_eval(r->conn, r->cfg.ctr, DLOCK_SCRIPT_RELEASE, 1, 5,
+                                   DLOCK_RELEASE_ARGS, argv, NULL) != 0)
             break;
         sent++;
     }
@@ -578,10 +585,11 @@ static void release_all(dlock_renew *r)
     for (size_t i = 0; i < got && r->conn->err == 0; i++) {
         if (v[i].done)
             continue;
-        const char *argv[7] = {v[i].it->e->key, v[i].it->e->fence_key, r->cfg.client_id,
-                               "token", v[i].it->token, r->lease_str, v[i].last};
-        redisReply *rep = dlock_conn_eval(r->conn, r->cfg.ctr, DLOCK_SCRIPT_RELEASE, 2, 5, argv,
-                                          NULL);
+        const char *argv[5 + DLOCK_RELEASE_ARGS];
+        dlock_script_release_argv(r->cfg.args, v[i].it->e->keys, v[i].it->e->name, "token",
+                                  v[i].it->token, v[i].last, argv);
+        redisReply *rep = dlock_conn_eval(r->conn, r->cfg.ctr, DLOCK_SCRIPT_RELEASE, 5,
+                                          DLOCK_RELEASE_ARGS, argv, NULL);
         if (rep)
             freeReplyObject(rep);
     }

@@ -23,7 +23,7 @@ typedef struct dlock_renew_cfg {
     const dlock_conn_cfg *conn; /* must outlive the manager */
     dlock_counters *ctr;
     dlock_table *table;
-    const char *client_id;      /* must outlive the manager */
+    const dlock_script_args *args; /* the client's script arguments; must outlive the manager */
     uint32_t lease_ms;
     dlock_renew_lost_fn lost;
     void *lost_arg;

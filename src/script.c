@@ -17,12 +17,30 @@
 extern const char dlock_lua_acquire[];
 extern const char dlock_lua_release[];
 extern const char dlock_lua_renew[];
+extern const char dlock_lua_leave[];
 
 static const char *const bodies[DLOCK_SCRIPT_COUNT] = {
     [DLOCK_SCRIPT_ACQUIRE] = dlock_lua_acquire,
     [DLOCK_SCRIPT_RELEASE] = dlock_lua_release,
     [DLOCK_SCRIPT_RENEW] = dlock_lua_renew,
+    [DLOCK_SCRIPT_LEAVE] = dlock_lua_leave,
 };
+
+void dlock_script_release_argv(const dlock_script_args *a, char *const keys[5],
+                               const char *name, const char *field, const char *value,
+                               const char *last, const char **argv)
+{
+    for (int k = 0; k < 5; k++)
+        argv[k] = keys[k];
+    argv[5] = a->client_id;
+    argv[6] = field;
+    argv[7] = value;
+    argv[8] = a->lease_ms;
+    argv[9] = last;
+    argv[10] = a->wake_prefix;
+    argv[11] = name;
+    argv[12] = a->waiter_ttl_ms;
+}
 
 static char shas[DLOCK_SCRIPT_COUNT][41];
 static int ready[DLOCK_SCRIPT_COUNT];

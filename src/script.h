@@ -10,8 +10,30 @@ typedef enum dlock_script_id {
     DLOCK_SCRIPT_ACQUIRE,
     DLOCK_SCRIPT_RELEASE,
     DLOCK_SCRIPT_RENEW,
+    DLOCK_SCRIPT_LEAVE,
     DLOCK_SCRIPT_COUNT
 } dlock_script_id;
+
+/* What every script call of one client passes besides a lock's own keys,
+ * as decimal strings. */
+typedef struct dlock_script_args {
+    const char *client_id;   /* 32 hex digits */
+    const char *lease_ms;
+    const char *pass_limit;
+    const char *waiter_ttl_ms;
+    const char *wake_prefix; /* "<prefix>wake:": a client's channel is this + its id */
+} dlock_script_args;
+
+/* Argument counts of the scripts that take a lock's five keys. */
+enum { DLOCK_ACQUIRE_ARGS = 5, DLOCK_RELEASE_ARGS = 8, DLOCK_LEAVE_ARGS = 4 };
+
+/* Fills argv[0 .. 5 + DLOCK_RELEASE_ARGS) for the release script: keys (the
+ * lock's five, in DLOCK_KEY_* order), then the grant's identity (field is
+ * "token" or "nonce", with its value) and the last token handed out ("0"
+ * when none). */
+void dlock_script_release_argv(const dlock_script_args *a, char *const keys[5],
+                               const char *name, const char *field, const char *value,
+                               const char *last, const char **argv);
 
 /* The script's text. */
 const char *dlock_script_body(dlock_script_id id);

@@ -53,7 +53,7 @@ static void entry_free(dlock_entry *e)
 {
     pthread_cond_destroy(&e->cv);
     pthread_mutex_destroy(&e->mu);
-    free(e->key);
+    free(e->keys[0]); /* the one allocation of all keys */
     free(e);
 }
 
@@ -77,20 +77,25 @@ static dlock_entry *entry_new(dlock_table *t, const char *name, size_t len)
     dlock_entry *e = calloc(1, sizeof *e + len + 1);
     if (!e)
         return NULL;
-    /* "<prefix>{<name>}" and "<prefix>{<name>}:fence" in one allocation */
-    size_t klen = t->prefix_len + len + 2;
-    e->key = malloc(2 * klen + 8);
-    if (!e->key) {
+    /* Every key is "<prefix>{<name>}" plus a suffix, all in one allocation. */
+    static const char *const suffix[DLOCK_KEYS] = {"", ":fence", ":q", ":qd", ":turn"};
+    size_t base = t->prefix_len + len + 2, total = 0;
+    for (int k = 0; k < DLOCK_KEYS; k++)
+        total += base + strlen(suffix[k]) + 1;
+    char *buf = malloc(total);
+    if (!buf) {
         free(e);
         return NULL;
     }
-    memcpy(e->key, t->prefix, t->prefix_len);
-    e->key[t->prefix_len] = '{';
-    memcpy(e->key + t->prefix_len + 1, name, len);
-    memcpy(e->key + t->prefix_len + 1 + len, "}", 2);
-    e->fence_key = e->key + klen + 1;
-    memcpy(e->fence_key, e->key, klen);
-    memcpy(e->fence_key + klen, ":fence", 7);
+    for (int k = 0; k < DLOCK_KEYS; k++) {
+        e->keys[k] = buf;
+        memcpy(buf, t->prefix, t->prefix_len);
+        buf[t->prefix_len] = '{';
+        memcpy(buf + t->prefix_len + 1, name, len);
+        buf[t->prefix_len + 1 + len] = '}';
+        memcpy(buf + base, suffix[k], strlen(suffix[k]) + 1);
+        buf += base + strlen(suffix[k]) + 1;
+    }
 
     memcpy(e->name, name, len);
     e->name[len] = '\0';
@@ -188,4 +193,20 @@ void dlock_table_foreach(dlock_table *t, void (*fn)(dlock_entry *e, void *arg), 
     dlock_entry *e, *tmp;
     HASH_ITER(hh, t->entries, e, tmp) fn(e, arg);
     pthread_mutex_unlock(&t->mu);
+}
+
+void dlock_table_each_ref(dlock_table *t, void (*fn)(dlock_entry *e, void *arg), void *arg)
+{
+    pthread_mutex_lock(&t->mu);
+    dlock_entry **v = malloc(sizeof *v * (t->count ? t->count : 1));
+    size_t n = 0;
+    dlock_entry *e, *tmp;
+    if (v)
+        HASH_ITER(hh, t->entries, e, tmp) if (try_inc_ref(e)) v[n++] = e;
+    pthread_mutex_unlock(&t->mu);
+    for (size_t i = 0; i < n; i++) {
+        fn(v[i], arg);
+        dlock_table_put(t, v[i]);
+    }
+    free(v);
 }

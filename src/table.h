@@ -26,6 +26,17 @@ typedef enum dlock_lease_state {
 
 typedef struct dlock_renew_item dlock_renew_item;
 
+/* The Redis keys of one lock name, in the order the scripts take them. All
+ * share the hash tag {<name>}. */
+enum {
+    DLOCK_KEY_LEASE, /* "<prefix>{<name>}": hash owner, token, nonce */
+    DLOCK_KEY_FENCE, /* "<prefix>{<name>}:fence": token floor for the next grant */
+    DLOCK_KEY_QUEUE, /* "<prefix>{<name>}:q": zset of waiting clients by arrival */
+    DLOCK_KEY_LIVE,  /* "<prefix>{<name>}:qd": hash client -> liveness deadline */
+    DLOCK_KEY_TURN,  /* "<prefix>{<name>}:turn": the client whose turn it is */
+    DLOCK_KEYS
+};
+
 typedef struct dlock_entry {
     UT_hash_handle hh; /* guarded by the table mutex */
 
@@ -56,11 +67,12 @@ typedef struct dlock_entry {
     char fail_msg[160];          /* the last such failure's message */
     dlock_renew_item *renew;     /* registration with the renewal manager, or NULL */
 
+    int woken;                   /* a wake-up came for this name since the poller's last try */
+
     /* Immutable after creation. */
     size_t name_len;
-    char *key;       /* "<prefix>{<name>}" */
-    char *fence_key; /* "<prefix>{<name>}:fence" */
-    char name[];     /* NUL-terminated */
+    char *keys[DLOCK_KEYS]; /* the Redis keys of this name, see DLOCK_KEY_* */
+    char name[];            /* NUL-terminated */
 } dlock_entry;
 
 typedef struct dlock_table dlock_table;
@@ -87,6 +99,10 @@ void dlock_table_put(dlock_table *t, dlock_entry *e);
 
 /* Number of entries in the table now. */
 unsigned dlock_table_count(dlock_table *t);
+
+/* Calls fn on every live entry holding a reference on it, without the table
+ * mutex (so fn may lock the entry); entries closing meanwhile are skipped. */
+void dlock_table_each_ref(dlock_table *t, void (*fn)(dlock_entry *e, void *arg), void *arg);
 
 /* Calls fn on every entry, under the table mutex (fn must not lock entries
  * or call back into the table). For close and tests. */

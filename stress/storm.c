@@ -12,6 +12,13 @@
  * kills workers that overrun seconds + 30 s, reads INFO again and prints one
  * JSON line on stdout and a human summary on stderr.
  *
+ * --mutex replaces dlock by one process-shared pthread mutex per name (in the
+ * shared region): the same work and checks with no Redis at all, the ideal
+ * dlock is measured against. Its fencing token is a per-name counter
+ * incremented (non-atomically) inside the critical section. No redis-server
+ * is started in that mode; with --redis, the server's INFO is still read
+ * (its idle load), else the Redis fields of the JSON are null.
+ *
  * Checks made in every critical section (shared memory, across processes):
  *  - occupancy: an atomic per-name count incremented on entry must read 1
  *    (any overlap is seen by the second entrant);
@@ -83,6 +90,7 @@ typedef struct opts {
     long wait_ms;
     long pool_size;           /* -1: library default (1 with --client-per-thread) */
     int client_per_thread;
+    int mutex;                /* process-shared pthread mutexes instead of dlock */
     char host[256];
     int port;                 /* 0: private redis-server */
     long stack_kb;
@@ -130,6 +138,12 @@ static void usage(FILE *f)
 "                       --client-per-thread)\n"
 "  --client-per-thread  every thread opens its own dlock_client (no local\n"
 "                       tier: for comparison)\n"
+"  --mutex              no dlock and no Redis: every name is a process-shared\n"
+"                       pthread mutex in shared memory (the ideal to compare\n"
+"                       with; the token is a per-name counter bumped in the\n"
+"                       critical section; --wait-ms: >0 timedlock, 0 trylock,\n"
+"                       -1 lock). No redis-server is started; with --redis its\n"
+"                       INFO is read, else the Redis fields are null\n"
 "  --redis HOST:PORT    use this loopback Redis (127.x.x.x or localhost)\n"
 "                       instead of starting a private redis-server\n"
 "  --stack-kb K         stack of the storm's threads in KiB (16..65536,\n"
@@ -192,7 +206,8 @@ static int is_loopback(const char *h)
 static void parse_opts(int argc, char **argv)
 {
     enum { O_PROCS = 256, O_THREADS, O_LOCKS, O_SECONDS, O_CS, O_CS_SLEEP, O_THINK,
-           O_PASS, O_LEASE, O_WAIT, O_POOL, O_CPT, O_REDIS, O_STACK, O_QUIET, O_HELP };
+           O_PASS, O_LEASE, O_WAIT, O_POOL, O_CPT, O_MUTEX, O_REDIS, O_STACK, O_QUIET,
+           O_HELP };
     static const struct option lo[] = {
         {"procs", required_argument, 0, O_PROCS},
         {"threads", required_argument, 0, O_THREADS},
@@ -206,6 +221,7 @@ static void parse_opts(int argc, char **argv)
         {"wait-ms", required_argument, 0, O_WAIT},
         {"pool-size", required_argument, 0, O_POOL},
         {"client-per-thread", no_argument, 0, O_CPT},
+        {"mutex", no_argument, 0, O_MUTEX},
         {"redis", required_argument, 0, O_REDIS},
         {"stack-kb", required_argument, 0, O_STACK},
         {"quiet", no_argument, 0, O_QUIET},
@@ -233,6 +249,7 @@ static void parse_opts(int argc, char **argv)
         case O_WAIT: O.wait_ms = parse_long("--wait-ms", optarg, -1, 3600000); break;
         case O_POOL: O.pool_size = parse_long("--pool-size", optarg, 1, 1024); break;
         case O_CPT: O.client_per_thread = 1; break;
+        case O_MUTEX: O.mutex = 1; break;
         case O_REDIS: {
             const char *colon = strrchr(optarg, ':');
             if (!colon || colon == optarg)
@@ -263,6 +280,12 @@ static void parse_opts(int argc, char **argv)
     if ((long)O.procs * O.threads > MAX_TOTAL_THREADS)
         bad_usage("--procs x --threads = %ld exceeds %d", (long)O.procs * O.threads,
                   MAX_TOTAL_THREADS);
+    if (O.mutex && O.client_per_thread)
+        bad_usage("--mutex and --client-per-thread are mutually exclusive"
+                  " (--mutex uses no dlock client at all)");
+    if (O.mutex && (O.pass_limit >= 0 || O.pool_size > 0 || O.lease_ms != 30000))
+        fprintf(stderr, "storm: note: --pass-limit, --pool-size and --lease-ms have no effect"
+                        " with --mutex\n");
     if (O.client_per_thread && O.pass_limit >= 0)
         fprintf(stderr, "storm: note: --pass-limit has no effect with --client-per-thread"
                         " (one thread per client)\n");
@@ -281,6 +304,12 @@ typedef struct name_state {
     uint64_t last_token; /* highest fencing token seen for this name */
     int32_t occupancy;   /* threads inside the CS right now */
 } __attribute__((aligned(64))) name_state;
+
+/* --mutex only: the lock of a name and its token counter. */
+typedef struct mutex_state {
+    pthread_mutex_t m;   /* PTHREAD_PROCESS_SHARED */
+    uint64_t token;      /* last token handed out: read and written +1 under m */
+} __attribute__((aligned(64))) mutex_state;
 
 typedef struct thread_res {
     /* read live by the parent: updated with atomic stores */
@@ -317,6 +346,7 @@ static shm_hdr *H;
 static proc_res *PR;
 static name_state *NS;
 static thread_res *TR;
+static mutex_state *MX;   /* --mutex only, else NULL */
 static void *shm_base;
 static size_t shm_size;
 static char *names;       /* locks x NAME_LEN, private copy per process */
@@ -330,7 +360,8 @@ static void shm_create(void)
     size_t off_pr = align64(sizeof(shm_hdr));
     size_t off_ns = off_pr + align64(sizeof(proc_res) * O.procs);
     size_t off_tr = off_ns + align64(sizeof(name_state) * O.locks);
-    shm_size = off_tr + align64(sizeof(thread_res) * total);
+    size_t off_mx = off_tr + align64(sizeof(thread_res) * total);
+    shm_size = off_mx + (O.mutex ? align64(sizeof(mutex_state) * O.locks) : 0);
     shm_base = mmap(NULL, shm_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (shm_base == MAP_FAILED) {
         fprintf(stderr, "storm: mmap of %zu bytes failed: %s\n", shm_size, strerror(errno));
@@ -340,6 +371,29 @@ static void shm_create(void)
     PR = (proc_res *)((char *)shm_base + off_pr);
     NS = (name_state *)((char *)shm_base + off_ns);
     TR = (thread_res *)((char *)shm_base + off_tr);
+    if (!O.mutex)
+        return;
+    MX = (mutex_state *)((char *)shm_base + off_mx);
+    pthread_mutexattr_t ma;
+    int e = pthread_mutexattr_init(&ma);
+    if (!e)
+        e = pthread_mutexattr_setpshared(&ma, PTHREAD_PROCESS_SHARED);
+    for (int i = 0; !e && i < O.locks; i++)
+        e = pthread_mutex_init(&MX[i].m, &ma);
+    if (e) {
+        fprintf(stderr, "storm: process-shared mutex setup failed: %s\n", strerror(e));
+        exit(1);
+    }
+    pthread_mutexattr_destroy(&ma);
+}
+
+/* Destroyed by the parent once every worker is gone (none holds a mutex). */
+static void shm_destroy_mutexes(void)
+{
+    if (!MX)
+        return;
+    for (int i = 0; i < O.locks; i++)
+        pthread_mutex_destroy(&MX[i].m);
 }
 
 /* ------------------------------------------------------------------ */
@@ -442,8 +496,8 @@ static void logf_limited(const char *fmt, ...)
 
 enum { PH_START, PH_THINK, PH_ACQUIRE, PH_CS, PH_RELEASE, PH_DONE, PH_N };
 static const char *const phase_name[PH_N] = {
-    "not started", "thinking", "in dlock_acquire", "in critical section",
-    "in dlock_release", "done",
+    "not started", "thinking", "acquiring", "in critical section",
+    "releasing", "done",
 };
 #define SET_PHASE(r, ph) __atomic_store_n(&(r)->phase, (ph), __ATOMIC_RELAXED)
 
@@ -458,6 +512,60 @@ typedef struct targ {
     thread_res *r;
     pthread_t tid;
 } targ;
+
+/* Per-thread text of the last mutex failure (dlock_last_error's analogue). */
+static __thread char mx_err[128];
+
+/* --mutex: lock name li as dlock_acquire would, with the same return codes
+ * (DLOCK_EBUSY, DLOCK_ETIMEDOUT, other failures as DLOCK_EINVAL with the
+ * reason in mx_err). The token is the name's counter + 1, written back
+ * inside the critical section: overlapping holders would see equal tokens. */
+static int mutex_acquire(int li, uint64_t *fence)
+{
+    mutex_state *mx = &MX[li];
+    int e;
+    if (O.wait_ms < 0) {
+        e = pthread_mutex_lock(&mx->m);
+    } else if (O.wait_ms == 0) {
+        e = pthread_mutex_trylock(&mx->m);
+    } else {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += O.wait_ms / 1000;
+        ts.tv_nsec += (O.wait_ms % 1000) * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        e = pthread_mutex_timedlock(&mx->m, &ts);
+    }
+    if (e == 0) {
+        uint64_t t = __atomic_load_n(&mx->token, __ATOMIC_RELAXED) + 1;
+        __atomic_store_n(&mx->token, t, __ATOMIC_RELAXED);
+        *fence = t;
+        return DLOCK_OK;
+    }
+    if (e == EBUSY)
+        return DLOCK_EBUSY;
+    if (e == ETIMEDOUT)
+        return DLOCK_ETIMEDOUT;
+    snprintf(mx_err, sizeof mx_err, "pthread mutex lock: %s", strerror(e));
+    return DLOCK_EINVAL;
+}
+
+static int mutex_release(int li)
+{
+    int e = pthread_mutex_unlock(&MX[li].m);
+    if (e == 0)
+        return DLOCK_OK;
+    snprintf(mx_err, sizeof mx_err, "pthread_mutex_unlock: %s", strerror(e));
+    return DLOCK_EINVAL;
+}
+
+static const char *last_error(void)
+{
+    return O.mutex ? mx_err : dlock_last_error();
+}
 
 static void *thread_main(void *arg)
 {
@@ -487,7 +595,7 @@ static void *thread_main(void *arg)
         __atomic_store_n(&r->name_idx, li, __ATOMIC_RELAXED);
         SET_PHASE(r, PH_ACQUIRE);
         int64_t t0 = now_ns();
-        int rc = dlock_acquire(c, name, O.wait_ms, &fence);
+        int rc = O.mutex ? mutex_acquire(li, &fence) : dlock_acquire(c, name, O.wait_ms, &fence);
         int64_t t1 = now_ns();
         if (rc == DLOCK_OK) {
             SET_PHASE(r, PH_CS);
@@ -506,18 +614,18 @@ static void *thread_main(void *arg)
             } else {
                 __atomic_store_n(&ns->last_token, fence, __ATOMIC_RELEASE);
             }
-            if (!dlock_held(c, name))
+            if (!O.mutex && !dlock_held(c, name))
                 r->not_held++;
             uint64_t v = __atomic_load_n(&ns->counter, __ATOMIC_ACQUIRE);
             critical_section(O.cs_us);
             __atomic_store_n(&ns->counter, v + 1, __ATOMIC_RELEASE);
             __atomic_sub_fetch(&ns->occupancy, 1, __ATOMIC_ACQ_REL);
             SET_PHASE(r, PH_RELEASE);
-            int rr = dlock_release(c, name);
+            int rr = O.mutex ? mutex_release(li) : dlock_release(c, name);
             if (rr != DLOCK_OK) {
                 r->rel_errors[err_index(rr)]++;
                 logf_limited("release of '%s' returned %s: %s", name, dlock_err_name(rr),
-                             dlock_last_error());
+                             last_error());
             }
             LIVE_INC(r->acq);
             uint64_t w = (uint64_t)(t1 - t0) / 1000;
@@ -533,7 +641,7 @@ static void *thread_main(void *arg)
             LIVE_INC(r->errors_total);
             r->errors[err_index(rc)]++;
             logf_limited("acquire of '%s' returned %d %s: %s", name, rc, dlock_err_name(rc),
-                         dlock_last_error());
+                         last_error());
             sleep_ns(1000000); /* do not spin on a persistent failure */
         }
         SET_PHASE(r, PH_THINK);
@@ -587,8 +695,8 @@ static void worker_main(int p)
         _exit(3);
     proc_res *pr = &PR[p];
     int T = O.threads;
-    int nclients = O.client_per_thread ? T : 1;
-    dlock_client **clients = calloc((size_t)nclients, sizeof *clients);
+    int nclients = O.mutex ? 0 : O.client_per_thread ? T : 1;
+    dlock_client **clients = calloc((size_t)(nclients ? nclients : 1), sizeof *clients);
     targ *args = calloc((size_t)T, sizeof *args);
     int failed = 0, opened = 0, started = 0;
     if (!clients || !args) {
@@ -613,7 +721,7 @@ static void worker_main(int p)
         for (int i = 0; !failed && i < T; i++) {
             args[i].proc = p;
             args[i].idx = i;
-            args[i].c = clients[O.client_per_thread ? i : 0];
+            args[i].c = O.mutex ? NULL : clients[O.client_per_thread ? i : 0];
             args[i].r = &TR[(size_t)p * T + i];
             e = pthread_create(&args[i].tid, &attr, thread_main, &args[i]);
             if (e) {
@@ -787,7 +895,8 @@ int main(int argc, char **argv)
 
     fx_redis r;
     memset(&r, 0, sizeof r);
-    int private_redis = O.port == 0;
+    int private_redis = O.port == 0 && !O.mutex;
+    int have_redis = O.port != 0 || private_redis; /* --mutex alone: no Redis at all */
     if (private_redis) {
         if (fx_redis_start(&r) != 0) {
             fprintf(stderr, "storm: could not start a private redis-server\n");
@@ -798,8 +907,10 @@ int main(int argc, char **argv)
     }
     snprintf(key_prefix, sizeof key_prefix, "storm:%d:", (int)getpid());
 
-    info_snap before = read_info();
-    if (!before.ok)
+    info_snap before = { .ok = 0 };
+    if (have_redis)
+        before = read_info();
+    if (have_redis && !before.ok)
         fprintf(stderr, "storm: warning: could not read INFO from %s:%d before the run\n",
                 O.host, O.port);
 
@@ -821,12 +932,19 @@ int main(int argc, char **argv)
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
 
-    const char *mode = O.client_per_thread ? "client-per-thread" : "dlock";
-    if (!O.quiet)
+    const char *mode = O.mutex ? "mutex" : O.client_per_thread ? "client-per-thread" : "dlock";
+    if (!O.quiet) {
+        char where[300];
+        if (have_redis)
+            snprintf(where, sizeof where, "redis %s:%d%s%s", O.host, O.port,
+                     private_redis ? " (private)" : "", O.mutex ? " (INFO only)" : "");
+        else
+            snprintf(where, sizeof where, "no redis");
         fprintf(stderr, "storm: %s mode, %d procs x %d threads, %d lock(s), %.3g s, cs %ld us"
-                        " (%s), think %ld us, wait %ld ms, redis %s:%d%s\n",
+                        " (%s), think %ld us, wait %ld ms, %s\n",
                 mode, P, T, O.locks, O.seconds, O.cs_us, O.cs_sleep ? "sleep" : "spin",
-                O.think_us, O.wait_ms, O.host, O.port, private_redis ? " (private)" : "");
+                O.think_us, O.wait_ms, where);
+    }
 
     /* Fork before any dlock client or thread exists in this process. */
     fflush(NULL);
@@ -960,8 +1078,10 @@ int main(int argc, char **argv)
     }
     int64_t end_all = now_ns();
 
-    info_snap after = read_info();
-    if (!after.ok)
+    info_snap after = { .ok = 0 };
+    if (have_redis)
+        after = read_info();
+    if (have_redis && !after.ok)
         fprintf(stderr, "storm: warning: could not read INFO from %s:%d after the run\n",
                 O.host, O.port);
 
@@ -1093,7 +1213,8 @@ int main(int argc, char **argv)
     json_num(o, "redis_cmds_per_acq", acq ? (double)d_cmds / (double)acq : 0, info_ok && acq, 0);
     json_num(o, "redis_evals", (double)d_evals, info_ok, 0);
     json_num(o, "redis_cpu_us_per_acq", acq ? d_cpu_us / (double)acq : 0, info_ok && acq, 0);
-    json_num(o, "client_cmds_per_acq", acq ? (double)cs.redis_commands / (double)acq : 0, acq > 0, 0);
+    json_num(o, "client_cmds_per_acq", acq ? (double)cs.redis_commands / (double)acq : 0,
+             acq > 0 && !O.mutex, 0);
     fprintf(o, "\"client_redis_commands\":%" PRIu64 ",\"client_round_trips\":%" PRIu64 ","
                "\"renew_rounds\":%" PRIu64 ",\"leases_lost\":%" PRIu64 ",",
             cs.redis_commands, cs.redis_round_trips, cs.renew_rounds, cs.leases_lost);
@@ -1130,7 +1251,7 @@ int main(int argc, char **argv)
                     d_top, acq ? (double)d_top / (double)acq : 0.0, d_cmds,
                     acq ? d_cpu_us / (double)acq : 0.0);
         else
-            fprintf(stderr, "  redis          INFO unavailable\n");
+            fprintf(stderr, "  redis          %s\n", have_redis ? "INFO unavailable" : "none (--mutex)");
         fprintf(stderr, "  wait           p50 ~%" PRIu64 " us, p99 ~%" PRIu64 " us, max %" PRIu64
                         " us (percentiles approximate)\n",
                 p50, p99, wait_max);
@@ -1142,6 +1263,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "  verdict        %s\n", ok ? "PASS" : "FAIL");
     }
 
+    shm_destroy_mutexes();
     free(hist);
     free(pids);
     free(alive);

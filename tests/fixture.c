@@ -349,10 +349,21 @@ long long fx_info_calls(const char *host, int port, const char *cmd)
     return total;
 }
 
+long long fx_info_lock_calls(const char *host, int port)
+{
+    long long all = fx_info_calls(host, port, NULL);
+    long long sub = fx_info_calls(host, port, "subscribe");
+    long long ping = fx_info_calls(host, port, "ping");
+    if (all < 0 || sub < 0 || ping < 0)
+        return -1;
+    return all - sub - ping;
+}
+
 long long fx_info_top_calls(const char *host, int port)
 {
     static const char *const top[] = {"evalsha", "eval", "script|load", "script|exists",
-                                      "script|flush", "auth", "select", "ping"};
+                                      "script|flush", "auth", "select", "ping",
+                                      "subscribe"};
     long long total = 0;
     for (size_t i = 0; i < sizeof top / sizeof top[0]; i++) {
         long long v = fx_info_calls(host, port, top[i]);

@@ -40,6 +40,11 @@ redisContext *fx_connect(const char *host, int port);
  * host:port; cmd NULL sums every command except INFO itself. -1 on error. */
 long long fx_info_calls(const char *host, int port, const char *cmd);
 
+/* fx_info_calls(host, port, NULL) less the subscriber threads' own
+ * SUBSCRIBE and keepalive PING: the commands that lock calls and renewals
+ * cause. -1 on error. */
+long long fx_info_lock_calls(const char *host, int port);
+
 /* Top-level commands a dlock client sends (EVALSHA, EVAL, SCRIPT, AUTH,
  * SELECT, PING) in INFO commandstats of host:port: what the server counts
  * as round trips, without the commands run inside scripts. -1 on error. */

@@ -287,7 +287,7 @@ static void test_config_defaults(void **state)
     assert_null(cfg.on_lost);
     assert_null(cfg.on_lost_arg);
     assert_int_equal(cfg.pool_size, 8);
-    assert_int_equal(cfg.retry_max_ms, 100);
+    assert_int_equal(cfg.waiter_ttl_ms, 2000);
 }
 
 /* Opens with cfg and expects `want`; closes the client if one was made. */
@@ -354,7 +354,9 @@ static void test_open_invalid(void **state)
     BAD(pool_size, 1025);
     BAD(redis_db, -1);
     BAD(redis_host, "");
-    BAD(retry_max_ms, 0);
+    BAD(waiter_ttl_ms, 0);
+    BAD(waiter_ttl_ms, DLOCK_WAITER_TTL_MIN_MS - 1);
+    BAD(waiter_ttl_ms, DLOCK_LEASE_MAX_MS + 1);
     BAD(pass_limit, DLOCK_PASS_LIMIT_MAX + 1);
     /* Handoff tokens must stay below the lease time in us (good has the
      * default 30 s lease). */
@@ -370,6 +372,8 @@ static void test_open_invalid(void **state)
     OK(pass_limit, 0);
     OK(pass_limit, DLOCK_PASS_LIMIT_MAX);
     OK(pool_size, 1024);
+    OK(waiter_ttl_ms, DLOCK_WAITER_TTL_MIN_MS);
+    OK(waiter_ttl_ms, DLOCK_LEASE_MAX_MS);
     OK(key_prefix, prefix64);
     OK(lease_ms, DLOCK_LEASE_MIN_MS);
     OK(lease_ms, DLOCK_LEASE_MAX_MS);
@@ -633,7 +637,7 @@ static void test_waiter_gets_lock(void **state)
     /* Waiters in the other client (a poller and a local waiter) and in the
      * same client. They wait up to 20 s so that a lost wake-up fails the
      * test instead of hanging it; the handoff itself should take well under
-     * a second (retry_max_ms is 100). */
+     * a second (the release wakes the next client). */
     op w1, w2, w3;
     op_start(&w1, c2, "w", 20000, 1);
     op_start(&w2, c2, "w", 20000, 1);
@@ -676,11 +680,11 @@ static void test_reentrant(void **state)
 
     assert_int_equal(dlock_acquire(c, "r", -1, &f1), DLOCK_OK);
     dlock_stats s0 = stats(c);
-    long long srv0 = fx_info_calls("127.0.0.1", R.port, NULL);
+    long long srv0 = fx_info_lock_calls("127.0.0.1", R.port);
     assert_true(srv0 > 0);
     assert_int_equal(dlock_acquire(c, "r", 0, &f2), DLOCK_OK);
     assert_int_equal(dlock_acquire(c, "r", -1, &f3), DLOCK_OK);
-    long long srv1 = fx_info_calls("127.0.0.1", R.port, NULL);
+    long long srv1 = fx_info_lock_calls("127.0.0.1", R.port);
     dlock_stats s1 = stats(c);
     assert_int_equal(f2, f1);
     assert_int_equal(f3, f1);

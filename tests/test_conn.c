@@ -67,9 +67,9 @@ static void test_eval_fallback_after_flush(void **state)
     freeReplyObject(r);
     long long evals = fx_info_calls("127.0.0.1", srv.port, "eval");
 
-    const char *argv[6] = {"t:{n}", "t:{n}:fence", "0123456789abcdef0123456789abcdef", "5000",
-                           "1", "16"};
-    r = dlock_conn_eval(c, &ctr, DLOCK_SCRIPT_ACQUIRE, 2, 4, argv, NULL);
+    const char *argv[11] = {"t:{n}", "t:{n}:fence", "t:{n}:q", "t:{n}:qd", "t:{n}:turn",
+                            "0123456789abcdef0123456789abcdef", "5000", "1", "16", "2000", "1"};
+    r = dlock_conn_eval(c, &ctr, DLOCK_SCRIPT_ACQUIRE, 5, 6, argv, NULL);
     assert_non_null(r);
     assert_int_equal(r->type, REDIS_REPLY_ARRAY);
     assert_int_equal(r->element[0]->integer, 1);

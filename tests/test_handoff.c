@@ -120,10 +120,10 @@ static void test_handoff_costs_no_redis_command(void **state)
     let_it_wait();
 
     dlock_stats s0 = stats(c);
-    long long server0 = fx_info_calls("127.0.0.1", srv.port, NULL);
+    long long server0 = fx_info_lock_calls("127.0.0.1", srv.port);
     assert_int_equal(dlock_release(c, "h1"), DLOCK_OK);
     waiter_wait_got(&w);
-    long long server1 = fx_info_calls("127.0.0.1", srv.port, NULL);
+    long long server1 = fx_info_lock_calls("127.0.0.1", srv.port);
     dlock_stats s1 = stats(c);
 
     assert_int_equal(w.rc, DLOCK_OK);

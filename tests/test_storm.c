@@ -356,7 +356,8 @@ static void *hammer_main(void *arg)
 
 /* The pass limit keeps another process from starving: while 8 threads of
  * one client take the name back to back (local handoffs), a thread of
- * another client still gets it. Its wait of 10 s is ~100x retry_max_ms. */
+ * another client still gets it. Its wait of 10 s is 20x the fallback retry
+ * interval (waiter_ttl_ms / 4) of a missed wake-up. */
 static void test_storm_no_starvation(void **state)
 {
     (void)state;

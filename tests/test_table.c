@@ -25,8 +25,11 @@ static void test_get_find_put(void **state)
     dlock_entry *e = dlock_table_get(t, "a", 1);
     assert_non_null(e);
     assert_string_equal(e->name, "a");
-    assert_string_equal(e->key, "p:{a}");
-    assert_string_equal(e->fence_key, "p:{a}:fence");
+    assert_string_equal(e->keys[DLOCK_KEY_LEASE], "p:{a}");
+    assert_string_equal(e->keys[DLOCK_KEY_FENCE], "p:{a}:fence");
+    assert_string_equal(e->keys[DLOCK_KEY_QUEUE], "p:{a}:q");
+    assert_string_equal(e->keys[DLOCK_KEY_LIVE], "p:{a}:qd");
+    assert_string_equal(e->keys[DLOCK_KEY_TURN], "p:{a}:turn");
     assert_int_equal(e->state, DLOCK_LEASE_NONE);
     assert_int_equal(dlock_table_count(t), 1);
     assert_int_equal(ctr.entries, 1);

@@ -1,0 +1,35 @@
+-- Takes a client out of a lock's wait queue (its waiters gave up), and if
+-- the turn was its own while the lease is free, passes the turn on.
+-- KEYS[1] lease hash, KEYS[3] wait queue, KEYS[4] liveness, KEYS[5] turn
+-- (KEYS[2], the fence key, is unused: the keys are those of acquire)
+-- ARGV[1] client id
+-- ARGV[2] wake channel prefix
+-- ARGV[3] the lock name
+-- ARGV[4] waiter ttl in ms
+-- Returns 1 if the client was queued, else 0.
+local me = ARGV[1]
+local was = redis.call('ZREM', KEYS[3], me)
+redis.call('HDEL', KEYS[4], me)
+if redis.call('GET', KEYS[5]) ~= me then
+  return was
+end
+redis.call('DEL', KEYS[5])
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return was
+end
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+while true do
+  local h = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+  if not h then
+    return was
+  end
+  local d = redis.call('HGET', KEYS[4], h)
+  if d and tonumber(d) > now_ms then
+    redis.call('SET', KEYS[5], h, 'PX', ARGV[4])
+    redis.call('PUBLISH', ARGV[2] .. h, ARGV[3])
+    return was
+  end
+  redis.call('ZREM', KEYS[3], h)
+  redis.call('HDEL', KEYS[4], h)
+end

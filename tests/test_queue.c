@@ -1,0 +1,319 @@
+/*
+ * The wait queue and targeted wake-ups, against a real redis-server: a
+ * release wakes the first live waiting client only, in arrival order; a
+ * client holds one subscription whatever it waits for; a waiter that gives
+ * up leaves the queue; a dead waiter is skipped within its ttl; a try never
+ * queues; a dropped subscriber connection is recovered.
+ *
+ * Clients in one process stand for processes: each has its own id, queue
+ * entry, subscription and connections. Timing bounds are generous (say why
+ * where used); the one that tells a wake-up from the fallback retry compares
+ * against a fallback interval made long on purpose (waiter_ttl_ms 8000, so a
+ * poller without a wake-up retries after 1.5 to 2 s).
+ */
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "fixture.h"
+
+static fx_redis srv;
+
+static int setup(void **state)
+{
+    (void)state;
+    return fx_redis_start(&srv);
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    fx_redis_stop(&srv);
+    return 0;
+}
+
+static dlock_client *open_client(uint32_t waiter_ttl_ms)
+{
+    dlock_config cfg;
+    fx_config(&cfg, &srv);
+    cfg.waiter_ttl_ms = waiter_ttl_ms;
+    dlock_client *c;
+    assert_int_equal(dlock_client_open(&cfg, &c), DLOCK_OK);
+    return c;
+}
+
+static long long rcmd_int(const char *fmt, const char *arg)
+{
+    redisContext *rc = fx_connect("127.0.0.1", srv.port);
+    assert_non_null(rc);
+    redisReply *r = redisCommand(rc, fmt, arg);
+    assert_non_null(r);
+    long long v = r->type == REDIS_REPLY_INTEGER ? r->integer : -1;
+    freeReplyObject(r);
+    redisFree(rc);
+    return v;
+}
+
+/* Subscriptions to this process's wake channels (pattern "dlock:wake:*"). */
+static long long wake_channels(void)
+{
+    redisContext *rc = fx_connect("127.0.0.1", srv.port);
+    redisReply *r = redisCommand(rc, "PUBSUB CHANNELS dlock:wake:*");
+    assert_int_equal(r->type, REDIS_REPLY_ARRAY);
+    long long n = (long long)r->elements;
+    freeReplyObject(r);
+    redisFree(rc);
+    return n;
+}
+
+/* Waits until `n` wake channels have a subscriber: the subscriber threads
+ * subscribe in the background after dlock_client_open. 10 s is generous. */
+static void wait_subscribed(long long n)
+{
+    for (int i = 0; i < 1000 && wake_channels() < n; i++)
+        fx_sleep_ms(10);
+    assert_int_equal(wake_channels(), n);
+}
+
+typedef struct waiter {
+    dlock_client *c;
+    char name[32];
+    int64_t wait_ms;
+    int rc;
+    long long got_ns;
+    uint64_t fence;
+    pthread_t th;
+} waiter;
+
+static void *waiter_main(void *arg)
+{
+    waiter *w = arg;
+    w->rc = dlock_acquire(w->c, w->name, w->wait_ms, &w->fence);
+    if (w->rc != DLOCK_OK)
+        fprintf(stderr, "# %s: %s: %s\n", w->name, dlock_err_name(w->rc), dlock_last_error());
+    w->got_ns = fx_now_ns();
+    if (w->rc == DLOCK_OK)
+        dlock_release(w->c, w->name);
+    return NULL;
+}
+
+static void waiter_start(waiter *w, dlock_client *c, const char *name, int64_t wait_ms)
+{
+    memset(w, 0, sizeof *w);
+    w->c = c;
+    snprintf(w->name, sizeof w->name, "%s", name);
+    w->wait_ms = wait_ms;
+    assert_int_equal(pthread_create(&w->th, NULL, waiter_main, w), 0);
+}
+
+/* Waits until the queue of `name` holds n clients (bounded: 10 s). */
+static void wait_queued(const char *name, long long n)
+{
+    char key[64];
+    snprintf(key, sizeof key, "dlock:{%s}:q", name);
+    for (int i = 0; i < 1000 && rcmd_int("ZCARD %s", key) != n; i++)
+        fx_sleep_ms(10);
+    assert_int_equal(rcmd_int("ZCARD %s", key), n);
+}
+
+/* A holds; B, C, D queue in that order. Each release wakes exactly the next
+ * client, within far less than a fallback interval, with one PUBLISH. */
+static void test_release_wakes_next_in_order(void **state)
+{
+    (void)state;
+    dlock_client *a = open_client(8000), *b = open_client(8000), *c = open_client(8000),
+                 *d = open_client(8000);
+    wait_subscribed(4);
+    assert_int_equal(dlock_acquire(a, "q1", 0, NULL), DLOCK_OK);
+    waiter wb, wc, wd;
+    waiter_start(&wb, b, "q1", 30000);
+    wait_queued("q1", 1);
+    waiter_start(&wc, c, "q1", 30000);
+    wait_queued("q1", 2);
+    waiter_start(&wd, d, "q1", 30000);
+    wait_queued("q1", 3);
+
+    long long pub0 = fx_info_calls("127.0.0.1", srv.port, "publish");
+    long long t0 = fx_now_ns();
+    assert_int_equal(dlock_release(a, "q1"), DLOCK_OK);
+    pthread_join(wb.th, NULL);
+    pthread_join(wc.th, NULL);
+    pthread_join(wd.th, NULL);
+    assert_int_equal(wb.rc, DLOCK_OK);
+    assert_int_equal(wc.rc, DLOCK_OK);
+    assert_int_equal(wd.rc, DLOCK_OK);
+    /* Arrival order, and tokens growing with it. */
+    assert_true(wb.got_ns < wc.got_ns && wc.got_ns < wd.got_ns);
+    assert_true(wb.fence < wc.fence && wc.fence < wd.fence);
+    /* a's, b's and c's releases each woke the next client: three PUBLISH;
+     * d's found nobody waiting. */
+    assert_int_equal(fx_info_calls("127.0.0.1", srv.port, "publish") - pub0, 3);
+    /* Woken, not polled: the chain of three grants took less than one
+     * fallback interval (1.5 s at the least here). */
+    long long chain_ms = (wd.got_ns - t0) / 1000000;
+    printf("# three cross-client handoffs in %lld ms\n", chain_ms);
+    assert_true(chain_ms < 1500);
+    assert_int_equal(rcmd_int("EXISTS %s", "dlock:{q1}:q"), 0);
+    dlock_client_close(a);
+    dlock_client_close(b);
+    dlock_client_close(c);
+    dlock_client_close(d);
+}
+
+/* One subscription per client, however many names it waits for. */
+static void test_one_subscription_per_client(void **state)
+{
+    (void)state;
+    enum { N = 40 };
+    dlock_client *a = open_client(2000), *b = open_client(2000);
+    wait_subscribed(2);
+    waiter w[N];
+    char name[32];
+    for (int i = 0; i < N; i++) {
+        snprintf(name, sizeof name, "m%d", i);
+        assert_int_equal(dlock_acquire(a, name, 0, NULL), DLOCK_OK);
+        waiter_start(&w[i], b, name, 30000);
+    }
+    for (int i = 0; i < N; i++) {
+        snprintf(name, sizeof name, "m%d", i);
+        wait_queued(name, 1);
+    }
+    assert_int_equal(wake_channels(), 2); /* still one channel per client */
+    for (int i = 0; i < N; i++) {
+        snprintf(name, sizeof name, "m%d", i);
+        assert_int_equal(dlock_release(a, name), DLOCK_OK);
+    }
+    for (int i = 0; i < N; i++) {
+        pthread_join(w[i].th, NULL);
+        assert_int_equal(w[i].rc, DLOCK_OK);
+    }
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+/* A waiter that gives up leaves the queue; a try never joins it. */
+static void test_timeout_leaves_queue_try_never_joins(void **state)
+{
+    (void)state;
+    dlock_client *a = open_client(2000), *b = open_client(2000);
+    assert_int_equal(dlock_acquire(a, "q2", 0, NULL), DLOCK_OK);
+    assert_int_equal(dlock_acquire(b, "q2", 0, NULL), DLOCK_EBUSY);
+    assert_int_equal(rcmd_int("EXISTS %s", "dlock:{q2}:q"), 0);
+    assert_int_equal(dlock_acquire(b, "q2", 300, NULL), DLOCK_ETIMEDOUT);
+    assert_int_equal(rcmd_int("EXISTS %s", "dlock:{q2}:q"), 0);
+    assert_int_equal(rcmd_int("EXISTS %s", "dlock:{q2}:qd"), 0);
+    assert_int_equal(dlock_release(a, "q2"), DLOCK_OK);
+    assert_int_equal(rcmd_int("EXISTS %s", "dlock:{q2}:turn"), 0);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+/* A waiter that stops heartbeating (here: a fake queue entry that never
+ * retries, placed first) is skipped once its deadline passes: the next
+ * waiter gets the lock after that, within a generous bound. */
+static void test_dead_waiter_skipped(void **state)
+{
+    (void)state;
+    const long long ttl = 600;
+    dlock_client *a = open_client((uint32_t)ttl), *b = open_client((uint32_t)ttl);
+    wait_subscribed(2);
+    assert_int_equal(dlock_acquire(a, "q3", 0, NULL), DLOCK_OK);
+    redisContext *rc = fx_connect("127.0.0.1", srv.port);
+    /* The ghost arrived first, with a deadline ttl from now (server ms). */
+    redisReply *t = redisCommand(rc, "TIME");
+    long long now_ms = atoll(t->element[0]->str) * 1000 + atoll(t->element[1]->str) / 1000;
+    freeReplyObject(t);
+    freeReplyObject(redisCommand(rc, "ZADD dlock:{q3}:q 1 ghost"));
+    freeReplyObject(redisCommand(rc, "HSET dlock:{q3}:qd ghost %lld", now_ms + ttl));
+    redisFree(rc);
+
+    waiter wb;
+    long long t0 = fx_now_ns();
+    waiter_start(&wb, b, "q3", 20000);
+    wait_queued("q3", 2);
+    assert_int_equal(dlock_release(a, "q3"), DLOCK_OK); /* the turn goes to the ghost */
+    pthread_join(wb.th, NULL);
+    assert_int_equal(wb.rc, DLOCK_OK);
+    long long waited_ms = (wb.got_ns - t0) / 1000000;
+    printf("# waiter behind a dead one got the lock after %lld ms (ttl %lld)\n", waited_ms, ttl);
+    /* Not before the ghost's deadline (its turn was respected), and within
+     * the ttl plus a fallback interval and generous slack. */
+    assert_true(waited_ms >= ttl - 50);
+    assert_true(waited_ms < 10000);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+/* The subscriber connection is killed by the server: it comes back, and a
+ * release after that wakes the waiter well within a fallback interval. */
+static void test_subscriber_recovers(void **state)
+{
+    (void)state;
+    dlock_client *a = open_client(8000), *b = open_client(8000);
+    wait_subscribed(2);
+    redisContext *rc = fx_connect("127.0.0.1", srv.port);
+    freeReplyObject(redisCommand(rc, "CLIENT KILL TYPE pubsub"));
+    redisFree(rc);
+    wait_subscribed(2); /* both resubscribed */
+
+    assert_int_equal(dlock_acquire(a, "q4", 0, NULL), DLOCK_OK);
+    waiter wb;
+    waiter_start(&wb, b, "q4", 20000);
+    wait_queued("q4", 1);
+    long long t0 = fx_now_ns();
+    assert_int_equal(dlock_release(a, "q4"), DLOCK_OK);
+    pthread_join(wb.th, NULL);
+    assert_int_equal(wb.rc, DLOCK_OK);
+    long long ms = (wb.got_ns - t0) / 1000000;
+    printf("# woken after the subscriber reconnected: %lld ms\n", ms);
+    assert_true(ms < 1500); /* a fallback retry would take 1.5 s at least */
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+/* A lost wake-up costs at most one fallback interval: the subscriber is
+ * killed while the waiter waits, and the release's message goes nowhere. */
+static void test_lost_wakeup_costs_one_fallback(void **state)
+{
+    (void)state;
+    dlock_client *a = open_client(800), *b = open_client(800);
+    wait_subscribed(2);
+    assert_int_equal(dlock_acquire(a, "q5", 0, NULL), DLOCK_OK);
+    waiter wb;
+    waiter_start(&wb, b, "q5", 20000);
+    wait_queued("q5", 1);
+    /* Unsubscribe everyone behind the library's back by killing the pubsub
+     * connections, then release at once: the PUBLISH may find nobody. */
+    redisContext *rc = fx_connect("127.0.0.1", srv.port);
+    freeReplyObject(redisCommand(rc, "CLIENT KILL TYPE pubsub"));
+    redisFree(rc);
+    long long t0 = fx_now_ns();
+    assert_int_equal(dlock_release(a, "q5"), DLOCK_OK);
+    pthread_join(wb.th, NULL);
+    assert_int_equal(wb.rc, DLOCK_OK);
+    long long ms = (wb.got_ns - t0) / 1000000;
+    printf("# after a possibly lost wake-up: %lld ms (fallback 200 ms)\n", ms);
+    assert_true(ms < 5000); /* one fallback (200 ms) plus generous slack */
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_release_wakes_next_in_order),
+        cmocka_unit_test(test_one_subscription_per_client),
+        cmocka_unit_test(test_timeout_leaves_queue_try_never_joins),
+        cmocka_unit_test(test_dead_waiter_skipped),
+        cmocka_unit_test(test_subscriber_recovers),
+        cmocka_unit_test(test_lost_wakeup_costs_one_fallback),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
