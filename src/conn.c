@@ -10,12 +10,53 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "conn.h"
 #include "error.h"
+
+/*
+ * SIGPIPE: hiredis writes with write(2), so a write to a connection the
+ * server closed raises SIGPIPE, which kills a process that did not ignore it.
+ * Caller threads belong to the application, so their signal mask is only
+ * borrowed: SIGPIPE is blocked around each exchange, a SIGPIPE raised by it
+ * is consumed, and the mask is restored (the library's own threads block
+ * every signal for their whole life instead).
+ */
+void dlock_pipe_guard_enter(dlock_pipe_guard *g)
+{
+    sigset_t pipe, pending;
+    sigemptyset(&pipe);
+    sigaddset(&pipe, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe, &g->old);
+    sigpending(&pending);
+    g->was_pending = sigismember(&pending, SIGPIPE);
+}
+
+void dlock_pipe_guard_leave(dlock_pipe_guard *g)
+{
+    if (!g->was_pending) {
+        sigset_t pipe, pending;
+        sigemptyset(&pipe);
+        sigaddset(&pipe, SIGPIPE);
+        sigpending(&pending);
+        if (sigismember(&pending, SIGPIPE)) {
+            struct timespec zero = {0, 0};
+            sigtimedwait(&pipe, NULL, &zero); /* ours: consume it */
+        }
+    }
+    pthread_sigmask(SIG_SETMASK, &g->old, NULL);
+}
+
+void dlock_block_signals(sigset_t *old)
+{
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, old);
+}
 
 static struct timeval ms_tv(uint32_t ms)
 {
@@ -80,7 +121,18 @@ static int load_scripts(redisContext *c, dlock_counters *ctr)
     return rc;
 }
 
+static int conn_open(const dlock_conn_cfg *cfg, dlock_counters *ctr, redisContext **out);
+
 int dlock_conn_open(const dlock_conn_cfg *cfg, dlock_counters *ctr, redisContext **out)
+{
+    dlock_pipe_guard g;
+    dlock_pipe_guard_enter(&g);
+    int rc = conn_open(cfg, ctr, out);
+    dlock_pipe_guard_leave(&g);
+    return rc;
+}
+
+static int conn_open(const dlock_conn_cfg *cfg, dlock_counters *ctr, redisContext **out)
 {
     *out = NULL;
     redisContext *c = redisConnectWithTimeout(cfg->host, cfg->port, ms_tv(cfg->connect_timeout_ms));
@@ -165,8 +217,21 @@ int dlock_conn_append_eval(redisContext *c, dlock_counters *ctr, dlock_script_id
     return append_script(c, id, use_sha, nkeys, nargs, argv, lens);
 }
 
+static redisReply *conn_eval(redisContext *c, dlock_counters *ctr, dlock_script_id id, int nkeys,
+                             int nargs, const char **argv, const size_t *lens);
+
 redisReply *dlock_conn_eval(redisContext *c, dlock_counters *ctr, dlock_script_id id, int nkeys,
                             int nargs, const char **argv, const size_t *lens)
+{
+    dlock_pipe_guard g;
+    dlock_pipe_guard_enter(&g);
+    redisReply *r = conn_eval(c, ctr, id, nkeys, nargs, argv, lens);
+    dlock_pipe_guard_leave(&g);
+    return r;
+}
+
+static redisReply *conn_eval(redisContext *c, dlock_counters *ctr, dlock_script_id id, int nkeys,
+                             int nargs, const char **argv, const size_t *lens)
 {
     for (int use_sha = 1;; use_sha = 0) {
         if (append_script(c, id, use_sha, nkeys, nargs, argv, lens) != 0)

@@ -6,6 +6,8 @@
 #ifndef DLOCK_CONN_H
 #define DLOCK_CONN_H
 
+#include <signal.h>
+
 #include <hiredis/hiredis.h>
 
 #include "common.h"
@@ -19,6 +21,9 @@ typedef struct dlock_conn_cfg {
     uint32_t connect_timeout_ms;
     uint32_t command_timeout_ms;
 } dlock_conn_cfg;
+
+/* dlock_conn_open and dlock_conn_eval may be called from any thread: they
+ * keep SIGPIPE from a closed connection away from the process (see conn.c). */
 
 /* Opens a ready connection: connected within the connect timeout, command
  * timeout set, authenticated, database selected, scripts loaded if their
@@ -41,6 +46,22 @@ int dlock_conn_append_eval(redisContext *c, dlock_counters *ctr, dlock_script_id
 
 /* 1 if reply is the NOSCRIPT error of an EVALSHA. */
 int dlock_conn_is_noscript(const redisReply *reply);
+
+/* Keeps a SIGPIPE raised by writes in between away from the process: enter
+ * blocks SIGPIPE in the calling thread, leave consumes one raised meanwhile
+ * and restores the mask. For raw hiredis I/O on an application thread. */
+typedef struct dlock_pipe_guard {
+    sigset_t old;
+    int was_pending;
+} dlock_pipe_guard;
+void dlock_pipe_guard_enter(dlock_pipe_guard *g);
+void dlock_pipe_guard_leave(dlock_pipe_guard *g);
+
+/* Blocks every signal in the calling thread, saving the old mask in *old:
+ * a library thread is started with this mask (the new thread inherits it),
+ * so application signal handlers never run on it and a write to a closed
+ * connection cannot raise SIGPIPE. Restore with pthread_sigmask. */
+void dlock_block_signals(sigset_t *old);
 
 typedef struct dlock_pool dlock_pool;
 

@@ -529,7 +529,11 @@ int dlock_renew_start(const dlock_renew_cfg *cfg, dlock_renew **out)
     pthread_cond_init(&r->cv, &ca);
     pthread_condattr_destroy(&ca);
     pthread_cond_init(&r->wrote, NULL);
-    if (pthread_create(&r->thread, NULL, manager_main, r) != 0) {
+    sigset_t old;
+    dlock_block_signals(&old); /* the thread inherits a mask blocking all signals */
+    int created = pthread_create(&r->thread, NULL, manager_main, r);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (created != 0) {
         pthread_cond_destroy(&r->wrote);
         pthread_cond_destroy(&r->cv);
         pthread_mutex_destroy(&r->mu);
@@ -606,8 +610,12 @@ void dlock_renew_stop(dlock_renew *r)
     pthread_mutex_unlock(&r->mu);
     pthread_join(r->thread, NULL);
 
+    /* On the caller's thread from here: its SIGPIPE must stay its own. */
+    dlock_pipe_guard g;
+    dlock_pipe_guard_enter(&g);
     release_orphans(r); /* one last try for the orphans */
     release_all(r);
+    dlock_pipe_guard_leave(&g);
     while (r->orphans) {
         orphan *o = r->orphans;
         r->orphans = o->next;

@@ -7,7 +7,10 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <signal.h>
 #include <string.h>
+
+#include <hiredis/sds.h>
 
 #include <cmocka.h>
 
@@ -149,6 +152,42 @@ static void test_pool_limit_and_reuse(void **state)
     dlock_pool_destroy(p);
 }
 
+/* A write to a connection the server has reset raises SIGPIPE, which kills
+ * a process that does not ignore it (this test keeps the default action):
+ * the library's calls must fail with an error instead. */
+static void test_no_sigpipe_on_closed_connection(void **state)
+{
+    (void)state;
+    signal(SIGPIPE, SIG_DFL);
+    dlock_counters ctr = {0};
+    dlock_conn_cfg cfg = conn_cfg(srv.port);
+    redisContext *c;
+    assert_int_equal(dlock_conn_open(&cfg, &ctr, &c), DLOCK_OK);
+    redisReply *r = redisCommand(c, "CLIENT ID");
+    long long id = r->integer;
+    freeReplyObject(r);
+    redisContext *k = fx_connect("127.0.0.1", srv.port);
+    freeReplyObject(redisCommand(k, "CLIENT KILL ID %lld", id));
+    redisFree(k);
+    /* A first write reaches the closed socket and draws a reset; the next
+     * write, the library's, then fails with EPIPE. */
+    int done = 0;
+    redisAppendCommand(c, "PING");
+    redisBufferWrite(c, &done);
+    fx_sleep_ms(100);
+    c->obuf[0] = '\0'; /* drop what hiredis still holds of the first PING */
+    sdsclear(c->obuf);
+    const char *argv[11] = {"t:{p}", "t:{p}:fence", "t:{p}:q", "t:{p}:qd", "t:{p}:turn",
+                            "0123456789abcdef0123456789abcdef", "5000", "1", "16", "2000", "1"};
+    r = dlock_conn_eval(c, &ctr, DLOCK_SCRIPT_ACQUIRE, 5, 6, argv, NULL);
+    assert_null(r); /* an error, and the process is still alive */
+    assert_true(c->err != 0);
+    redisFree(c);
+    sigset_t pending;
+    sigpending(&pending);
+    assert_false(sigismember(&pending, SIGPIPE)); /* consumed, not left behind */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -157,6 +196,7 @@ int main(void)
         cmocka_unit_test(test_connect_refused),
         cmocka_unit_test(test_auth_and_select_errors),
         cmocka_unit_test(test_pool_limit_and_reuse),
+        cmocka_unit_test(test_no_sigpipe_on_closed_connection),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
