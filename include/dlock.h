@@ -69,7 +69,9 @@ typedef struct dlock_config {
     uint32_t pass_limit;        /* consecutive local handoffs of one lease between
                                    threads of this client before it goes back to
                                    Redis for other clients; 0: no handoff;
-                                   at most DLOCK_PASS_LIMIT_MAX; default 16 */
+                                   below lease_ms * 1000 and at most
+                                   DLOCK_PASS_LIMIT_MAX; default 128 (README:
+                                   the measured trade-off) */
     /* Called once for each held lease that is lost (found gone in Redis, or
      * its validity ran out while Redis was unreachable), with the holder's
      * token. It runs outside every library lock, on the renewal thread (then

@@ -94,7 +94,7 @@ void dlock_config_init(dlock_config *cfg)
     cfg->lease_ms = 30000;
     cfg->connect_timeout_ms = 1000;
     cfg->command_timeout_ms = 1000;
-    cfg->pass_limit = 16;
+    cfg->pass_limit = 128;
     cfg->pool_size = 8;
     cfg->waiter_ttl_ms = 2000;
 }
@@ -742,7 +742,10 @@ int dlock_release(dlock_client *c, const char *name)
         e->token++;
         dlock_count(&c->ctr.handoffs, 1);
         e->handoff = 1;
-        pthread_cond_broadcast(&e->cv);
+        /* One waiter suffices: every waiter checks e->handoff first when it
+         * wakes, so the one woken, or one whose wait just timed out, takes
+         * it; waking all of them would only burn CPU. */
+        pthread_cond_signal(&e->cv);
         pthread_mutex_unlock(&e->mu);
         dlock_table_put(c->table, e);
         dlock_table_put(c->table, e); /* the owner's: the taker has its own */

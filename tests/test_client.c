@@ -283,7 +283,7 @@ static void test_config_defaults(void **state)
     assert_int_equal(cfg.lease_ms, 30000);
     assert_int_equal(cfg.connect_timeout_ms, 1000);
     assert_int_equal(cfg.command_timeout_ms, 1000);
-    assert_int_equal(cfg.pass_limit, 16);
+    assert_int_equal(cfg.pass_limit, 128);
     assert_null(cfg.on_lost);
     assert_null(cfg.on_lost_arg);
     assert_int_equal(cfg.pool_size, 8);
