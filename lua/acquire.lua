@@ -63,9 +63,13 @@ local function wait(pttl)
   end
   redis.call('ZADD', KEYS[3], 'NX', now_us, me)
   redis.call('HSET', KEYS[4], me, now_ms + ttl)
-  -- The queue vanishes once every waiter stopped refreshing it.
-  redis.call('PEXPIRE', KEYS[3], 2 * ttl)
-  redis.call('PEXPIRE', KEYS[4], 2 * ttl)
+  -- The queue vanishes once every waiter stopped refreshing it; a client
+  -- with a shorter waiter ttl never shortens another's.
+  for k = 3, 4 do
+    if redis.call('PTTL', KEYS[k]) < 2 * ttl then
+      redis.call('PEXPIRE', KEYS[k], 2 * ttl)
+    end
+  end
   return {0, pttl}
 end
 

@@ -191,8 +191,10 @@ static void wake_entry(dlock_entry *e, void *arg)
     pthread_mutex_unlock(&e->mu);
 }
 
-/* The subscriber reconnected: wake-ups may have been missed, so every
- * poller of this client tries again. On the subscriber thread. */
+/* The subscriber (re)subscribed: wake-ups sent before may have been missed
+ * (pollers may have queued before the first subscription, or while the
+ * connection was down), so every poller of this client tries again. On the
+ * subscriber thread. */
 static void wake_all(void *arg)
 {
     dlock_client *c = arg;
@@ -288,7 +290,7 @@ int dlock_client_open(const dlock_config *cfg, dlock_client **out)
         .ctr = &c->ctr,
         .channel = c->channel,
         .on_message = wake_one,
-        .on_resubscribed = wake_all,
+        .on_subscribed = wake_all, /* the first subscription too: see wake_all */
         .arg = c,
     };
     rc = dlock_sub_start(&sub_cfg, &c->sub);
@@ -499,6 +501,7 @@ static int take_grant(dlock_client *c, dlock_entry *e, uint64_t token, int64_t s
     e->valid_until_ns = sent_ns + (int64_t)c->lease_ms * DLOCK_NS_PER_MS - c->drift_ns;
     e->passes = 0;
     e->lost_notified = 0;
+    e->queued = 0; /* the acquire script took this client out of the queue */
     int rc = dlock_renew_add(c->renew, e);
     if (rc != DLOCK_OK) {
         e->state = DLOCK_LEASE_NONE;
@@ -576,17 +579,10 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
             return rc;
         if (once)
             return dlock_err_set(DLOCK_EBUSY, "'%s' is held by another client", e->name);
+        e->queued = 1;
         int64_t now = dlock_now_ns();
-        if (now >= deadline) {
-            if (e->waiters == 1) { /* nobody else here waits: leave the queue */
-                e->state = DLOCK_LEASE_ACQUIRING; /* still the only one talking to Redis */
-                pthread_mutex_unlock(&e->mu);
-                redis_leave(c, e);
-                pthread_mutex_lock(&e->mu);
-                e->state = DLOCK_LEASE_NONE;
-            }
+        if (now >= deadline)
             return dlock_err_set(DLOCK_ETIMEDOUT, "timed out waiting for '%s'", e->name);
-        }
         int64_t delay_ns = c->fallback_ns;
         if (pttl > 0 && pttl * DLOCK_NS_PER_MS < delay_ns)
             delay_ns = pttl * DLOCK_NS_PER_MS + DLOCK_NS_PER_MS / 2;
@@ -598,6 +594,8 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
             struct timespec ts = dlock_ts(wake);
             pthread_cond_timedwait(&e->cv, &e->mu, &ts);
         }
+        if (!e->woken && dlock_now_ns() >= deadline) /* no try after the deadline */
+            return dlock_err_set(DLOCK_ETIMEDOUT, "timed out waiting for '%s'", e->name);
     }
 }
 
@@ -682,6 +680,20 @@ int dlock_acquire(dlock_client *c, const char *name, int64_t wait_ms, uint64_t *
             struct timespec ts = dlock_ts(deadline);
             pthread_cond_timedwait(&e->cv, &e->mu, &ts);
         }
+    }
+    if (rc != DLOCK_OK && rc != DLOCK_EREDIS && e->queued && e->waiters == 1 && !e->poller &&
+        !e->has_owner && e->state == DLOCK_LEASE_NONE && !e->handoff) {
+        /* The last thread here that wanted the name gives up: take the
+         * client out of the queue (passing its turn on, if it had it), as
+         * e's poller so that nobody else talks to Redis for e meanwhile.
+         * Not after EREDIS: Redis is failing, and the entry expires. */
+        e->poller = 1;
+        pthread_mutex_unlock(&e->mu);
+        redis_leave(c, e);
+        pthread_mutex_lock(&e->mu);
+        e->poller = 0;
+        e->queued = 0;
+        pthread_cond_broadcast(&e->cv); /* a thread that came meanwhile may poll */
     }
     e->waiters--;
     uint64_t token = e->token;

@@ -47,11 +47,29 @@ static inline unsigned dlock_load_uint(unsigned *p) { return DLOCK_LOAD_(p); }
 static inline int dlock_load_int(int *p) { return DLOCK_LOAD_(p); }
 static inline uint64_t dlock_load_64(uint64_t *p) { return DLOCK_LOAD_(p); }
 static inline void dlock_store_int(int *p, int v) { DLOCK_STORE_(p, v); }
+static inline int dlock_load_int_acquire(int *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+static inline void dlock_store_int_release(int *p, int v)
+{
+    __atomic_store_n(p, v, __ATOMIC_RELEASE);
+}
 #else
 static inline unsigned dlock_load_uint(unsigned *p) { return ck_pr_load_uint(p); }
 static inline int dlock_load_int(int *p) { return ck_pr_load_int(p); }
 static inline uint64_t dlock_load_64(uint64_t *p) { return ck_pr_load_64(p); }
 static inline void dlock_store_int(int *p, int v) { ck_pr_store_int(p, v); }
+/* Publication of data written before the flag: the store is preceded by a
+ * store fence, the load followed by a load fence (acquire/release). */
+static inline int dlock_load_int_acquire(int *p)
+{
+    int v = ck_pr_load_int(p);
+    ck_pr_fence_load();
+    return v;
+}
+static inline void dlock_store_int_release(int *p, int v)
+{
+    ck_pr_fence_store();
+    ck_pr_store_int(p, v);
+}
 #endif
 
 #define DLOCK_NS_PER_MS 1000000LL

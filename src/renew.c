@@ -61,6 +61,9 @@ struct dlock_renew_item {
 typedef struct orphan {
     struct orphan *next;
     int64_t until_ns;       /* give up then: the lease has expired */
+    int64_t next_try_ns;    /* when the next release try is due */
+    int64_t backoff_ns;     /* pause before the try after that */
+    int result;             /* of the last try (release_orphans) */
     char nonce[24];
     char *keys[DLOCK_KEYS]; /* copies of the entry's keys, in buf */
     char *name;             /* in buf */
@@ -76,6 +79,7 @@ struct dlock_renew {
     dlock_renew_item *items; /* list head, guarded by mu */
     size_t count;            /* guarded by mu */
     orphan *orphans;         /* guarded by mu */
+    int orphan_new;          /* guarded by mu: an orphan arrived, due at once */
     int writing;             /* guarded by mu: a renewal write is in progress */
     int stop;                /* guarded by mu */
     redisContext *conn;      /* the manager thread's own connection */
@@ -396,27 +400,39 @@ void dlock_renew_orphan(dlock_renew *r, const dlock_entry *e, const char *nonce)
     o->name = memcpy(p, e->name, e->name_len + 1);
     snprintf(o->nonce, sizeof o->nonce, "%s", nonce);
     o->until_ns = dlock_now_ns() + (int64_t)r->cfg.lease_ms * DLOCK_NS_PER_MS;
+    o->next_try_ns = 0; /* at once */
+    o->backoff_ns = RETRY_MS * DLOCK_NS_PER_MS;
     pthread_mutex_lock(&r->mu);
     o->next = r->orphans;
     r->orphans = o;
+    r->orphan_new = 1;
     pthread_cond_signal(&r->cv);
     pthread_mutex_unlock(&r->mu);
 }
 
-/* Releases the orphaned grants, one pipeline; those Redis did not answer go
- * back on the list until their lease time is over. Called without locks.
- * Returns 0, or -1 if some remain (retry soon). */
-static int release_orphans(dlock_renew *r)
+/* One release try for each orphan due now, in one pipeline. An orphan is
+ * done when Redis released its grant. One that Redis says it does not own
+ * stays a while: its acquire may still be on its way to Redis (another
+ * connection, served later), so it is tried again with a doubling pause
+ * until its lease time is over; so is one Redis did not answer. Called
+ * without locks. Returns when the next try is due (DLOCK_NEVER: none left). */
+static int64_t release_orphans(dlock_renew *r)
 {
     pthread_mutex_lock(&r->mu);
     orphan *list = r->orphans;
     r->orphans = NULL;
     pthread_mutex_unlock(&r->mu);
-    if (!list)
-        return 0;
+    int64_t now = dlock_now_ns();
+    orphan *due = NULL, *later = NULL, *next;
+    for (orphan *o = list; o; o = next) { /* split: due now, or later */
+        next = o->next;
+        orphan **to = o->next_try_ns <= now ? &due : &later;
+        o->next = *to;
+        *to = o;
+    }
     size_t sent = 0;
-    if (ensure_conn(r) == 0) {
-        for (orphan *o = list; o; o = o->next, sent++) {
+    if (due && ensure_conn(r) == 0) {
+        for (orphan *o = due; o; o = o->next, sent++) {
             const char *argv[5 + DLOCK_RELEASE_ARGS];
             dlock_script_release_argv(r->cfg.args, o->keys, o->name, "nonce", o->nonce, "0",
                                       argv);
@@ -427,52 +443,70 @@ static int release_orphans(dlock_renew *r)
         if (sent)
             dlock_count(&r->cfg.ctr->redis_round_trips, 1);
     }
-    orphan *keep = NULL, *next;
+    /* Read every reply of the pipeline before running anything again. */
+    enum { UNKNOWN = -1, NOT_OWNED = 0, RELEASED = 1, NOSCRIPT = 2 };
     size_t i = 0;
     int failed = 0;
-    for (orphan *o = list; o; o = next, i++) {
-        next = o->next;
-        int done = 0;
-        if (i < sent && !failed) {
-            redisReply *rep = NULL;
-            if (redisGetReply(r->conn, (void **)&rep) != REDIS_OK) {
-                failed = 1;
-            } else {
-                done = !dlock_conn_is_noscript(rep);
-                freeReplyObject(rep);
-                if (!done) { /* a restarted server: once more, with EVAL */
-                    const char *argv[5 + DLOCK_RELEASE_ARGS];
-                    dlock_script_release_argv(r->cfg.args, o->keys, o->name, "nonce", o->nonce,
-                                              "0", argv);
-                    rep = dlock_conn_eval(r->conn, r->cfg.ctr, DLOCK_SCRIPT_RELEASE, 5,
-                                          DLOCK_RELEASE_ARGS, argv, NULL);
-                    done = rep != NULL;
-                    if (rep)
-                        freeReplyObject(rep);
-                    else
-                        failed = 1;
-                }
-            }
+    for (orphan *o = due; o; o = o->next, i++) {
+        o->result = UNKNOWN;
+        redisReply *rep = NULL;
+        if (i >= sent || failed)
+            continue;
+        if (redisGetReply(r->conn, (void **)&rep) != REDIS_OK) {
+            failed = 1;
+            continue;
         }
-        if (done || dlock_now_ns() >= o->until_ns) {
-            free(o);
+        if (dlock_conn_is_noscript(rep))
+            o->result = NOSCRIPT;
+        else if (rep->type == REDIS_REPLY_INTEGER)
+            o->result = rep->integer >= 1 ? RELEASED : NOT_OWNED;
+        freeReplyObject(rep);
+    }
+    /* A restarted server answered NOSCRIPT: those again, with EVAL. */
+    for (orphan *o = due; o && !failed; o = o->next) {
+        if (o->result != NOSCRIPT)
+            continue;
+        const char *argv[5 + DLOCK_RELEASE_ARGS];
+        dlock_script_release_argv(r->cfg.args, o->keys, o->name, "nonce", o->nonce, "0", argv);
+        redisReply *rep = dlock_conn_eval(r->conn, r->cfg.ctr, DLOCK_SCRIPT_RELEASE, 5,
+                                          DLOCK_RELEASE_ARGS, argv, NULL);
+        o->result = UNKNOWN;
+        if (!rep) {
+            failed = 1;
         } else {
-            o->next = keep;
-            keep = o;
+            if (rep->type == REDIS_REPLY_INTEGER)
+                o->result = rep->integer >= 1 ? RELEASED : NOT_OWNED;
+            freeReplyObject(rep);
         }
     }
     if (failed || (r->conn && r->conn->err))
         drop_conn(r);
-    if (!keep)
-        return 0;
-    pthread_mutex_lock(&r->mu);
-    orphan **tail = &keep;
-    while (*tail)
-        tail = &(*tail)->next;
-    *tail = r->orphans;
-    r->orphans = keep;
-    pthread_mutex_unlock(&r->mu);
-    return -1;
+    now = dlock_now_ns();
+    for (orphan *o = due; o; o = next) {
+        next = o->next;
+        if (o->result == RELEASED || now >= o->until_ns) {
+            free(o);
+            continue;
+        }
+        o->next_try_ns = now + o->backoff_ns;
+        o->backoff_ns *= 2;
+        o->next = later;
+        later = o;
+    }
+    int64_t next_due = DLOCK_NEVER;
+    for (orphan *o = later; o; o = o->next)
+        if (o->next_try_ns < next_due)
+            next_due = o->next_try_ns;
+    if (later) {
+        pthread_mutex_lock(&r->mu);
+        orphan **tail = &later;
+        while (*tail)
+            tail = &(*tail)->next;
+        *tail = r->orphans;
+        r->orphans = later;
+        pthread_mutex_unlock(&r->mu);
+    }
+    return next_due;
 }
 
 static void *manager_main(void *arg)
@@ -483,10 +517,10 @@ static void *manager_main(void *arg)
     pthread_mutex_lock(&r->mu);
     while (!r->stop) {
         int64_t now = dlock_now_ns();
-        if (r->orphans && now >= orphan_retry) {
+        if (r->orphans && (now >= orphan_retry || r->orphan_new)) {
+            r->orphan_new = 0;
             pthread_mutex_unlock(&r->mu);
-            if (release_orphans(r) != 0)
-                orphan_retry = dlock_now_ns() + RETRY_MS * DLOCK_NS_PER_MS;
+            orphan_retry = release_orphans(r);
             pthread_mutex_lock(&r->mu);
             continue;
         }
@@ -613,7 +647,9 @@ void dlock_renew_stop(dlock_renew *r)
     /* On the caller's thread from here: its SIGPIPE must stay its own. */
     dlock_pipe_guard g;
     dlock_pipe_guard_enter(&g);
-    release_orphans(r); /* one last try for the orphans */
+    for (orphan *o = r->orphans; o; o = o->next)
+        o->next_try_ns = 0; /* one last try for every orphan */
+    release_orphans(r);
     release_all(r);
     dlock_pipe_guard_leave(&g);
     while (r->orphans) {

@@ -53,9 +53,10 @@ const char *dlock_script_body(dlock_script_id id)
 
 const char *dlock_script_sha(dlock_script_id id)
 {
-    if (!dlock_load_int(&ready[id]))
+    /* Acquire: pairs with the release in dlock_script_set_sha, so the digest
+     * is complete when the flag is seen. */
+    if (!dlock_load_int_acquire(&ready[id]))
         return NULL;
-    ck_pr_fence_load(); /* pairs with the store fence in dlock_script_set_sha */
     return shas[id];
 }
 
@@ -67,8 +68,7 @@ void dlock_script_set_sha(dlock_script_id id, const char *sha, size_t len)
     if (!dlock_load_int(&ready[id])) {
         memcpy(shas[id], sha, 40);
         shas[id][40] = '\0';
-        ck_pr_fence_store(); /* the digest is visible before the flag */
-        dlock_store_int(&ready[id], 1);
+        dlock_store_int_release(&ready[id], 1); /* the digest before the flag */
     }
     pthread_mutex_unlock(&sha_mu);
 }

@@ -170,6 +170,8 @@ static int handle(dlock_sub *s, session *ss, redisReply *r)
         ss->subscribed = 1;
         ss->deadline = DLOCK_NEVER;
         dlock_store_int(&s->ready, 1);
+        if (s->cfg.on_subscribed)
+            s->cfg.on_subscribed(s->cfg.arg);
         if (s->ever_subscribed) {
             if (s->cfg.on_resubscribed)
                 s->cfg.on_resubscribed(s->cfg.arg);

@@ -35,6 +35,10 @@ typedef struct dlock_sub_cfg {
      * the new connection. NULL: not called. */
     void (*on_resubscribed)(void *arg);
     void *arg;
+    /* Called like on_resubscribed, but after every confirmed subscription,
+     * the first one included (a message sent before it was missed too), and
+     * before on_resubscribed. NULL: not called. */
+    void (*on_subscribed)(void *arg);
 } dlock_sub_cfg;
 
 /* Starts the subscriber thread, which connects and subscribes in the

@@ -68,6 +68,7 @@ typedef struct dlock_entry {
     dlock_renew_item *renew;     /* registration with the renewal manager, or NULL */
 
     int woken;                   /* a wake-up came for this name since the poller's last try */
+    int queued;                  /* this client may be in the name's wait queue in Redis */
 
     /* Immutable after creation. */
     size_t name_len;

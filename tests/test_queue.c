@@ -305,6 +305,53 @@ static void test_lost_wakeup_costs_one_fallback(void **state)
     dlock_client_close(b);
 }
 
+/* A timed wait that runs out costs one try (which queues) and one leave:
+ * no try after the deadline. With waiter_ttl 8 s the fallback retry (1.5 to
+ * 2 s) never comes within the 300 ms wait. */
+static void test_timed_wait_round_trips(void **state)
+{
+    (void)state;
+    dlock_client *a = open_client(8000), *b = open_client(8000);
+    wait_subscribed(2); /* a first subscription wakes pollers: not in the count */
+    assert_int_equal(dlock_acquire(a, "q6", 0, NULL), DLOCK_OK);
+    dlock_stats s0, s1;
+    dlock_client_stats(b, &s0);
+    assert_int_equal(dlock_acquire(b, "q6", 300, NULL), DLOCK_ETIMEDOUT);
+    dlock_client_stats(b, &s1);
+    assert_int_equal(s1.redis_commands - s0.redis_commands, 2);
+    assert_int_equal(rcmd_int("EXISTS %s", "dlock:{q6}:q"), 0);
+    assert_int_equal(dlock_release(a, "q6"), DLOCK_OK);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+/* Several threads of one client give up at different times, one of them
+ * with a try in between: when the last one is gone the client is no longer
+ * queued, whichever thread was the poller. */
+static void test_last_waiter_leaves(void **state)
+{
+    (void)state;
+    dlock_client *a = open_client(8000), *b = open_client(8000);
+    assert_int_equal(dlock_acquire(a, "q7", 0, NULL), DLOCK_OK);
+    waiter w1, w2, w3;
+    waiter_start(&w1, b, "q7", 200);
+    waiter_start(&w2, b, "q7", 400);
+    fx_sleep_ms(100);
+    waiter_start(&w3, b, "q7", 0); /* a try */
+    pthread_join(w1.th, NULL);
+    pthread_join(w2.th, NULL);
+    pthread_join(w3.th, NULL);
+    assert_int_equal(w1.rc, DLOCK_ETIMEDOUT);
+    assert_int_equal(w2.rc, DLOCK_ETIMEDOUT);
+    assert_int_equal(w3.rc, DLOCK_EBUSY);
+    assert_int_equal(rcmd_int("EXISTS %s", "dlock:{q7}:q"), 0);
+    assert_int_equal(rcmd_int("EXISTS %s", "dlock:{q7}:qd"), 0);
+    assert_int_equal(dlock_release(a, "q7"), DLOCK_OK);
+    assert_int_equal(rcmd_int("EXISTS %s", "dlock:{q7}:turn"), 0);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -314,6 +361,8 @@ int main(void)
         cmocka_unit_test(test_dead_waiter_skipped),
         cmocka_unit_test(test_subscriber_recovers),
         cmocka_unit_test(test_lost_wakeup_costs_one_fallback),
+        cmocka_unit_test(test_timed_wait_round_trips),
+        cmocka_unit_test(test_last_waiter_leaves),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -78,6 +78,7 @@ typedef struct rec {
     uint64_t seq_next;   /* next expected "seq:<n>" */
     uint64_t bad;        /* payloads out of order or not ours */
     uint64_t resubs;     /* on_resubscribed calls */
+    uint64_t subs;       /* on_subscribed calls */
     char last[128];      /* last payload (NUL-terminated copy) */
     size_t last_len;
 } rec;
@@ -124,6 +125,14 @@ static void on_resubscribed(void *arg)
     pthread_mutex_unlock(&r->mu);
 }
 
+static void on_subscribed(void *arg)
+{
+    rec *r = arg;
+    pthread_mutex_lock(&r->mu);
+    r->subs++;
+    pthread_mutex_unlock(&r->mu);
+}
+
 static uint64_t rec_get(rec *r, const uint64_t *field)
 {
     pthread_mutex_lock(&r->mu);
@@ -150,7 +159,7 @@ static dlock_conn_cfg conn_cfg(int port)
 
 static dlock_sub *start_sub(const dlock_conn_cfg *cc, dlock_counters *ctr, rec *r)
 {
-    dlock_sub_cfg cfg = {cc, ctr, CHANNEL, on_message, on_resubscribed, r};
+    dlock_sub_cfg cfg = {cc, ctr, CHANNEL, on_message, on_resubscribed, r, on_subscribed};
     dlock_sub *s = NULL;
     assert_int_equal(dlock_sub_start(&cfg, &s), DLOCK_OK);
     assert_non_null(s);
@@ -266,7 +275,7 @@ static void test_invalid_args(void **state)
     (void)state;
     dlock_conn_cfg cc = conn_cfg(R.port);
     dlock_sub *s = (dlock_sub *)1;
-    dlock_sub_cfg cfg = {&cc, NULL, CHANNEL, on_message, NULL, NULL};
+    dlock_sub_cfg cfg = {&cc, NULL, CHANNEL, on_message, NULL, NULL, NULL};
     assert_int_equal(dlock_sub_start(NULL, &s), DLOCK_EINVAL);
     assert_null(s);
     cfg.channel = "";
@@ -335,6 +344,7 @@ static void test_messages_in_order(void **state)
     assert_memory_equal(r.last, "bin", 4); /* the copy stops at the NUL */
     pthread_mutex_unlock(&r.mu);
     assert_int_equal(rec_get(&r, &r.resubs), 0);
+    assert_int_equal(rec_get(&r, &r.subs), 1); /* the first subscription too */
     assert_int_equal(dlock_sub_reconnects(s), 0);
     assert_int_equal(dlock_sub_ready(s), 1);
     dlock_sub_stop(s);
@@ -380,6 +390,7 @@ static void test_client_kill_reconnects(void **state)
         assert_int_equal(kill_pubsub(R.port), 1);
         assert_true(WAIT_UNTIL(dlock_sub_reconnects(s) == k && dlock_sub_ready(s), 10000));
         assert_int_equal(rec_get(&r, &r.resubs), k);
+        assert_int_equal(rec_get(&r, &r.subs), k + 1);
         /* Ready means the server confirmed: the first PUBLISH arrives. */
         char payload[32];
         snprintf(payload, sizeof payload, "after:kill%" PRIu64, k);
