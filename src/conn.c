@@ -168,6 +168,15 @@ static int conn_open(const dlock_conn_cfg *cfg, dlock_counters *ctr, redisContex
     return DLOCK_OK;
 }
 
+int dlock_conn_flush(redisContext *c)
+{
+    int done = 0;
+    while (!done)
+        if (redisBufferWrite(c, &done) != REDIS_OK)
+            return -1;
+    return 0;
+}
+
 int dlock_conn_is_noscript(const redisReply *r)
 {
     return r && r->type == REDIS_REPLY_ERROR && strncmp(r->str, "NOSCRIPT", 8) == 0;

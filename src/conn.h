@@ -44,6 +44,10 @@ redisReply *dlock_conn_eval(redisContext *c, dlock_counters *ctr, dlock_script_i
 int dlock_conn_append_eval(redisContext *c, dlock_counters *ctr, dlock_script_id id, int use_sha,
                            int nkeys, int nargs, const char **argv, const size_t *lens);
 
+/* Writes c's output buffer out (blocking, within the command timeout).
+ * 0, or -1 if the connection failed. */
+int dlock_conn_flush(redisContext *c);
+
 /* 1 if reply is the NOSCRIPT error of an EVALSHA. */
 int dlock_conn_is_noscript(const redisReply *reply);
 

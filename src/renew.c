@@ -196,16 +196,6 @@ static int append_chunk(dlock_renew *r, const snap *s, size_t k, int use_sha)
                                   (int)k + 2, argv, NULL);
 }
 
-/* Writes the connection's output buffer out. 0, or -1 if it failed. */
-static int flush(redisContext *c)
-{
-    int done = 0;
-    while (!done)
-        if (redisBufferWrite(c, &done) != REDIS_OK)
-            return -1;
-    return 0;
-}
-
 /* Ends a write begun under r->mu (r->writing set): releasers may go on. */
 static void end_write(dlock_renew *r)
 {
@@ -262,7 +252,7 @@ static int rerun_chunk(dlock_renew *r, snap *s, size_t k)
     pthread_mutex_unlock(&r->mu);
     if (!m)
         return 0;
-    int rc = append_chunk(r, keep, m, 0) == 0 && flush(r->conn) == 0 ? 0 : -1;
+    int rc = append_chunk(r, keep, m, 0) == 0 && dlock_conn_flush(r->conn) == 0 ? 0 : -1;
     if (rc == 0)
         dlock_count(&r->cfg.ctr->redis_round_trips, 1);
     end_write(r);
@@ -351,7 +341,7 @@ static int64_t round_once(dlock_renew *r)
         return now + r->period_ns; /* nothing held (or no memory): idle */
 
     if (ok) {
-        ok = flush(r->conn) == 0;
+        ok = dlock_conn_flush(r->conn) == 0;
         end_write(r);
     }
     if (ok) {

@@ -284,6 +284,29 @@ int fx_redis_restart(fx_redis *r)
     return -1;
 }
 
+fx_redis fx_server;
+
+int fx_group_setup(void **state)
+{
+    (void)state;
+    return fx_redis_start(&fx_server) == 0 ? 0 : -1;
+}
+
+int fx_group_teardown(void **state)
+{
+    (void)state;
+    fx_redis_stop(&fx_server);
+    return 0;
+}
+
+int fx_ensure_server(void **state)
+{
+    (void)state;
+    if (fx_server.pid > 0)
+        return fx_redis_signal(&fx_server, SIGCONT) == 0 ? 0 : -1;
+    return fx_redis_restart(&fx_server) == 0 ? 0 : -1;
+}
+
 redisContext *fx_connect(const char *host, int port)
 {
     struct timeval tv = { 1, 0 };

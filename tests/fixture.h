@@ -33,6 +33,16 @@ int fx_redis_signal(fx_redis *r, int sig);
  * Returns 0 or -1. */
 int fx_redis_restart(fx_redis *r);
 
+/* The one server of a test process, and cmocka-shaped fixtures for it (they
+ * take cmocka's state argument and ignore it). */
+extern fx_redis fx_server;
+int fx_group_setup(void **state);    /* starts fx_server: 0, or -1 */
+int fx_group_teardown(void **state); /* stops it: 0 */
+/* Per-test teardown: a test that stopped (SIGSTOP) or killed the server and
+ * then failed an assertion must not break the tests after it: resumes it,
+ * or starts it again. 0, or -1. */
+int fx_ensure_server(void **state);
+
 /* A new connection to host:port (1 s timeouts), or NULL. */
 redisContext *fx_connect(const char *host, int port);
 

@@ -38,7 +38,6 @@
 #include "dlock.h"
 #include "fixture.h"
 
-static fx_redis R;
 
 /* The fork test opens a new client (which starts threads) in a child of this
  * multi-threaded process. ThreadSanitizer does not support threads started
@@ -57,35 +56,10 @@ static fx_redis R;
 
 /* ---------------------------------------------------------------- helpers */
 
-static int group_setup(void **state)
-{
-    (void)state;
-    return fx_redis_start(&R) == 0 ? 0 : -1;
-}
-
-static int group_teardown(void **state)
-{
-    (void)state;
-    fx_redis_stop(&R);
-    return 0;
-}
-
-/* Per-test teardown: a test that stopped or killed the server and then failed
- * an assertion must not break the tests after it. */
-static int ensure_server(void **state)
-{
-    (void)state;
-    if (R.pid > 0)
-        kill(R.pid, SIGCONT);
-    else if (fx_redis_restart(&R) != 0)
-        return -1;
-    return 0;
-}
-
 static dlock_client *open_client(const char *prefix, uint32_t lease_ms)
 {
     dlock_config cfg;
-    fx_config(&cfg, &R);
+    fx_config(&cfg, &fx_server);
     cfg.key_prefix = prefix;
     if (lease_ms)
         cfg.lease_ms = lease_ms;
@@ -99,9 +73,9 @@ static dlock_client *open_client(const char *prefix, uint32_t lease_ms)
 
 static redisReply *cmd(const char *fmt, ...)
 {
-    redisContext *k = fx_connect("127.0.0.1", R.port);
+    redisContext *k = fx_connect("127.0.0.1", fx_server.port);
     if (!k)
-        fail_msg("cannot connect to the test redis on port %d", R.port);
+        fail_msg("cannot connect to the test redis on port %d", fx_server.port);
     va_list ap;
     va_start(ap, fmt);
     redisReply *r = redisvCommand(k, fmt, ap);
@@ -308,7 +282,7 @@ static void test_open_invalid(void **state)
 {
     (void)state;
     dlock_config good, cfg;
-    fx_config(&good, &R);
+    fx_config(&good, &fx_server);
     good.key_prefix = "tc:open:";
 
     /* The baseline opens, so each failure below is due to its one change. */
@@ -680,11 +654,11 @@ static void test_reentrant(void **state)
 
     assert_int_equal(dlock_acquire(c, "r", -1, &f1), DLOCK_OK);
     dlock_stats s0 = stats(c);
-    long long srv0 = fx_info_lock_calls("127.0.0.1", R.port);
+    long long srv0 = fx_info_lock_calls("127.0.0.1", fx_server.port);
     assert_true(srv0 > 0);
     assert_int_equal(dlock_acquire(c, "r", 0, &f2), DLOCK_OK);
     assert_int_equal(dlock_acquire(c, "r", -1, &f3), DLOCK_OK);
-    long long srv1 = fx_info_lock_calls("127.0.0.1", R.port);
+    long long srv1 = fx_info_lock_calls("127.0.0.1", fx_server.port);
     dlock_stats s1 = stats(c);
     assert_int_equal(f2, f1);
     assert_int_equal(f3, f1);
@@ -786,7 +760,7 @@ static void test_redis_unreachable(void **state)
 {
     (void)state;
     dlock_config cfg;
-    fx_config(&cfg, &R);
+    fx_config(&cfg, &fx_server);
     cfg.redis_port = dead_port();
     cfg.key_prefix = "tc:down:";
     dlock_client *c = NULL;
@@ -824,7 +798,7 @@ static void test_redis_stopped(void **state)
     assert_int_equal(dlock_acquire(c, "s", 0, &f0), DLOCK_OK);
     assert_int_equal(dlock_release(c, "s"), DLOCK_OK);
 
-    assert_int_equal(fx_redis_signal(&R, SIGSTOP), 0);
+    assert_int_equal(fx_redis_signal(&fx_server, SIGSTOP), 0);
     /* Connect 500 ms + command 1000 ms; 10 s is ~6x that, for a loaded
      * machine. A hang would run into it. */
     const long long bound_ms = 10000;
@@ -833,7 +807,7 @@ static void test_redis_stopped(void **state)
     long long el = MS(fx_now_ns() - t0);
     int rc2 = dlock_acquire(c, "s2", -1, &f);
     long long el2 = MS(fx_now_ns() - t0) - el;
-    assert_int_equal(fx_redis_signal(&R, SIGCONT), 0);
+    assert_int_equal(fx_redis_signal(&fx_server, SIGCONT), 0);
     if (rc != DLOCK_EREDIS || rc2 != DLOCK_EREDIS)
         fail_msg("acquire with Redis stopped: %s and %s, expected DLOCK_EREDIS", dlock_err_name(rc),
                  dlock_err_name(rc2));
@@ -872,7 +846,7 @@ static void test_waiter_deadline_while_poller_stuck(void **state)
 {
     (void)state;
     dlock_config cfg;
-    fx_config(&cfg, &R);
+    fx_config(&cfg, &fx_server);
     cfg.key_prefix = "tc:stuck:";
     cfg.command_timeout_ms = 5000;
     dlock_client *c = NULL;
@@ -880,7 +854,7 @@ static void test_waiter_deadline_while_poller_stuck(void **state)
     assert_int_equal(dlock_acquire(c, "warm", 0, NULL), DLOCK_OK);
     assert_int_equal(dlock_release(c, "warm"), DLOCK_OK);
 
-    assert_int_equal(fx_redis_signal(&R, SIGSTOP), 0);
+    assert_int_equal(fx_redis_signal(&fx_server, SIGSTOP), 0);
     op poller, waiter;
     op_start(&poller, c, "x", 20000, 1);
     fx_sleep_ms(200); /* the poller is in Redis now (not required for the check) */
@@ -888,7 +862,7 @@ static void test_waiter_deadline_while_poller_stuck(void **state)
     /* The waiter's 300 ms wait, with 10x slack: still well under the
      * poller's 5 s command timeout. */
     op_join(&waiter, 3000);
-    assert_int_equal(fx_redis_signal(&R, SIGCONT), 0);
+    assert_int_equal(fx_redis_signal(&fx_server, SIGCONT), 0);
     op_join(&poller, 30000);
     assert_int_equal(waiter.rc, DLOCK_ETIMEDOUT);
     assert_true(MS(waiter.elapsed_ns) >= 300);
@@ -917,9 +891,9 @@ static void test_unknown_outcome_no_orphan(void **state)
     assert_int_equal(dlock_acquire(c2, "o2", 0, NULL), DLOCK_OK);
     assert_int_equal(dlock_release(c2, "o2"), DLOCK_OK);
 
-    assert_int_equal(fx_redis_signal(&R, SIGSTOP), 0);
+    assert_int_equal(fx_redis_signal(&fx_server, SIGSTOP), 0);
     int rc = dlock_acquire(c, "o", 0, NULL);
-    assert_int_equal(fx_redis_signal(&R, SIGCONT), 0);
+    assert_int_equal(fx_redis_signal(&fx_server, SIGCONT), 0);
     assert_int_equal(rc, DLOCK_EREDIS);
     assert_int_equal(dlock_held(c, "o"), 0);
 
@@ -954,13 +928,13 @@ static void test_release_redis_down(void **state)
     assert_int_equal(dlock_acquire(c2, "warm", 0, NULL), DLOCK_OK);
     assert_int_equal(dlock_release(c2, "warm"), DLOCK_OK);
 
-    assert_int_equal(fx_redis_signal(&R, SIGSTOP), 0);
+    assert_int_equal(fx_redis_signal(&fx_server, SIGSTOP), 0);
     long long t0 = fx_now_ns();
     int rc = dlock_release(c, "rd");
     long long el = MS(fx_now_ns() - t0);
     int held = dlock_held(c, "rd");
     dlock_stats s = stats(c);
-    assert_int_equal(fx_redis_signal(&R, SIGCONT), 0);
+    assert_int_equal(fx_redis_signal(&fx_server, SIGCONT), 0);
     assert_int_equal(rc, DLOCK_EREDIS);
     assert_true(el < 10000); /* ~6x connect + command timeouts */
     assert_int_equal(held, 0);
@@ -1028,8 +1002,8 @@ static void test_idle_connection_closed_by_server(void **state)
 /* Teardown of the test above: the idle timeout must not outlive it. */
 static int reset_idle_timeout(void **state)
 {
-    if (R.pid > 0) {
-        redisContext *k = fx_connect("127.0.0.1", R.port);
+    if (fx_server.pid > 0) {
+        redisContext *k = fx_connect("127.0.0.1", fx_server.port);
         if (k) {
             redisReply *r = redisCommand(k, "CONFIG SET timeout 0");
             if (r)
@@ -1037,7 +1011,7 @@ static int reset_idle_timeout(void **state)
             redisFree(k);
         }
     }
-    return ensure_server(state);
+    return fx_ensure_server(state);
 }
 
 static void test_redis_restarted(void **state)
@@ -1050,12 +1024,12 @@ static void test_redis_restarted(void **state)
     assert_int_equal(dlock_release(c, "r"), DLOCK_OK);
 
     for (int round = 0; round < 2; round++) {
-        assert_int_equal(fx_redis_signal(&R, SIGKILL), 0);
+        assert_int_equal(fx_redis_signal(&fx_server, SIGKILL), 0);
         /* While it is down: a fast EREDIS (10 s bound as above). */
         long long t0 = fx_now_ns();
         assert_int_equal(dlock_acquire(c, "r", 0, &f), DLOCK_EREDIS);
         assert_true(MS(fx_now_ns() - t0) < 10000);
-        assert_int_equal(fx_redis_restart(&R), 0);
+        assert_int_equal(fx_redis_restart(&fx_server), 0);
 
         /* The restarted server has an empty script cache: the client must
          * reconnect and fall back from EVALSHA (NOSCRIPT). Allow a few calls
@@ -1114,7 +1088,7 @@ static void test_fork_child(void **state)
 #ifndef FX_TSAN
         /* A new client in the child is an independent owner. */
         dlock_config cfg;
-        fx_config(&cfg, &R);
+        fx_config(&cfg, &fx_server);
         cfg.key_prefix = prefix;
         dlock_client *k = NULL;
         if (dlock_client_open(&cfg, &k) != DLOCK_OK) {
@@ -1257,7 +1231,7 @@ static void test_bad_auth_and_db(void **state)
     const long long bound_ms = 10000; /* ~6x connect + command timeouts */
     for (int k = 0; k < 2; k++) {
         dlock_config cfg;
-        fx_config(&cfg, &R);
+        fx_config(&cfg, &fx_server);
         cfg.key_prefix = "tc:auth:";
         if (k == 0)
             cfg.redis_password = "not-the-password";
@@ -1295,9 +1269,9 @@ static void test_bad_auth_and_db(void **state)
  * stdout, and dies without releasing anything. */
 static int hold_and_die(int port, const char *prefix)
 {
-    R.port = port;
+    fx_server.port = port;
     dlock_config cfg;
-    fx_config(&cfg, &R);
+    fx_config(&cfg, &fx_server);
     cfg.key_prefix = prefix;
     cfg.lease_ms = 2000;
     dlock_client *c = NULL;
@@ -1318,7 +1292,7 @@ static void test_holder_process_dies(void **state)
     int fds[2];
     assert_int_equal(pipe(fds), 0);
     char port[16];
-    snprintf(port, sizeof port, "%d", R.port);
+    snprintf(port, sizeof port, "%d", fx_server.port);
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
@@ -1381,27 +1355,27 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_config_defaults),
         cmocka_unit_test(test_errors),
-        cmocka_unit_test_teardown(test_open_invalid, ensure_server),
-        cmocka_unit_test_teardown(test_name_arguments, ensure_server),
-        cmocka_unit_test_teardown(test_basic_lease_key, ensure_server),
-        cmocka_unit_test_teardown(test_release_not_held, ensure_server),
-        cmocka_unit_test_teardown(test_try_busy, ensure_server),
-        cmocka_unit_test_teardown(test_timed_wait, ensure_server),
-        cmocka_unit_test_teardown(test_waiter_gets_lock, ensure_server),
-        cmocka_unit_test_teardown(test_reentrant, ensure_server),
-        cmocka_unit_test_teardown(test_fence_increases, ensure_server),
-        cmocka_unit_test_teardown(test_close_releases, ensure_server),
-        cmocka_unit_test_teardown(test_table_empty_after_mix, ensure_server),
-        cmocka_unit_test_teardown(test_fork_child, ensure_server),
-        cmocka_unit_test_teardown(test_holder_process_dies, ensure_server),
-        cmocka_unit_test_teardown(test_bad_auth_and_db, ensure_server),
-        cmocka_unit_test_teardown(test_redis_unreachable, ensure_server),
-        cmocka_unit_test_teardown(test_redis_stopped, ensure_server),
-        cmocka_unit_test_teardown(test_unknown_outcome_no_orphan, ensure_server),
-        cmocka_unit_test_teardown(test_waiter_deadline_while_poller_stuck, ensure_server),
-        cmocka_unit_test_teardown(test_release_redis_down, ensure_server),
+        cmocka_unit_test_teardown(test_open_invalid, fx_ensure_server),
+        cmocka_unit_test_teardown(test_name_arguments, fx_ensure_server),
+        cmocka_unit_test_teardown(test_basic_lease_key, fx_ensure_server),
+        cmocka_unit_test_teardown(test_release_not_held, fx_ensure_server),
+        cmocka_unit_test_teardown(test_try_busy, fx_ensure_server),
+        cmocka_unit_test_teardown(test_timed_wait, fx_ensure_server),
+        cmocka_unit_test_teardown(test_waiter_gets_lock, fx_ensure_server),
+        cmocka_unit_test_teardown(test_reentrant, fx_ensure_server),
+        cmocka_unit_test_teardown(test_fence_increases, fx_ensure_server),
+        cmocka_unit_test_teardown(test_close_releases, fx_ensure_server),
+        cmocka_unit_test_teardown(test_table_empty_after_mix, fx_ensure_server),
+        cmocka_unit_test_teardown(test_fork_child, fx_ensure_server),
+        cmocka_unit_test_teardown(test_holder_process_dies, fx_ensure_server),
+        cmocka_unit_test_teardown(test_bad_auth_and_db, fx_ensure_server),
+        cmocka_unit_test_teardown(test_redis_unreachable, fx_ensure_server),
+        cmocka_unit_test_teardown(test_redis_stopped, fx_ensure_server),
+        cmocka_unit_test_teardown(test_unknown_outcome_no_orphan, fx_ensure_server),
+        cmocka_unit_test_teardown(test_waiter_deadline_while_poller_stuck, fx_ensure_server),
+        cmocka_unit_test_teardown(test_release_redis_down, fx_ensure_server),
         cmocka_unit_test_teardown(test_idle_connection_closed_by_server, reset_idle_timeout),
-        cmocka_unit_test_teardown(test_redis_restarted, ensure_server),
+        cmocka_unit_test_teardown(test_redis_restarted, fx_ensure_server),
     };
-    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+    return cmocka_run_group_tests(tests, fx_group_setup, fx_group_teardown);
 }

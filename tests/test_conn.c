@@ -17,20 +17,6 @@
 #include "conn.h"
 #include "fixture.h"
 
-static fx_redis srv;
-
-static int setup(void **state)
-{
-    (void)state;
-    return fx_redis_start(&srv);
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    fx_redis_stop(&srv);
-    return 0;
-}
 
 static dlock_conn_cfg conn_cfg(int port)
 {
@@ -42,7 +28,7 @@ static void test_open_loads_scripts(void **state)
 {
     (void)state;
     dlock_counters ctr = {0};
-    dlock_conn_cfg cfg = conn_cfg(srv.port);
+    dlock_conn_cfg cfg = conn_cfg(fx_server.port);
     redisContext *c;
     assert_int_equal(dlock_conn_open(&cfg, &ctr, &c), DLOCK_OK);
     for (int id = 0; id < DLOCK_SCRIPT_COUNT; id++) {
@@ -63,12 +49,12 @@ static void test_eval_fallback_after_flush(void **state)
 {
     (void)state;
     dlock_counters ctr = {0};
-    dlock_conn_cfg cfg = conn_cfg(srv.port);
+    dlock_conn_cfg cfg = conn_cfg(fx_server.port);
     redisContext *c;
     assert_int_equal(dlock_conn_open(&cfg, &ctr, &c), DLOCK_OK);
     redisReply *r = redisCommand(c, "SCRIPT FLUSH");
     freeReplyObject(r);
-    long long evals = fx_info_calls("127.0.0.1", srv.port, "eval");
+    long long evals = fx_info_calls("127.0.0.1", fx_server.port, "eval");
 
     const char *argv[11] = {"t:{n}", "t:{n}:fence", "t:{n}:q", "t:{n}:qd", "t:{n}:turn",
                             "0123456789abcdef0123456789abcdef", "5000", "1", "16", "2000", "1"};
@@ -77,7 +63,7 @@ static void test_eval_fallback_after_flush(void **state)
     assert_int_equal(r->type, REDIS_REPLY_ARRAY);
     assert_int_equal(r->element[0]->integer, 1);
     freeReplyObject(r);
-    assert_int_equal(fx_info_calls("127.0.0.1", srv.port, "eval"), evals + 1);
+    assert_int_equal(fx_info_calls("127.0.0.1", fx_server.port, "eval"), evals + 1);
 
     r = redisCommand(c, "SCRIPT EXISTS %s", dlock_script_sha(DLOCK_SCRIPT_ACQUIRE));
     assert_int_equal(r->element[0]->integer, 1);
@@ -104,7 +90,7 @@ static void test_auth_and_select_errors(void **state)
 {
     (void)state;
     dlock_counters ctr = {0};
-    dlock_conn_cfg cfg = conn_cfg(srv.port);
+    dlock_conn_cfg cfg = conn_cfg(fx_server.port);
     redisContext *c;
     cfg.password = (char *)"secret"; /* the server has no password */
     assert_int_equal(dlock_conn_open(&cfg, &ctr, &c), DLOCK_EREDIS);
@@ -122,7 +108,7 @@ static void test_pool_limit_and_reuse(void **state)
 {
     (void)state;
     dlock_counters ctr = {0};
-    dlock_conn_cfg cfg = conn_cfg(srv.port);
+    dlock_conn_cfg cfg = conn_cfg(fx_server.port);
     cfg.command_timeout_ms = 200;
     dlock_pool *p = dlock_pool_create(&cfg, 2, &ctr);
     redisContext *a, *b, *x;
@@ -160,13 +146,13 @@ static void test_no_sigpipe_on_closed_connection(void **state)
     (void)state;
     signal(SIGPIPE, SIG_DFL);
     dlock_counters ctr = {0};
-    dlock_conn_cfg cfg = conn_cfg(srv.port);
+    dlock_conn_cfg cfg = conn_cfg(fx_server.port);
     redisContext *c;
     assert_int_equal(dlock_conn_open(&cfg, &ctr, &c), DLOCK_OK);
     redisReply *r = redisCommand(c, "CLIENT ID");
     long long id = r->integer;
     freeReplyObject(r);
-    redisContext *k = fx_connect("127.0.0.1", srv.port);
+    redisContext *k = fx_connect("127.0.0.1", fx_server.port);
     freeReplyObject(redisCommand(k, "CLIENT KILL ID %lld", id));
     redisFree(k);
     /* A first write reaches the closed socket and draws a reset; the next
@@ -198,5 +184,5 @@ int main(void)
         cmocka_unit_test(test_pool_limit_and_reuse),
         cmocka_unit_test(test_no_sigpipe_on_closed_connection),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, fx_group_setup, fx_group_teardown);
 }

@@ -15,20 +15,6 @@
 
 #include "fixture.h"
 
-static fx_redis srv;
-
-static int setup(void **state)
-{
-    (void)state;
-    return fx_redis_start(&srv);
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    fx_redis_stop(&srv);
-    return 0;
-}
 
 static dlock_stats stats(dlock_client *c)
 {
@@ -110,7 +96,7 @@ static void test_handoff_costs_no_redis_command(void **state)
 {
     (void)state;
     dlock_config cfg;
-    fx_config(&cfg, &srv);
+    fx_config(&cfg, &fx_server);
     dlock_client *c;
     assert_int_equal(dlock_client_open(&cfg, &c), DLOCK_OK);
     uint64_t f0;
@@ -120,10 +106,10 @@ static void test_handoff_costs_no_redis_command(void **state)
     let_it_wait();
 
     dlock_stats s0 = stats(c);
-    long long server0 = fx_info_lock_calls("127.0.0.1", srv.port);
+    long long server0 = fx_info_lock_calls("127.0.0.1", fx_server.port);
     assert_int_equal(dlock_release(c, "h1"), DLOCK_OK);
     waiter_wait_got(&w);
-    long long server1 = fx_info_lock_calls("127.0.0.1", srv.port);
+    long long server1 = fx_info_lock_calls("127.0.0.1", fx_server.port);
     dlock_stats s1 = stats(c);
 
     assert_int_equal(w.rc, DLOCK_OK);
@@ -140,7 +126,7 @@ static void test_handoff_costs_no_redis_command(void **state)
     waiter_finish(&w);
     assert_int_equal(w.release_rc, DLOCK_OK);
     /* Nobody waited at the last release: the lease went back to Redis. */
-    redisContext *rc = fx_connect("127.0.0.1", srv.port);
+    redisContext *rc = fx_connect("127.0.0.1", fx_server.port);
     redisReply *r = redisCommand(rc, "EXISTS dlock:{h1}");
     assert_int_equal(r->integer, 0);
     freeReplyObject(r);
@@ -206,7 +192,7 @@ static void *storm_main(void *arg)
 static void run_storm(uint32_t pass_limit, dlock_stats *out)
 {
     dlock_config cfg;
-    fx_config(&cfg, &srv);
+    fx_config(&cfg, &fx_server);
     cfg.pass_limit = pass_limit;
     dlock_client *c;
     assert_int_equal(dlock_client_open(&cfg, &c), DLOCK_OK);
@@ -272,7 +258,7 @@ static void test_lost_lease_not_passed(void **state)
 {
     (void)state;
     dlock_config cfg;
-    fx_config(&cfg, &srv);
+    fx_config(&cfg, &fx_server);
     cfg.lease_ms = 300;
     cfg.on_lost = on_lost;
     dlock_client *c;
@@ -283,7 +269,7 @@ static void test_lost_lease_not_passed(void **state)
     waiter_start(&w, c, "h2");
     let_it_wait();
     int lost0 = lost_count();
-    redisContext *rc = fx_connect("127.0.0.1", srv.port);
+    redisContext *rc = fx_connect("127.0.0.1", fx_server.port);
     freeReplyObject(redisCommand(rc, "DEL dlock:{h2}"));
     /* The renewal finds it gone within a period (100 ms); 10 s is generous
      * for a loaded machine. */
@@ -316,7 +302,7 @@ static void test_stale_lease_not_passed(void **state)
 {
     (void)state;
     dlock_config cfg;
-    fx_config(&cfg, &srv);
+    fx_config(&cfg, &fx_server);
     cfg.lease_ms = 900;
     cfg.command_timeout_ms = 300;
     cfg.on_lost = on_lost;
@@ -326,7 +312,7 @@ static void test_stale_lease_not_passed(void **state)
     waiter w;
     waiter_start(&w, c, "h3");
     let_it_wait();
-    assert_int_equal(fx_redis_signal(&srv, SIGSTOP), 0);
+    assert_int_equal(fx_redis_signal(&fx_server, SIGSTOP), 0);
     /* Renewals now fail; after 2/3 of the lease since the last renewal less
      * than a third is left. Wait one lease time (validity is at most one
      * lease from the last renewal, which was before SIGSTOP): then the lease
@@ -334,7 +320,7 @@ static void test_stale_lease_not_passed(void **state)
     fx_sleep_ms(900);
     dlock_stats s0 = stats(c);
     int rc = dlock_release(c, "h3");
-    assert_int_equal(fx_redis_signal(&srv, SIGCONT), 0);
+    assert_int_equal(fx_redis_signal(&fx_server, SIGCONT), 0);
     /* Lost (found by the renewal thread) or not told to Redis: never OK by a
      * pass. */
     assert_true(rc == DLOCK_ELOST || rc == DLOCK_EREDIS);
@@ -353,5 +339,5 @@ int main(void)
         cmocka_unit_test(test_lost_lease_not_passed),
         cmocka_unit_test(test_stale_lease_not_passed),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, fx_group_setup, fx_group_teardown);
 }

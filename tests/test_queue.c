@@ -24,25 +24,11 @@
 
 #include "fixture.h"
 
-static fx_redis srv;
-
-static int setup(void **state)
-{
-    (void)state;
-    return fx_redis_start(&srv);
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    fx_redis_stop(&srv);
-    return 0;
-}
 
 static dlock_client *open_client(uint32_t waiter_ttl_ms)
 {
     dlock_config cfg;
-    fx_config(&cfg, &srv);
+    fx_config(&cfg, &fx_server);
     cfg.waiter_ttl_ms = waiter_ttl_ms;
     dlock_client *c;
     assert_int_equal(dlock_client_open(&cfg, &c), DLOCK_OK);
@@ -51,7 +37,7 @@ static dlock_client *open_client(uint32_t waiter_ttl_ms)
 
 static long long rcmd_int(const char *fmt, const char *arg)
 {
-    redisContext *rc = fx_connect("127.0.0.1", srv.port);
+    redisContext *rc = fx_connect("127.0.0.1", fx_server.port);
     assert_non_null(rc);
     redisReply *r = redisCommand(rc, fmt, arg);
     assert_non_null(r);
@@ -64,7 +50,7 @@ static long long rcmd_int(const char *fmt, const char *arg)
 /* Subscriptions to this process's wake channels (pattern "dlock:wake:*"). */
 static long long wake_channels(void)
 {
-    redisContext *rc = fx_connect("127.0.0.1", srv.port);
+    redisContext *rc = fx_connect("127.0.0.1", fx_server.port);
     redisReply *r = redisCommand(rc, "PUBSUB CHANNELS dlock:wake:*");
     assert_int_equal(r->type, REDIS_REPLY_ARRAY);
     long long n = (long long)r->elements;
@@ -140,7 +126,7 @@ static void test_release_wakes_next_in_order(void **state)
     waiter_start(&wd, d, "q1", 30000);
     wait_queued("q1", 3);
 
-    long long pub0 = fx_info_calls("127.0.0.1", srv.port, "publish");
+    long long pub0 = fx_info_calls("127.0.0.1", fx_server.port, "publish");
     long long t0 = fx_now_ns();
     assert_int_equal(dlock_release(a, "q1"), DLOCK_OK);
     pthread_join(wb.th, NULL);
@@ -154,7 +140,7 @@ static void test_release_wakes_next_in_order(void **state)
     assert_true(wb.fence < wc.fence && wc.fence < wd.fence);
     /* a's, b's and c's releases each woke the next client: three PUBLISH;
      * d's found nobody waiting. */
-    assert_int_equal(fx_info_calls("127.0.0.1", srv.port, "publish") - pub0, 3);
+    assert_int_equal(fx_info_calls("127.0.0.1", fx_server.port, "publish") - pub0, 3);
     /* Woken, not polled: the chain of three grants took less than one
      * fallback interval (1.5 s at the least here). */
     long long chain_ms = (wd.got_ns - t0) / 1000000;
@@ -225,7 +211,7 @@ static void test_dead_waiter_skipped(void **state)
     dlock_client *a = open_client((uint32_t)ttl), *b = open_client((uint32_t)ttl);
     wait_subscribed(2);
     assert_int_equal(dlock_acquire(a, "q3", 0, NULL), DLOCK_OK);
-    redisContext *rc = fx_connect("127.0.0.1", srv.port);
+    redisContext *rc = fx_connect("127.0.0.1", fx_server.port);
     /* The ghost arrived first, with a deadline ttl from now (server ms). */
     redisReply *t = redisCommand(rc, "TIME");
     long long now_ms = atoll(t->element[0]->str) * 1000 + atoll(t->element[1]->str) / 1000;
@@ -258,7 +244,7 @@ static void test_subscriber_recovers(void **state)
     (void)state;
     dlock_client *a = open_client(8000), *b = open_client(8000);
     wait_subscribed(2);
-    redisContext *rc = fx_connect("127.0.0.1", srv.port);
+    redisContext *rc = fx_connect("127.0.0.1", fx_server.port);
     freeReplyObject(redisCommand(rc, "CLIENT KILL TYPE pubsub"));
     redisFree(rc);
     wait_subscribed(2); /* both resubscribed */
@@ -291,7 +277,7 @@ static void test_lost_wakeup_costs_one_fallback(void **state)
     wait_queued("q5", 1);
     /* Unsubscribe everyone behind the library's back by killing the pubsub
      * connections, then release at once: the PUBLISH may find nobody. */
-    redisContext *rc = fx_connect("127.0.0.1", srv.port);
+    redisContext *rc = fx_connect("127.0.0.1", fx_server.port);
     freeReplyObject(redisCommand(rc, "CLIENT KILL TYPE pubsub"));
     redisFree(rc);
     long long t0 = fx_now_ns();
@@ -364,5 +350,5 @@ int main(void)
         cmocka_unit_test(test_timed_wait_round_trips),
         cmocka_unit_test(test_last_waiter_leaves),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, fx_group_setup, fx_group_teardown);
 }

@@ -29,33 +29,8 @@
 #include "renew.h"
 #include "table.h"
 
-static fx_redis R;
 
 #define MS(ns) ((ns) / 1000000LL)
-
-static int group_setup(void **state)
-{
-    (void)state;
-    return fx_redis_start(&R) == 0 ? 0 : -1;
-}
-
-static int group_teardown(void **state)
-{
-    (void)state;
-    fx_redis_stop(&R);
-    return 0;
-}
-
-/* Restores a stopped or killed server after a test, even a failed one. */
-static int ensure_server(void **state)
-{
-    (void)state;
-    if (R.pid > 0)
-        kill(R.pid, SIGCONT);
-    else if (fx_redis_restart(&R) != 0)
-        return -1;
-    return 0;
-}
 
 /* ------------------------------------------------------- on_lost recorder */
 
@@ -142,7 +117,7 @@ static int lost_wait(lost_log *l, int want, long bound_ms)
 static dlock_client *open_client(const char *prefix, uint32_t lease_ms, lost_log *l)
 {
     dlock_config cfg;
-    fx_config(&cfg, &R);
+    fx_config(&cfg, &fx_server);
     cfg.key_prefix = prefix;
     cfg.lease_ms = lease_ms;
     if (l) {
@@ -163,9 +138,9 @@ static dlock_client *open_client(const char *prefix, uint32_t lease_ms, lost_log
 
 static redisReply *cmd(const char *fmt, ...)
 {
-    redisContext *k = fx_connect("127.0.0.1", R.port);
+    redisContext *k = fx_connect("127.0.0.1", fx_server.port);
     if (!k)
-        fail_msg("cannot connect to the test redis on port %d", R.port);
+        fail_msg("cannot connect to the test redis on port %d", fx_server.port);
     va_list ap;
     va_start(ap, fmt);
     redisReply *r = redisvCommand(k, fmt, ap);
@@ -205,8 +180,8 @@ static dlock_stats stats(dlock_client *c)
 
 static long long scripts_run(void)
 {
-    long long a = fx_info_calls("127.0.0.1", R.port, "evalsha");
-    long long b = fx_info_calls("127.0.0.1", R.port, "eval");
+    long long a = fx_info_calls("127.0.0.1", fx_server.port, "evalsha");
+    long long b = fx_info_calls("127.0.0.1", fx_server.port, "eval");
     assert_true(a >= 0 && b >= 0);
     return a + b;
 }
@@ -726,7 +701,7 @@ static void unreachable_case(const char *prefix, int sig)
         snprintf(name[i], sizeof name[i], "u%d", i);
         assert_int_equal(dlock_acquire(c, name[i], 0, &fence[i]), DLOCK_OK);
     }
-    assert_int_equal(fx_redis_signal(&R, sig), 0);
+    assert_int_equal(fx_redis_signal(&fx_server, sig), 0);
     long long t0 = fx_now_ns();
 
     /* Safety, not speed: every successful renewal was sent before the signal
@@ -749,9 +724,9 @@ static void unreachable_case(const char *prefix, int sig)
     for (int i = 0; i < K; i++)
         held[i] = dlock_held(c, name[i]);
     if (sig == SIGSTOP)
-        fx_redis_signal(&R, SIGCONT);
+        fx_redis_signal(&fx_server, SIGCONT);
     else
-        assert_int_equal(fx_redis_restart(&R), 0);
+        assert_int_equal(fx_redis_restart(&fx_server), 0);
     if (n < K)
         fail_msg("only %d of %d leases reported lost %lld ms after signal %d", n, K, el, sig);
     printf("# signal %d: %d leases reported lost after %lld ms\n", sig, K, el);
@@ -835,11 +810,11 @@ static void test_orphans_released(void **state)
     (void)state;
     enum { N = 6 };
     static dlock_counters ctr;
-    dlock_conn_cfg cc = {(char *)"127.0.0.1", R.port, NULL, 0, 200, 500};
+    dlock_conn_cfg cc = {(char *)"127.0.0.1", fx_server.port, NULL, 0, 200, 500};
     redisContext *x;
     assert_int_equal(dlock_conn_open(&cc, &ctr, &x), DLOCK_OK); /* learns the digests */
     redisFree(x);
-    redisContext *rc = fx_connect("127.0.0.1", R.port);
+    redisContext *rc = fx_connect("127.0.0.1", fx_server.port);
     const char *id = "0123456789abcdef0123456789abcdef";
     dlock_script_args a = {id, "30000", "128", "2000", "orph:wake:"};
     dlock_table *t = dlock_table_create("orph:", &ctr);
@@ -865,7 +840,7 @@ static void test_orphans_released(void **state)
         dlock_renew_orphan(m, e[i], n);
     }
     fx_sleep_ms(150);
-    cc.port = R.port;
+    cc.port = fx_server.port;
     /* The last orphan's grant appears only now, after its first release try
      * could have run: a later try must remove it. */
     fx_sleep_ms(300);
@@ -892,17 +867,17 @@ static void test_orphans_released(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_teardown(test_short_lease_kept, ensure_server),
-        cmocka_unit_test_teardown(test_lost_deleted, ensure_server),
-        cmocka_unit_test_teardown(test_lost_owner_overwritten, ensure_server),
-        cmocka_unit_test_teardown(test_lost_token_overwritten, ensure_server),
-        cmocka_unit_test_teardown(test_lost_not_handed_off, ensure_server),
-        cmocka_unit_test_teardown(test_no_false_loss, ensure_server),
-        cmocka_unit_test_teardown(test_connections_dropped, ensure_server),
-        cmocka_unit_test_teardown(test_many_locks_batched, ensure_server),
-        cmocka_unit_test_teardown(test_lost_when_redis_killed, ensure_server),
-        cmocka_unit_test_teardown(test_lost_when_redis_stopped, ensure_server),
-        cmocka_unit_test_teardown(test_orphans_released, ensure_server),
+        cmocka_unit_test_teardown(test_short_lease_kept, fx_ensure_server),
+        cmocka_unit_test_teardown(test_lost_deleted, fx_ensure_server),
+        cmocka_unit_test_teardown(test_lost_owner_overwritten, fx_ensure_server),
+        cmocka_unit_test_teardown(test_lost_token_overwritten, fx_ensure_server),
+        cmocka_unit_test_teardown(test_lost_not_handed_off, fx_ensure_server),
+        cmocka_unit_test_teardown(test_no_false_loss, fx_ensure_server),
+        cmocka_unit_test_teardown(test_connections_dropped, fx_ensure_server),
+        cmocka_unit_test_teardown(test_many_locks_batched, fx_ensure_server),
+        cmocka_unit_test_teardown(test_lost_when_redis_killed, fx_ensure_server),
+        cmocka_unit_test_teardown(test_lost_when_redis_stopped, fx_ensure_server),
+        cmocka_unit_test_teardown(test_orphans_released, fx_ensure_server),
     };
-    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+    return cmocka_run_group_tests(tests, fx_group_setup, fx_group_teardown);
 }

@@ -32,38 +32,14 @@
 #include "dlock.h"
 #include "fixture.h"
 
-static fx_redis R;
 
 #define MS(ns) ((ns) / 1000000LL)
 #define RLX memory_order_relaxed
 
-static int group_setup(void **state)
-{
-    (void)state;
-    return fx_redis_start(&R) == 0 ? 0 : -1;
-}
-
-static int group_teardown(void **state)
-{
-    (void)state;
-    fx_redis_stop(&R);
-    return 0;
-}
-
-static int ensure_server(void **state)
-{
-    (void)state;
-    if (R.pid > 0)
-        kill(R.pid, SIGCONT);
-    else if (fx_redis_restart(&R) != 0)
-        return -1;
-    return 0;
-}
-
 static dlock_client *open_client(const char *prefix, uint32_t lease_ms)
 {
     dlock_config cfg;
-    fx_config(&cfg, &R);
+    fx_config(&cfg, &fx_server);
     cfg.key_prefix = prefix;
     if (lease_ms)
         cfg.lease_ms = lease_ms;
@@ -269,19 +245,19 @@ static void run_plain_storm(const char *prefix, int tpc, int iters, int nnames)
      * only turns a lost wake-up into a failure instead of a hang. */
     storm_init(&s, prefix, 0, tpc, iters, nnames, 60000);
     dlock_stats a0 = stats(s.c[0]), b0 = stats(s.c[1]);
-    long long srv0 = fx_info_calls("127.0.0.1", R.port, NULL);
-    long long scr0 = fx_info_calls("127.0.0.1", R.port, "evalsha") +
-                     fx_info_calls("127.0.0.1", R.port, "eval");
-    double cpu0 = fx_info_cpu("127.0.0.1", R.port);
+    long long srv0 = fx_info_calls("127.0.0.1", fx_server.port, NULL);
+    long long scr0 = fx_info_calls("127.0.0.1", fx_server.port, "evalsha") +
+                     fx_info_calls("127.0.0.1", fx_server.port, "eval");
+    double cpu0 = fx_info_cpu("127.0.0.1", fx_server.port);
     long long t0 = fx_now_ns();
     worker *ws;
     pthread_t *th = storm_start(&s, &ws);
     storm_join(&s, th, ws, 240000);
     long long el = MS(fx_now_ns() - t0);
-    long long srv1 = fx_info_calls("127.0.0.1", R.port, NULL);
-    long long scr1 = fx_info_calls("127.0.0.1", R.port, "evalsha") +
-                     fx_info_calls("127.0.0.1", R.port, "eval");
-    double cpu1 = fx_info_cpu("127.0.0.1", R.port);
+    long long srv1 = fx_info_calls("127.0.0.1", fx_server.port, NULL);
+    long long scr1 = fx_info_calls("127.0.0.1", fx_server.port, "evalsha") +
+                     fx_info_calls("127.0.0.1", fx_server.port, "eval");
+    double cpu1 = fx_info_cpu("127.0.0.1", fx_server.port);
     dlock_stats a1 = stats(s.c[0]), b1 = stats(s.c[1]);
 
     long ok = atomic_load(&s.ok);
@@ -443,16 +419,16 @@ static void fault_storm(const char *prefix, int sig)
     pthread_t *th = storm_start(&s, &ws);
     fx_sleep_ms(1500);
     long ok_before = atomic_load(&s.ok);
-    assert_int_equal(fx_redis_signal(&R, sig), 0);
+    assert_int_equal(fx_redis_signal(&fx_server, sig), 0);
     atomic_store(&s.phase, 1);
     /* Down for 1.5 s, 2.5 leases: every old lease is invalid locally before
      * the server answers again (empty, or with those leases expired), so no
      * holder can still think it holds one. */
     fx_sleep_ms(1500);
     if (sig == SIGKILL)
-        assert_int_equal(fx_redis_restart(&R), 0);
+        assert_int_equal(fx_redis_restart(&fx_server), 0);
     else
-        assert_int_equal(fx_redis_signal(&R, SIGCONT), 0);
+        assert_int_equal(fx_redis_signal(&fx_server, SIGCONT), 0);
     atomic_store(&s.phase, 2);
     /* Acquisitions succeed again: wait for 50 of them, at most 30 s (a
      * reconnect takes a few calls; 30 s is far more). */
@@ -530,11 +506,11 @@ static void test_storm_redis_stopped(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_teardown(test_storm_one_name, ensure_server),
-        cmocka_unit_test_teardown(test_storm_many_names, ensure_server),
-        cmocka_unit_test_teardown(test_storm_no_starvation, ensure_server),
-        cmocka_unit_test_teardown(test_storm_redis_restart, ensure_server),
-        cmocka_unit_test_teardown(test_storm_redis_stopped, ensure_server),
+        cmocka_unit_test_teardown(test_storm_one_name, fx_ensure_server),
+        cmocka_unit_test_teardown(test_storm_many_names, fx_ensure_server),
+        cmocka_unit_test_teardown(test_storm_no_starvation, fx_ensure_server),
+        cmocka_unit_test_teardown(test_storm_redis_restart, fx_ensure_server),
+        cmocka_unit_test_teardown(test_storm_redis_stopped, fx_ensure_server),
     };
-    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+    return cmocka_run_group_tests(tests, fx_group_setup, fx_group_teardown);
 }

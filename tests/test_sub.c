@@ -28,7 +28,6 @@
 #include "fixture.h"
 #include "sub.h"
 
-static fx_redis R;
 
 #define CHANNEL "dlock:wake:0123456789abcdef0123456789abcdef"
 #define OTHER "dlock:wake:ffffffffffffffffffffffffffffffff"
@@ -45,30 +44,6 @@ static fx_redis R;
  * server to come back (that would never return here).
  */
 #define STOP_BOUND_MS 5000
-
-static int group_setup(void **state)
-{
-    (void)state;
-    return fx_redis_start(&R) == 0 ? 0 : -1;
-}
-
-static int group_teardown(void **state)
-{
-    (void)state;
-    fx_redis_stop(&R);
-    return 0;
-}
-
-/* Restores a stopped or killed server after a test, even a failed one. */
-static int ensure_server(void **state)
-{
-    (void)state;
-    if (R.pid > 0)
-        kill(R.pid, SIGCONT);
-    else if (fx_redis_restart(&R) != 0)
-        return -1;
-    return 0;
-}
 
 /* ------------------------------------------------------------ recorder */
 
@@ -273,7 +248,7 @@ static void expect_delivery(rec *r, int port, const char *tag)
 static void test_invalid_args(void **state)
 {
     (void)state;
-    dlock_conn_cfg cc = conn_cfg(R.port);
+    dlock_conn_cfg cc = conn_cfg(fx_server.port);
     dlock_sub *s = (dlock_sub *)1;
     dlock_sub_cfg cfg = {&cc, NULL, CHANNEL, on_message, NULL, NULL, NULL};
     assert_int_equal(dlock_sub_start(NULL, &s), DLOCK_EINVAL);
@@ -300,14 +275,14 @@ static void test_messages_in_order(void **state)
     (void)state;
     enum { N = 10000, BATCH = 500 };
     dlock_counters ctr = {0};
-    dlock_conn_cfg cc = conn_cfg(R.port);
+    dlock_conn_cfg cc = conn_cfg(fx_server.port);
     rec r;
     rec_init(&r);
     dlock_sub *s = start_sub(&cc, &ctr, &r);
     assert_true(WAIT_UNTIL(dlock_sub_ready(s), 10000));
     assert_true(dlock_load_64(&ctr.redis_commands) >= 1); /* SUBSCRIBE counted */
 
-    redisContext *c = fx_connect("127.0.0.1", R.port);
+    redisContext *c = fx_connect("127.0.0.1", fx_server.port);
     assert_non_null(c);
     long long receivers = 0, others = 0;
     for (int at = 0; at < N; at += BATCH) {
@@ -356,18 +331,18 @@ static void test_messages_in_order(void **state)
 static void test_one_subscription(void **state)
 {
     (void)state;
-    dlock_conn_cfg cc = conn_cfg(R.port);
+    dlock_conn_cfg cc = conn_cfg(fx_server.port);
     rec r;
     rec_init(&r);
     dlock_sub *s = start_sub(&cc, NULL, &r); /* NULL counters are allowed */
     assert_true(WAIT_UNTIL(dlock_sub_ready(s), 10000));
     fx_sleep_ms(300); /* a duplicate subscription, if any, would show up */
-    assert_int_equal(numsub(R.port, CHANNEL), 1);
+    assert_int_equal(numsub(fx_server.port, CHANNEL), 1);
     long long one;
-    assert_int_equal(pubsub_clients(R.port, &one), 1);
+    assert_int_equal(pubsub_clients(fx_server.port, &one), 1);
     assert_int_equal(one, 1);
     dlock_sub_stop(s);
-    assert_true(WAIT_UNTIL(numsub(R.port, CHANNEL) == 0, 5000));
+    assert_true(WAIT_UNTIL(numsub(fx_server.port, CHANNEL) == 0, 5000));
     rec_destroy(&r);
 }
 
@@ -378,25 +353,25 @@ static void test_client_kill_reconnects(void **state)
 {
     (void)state;
     dlock_counters ctr = {0};
-    dlock_conn_cfg cc = conn_cfg(R.port);
+    dlock_conn_cfg cc = conn_cfg(fx_server.port);
     rec r;
     rec_init(&r);
     dlock_sub *s = start_sub(&cc, &ctr, &r);
     assert_true(WAIT_UNTIL(dlock_sub_ready(s), 10000));
-    expect_delivery(&r, R.port, "first");
+    expect_delivery(&r, fx_server.port, "first");
     /* Earlier tests' connections are gone: the kill hits only ours. */
-    assert_true(WAIT_UNTIL(numsub(R.port, CHANNEL) == 1, 5000));
+    assert_true(WAIT_UNTIL(numsub(fx_server.port, CHANNEL) == 1, 5000));
     for (uint64_t k = 1; k <= 2; k++) {
-        assert_int_equal(kill_pubsub(R.port), 1);
+        assert_int_equal(kill_pubsub(fx_server.port), 1);
         assert_true(WAIT_UNTIL(dlock_sub_reconnects(s) == k && dlock_sub_ready(s), 10000));
         assert_int_equal(rec_get(&r, &r.resubs), k);
         assert_int_equal(rec_get(&r, &r.subs), k + 1);
         /* Ready means the server confirmed: the first PUBLISH arrives. */
         char payload[32];
         snprintf(payload, sizeof payload, "after:kill%" PRIu64, k);
-        assert_int_equal(publish(R.port, CHANNEL, payload), 1);
+        assert_int_equal(publish(fx_server.port, CHANNEL, payload), 1);
         assert_true(WAIT_UNTIL(rec_last_is(&r, payload), 10000));
-        assert_int_equal(numsub(R.port, CHANNEL), 1);
+        assert_int_equal(numsub(fx_server.port, CHANNEL), 1);
     }
     fx_sleep_ms(200);
     assert_int_equal(dlock_sub_reconnects(s), 2); /* no spurious reconnects */
@@ -411,20 +386,20 @@ static void test_server_restart(void **state)
 {
     (void)state;
     dlock_counters ctr = {0};
-    dlock_conn_cfg cc = conn_cfg(R.port);
+    dlock_conn_cfg cc = conn_cfg(fx_server.port);
     rec r;
     rec_init(&r);
     dlock_sub *s = start_sub(&cc, &ctr, &r);
     assert_true(WAIT_UNTIL(dlock_sub_ready(s), 10000));
-    assert_int_equal(fx_redis_signal(&R, SIGKILL), 0);
+    assert_int_equal(fx_redis_signal(&fx_server, SIGKILL), 0);
     assert_true(WAIT_UNTIL(!dlock_sub_ready(s), 10000));
     fx_sleep_ms(500); /* a few failed attempts while it is down */
     assert_int_equal(dlock_sub_ready(s), 0);
-    assert_int_equal(fx_redis_restart(&R), 0);
+    assert_int_equal(fx_redis_restart(&fx_server), 0);
     assert_true(WAIT_UNTIL(dlock_sub_ready(s) && dlock_sub_reconnects(s) == 1, 15000));
     assert_int_equal(rec_get(&r, &r.resubs), 1);
-    expect_delivery(&r, R.port, "restart");
-    assert_int_equal(numsub(R.port, CHANNEL), 1);
+    expect_delivery(&r, fx_server.port, "restart");
+    assert_int_equal(numsub(fx_server.port, CHANNEL), 1);
     dlock_sub_stop(s);
     rec_destroy(&r);
 }
@@ -436,19 +411,19 @@ static void test_frozen_server_detected(void **state)
 {
     (void)state;
     dlock_counters ctr = {0};
-    dlock_conn_cfg cc = conn_cfg(R.port);
+    dlock_conn_cfg cc = conn_cfg(fx_server.port);
     rec r;
     rec_init(&r);
     dlock_sub *s = start_sub(&cc, &ctr, &r);
     assert_true(WAIT_UNTIL(dlock_sub_ready(s), 10000));
-    assert_int_equal(fx_redis_signal(&R, SIGSTOP), 0);
+    assert_int_equal(fx_redis_signal(&fx_server, SIGSTOP), 0);
     assert_true(WAIT_UNTIL(!dlock_sub_ready(s), 20000));
-    assert_int_equal(fx_redis_signal(&R, SIGCONT), 0);
+    assert_int_equal(fx_redis_signal(&fx_server, SIGCONT), 0);
     assert_true(WAIT_UNTIL(dlock_sub_ready(s) && dlock_sub_reconnects(s) >= 1, 20000));
     assert_int_equal(rec_get(&r, &r.resubs), dlock_sub_reconnects(s));
-    expect_delivery(&r, R.port, "thawed");
+    expect_delivery(&r, fx_server.port, "thawed");
     /* The connections opened while it was frozen are all gone now. */
-    assert_true(WAIT_UNTIL(numsub(R.port, CHANNEL) == 1, 10000));
+    assert_true(WAIT_UNTIL(numsub(fx_server.port, CHANNEL) == 1, 10000));
     dlock_sub_stop(s);
     rec_destroy(&r);
 }
@@ -461,13 +436,13 @@ static void test_stop_while_frozen(void **state)
 {
     (void)state;
     for (int round = 0; round < 2; round++) {
-        dlock_conn_cfg cc = conn_cfg(R.port);
+        dlock_conn_cfg cc = conn_cfg(fx_server.port);
         cc.db = round; /* round 1: SELECT 1 on every connect */
         rec r;
         rec_init(&r);
         dlock_sub *s = start_sub(&cc, NULL, &r);
         assert_true(WAIT_UNTIL(dlock_sub_ready(s), 10000));
-        assert_int_equal(fx_redis_signal(&R, SIGSTOP), 0);
+        assert_int_equal(fx_redis_signal(&fx_server, SIGSTOP), 0);
         if (round == 1) {
             assert_true(WAIT_UNTIL(!dlock_sub_ready(s), 20000));
             fx_sleep_ms(700); /* somewhere in connect, SELECT, backoff or SUBSCRIBE */
@@ -477,7 +452,7 @@ static void test_stop_while_frozen(void **state)
         long long t0 = fx_now_ns();
         dlock_sub_stop(s);
         long long took = elapsed_ms(t0);
-        assert_int_equal(fx_redis_signal(&R, SIGCONT), 0);
+        assert_int_equal(fx_redis_signal(&fx_server, SIGCONT), 0);
         print_message("stop with a frozen server (round %d): %lld ms\n", round, took);
         assert_true(took < STOP_BOUND_MS);
         rec_destroy(&r);
@@ -538,12 +513,12 @@ int main(void)
         cmocka_unit_test(test_invalid_args),
         cmocka_unit_test(test_messages_in_order),
         cmocka_unit_test(test_one_subscription),
-        cmocka_unit_test_teardown(test_client_kill_reconnects, ensure_server),
-        cmocka_unit_test_teardown(test_server_restart, ensure_server),
-        cmocka_unit_test_teardown(test_frozen_server_detected, ensure_server),
-        cmocka_unit_test_teardown(test_stop_while_frozen, ensure_server),
+        cmocka_unit_test_teardown(test_client_kill_reconnects, fx_ensure_server),
+        cmocka_unit_test_teardown(test_server_restart, fx_ensure_server),
+        cmocka_unit_test_teardown(test_frozen_server_detected, fx_ensure_server),
+        cmocka_unit_test_teardown(test_stop_while_frozen, fx_ensure_server),
         cmocka_unit_test(test_down_from_start),
         cmocka_unit_test(test_redis_starts_later),
     };
-    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+    return cmocka_run_group_tests(tests, fx_group_setup, fx_group_teardown);
 }
