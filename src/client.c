@@ -201,6 +201,15 @@ static void wake_all(void *arg)
     dlock_table_each_ref(c->table, wake_entry, NULL);
 }
 
+/* The subscriber reconnected: Redis may have restarted and lost every lease
+ * (without persistence); a renewal round now marks them lost at once rather
+ * than up to lease_ms/3 later. On the subscriber thread. */
+static void renew_now(void *arg)
+{
+    dlock_client *c = arg;
+    dlock_renew_kick(c->renew);
+}
+
 static void lost_from_renewal(void *arg, const char *name, uint64_t token)
 {
     dlock_client *c = arg;
@@ -291,6 +300,7 @@ int dlock_client_open(const dlock_config *cfg, dlock_client **out)
         .channel = c->channel,
         .on_message = wake_one,
         .on_subscribed = wake_all, /* the first subscription too: see wake_all */
+        .on_resubscribed = renew_now,
         .arg = c,
     };
     rc = dlock_sub_start(&sub_cfg, &c->sub);

@@ -80,6 +80,7 @@ struct dlock_renew {
     size_t count;            /* guarded by mu */
     orphan *orphans;         /* guarded by mu */
     int orphan_new;          /* guarded by mu: an orphan arrived, due at once */
+    int kick;                /* guarded by mu: renew now, not at the period's end */
     int writing;             /* guarded by mu: a renewal write is in progress */
     int stop;                /* guarded by mu */
     redisContext *conn;      /* the manager thread's own connection */
@@ -374,6 +375,14 @@ static int64_t round_once(dlock_renew *r)
     return earliest < next ? earliest : next;
 }
 
+void dlock_renew_kick(dlock_renew *r)
+{
+    pthread_mutex_lock(&r->mu);
+    r->kick = 1;
+    pthread_cond_signal(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+}
+
 void dlock_renew_orphan(dlock_renew *r, const dlock_entry *e, const char *nonce)
 {
     size_t len[DLOCK_KEYS], total = e->name_len + 1;
@@ -513,6 +522,10 @@ static void *manager_main(void *arg)
             orphan_retry = release_orphans(r);
             pthread_mutex_lock(&r->mu);
             continue;
+        }
+        if (r->kick) {
+            r->kick = 0;
+            next = now;
         }
         if (now < next) {
             int64_t wake = next;

@@ -54,6 +54,11 @@ int dlock_renew_remove(dlock_renew *r, dlock_entry *e);
  * renewal of the released grant can reach Redis after the release. */
 void dlock_renew_quiesce(dlock_renew *r);
 
+/* Makes the manager run a renewal round now. Used when the subscriber
+ * reconnects: Redis may have restarted empty, and the round finds the leases
+ * it lost at once instead of up to a period later. No lock needed. */
+void dlock_renew_kick(dlock_renew *r);
+
 /* Hands over an acquire attempt of e whose outcome is unknown: the manager
  * thread releases the grant with this nonce, if Redis made one, as soon as
  * it can (retrying for one lease time). Returns at once; no lock needed. */

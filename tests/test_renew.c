@@ -799,6 +799,39 @@ static void test_lost_when_redis_stopped(void **state)
     unreachable_case("tr:stop:", SIGSTOP);
 }
 
+/* Redis restarts empty (no persistence) while leases with a long period
+ * are held: the subscriber's reconnection triggers a renewal round at once,
+ * so the holders learn of the loss within seconds, not at the end of the
+ * 10 s period (the bound, 5 s, is half the period: generous for the restart
+ * and the subscriber's reconnection backoff of at most 1 s). */
+static void test_restart_found_at_once(void **state)
+{
+    (void)state;
+    enum { K = 3 };
+    lost_log *l = lost_new();
+    dlock_client *c = open_client("rs:", 30000, l);
+    char name[K][8];
+    for (int i = 0; i < K; i++) {
+        snprintf(name[i], sizeof name[i], "r%d", i);
+        assert_int_equal(dlock_acquire(c, name[i], 0, NULL), DLOCK_OK);
+    }
+    /* Let the subscriber subscribe first (it runs in the background). */
+    fx_sleep_ms(300);
+    assert_int_equal(fx_redis_signal(&fx_server, SIGKILL), 0);
+    assert_int_equal(fx_redis_restart(&fx_server), 0);
+    long long t0 = fx_now_ns();
+    int n = lost_wait(l, K, 5000);
+    long long ms = (fx_now_ns() - t0) / 1000000;
+    printf("# restart: %d of %d leases reported lost %lld ms after Redis was back\n", n, K, ms);
+    assert_int_equal(n, K);
+    for (int i = 0; i < K; i++) {
+        assert_int_equal(dlock_held(c, name[i]), 0);
+        assert_int_equal(dlock_release(c, name[i]), DLOCK_ELOST);
+    }
+    dlock_client_close(c);
+    lost_free(l);
+}
+
 /* Orphans (acquires whose outcome the caller never learned) are released by
  * the renewal thread, matched by nonce. Several of them batched into one
  * pipeline after the server lost its script cache (NOSCRIPT) must all be
@@ -830,7 +863,8 @@ static void test_orphans_released(void **state)
         }
     }
     freeReplyObject(redisCommand(rc, "SCRIPT FLUSH")); /* as after a restart */
-    cc.port = 1; /* unreachable for a moment, so that the orphans batch up */
+    /* Frozen for a moment, so that the orphans batch up in one pipeline. */
+    assert_int_equal(fx_redis_signal(&fx_server, SIGSTOP), 0);
     dlock_renew_cfg cfg = {&cc, &ctr, t, &a, 30000, NULL, NULL};
     dlock_renew *m;
     assert_int_equal(dlock_renew_start(&cfg, &m), DLOCK_OK);
@@ -840,7 +874,7 @@ static void test_orphans_released(void **state)
         dlock_renew_orphan(m, e[i], n);
     }
     fx_sleep_ms(150);
-    cc.port = fx_server.port;
+    assert_int_equal(fx_redis_signal(&fx_server, SIGCONT), 0);
     /* The last orphan's grant appears only now, after its first release try
      * could have run: a later try must remove it. */
     fx_sleep_ms(300);
@@ -878,6 +912,7 @@ int main(void)
         cmocka_unit_test_teardown(test_lost_when_redis_killed, fx_ensure_server),
         cmocka_unit_test_teardown(test_lost_when_redis_stopped, fx_ensure_server),
         cmocka_unit_test_teardown(test_orphans_released, fx_ensure_server),
+        cmocka_unit_test_teardown(test_restart_found_at_once, fx_ensure_server),
     };
     return cmocka_run_group_tests(tests, fx_group_setup, fx_group_teardown);
 }
