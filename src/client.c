@@ -12,12 +12,23 @@
  *       (e->renew != NULL), which holds a reference on e.
  *   I4. A LOST lease is never given to another thread: the owner must
  *       release it, which returns DLOCK_ELOST and resets state to NONE.
+ *   I5. handoff == 1 implies !has_owner and state HELD (or LOST, if the
+ *       renewal found it gone meanwhile: then it is reset, not taken). Every
+ *       waiter checks handoff first when it wakes, so a pending handoff is
+ *       taken by the first waiter to run; a release sets it only while
+ *       waiters > 0, and no poller exists while a lease is held locally.
+ *   I6. woken is cleared by the poller before each try and set by the
+ *       subscriber thread (wake_one, wake_all): a wake-up arriving during a
+ *       try makes the poller try again at once instead of sleeping.
+ *   I7. queued: this client may be in the name's wait queue in Redis; the
+ *       last thread to give up (waiters == 1) takes it out (redis_leave).
  * References: a thread inside a call holds one; the owner thread keeps the
  * one of its outermost acquire until its outermost release.
  *
- * Lock order: e->mu, then the renewal manager's mutex; the table and pool
- * mutexes are leaves. No Redis I/O happens with e->mu held; on_lost runs
- * with no lock held.
+ * Lock order: e->mu, then the renewal manager's mutex; the table, pool and
+ * subscriber mutexes are leaves. No Redis I/O happens with e->mu held;
+ * on_lost and the subscriber's callbacks run with no lock held (the latter
+ * take e->mu only).
  *
  * Which operations may run concurrently on one client: all of them, from
  * any threads, except dlock_client_close (last, alone).
