@@ -360,6 +360,25 @@ static void child_fail(proc_sh *ps, const char *fmt, ...)
     _exit(3);
 }
 
+/* Acquires `name` in a child: records the result in ps->rc[0], the fence
+ * in ps->fence[0] and the time the call returned in ps->t[1]; fails the
+ * child, naming `who` and the time waited, unless it got the lock. */
+static uint64_t child_acquire(proc_sh *ps, dlock_client *c, const char *name, int64_t wait_ms,
+                              const char *who)
+{
+    uint64_t fence = 0;
+    int64_t t0 = now_ns();
+    int rc = dlock_acquire(c, name, wait_ms, &fence);
+    ps->t[1] = now_ns();
+    ps->rc[0] = rc;
+    ps->fence[0] = fence;
+    if (rc != DLOCK_OK)
+        child_fail(ps, "%s: acquire: %s: %s (after %lld ms)", who, dlock_err_name(rc),
+                   dlock_last_error(), (long long)MS(ps->t[1] - t0));
+    return fence;
+}
+
+
 /* Closes the client, checks for leaks in sanitizer builds, exits. */
 static void child_exit(dlock_client *c) __attribute__((noreturn));
 static void child_exit(dlock_client *c)
@@ -449,11 +468,7 @@ static void hk_a(void *arg)
     dlock_config cfg;
     cfg_base(&cfg);
     dlock_client *c = open_client(ps, &cfg);
-    uint64_t fence = 0;
-    int rc = dlock_acquire(c, "k", 5000, &fence);
-    if (rc != DLOCK_OK)
-        child_fail(ps, "A: acquire: %s: %s", dlock_err_name(rc), dlock_last_error());
-    ps->fence[0] = fence;
+    child_acquire(ps, c, "k", 5000, "A");
     ps->t[0] = now_ns();
     st_int(&ps->step, 1);
     sleep_ms(60000); /* until SIGKILLed */
@@ -468,13 +483,7 @@ static void hk_b(void *arg)
     dlock_client *c = open_client(ps, &cfg);
     ps->t[0] = now_ns();
     st_int(&ps->step, 1);
-    uint64_t fence = 0;
-    int rc = dlock_acquire(c, "k", 20000, &fence);
-    ps->t[1] = now_ns();
-    ps->rc[0] = rc;
-    ps->fence[0] = fence;
-    if (rc != DLOCK_OK)
-        child_fail(ps, "B: acquire: %s: %s", dlock_err_name(rc), dlock_last_error());
+    child_acquire(ps, c, "k", 20000, "B");
     st_int(&ps->step, 2);
     ps->rc[1] = dlock_release(c, "k");
     st_int(&ps->step, 3);
@@ -594,11 +603,7 @@ static void hf_a(void *arg)
     cfg.on_lost = hf_on_lost;
     cfg.on_lost_arg = ps;
     dlock_client *c = open_client(ps, &cfg);
-    uint64_t fence = 0;
-    int rc = dlock_acquire(c, "f", 5000, &fence);
-    if (rc != DLOCK_OK)
-        child_fail(ps, "A: acquire: %s: %s", dlock_err_name(rc), dlock_last_error());
-    ps->fence[0] = fence;
+    child_acquire(ps, c, "f", 5000, "A");
     st_int(&ps->step, 1);
     /* frozen in here; go = 1 once continued */
     if (!wait_go(ps, 1, 40000))
@@ -628,13 +633,7 @@ static void hf_b(void *arg)
     if (!wait_go(ps, 1, 20000))
         child_fail(ps, "B: never told to acquire");
     ps->t[0] = now_ns();
-    uint64_t fence = 0;
-    int rc = dlock_acquire(c, "f", 10000, &fence);
-    ps->t[1] = now_ns();
-    ps->rc[0] = rc;
-    ps->fence[0] = fence;
-    if (rc != DLOCK_OK)
-        child_fail(ps, "B: acquire: %s: %s", dlock_err_name(rc), dlock_last_error());
+    child_acquire(ps, c, "f", 10000, "B");
     st_int(&ps->step, 2);
     if (!wait_go(ps, 2, 40000))
         child_fail(ps, "B: never told to release");
@@ -1536,11 +1535,7 @@ static void wk_a(void *arg)
     dlock_config cfg;
     cfg_base(&cfg);
     dlock_client *c = open_client(ps, &cfg);
-    uint64_t fence = 0;
-    int rc = dlock_acquire(c, "w", 5000, &fence);
-    if (rc != DLOCK_OK)
-        child_fail(ps, "A: acquire: %s: %s", dlock_err_name(rc), dlock_last_error());
-    ps->fence[0] = fence;
+    child_acquire(ps, c, "w", 5000, "A");
     st_int(&ps->step, 1);
     if (!wait_go(ps, 1, 40000))
         child_fail(ps, "A: never told to release");
@@ -1561,14 +1556,7 @@ static void wk_waiter(void *arg)
     if (!wait_go(ps, 1, 40000))
         child_fail(ps, "never told to wait");
     ps->t[0] = now_ns();
-    uint64_t fence = 0;
-    int rc = dlock_acquire(c, "w", 10000, &fence);
-    ps->t[1] = now_ns();
-    ps->rc[0] = rc;
-    ps->fence[0] = fence;
-    if (rc != DLOCK_OK)
-        child_fail(ps, "acquire: %s: %s (after %lld ms)", dlock_err_name(rc), dlock_last_error(),
-                   MS(ps->t[1] - ps->t[0]));
+    child_acquire(ps, c, "w", 10000, "waiter");
     st_int(&ps->step, 2);
     ps->rc[1] = dlock_release(c, "w");
     st_int(&ps->step, 3);
