@@ -149,7 +149,7 @@ typedef struct dlock_stats {
     uint64_t acquisitions;       /* successful dlock_acquire calls, nested ones included */
     uint64_t grants;             /* leases granted by Redis */
     uint64_t handoffs;           /* leases passed from thread to thread with no Redis command */
-    uint64_t redis_commands;     /* commands sent to Redis by the client (all threads) */
+    uint64_t redis_commands;     /* commands sent to Redis by lock calls and renewals */
     uint64_t redis_round_trips;  /* round trips to Redis (a pipeline counts once) */
     uint64_t renew_rounds;       /* renewal periods in which leases were renewed */
     uint64_t renew_round_trips;  /* round trips spent renewing */
@@ -157,6 +157,8 @@ typedef struct dlock_stats {
     uint64_t leases_held;        /* leases held right now */
     uint64_t leases_lost;        /* leases found lost while held */
     uint64_t entries;            /* local entries (names some thread holds or waits for) */
+    uint64_t subscriber_commands; /* sent by the subscriber thread: SUBSCRIBE, keepalive
+                                     PINGs, connection setup (not in redis_commands) */
 } dlock_stats;
 
 /* Fills *out with the client's counters. DLOCK_EINVAL for NULL arguments. */

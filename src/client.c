@@ -69,6 +69,7 @@ struct dlock_client {
     void *on_lost_arg;
     unsigned fork_gen; /* fork generation at open: calls in a child fail */
     dlock_counters ctr;
+    dlock_counters sub_ctr; /* the subscriber's own: its keepalives are not lock traffic */
     dlock_table *table;
     dlock_pool *pool;
     dlock_renew *renew;
@@ -307,7 +308,7 @@ int dlock_client_open(const dlock_config *cfg, dlock_client **out)
     }
     dlock_sub_cfg sub_cfg = {
         .conn = &c->conn,
-        .ctr = &c->ctr,
+        .ctr = &c->sub_ctr,
         .channel = c->channel,
         .on_message = wake_one,
         .on_subscribed = wake_all, /* the first subscription too: see wake_all */
@@ -843,5 +844,6 @@ int dlock_client_stats(dlock_client *c, dlock_stats *out)
     out->leases_held = dlock_load_64(&c->ctr.leases_held);
     out->leases_lost = dlock_load_64(&c->ctr.leases_lost);
     out->entries = dlock_load_64(&c->ctr.entries);
+    out->subscriber_commands = dlock_load_64(&c->sub_ctr.redis_commands);
     return DLOCK_OK;
 }

@@ -422,6 +422,17 @@ double fx_info_cpu(const char *host, int port)
     return sys + user;
 }
 
+int fx_wait_subscriber(dlock_client *c)
+{
+    for (int i = 0; i < 1000; i++) {
+        dlock_stats st;
+        if (dlock_client_stats(c, &st) == DLOCK_OK && st.subscriber_commands > 0)
+            return 0;
+        fx_sleep_ms(10);
+    }
+    return -1;
+}
+
 void fx_config(dlock_config *cfg, const fx_redis *r)
 {
     dlock_config_init(cfg);

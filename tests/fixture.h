@@ -67,6 +67,11 @@ double fx_info_cpu(const char *host, int port);
  * (connect 500 ms, command 1000 ms). */
 void fx_config(dlock_config *cfg, const fx_redis *r);
 
+/* Waits (at most 10 s) until c's subscriber thread has connected and sent
+ * its SUBSCRIBE, so that its start-up traffic stays out of a measured
+ * window. 0, or -1 if it did not within the bound. */
+int fx_wait_subscriber(dlock_client *c);
+
 /* Monotonic time in ns, and a sleep in ms. */
 long long fx_now_ns(void);
 void fx_sleep_ms(long ms);

@@ -101,6 +101,7 @@ static void test_handoff_costs_no_redis_command(void **state)
     assert_int_equal(dlock_client_open(&cfg, &c), DLOCK_OK);
     uint64_t f0;
     assert_int_equal(dlock_acquire(c, "h1", -1, &f0), DLOCK_OK);
+    assert_int_equal(fx_wait_subscriber(c), 0); /* its start-up is not measured */
     waiter w;
     waiter_start(&w, c, "h1");
     let_it_wait();
