@@ -38,7 +38,8 @@ extern "C" {
     XX(EREDIS, -6, "redis unreachable or failed")                                \
     XX(ENOMEM, -7, "out of memory")                                              \
     XX(EFORK, -8, "client used in a forked child; open a new client there")     \
-    XX(ECLOSED, -9, "client is closing")
+    XX(ECLOSED, -9, "client is closing")                                         \
+    XX(ESERVER, -10, "redis server unsuitable for dlock (version or eviction policy)")
 
 enum {
     DLOCK_OK = 0,

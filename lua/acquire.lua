@@ -4,19 +4,33 @@
 -- KEYS[3] wait queue  <prefix>{<name>}:q      zset: client id -> arrival (server us)
 -- KEYS[4] liveness    <prefix>{<name>}:qd     hash: client id -> deadline (server ms)
 -- KEYS[5] turn        <prefix>{<name>}:turn   the client whose turn it is
+-- KEYS[6] record      <prefix>{<name>}:c:<client id>  what Redis remembers of this
+--                     client for this name: "<newest attempt> <token of its last
+--                     released grant> <attempt of that grant>" (see below)
 -- ARGV[1] client id (32 hex digits)
 -- ARGV[2] lease time in ms
--- ARGV[3] nonce of this attempt (unique per client): lets the client release
---         exactly this grant if it never learns the outcome of this call
+-- ARGV[3] number of this attempt: unique and increasing per client, from 1;
+--         it lets the client release exactly this grant if it never learns
+--         the outcome of this call, and lets Redis refuse the attempt if it
+--         arrives after a newer one
 -- ARGV[4] pass limit: tokens the client may hand out locally after this one
 -- ARGV[5] waiter ttl in ms: how long a queued client stays without a retry
 -- ARGV[6] '1' to join the wait queue when refused, '0' for a single try
+-- ARGV[7] record lifetime in ms after the client's last call on this name
 -- Returns {1, token} when granted, or {0, pttl} when the client must wait
 -- (pttl: the lease's remaining time, or -1 when the lease is free but another
 -- client's turn comes first); then, if it asked to, the client is in the
 -- wait queue, once, in arrival order, with its deadline refreshed.
--- A lease the caller already owns (left by a release or an attempt whose
--- outcome it never learned) is granted again, with a new token and nonce.
+-- Returns {-1, 0}, having changed nothing at all, for a stale attempt: one
+-- older than an attempt Redis has already seen from this client for this
+-- name, or one whose grant was already released. A late copy of an old
+-- attempt (a retransmitted request, a stalled server serving an old
+-- connection late) can thus never displace a newer grant, queue a client
+-- that stopped waiting, or take a turn. The same attempt seen again while
+-- its grant stands is answered with that grant, unchanged.
+-- A lease the caller already owns under an older attempt (one whose outcome
+-- it never learned, or whose release failed) is granted again, with a new
+-- token and this attempt's number.
 --
 -- Fairness: a free lease goes to the client whose turn it is (set by the
 -- release that freed it, cleared when that client is gone), else to the
@@ -32,6 +46,30 @@
 -- it exactly; it is stored with %.0f so that it reads back as the same
 -- decimal string the client sends.
 local me = ARGV[1]
+local attempt = tonumber(ARGV[3])
+local lease = redis.call('HMGET', KEYS[1], 'owner', 'token', 'nonce')
+local mine = lease[1] == me
+local rec = redis.call('GET', KEYS[6])
+local seen, rtok, ratt = 0, '0', '0' -- attempts are numbered from 1
+if rec then
+  local a
+  a, rtok, ratt = string.match(rec, '^(%d+) (%d+) (%d+)$')
+  seen = tonumber(a)
+end
+if mine then
+  local held = tonumber(lease[3])
+  if held == attempt then
+    return {1, tonumber(lease[2])} -- the same attempt again: its grant stands
+  end
+  if held > seen then
+    seen = held
+  end
+end
+if attempt < seen or attempt == tonumber(ratt) then
+  return {-1, 0}
+end
+redis.call('SET', KEYS[6], string.format('%.0f %s %s', attempt, rtok, ratt), 'PX', ARGV[7])
+
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local now_ms = math.floor(now_us / 1000)
@@ -73,8 +111,7 @@ local function wait(pttl)
   return {0, pttl}
 end
 
-local lease = redis.call('HMGET', KEYS[1], 'owner', 'token')
-if lease[1] and lease[1] ~= me then
+if lease[1] and not mine then
   return wait(redis.call('PTTL', KEYS[1]))
 end
 if not lease[1] then
@@ -99,9 +136,9 @@ redis.call('HDEL', KEYS[4], me)
 redis.call('DEL', KEYS[5])
 local token = now_us
 local last = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
-local mine = tonumber(lease[2] or '0') or 0
-if mine > last then
-  last = mine
+local prev = tonumber(lease[2] or '0') or 0
+if prev > last then
+  last = prev
 end
 if token <= last then
   token = last + 1

@@ -1,13 +1,30 @@
 -- Takes a client out of a lock's wait queue (its waiters gave up), and if
 -- the turn was its own while the lease is free, passes the turn on.
--- KEYS[1] lease hash, KEYS[3] wait queue, KEYS[4] liveness, KEYS[5] turn
--- (KEYS[2], the fence key, is unused: the keys are those of acquire)
+-- KEYS[1] lease hash, KEYS[3] wait queue, KEYS[4] liveness, KEYS[5] turn,
+-- KEYS[6] record (see acquire.lua); KEYS[2], the fence key, is unused: the
+-- keys are those of acquire
 -- ARGV[1] client id
 -- ARGV[2] wake channel prefix
 -- ARGV[3] the lock name
 -- ARGV[4] waiter ttl in ms
--- Returns 1 if the client was queued, else 0.
+-- ARGV[5] number of this call, from the same sequence as acquire attempts
+-- ARGV[6] record lifetime in ms
+-- Returns 1 if the client was queued, else 0. A leave older than an attempt
+-- Redis has already seen from this client for this name (a retry sent late
+-- by the background thread) changes nothing and returns 0: it must not take
+-- out a client that has queued again since.
 local me = ARGV[1]
+local n = tonumber(ARGV[5])
+local rec = redis.call('GET', KEYS[6])
+local rtok, ratt = '0', '0'
+if rec then
+  local a, t, r = string.match(rec, '^(%d+) (%d+) (%d+)$')
+  if tonumber(a) > n then
+    return 0
+  end
+  rtok, ratt = t, r
+end
+redis.call('SET', KEYS[6], string.format('%.0f %s %s', n, rtok, ratt), 'PX', ARGV[6])
 local was = redis.call('ZREM', KEYS[3], me)
 redis.call('HDEL', KEYS[4], me)
 if redis.call('GET', KEYS[5]) ~= me then

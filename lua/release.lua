@@ -5,34 +5,71 @@
 -- KEYS[3] wait queue  <prefix>{<name>}:q
 -- KEYS[4] liveness    <prefix>{<name>}:qd
 -- KEYS[5] turn        <prefix>{<name>}:turn
+-- KEYS[6] record      <prefix>{<name>}:c:<client id> (see acquire.lua)
 -- ARGV[1] client id
 -- ARGV[2] 'token' or 'nonce': which field identifies the grant
--- ARGV[3] that field's value: the grant's token, or the nonce of an acquire
---         whose outcome the client never learned
+-- ARGV[3] that field's value: the grant's token, or the number of an acquire
+--         attempt whose outcome the client never learned
 -- ARGV[4] fence key lifetime in ms (the lease time)
 -- ARGV[5] the last token handed out under this grant (local handoffs add 1
 --         to the grant's token), or 0
 -- ARGV[6] wake channel prefix: the next waiter's channel is this + its id
 -- ARGV[7] the lock name, published to that channel
 -- ARGV[8] waiter ttl in ms: how long the turn waits for its client
--- Returns 1 when released (2 when a waiter was woken), 0 when the caller did
--- not own that grant (it expired, was taken, or was granted again):
--- releasing twice is harmless.
+-- ARGV[9] record lifetime in ms
+-- Returns 1 when released (2 when a waiter was woken), also when this very
+-- grant had already been released by an earlier call (a retry whose first
+-- try ran but whose answer was lost): releasing is idempotent. Returns 0
+-- when the caller does not own that grant (it expired, was taken, or was
+-- granted again), and, for an attempt number, 3 when a newer attempt of the
+-- client has been seen: no grant of that attempt exists or can appear.
 --
 -- The fence key keeps the last token for a while so that the next grant's
 -- token exceeds it even if the server clock steps back; it expires, so no key
 -- lives forever per name.
-local lease = redis.call('HMGET', KEYS[1], 'owner', ARGV[2], 'token')
-if lease[1] ~= ARGV[1] or lease[2] ~= ARGV[3] then
+local me = ARGV[1]
+local lease = redis.call('HMGET', KEYS[1], 'owner', 'token', 'nonce')
+local id = ARGV[2] == 'token' and lease[2] or lease[3]
+if lease[1] ~= me or id ~= ARGV[3] then
+  local rec = redis.call('GET', KEYS[6])
+  if rec then
+    local a, t, r = string.match(rec, '^(%d+) (%d+) (%d+)$')
+    if ARGV[2] == 'token' then
+      if t == ARGV[3] then
+        return 1
+      end
+    else
+      if tonumber(r) == tonumber(ARGV[3]) then
+        return 1
+      end
+      if tonumber(a) > tonumber(ARGV[3]) then
+        return 3
+      end
+    end
+  end
+  if ARGV[2] == 'nonce' and lease[1] == me and tonumber(lease[3]) > tonumber(ARGV[3]) then
+    return 3
+  end
   return 0
 end
-local last = tonumber(lease[3])
+local last = tonumber(lease[2])
 local handed = tonumber(ARGV[5]) or 0
 if handed > last then
   last = handed
 end
 redis.call('DEL', KEYS[1])
 redis.call('SET', KEYS[2], string.format('%.0f', last), 'PX', ARGV[4])
+-- Remember the release, so that a retry of it, or a late copy of the
+-- acquire that made this grant, finds it done.
+local seen = tonumber(lease[3])
+local rec = redis.call('GET', KEYS[6])
+if rec then
+  local a = tonumber(string.match(rec, '^(%d+) '))
+  if a and a > seen then
+    seen = a
+  end
+end
+redis.call('SET', KEYS[6], string.format('%.0f %s %s', seen, lease[2], lease[3]), 'PX', ARGV[9])
 
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

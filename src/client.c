@@ -57,11 +57,14 @@ struct dlock_client {
     char lease_str[16]; /* lease_ms in decimal, for the scripts */
     char pass_limit_str[16];
     char waiter_ttl_str[16];
+    char keep_str[16];  /* how long Redis keeps the client's record of a name */
     char *wake_prefix;  /* "<prefix>wake:" */
     char *channel;      /* "<prefix>wake:<id>": this client's wake channel */
     dlock_script_args args;
-    uint64_t attempts;  /* acquire attempts so far: their nonces (atomic) */
-    uint32_t lease_ms, pass_limit, waiter_ttl_ms, pool_size;
+    uint64_t attempts;  /* numbered calls so far (acquire attempts and leaves): the
+                           next is attempts + 1; Redis refuses one older than the
+                           newest it saw for a name (atomic fetch-and-add) */
+    uint32_t lease_ms, pass_limit, waiter_ttl_ms, pool_size, keep_ms;
     int64_t fallback_ns; /* a queued poller retries this often without a wake-up */
     int64_t drift_ns;
     int64_t handoff_margin_ns; /* no handoff this close to the validity deadline */
@@ -81,6 +84,8 @@ struct dlock_client {
  * generation (only one thread exists then, so a plain store would do; the
  * atomic keeps TSan informed). */
 static unsigned fork_generation;
+
+uint64_t dlock_boot_skew_ns; /* common.h: tests only */
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 
 static void on_fork_child(void)
@@ -258,6 +263,10 @@ int dlock_client_open(const dlock_config *cfg, dlock_client **out)
     snprintf(c->pass_limit_str, sizeof c->pass_limit_str, "%" PRIu32, cfg->pass_limit);
     c->waiter_ttl_ms = cfg->waiter_ttl_ms;
     snprintf(c->waiter_ttl_str, sizeof c->waiter_ttl_str, "%" PRIu32, cfg->waiter_ttl_ms);
+    /* Redis remembers a client's newest attempt per name this long after its
+     * last call on the name: longer than a lease and than a queue entry. */
+    c->keep_ms = 2 * (cfg->lease_ms > cfg->waiter_ttl_ms ? cfg->lease_ms : cfg->waiter_ttl_ms);
+    snprintf(c->keep_str, sizeof c->keep_str, "%" PRIu32, c->keep_ms);
     c->fallback_ns = (int64_t)cfg->waiter_ttl_ms * DLOCK_NS_PER_MS / 4;
     c->pool_size = cfg->pool_size;
     c->drift_ns = dlock_renew_drift_ns(cfg->lease_ms);
@@ -285,8 +294,8 @@ int dlock_client_open(const dlock_config *cfg, dlock_client **out)
     snprintf(c->wake_prefix, plen + 6, "%swake:", c->prefix);
     snprintf(c->channel, plen + 6 + sizeof c->id, "%s%s", c->wake_prefix, c->id);
     c->args = (dlock_script_args){c->id, c->lease_str, c->pass_limit_str, c->waiter_ttl_str,
-                                  c->wake_prefix};
-    c->table = dlock_table_create(c->prefix, &c->ctr);
+                                  c->wake_prefix, c->keep_str};
+    c->table = dlock_table_create(c->prefix, c->id, &c->ctr);
     c->pool = dlock_pool_create(&c->conn, cfg->pool_size, &c->ctr);
     if (!c->table || !c->pool) {
         client_free(c);
@@ -298,6 +307,8 @@ int dlock_client_open(const dlock_config *cfg, dlock_client **out)
         .table = c->table,
         .args = &c->args,
         .lease_ms = c->lease_ms,
+        .keep_ms = c->keep_ms,
+        .waiter_ttl_ms = c->waiter_ttl_ms,
         .lost = lost_from_renewal,
         .lost_arg = c,
     };
@@ -323,7 +334,7 @@ int dlock_client_open(const dlock_config *cfg, dlock_client **out)
     /* Connect once now so that the first acquire is fast; an unreachable
      * Redis is reported by later calls, not here. */
     redisContext *rc_conn;
-    if (dlock_pool_get(c->pool, &rc_conn) == DLOCK_OK)
+    if (dlock_pool_get(c->pool, DLOCK_NEVER, &rc_conn) == DLOCK_OK)
         dlock_pool_put(c->pool, rc_conn, 0);
     dlock_err_clear();
     *out = c;
@@ -385,21 +396,25 @@ static int conn_was_closed(const redisContext *c)
  * most pool_size + 1 times. That is safe even if the first try did run,
  * because every script is idempotent for its caller: a release matches its
  * grant, and an acquire retried with the same nonce is granted again in
- * place. Returns DLOCK_OK, or DLOCK_EREDIS with the message set and *sent
- * telling whether the command may have reached Redis.
+ * place. The wait for a pooled connection ends at the caller's deadline
+ * (DLOCK_NEVER: the pool's own bounds); the exchange itself has one command
+ * timeout. Returns DLOCK_OK, or an error (DLOCK_EREDIS, DLOCK_ETIMEDOUT,
+ * DLOCK_ESERVER) with the message set and *sent telling whether the command
+ * may have reached Redis.
  */
-static int call_script(dlock_client *c, dlock_script_id id, int nkeys, int nargs,
-                       const char **argv, const char *what, const char *name, redisReply **out,
+static int call_script(dlock_client *c, dlock_script_id id, int nargs, const char **argv,
+                       const char *what, const char *name, int64_t deadline, redisReply **out,
                        int *sent)
 {
     *sent = 0;
     for (uint32_t attempt = 0;; attempt++) {
         redisContext *conn;
-        int rc = dlock_pool_get(c->pool, &conn);
+        int rc = dlock_pool_get(c->pool, deadline, &conn);
         if (rc != DLOCK_OK)
             return rc;
         *sent = 1;
-        *out = dlock_conn_eval(conn, &c->ctr, id, nkeys, nargs, argv, NULL);
+        *out = dlock_conn_eval(conn, &c->ctr, dlock_conn_deadline(c->conn.command_timeout_ms), id,
+                               DLOCK_SCRIPT_KEYS, nargs, argv, NULL);
         if (*out) {
             dlock_pool_put(c->pool, conn, 0);
             return DLOCK_OK;
@@ -412,26 +427,29 @@ static int call_script(dlock_client *c, dlock_script_id id, int nkeys, int nargs
     }
 }
 
-/* The acquire script, as attempt `nonce`. Called by e's poller without e->mu.
- * Returns DLOCK_OK with *token and *sent_ns, DLOCK_EBUSY with *pttl_ms, or
- * DLOCK_EREDIS. */
+/* The acquire script, as attempt `nonce`. Called by e's poller without e->mu,
+ * waiting for a connection until `deadline`. Returns DLOCK_OK with *token and
+ * *sent_boot (when it was sent, on the boot clock), DLOCK_EBUSY with
+ * *pttl_ms, or an error of call_script. */
 static int redis_acquire(dlock_client *c, dlock_entry *e, const char *nonce, int queue,
-                         uint64_t *token, int64_t *pttl_ms, int64_t *sent_ns)
+                         int64_t deadline, uint64_t *token, int64_t *pttl_ms, int64_t *sent_boot)
 {
-    const char *argv[DLOCK_KEYS + DLOCK_ACQUIRE_ARGS + 1];
-    for (int k = 0; k < DLOCK_KEYS; k++)
+    const char *argv[DLOCK_SCRIPT_KEYS + DLOCK_ACQUIRE_ARGS];
+    for (int k = 0; k < DLOCK_SCRIPT_KEYS; k++)
         argv[k] = e->keys[k];
-    argv[DLOCK_KEYS + 0] = c->id;
-    argv[DLOCK_KEYS + 1] = c->lease_str;
-    argv[DLOCK_KEYS + 2] = nonce;
-    argv[DLOCK_KEYS + 3] = c->pass_limit_str;
-    argv[DLOCK_KEYS + 4] = c->waiter_ttl_str;
-    argv[DLOCK_KEYS + 5] = queue ? "1" : "0";
+    const char **a = argv + DLOCK_SCRIPT_KEYS;
+    a[0] = c->id;
+    a[1] = c->lease_str;
+    a[2] = nonce;
+    a[3] = c->pass_limit_str;
+    a[4] = c->waiter_ttl_str;
+    a[5] = queue ? "1" : "0";
+    a[6] = c->keep_str;
     redisReply *rep;
     int sent;
-    *sent_ns = dlock_now_ns();
-    int rc = call_script(c, DLOCK_SCRIPT_ACQUIRE, DLOCK_KEYS, DLOCK_ACQUIRE_ARGS + 1, argv,
-                         "acquire", e->name, &rep, &sent);
+    *sent_boot = dlock_boot_ns();
+    int rc = call_script(c, DLOCK_SCRIPT_ACQUIRE, DLOCK_ACQUIRE_ARGS, argv, "acquire", e->name,
+                         deadline, &rep, &sent);
     if (rc != DLOCK_OK) {
         /* If it reached Redis the outcome is unknown: the renewal thread
          * releases exactly this attempt's grant, if there is one, without
@@ -446,9 +464,15 @@ static int redis_acquire(dlock_client *c, dlock_entry *e, const char *nonce, int
         if (rep->element[0]->integer == 1) {
             *token = (uint64_t)rep->element[1]->integer;
             rc = DLOCK_OK;
-        } else {
+        } else if (rep->element[0]->integer == 0) {
             *pttl_ms = rep->element[1]->integer;
             rc = DLOCK_EBUSY;
+        } else {
+            /* Redis saw a newer attempt of ours for this name: impossible for
+             * the one attempt a poller awaits, unless attempts were reordered
+             * on the way. Nothing changed in Redis. */
+            rc = dlock_err_set(DLOCK_EREDIS, "redis refused a stale acquire attempt of '%s'",
+                               e->name);
         }
     } else {
         rc = dlock_err_set(DLOCK_EREDIS, "redis acquire of '%s': %s", e->name,
@@ -466,12 +490,12 @@ static int redis_release(dlock_client *c, dlock_entry *e, uint64_t grant, uint64
     char tok[24], last_tok[24];
     snprintf(tok, sizeof tok, "%" PRIu64, grant);
     snprintf(last_tok, sizeof last_tok, "%" PRIu64, last);
-    const char *argv[DLOCK_KEYS + DLOCK_RELEASE_ARGS];
+    const char *argv[DLOCK_SCRIPT_KEYS + DLOCK_RELEASE_ARGS];
     dlock_script_release_argv(&c->args, e->keys, e->name, "token", tok, last_tok, argv);
     redisReply *rep;
     int sent;
-    int rc = call_script(c, DLOCK_SCRIPT_RELEASE, DLOCK_KEYS, DLOCK_RELEASE_ARGS, argv, "release",
-                         e->name, &rep, &sent);
+    int rc = call_script(c, DLOCK_SCRIPT_RELEASE, DLOCK_RELEASE_ARGS, argv, "release", e->name,
+                         DLOCK_NEVER, &rep, &sent);
     if (rc != DLOCK_OK) {
         char why[200];
         snprintf(why, sizeof why, "%s", dlock_last_error());
@@ -479,7 +503,8 @@ static int redis_release(dlock_client *c, dlock_entry *e, uint64_t grant, uint64
                              c->lease_ms);
     }
     if (rep->type == REDIS_REPLY_INTEGER)
-        rc = rep->integer >= 1 ? DLOCK_OK /* 2: it also woke the next waiter */
+        rc = rep->integer >= 1 ? DLOCK_OK /* 2: it also woke the next waiter; 1 also when a
+                                             retry finds its first try ran */
                                : dlock_err_set(DLOCK_ELOST, "the lease of '%s' was gone from "
                                                             "redis at release", e->name);
     else
@@ -489,38 +514,45 @@ static int redis_release(dlock_client *c, dlock_entry *e, uint64_t grant, uint64
     return rc;
 }
 
-/* Takes this client out of e's wait queue in Redis (its last waiter gave
- * up), passing the turn on if it had it. Best effort: a queue entry left
- * behind is skipped once its waiter ttl runs out. Without e->mu, as e's
- * poller. */
-static void redis_leave(dlock_client *c, dlock_entry *e)
+/* The next number of the client's attempt sequence, in decimal. */
+static void next_number(dlock_client *c, char out[24])
 {
-    const char *argv[DLOCK_KEYS + DLOCK_LEAVE_ARGS];
-    for (int k = 0; k < DLOCK_KEYS; k++)
-        argv[k] = e->keys[k];
-    argv[DLOCK_KEYS + 0] = c->id;
-    argv[DLOCK_KEYS + 1] = c->wake_prefix;
-    argv[DLOCK_KEYS + 2] = e->name;
-    argv[DLOCK_KEYS + 3] = c->waiter_ttl_str;
+    snprintf(out, 24, "%" PRIu64, ck_pr_faa_64(&c->attempts, 1) + 1);
+}
+
+/* Takes this client out of e's wait queue in Redis (its last waiter gave
+ * up), passing the turn on if it had it, as call `number`. If Redis cannot
+ * be told now, the renewal thread retries in the background; a queue entry
+ * left behind all the same is skipped once its waiter ttl runs out. Without
+ * e->mu, as e's poller. */
+static void redis_leave(dlock_client *c, dlock_entry *e, const char *number)
+{
+    const char *argv[DLOCK_SCRIPT_KEYS + DLOCK_LEAVE_ARGS];
+    dlock_script_leave_argv(&c->args, e->keys, e->name, number, argv);
     redisReply *rep;
     int sent;
     char keep[256]; /* the caller's own error message stays the one reported */
     snprintf(keep, sizeof keep, "%s", dlock_last_error());
-    if (call_script(c, DLOCK_SCRIPT_LEAVE, DLOCK_KEYS, DLOCK_LEAVE_ARGS, argv, "leave", e->name,
-                    &rep, &sent) == DLOCK_OK)
+    if (call_script(c, DLOCK_SCRIPT_LEAVE, DLOCK_LEAVE_ARGS, argv, "leave", e->name, DLOCK_NEVER,
+                    &rep, &sent) == DLOCK_OK) {
+        if (rep->type != REDIS_REPLY_INTEGER)
+            dlock_renew_leave(c->renew, e, number);
         freeReplyObject(rep);
+    } else {
+        dlock_renew_leave(c->renew, e, number);
+    }
     dlock_err_set(0, "%s", keep);
 }
 
 /* Makes the calling thread e's owner for a new grant. Called with e->mu held. */
-static int take_grant(dlock_client *c, dlock_entry *e, uint64_t token, int64_t sent_ns)
+static int take_grant(dlock_client *c, dlock_entry *e, uint64_t token, int64_t sent_boot)
 {
     e->state = DLOCK_LEASE_HELD;
     e->grant_token = token;
     e->token = token;
     e->handoff = 0;
     e->epoch++;
-    e->valid_until_ns = sent_ns + (int64_t)c->lease_ms * DLOCK_NS_PER_MS - c->drift_ns;
+    e->valid_until_ns = sent_boot + (int64_t)c->lease_ms * DLOCK_NS_PER_MS - c->drift_ns;
     e->passes = 0;
     e->lost_notified = 0;
     e->queued = 0; /* the acquire script took this client out of the queue */
@@ -546,7 +578,7 @@ static int take_handoff(dlock_client *c, dlock_entry *e, int *drop)
 {
     DLOCK_ASSERT(!e->has_owner && e->state == DLOCK_LEASE_HELD);
     e->handoff = 0;
-    if (dlock_now_ns() >= e->valid_until_ns) {
+    if (dlock_boot_ns() >= e->valid_until_ns) {
         *drop += dlock_renew_mark_lost(c->renew, e);
         e->lost_notified = 1; /* no thread held it: nobody to tell */
         e->state = DLOCK_LEASE_NONE;
@@ -578,12 +610,14 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
         e->woken = 0; /* a wake-up from now on triggers another try */
         pthread_mutex_unlock(&e->mu);
         uint64_t token = 0;
-        int64_t pttl = 0, sent_ns = 0;
+        int64_t pttl = 0, sent_boot = 0;
         char nonce[24];
-        snprintf(nonce, sizeof nonce, "%" PRIu64, ck_pr_faa_64(&c->attempts, 1));
-        int rc = redis_acquire(c, e, nonce, !once, &token, &pttl, &sent_ns);
-        if (rc == DLOCK_OK && dlock_now_ns() >= sent_ns + (int64_t)c->lease_ms * DLOCK_NS_PER_MS -
-                                                           c->drift_ns) {
+        next_number(c, nonce);
+        /* A single try may wait for a connection by the pool's own bounds. */
+        int rc = redis_acquire(c, e, nonce, !once, once ? DLOCK_NEVER : deadline, &token, &pttl,
+                               &sent_boot);
+        if (rc == DLOCK_OK && dlock_boot_ns() >= sent_boot + (int64_t)c->lease_ms * DLOCK_NS_PER_MS -
+                                                             c->drift_ns) {
             /* The answer came back after the lease could have expired. */
             dlock_renew_orphan(c->renew, e, nonce);
             rc = dlock_err_set(DLOCK_EREDIS, "redis answered the acquire of '%s' too late",
@@ -592,7 +626,7 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
         pthread_mutex_lock(&e->mu);
         e->state = DLOCK_LEASE_NONE;
         if (rc == DLOCK_OK) {
-            rc = take_grant(c, e, token, sent_ns);
+            rc = take_grant(c, e, token, sent_boot);
             if (rc != DLOCK_OK)
                 dlock_renew_orphan(c->renew, e, nonce);
             return rc;
@@ -616,7 +650,7 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
             struct timespec ts = dlock_ts(wake);
             pthread_cond_timedwait(&e->cv, &e->mu, &ts);
         }
-        if (!e->woken && dlock_now_ns() >= deadline) /* no try after the deadline */
+        if (dlock_now_ns() >= deadline) /* no try after the deadline, woken or not */
             return dlock_err_set(DLOCK_ETIMEDOUT, "timed out waiting for '%s'", e->name);
     }
 }
@@ -640,7 +674,7 @@ int dlock_acquire(dlock_client *c, const char *name, int64_t wait_ms, uint64_t *
     pthread_mutex_lock(&e->mu);
     if (e->has_owner && pthread_equal(e->owner, pthread_self())) {
         /* Reentrant acquire: depth only, no Redis command. */
-        if (e->state != DLOCK_LEASE_HELD || dlock_now_ns() >= e->valid_until_ns) {
+        if (e->state != DLOCK_LEASE_HELD || dlock_boot_ns() >= e->valid_until_ns) {
             rc = dlock_err_set(DLOCK_ELOST, "the lease of '%s' is lost; release it", name);
         } else {
             e->depth++;
@@ -669,22 +703,31 @@ int dlock_acquire(dlock_client *c, const char *name, int64_t wait_ms, uint64_t *
                 break;
             continue; /* it expired in passing: poll Redis again */
         }
+        if (e->fail_seq != fail_seq) {
+            /* The poll this thread waited behind failed: so does this call,
+             * rather than poll again and wait another timeout (rule: waiters
+             * fail with their poller). */
+            rc = dlock_err_set(e->fail_rc, "%s", e->fail_msg);
+            break;
+        }
         if (!e->has_owner && e->state == DLOCK_LEASE_NONE && !e->poller) {
+            if (wait_ms != 0 && dlock_now_ns() >= deadline) {
+                /* No Redis call starts past the caller's deadline. */
+                rc = dlock_err_set(DLOCK_ETIMEDOUT, "timed out waiting for '%s'", name);
+                break;
+            }
             e->poller = 1;
             rc = poll_redis(c, e, deadline, wait_ms == 0);
             e->poller = 0;
-            if (rc == DLOCK_EREDIS) {
+            if (rc != DLOCK_OK && rc != DLOCK_EBUSY && rc != DLOCK_ETIMEDOUT) {
                 /* Tell the threads that waited behind this poll: they fail
                  * too rather than each wait a timeout in turn. */
                 e->fail_seq++;
+                e->fail_rc = rc;
                 snprintf(e->fail_msg, sizeof e->fail_msg, "%s", dlock_last_error());
             }
             if (rc != DLOCK_OK)
                 pthread_cond_broadcast(&e->cv); /* another waiter may poll */
-            break;
-        }
-        if (e->fail_seq != fail_seq) {
-            rc = dlock_err_set(DLOCK_EREDIS, "%s", e->fail_msg);
             break;
         }
         if (wait_ms == 0) {
@@ -703,19 +746,28 @@ int dlock_acquire(dlock_client *c, const char *name, int64_t wait_ms, uint64_t *
             pthread_cond_timedwait(&e->cv, &e->mu, &ts);
         }
     }
-    if (rc != DLOCK_OK && rc != DLOCK_EREDIS && e->queued && e->waiters == 1 && !e->poller &&
-        !e->has_owner && e->state == DLOCK_LEASE_NONE && !e->handoff) {
+    if (rc != DLOCK_OK && e->queued && e->waiters == 1 && !e->poller && !e->has_owner &&
+        e->state == DLOCK_LEASE_NONE && !e->handoff) {
         /* The last thread here that wanted the name gives up: take the
-         * client out of the queue (passing its turn on, if it had it), as
-         * e's poller so that nobody else talks to Redis for e meanwhile.
-         * Not after EREDIS: Redis is failing, and the entry expires. */
-        e->poller = 1;
-        pthread_mutex_unlock(&e->mu);
-        redis_leave(c, e);
-        pthread_mutex_lock(&e->mu);
-        e->poller = 0;
+         * client out of the queue (passing its turn on, if it had it). The
+         * call is numbered now, before any later attempt of this client, so
+         * Redis ignores it if it arrives after one. */
+        char number[24];
+        next_number(c, number);
         e->queued = 0;
-        pthread_cond_broadcast(&e->cv); /* a thread that came meanwhile may poll */
+        if (rc != DLOCK_ETIMEDOUT && rc != DLOCK_EBUSY) {
+            /* Redis is failing: the renewal thread tells it when it can. */
+            dlock_renew_leave(c->renew, e, number);
+        } else {
+            /* As e's poller, so that nobody else talks to Redis for e
+             * meanwhile. */
+            e->poller = 1;
+            pthread_mutex_unlock(&e->mu);
+            redis_leave(c, e, number);
+            pthread_mutex_lock(&e->mu);
+            e->poller = 0;
+            pthread_cond_broadcast(&e->cv); /* a thread that came meanwhile may poll */
+        }
     }
     e->waiters--;
     uint64_t token = e->token;
@@ -769,7 +821,7 @@ int dlock_release(dlock_client *c, const char *name)
     }
     DLOCK_ASSERT(e->state == DLOCK_LEASE_HELD);
     if (e->waiters > 0 && e->passes < c->pass_limit &&
-        dlock_now_ns() + c->handoff_margin_ns < e->valid_until_ns) {
+        dlock_boot_ns() + c->handoff_margin_ns < e->valid_until_ns) {
         /* Cohort handoff (rule 3): the lease stays with this client and
          * passes to a waiting thread, with the next token. */
         e->passes++;
@@ -823,7 +875,7 @@ int dlock_held(dlock_client *c, const char *name)
         return 0;
     pthread_mutex_lock(&e->mu);
     int held = e->has_owner && pthread_equal(e->owner, pthread_self()) &&
-               e->state == DLOCK_LEASE_HELD && dlock_now_ns() < e->valid_until_ns;
+               e->state == DLOCK_LEASE_HELD && dlock_boot_ns() < e->valid_until_ns;
     pthread_mutex_unlock(&e->mu);
     dlock_table_put(c->table, e);
     return held;

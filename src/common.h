@@ -74,12 +74,28 @@ static inline void dlock_store_int_release(int *p, int v)
 
 #define DLOCK_NS_PER_MS 1000000LL
 
-/* CLOCK_MONOTONIC in ns: every local deadline uses it. */
+/* CLOCK_MONOTONIC in ns: every local deadline but lease validity uses it. */
 static inline int64_t dlock_now_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* Simulated suspend time added to CLOCK_BOOTTIME readings, for tests
+ * only: 0 in every real use. Read as a relaxed atomic. */
+extern uint64_t dlock_boot_skew_ns;
+
+/* CLOCK_BOOTTIME in ns: lease validity deadlines use it. Unlike
+ * CLOCK_MONOTONIC it keeps counting while the system is suspended (and in
+ * the VM pauses that the guest sees as a suspend), as Redis keeps expiring
+ * keys meanwhile: a lease is never taken for valid after a resume. Waits and
+ * timeouts stay on the monotonic clock. */
+static inline int64_t dlock_boot_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_BOOTTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec + (int64_t)dlock_load_64(&dlock_boot_skew_ns);
 }
 
 /* A deadline of "never". */

@@ -9,47 +9,19 @@
  * A connection is used by one thread at a time: the one that checked it out.
  */
 #include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <hiredis/sds.h>
+
 #include "conn.h"
 #include "error.h"
-
-/*
- * SIGPIPE: hiredis writes with write(2), so a write to a connection the
- * server closed raises SIGPIPE, which kills a process that did not ignore it.
- * Caller threads belong to the application, so their signal mask is only
- * borrowed: SIGPIPE is blocked around each exchange, a SIGPIPE raised by it
- * is consumed, and the mask is restored (the library's own threads block
- * every signal for their whole life instead).
- */
-void dlock_pipe_guard_enter(dlock_pipe_guard *g)
-{
-    sigset_t pipe, pending;
-    sigemptyset(&pipe);
-    sigaddset(&pipe, SIGPIPE);
-    pthread_sigmask(SIG_BLOCK, &pipe, &g->old);
-    sigpending(&pending);
-    g->was_pending = sigismember(&pending, SIGPIPE);
-}
-
-void dlock_pipe_guard_leave(dlock_pipe_guard *g)
-{
-    if (!g->was_pending) {
-        sigset_t pipe, pending;
-        sigemptyset(&pipe);
-        sigaddset(&pipe, SIGPIPE);
-        sigpending(&pending);
-        if (sigismember(&pending, SIGPIPE)) {
-            struct timespec zero = {0, 0};
-            sigtimedwait(&pipe, NULL, &zero); /* ours: consume it */
-        }
-    }
-    pthread_sigmask(SIG_SETMASK, &g->old, NULL);
-}
 
 void dlock_block_signals(sigset_t *old)
 {
@@ -64,6 +36,104 @@ static struct timeval ms_tv(uint32_t ms)
     return tv;
 }
 
+int64_t dlock_conn_deadline(uint32_t timeout_ms)
+{
+    return dlock_now_ns() + (int64_t)timeout_ms * DLOCK_NS_PER_MS;
+}
+
+/* Marks c failed: REDIS_ERR_IO with the message, or with errno's. */
+static void set_err(redisContext *c, int err, const char *what)
+{
+    c->err = err;
+    if (what)
+        snprintf(c->errstr, sizeof c->errstr, "%s", what);
+    else
+        snprintf(c->errstr, sizeof c->errstr, "%s", strerror(errno));
+}
+
+/* Waits until fd is ready for events or the deadline passes. A signal only
+ * shortens one poll: the wait goes on for the time that is left. 1 ready
+ * (or an error condition, which the next read or write reports), 0 the
+ * deadline passed, -1 poll failed (errno). */
+static int wait_fd(int fd, short events, int64_t deadline)
+{
+    for (;;) {
+        int64_t left = deadline - dlock_now_ns();
+        if (left <= 0)
+            return 0;
+        struct pollfd pfd = {.fd = fd, .events = events};
+        /* Round up: a wait never ends before the deadline. */
+        int64_t ms = (left + DLOCK_NS_PER_MS - 1) / DLOCK_NS_PER_MS;
+        int n = poll(&pfd, 1, ms > INT32_MAX ? INT32_MAX : (int)ms);
+        if (n > 0)
+            return 1;
+        if (n < 0 && errno != EINTR)
+            return -1;
+    }
+}
+
+int dlock_conn_flush(redisContext *c, int64_t deadline)
+{
+    if (c->err)
+        return -1;
+    size_t len;
+    while ((len = sdslen(c->obuf)) > 0) {
+        ssize_t n = send(c->fd, c->obuf, len, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (n > 0) {
+            sdsrange(c->obuf, n, -1);
+            continue;
+        }
+        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+            set_err(c, REDIS_ERR_IO, NULL);
+            return -1;
+        }
+        int w = wait_fd(c->fd, POLLOUT, deadline);
+        if (w <= 0) {
+            set_err(c, REDIS_ERR_IO, w == 0 ? "timed out writing the request" : NULL);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int dlock_conn_read(redisContext *c, int64_t deadline, redisReply **out)
+{
+    *out = NULL;
+    if (c->err)
+        return -1;
+    for (;;) {
+        void *r = NULL;
+        if (redisGetReplyFromReader(c, &r) != REDIS_OK)
+            return -1; /* a protocol error: hiredis set c->err */
+        if (r) {
+            *out = r;
+            return 0;
+        }
+        char buf[16384];
+        ssize_t n = recv(c->fd, buf, sizeof buf, MSG_DONTWAIT);
+        if (n == 0) {
+            set_err(c, REDIS_ERR_EOF, "Server closed the connection");
+            return -1;
+        }
+        if (n > 0) {
+            if (redisReaderFeed(c->reader, buf, (size_t)n) != REDIS_OK) {
+                set_err(c, REDIS_ERR_PROTOCOL, c->reader->errstr);
+                return -1;
+            }
+            continue;
+        }
+        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+            set_err(c, REDIS_ERR_IO, NULL);
+            return -1;
+        }
+        int w = wait_fd(c->fd, POLLIN, deadline);
+        if (w <= 0) {
+            set_err(c, REDIS_ERR_IO, w == 0 ? "timed out waiting for the reply" : NULL);
+            return -1;
+        }
+    }
+}
+
 static int fail_ctx(redisContext *c, const char *what)
 {
     int rc = dlock_err_set(DLOCK_EREDIS, "redis %s: %s", what,
@@ -71,13 +141,27 @@ static int fail_ctx(redisContext *c, const char *what)
     return rc;
 }
 
-/* Sends one simple command and checks that the reply is not an error. */
-static int simple_command(redisContext *c, dlock_counters *ctr, const char *what, int argc,
-                          const char **argv)
+/* Sends one command, reads its reply within the command timeout. NULL when
+ * the connection failed. */
+static redisReply *command(redisContext *c, dlock_counters *ctr, const dlock_conn_cfg *cfg,
+                           int argc, const char **argv)
 {
-    redisReply *r = redisCommandArgv(c, argc, argv, NULL);
+    if (redisAppendCommandArgv(c, argc, argv, NULL) != REDIS_OK)
+        return NULL;
     dlock_count(&ctr->redis_commands, 1);
     dlock_count(&ctr->redis_round_trips, 1);
+    int64_t deadline = dlock_conn_deadline(cfg->command_timeout_ms);
+    redisReply *r;
+    if (dlock_conn_flush(c, deadline) != 0 || dlock_conn_read(c, deadline, &r) != 0)
+        return NULL;
+    return r;
+}
+
+/* Sends one simple command and checks that the reply is not an error. */
+static int simple_command(redisContext *c, dlock_counters *ctr, const dlock_conn_cfg *cfg,
+                          const char *what, int argc, const char **argv)
+{
+    redisReply *r = command(c, ctr, cfg, argc, argv);
     if (!r)
         return fail_ctx(c, what);
     int rc = DLOCK_OK;
@@ -87,8 +171,64 @@ static int simple_command(redisContext *c, dlock_counters *ctr, const char *what
     return rc;
 }
 
+/* The value of "field:" in INFO's text, copied into out (empty if absent). */
+static void info_field(const char *info, const char *field, char *out, size_t n)
+{
+    out[0] = '\0';
+    size_t flen = strlen(field);
+    for (const char *p = info; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL) {
+        if (strncmp(p, field, flen) == 0 && p[flen] == ':') {
+            p += flen + 1;
+            size_t k = strcspn(p, "\r\n");
+            if (k >= n)
+                k = n - 1;
+            memcpy(out, p, k);
+            out[k] = '\0';
+            return;
+        }
+    }
+}
+
+int dlock_conn_check_info(const char *info)
+{
+    char version[64], maxmemory[32], policy[64];
+    info_field(info, "redis_version", version, sizeof version);
+    info_field(info, "maxmemory", maxmemory, sizeof maxmemory);
+    info_field(info, "maxmemory_policy", policy, sizeof policy);
+    if (!version[0])
+        return dlock_err_set(DLOCK_ESERVER, "redis INFO shows no redis_version: not a Redis "
+                                            "server dlock can check");
+    if (atoi(version) < 5)
+        return dlock_err_set(DLOCK_ESERVER, "redis %s is too old: dlock needs Redis 5 or later "
+                                            "(its scripts read TIME before writing)", version);
+    if (maxmemory[0] && strtoull(maxmemory, NULL, 10) != 0 && strcmp(policy, "noeviction") != 0)
+        return dlock_err_set(DLOCK_ESERVER, "redis maxmemory-policy is %s with maxmemory %s: it "
+                             "may evict a live lease and grant it again; dlock needs noeviction "
+                             "or maxmemory 0", policy[0] ? policy : "(unknown)", maxmemory);
+    return DLOCK_OK;
+}
+
+/* INFO (default sections), checked by dlock_conn_check_info. */
+static int check_server(redisContext *c, dlock_counters *ctr, const dlock_conn_cfg *cfg)
+{
+    const char *argv[1] = {"INFO"};
+    redisReply *r = command(c, ctr, cfg, 1, argv);
+    if (!r)
+        return fail_ctx(c, "INFO");
+    int rc;
+    if (r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS)
+        rc = dlock_conn_check_info(r->str);
+    else
+        rc = dlock_err_set(r->type == REDIS_REPLY_ERROR ? DLOCK_ESERVER : DLOCK_EREDIS,
+                           "redis INFO: %s (dlock reads INFO to check the server's version and "
+                           "eviction policy)",
+                           r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply");
+    freeReplyObject(r);
+    return rc;
+}
+
 /* Loads every script whose digest is not known yet, pipelined. */
-static int load_scripts(redisContext *c, dlock_counters *ctr)
+static int load_scripts(redisContext *c, dlock_counters *ctr, const dlock_conn_cfg *cfg)
 {
     int sent[DLOCK_SCRIPT_COUNT] = {0}, n = 0;
     for (int id = 0; id < DLOCK_SCRIPT_COUNT; id++) {
@@ -104,12 +244,15 @@ static int load_scripts(redisContext *c, dlock_counters *ctr)
         return DLOCK_OK;
     dlock_count(&ctr->redis_commands, n);
     dlock_count(&ctr->redis_round_trips, 1);
+    int64_t deadline = dlock_conn_deadline(cfg->command_timeout_ms);
+    if (dlock_conn_flush(c, deadline) != 0)
+        return fail_ctx(c, "SCRIPT LOAD");
     int rc = DLOCK_OK;
     for (int id = 0; id < DLOCK_SCRIPT_COUNT; id++) {
         if (!sent[id])
             continue;
         redisReply *r = NULL;
-        if (redisGetReply(c, (void **)&r) != REDIS_OK)
+        if (dlock_conn_read(c, deadline, &r) != 0)
             return fail_ctx(c, "SCRIPT LOAD");
         if (r->type == REDIS_REPLY_STRING)
             dlock_script_set_sha(id, r->str, r->len);
@@ -121,21 +264,38 @@ static int load_scripts(redisContext *c, dlock_counters *ctr)
     return rc;
 }
 
-static int conn_open(const dlock_conn_cfg *cfg, dlock_counters *ctr, redisContext **out);
+/* Connects within the connect timeout, waiting for the connection with
+ * wait_fd (hiredis' own wait fails on the first signal). The socket is left
+ * blocking with SO_RCVTIMEO/SO_SNDTIMEO set to the command timeout, for
+ * plain hiredis calls; the library's own I/O does not rely on them. */
+static redisContext *connect_tcp(const dlock_conn_cfg *cfg)
+{
+    int64_t deadline = dlock_conn_deadline(cfg->connect_timeout_ms);
+    redisContext *c = redisConnectNonBlock(cfg->host, cfg->port);
+    if (!c || c->err)
+        return c;
+    int w = wait_fd(c->fd, POLLOUT, deadline);
+    int soerr = 0;
+    socklen_t len = sizeof soerr;
+    if (w <= 0) {
+        set_err(c, REDIS_ERR_IO, w == 0 ? "Connection timed out" : NULL);
+    } else if (getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &soerr, &len) != 0 || soerr) {
+        errno = soerr ? soerr : errno;
+        set_err(c, REDIS_ERR_IO, NULL);
+    } else {
+        int fl = fcntl(c->fd, F_GETFL);
+        if (fl < 0 || fcntl(c->fd, F_SETFL, fl & ~O_NONBLOCK) < 0)
+            set_err(c, REDIS_ERR_IO, NULL);
+        else
+            c->flags |= REDIS_BLOCK;
+    }
+    return c;
+}
 
 int dlock_conn_open(const dlock_conn_cfg *cfg, dlock_counters *ctr, redisContext **out)
 {
-    dlock_pipe_guard g;
-    dlock_pipe_guard_enter(&g);
-    int rc = conn_open(cfg, ctr, out);
-    dlock_pipe_guard_leave(&g);
-    return rc;
-}
-
-static int conn_open(const dlock_conn_cfg *cfg, dlock_counters *ctr, redisContext **out)
-{
     *out = NULL;
-    redisContext *c = redisConnectWithTimeout(cfg->host, cfg->port, ms_tv(cfg->connect_timeout_ms));
+    redisContext *c = connect_tcp(cfg);
     if (!c || c->err) {
         int rc = dlock_err_set(DLOCK_EREDIS, "redis connect to %s:%d: %s", cfg->host, cfg->port,
                                c ? c->errstr : "out of memory");
@@ -150,31 +310,24 @@ static int conn_open(const dlock_conn_cfg *cfg, dlock_counters *ctr, redisContex
         redisEnableKeepAlive(c); /* best effort: dead peers are found sooner */
     if (rc == DLOCK_OK && cfg->password) {
         const char *argv[2] = {"AUTH", cfg->password};
-        rc = simple_command(c, ctr, "AUTH", 2, argv);
+        rc = simple_command(c, ctr, cfg, "AUTH", 2, argv);
     }
     if (rc == DLOCK_OK && cfg->db != 0) {
         char db[16];
         snprintf(db, sizeof db, "%d", cfg->db);
         const char *argv[2] = {"SELECT", db};
-        rc = simple_command(c, ctr, "SELECT", 2, argv);
+        rc = simple_command(c, ctr, cfg, "SELECT", 2, argv);
     }
     if (rc == DLOCK_OK)
-        rc = load_scripts(c, ctr);
+        rc = check_server(c, ctr, cfg);
+    if (rc == DLOCK_OK)
+        rc = load_scripts(c, ctr, cfg);
     if (rc != DLOCK_OK) {
         redisFree(c);
         return rc;
     }
     *out = c;
     return DLOCK_OK;
-}
-
-int dlock_conn_flush(redisContext *c)
-{
-    int done = 0;
-    while (!done)
-        if (redisBufferWrite(c, &done) != REDIS_OK)
-            return -1;
-    return 0;
 }
 
 int dlock_conn_is_noscript(const redisReply *r)
@@ -226,21 +379,9 @@ int dlock_conn_append_eval(redisContext *c, dlock_counters *ctr, dlock_script_id
     return append_script(c, id, use_sha, nkeys, nargs, argv, lens);
 }
 
-static redisReply *conn_eval(redisContext *c, dlock_counters *ctr, dlock_script_id id, int nkeys,
-                             int nargs, const char **argv, const size_t *lens);
-
-redisReply *dlock_conn_eval(redisContext *c, dlock_counters *ctr, dlock_script_id id, int nkeys,
-                            int nargs, const char **argv, const size_t *lens)
-{
-    dlock_pipe_guard g;
-    dlock_pipe_guard_enter(&g);
-    redisReply *r = conn_eval(c, ctr, id, nkeys, nargs, argv, lens);
-    dlock_pipe_guard_leave(&g);
-    return r;
-}
-
-static redisReply *conn_eval(redisContext *c, dlock_counters *ctr, dlock_script_id id, int nkeys,
-                             int nargs, const char **argv, const size_t *lens)
+redisReply *dlock_conn_eval(redisContext *c, dlock_counters *ctr, int64_t deadline,
+                            dlock_script_id id, int nkeys, int nargs, const char **argv,
+                            const size_t *lens)
 {
     for (int use_sha = 1;; use_sha = 0) {
         if (append_script(c, id, use_sha, nkeys, nargs, argv, lens) != 0)
@@ -248,7 +389,7 @@ static redisReply *conn_eval(redisContext *c, dlock_counters *ctr, dlock_script_
         dlock_count(&ctr->redis_commands, 1);
         dlock_count(&ctr->redis_round_trips, 1);
         redisReply *r = NULL;
-        if (redisGetReply(c, (void **)&r) != REDIS_OK)
+        if (dlock_conn_flush(c, deadline) != 0 || dlock_conn_read(c, deadline, &r) != 0)
             return NULL;
         if (!use_sha || !dlock_conn_is_noscript(r))
             return r;
@@ -295,7 +436,7 @@ void dlock_pool_destroy(dlock_pool *p)
     free(p);
 }
 
-int dlock_pool_get(dlock_pool *p, redisContext **out)
+int dlock_pool_get(dlock_pool *p, int64_t caller_deadline, redisContext **out)
 {
     /* While other callers keep giving connections back, Redis is answering
      * and waiting is worth it; a command timeout without any coming back
@@ -325,12 +466,21 @@ int dlock_pool_get(dlock_pool *p, redisContext **out)
             return rc;
         }
         int64_t deadline = idle_deadline < hard_deadline ? idle_deadline : hard_deadline;
+        if (caller_deadline < deadline)
+            deadline = caller_deadline;
         struct timespec ts = dlock_ts(deadline);
         pthread_cond_timedwait(&p->cv, &p->mu, &ts);
         now = dlock_now_ns();
         if (p->returns != seen) {
             seen = p->returns;
             idle_deadline = now + tmo;
+        }
+        if (p->nidle || p->open < p->size)
+            continue; /* one came free: take it, even at a deadline */
+        if (now >= caller_deadline) {
+            pthread_mutex_unlock(&p->mu);
+            return dlock_err_set(DLOCK_ETIMEDOUT, "no redis connection came free before the "
+                                 "caller's deadline (all %u busy)", p->size);
         }
         if (now >= idle_deadline || now >= hard_deadline) {
             pthread_mutex_unlock(&p->mu);

@@ -22,21 +22,51 @@ typedef struct dlock_conn_cfg {
     uint32_t command_timeout_ms;
 } dlock_conn_cfg;
 
-/* dlock_conn_open and dlock_conn_eval may be called from any thread: they
- * keep SIGPIPE from a closed connection away from the process (see conn.c). */
+/*
+ * I/O and deadlines. Every exchange here has an absolute deadline on the
+ * monotonic clock and waits with poll() for the time that is left; a signal
+ * that interrupts a wait only makes it wait for the rest (SO_RCVTIMEO, which
+ * hiredis' blocking calls rely on, starts over after every interrupted read,
+ * so an application's interval timer or profiler could stretch a call
+ * without bound). Reads and writes never block in the kernel (MSG_DONTWAIT),
+ * and writes use MSG_NOSIGNAL: a connection the server closed fails with
+ * EPIPE instead of raising SIGPIPE in the process. A connection whose
+ * deadline passed has c->err set (REDIS_ERR_IO, "timed out") and must not be
+ * reused. All of this may run on any thread, the application's included.
+ */
 
-/* Opens a ready connection: connected within the connect timeout, command
- * timeout set, authenticated, database selected, scripts loaded if their
- * digests are not known yet. DLOCK_OK, or DLOCK_EREDIS with the message set. */
+/* Opens a ready connection: connected within the connect timeout, then
+ * authenticated, database selected, the server checked (dlock_conn_check_info)
+ * and scripts loaded if their digests are not known yet, each exchange within
+ * the command timeout. DLOCK_OK, DLOCK_ESERVER (a server dlock must not use:
+ * the message says why), or DLOCK_EREDIS with the message set. */
 int dlock_conn_open(const dlock_conn_cfg *cfg, dlock_counters *ctr, redisContext **out);
 
-/* Runs one script and waits for its reply: EVALSHA, or EVAL if the digest is
- * unknown or the server answers NOSCRIPT (then the digest is relearned).
- * argv holds nkeys keys followed by nargs arguments. Returns the reply (free
- * it with freeReplyObject; a Redis error comes back as REDIS_REPLY_ERROR), or
- * NULL when the connection failed (c->err says why; do not reuse c). */
-redisReply *dlock_conn_eval(redisContext *c, dlock_counters *ctr, dlock_script_id id,
-                            int nkeys, int nargs, const char **argv, const size_t *lens);
+/* Checks INFO's text: Redis >= 5 (scripts call TIME before writing, which
+ * needs script effects replication) and no eviction policy that could evict
+ * a live lease (maxmemory 0, or maxmemory-policy noeviction). DLOCK_OK or
+ * DLOCK_ESERVER with the message set. */
+int dlock_conn_check_info(const char *info);
+
+/* The monotonic deadline that is timeout_ms from now. */
+int64_t dlock_conn_deadline(uint32_t timeout_ms);
+
+/* Writes c's output buffer out by deadline. 0, or -1 with c->err set. */
+int dlock_conn_flush(redisContext *c, int64_t deadline);
+
+/* Reads one reply by deadline into *out (free it with freeReplyObject).
+ * 0, or -1 with c->err set (the connection is then unusable). */
+int dlock_conn_read(redisContext *c, int64_t deadline, redisReply **out);
+
+/* Runs one script and waits for its reply, by deadline: EVALSHA, or EVAL if
+ * the digest is unknown or the server answers NOSCRIPT (then the digest is
+ * relearned). argv holds nkeys keys followed by nargs arguments. Returns the
+ * reply (free it with freeReplyObject; a Redis error comes back as
+ * REDIS_REPLY_ERROR), or NULL when the connection failed (c->err says why;
+ * do not reuse c). */
+redisReply *dlock_conn_eval(redisContext *c, dlock_counters *ctr, int64_t deadline,
+                            dlock_script_id id, int nkeys, int nargs, const char **argv,
+                            const size_t *lens);
 
 /* Appends one script call to c's output buffer without waiting: EVALSHA
  * when use_sha and the digest is known, else EVAL (after a NOSCRIPT answer).
@@ -44,27 +74,13 @@ redisReply *dlock_conn_eval(redisContext *c, dlock_counters *ctr, dlock_script_i
 int dlock_conn_append_eval(redisContext *c, dlock_counters *ctr, dlock_script_id id, int use_sha,
                            int nkeys, int nargs, const char **argv, const size_t *lens);
 
-/* Writes c's output buffer out (blocking, within the command timeout).
- * 0, or -1 if the connection failed. */
-int dlock_conn_flush(redisContext *c);
-
 /* 1 if reply is the NOSCRIPT error of an EVALSHA. */
 int dlock_conn_is_noscript(const redisReply *reply);
 
-/* Keeps a SIGPIPE raised by writes in between away from the process: enter
- * blocks SIGPIPE in the calling thread, leave consumes one raised meanwhile
- * and restores the mask. For raw hiredis I/O on an application thread. */
-typedef struct dlock_pipe_guard {
-    sigset_t old;
-    int was_pending;
-} dlock_pipe_guard;
-void dlock_pipe_guard_enter(dlock_pipe_guard *g);
-void dlock_pipe_guard_leave(dlock_pipe_guard *g);
-
 /* Blocks every signal in the calling thread, saving the old mask in *old:
  * a library thread is started with this mask (the new thread inherits it),
- * so application signal handlers never run on it and a write to a closed
- * connection cannot raise SIGPIPE. Restore with pthread_sigmask. */
+ * so application signal handlers never run on it. Restore with
+ * pthread_sigmask. */
 void dlock_block_signals(sigset_t *old);
 
 typedef struct dlock_pool dlock_pool;
@@ -78,9 +94,11 @@ void dlock_pool_destroy(dlock_pool *p);
 
 /* Checks out a connection: an idle one, or a new one while fewer than size
  * are open; otherwise waits for one to come back, as long as others do come
- * back at least once per command timeout, and at most 10 command timeouts.
- * DLOCK_OK, or DLOCK_EREDIS (cannot connect, or none came back in time). */
-int dlock_pool_get(dlock_pool *p, redisContext **out);
+ * back at least once per command timeout, at most 10 command timeouts, and
+ * never past the caller's deadline (DLOCK_NEVER: none). DLOCK_OK,
+ * DLOCK_ETIMEDOUT (the caller's deadline came first), DLOCK_EREDIS (cannot
+ * connect, or none came back in time) or DLOCK_ESERVER (dlock_conn_open). */
+int dlock_pool_get(dlock_pool *p, int64_t deadline, redisContext **out);
 
 /* Returns a checked-out connection; a failed one (c->err set) or broken != 0
  * is closed instead, so the next dlock_pool_get reconnects. */

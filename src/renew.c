@@ -60,11 +60,13 @@ struct dlock_renew_item {
 
 typedef struct orphan {
     struct orphan *next;
+    int leave;              /* 0: release the grant of attempt `nonce`; 1: leave
+                               the wait queue, as call number `nonce` */
     int64_t until_ns;       /* give up then: the lease has expired */
     int64_t next_try_ns;    /* when the next release try is due */
     int64_t backoff_ns;     /* pause before the try after that */
     int result;             /* of the last try (release_orphans) */
-    char nonce[24];
+    char nonce[24];         /* decimal */
     char *keys[DLOCK_KEYS]; /* copies of the entry's keys, in buf */
     char *name;             /* in buf */
     char buf[];
@@ -182,6 +184,12 @@ static ssize_t snapshot(dlock_renew *r, snap **out)
     return (ssize_t)n;
 }
 
+/* The deadline of an exchange starting now. */
+static int64_t cmd_deadline(const dlock_renew *r)
+{
+    return dlock_conn_deadline(r->cfg.conn->command_timeout_ms);
+}
+
 /* Appends the renew call of s[0 .. k) (k <= CHUNK). The snapshot's entries
  * are referenced, so their keys stay valid. 0 or -1 (out of memory). */
 static int append_chunk(dlock_renew *r, const snap *s, size_t k, int use_sha)
@@ -218,7 +226,7 @@ void dlock_renew_quiesce(dlock_renew *r)
 static int read_chunk(dlock_renew *r, snap *s, size_t k, int retried)
 {
     redisReply *rep = NULL;
-    if (redisGetReply(r->conn, (void **)&rep) != REDIS_OK)
+    if (dlock_conn_read(r->conn, cmd_deadline(r), &rep) != 0)
         return -1;
     if (dlock_conn_is_noscript(rep) && !retried) {
         freeReplyObject(rep);
@@ -253,7 +261,9 @@ static int rerun_chunk(dlock_renew *r, snap *s, size_t k)
     pthread_mutex_unlock(&r->mu);
     if (!m)
         return 0;
-    int rc = append_chunk(r, keep, m, 0) == 0 && dlock_conn_flush(r->conn) == 0 ? 0 : -1;
+    int rc = append_chunk(r, keep, m, 0) == 0 && dlock_conn_flush(r->conn, cmd_deadline(r)) == 0
+                 ? 0
+                 : -1;
     if (rc == 0)
         dlock_count(&r->cfg.ctr->redis_round_trips, 1);
     end_write(r);
@@ -264,12 +274,13 @@ static int rerun_chunk(dlock_renew *r, snap *s, size_t k)
 }
 
 /* Step 3 and 4 of a round. Returns the earliest validity deadline among the
- * leases that stay registered but were not renewed (DLOCK_NEVER if none). */
-static int64_t apply(dlock_renew *r, snap *s, size_t n, int64_t sent_ns)
+ * leases that stay registered but were not renewed, on the monotonic clock
+ * (DLOCK_NEVER if none). */
+static int64_t apply(dlock_renew *r, snap *s, size_t n, int64_t sent_boot)
 {
-    int64_t earliest = DLOCK_NEVER;
-    int64_t valid = sent_ns + (int64_t)r->cfg.lease_ms * DLOCK_NS_PER_MS - r->drift_ns;
-    int64_t now = dlock_now_ns();
+    int64_t earliest = DLOCK_NEVER; /* on the boot clock, like validity */
+    int64_t valid = sent_boot + (int64_t)r->cfg.lease_ms * DLOCK_NS_PER_MS - r->drift_ns;
+    int64_t now = dlock_boot_ns();
     size_t nlost = 0;
     for (size_t i = 0; i < n; i++) {
         dlock_entry *e = s[i].e;
@@ -304,7 +315,9 @@ static int64_t apply(dlock_renew *r, snap *s, size_t n, int64_t sent_ns)
             r->cfg.lost(r->cfg.lost_arg, s[i].e->name, s[i].lost_token);
         dlock_table_put(r->cfg.table, s[i].e);
     }
-    return earliest;
+    if (earliest == DLOCK_NEVER)
+        return DLOCK_NEVER;
+    return dlock_now_ns() + (earliest - dlock_boot_ns()); /* on the monotonic clock */
 }
 
 /* Opens the manager's connection if it has none. 0 or -1. */
@@ -332,7 +345,7 @@ static int64_t round_once(dlock_renew *r)
     snap *s;
     pthread_mutex_lock(&r->mu);
     ssize_t n = snapshot(r, &s);
-    int64_t sent_ns = dlock_now_ns();
+    int64_t sent_ns = dlock_now_ns(), sent_boot = dlock_boot_ns();
     int ok = r->conn != NULL && n > 0;
     for (ssize_t at = 0; ok && at < n; at += CHUNK)
         ok = append_chunk(r, s + at, n - at < CHUNK ? (size_t)(n - at) : CHUNK, 1) == 0;
@@ -342,7 +355,7 @@ static int64_t round_once(dlock_renew *r)
         return now + r->period_ns; /* nothing held (or no memory): idle */
 
     if (ok) {
-        ok = dlock_conn_flush(r->conn) == 0;
+        ok = dlock_conn_flush(r->conn, cmd_deadline(r)) == 0;
         end_write(r);
     }
     if (ok) {
@@ -367,7 +380,7 @@ static int64_t round_once(dlock_renew *r)
     }
     if (!ok)
         drop_conn(r);
-    int64_t earliest = apply(r, s, (size_t)n, sent_ns);
+    int64_t earliest = apply(r, s, (size_t)n, sent_boot);
     free(s);
     int64_t next = ok ? sent_ns + r->period_ns : dlock_now_ns() + RETRY_MS * DLOCK_NS_PER_MS;
     if (!ok && next > sent_ns + r->period_ns)
@@ -383,22 +396,27 @@ void dlock_renew_kick(dlock_renew *r)
     pthread_mutex_unlock(&r->mu);
 }
 
-void dlock_renew_orphan(dlock_renew *r, const dlock_entry *e, const char *nonce)
+/* Queues a background job for e (see dlock_renew_orphan and
+ * dlock_renew_leave), given up after for_ms. */
+static void add_job(dlock_renew *r, const dlock_entry *e, int leave, const char *number,
+                    uint32_t for_ms)
 {
     size_t len[DLOCK_KEYS], total = e->name_len + 1;
     for (int k = 0; k < DLOCK_KEYS; k++)
         total += (len[k] = strlen(e->keys[k]) + 1);
     orphan *o = malloc(sizeof *o + total);
     if (!o)
-        return; /* the lease, if granted, expires after lease_ms */
+        return; /* the lease, if granted, expires after lease_ms; a queue
+                   entry after the waiter ttl */
     char *p = o->buf;
     for (int k = 0; k < DLOCK_KEYS; k++) {
         o->keys[k] = memcpy(p, e->keys[k], len[k]);
         p += len[k];
     }
     o->name = memcpy(p, e->name, e->name_len + 1);
-    snprintf(o->nonce, sizeof o->nonce, "%s", nonce);
-    o->until_ns = dlock_now_ns() + (int64_t)r->cfg.lease_ms * DLOCK_NS_PER_MS;
+    o->leave = leave;
+    snprintf(o->nonce, sizeof o->nonce, "%s", number);
+    o->until_ns = dlock_now_ns() + (int64_t)for_ms * DLOCK_NS_PER_MS;
     o->next_try_ns = 0; /* at once */
     o->backoff_ns = RETRY_MS * DLOCK_NS_PER_MS;
     pthread_mutex_lock(&r->mu);
@@ -407,6 +425,46 @@ void dlock_renew_orphan(dlock_renew *r, const dlock_entry *e, const char *nonce)
     r->orphan_new = 1;
     pthread_cond_signal(&r->cv);
     pthread_mutex_unlock(&r->mu);
+}
+
+void dlock_renew_orphan(dlock_renew *r, const dlock_entry *e, const char *nonce)
+{
+    /* As long as Redis remembers the client's attempts for this name: a
+     * later copy of the attempt is refused by Redis itself. */
+    add_job(r, e, 0, nonce, r->cfg.keep_ms);
+}
+
+void dlock_renew_leave(dlock_renew *r, const dlock_entry *e, const char *number)
+{
+    /* After twice the waiter ttl the client's queue entry is dead anyway. */
+    add_job(r, e, 1, number, 2 * r->cfg.waiter_ttl_ms);
+}
+
+/* Appends o's script call. 0 or -1 (out of memory). */
+static int append_job(dlock_renew *r, const orphan *o, int use_sha)
+{
+    const char *argv[DLOCK_SCRIPT_KEYS + DLOCK_RELEASE_ARGS];
+    if (o->leave) {
+        dlock_script_leave_argv(r->cfg.args, o->keys, o->name, o->nonce, argv);
+        return dlock_conn_append_eval(r->conn, r->cfg.ctr, DLOCK_SCRIPT_LEAVE, use_sha,
+                                      DLOCK_SCRIPT_KEYS, DLOCK_LEAVE_ARGS, argv, NULL);
+    }
+    dlock_script_release_argv(r->cfg.args, o->keys, o->name, "nonce", o->nonce, "0", argv);
+    return dlock_conn_append_eval(r->conn, r->cfg.ctr, DLOCK_SCRIPT_RELEASE, use_sha,
+                                  DLOCK_SCRIPT_KEYS, DLOCK_RELEASE_ARGS, argv, NULL);
+}
+
+/* What a job's reply means: done, or to be tried again later. */
+static int job_result(const orphan *o, const redisReply *rep)
+{
+    enum { UNKNOWN = -1, NOT_OWNED = 0, DONE = 1 };
+    if (!rep || rep->type != REDIS_REPLY_INTEGER)
+        return UNKNOWN;
+    if (o->leave)
+        return DONE; /* it ran: whatever it found, the queue entry is gone */
+    /* 1, 2: released (now or before); 3: a newer attempt was seen, so no
+     * grant of this one exists or can appear; 0: not (yet) granted. */
+    return rep->integer >= 1 ? DONE : NOT_OWNED;
 }
 
 /* One release try for each orphan due now, in one pipeline. An orphan is
@@ -431,50 +489,42 @@ static int64_t release_orphans(dlock_renew *r)
     }
     size_t sent = 0;
     if (due && ensure_conn(r) == 0) {
-        for (orphan *o = due; o; o = o->next, sent++) {
-            const char *argv[5 + DLOCK_RELEASE_ARGS];
-            dlock_script_release_argv(r->cfg.args, o->keys, o->name, "nonce", o->nonce, "0",
-                                      argv);
-            if (dlock_conn_append_eval(r->conn, r->cfg.ctr, DLOCK_SCRIPT_RELEASE, 1, 5,
-                                       DLOCK_RELEASE_ARGS, argv, NULL) != 0)
+        for (orphan *o = due; o; o = o->next, sent++)
+            if (append_job(r, o, 1) != 0)
                 break;
-        }
         if (sent)
             dlock_count(&r->cfg.ctr->redis_round_trips, 1);
     }
     /* Read every reply of the pipeline before running anything again. */
-    enum { UNKNOWN = -1, NOT_OWNED = 0, RELEASED = 1, NOSCRIPT = 2 };
+    enum { UNKNOWN = -1, RELEASED = 1, NOSCRIPT = 2 };
     size_t i = 0;
-    int failed = 0;
+    int failed = sent && dlock_conn_flush(r->conn, cmd_deadline(r)) != 0;
+    int64_t deadline = cmd_deadline(r);
     for (orphan *o = due; o; o = o->next, i++) {
         o->result = UNKNOWN;
         redisReply *rep = NULL;
         if (i >= sent || failed)
             continue;
-        if (redisGetReply(r->conn, (void **)&rep) != REDIS_OK) {
+        if (dlock_conn_read(r->conn, deadline, &rep) != 0) {
             failed = 1;
             continue;
         }
-        if (dlock_conn_is_noscript(rep))
-            o->result = NOSCRIPT;
-        else if (rep->type == REDIS_REPLY_INTEGER)
-            o->result = rep->integer >= 1 ? RELEASED : NOT_OWNED;
+        o->result = dlock_conn_is_noscript(rep) ? NOSCRIPT : job_result(o, rep);
         freeReplyObject(rep);
     }
     /* A restarted server answered NOSCRIPT: those again, with EVAL. */
     for (orphan *o = due; o && !failed; o = o->next) {
         if (o->result != NOSCRIPT)
             continue;
-        const char *argv[5 + DLOCK_RELEASE_ARGS];
-        dlock_script_release_argv(r->cfg.args, o->keys, o->name, "nonce", o->nonce, "0", argv);
-        redisReply *rep = dlock_conn_eval(r->conn, r->cfg.ctr, DLOCK_SCRIPT_RELEASE, 5,
-                                          DLOCK_RELEASE_ARGS, argv, NULL);
+        redisReply *rep = NULL;
         o->result = UNKNOWN;
-        if (!rep) {
+        deadline = cmd_deadline(r);
+        if (append_job(r, o, 0) != 0 || dlock_conn_flush(r->conn, deadline) != 0 ||
+            dlock_conn_read(r->conn, deadline, &rep) != 0) {
             failed = 1;
         } else {
-            if (rep->type == REDIS_REPLY_INTEGER)
-                o->result = rep->integer >= 1 ? RELEASED : NOT_OWNED;
+            dlock_count(&r->cfg.ctr->redis_round_trips, 1);
+            o->result = job_result(o, rep);
             freeReplyObject(rep);
         }
     }
@@ -604,20 +654,23 @@ static void release_all(dlock_renew *r)
         pthread_mutex_lock(&it->e->mu);
         snprintf(x->last, sizeof x->last, "%" PRIu64, it->e->token);
         pthread_mutex_unlock(&it->e->mu);
-        const char *argv[5 + DLOCK_RELEASE_ARGS];
+        const char *argv[DLOCK_SCRIPT_KEYS + DLOCK_RELEASE_ARGS];
         dlock_script_release_argv(r->cfg.args, it->e->keys, it->e->name, "token", it->token,
                                   x->last, argv);
-        if (dlock_conn_append_eval(r->conn, r->cfg.ctr, DLOCK_SCRIPT_RELEASE, 1, 5,
-                                   DLOCK_RELEASE_ARGS, argv, NULL) != 0)
+        if (dlock_conn_append_eval(r->conn, r->cfg.ctr, DLOCK_SCRIPT_RELEASE, 1,
+                                   DLOCK_SCRIPT_KEYS, DLOCK_RELEASE_ARGS, argv, NULL) != 0)
             break;
         sent++;
     }
     if (sent)
         dlock_count(&r->cfg.ctr->redis_round_trips, 1);
+    int64_t deadline = cmd_deadline(r);
     size_t got = 0;
+    if (sent && dlock_conn_flush(r->conn, deadline) != 0)
+        sent = 0;
     for (; got < sent; got++) {
         redisReply *rep = NULL;
-        if (redisGetReply(r->conn, (void **)&rep) != REDIS_OK)
+        if (dlock_conn_read(r->conn, deadline, &rep) != 0)
             break;
         v[got].done = !dlock_conn_is_noscript(rep);
         freeReplyObject(rep);
@@ -626,10 +679,11 @@ static void release_all(dlock_renew *r)
     for (size_t i = 0; i < got && r->conn->err == 0; i++) {
         if (v[i].done)
             continue;
-        const char *argv[5 + DLOCK_RELEASE_ARGS];
+        const char *argv[DLOCK_SCRIPT_KEYS + DLOCK_RELEASE_ARGS];
         dlock_script_release_argv(r->cfg.args, v[i].it->e->keys, v[i].it->e->name, "token",
                                   v[i].it->token, v[i].last, argv);
-        redisReply *rep = dlock_conn_eval(r->conn, r->cfg.ctr, DLOCK_SCRIPT_RELEASE, 5,
+        redisReply *rep = dlock_conn_eval(r->conn, r->cfg.ctr, cmd_deadline(r),
+                                          DLOCK_SCRIPT_RELEASE, DLOCK_SCRIPT_KEYS,
                                           DLOCK_RELEASE_ARGS, argv, NULL);
         if (rep)
             freeReplyObject(rep);
@@ -647,14 +701,12 @@ void dlock_renew_stop(dlock_renew *r)
     pthread_mutex_unlock(&r->mu);
     pthread_join(r->thread, NULL);
 
-    /* On the caller's thread from here: its SIGPIPE must stay its own. */
-    dlock_pipe_guard g;
-    dlock_pipe_guard_enter(&g);
+    /* On the caller's thread from here; every exchange keeps its deadline
+     * and raises no SIGPIPE (conn.h). */
     for (orphan *o = r->orphans; o; o = o->next)
         o->next_try_ns = 0; /* one last try for every orphan */
     release_orphans(r);
     release_all(r);
-    dlock_pipe_guard_leave(&g);
     while (r->orphans) {
         orphan *o = r->orphans;
         r->orphans = o->next;

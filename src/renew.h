@@ -25,6 +25,8 @@ typedef struct dlock_renew_cfg {
     dlock_table *table;
     const dlock_script_args *args; /* the client's script arguments; must outlive the manager */
     uint32_t lease_ms;
+    uint32_t keep_ms;       /* how long Redis keeps the client's record of a name */
+    uint32_t waiter_ttl_ms;
     dlock_renew_lost_fn lost;
     void *lost_arg;
 } dlock_renew_cfg;
@@ -60,9 +62,18 @@ void dlock_renew_quiesce(dlock_renew *r);
 void dlock_renew_kick(dlock_renew *r);
 
 /* Hands over an acquire attempt of e whose outcome is unknown: the manager
- * thread releases the grant with this nonce, if Redis made one, as soon as
- * it can (retrying for one lease time). Returns at once; no lock needed. */
+ * thread releases the grant of attempt `nonce`, if Redis made one, as soon
+ * as it can, retrying while Redis may still see that attempt (keep_ms) and
+ * until Redis reports it released or superseded. Returns at once; no lock
+ * needed. */
 void dlock_renew_orphan(dlock_renew *r, const dlock_entry *e, const char *nonce);
+
+/* Hands over the leave of e's wait queue, numbered `number` from the
+ * client's attempt sequence, when the caller cannot make it (Redis failing):
+ * the manager thread runs it as soon as it can, retrying for two waiter
+ * ttls (after that the queue entry is dead). Redis ignores it if a newer
+ * attempt of the client for e was seen meanwhile. No lock needed. */
+void dlock_renew_leave(dlock_renew *r, const dlock_entry *e, const char *number);
 
 /* The drift margin subtracted from a lease's validity, in ns. */
 int64_t dlock_renew_drift_ns(uint32_t lease_ms);

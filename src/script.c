@@ -26,20 +26,36 @@ static const char *const bodies[DLOCK_SCRIPT_COUNT] = {
     [DLOCK_SCRIPT_LEAVE] = dlock_lua_leave,
 };
 
-void dlock_script_release_argv(const dlock_script_args *a, char *const keys[5],
-                               const char *name, const char *field, const char *value,
-                               const char *last, const char **argv)
+void dlock_script_release_argv(const dlock_script_args *a, char *const *keys, const char *name,
+                               const char *field, const char *value, const char *last,
+                               const char **argv)
 {
-    for (int k = 0; k < 5; k++)
+    for (int k = 0; k < DLOCK_SCRIPT_KEYS; k++)
         argv[k] = keys[k];
-    argv[5] = a->client_id;
-    argv[6] = field;
-    argv[7] = value;
-    argv[8] = a->lease_ms;
-    argv[9] = last;
-    argv[10] = a->wake_prefix;
-    argv[11] = name;
-    argv[12] = a->waiter_ttl_ms;
+    argv += DLOCK_SCRIPT_KEYS;
+    argv[0] = a->client_id;
+    argv[1] = field;
+    argv[2] = value;
+    argv[3] = a->lease_ms;
+    argv[4] = last;
+    argv[5] = a->wake_prefix;
+    argv[6] = name;
+    argv[7] = a->waiter_ttl_ms;
+    argv[8] = a->keep_ms;
+}
+
+void dlock_script_leave_argv(const dlock_script_args *a, char *const *keys, const char *name,
+                             const char *number, const char **argv)
+{
+    for (int k = 0; k < DLOCK_SCRIPT_KEYS; k++)
+        argv[k] = keys[k];
+    argv += DLOCK_SCRIPT_KEYS;
+    argv[0] = a->client_id;
+    argv[1] = a->wake_prefix;
+    argv[2] = name;
+    argv[3] = a->waiter_ttl_ms;
+    argv[4] = number;
+    argv[5] = a->keep_ms;
 }
 
 static char shas[DLOCK_SCRIPT_COUNT][41];

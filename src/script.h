@@ -22,18 +22,29 @@ typedef struct dlock_script_args {
     const char *pass_limit;
     const char *waiter_ttl_ms;
     const char *wake_prefix; /* "<prefix>wake:": a client's channel is this + its id */
+    const char *keep_ms;     /* how long Redis keeps the client's record of a name */
 } dlock_script_args;
 
-/* Argument counts of the scripts that take a lock's five keys. */
-enum { DLOCK_ACQUIRE_ARGS = 5, DLOCK_RELEASE_ARGS = 8, DLOCK_LEAVE_ARGS = 4 };
+/* The keys every script of one lock takes (DLOCK_KEY_* in table.h), and the
+ * argument counts of the scripts that take them. */
+enum {
+    DLOCK_SCRIPT_KEYS = 6,
+    DLOCK_ACQUIRE_ARGS = 7,
+    DLOCK_RELEASE_ARGS = 9,
+    DLOCK_LEAVE_ARGS = 6
+};
 
-/* Fills argv[0 .. 5 + DLOCK_RELEASE_ARGS) for the release script: keys (the
- * lock's five, in DLOCK_KEY_* order), then the grant's identity (field is
- * "token" or "nonce", with its value) and the last token handed out ("0"
- * when none). */
-void dlock_script_release_argv(const dlock_script_args *a, char *const keys[5],
-                               const char *name, const char *field, const char *value,
-                               const char *last, const char **argv);
+/* Fills argv[0 .. DLOCK_SCRIPT_KEYS + DLOCK_RELEASE_ARGS) for the release
+ * script: the lock's keys, then the grant's identity (field is "token" or
+ * "nonce", with its value) and the last token handed out ("0" when none). */
+void dlock_script_release_argv(const dlock_script_args *a, char *const *keys, const char *name,
+                               const char *field, const char *value, const char *last,
+                               const char **argv);
+
+/* Fills argv[0 .. DLOCK_SCRIPT_KEYS + DLOCK_LEAVE_ARGS) for the leave script,
+ * numbered `number` (decimal, from the client's attempt sequence). */
+void dlock_script_leave_argv(const dlock_script_args *a, char *const *keys, const char *name,
+                             const char *number, const char **argv);
 
 /* The script's text. */
 const char *dlock_script_body(dlock_script_id id);

@@ -193,7 +193,7 @@ static int session_run(dlock_sub *s)
 
     const char *argv[2] = {"SUBSCRIBE", s->channel};
     size_t lens[2] = {9, s->channel_len};
-    if (redisAppendCommandArgv(c, 2, argv, lens) != REDIS_OK || dlock_conn_flush(c) != 0)
+    if (redisAppendCommandArgv(c, 2, argv, lens) != REDIS_OK || dlock_conn_flush(c, dlock_now_ns() + tmo) != 0)
         return 0;
     dlock_count(&s->cfg.ctr->redis_commands, 1);
     dlock_count(&s->cfg.ctr->redis_round_trips, 1);
@@ -205,7 +205,7 @@ static int session_run(dlock_sub *s)
             break; /* no confirmation, or no sign of life after a PING */
         if (ss.subscribed && !ss.ping_out && now >= ss.last_rx + ping_idle) {
             const char *ping[1] = {"PING"};
-            if (redisAppendCommandArgv(c, 1, ping, NULL) != REDIS_OK || dlock_conn_flush(c) != 0)
+            if (redisAppendCommandArgv(c, 1, ping, NULL) != REDIS_OK || dlock_conn_flush(c, dlock_now_ns() + tmo) != 0)
                 break;
             dlock_count(&s->cfg.ctr->redis_commands, 1);
             dlock_count(&s->cfg.ctr->redis_round_trips, 1);

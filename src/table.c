@@ -23,6 +23,7 @@
  */
 #include <errno.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "table.h"
@@ -33,12 +34,15 @@ struct dlock_table {
     unsigned count;       /* guarded by mu */
     dlock_counters *ctr;
     size_t prefix_len;
+    char client_suffix[40]; /* ":c:<client id>" */
     char prefix[];
 };
 
-dlock_table *dlock_table_create(const char *prefix, dlock_counters *ctr)
+dlock_table *dlock_table_create(const char *prefix, const char *client_id, dlock_counters *ctr)
 {
     size_t plen = strlen(prefix);
+    if (strlen(client_id) > 36)
+        return NULL;
     dlock_table *t = calloc(1, sizeof *t + plen + 1);
     if (!t)
         return NULL;
@@ -46,6 +50,7 @@ dlock_table *dlock_table_create(const char *prefix, dlock_counters *ctr)
     t->ctr = ctr;
     t->prefix_len = plen;
     memcpy(t->prefix, prefix, plen + 1);
+    snprintf(t->client_suffix, sizeof t->client_suffix, ":c:%s", client_id);
     return t;
 }
 
@@ -78,7 +83,7 @@ static dlock_entry *entry_new(dlock_table *t, const char *name, size_t len)
     if (!e)
         return NULL;
     /* Every key is "<prefix>{<name>}" plus a suffix, all in one allocation. */
-    static const char *const suffix[DLOCK_KEYS] = {"", ":fence", ":q", ":qd", ":turn"};
+    const char *const suffix[DLOCK_KEYS] = {"", ":fence", ":q", ":qd", ":turn", t->client_suffix};
     size_t base = t->prefix_len + len + 2, total = 0;
     for (int k = 0; k < DLOCK_KEYS; k++)
         total += base + strlen(suffix[k]) + 1;

@@ -34,6 +34,8 @@ enum {
     DLOCK_KEY_QUEUE, /* "<prefix>{<name>}:q": zset of waiting clients by arrival */
     DLOCK_KEY_LIVE,  /* "<prefix>{<name>}:qd": hash client -> liveness deadline */
     DLOCK_KEY_TURN,  /* "<prefix>{<name>}:turn": the client whose turn it is */
+    DLOCK_KEY_CLIENT, /* "<prefix>{<name>}:c:<client id>": what Redis remembers of this
+                         client for this name (lua/acquire.lua) */
     DLOCK_KEYS
 };
 
@@ -59,12 +61,14 @@ typedef struct dlock_entry {
     uint64_t token;              /* the holder's token: grant_token + local passes */
     int handoff;                 /* the holder passed the lease on: a waiter takes it */
     uint64_t epoch;              /* grants of this entry so far; renewals carry it */
-    int64_t valid_until_ns;      /* lease validity by the local monotonic clock */
+    int64_t valid_until_ns;      /* lease validity on the boot clock (dlock_boot_ns) */
     unsigned passes;             /* consecutive local handoffs (cohort handoff) */
     unsigned waiters;            /* threads in acquire waiting for this name */
     int lost_notified;           /* on_lost already ran for this grant */
-    uint64_t fail_seq;           /* polls of this entry that failed with EREDIS */
-    char fail_msg[160];          /* the last such failure's message */
+    uint64_t fail_seq;           /* polls of this entry that failed with an error of
+                                    Redis (not EBUSY or ETIMEDOUT) */
+    int fail_rc;                 /* the last such failure's code */
+    char fail_msg[160];          /* and its message */
     dlock_renew_item *renew;     /* registration with the renewal manager, or NULL */
 
     int woken;                   /* a wake-up came for this name since the poller's last try */
@@ -78,8 +82,9 @@ typedef struct dlock_entry {
 
 typedef struct dlock_table dlock_table;
 
-/* A table whose entries' keys start with prefix (copied). NULL on ENOMEM. */
-dlock_table *dlock_table_create(const char *prefix, dlock_counters *ctr);
+/* A table whose entries' keys start with prefix, for the client client_id
+ * (both copied). NULL on ENOMEM. */
+dlock_table *dlock_table_create(const char *prefix, const char *client_id, dlock_counters *ctr);
 
 /* Frees the table and every entry still in it, whatever its count. */
 void dlock_table_destroy(dlock_table *t);

@@ -56,9 +56,11 @@ static void test_eval_fallback_after_flush(void **state)
     freeReplyObject(r);
     long long evals = fx_info_calls("127.0.0.1", fx_server.port, "eval");
 
-    const char *argv[11] = {"t:{n}", "t:{n}:fence", "t:{n}:q", "t:{n}:qd", "t:{n}:turn",
-                            "0123456789abcdef0123456789abcdef", "5000", "1", "16", "2000", "1"};
-    r = dlock_conn_eval(c, &ctr, DLOCK_SCRIPT_ACQUIRE, 5, 6, argv, NULL);
+    const char *argv[13] = {"t:{n}", "t:{n}:fence", "t:{n}:q", "t:{n}:qd", "t:{n}:turn",
+                            "t:{n}:c:0123456789abcdef0123456789abcdef",
+                            "0123456789abcdef0123456789abcdef", "5000", "1", "16", "2000", "1",
+                            "10000"};
+    r = dlock_conn_eval(c, &ctr, dlock_conn_deadline(1000), DLOCK_SCRIPT_ACQUIRE, 6, 7, argv, NULL);
     assert_non_null(r);
     assert_int_equal(r->type, REDIS_REPLY_ARRAY);
     assert_int_equal(r->element[0]->integer, 1);
@@ -112,23 +114,23 @@ static void test_pool_limit_and_reuse(void **state)
     cfg.command_timeout_ms = 200;
     dlock_pool *p = dlock_pool_create(&cfg, 2, &ctr);
     redisContext *a, *b, *x;
-    assert_int_equal(dlock_pool_get(p, &a), DLOCK_OK);
-    assert_int_equal(dlock_pool_get(p, &b), DLOCK_OK);
+    assert_int_equal(dlock_pool_get(p, DLOCK_NEVER, &a), DLOCK_OK);
+    assert_int_equal(dlock_pool_get(p, DLOCK_NEVER, &b), DLOCK_OK);
     assert_ptr_not_equal(a, b);
     /* Full: the third caller waits the command timeout, then fails. */
     long long t0 = fx_now_ns();
-    assert_int_equal(dlock_pool_get(p, &x), DLOCK_EREDIS);
+    assert_int_equal(dlock_pool_get(p, DLOCK_NEVER, &x), DLOCK_EREDIS);
     long long waited_ms = (fx_now_ns() - t0) / 1000000;
     assert_true(waited_ms >= 190);
     assert_true(waited_ms < 5000); /* generous: a busy machine */
 
     dlock_pool_put(p, a, 0);
-    assert_int_equal(dlock_pool_get(p, &x), DLOCK_OK);
+    assert_int_equal(dlock_pool_get(p, DLOCK_NEVER, &x), DLOCK_OK);
     assert_ptr_equal(x, a); /* the idle connection is reused */
 
     /* A broken connection is closed, and its slot opens a new one. */
     dlock_pool_put(p, x, 1);
-    assert_int_equal(dlock_pool_get(p, &x), DLOCK_OK);
+    assert_int_equal(dlock_pool_get(p, DLOCK_NEVER, &x), DLOCK_OK);
     redisReply *r = redisCommand(x, "PING");
     assert_non_null(r);
     assert_string_equal(r->str, "PONG");
@@ -163,9 +165,11 @@ static void test_no_sigpipe_on_closed_connection(void **state)
     fx_sleep_ms(100);
     c->obuf[0] = '\0'; /* drop what hiredis still holds of the first PING */
     sdsclear(c->obuf);
-    const char *argv[11] = {"t:{p}", "t:{p}:fence", "t:{p}:q", "t:{p}:qd", "t:{p}:turn",
-                            "0123456789abcdef0123456789abcdef", "5000", "1", "16", "2000", "1"};
-    r = dlock_conn_eval(c, &ctr, DLOCK_SCRIPT_ACQUIRE, 5, 6, argv, NULL);
+    const char *argv[13] = {"t:{p}", "t:{p}:fence", "t:{p}:q", "t:{p}:qd", "t:{p}:turn",
+                            "t:{p}:c:0123456789abcdef0123456789abcdef",
+                            "0123456789abcdef0123456789abcdef", "5000", "1", "16", "2000", "1",
+                            "10000"};
+    r = dlock_conn_eval(c, &ctr, dlock_conn_deadline(1000), DLOCK_SCRIPT_ACQUIRE, 6, 7, argv, NULL);
     assert_null(r); /* an error, and the process is still alive */
     assert_true(c->err != 0);
     redisFree(c);

@@ -851,15 +851,15 @@ static void test_orphans_released(void **state)
     redisFree(x);
     redisContext *rc = fx_connect("127.0.0.1", fx_server.port);
     const char *id = "0123456789abcdef0123456789abcdef";
-    dlock_script_args a = {id, "30000", "128", "2000", "orph:wake:"};
-    dlock_table *t = dlock_table_create("orph:", &ctr);
+    dlock_script_args a = {id, "30000", "128", "2000", "orph:wake:", "60000"};
+    dlock_table *t = dlock_table_create("orph:", "0123456789abcdef0123456789abcdef", &ctr);
     dlock_entry *e[N + 1];
     for (int i = 0; i <= N; i++) {
         char nm[8];
         snprintf(nm, sizeof nm, "o%d", i);
         e[i] = dlock_table_get(t, nm, strlen(nm));
         if (i < N) {
-            freeReplyObject(redisCommand(rc, "HSET %s owner %s token %d nonce n%d",
+            freeReplyObject(redisCommand(rc, "HSET %s owner %s token %d nonce %d",
                                          e[i]->keys[DLOCK_KEY_LEASE], id, 1000 + i, i));
             freeReplyObject(redisCommand(rc, "PEXPIRE %s 30000", e[i]->keys[DLOCK_KEY_LEASE]));
         }
@@ -867,12 +867,12 @@ static void test_orphans_released(void **state)
     freeReplyObject(redisCommand(rc, "SCRIPT FLUSH")); /* as after a restart */
     /* Frozen for a moment, so that the orphans batch up in one pipeline. */
     assert_int_equal(fx_redis_signal(&fx_server, SIGSTOP), 0);
-    dlock_renew_cfg cfg = {&cc, &ctr, t, &a, 30000, NULL, NULL};
+    dlock_renew_cfg cfg = {&cc, &ctr, t, &a, 30000, 60000, 2000, NULL, NULL};
     dlock_renew *m;
     assert_int_equal(dlock_renew_start(&cfg, &m), DLOCK_OK);
     for (int i = 0; i <= N; i++) {
         char n[8];
-        snprintf(n, sizeof n, "n%d", i);
+        snprintf(n, sizeof n, "%d", i);
         dlock_renew_orphan(m, e[i], n);
     }
     fx_sleep_ms(150);
@@ -880,7 +880,7 @@ static void test_orphans_released(void **state)
     /* The last orphan's grant appears only now, after its first release try
      * could have run: a later try must remove it. */
     fx_sleep_ms(300);
-    freeReplyObject(redisCommand(rc, "HSET %s owner %s token 2000 nonce n%d",
+    freeReplyObject(redisCommand(rc, "HSET %s owner %s token 2000 nonce %d",
                                  e[N]->keys[DLOCK_KEY_LEASE], id, N));
     freeReplyObject(redisCommand(rc, "PEXPIRE %s 30000", e[N]->keys[DLOCK_KEY_LEASE]));
     /* Retries double from 100 ms: within 10 s every lease must be gone. */

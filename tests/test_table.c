@@ -18,7 +18,7 @@ static void test_get_find_put(void **state)
 {
     (void)state;
     dlock_counters ctr = {0};
-    dlock_table *t = dlock_table_create("p:", &ctr);
+    dlock_table *t = dlock_table_create("p:", "0123456789abcdef0123456789abcdef", &ctr);
     assert_non_null(t);
     assert_null(dlock_table_find(t, "a", 1));
 
@@ -61,7 +61,7 @@ static void test_ref_keeps_alive(void **state)
 {
     (void)state;
     dlock_counters ctr = {0};
-    dlock_table *t = dlock_table_create("", &ctr);
+    dlock_table *t = dlock_table_create("", "0123456789abcdef0123456789abcdef", &ctr);
     dlock_entry *e = dlock_table_get(t, "x", 1);
     dlock_table_ref(e);
     dlock_table_put(t, e);
@@ -83,7 +83,7 @@ static void test_destroy_with_entries(void **state)
 {
     (void)state;
     dlock_counters ctr = {0};
-    dlock_table *t = dlock_table_create("p:", &ctr);
+    dlock_table *t = dlock_table_create("p:", "0123456789abcdef0123456789abcdef", &ctr);
     for (int i = 0; i < 100; i++) {
         char n[16];
         snprintf(n, sizeof n, "n%d", i);
@@ -130,7 +130,7 @@ static void test_concurrent_get_put(void **state)
 {
     (void)state;
     dlock_counters ctr = {0};
-    dlock_table *t = dlock_table_create("p:", &ctr);
+    dlock_table *t = dlock_table_create("p:", "0123456789abcdef0123456789abcdef", &ctr);
     pthread_t th[THREADS];
     storm s[THREADS];
     for (int i = 0; i < THREADS; i++) {
