@@ -1,0 +1,264 @@
+/*
+ * The Lua scripts' ordering and idempotence rules, called directly against a
+ * real redis-server (no client around them, so every interleaving is chosen
+ * by the test): an acquire attempt older than one Redis has seen from the
+ * same client for the same name changes nothing at all; a release retried
+ * after its first try ran reports released; a late leave cannot take out a
+ * client that queued again; an orphan release reports when its attempt is
+ * superseded.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "conn.h"
+#include "fixture.h"
+
+#define X "0123456789abcdef0123456789abcdef"
+#define Y "fedcba9876543210fedcba9876543210"
+
+static redisContext *conn; /* the scripts' connection */
+static redisContext *raw;  /* plain commands, to look at the keys */
+static dlock_counters ctr;
+
+/* The six keys of name for client id, in the scripts' order. */
+typedef struct keys {
+    char k[6][96];
+} keys;
+
+static keys keys_of(const char *name, const char *id)
+{
+    keys k;
+    const char *suffix[5] = {"", ":fence", ":q", ":qd", ":turn"};
+    for (int i = 0; i < 5; i++)
+        snprintf(k.k[i], sizeof k.k[i], "ts:{%s}%s", name, suffix[i]);
+    snprintf(k.k[5], sizeof k.k[5], "ts:{%s}:c:%s", name, id);
+    return k;
+}
+
+static redisReply *run(dlock_script_id id, const char **argv, int nargs)
+{
+    redisReply *r = dlock_conn_eval(conn, &ctr, dlock_conn_deadline(2000), id, 6, nargs, argv,
+                                    NULL);
+    assert_non_null(r);
+    if (r->type == REDIS_REPLY_ERROR)
+        fail_msg("script error: %s", r->str);
+    return r;
+}
+
+/* Attempt `n` of client id on name, queueing when refused. Returns the
+ * reply's first element (1 granted, 0 refused, -1 stale), *second the other. */
+static long long acquire(const char *name, const char *id, long long n, long long *second)
+{
+    keys k = keys_of(name, id);
+    char nonce[24];
+    snprintf(nonce, sizeof nonce, "%lld", n);
+    const char *argv[13];
+    for (int i = 0; i < 6; i++)
+        argv[i] = k.k[i];
+    const char *a[7] = {id, "10000", nonce, "16", "2000", "1", "20000"};
+    memcpy(argv + 6, a, sizeof a);
+    redisReply *r = run(DLOCK_SCRIPT_ACQUIRE, argv, 7);
+    assert_int_equal(r->type, REDIS_REPLY_ARRAY);
+    long long first = r->element[0]->integer;
+    if (second)
+        *second = r->element[1]->integer;
+    freeReplyObject(r);
+    return first;
+}
+
+/* Release of client id's grant of name by field ("token" or "nonce"). */
+static long long release(const char *name, const char *id, const char *field, long long value)
+{
+    keys k = keys_of(name, id);
+    char v[24];
+    snprintf(v, sizeof v, "%lld", value);
+    const char *argv[15];
+    for (int i = 0; i < 6; i++)
+        argv[i] = k.k[i];
+    const char *a[9] = {id, field, v, "10000", "0", "ts:wake:", name, "2000", "20000"};
+    memcpy(argv + 6, a, sizeof a);
+    redisReply *r = run(DLOCK_SCRIPT_RELEASE, argv, 9);
+    assert_int_equal(r->type, REDIS_REPLY_INTEGER);
+    long long out = r->integer;
+    freeReplyObject(r);
+    return out;
+}
+
+/* Leave of client id from name's queue, as call n. */
+static long long leave(const char *name, const char *id, long long n)
+{
+    keys k = keys_of(name, id);
+    char num[24];
+    snprintf(num, sizeof num, "%lld", n);
+    const char *argv[12];
+    for (int i = 0; i < 6; i++)
+        argv[i] = k.k[i];
+    const char *a[6] = {id, "ts:wake:", name, "2000", num, "20000"};
+    memcpy(argv + 6, a, sizeof a);
+    redisReply *r = run(DLOCK_SCRIPT_LEAVE, argv, 6);
+    assert_int_equal(r->type, REDIS_REPLY_INTEGER);
+    long long out = r->integer;
+    freeReplyObject(r);
+    return out;
+}
+
+/* HGET of the lease's field, as a number (-1: absent). */
+static long long lease_field(const char *name, const char *field)
+{
+    redisReply *r = redisCommand(raw, "HGET ts:{%s} %s", name, field);
+    assert_non_null(r);
+    long long v = r->type == REDIS_REPLY_STRING ? strtoll(r->str, NULL, 10) : -1;
+    freeReplyObject(r);
+    return v;
+}
+
+static long long queued(const char *name, const char *id)
+{
+    redisReply *r = redisCommand(raw, "ZSCORE ts:{%s}:q %s", name, id);
+    assert_non_null(r);
+    long long v = r->type == REDIS_REPLY_STRING;
+    freeReplyObject(r);
+    return v;
+}
+
+static int setup(void **state)
+{
+    if (fx_group_setup(state) != 0)
+        return -1;
+    dlock_conn_cfg cfg = {(char *)"127.0.0.1", fx_server.port, NULL, 0, 1000, 2000};
+    if (dlock_conn_open(&cfg, &ctr, &conn) != DLOCK_OK)
+        return -1;
+    raw = fx_connect("127.0.0.1", fx_server.port);
+    return raw ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    redisFree(conn);
+    redisFree(raw);
+    return fx_group_teardown(state);
+}
+
+/* The critical case: attempt 5 of X is granted; attempt 3 of X, sent
+ * earlier, arrives now. It must neither grant again (new token, nonce 3, so
+ * that an orphan release of attempt 3 would delete the live grant) nor touch
+ * anything else. */
+static void test_late_attempt_never_regrants(void **state)
+{
+    (void)state;
+    long long t5;
+    assert_int_equal(acquire("late", X, 5, &t5), 1);
+    assert_int_equal(acquire("late", X, 3, NULL), -1);
+    assert_int_equal(lease_field("late", "token"), t5);
+    assert_int_equal(lease_field("late", "nonce"), 5);
+    /* So the orphan release of attempt 3 finds nothing of its own, and says
+     * that attempt 3 is superseded: no grant of it can appear any more. */
+    assert_int_equal(release("late", X, "nonce", 3), 3);
+    assert_int_equal(lease_field("late", "nonce"), 5);
+    /* A later attempt of the same client while it owns the lease (its
+     * outcome was unknown to it) is granted again in place, as before. */
+    long long t7;
+    assert_int_equal(acquire("late", X, 7, &t7), 1);
+    assert_true(t7 > t5);
+    assert_int_equal(lease_field("late", "nonce"), 7);
+    /* The same attempt seen twice (a retry on a new connection after the
+     * first copy ran) gets the same grant, not a new token. */
+    long long again;
+    assert_int_equal(acquire("late", X, 7, &again), 1);
+    assert_int_equal(again, t7);
+    assert_int_equal(release("late", X, "token", t7), 1);
+}
+
+/* A late attempt of a client that no longer waits must not queue it (its
+ * turn would stall the others) nor be granted a lease nobody wants. */
+static void test_late_attempt_does_not_queue_or_grant(void **state)
+{
+    (void)state;
+    long long ty;
+    assert_int_equal(acquire("lq", Y, 1, &ty), 1); /* Y holds */
+    assert_int_equal(acquire("lq", X, 10, NULL), 0); /* X queues */
+    assert_int_equal(queued("lq", X), 1);
+    assert_int_equal(leave("lq", X, 11), 1);          /* X gives up */
+    assert_int_equal(queued("lq", X), 0);
+    assert_int_equal(acquire("lq", X, 9, NULL), -1); /* a late copy of attempt 9 */
+    assert_int_equal(queued("lq", X), 0);
+    assert_int_equal(release("lq", Y, "token", ty), 1);
+    /* Free now: a late attempt 10 of X is still stale, so not granted. */
+    assert_int_equal(acquire("lq", X, 10, NULL), -1);
+    assert_int_equal(lease_field("lq", "owner"), -1);
+}
+
+/* A release whose first try ran but whose answer was lost is retried: the
+ * retry must say released (1), not lost (0). Another grant's token is still
+ * not released by it. */
+static void test_release_is_idempotent(void **state)
+{
+    (void)state;
+    long long t;
+    assert_int_equal(acquire("ri", X, 20, &t), 1);
+    assert_int_equal(release("ri", X, "token", t), 1);
+    assert_int_equal(release("ri", X, "token", t), 1);
+    assert_int_equal(release("ri", X, "token", t + 1), 0);
+    /* Once another client holds the name, X's old grant still reads as
+     * released, and Y's lease stays. */
+    long long ty;
+    assert_int_equal(acquire("ri", Y, 1, &ty), 1);
+    assert_int_equal(release("ri", X, "token", t), 1);
+    assert_int_equal(lease_field("ri", "token"), ty);
+    /* An orphan release by attempt number is idempotent too. */
+    assert_int_equal(release("ri", Y, "token", ty), 1);
+    assert_int_equal(acquire("ri", X, 21, NULL), 1);
+    assert_int_equal(release("ri", X, "nonce", 21), 1);
+    assert_int_equal(release("ri", X, "nonce", 21), 1);
+    /* And the acquire that made that grant, arriving again, is stale. */
+    assert_int_equal(acquire("ri", X, 21, NULL), -1);
+    assert_int_equal(lease_field("ri", "owner"), -1);
+}
+
+/* A leave sent late (by the background thread, after Redis failed) must
+ * not take out the client if it queued again with a newer attempt. */
+static void test_late_leave_is_ignored(void **state)
+{
+    (void)state;
+    long long ty;
+    assert_int_equal(acquire("ll", Y, 1, &ty), 1);
+    assert_int_equal(acquire("ll", X, 30, NULL), 0);
+    assert_int_equal(acquire("ll", X, 32, NULL), 0); /* queued again, newer */
+    assert_int_equal(leave("ll", X, 31), 0);          /* the late leave */
+    assert_int_equal(queued("ll", X), 1);
+    assert_int_equal(leave("ll", X, 33), 1);
+    assert_int_equal(queued("ll", X), 0);
+    assert_int_equal(release("ll", Y, "token", ty), 1);
+}
+
+/* The record of a client expires: nothing is kept per name and client once
+ * the client stopped using the name. */
+static void test_record_expires(void **state)
+{
+    (void)state;
+    long long t;
+    assert_int_equal(acquire("rx", X, 40, &t), 1);
+    assert_int_equal(release("rx", X, "token", t), 1);
+    redisReply *r = redisCommand(raw, "PTTL ts:{rx}:c:" X);
+    assert_int_equal(r->type, REDIS_REPLY_INTEGER);
+    assert_true(r->integer > 0 && r->integer <= 20000);
+    freeReplyObject(r);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_late_attempt_never_regrants),
+        cmocka_unit_test(test_late_attempt_does_not_queue_or_grant),
+        cmocka_unit_test(test_release_is_idempotent),
+        cmocka_unit_test(test_late_leave_is_ignored),
+        cmocka_unit_test(test_record_expires),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
