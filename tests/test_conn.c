@@ -178,6 +178,73 @@ static void test_no_sigpipe_on_closed_connection(void **state)
     assert_false(sigismember(&pending, SIGPIPE)); /* consumed, not left behind */
 }
 
+/* The server checks at connect: Redis 5 or later (the scripts read TIME
+ * before writing), and no eviction policy that could evict a live lease. */
+static void test_info_check(void **state)
+{
+    (void)state;
+    const char *ok[] = {
+        "# Server\r\nredis_version:7.0.15\r\n# Memory\r\nmaxmemory:0\r\n"
+        "maxmemory_policy:allkeys-lru\r\n",
+        "redis_version:5.0.0\r\nmaxmemory:104857600\r\nmaxmemory_policy:noeviction\r\n",
+        "redis_version:6.2.1\r\n", /* no memory section: no maxmemory */
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++)
+        assert_int_equal(dlock_conn_check_info(ok[i]), DLOCK_OK);
+    const char *bad[] = {
+        "redis_version:4.0.14\r\nmaxmemory:0\r\n",
+        "redis_version:7.0.15\r\nmaxmemory:104857600\r\nmaxmemory_policy:allkeys-lru\r\n",
+        "redis_version:7.0.15\r\nmaxmemory:104857600\r\nmaxmemory_policy:volatile-ttl\r\n",
+        "maxmemory:0\r\n", /* not a Redis INFO */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        assert_int_equal(dlock_conn_check_info(bad[i]), DLOCK_ESERVER);
+    assert_int_equal(dlock_conn_check_info(bad[2]), DLOCK_ESERVER);
+    assert_non_null(strstr(dlock_last_error(), "volatile-ttl"));
+    assert_int_equal(dlock_conn_check_info(bad[0]), DLOCK_ESERVER);
+    assert_non_null(strstr(dlock_last_error(), "Redis 5"));
+}
+
+static void config_set(const char *param, const char *value)
+{
+    redisContext *k = fx_connect("127.0.0.1", fx_server.port);
+    assert_non_null(k);
+    redisReply *r = redisCommand(k, "CONFIG SET %s %s", param, value);
+    assert_non_null(r);
+    assert_int_equal(r->type, REDIS_REPLY_STATUS);
+    freeReplyObject(r);
+    redisFree(k);
+}
+
+/* Against the real server: an evicting policy with maxmemory set is refused
+ * with DLOCK_ESERVER and a message that says what to change, by the
+ * connection module and by the first lock call; noeviction is accepted. */
+static void test_evicting_server_refused(void **state)
+{
+    (void)state;
+    dlock_counters ctr = {0};
+    dlock_conn_cfg cfg = conn_cfg(fx_server.port);
+    redisContext *c = NULL;
+    config_set("maxmemory", "104857600");
+    config_set("maxmemory-policy", "allkeys-lru");
+    assert_int_equal(dlock_conn_open(&cfg, &ctr, &c), DLOCK_ESERVER);
+    assert_null(c);
+    assert_non_null(strstr(dlock_last_error(), "noeviction"));
+
+    dlock_config dc;
+    fx_config(&dc, &fx_server);
+    dlock_client *client;
+    assert_int_equal(dlock_client_open(&dc, &client), DLOCK_OK);
+    assert_int_equal(dlock_acquire(client, "evict", 0, NULL), DLOCK_ESERVER);
+    assert_non_null(strstr(dlock_last_error(), "allkeys-lru"));
+
+    config_set("maxmemory-policy", "noeviction");
+    assert_int_equal(dlock_acquire(client, "evict", 0, NULL), DLOCK_OK);
+    assert_int_equal(dlock_release(client, "evict"), DLOCK_OK);
+    dlock_client_close(client);
+    config_set("maxmemory", "0");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -187,6 +254,8 @@ int main(void)
         cmocka_unit_test(test_auth_and_select_errors),
         cmocka_unit_test(test_pool_limit_and_reuse),
         cmocka_unit_test(test_no_sigpipe_on_closed_connection),
+        cmocka_unit_test(test_info_check),
+        cmocka_unit_test(test_evicting_server_refused),
     };
     return cmocka_run_group_tests(tests, fx_group_setup, fx_group_teardown);
 }

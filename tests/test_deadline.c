@@ -1,0 +1,242 @@
+/*
+ * Deadlines and clocks of the lock calls, against a private redis-server:
+ * a storm of signals cannot stretch a call to a frozen Redis; waiting for a
+ * pooled connection ends at the caller's deadline; the threads that wait
+ * behind a poller fail with it instead of polling again in turn; lease
+ * validity follows the boot clock, which keeps counting through a system
+ * suspend.
+ *
+ * Timing: this runs on small, noisy machines and under sanitizers. The
+ * assertions compare orders of events (returned before the signals stopped,
+ * before the thread that held the connection) or count commands, not
+ * durations, so a slow machine cannot fail them; where a wait is needed its
+ * bound is several times what it guards, and says why.
+ */
+#define _GNU_SOURCE
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#include "common.h"
+#include "dlock.h"
+#include "fixture.h"
+
+static dlock_client *open_client(uint32_t command_timeout_ms, uint32_t pool_size)
+{
+    dlock_config cfg;
+    fx_config(&cfg, &fx_server);
+    cfg.key_prefix = "td:";
+    cfg.command_timeout_ms = command_timeout_ms;
+    cfg.connect_timeout_ms = command_timeout_ms;
+    cfg.pool_size = pool_size;
+    dlock_client *c = NULL;
+    int rc = dlock_client_open(&cfg, &c);
+    if (rc != DLOCK_OK)
+        fail_msg("dlock_client_open: %s (%s)", dlock_err_name(rc), dlock_last_error());
+    assert_int_equal(fx_wait_subscriber(c), 0);
+    return c;
+}
+
+static int resume_server(void **state)
+{
+    return fx_ensure_server(state);
+}
+
+/* ------------------------------------------------------- signal storm */
+
+static atomic_long signals_seen;
+
+static void on_usr1(int sig)
+{
+    (void)sig;
+    atomic_fetch_add(&signals_seen, 1);
+}
+
+typedef struct storm {
+    pthread_t thread, target;
+    atomic_int stop;
+    long long ended_ns; /* when the last signal was sent */
+} storm;
+
+/* Sends SIGUSR1 to the target thread every 10 ms until stopped, for at most
+ * 6 s: like an interval timer or a sampling profiler in the application. */
+static void *storm_main(void *arg)
+{
+    storm *s = arg;
+    long long until = fx_now_ns() + 6000LL * 1000000LL;
+    while (!atomic_load(&s->stop) && fx_now_ns() < until) {
+        pthread_kill(s->target, SIGUSR1);
+        fx_sleep_ms(10);
+    }
+    s->ended_ns = fx_now_ns();
+    return NULL;
+}
+
+/* hiredis' blocking read restarts its SO_RCVTIMEO after every EINTR: with a
+ * signal every 10 ms a call to a frozen Redis never timed out while the
+ * signals went on. Each call must fail with DLOCK_EREDIS within its own
+ * bound, while the storm is still raging (it lasts 6 s; the bound of each
+ * call is a few hundred ms). */
+static void test_signal_storm_cannot_stretch_calls(void **state)
+{
+    (void)state;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_usr1;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    struct sigaction old;
+    assert_int_equal(sigaction(SIGUSR1, &sa, &old), 0);
+
+    dlock_client *c = open_client(300, 8);
+    assert_int_equal(dlock_acquire(c, "sig:held", 0, NULL), DLOCK_OK);
+    assert_int_equal(fx_redis_signal(&fx_server, SIGSTOP), 0);
+
+    storm s = {.target = pthread_self()};
+    atomic_store(&s.stop, 0);
+    atomic_store(&signals_seen, 0);
+    assert_int_equal(pthread_create(&s.thread, NULL, storm_main, &s), 0);
+    int acq = dlock_acquire(c, "sig:new", 0, NULL);
+    long long acq_done = fx_now_ns();
+    int rel = dlock_release(c, "sig:held");
+    long long rel_done = fx_now_ns();
+    long seen = atomic_load(&signals_seen);
+    atomic_store(&s.stop, 1);
+    pthread_join(s.thread, NULL);
+
+    assert_int_equal(fx_redis_signal(&fx_server, SIGCONT), 0);
+    assert_int_equal(acq, DLOCK_EREDIS);
+    assert_int_equal(rel, DLOCK_EREDIS);
+    assert_true(seen >= 3); /* the calls were really interrupted */
+    /* Both returned before the storm would have ended by itself. */
+    assert_true(acq_done < rel_done);
+    assert_true(rel_done < s.ended_ns);
+    /* And Redis works again for the same client. */
+    assert_int_equal(dlock_acquire(c, "sig:new", 2000, NULL), DLOCK_OK);
+    assert_int_equal(dlock_release(c, "sig:new"), DLOCK_OK);
+    dlock_client_close(c);
+    sigaction(SIGUSR1, &old, NULL);
+}
+
+/* ------------------------------------------- pool wait and caller deadline */
+
+typedef struct call {
+    pthread_t thread;
+    dlock_client *c;
+    const char *name;
+    int64_t wait_ms;
+    int rc;
+    long long done_ns;
+} call;
+
+static void *call_main(void *arg)
+{
+    call *k = arg;
+    k->rc = dlock_acquire(k->c, k->name, k->wait_ms, NULL);
+    k->done_ns = fx_now_ns();
+    if (k->rc == DLOCK_OK)
+        dlock_release(k->c, k->name);
+    return NULL;
+}
+
+/* One pooled connection, stuck in a call to a frozen Redis for a command
+ * timeout (3 s). Another thread's acquire with a 200 ms wait must give up at
+ * its own deadline, not wait for the stuck connection to come back. */
+static void test_pool_wait_ends_at_caller_deadline(void **state)
+{
+    (void)state;
+    dlock_client *c = open_client(3000, 1);
+    assert_int_equal(fx_redis_signal(&fx_server, SIGSTOP), 0);
+    call stuck = {.c = c, .name = "pool:a", .wait_ms = 0};
+    assert_int_equal(pthread_create(&stuck.thread, NULL, call_main, &stuck), 0);
+    fx_sleep_ms(300); /* it has the only connection by now (it asks at once) */
+    int rc = dlock_acquire(c, "pool:b", 200, NULL);
+    long long done = fx_now_ns();
+    pthread_join(stuck.thread, NULL);
+    assert_int_equal(fx_redis_signal(&fx_server, SIGCONT), 0);
+    assert_int_equal(rc, DLOCK_ETIMEDOUT);
+    assert_int_equal(stuck.rc, DLOCK_EREDIS);
+    assert_true(done < stuck.done_ns);
+    dlock_client_close(c);
+}
+
+/* ---------------------------------------------- waiters fail with poller */
+
+/* Four threads want one name while Redis is frozen: one polls, three wait
+ * behind it. When the poll fails, all four fail with DLOCK_EREDIS, and no
+ * waiter becomes the next poller to wait another timeout: the client sent
+ * one acquire. */
+static void test_waiters_fail_with_their_poller(void **state)
+{
+    (void)state;
+    enum { N = 4 };
+    dlock_client *c = open_client(1000, 8);
+    dlock_stats s0, s1;
+    assert_int_equal(fx_redis_signal(&fx_server, SIGSTOP), 0);
+    assert_int_equal(dlock_client_stats(c, &s0), DLOCK_OK);
+    call k[N];
+    for (int i = 0; i < N; i++) {
+        k[i] = (call){.c = c, .name = "wf", .wait_ms = 20000};
+        assert_int_equal(pthread_create(&k[i].thread, NULL, call_main, &k[i]), 0);
+    }
+    for (int i = 0; i < N; i++)
+        pthread_join(k[i].thread, NULL);
+    assert_int_equal(dlock_client_stats(c, &s1), DLOCK_OK);
+    assert_int_equal(fx_redis_signal(&fx_server, SIGCONT), 0);
+    for (int i = 0; i < N; i++)
+        assert_int_equal(k[i].rc, DLOCK_EREDIS);
+    /* The acquire, and the renewal thread's release of its unknown outcome
+     * (in flight for a command timeout): a second poller would add its own
+     * acquire and release. */
+    assert_in_range(s1.redis_commands - s0.redis_commands, 1, 2);
+    dlock_client_close(c);
+}
+
+/* -------------------------------------------------------- boot clock */
+
+/* A lease's validity runs on the boot clock: after a suspend as long as the
+ * lease (simulated by moving the boot clock alone), the holder no longer
+ * holds a valid lease, a nested acquire reports it lost, and the lease is
+ * not passed to a waiting thread. With the monotonic clock, which stops
+ * during a suspend, all three went on as if no time had passed. */
+static void test_validity_counts_suspend(void **state)
+{
+    (void)state;
+    dlock_client *c = open_client(1000, 8);
+    assert_int_equal(dlock_acquire(c, "boot", 0, NULL), DLOCK_OK);
+    assert_int_equal(dlock_held(c, "boot"), 1);
+    call waiter = {.c = c, .name = "boot", .wait_ms = 20000};
+    assert_int_equal(pthread_create(&waiter.thread, NULL, call_main, &waiter), 0);
+    fx_sleep_ms(100); /* it waits behind this thread by now */
+    dlock_stats s0, s1;
+    assert_int_equal(dlock_client_stats(c, &s0), DLOCK_OK);
+
+    ck_pr_store_64(&dlock_boot_skew_ns, 30001ULL * 1000000ULL); /* the default lease, + 1 ms */
+    assert_int_equal(dlock_held(c, "boot"), 0);
+    assert_int_equal(dlock_acquire(c, "boot", 0, NULL), DLOCK_ELOST);
+    assert_int_equal(dlock_release(c, "boot"), DLOCK_OK); /* Redis still had it */
+    pthread_join(waiter.thread, NULL);
+    ck_pr_store_64(&dlock_boot_skew_ns, 0);
+    assert_int_equal(waiter.rc, DLOCK_OK);
+    assert_int_equal(dlock_client_stats(c, &s1), DLOCK_OK);
+    assert_int_equal(s1.handoffs - s0.handoffs, 0); /* it came from Redis */
+    assert_int_equal(s1.grants - s0.grants, 1);
+    dlock_client_close(c);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_signal_storm_cannot_stretch_calls, resume_server),
+        cmocka_unit_test_teardown(test_pool_wait_ends_at_caller_deadline, resume_server),
+        cmocka_unit_test_teardown(test_waiters_fail_with_their_poller, resume_server),
+        cmocka_unit_test(test_validity_counts_suspend),
+    };
+    return cmocka_run_group_tests(tests, fx_group_setup, fx_group_teardown);
+}
