@@ -120,29 +120,38 @@ void dlock_client_close(dlock_client *c);
  * before for this name, across all clients. Reentrant: a thread that holds
  * the lock acquires it again at once, with no Redis command, and gets the
  * same token; each acquire needs its own release.
- * A deadline is kept while waiting; a Redis call already under way when it
- * passes may overrun it by up to the command timeout.
+ * A deadline is kept while waiting, for a connection too; no Redis call
+ * starts after it, and a call already under way when it passes may overrun
+ * it by up to the command timeout. Signals delivered to the calling thread
+ * (interval timers, profilers) do not stretch any of these bounds.
  * Errors: DLOCK_EINVAL (NULL client or name, empty name, name longer than
  * DLOCK_NAME_MAX), DLOCK_EREDIS (Redis unreachable or failed: within the
  * connect timeout plus two command timeouts, one of them spent waiting for a
  * free connection while all are stuck; if the outcome of the acquire is
  * unknown, the renewal thread releases that grant in the background, or it
- * expires after lease_ms), DLOCK_ELOST (a nested acquire while the held
- * lease is lost), DLOCK_EFORK, DLOCK_ENOMEM. */
+ * expires after lease_ms; threads of this client that waited behind the
+ * failed call fail with it), DLOCK_ESERVER (the server is older than Redis 5,
+ * or may evict keys: maxmemory set with a policy other than noeviction;
+ * dlock_last_error() says which), DLOCK_ELOST (a nested acquire while the
+ * held lease is lost), DLOCK_EFORK, DLOCK_ENOMEM. */
 int dlock_acquire(dlock_client *c, const char *name, int64_t wait_ms, uint64_t *fence);
 
 /* Releases one level of the calling thread's hold on `name`; the outermost
  * release gives the lease back to Redis (or, with cohort handoff, to a waiting
- * thread of this client). Returns DLOCK_OK; DLOCK_ENOTHELD if the calling
- * thread does not hold `name` (nothing changes); DLOCK_ELOST if the lease had
- * been lost while held (the lock is released locally all the same);
- * DLOCK_EREDIS if Redis could not be told (the lock is released locally and
- * the lease expires in Redis after at most lease_ms); DLOCK_EINVAL, DLOCK_EFORK. */
+ * thread of this client). Returns DLOCK_OK (also when the release had to be
+ * sent again on a new connection after the first try ran: a release is
+ * idempotent); DLOCK_ENOTHELD if the calling thread does not hold `name`
+ * (nothing changes); DLOCK_ELOST if the lease had been lost while held (the
+ * lock is released locally all the same); DLOCK_EREDIS or DLOCK_ESERVER if
+ * Redis could not be told (the lock is released locally and the lease
+ * expires in Redis after at most lease_ms); DLOCK_EINVAL, DLOCK_EFORK. */
 int dlock_release(dlock_client *c, const char *name);
 
 /* 1 if the calling thread holds `name` and its lease is still valid (known
- * renewed in time, by the local clock with a drift margin), else 0. Costs no
- * Redis command. Returns 0 for invalid arguments and in a forked child. */
+ * renewed in time, by the local clock with a drift margin), else 0. The local
+ * clock is CLOCK_BOOTTIME, which keeps counting through a system suspend.
+ * Costs no Redis command. Returns 0 for invalid arguments and in a forked
+ * child. */
 int dlock_held(dlock_client *c, const char *name);
 
 /* Counters of one client since it was opened, read without stopping it. */
