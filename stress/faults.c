@@ -17,6 +17,8 @@
  *                       delayed at most about one waiter ttl
  *   started_redis_down  a client opened while Redis is down works once
  *                       Redis is up
+ *   signal_storm        Redis SIGSTOPped and a signal every 10 ms to the
+ *                       calling thread: calls still fail within their bound
  *
  * Structure. The main process never opens a dlock client, starts no thread
  * and no redis-server: it forks one runner process per scenario and bounds
@@ -1797,6 +1799,164 @@ static int sc_started_redis_down(void)
 }
 
 /* ------------------------------------------------------------------ */
+/* 7. signal_storm                                                      */
+
+/*
+ * A client process holds "held"; the runner freezes Redis (SIGSTOP); the
+ * client's main thread then receives a SIGUSR1 (handler installed with
+ * SA_RESTART, like an interval timer or a sampling profiler) every 10 ms
+ * from another thread for up to 6 s, while it calls acquire("a", 5000),
+ * acquire("b", 0) and release("held"). Each must fail with DLOCK_EREDIS
+ * within connect + 2 x command timeout + 1 s of slack (the bound of
+ * redis_frozen): a call whose timeout started over after every signal would
+ * not return until the signals stop. After SIGCONT an acquire succeeds.
+ */
+#define SS_SLACK_MS 1000
+#define SS_PERIOD_MS 10
+#define SS_STORM_MS 6000
+
+static volatile sig_atomic_t ss_delivered;
+
+static void ss_on_usr1(int sig)
+{
+    (void)sig;
+    ss_delivered++;
+}
+
+typedef struct ss_storm {
+    pthread_t tid, target;
+    int stop;
+} ss_storm;
+
+static void *ss_storm_main(void *arg)
+{
+    ss_storm *st = arg;
+    int64_t until = now_ns() + SS_STORM_MS * NS_PER_MS;
+    while (!ld(&st->stop) && now_ns() < until) {
+        pthread_kill(st->target, SIGUSR1);
+        sleep_ms(SS_PERIOD_MS);
+    }
+    return NULL;
+}
+
+static void ss_child(void *arg)
+{
+    proc_sh *ps = arg;
+    dlock_config cfg;
+    cfg_base(&cfg);
+    cfg.connect_timeout_ms = FROZEN_CONNECT_MS;
+    cfg.command_timeout_ms = FROZEN_COMMAND_MS;
+    dlock_client *c = open_client(ps, &cfg);
+    child_acquire(ps, c, "held", 2000, "client");
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = ss_on_usr1;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGUSR1, &sa, NULL);
+    st_int(&ps->step, 1);
+    if (!wait_go(ps, 1, 20000))
+        child_fail(ps, "never told that redis is frozen");
+
+    ss_storm st = {.target = pthread_self()};
+    int e = pthread_create(&st.tid, NULL, ss_storm_main, &st);
+    if (e)
+        child_fail(ps, "pthread_create: %s", strerror(e));
+    uint64_t fence;
+    int64_t t0 = now_ns();
+    ps->rc[1] = dlock_acquire(c, "a", 5000, &fence);
+    ps->t[1] = now_ns() - t0;
+    t0 = now_ns();
+    ps->rc[2] = dlock_acquire(c, "b", 0, &fence);
+    ps->t[2] = now_ns() - t0;
+    t0 = now_ns();
+    ps->rc[3] = dlock_release(c, "held");
+    ps->t[3] = now_ns() - t0;
+    ps->rc[4] = (int)ss_delivered;
+    st_int(&st.stop, 1);
+    pthread_join(st.tid, NULL);
+    st_int(&ps->step, 2);
+
+    if (!wait_go(ps, 2, 20000))
+        child_fail(ps, "never told that redis is continued");
+    t0 = now_ns();
+    ps->rc[5] = dlock_acquire(c, "a", 5000, &fence);
+    ps->t[5] = now_ns() - t0;
+    ps->rc[6] = ps->rc[5] == DLOCK_OK ? dlock_release(c, "a") : ps->rc[5];
+    st_int(&ps->step, 3);
+    child_exit(c);
+}
+
+static int sc_signal_storm(void)
+{
+    proc_sh *ps = shm_alloc(sizeof *ps);
+    if (!ps)
+        return fail("mmap failed");
+    char why[512], stx[64];
+    int st = 0;
+    const long bound = FROZEN_CONNECT_MS + 2 * FROZEN_COMMAND_MS + SS_SLACK_MS;
+    static const char *const call_name[] = {"", "acquire(a, 5000)", "acquire(b, 0)",
+                                            "release(held)"};
+    phase = "warming up";
+    pid_t pid = start_child(ss_child, ps);
+    if (pid < 0)
+        return fail("fork failed");
+    if (wait_step(ps, 1, 10000) != 1)
+        return fail("%s", child_why(ps, pid, "the client", why, sizeof why));
+    phase = "calls with redis frozen under a signal storm";
+    if (fx_redis_signal(&R, SIGSTOP) != 0)
+        return fail("could not SIGSTOP redis-server");
+    st_int(&ps->go, 1);
+    /* Three calls of one bound each; the storm itself lasts 6 s. */
+    int w = wait_step(ps, 2, 3 * bound + SS_STORM_MS + 2000);
+    fx_redis_signal(&R, SIGCONT);
+    if (w != 1)
+        return fail("%s", child_why(ps, pid, "the client", why, sizeof why));
+    phase = "acquire after SIGCONT";
+    st_int(&ps->go, 2);
+    if (wait_step(ps, 3, 15000) != 1 || !reap(pid, 10000, &st))
+        return fail("%s", child_why(ps, pid, "the client after SIGCONT", why, sizeof why));
+
+    int ok = 1;
+    char extra[512] = "";
+    size_t el = 0;
+    for (int i = 1; i <= 3; i++) {
+        if (ps->rc[i] != DLOCK_EREDIS || MS(ps->t[i]) > bound) {
+            ok = 0;
+            el += (size_t)snprintf(extra + el, el < sizeof extra ? sizeof extra - el : 0,
+                                   "; %s returned %s after %lld ms", call_name[i],
+                                   dlock_err_name(ps->rc[i]), MS(ps->t[i]));
+        }
+    }
+    if (ps->rc[4] < 10) {
+        ok = 0;
+        el += (size_t)snprintf(extra + el, el < sizeof extra ? sizeof extra - el : 0,
+                               "; only %d signals were delivered during the calls", ps->rc[4]);
+    }
+    if (ps->rc[5] != DLOCK_OK || ps->rc[6] != DLOCK_OK) {
+        ok = 0;
+        el += (size_t)snprintf(extra + el, el < sizeof extra ? sizeof extra - el : 0,
+                               "; after SIGCONT: acquire %s, release %s",
+                               dlock_err_name(ps->rc[5]), dlock_err_name(ps->rc[6]));
+    }
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+        ok = 0;
+        el += (size_t)snprintf(extra + el, el < sizeof extra ? sizeof extra - el : 0,
+                               "; client %s", status_text(st, stx, sizeof stx));
+    }
+    snprintf(res, sizeof res,
+             "redis frozen, SIGUSR1 every %d ms to the calling thread (%d delivered during the"
+             " calls): acquire(a, 5000) %s in %lld ms, acquire(b, 0) %s in %lld ms,"
+             " release(held) %s in %lld ms; bound %ld ms = connect %d + 2 x command %d + slack"
+             " %d; after SIGCONT acquire %s in %lld ms%s",
+             SS_PERIOD_MS, ps->rc[4], dlock_err_name(ps->rc[1]), MS(ps->t[1]),
+             dlock_err_name(ps->rc[2]), MS(ps->t[2]), dlock_err_name(ps->rc[3]), MS(ps->t[3]),
+             bound, FROZEN_CONNECT_MS, FROZEN_COMMAND_MS, SS_SLACK_MS,
+             dlock_err_name(ps->rc[5]), MS(ps->t[5]), extra);
+    return ok;
+}
+
+/* ------------------------------------------------------------------ */
 /* Driver                                                               */
 
 typedef struct scenario {
@@ -1818,6 +1978,8 @@ static const scenario SCENARIOS[] = {
                       " about one waiter ttl of the release", sc_waiter_killed},
     {"started_redis_down", "a client opened while redis is down fails fast, then works once"
                            " redis is restarted on its port", sc_started_redis_down},
+    {"signal_storm", "redis SIGSTOPped and a SIGUSR1 every 10 ms to the calling thread: every"
+                     " call still returns DLOCK_EREDIS within its bound", sc_signal_storm},
 };
 #define NSCEN ((int)(sizeof SCENARIOS / sizeof SCENARIOS[0]))
 
