@@ -29,10 +29,9 @@
  *   at all. (The alternative, a short SO_RCVTIMEO and redisGetReply, does not
  *   work as is in 0.14: a timeout sets c->err = REDIS_ERR_IO with errno
  *   EAGAIN and every later call on the context fails at once until c->err is
- *   cleared by hand.) The socket stays blocking with dlock_conn_open's
- *   timeouts: a read() after POLLIN returns at once, and the writes (SUBSCRIBE
- *   and PING, a few dozen bytes into an empty socket buffer) cannot block for
- *   longer than the command timeout.
+ *   cleared by hand.) A read() after POLLIN returns at once; the writes
+ *   (SUBSCRIBE and PING) go through dlock_conn_flush, which never blocks past
+ *   the command timeout.
  *
  * Liveness: a SUBSCRIBE must be confirmed within the command timeout. Once
  *   subscribed, after PING_IDLE_MS without receiving anything the thread sends
@@ -50,9 +49,9 @@
  *   reconnect.
  *
  * Signals: the thread is created with every signal blocked, so that the
- *   application's handlers run on its own threads and a write to a socket
- *   the server closed does not raise SIGPIPE in a process that did not ignore
- *   it (the write fails with EPIPE and the connection is treated as lost).
+ *   application's handlers run on its own threads. A write to a socket the
+ *   server closed fails with EPIPE (MSG_NOSIGNAL, conn.h) and the connection
+ *   is treated as lost.
  */
 #include <errno.h>
 #include <poll.h>
@@ -193,7 +192,8 @@ static int session_run(dlock_sub *s)
 
     const char *argv[2] = {"SUBSCRIBE", s->channel};
     size_t lens[2] = {9, s->channel_len};
-    if (redisAppendCommandArgv(c, 2, argv, lens) != REDIS_OK || dlock_conn_flush(c, dlock_now_ns() + tmo) != 0)
+    if (redisAppendCommandArgv(c, 2, argv, lens) != REDIS_OK ||
+        dlock_conn_flush(c, dlock_now_ns() + tmo) != 0)
         return 0;
     dlock_count(&s->cfg.ctr->redis_commands, 1);
     dlock_count(&s->cfg.ctr->redis_round_trips, 1);
@@ -205,7 +205,8 @@ static int session_run(dlock_sub *s)
             break; /* no confirmation, or no sign of life after a PING */
         if (ss.subscribed && !ss.ping_out && now >= ss.last_rx + ping_idle) {
             const char *ping[1] = {"PING"};
-            if (redisAppendCommandArgv(c, 1, ping, NULL) != REDIS_OK || dlock_conn_flush(c, dlock_now_ns() + tmo) != 0)
+            if (redisAppendCommandArgv(c, 1, ping, NULL) != REDIS_OK ||
+                dlock_conn_flush(c, dlock_now_ns() + tmo) != 0)
                 break;
             dlock_count(&s->cfg.ctr->redis_commands, 1);
             dlock_count(&s->cfg.ctr->redis_round_trips, 1);
