@@ -247,6 +247,26 @@ typedef struct control {
     char hold_pat[PAT_MAX], cut_pat[PAT_MAX];
 } control;
 
+/* Copies the control fields; take_release: also takes a pending release
+ * request (k->release_req; 0 otherwise). */
+static void snapshot(fx_proxy *p, control *k, int take_release)
+{
+    pthread_mutex_lock(&p->mu);
+    k->up_us = p->up_us;
+    k->down_us = p->down_us;
+    k->stall = p->stall;
+    k->stop = p->stop;
+    k->hold_armed = p->hold_armed;
+    k->release_req = take_release && p->release_req;
+    k->cut_armed = p->cut_armed;
+    k->reset_req = p->reset_req;
+    memcpy(k->hold_pat, p->hold_pat, PAT_MAX);
+    memcpy(k->cut_pat, p->cut_pat, PAT_MAX);
+    if (take_release)
+        p->release_req = 0;
+    pthread_mutex_unlock(&p->mu);
+}
+
 static void report(fx_proxy *p, int *field, int v)
 {
     pthread_mutex_lock(&p->mu);
@@ -295,9 +315,9 @@ static int serve(fx_proxy *p, pair *x, control *k, short crev, short urev, int64
             x->u_eof = 1;
         if (c && x->cut_pending) {
             free(c);
+            report(p, &p->cut_done, 1); /* before the client can see the reset */
             rst_close(x->cfd);
             x->cfd = -1;
-            report(p, &p->cut_done, 1);
             return 1;
         }
         if (c && x->cfd >= 0)
@@ -333,19 +353,7 @@ static void *proxy_main(void *arg)
     size_t cap = 0;
     for (;;) {
         control k;
-        pthread_mutex_lock(&p->mu);
-        k.up_us = p->up_us;
-        k.down_us = p->down_us;
-        k.stall = p->stall;
-        k.stop = p->stop;
-        k.hold_armed = p->hold_armed;
-        k.release_req = p->release_req;
-        k.cut_armed = p->cut_armed;
-        k.reset_req = p->reset_req;
-        memcpy(k.hold_pat, p->hold_pat, PAT_MAX);
-        memcpy(k.cut_pat, p->cut_pat, PAT_MAX);
-        p->release_req = 0;
-        pthread_mutex_unlock(&p->mu);
+        snapshot(p, &k, 1);
         if (k.stop)
             break;
         if (k.reset_req) {
@@ -439,6 +447,15 @@ static void *proxy_main(void *arg)
             while (read(p->wake[0], b, sizeof b) > 0)
                 ;
         }
+        /* Control calls made while ppoll waited apply to what it returned:
+         * a delay, hold or cut set before a request was sent applies to
+         * that request. Stall and stop are taken up again here too; a
+         * release or reset waits for the next turn. */
+        control k2;
+        snapshot(p, &k2, 0);
+        if (k2.stop)
+            break;
+        k = k2;
         now = now_ns();
         i = 2;
         pair **link = &p->pairs;
