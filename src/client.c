@@ -21,7 +21,14 @@
  *       subscriber thread (wake_one, wake_all): a wake-up arriving during a
  *       try makes the poller try again at once instead of sleeping.
  *   I7. queued: this client may be in the name's wait queue in Redis; the
- *       last thread to give up (waiters == 1) takes it out (redis_leave).
+ *       last thread to give up (waiters == 1), whatever its error, takes it
+ *       out: itself (redis_leave) after a timeout, through the renewal
+ *       thread (dlock_renew_leave) when Redis failed. The leave is numbered
+ *       from the attempt sequence under e->mu, so a later attempt of this
+ *       client outranks it in Redis however late it arrives.
+ *   I8. A thread that waited behind a poller whose call failed with an error
+ *       of Redis (fail_seq changed) fails with it; no thread becomes the
+ *       poller, or starts any Redis call, after its deadline.
  * References: a thread inside a call holds one; the owner thread keeps the
  * one of its outermost acquire until its outermost release.
  *
