@@ -46,7 +46,11 @@ dlock_table *dlock_table_create(const char *prefix, const char *client_id, dlock
     dlock_table *t = calloc(1, sizeof *t + plen + 1);
     if (!t)
         return NULL;
-    pthread_mutex_init(&t->mu, NULL);
+    pthread_mutexattr_t ma;
+    pthread_mutexattr_init(&ma);
+    pthread_mutexattr_settype(&ma, PTHREAD_MUTEX_ADAPTIVE_NP);
+    pthread_mutex_init(&t->mu, &ma);
+    pthread_mutexattr_destroy(&ma);
     t->ctr = ctr;
     t->prefix_len = plen;
     memcpy(t->prefix, prefix, plen + 1);
@@ -57,6 +61,7 @@ dlock_table *dlock_table_create(const char *prefix, const char *client_id, dlock
 static void entry_free(dlock_entry *e)
 {
     pthread_cond_destroy(&e->cv);
+    pthread_cond_destroy(&e->pcv);
     pthread_mutex_destroy(&e->mu);
     free(e->keys[0]); /* the one allocation of all keys */
     free(e);
@@ -105,11 +110,16 @@ static dlock_entry *entry_new(dlock_table *t, const char *name, size_t len)
     memcpy(e->name, name, len);
     e->name[len] = '\0';
     e->name_len = len;
-    pthread_mutex_init(&e->mu, NULL);
+    pthread_mutexattr_t ma;
+    pthread_mutexattr_init(&ma);
+    pthread_mutexattr_settype(&ma, PTHREAD_MUTEX_ADAPTIVE_NP);
+    pthread_mutex_init(&e->mu, &ma);
+    pthread_mutexattr_destroy(&ma);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&e->cv, &ca);
+    pthread_cond_init(&e->pcv, &ca);
     pthread_condattr_destroy(&ca);
     e->state = DLOCK_LEASE_NONE;
     e->refs = 1;

@@ -49,7 +49,8 @@ typedef struct dlock_entry {
     unsigned refs;
 
     pthread_mutex_t mu;
-    pthread_cond_t cv; /* CLOCK_MONOTONIC; broadcast when owner, state or poller change */
+    pthread_cond_t cv;  /* CLOCK_MONOTONIC; the waiters (not the poller) sleep on it */
+    pthread_cond_t pcv; /* CLOCK_MONOTONIC; the poller alone sleeps on it, between tries */
 
     /* Guarded by mu. */
     int has_owner;               /* a thread of this client holds the lock */
