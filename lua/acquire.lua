@@ -52,12 +52,13 @@ local mine = lease[1] == me
 local rec = redis.call('GET', KEYS[6])
 local seen, rtok, ratt = 0, '0', '0' -- attempts are numbered from 1
 if rec then
-  local a
-  a, rtok, ratt = string.match(rec, '^(%d+) (%d+) (%d+)$')
-  seen = tonumber(a)
+  local a, t, r = string.match(rec, '^(%d+) (%d+) (%d+)$')
+  if a then -- anything else in the key is treated as no record
+    seen, rtok, ratt = tonumber(a), t, r
+  end
 end
 if mine then
-  local held = tonumber(lease[3])
+  local held = tonumber(lease[3]) or 0
   if held == attempt then
     return {1, tonumber(lease[2])} -- the same attempt again: its grant stands
   end

@@ -19,10 +19,12 @@ local rec = redis.call('GET', KEYS[6])
 local rtok, ratt = '0', '0'
 if rec then
   local a, t, r = string.match(rec, '^(%d+) (%d+) (%d+)$')
-  if tonumber(a) > n then
+  if a and tonumber(a) > n then
     return 0
   end
-  rtok, ratt = t, r
+  if a then
+    rtok, ratt = t, r
+  end
 end
 redis.call('SET', KEYS[6], string.format('%.0f %s %s', n, rtok, ratt), 'PX', ARGV[6])
 local was = redis.call('ZREM', KEYS[3], me)

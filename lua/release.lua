@@ -29,7 +29,10 @@
 -- lives forever per name.
 local me = ARGV[1]
 local lease = redis.call('HMGET', KEYS[1], 'owner', 'token', 'nonce')
-local id = ARGV[2] == 'token' and lease[2] or lease[3]
+local id = lease[3]
+if ARGV[2] == 'token' then
+  id = lease[2]
+end
 if lease[1] ~= me or id ~= ARGV[3] then
   local rec = redis.call('GET', KEYS[6])
   if rec then
@@ -42,12 +45,12 @@ if lease[1] ~= me or id ~= ARGV[3] then
       if tonumber(r) == tonumber(ARGV[3]) then
         return 1
       end
-      if tonumber(a) > tonumber(ARGV[3]) then
+      if a and tonumber(a) > tonumber(ARGV[3]) then
         return 3
       end
     end
   end
-  if ARGV[2] == 'nonce' and lease[1] == me and tonumber(lease[3]) > tonumber(ARGV[3]) then
+  if ARGV[2] == 'nonce' and lease[1] == me and (tonumber(lease[3]) or 0) > tonumber(ARGV[3]) then
     return 3
   end
   return 0
@@ -61,7 +64,7 @@ redis.call('DEL', KEYS[1])
 redis.call('SET', KEYS[2], string.format('%.0f', last), 'PX', ARGV[4])
 -- Remember the release, so that a retry of it, or a late copy of the
 -- acquire that made this grant, finds it done.
-local seen = tonumber(lease[3])
+local seen = tonumber(lease[3]) or 0
 local rec = redis.call('GET', KEYS[6])
 if rec then
   local a = tonumber(string.match(rec, '^(%d+) '))
@@ -69,7 +72,8 @@ if rec then
     seen = a
   end
 end
-redis.call('SET', KEYS[6], string.format('%.0f %s %s', seen, lease[2], lease[3]), 'PX', ARGV[9])
+redis.call('SET', KEYS[6], string.format('%.0f %s %.0f', seen, lease[2], tonumber(lease[3]) or 0),
+  'PX', ARGV[9])
 
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

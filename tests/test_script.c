@@ -251,6 +251,25 @@ static void test_record_expires(void **state)
     freeReplyObject(r);
 }
 
+/* Keys written by something else (a foreign record value, a lease hash
+ * without a nonce, as an operator's tool might leave) never make a script
+ * fail: a malformed record counts as none, a missing nonce as attempt 0. */
+static void test_foreign_values_do_not_break_scripts(void **state)
+{
+    (void)state;
+    freeReplyObject(redisCommand(raw, "SET ts:{fv}:c:" X " garbage"));
+    long long t;
+    assert_int_equal(acquire("fv", X, 50, &t), 1);
+    assert_int_equal(release("fv", X, "token", t), 1);
+    freeReplyObject(redisCommand(raw, "HSET ts:{fn} owner " X " token 5"));
+    assert_int_equal(release("fn", X, "nonce", 3), 0);
+    assert_int_equal(acquire("fn", X, 60, &t), 1); /* granted again in place */
+    assert_true(t > 5);
+    assert_int_equal(release("fn", X, "token", t), 1);
+    freeReplyObject(redisCommand(raw, "SET ts:{fl}:c:" X " 1-2-3"));
+    assert_int_equal(leave("fl", X, 70), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -259,6 +278,7 @@ int main(void)
         cmocka_unit_test(test_release_is_idempotent),
         cmocka_unit_test(test_late_leave_is_ignored),
         cmocka_unit_test(test_record_expires),
+        cmocka_unit_test(test_foreign_values_do_not_break_scripts),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
