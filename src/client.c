@@ -12,11 +12,12 @@
  *       (e->renew != NULL), which holds a reference on e.
  *   I4. A LOST lease is never given to another thread: the owner must
  *       release it, which returns DLOCK_ELOST and resets state to NONE.
- *   I5. handoff == 1 implies !has_owner and state HELD (or LOST, if the
- *       renewal found it gone meanwhile: then it is reset, not taken). Every
- *       waiter checks handoff first when it wakes, so a pending handoff is
- *       taken by the first waiter to run; a release sets it only while
- *       waiters > 0, and no poller exists while a lease is held locally.
+ *   I5. handoff == 1 (an open handoff, I10) implies !has_owner and state
+ *       HELD (or LOST, if the renewal found it gone meanwhile: then it is
+ *       reset, not taken). Every waiter checks handoff first when it wakes,
+ *       so a pending handoff is taken by the first waiter to run; a release
+ *       sets it only while waiters > 0 and wakes the head, and no poller
+ *       exists while a lease is held locally.
  *   I6. woken is cleared by the poller before each try and set by the
  *       subscriber thread (wake_one, wake_all), which signals e->pcv, on
  *       which only the poller sleeps: a wake-up arriving during a try makes
@@ -31,11 +32,29 @@
  *   I8. A thread that waited behind a poller whose call failed with an error
  *       of Redis (fail_seq changed) fails with it; no thread becomes the
  *       poller, or starts any Redis call, after its deadline.
- *   I9. When the lease goes back to Redis and threads still wait, one of
- *       them is woken to become the poller (not all: a herd); so is one
- *       when a poll ends without a grant. A woken waiter either polls or,
- *       if its deadline passed, wakes the next before it leaves, so a
- *       wake-up is never lost with the thread that received it.
+ *   I9. When the lease goes back to Redis and threads still wait, the head
+ *       of the local queue (e->wq) is woken to become the poller (not all: a
+ *       herd); so is it when a poll ends without a grant. A woken waiter
+ *       either polls or, if its deadline passed, wakes the next head before
+ *       it leaves, so a wake-up is never lost with the thread that received
+ *       it (kick_head on every way out of acquire).
+ *  I10. The local succession policy. Threads that wait for a lease held or
+ *       being acquired by this client queue in e->wq in arrival order (the
+ *       poller excepted), each parked on its own node. A release that keeps
+ *       the lease here (rule 3) either
+ *         - hands it directly to the head, if the head has been the head
+ *           for DLOCK_FAIR_NS or more: the releaser makes it the owner (has_owner,
+ *           owner, depth, token, waiters--) under e->mu and sets its node's
+ *           `granted`; no other thread can take it; or
+ *         - opens it (handoff = 1) and wakes the head: whichever thread of
+ *           this client runs first takes it, a newcomer that has not queued
+ *           (barging) or the head.
+ *       Queued threads are served in arrival order; a newcomer passes them
+ *       only while the head has led for less than DLOCK_FAIR_NS, so the head
+ *       waits at most that plus one hold while the lease stays here, and no
+ *       thread starves. A granted thread returns without touching the queue
+ *       or e->waiters again. Wake-ups of the hot path (release) are issued
+ *       after e->mu is dropped (park.h).
  * References: a thread inside a call holds one; the owner thread keeps the
  * one of its outermost acquire until its outermost release.
  *
@@ -63,6 +82,13 @@
 #include "renew.h"
 #include "sub.h"
 #include "table.h"
+
+/* The fairness bound of the local succession policy (I10; README, "Handoff"):
+ * a waiter that has led the local queue this long is passed over by no one;
+ * the next local release hands it the lease directly. Chosen by measurement
+ * (README, "Many threads on one name"): 0.5 to 2 ms give the same throughput
+ * as no bound at all, within the noise of this machine. */
+#define DLOCK_FAIR_NS (1 * DLOCK_NS_PER_MS)
 
 struct dlock_client {
     dlock_conn_cfg conn;
@@ -604,6 +630,16 @@ static int take_handoff(dlock_client *c, dlock_entry *e, int *drop)
     return DLOCK_OK;
 }
 
+/* Someone changed e's state: wakes the head of the local queue if there is
+ * something for it to do: an open handoff to take, or no poller while the
+ * lease is not here (it polls: I9). Called with e->mu held. */
+static void kick_head(dlock_entry *e)
+{
+    if (e->wq.head &&
+        (e->handoff || (!e->has_owner && e->state == DLOCK_LEASE_NONE && !e->poller)))
+        dlock_waitq_wake(e->wq.head);
+}
+
 /*
  * The poller's loop. Called with e->mu held, as e's designated poller
  * (e->poller == 1, !has_owner, state NONE); returns with e->mu held. Talks
@@ -705,7 +741,13 @@ int dlock_acquire(dlock_client *c, const char *name, int64_t wait_ms, uint64_t *
     e->waiters++;
     uint64_t fail_seq = e->fail_seq;
     int drop_registry = 0;
+    dlock_waiter *w = dlock_waiter_self();
     for (;;) {
+        if (dlock_waiter_granted(w)) {
+            /* Passed to this thread alone while it was parked (I10). */
+            rc = DLOCK_OK;
+            break;
+        }
         if (!e->has_owner && e->state == DLOCK_LEASE_LOST) {
             /* Lost while being passed between threads: nobody holds it. */
             e->state = DLOCK_LEASE_NONE;
@@ -728,12 +770,12 @@ int dlock_acquire(dlock_client *c, const char *name, int64_t wait_ms, uint64_t *
             if (wait_ms != 0 && dlock_now_ns() >= deadline) {
                 /* No Redis call starts past the caller's deadline; the
                  * wake-up that may have been meant to make this thread the
-                 * poller goes to another waiter (I9). */
+                 * poller goes to the next waiter on the way out (I9). */
                 rc = dlock_err_set(DLOCK_ETIMEDOUT, "timed out waiting for '%s'", name);
-                if (e->waiters > 1)
-                    pthread_cond_signal(&e->cv);
                 break;
             }
+            /* The poller sleeps on e->pcv between tries, out of the queue. */
+            dlock_waitq_remove(&e->wq, w);
             e->poller = 1;
             rc = poll_redis(c, e, deadline, wait_ms == 0);
             e->poller = 0;
@@ -743,11 +785,8 @@ int dlock_acquire(dlock_client *c, const char *name, int64_t wait_ms, uint64_t *
                 e->fail_seq++;
                 e->fail_rc = rc;
                 snprintf(e->fail_msg, sizeof e->fail_msg, "%s", dlock_last_error());
+                dlock_waitq_wake_all(&e->wq);
             }
-            if (e->fail_seq != fail_seq)
-                pthread_cond_broadcast(&e->cv); /* every waiter fails with this poll */
-            else if (rc != DLOCK_OK)
-                pthread_cond_signal(&e->cv); /* another waiter may poll (I9) */
             break;
         }
         if (wait_ms == 0) {
@@ -755,17 +794,25 @@ int dlock_acquire(dlock_client *c, const char *name, int64_t wait_ms, uint64_t *
                                name);
             break;
         }
-        if (dlock_now_ns() >= deadline) {
+        int64_t now = dlock_now_ns();
+        if (now >= deadline) {
             rc = dlock_err_set(DLOCK_ETIMEDOUT, "timed out waiting for '%s'", name);
             break;
         }
-        if (deadline == DLOCK_NEVER) {
-            pthread_cond_wait(&e->cv, &e->mu);
-        } else {
-            struct timespec ts = dlock_ts(deadline);
-            pthread_cond_timedwait(&e->cv, &e->mu, &ts);
-        }
+        if (!w->queued)
+            dlock_waitq_push(&e->wq, w, now);
+        dlock_waiter_park(w, &e->mu, deadline);
     }
+    if (dlock_waiter_granted(w)) {
+        /* A direct handoff: the releaser made this thread the owner, took
+         * it out of the queue and out of e->waiters (I10). */
+        pthread_mutex_unlock(&e->mu);
+        dlock_count(&c->ctr.acquisitions, 1);
+        if (fence)
+            *fence = w->token;
+        return DLOCK_OK;
+    }
+    dlock_waitq_remove(&e->wq, w);
     if (rc != DLOCK_OK && e->queued && e->waiters == 1 && !e->poller && !e->has_owner &&
         e->state == DLOCK_LEASE_NONE && !e->handoff) {
         /* The last thread here that wanted the name gives up: take the
@@ -786,9 +833,11 @@ int dlock_acquire(dlock_client *c, const char *name, int64_t wait_ms, uint64_t *
             redis_leave(c, e, number);
             pthread_mutex_lock(&e->mu);
             e->poller = 0;
-            pthread_cond_broadcast(&e->cv); /* a thread that came meanwhile may poll */
         }
     }
+    /* A thread that came meanwhile may poll; a wake-up this thread received
+     * and did not use goes on (I9). */
+    kick_head(e);
     e->waiters--;
     uint64_t token = e->token;
     pthread_mutex_unlock(&e->mu);
@@ -833,7 +882,7 @@ int dlock_release(dlock_client *c, const char *name)
     e->depth = 0;
     if (e->state == DLOCK_LEASE_LOST) {
         e->state = DLOCK_LEASE_NONE;
-        pthread_cond_broadcast(&e->cv);
+        kick_head(e); /* it polls */
         pthread_mutex_unlock(&e->mu);
         dlock_table_put(c->table, e);
         dlock_table_put(c->table, e); /* the owner's reference */
@@ -847,12 +896,27 @@ int dlock_release(dlock_client *c, const char *name)
         e->passes++;
         e->token++;
         dlock_count(&c->ctr.handoffs, 1);
-        e->handoff = 1;
-        /* One waiter suffices: every waiter checks e->handoff first when it
-         * wakes, so the one woken, or one whose wait just timed out, takes
-         * it; waking all of them would only burn CPU. */
-        pthread_cond_signal(&e->cv);
+        dlock_waiter *h = e->wq.head, *wk = NULL;
+        if (h && dlock_now_ns() - e->wq.head_since_ns >= DLOCK_FAIR_NS) {
+            /* Direct handoff (I10) to the longest waiter: it has waited
+             * long enough that nobody may pass it. */
+            e->has_owner = 1;
+            e->owner = h->self;
+            e->depth = 1;
+            e->waiters--;
+            wk = dlock_waitq_grant(&e->wq, h, e->token);
+        } else {
+            /* Open handoff: the first thread of this client to run takes
+             * it, a newcomer or the head, which is woken (one waiter, not
+             * all: the others would only burn CPU). */
+            e->handoff = 1;
+            if (h)
+                wk = dlock_waitq_wake_later(h);
+        }
         pthread_mutex_unlock(&e->mu);
+        /* Woken after the unlock, so that it does not wake up only to wait
+         * for e->mu (its node outlives the wait: park.h). */
+        dlock_waiter_unpark(wk);
         dlock_table_put(c->table, e);
         dlock_table_put(c->table, e); /* the owner's: the taker has its own */
         return DLOCK_OK;
@@ -880,7 +944,7 @@ int dlock_release(dlock_client *c, const char *name)
      * every pass_limit acquisitions) cost 40% of the throughput of one
      * process x 1024 threads on one name. A woken waiter that gives up
      * instead passes the wake-up on (I9). */
-    pthread_cond_signal(&e->cv);
+    kick_head(e);
     pthread_mutex_unlock(&e->mu);
     if (notify && c->on_lost)
         c->on_lost(e->name, token, c->on_lost_arg);

@@ -157,7 +157,7 @@ int dlock_renew_mark_lost(dlock_renew *r, dlock_entry *e)
     e->state = DLOCK_LEASE_LOST;
     dlock_count(&r->cfg.ctr->leases_held, (uint64_t)-1);
     dlock_count(&r->cfg.ctr->leases_lost, 1);
-    pthread_cond_broadcast(&e->cv);
+    dlock_waitq_wake_head(&e->wq); /* a passed lease lost: the head polls instead */
     return dlock_renew_remove(r, e);
 }
 

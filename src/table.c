@@ -60,7 +60,6 @@ dlock_table *dlock_table_create(const char *prefix, const char *client_id, dlock
 
 static void entry_free(dlock_entry *e)
 {
-    pthread_cond_destroy(&e->cv);
     pthread_cond_destroy(&e->pcv);
     pthread_mutex_destroy(&e->mu);
     free(e->keys[0]); /* the one allocation of all keys */
@@ -118,7 +117,6 @@ static dlock_entry *entry_new(dlock_table *t, const char *name, size_t len)
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&e->cv, &ca);
     pthread_cond_init(&e->pcv, &ca);
     pthread_condattr_destroy(&ca);
     e->state = DLOCK_LEASE_NONE;

@@ -15,6 +15,7 @@
 #include <uthash.h>
 
 #include "common.h"
+#include "park.h"
 
 typedef enum dlock_lease_state {
     DLOCK_LEASE_NONE,      /* this client does not own the lease */
@@ -49,7 +50,6 @@ typedef struct dlock_entry {
     unsigned refs;
 
     pthread_mutex_t mu;
-    pthread_cond_t cv;  /* CLOCK_MONOTONIC; the waiters (not the poller) sleep on it */
     pthread_cond_t pcv; /* CLOCK_MONOTONIC; the poller alone sleeps on it, between tries */
 
     /* Guarded by mu. */
@@ -65,6 +65,8 @@ typedef struct dlock_entry {
     int64_t valid_until_ns;      /* lease validity on the boot clock (dlock_boot_ns) */
     unsigned passes;             /* consecutive local handoffs (cohort handoff) */
     unsigned waiters;            /* threads in acquire waiting for this name */
+    dlock_waitq wq;              /* the waiting threads but the poller, longest first
+                                    (park.h): each parks on its own node */
     int lost_notified;           /* on_lost already ran for this grant */
     uint64_t fail_seq;           /* polls of this entry that failed with an error of
                                     Redis (not EBUSY or ETIMEDOUT) */

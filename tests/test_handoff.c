@@ -150,6 +150,39 @@ static void test_handoff_costs_no_redis_command(void **state)
     dlock_client_close(c);
 }
 
+/* The fairness bound of the local succession policy: a thread that has led
+ * the local queue for longer than the bound (1 ms; here 200 ms) gets the
+ * lease directly at the next release, so the releasing thread, which is
+ * running and tries again at once, cannot take it back. Before the policy
+ * the release left the lease open to the first thread to run, and that try
+ * won it while the waiter was still waking up. */
+static void test_longest_waiter_not_passed_over(void **state)
+{
+    (void)state;
+    dlock_config cfg;
+    fx_config(&cfg, &fx_server);
+    dlock_client *c;
+    assert_int_equal(dlock_client_open(&cfg, &c), DLOCK_OK);
+    uint64_t f0;
+    assert_int_equal(dlock_acquire(c, "fair", -1, &f0), DLOCK_OK);
+    waiter w;
+    waiter_start(&w, c, "fair");
+    let_it_wait();
+
+    assert_int_equal(dlock_release(c, "fair"), DLOCK_OK);
+    int barge = dlock_acquire(c, "fair", 0, NULL);
+    if (barge == DLOCK_OK)
+        dlock_release(c, "fair");
+    assert_int_equal(barge, DLOCK_EBUSY);
+    waiter_wait_got(&w);
+    assert_int_equal(w.rc, DLOCK_OK);
+    assert_int_equal(w.fence, f0 + 1);
+    assert_int_equal(stats(c).handoffs, 1);
+    waiter_finish(&w);
+    assert_int_equal(w.release_rc, DLOCK_OK);
+    dlock_client_close(c);
+}
+
 /* Storm of one client's threads on one name: every run of passes is at most
  * pass_limit long, so handoffs <= pass_limit * grants; tokens increase. */
 enum { STORM_THREADS = 8, STORM_ROUNDS = 300 };
@@ -336,6 +369,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_handoff_costs_no_redis_command),
+        cmocka_unit_test(test_longest_waiter_not_passed_over),
         cmocka_unit_test(test_pass_limit_respected),
         cmocka_unit_test(test_lost_lease_not_passed),
         cmocka_unit_test(test_stale_lease_not_passed),
