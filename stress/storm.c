@@ -48,7 +48,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <limits.h>
+#include <linux/futex.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -575,9 +578,15 @@ static void *thread_main(void *arg)
     uint64_t rng = 0x9E3779B97F4A7C15ULL ^ ((uint64_t)a->proc << 32) ^ (uint64_t)(a->idx + 1);
     rng ^= (uint64_t)getpid() * 0xBF58476D1CE4E5B9ULL;
 
+    /* Sleep on the go flag itself (a futex in the shared region) rather than
+     * poll it: a thousand threads polling every 5 ms kept a 2-core machine
+     * so busy that 2 x 1024 threads sometimes took over 20 s to start. The
+     * timeout only bounds how late a stop request is seen. */
     while (!__atomic_load_n(&H->go, __ATOMIC_ACQUIRE) &&
-           !__atomic_load_n(&H->stop, __ATOMIC_RELAXED))
-        sleep_ns(5000000);
+           !__atomic_load_n(&H->stop, __ATOMIC_RELAXED)) {
+        struct timespec ts = {0, 50000000};
+        syscall(SYS_futex, &H->go, FUTEX_WAIT, 0, &ts, NULL, 0);
+    }
     int64_t deadline = __atomic_load_n(&H->deadline_ns, __ATOMIC_ACQUIRE);
 
     for (;;) {
@@ -1005,6 +1014,7 @@ int main(int argc, char **argv)
     __atomic_store_n(&H->start_ns, start, __ATOMIC_RELAXED);
     __atomic_store_n(&H->deadline_ns, start + (int64_t)(O.seconds * 1e9), __ATOMIC_RELAXED);
     __atomic_store_n(&H->go, 1, __ATOMIC_RELEASE);
+    syscall(SYS_futex, &H->go, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
     int64_t kill_at = fork_ns + (int64_t)(O.seconds * 1e9) + OVERRUN_NS;
 
     /* Monitor: progress once a second, reap, kill overrunning workers. */
