@@ -74,6 +74,19 @@ static inline void dlock_store_int_release(int *p, int v)
 
 #define DLOCK_NS_PER_MS 1000000LL
 
+/* Names a process-wide mutex for stress/lockstat.c, which measures waits and
+ * holds in storm built with -DDLOCK_LOCKSTAT=ON; nothing in other builds. */
+#ifdef DLOCK_LOCKSTAT
+void dlock_lockstat_name(const void *addr, const char *name) __attribute__((weak));
+#define DLOCK_LOCKSTAT_NAME(addr, name)                                        \
+    do {                                                                       \
+        if (dlock_lockstat_name)                                               \
+            dlock_lockstat_name((addr), (name));                               \
+    } while (0)
+#else
+#define DLOCK_LOCKSTAT_NAME(addr, name) ((void)0)
+#endif
+
 /* CLOCK_MONOTONIC in ns: every local deadline but lease validity uses it. */
 static inline int64_t dlock_now_ns(void)
 {

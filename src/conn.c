@@ -419,6 +419,7 @@ dlock_pool *dlock_pool_create(const dlock_conn_cfg *cfg, unsigned size, dlock_co
     pthread_cond_init(&p->cv, &ca);
     pthread_condattr_destroy(&ca);
     pthread_mutex_init(&p->mu, NULL);
+    DLOCK_LOCKSTAT_NAME(&p->mu, "pool");
     p->cfg = cfg;
     p->ctr = ctr;
     p->size = size;

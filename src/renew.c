@@ -610,6 +610,7 @@ int dlock_renew_start(const dlock_renew_cfg *cfg, dlock_renew **out)
     r->period_ns = (int64_t)cfg->lease_ms * DLOCK_NS_PER_MS / 3;
     r->drift_ns = dlock_renew_drift_ns(cfg->lease_ms);
     pthread_mutex_init(&r->mu, NULL);
+    DLOCK_LOCKSTAT_NAME(&r->mu, "renew");
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);

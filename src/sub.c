@@ -313,6 +313,7 @@ int dlock_sub_start(const dlock_sub_cfg *cfg, dlock_sub **out)
     if (!s->rng)
         s->rng = 1;
     pthread_mutex_init(&s->mu, NULL);
+    DLOCK_LOCKSTAT_NAME(&s->mu, "sub");
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);

@@ -50,6 +50,7 @@ dlock_table *dlock_table_create(const char *prefix, const char *client_id, dlock
     pthread_mutexattr_init(&ma);
     pthread_mutexattr_settype(&ma, PTHREAD_MUTEX_ADAPTIVE_NP);
     pthread_mutex_init(&t->mu, &ma);
+    DLOCK_LOCKSTAT_NAME(&t->mu, "table");
     pthread_mutexattr_destroy(&ma);
     t->ctr = ctr;
     t->prefix_len = plen;

@@ -60,6 +60,9 @@
 
 #include "dlock.h"
 #include "fixture.h"
+#ifdef DLOCK_LOCKSTAT
+#include "lockstat.h"
+#endif
 
 #if defined(__SANITIZE_ADDRESS__)
 #define STORM_ASAN 1
@@ -768,6 +771,10 @@ static void worker_main(int p)
         }
     }
     pr->stats = sum;
+#ifdef DLOCK_LOCKSTAT
+    if (!O.mutex)
+        dlock_lockstat_report(stderr, p, sum.acquisitions, O.seconds);
+#endif
     __atomic_store_n(&pr->closing, 1, __ATOMIC_RELAXED);
     for (int i = 0; i < opened; i++)
         dlock_client_close(clients[i]);

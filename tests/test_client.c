@@ -640,6 +640,54 @@ static void test_waiter_gets_lock(void **state)
     dlock_client_close(c2);
 }
 
+/* One thread holding more names than it keeps at hand (8), released in
+ * arrival order and out of it, across two clients with the same names: each
+ * call finds the thread's own hold, nested acquires included, and nothing
+ * of the other client's. */
+static void test_many_names_held_by_one_thread(void **state)
+{
+    (void)state;
+    enum { N = 20 };
+    dlock_client *c = open_client("tc:many:", 30000);
+    dlock_client *d = open_client("tc:many:", 30000);
+    char name[N][16];
+    uint64_t fence[N];
+    for (int i = 0; i < N; i++) {
+        snprintf(name[i], sizeof name[i], "m%d", i);
+        assert_int_equal(dlock_acquire(c, name[i], -1, &fence[i]), DLOCK_OK);
+    }
+    for (int i = 0; i < N; i++) {
+        uint64_t again;
+        assert_int_equal(dlock_held(c, name[i]), 1);
+        assert_int_equal(dlock_held(d, name[i]), 0); /* same name, the other client */
+        assert_int_equal(dlock_acquire(c, name[i], 0, &again), DLOCK_OK); /* nested */
+        assert_int_equal(again, fence[i]);
+        assert_int_equal(dlock_release(c, name[i]), DLOCK_OK);
+        assert_int_equal(dlock_release(d, name[i]), DLOCK_ENOTHELD);
+    }
+    /* Odd names first (in arrival order), then even ones from the last. */
+    for (int i = 1; i < N; i += 2)
+        assert_int_equal(dlock_release(c, name[i]), DLOCK_OK);
+    for (int i = N - 2; i >= 0; i -= 2) {
+        assert_int_equal(dlock_held(c, name[i]), 1);
+        assert_int_equal(dlock_release(c, name[i]), DLOCK_OK);
+    }
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(dlock_held(c, name[i]), 0);
+        assert_int_equal(dlock_release(c, name[i]), DLOCK_ENOTHELD);
+        /* Free in Redis: the other client takes each at once. */
+        assert_int_equal(dlock_acquire(d, name[i], 0, NULL), DLOCK_OK);
+        assert_int_equal(dlock_held(d, name[i]), 1);
+        assert_int_equal(dlock_held(c, name[i]), 0);
+    }
+    for (int i = 0; i < N; i++)
+        assert_int_equal(dlock_release(d, name[i]), DLOCK_OK);
+    assert_int_equal(stats(c).entries, 0);
+    assert_int_equal(stats(d).entries, 0);
+    dlock_client_close(d);
+    dlock_client_close(c);
+}
+
 static void test_reentrant(void **state)
 {
     (void)state;
@@ -1366,6 +1414,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_timed_wait, fx_ensure_server),
         cmocka_unit_test_teardown(test_waiter_gets_lock, fx_ensure_server),
         cmocka_unit_test_teardown(test_reentrant, fx_ensure_server),
+        cmocka_unit_test_teardown(test_many_names_held_by_one_thread, fx_ensure_server),
         cmocka_unit_test_teardown(test_fence_increases, fx_ensure_server),
         cmocka_unit_test_teardown(test_close_releases, fx_ensure_server),
         cmocka_unit_test_teardown(test_table_empty_after_mix, fx_ensure_server),
