@@ -1,6 +1,7 @@
 # Grouped bar charts of a stress/bench TSV: acquisitions per second, Redis
 # round trips per acquisition and Redis CPU per acquisition (log scales), per
-# scenario, for dlock, a client per thread and process-shared mutexes.
+# scenario, for dlock, the simplest Redis lock (storm --naive), a client per
+# thread and process-shared mutexes.
 #
 #   gnuplot -e "in='stress/results/bench-X.tsv'" stress/plot.gp
 #   gnuplot -e "in='X.tsv'; out='X.png'" stress/plot.gp
@@ -37,8 +38,8 @@ set grid ytics
 set xtics nomirror
 set ytics nomirror
 
-# columns: 1 scenario, 2-4 acq/s, 5-7 round trips/acq, 8-10 CPU us/acq,
-# 11-13 wait p99 us (each: dlock, client-per-thread, mutex)
+# columns: 1 scenario, 2-5 acq/s, 6-9 round trips/acq, 10-13 CPU us/acq,
+# 14-17 wait p99 us (each: dlock, naive, client-per-thread, mutex)
 pos(x) = (x > 0) ? x : NaN
 
 set multiplot layout 3,1 title "dlock bench: ".in
@@ -49,20 +50,23 @@ set title "acquisitions per second (log scale, higher is better)"
 set ylabel "acq/s"
 set logscale y
 plot in every ::1 using (pos($2)):xtic(1) title "dlock" lc rgb "#1f77b4", \
-     '' every ::1 using (pos($3)) title "client per thread" lc rgb "#d62728", \
-     '' every ::1 using (pos($4)) title "mutex (no Redis)" lc rgb "#7f7f7f"
+     '' every ::1 using (pos($3)) title "SET NX (naive)" lc rgb "#ff7f0e", \
+     '' every ::1 using (pos($4)) title "client per thread" lc rgb "#d62728", \
+     '' every ::1 using (pos($5)) title "mutex (no Redis)" lc rgb "#7f7f7f"
 
 set title "Redis round trips per acquisition (log scale, lower is better; mutex: none)"
 set ylabel "round trips / acq"
-plot in every ::1 using (pos($5)):xtic(1) title "dlock" lc rgb "#1f77b4", \
-     '' every ::1 using (pos($6)) title "client per thread" lc rgb "#d62728", \
-     '' every ::1 using (pos($7)) title "mutex (no Redis)" lc rgb "#7f7f7f"
+plot in every ::1 using (pos($6)):xtic(1) title "dlock" lc rgb "#1f77b4", \
+     '' every ::1 using (pos($7)) title "SET NX (naive)" lc rgb "#ff7f0e", \
+     '' every ::1 using (pos($8)) title "client per thread" lc rgb "#d62728", \
+     '' every ::1 using (pos($9)) title "mutex (no Redis)" lc rgb "#7f7f7f"
 
 set title "Redis CPU per acquisition (log scale, lower is better; mutex: idle server)"
 set ylabel "us / acq"
-plot in every ::1 using (pos($8)):xtic(1) title "dlock" lc rgb "#1f77b4", \
-     '' every ::1 using (pos($9)) title "client per thread" lc rgb "#d62728", \
-     '' every ::1 using (pos($10)) title "mutex (no Redis)" lc rgb "#7f7f7f"
+plot in every ::1 using (pos($10)):xtic(1) title "dlock" lc rgb "#1f77b4", \
+     '' every ::1 using (pos($11)) title "SET NX (naive)" lc rgb "#ff7f0e", \
+     '' every ::1 using (pos($12)) title "client per thread" lc rgb "#d62728", \
+     '' every ::1 using (pos($13)) title "mutex (no Redis)" lc rgb "#7f7f7f"
 
 unset multiplot
 set output

@@ -60,6 +60,8 @@
 
 #include "dlock.h"
 #include "fixture.h"
+#include "proxy.h"
+#include <hiredis/hiredis.h>
 #ifdef DLOCK_LOCKSTAT
 #include "lockstat.h"
 #endif
@@ -97,6 +99,8 @@ typedef struct opts {
     long pool_size;           /* -1: library default (1 with --client-per-thread) */
     int client_per_thread;
     int mutex;                /* process-shared pthread mutexes instead of dlock */
+    int naive;                /* the simplest Redis lock instead of dlock */
+    long rtt_us;              /* > 0: clients reach Redis through a delaying proxy */
     char host[256];
     int port;                 /* 0: private redis-server */
     long stack_kb;
@@ -150,6 +154,17 @@ static void usage(FILE *f)
 "                       critical section; --wait-ms: >0 timedlock, 0 trylock,\n"
 "                       -1 lock). No redis-server is started; with --redis its\n"
 "                       INFO is read, else the Redis fields are null\n"
+"  --naive              no dlock: the simplest Redis lock, as written in ten\n"
+"                       lines: SET <prefix>{name} <unique token> NX PX\n"
+"                       <lease-ms>, retried every 1 ms until --wait-ms, and a\n"
+"                       Lua compare-and-delete (EVAL) to release, on one\n"
+"                       connection per thread; the token checked is a per-name\n"
+"                       counter bumped in the critical section, as with --mutex\n"
+"  --rtt-us N           clients reach Redis through the project's fault proxy\n"
+"                       (tests/proxy.c, in a process of its own) that delays\n"
+"                       each direction by N/2 us: a data-center round trip\n"
+"                       instead of loopback's ~30 us (0..1000000, default 0:\n"
+"                       direct). INFO is still read from Redis directly\n"
 "  --redis HOST:PORT    use this loopback Redis (127.x.x.x or localhost)\n"
 "                       instead of starting a private redis-server\n"
 "  --stack-kb K         stack of the storm's threads in KiB (16..65536,\n"
@@ -212,7 +227,8 @@ static int is_loopback(const char *h)
 static void parse_opts(int argc, char **argv)
 {
     enum { O_PROCS = 256, O_THREADS, O_LOCKS, O_SECONDS, O_CS, O_CS_SLEEP, O_THINK,
-           O_PASS, O_LEASE, O_WAIT, O_POOL, O_CPT, O_MUTEX, O_REDIS, O_STACK, O_QUIET,
+           O_PASS, O_LEASE, O_WAIT, O_POOL, O_CPT, O_MUTEX, O_NAIVE, O_RTT, O_REDIS, O_STACK,
+           O_QUIET,
            O_HELP };
     static const struct option lo[] = {
         {"procs", required_argument, 0, O_PROCS},
@@ -228,6 +244,8 @@ static void parse_opts(int argc, char **argv)
         {"pool-size", required_argument, 0, O_POOL},
         {"client-per-thread", no_argument, 0, O_CPT},
         {"mutex", no_argument, 0, O_MUTEX},
+        {"naive", no_argument, 0, O_NAIVE},
+        {"rtt-us", required_argument, 0, O_RTT},
         {"redis", required_argument, 0, O_REDIS},
         {"stack-kb", required_argument, 0, O_STACK},
         {"quiet", no_argument, 0, O_QUIET},
@@ -256,6 +274,8 @@ static void parse_opts(int argc, char **argv)
         case O_POOL: O.pool_size = parse_long("--pool-size", optarg, 1, 1024); break;
         case O_CPT: O.client_per_thread = 1; break;
         case O_MUTEX: O.mutex = 1; break;
+        case O_NAIVE: O.naive = 1; break;
+        case O_RTT: O.rtt_us = parse_long("--rtt-us", optarg, 0, 1000000); break;
         case O_REDIS: {
             const char *colon = strrchr(optarg, ':');
             if (!colon || colon == optarg)
@@ -286,9 +306,12 @@ static void parse_opts(int argc, char **argv)
     if ((long)O.procs * O.threads > MAX_TOTAL_THREADS)
         bad_usage("--procs x --threads = %ld exceeds %d", (long)O.procs * O.threads,
                   MAX_TOTAL_THREADS);
-    if (O.mutex && O.client_per_thread)
-        bad_usage("--mutex and --client-per-thread are mutually exclusive"
-                  " (--mutex uses no dlock client at all)");
+    if (O.mutex + O.naive + O.client_per_thread > 1)
+        bad_usage("--mutex, --naive and --client-per-thread are mutually exclusive");
+    if (O.mutex && O.rtt_us > 0)
+        bad_usage("--rtt-us needs Redis: not with --mutex");
+    if (O.naive && (O.pass_limit >= 0 || O.pool_size > 0))
+        fprintf(stderr, "storm: note: --pass-limit and --pool-size have no effect with --naive\n");
     if (O.mutex && (O.pass_limit >= 0 || O.pool_size > 0 || O.lease_ms != 30000))
         fprintf(stderr, "storm: note: --pass-limit, --pool-size and --lease-ms have no effect"
                         " with --mutex\n");
@@ -357,6 +380,8 @@ static void *shm_base;
 static size_t shm_size;
 static char *names;       /* locks x NAME_LEN, private copy per process */
 static char key_prefix[64];
+static int client_port;   /* where the workers' clients connect: Redis, or the proxy */
+static pid_t proxy_pid;   /* --rtt-us: the proxy process */
 
 static size_t align64(size_t x) { return (x + 63) & ~(size_t)63; }
 
@@ -367,7 +392,7 @@ static void shm_create(void)
     size_t off_ns = off_pr + align64(sizeof(proc_res) * O.procs);
     size_t off_tr = off_ns + align64(sizeof(name_state) * O.locks);
     size_t off_mx = off_tr + align64(sizeof(thread_res) * total);
-    shm_size = off_mx + (O.mutex ? align64(sizeof(mutex_state) * O.locks) : 0);
+    shm_size = off_mx + (O.mutex || O.naive ? align64(sizeof(mutex_state) * O.locks) : 0);
     shm_base = mmap(NULL, shm_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (shm_base == MAP_FAILED) {
         fprintf(stderr, "storm: mmap of %zu bytes failed: %s\n", shm_size, strerror(errno));
@@ -377,8 +402,8 @@ static void shm_create(void)
     PR = (proc_res *)((char *)shm_base + off_pr);
     NS = (name_state *)((char *)shm_base + off_ns);
     TR = (thread_res *)((char *)shm_base + off_tr);
-    if (!O.mutex)
-        return;
+    if (!O.mutex && !O.naive)
+        return; /* --naive uses the token counters only */
     MX = (mutex_state *)((char *)shm_base + off_mx);
     pthread_mutexattr_t ma;
     int e = pthread_mutexattr_init(&ma);
@@ -568,9 +593,100 @@ static int mutex_release(int li)
     return DLOCK_EINVAL;
 }
 
+/* --naive: the simplest Redis lock, one connection per thread. */
+static __thread redisContext *naive_conn;
+static __thread char naive_token[64];
+static __thread uint64_t naive_seq;
+static const char naive_unlock[] =
+    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) "
+    "else return 0 end";
+
+static int naive_connect(void)
+{
+    if (naive_conn && !naive_conn->err)
+        return 0;
+    if (naive_conn)
+        redisFree(naive_conn);
+    struct timeval tv = {1, 0};
+    naive_conn = redisConnectWithTimeout(O.host, client_port, tv);
+    if (!naive_conn || naive_conn->err) {
+        snprintf(mx_err, sizeof mx_err, "%s",
+                 naive_conn ? naive_conn->errstr : "connect: out of memory");
+        if (naive_conn)
+            redisFree(naive_conn);
+        naive_conn = NULL;
+        return -1;
+    }
+    redisSetTimeout(naive_conn, tv);
+    return 0;
+}
+
+/* Sends one command; the reply, or NULL with mx_err set and the connection
+ * dropped (the next call reconnects). */
+static redisReply *naive_command(const char *fmt, ...)
+{
+    if (naive_connect() != 0)
+        return NULL;
+    va_list ap;
+    va_start(ap, fmt);
+    redisReply *r = redisvCommand(naive_conn, fmt, ap);
+    va_end(ap);
+    if (!r) {
+        snprintf(mx_err, sizeof mx_err, "%s", naive_conn->errstr);
+        redisFree(naive_conn);
+        naive_conn = NULL;
+    } else if (r->type == REDIS_REPLY_ERROR) {
+        snprintf(mx_err, sizeof mx_err, "%s", r->str);
+        freeReplyObject(r);
+        r = NULL;
+    }
+    return r;
+}
+
+/* --naive acquire, with dlock_acquire's return codes. */
+static int naive_acquire(int li, const char *name, uint64_t *fence)
+{
+    int64_t deadline = O.wait_ms < 0 ? INT64_MAX : now_ns() + O.wait_ms * 1000000LL;
+    snprintf(naive_token, sizeof naive_token, "%d:%lx:%" PRIu64, (int)getpid(),
+             (unsigned long)pthread_self(), ++naive_seq);
+    for (;;) {
+        redisReply *r = naive_command("SET %s{%s} %s NX PX %ld", key_prefix, name, naive_token,
+                                      O.lease_ms);
+        if (!r)
+            return DLOCK_EREDIS;
+        int got = r->type == REDIS_REPLY_STATUS;
+        freeReplyObject(r);
+        if (got) {
+            mutex_state *mx = &MX[li];
+            uint64_t t = __atomic_load_n(&mx->token, __ATOMIC_RELAXED) + 1;
+            __atomic_store_n(&mx->token, t, __ATOMIC_RELAXED);
+            *fence = t;
+            return DLOCK_OK;
+        }
+        if (O.wait_ms == 0)
+            return DLOCK_EBUSY;
+        if (now_ns() >= deadline)
+            return DLOCK_ETIMEDOUT;
+        sleep_ns(1000000);
+    }
+}
+
+static int naive_release(const char *name)
+{
+    redisReply *r = naive_command("EVAL %s 1 %s{%s} %s", naive_unlock, key_prefix, name,
+                                  naive_token);
+    if (!r)
+        return DLOCK_EREDIS;
+    int ok = r->type == REDIS_REPLY_INTEGER && r->integer == 1;
+    freeReplyObject(r);
+    if (!ok)
+        snprintf(mx_err, sizeof mx_err, "the key was gone or another token's");
+    return ok ? DLOCK_OK : DLOCK_ELOST;
+}
+
 static const char *last_error(void)
 {
-    return O.mutex ? mx_err : dlock_last_error();
+    return O.mutex || O.naive ? mx_err : dlock_last_error();
 }
 
 static void *thread_main(void *arg)
@@ -607,7 +723,9 @@ static void *thread_main(void *arg)
         __atomic_store_n(&r->name_idx, li, __ATOMIC_RELAXED);
         SET_PHASE(r, PH_ACQUIRE);
         int64_t t0 = now_ns();
-        int rc = O.mutex ? mutex_acquire(li, &fence) : dlock_acquire(c, name, O.wait_ms, &fence);
+        int rc = O.mutex   ? mutex_acquire(li, &fence)
+                 : O.naive ? naive_acquire(li, name, &fence)
+                           : dlock_acquire(c, name, O.wait_ms, &fence);
         int64_t t1 = now_ns();
         if (rc == DLOCK_OK) {
             SET_PHASE(r, PH_CS);
@@ -626,14 +744,15 @@ static void *thread_main(void *arg)
             } else {
                 __atomic_store_n(&ns->last_token, fence, __ATOMIC_RELEASE);
             }
-            if (!O.mutex && !dlock_held(c, name))
+            if (c && !dlock_held(c, name))
                 r->not_held++;
             uint64_t v = __atomic_load_n(&ns->counter, __ATOMIC_ACQUIRE);
             critical_section(O.cs_us);
             __atomic_store_n(&ns->counter, v + 1, __ATOMIC_RELEASE);
             __atomic_sub_fetch(&ns->occupancy, 1, __ATOMIC_ACQ_REL);
             SET_PHASE(r, PH_RELEASE);
-            int rr = O.mutex ? mutex_release(li) : dlock_release(c, name);
+            int rr = O.mutex ? mutex_release(li) : O.naive ? naive_release(name)
+                                                           : dlock_release(c, name);
             if (rr != DLOCK_OK) {
                 r->rel_errors[err_index(rr)]++;
                 logf_limited("release of '%s' returned %s: %s", name, dlock_err_name(rr),
@@ -661,6 +780,10 @@ static void *thread_main(void *arg)
             sleep_ns((int64_t)O.think_us * 1000);
     }
     SET_PHASE(r, PH_DONE);
+    if (naive_conn) {
+        redisFree(naive_conn);
+        naive_conn = NULL;
+    }
 
     int64_t end = now_ns();
     int64_t prev = __atomic_load_n(&H->last_end_ns, __ATOMIC_RELAXED);
@@ -683,7 +806,7 @@ static int open_client(dlock_client **out, proc_res *pr)
     dlock_config cfg;
     dlock_config_init(&cfg);
     cfg.redis_host = O.host;
-    cfg.redis_port = O.port;
+    cfg.redis_port = client_port;
     cfg.key_prefix = key_prefix;
     cfg.lease_ms = (uint32_t)O.lease_ms;
     if (O.pass_limit >= 0)
@@ -707,7 +830,7 @@ static void worker_main(int p)
         _exit(3);
     proc_res *pr = &PR[p];
     int T = O.threads;
-    int nclients = O.mutex ? 0 : O.client_per_thread ? T : 1;
+    int nclients = O.mutex || O.naive ? 0 : O.client_per_thread ? T : 1;
     dlock_client **clients = calloc((size_t)(nclients ? nclients : 1), sizeof *clients);
     targ *args = calloc((size_t)T, sizeof *args);
     int failed = 0, opened = 0, started = 0;
@@ -733,7 +856,7 @@ static void worker_main(int p)
         for (int i = 0; !failed && i < T; i++) {
             args[i].proc = p;
             args[i].idx = i;
-            args[i].c = O.mutex ? NULL : clients[O.client_per_thread ? i : 0];
+            args[i].c = O.mutex || O.naive ? NULL : clients[O.client_per_thread ? i : 0];
             args[i].r = &TR[(size_t)p * T + i];
             e = pthread_create(&args[i].tid, &attr, thread_main, &args[i]);
             if (e) {
@@ -772,7 +895,7 @@ static void worker_main(int p)
     }
     pr->stats = sum;
 #ifdef DLOCK_LOCKSTAT
-    if (!O.mutex)
+    if (opened)
         dlock_lockstat_report(stderr, p, sum.acquisitions, O.seconds);
 #endif
     __atomic_store_n(&pr->closing, 1, __ATOMIC_RELAXED);
@@ -816,6 +939,13 @@ static info_snap read_info(void)
     s.evalsha = fx_info_calls(O.host, O.port, "evalsha");
     s.eval = fx_info_calls(O.host, O.port, "eval");
     s.top = fx_info_top_calls(O.host, O.port);
+    if (O.naive && s.top >= 0) {
+        /* The naive lock's SETs are its own top-level commands (its release
+         * script calls GET and DEL only); dlock's SETs run inside scripts. */
+        long long set = fx_info_calls(O.host, O.port, "set");
+        if (set > 0)
+            s.top += set;
+    }
     s.cpu = fx_info_cpu(O.host, O.port);
     /* a command never called is absent from commandstats: the fixture may
      * report it as 0 or -1; only a failed total is an error */
@@ -825,6 +955,56 @@ static info_snap read_info(void)
         s.eval = 0;
     s.ok = s.calls >= 0 && s.cpu >= 0;
     return s;
+}
+
+/* --rtt-us: forks a process that runs the fault proxy (tests/proxy.c) in
+ * front of Redis with the delay set, and returns the port it listens on, or
+ * 0 on failure. The process lives until stop_proxy (or the parent's death). */
+static int start_proxy(void)
+{
+    int fd[2];
+    if (pipe(fd) != 0)
+        return 0;
+    pid_t parent = getpid();
+    proxy_pid = fork();
+    if (proxy_pid < 0) {
+        proxy_pid = 0;
+        close(fd[0]);
+        close(fd[1]);
+        return 0;
+    }
+    if (proxy_pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent)
+            _exit(3);
+        close(fd[0]);
+        fx_proxy *px = fx_proxy_start(O.port);
+        int port = 0;
+        if (px) {
+            fx_proxy_set_delay(px, O.rtt_us / 2, O.rtt_us - O.rtt_us / 2);
+            port = fx_proxy_port(px);
+        }
+        if (write(fd[1], &port, sizeof port) != (ssize_t)sizeof port || !px)
+            _exit(1);
+        close(fd[1]);
+        for (;;)
+            pause(); /* until stop_proxy's SIGKILL */
+    }
+    close(fd[1]);
+    int port = 0;
+    if (read(fd[0], &port, sizeof port) != (ssize_t)sizeof port)
+        port = 0;
+    close(fd[0]);
+    return port;
+}
+
+static void stop_proxy(void)
+{
+    if (proxy_pid > 0) {
+        kill(proxy_pid, SIGKILL);
+        waitpid(proxy_pid, NULL, 0);
+        proxy_pid = 0;
+    }
 }
 
 /* Where the threads of the workers that overran are: a hang, precisely. */
@@ -922,6 +1102,17 @@ int main(int argc, char **argv)
         O.port = r.port;
     }
     snprintf(key_prefix, sizeof key_prefix, "storm:%d:", (int)getpid());
+    client_port = O.port;
+    if (O.rtt_us > 0) {
+        client_port = start_proxy();
+        if (!client_port) {
+            fprintf(stderr, "storm: could not start the delaying proxy\n");
+            stop_proxy(); /* it may have started and failed */
+            if (private_redis)
+                fx_redis_stop(&r);
+            return 1;
+        }
+    }
 
     info_snap before = { .ok = 0 };
     if (have_redis)
@@ -934,6 +1125,7 @@ int main(int argc, char **argv)
     names = malloc((size_t)O.locks * NAME_LEN);
     if (!names) {
         fprintf(stderr, "storm: out of memory\n");
+        stop_proxy();
         if (private_redis)
             fx_redis_stop(&r);
         return 1;
@@ -948,12 +1140,14 @@ int main(int argc, char **argv)
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
 
-    const char *mode = O.mutex ? "mutex" : O.client_per_thread ? "client-per-thread" : "dlock";
+    const char *mode = O.mutex ? "mutex" : O.naive ? "naive"
+                                         : O.client_per_thread ? "client-per-thread" : "dlock";
     if (!O.quiet) {
-        char where[300];
+        char where[400];
         if (have_redis)
-            snprintf(where, sizeof where, "redis %s:%d%s%s", O.host, O.port,
-                     private_redis ? " (private)" : "", O.mutex ? " (INFO only)" : "");
+            snprintf(where, sizeof where, "redis %s:%d%s%s%s", O.host, O.port,
+                     private_redis ? " (private)" : "", O.mutex ? " (INFO only)" : "",
+                     O.rtt_us > 0 ? ", through a proxy adding the round trip" : "");
         else
             snprintf(where, sizeof where, "no redis");
         fprintf(stderr, "storm: %s mode, %d procs x %d threads, %d lock(s), %.3g s, cs %ld us"
@@ -970,6 +1164,7 @@ int main(int argc, char **argv)
     wstatus = calloc((size_t)P, sizeof *wstatus);
     if (!pids || !alive || !wstatus) {
         fprintf(stderr, "storm: out of memory\n");
+        stop_proxy();
         if (private_redis)
             fx_redis_stop(&r);
         return 1;
@@ -1195,6 +1390,7 @@ int main(int argc, char **argv)
     fprintf(o, "\"cs_us\":%ld,\"think_us\":%ld,\"cs_mode\":\"%s\",\"wait_ms\":%ld,"
                "\"lease_ms\":%ld,",
             O.cs_us, O.think_us, O.cs_sleep ? "sleep" : "spin", O.wait_ms, O.lease_ms);
+    fprintf(o, "\"rtt_us\":%ld,", O.rtt_us);
     if (O.pass_limit >= 0)
         fprintf(o, "\"pass_limit\":%ld,", O.pass_limit);
     else
@@ -1231,7 +1427,7 @@ int main(int argc, char **argv)
     json_num(o, "redis_evals", (double)d_evals, info_ok, 0);
     json_num(o, "redis_cpu_us_per_acq", acq ? d_cpu_us / (double)acq : 0, info_ok && acq, 0);
     json_num(o, "client_cmds_per_acq", acq ? (double)cs.redis_commands / (double)acq : 0,
-             acq > 0 && !O.mutex, 0);
+             acq > 0 && !O.mutex && !O.naive, 0);
     fprintf(o, "\"client_redis_commands\":%" PRIu64 ",\"client_round_trips\":%" PRIu64 ","
                "\"renew_rounds\":%" PRIu64 ",\"leases_lost\":%" PRIu64 ",",
             cs.redis_commands, cs.redis_round_trips, cs.renew_rounds, cs.leases_lost);
@@ -1288,6 +1484,7 @@ int main(int argc, char **argv)
     free(names);
     munmap(shm_base, shm_size);
     H = NULL;
+    stop_proxy();
     if (private_redis)
         fx_redis_stop(&r);
     return ok ? 0 : 1;
