@@ -115,7 +115,10 @@ end
 if lease[1] and not mine then
   return wait(redis.call('PTTL', KEYS[1]))
 end
-if not lease[1] then
+-- Nobody queued and no turn given: the common, uncontended case touches no
+-- queue key at all.
+local queued = redis.call('EXISTS', KEYS[3], KEYS[5]) > 0
+if queued and not lease[1] then
   local turn = redis.call('GET', KEYS[5])
   if turn and turn ~= me then
     if alive(turn) then
@@ -132,9 +135,11 @@ if not lease[1] then
   end
 end
 
-redis.call('ZREM', KEYS[3], me)
-redis.call('HDEL', KEYS[4], me)
-redis.call('DEL', KEYS[5])
+if queued then
+  redis.call('ZREM', KEYS[3], me)
+  redis.call('HDEL', KEYS[4], me)
+  redis.call('DEL', KEYS[5])
+end
 local token = now_us
 local last = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
 local prev = tonumber(lease[2] or '0') or 0

@@ -75,6 +75,9 @@ end
 redis.call('SET', KEYS[6], string.format('%.0f %s %.0f', seen, lease[2], tonumber(lease[3]) or 0),
   'PX', ARGV[9])
 
+if redis.call('EXISTS', KEYS[3], KEYS[5]) == 0 then
+  return 1 -- nobody queued and no turn given: nothing to pass on
+end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 while true do
