@@ -82,7 +82,8 @@ typedef struct dlock_config {
      * from its dlock_release(), which returns DLOCK_ELOST. */
     void (*on_lost)(const char *name, uint64_t fence, void *arg);
     void *on_lost_arg;
-    uint32_t pool_size;         /* Redis connections shared by caller threads; default 8 */
+    uint32_t pool_size;         /* Redis connections shared by caller threads, each
+                                   carrying batches of their script calls; default 4 */
     uint32_t waiter_ttl_ms;     /* a client waiting for a lock keeps its place in
                                    the lock's wait queue in Redis this long
                                    without news (its poller retries every

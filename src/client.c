@@ -77,6 +77,7 @@
 #include <unistd.h>
 
 #include "common.h"
+#include "batch.h"
 #include "conn.h"
 #include "error.h"
 #include "renew.h"
@@ -116,6 +117,7 @@ struct dlock_client {
     dlock_counters sub_ctr; /* the subscriber's own: its keepalives are not lock traffic */
     dlock_table *table;
     dlock_pool *pool;
+    dlock_batch *batch; /* the caller threads' script calls, pipelined over pool */
     dlock_renew *renew;
     dlock_sub *sub;
 };
@@ -220,7 +222,7 @@ void dlock_config_init(dlock_config *cfg)
     cfg->connect_timeout_ms = 1000;
     cfg->command_timeout_ms = 1000;
     cfg->pass_limit = 128;
-    cfg->pool_size = 8;
+    cfg->pool_size = 4;
     cfg->waiter_ttl_ms = 2000;
 }
 
@@ -280,6 +282,7 @@ static void client_free(dlock_client *c)
 {
     dlock_sub_stop(c->sub);
     dlock_renew_stop(c->renew);
+    dlock_batch_destroy(c->batch);
     dlock_pool_destroy(c->pool);
     dlock_table_destroy(c->table);
     free(c->conn.host);
@@ -406,7 +409,9 @@ int dlock_client_open(const dlock_config *cfg, dlock_client **out)
                                   c->wake_prefix, c->keep_str};
     c->table = dlock_table_create(c->prefix, c->id, &c->ctr);
     c->pool = dlock_pool_create(&c->conn, cfg->pool_size, &c->ctr);
-    if (!c->table || !c->pool) {
+    if (c->pool)
+        c->batch = dlock_batch_create(c->pool, cfg->pool_size, cfg->command_timeout_ms, &c->ctr);
+    if (!c->table || !c->pool || !c->batch) {
         client_free(c);
         return dlock_err_set(DLOCK_ENOMEM, "out of memory");
     }
@@ -489,27 +494,19 @@ static uint64_t jitter_rand(void)
     return s * 2685821657736338717ULL;
 }
 
-/* 1 if c failed because the server had closed it (an idle timeout, a
- * restart): the command was not run, and another connection may succeed. */
-static int conn_was_closed(const redisContext *c)
-{
-    return c->err == REDIS_ERR_EOF ||
-           (c->err == REDIS_ERR_IO &&
-            (strstr(c->errstr, "reset") || strstr(c->errstr, "Broken pipe")));
-}
-
 /*
- * Runs a script on a pooled connection and returns its reply in *out.
+ * Runs a script through the batcher (pipelined with other threads' calls
+ * when every pooled connection is busy) and returns its reply in *out.
  * A pooled connection that the server closed while it sat idle fails at once
- * with EOF or a reset; the call is then made again on another connection, at
- * most pool_size + 1 times. That is safe even if the first try did run,
- * because every script is idempotent for its caller: a release matches its
- * grant, and an acquire retried with the same nonce is granted again in
- * place. The wait for a pooled connection ends at the caller's deadline
- * (DLOCK_NEVER: the pool's own bounds); the exchange itself has one command
- * timeout. Returns DLOCK_OK, or an error (DLOCK_EREDIS, DLOCK_ETIMEDOUT,
- * DLOCK_ESERVER) with the message set and *sent telling whether the command
- * may have reached Redis.
+ * with EOF or a reset; the call is then made again, at most pool_size + 1
+ * times. That is safe even if the first try did run, because every script is
+ * idempotent for its caller: a release matches its grant, and an acquire
+ * retried with the same nonce is granted again in place. The wait for a
+ * connection or a batch ends at the caller's deadline (DLOCK_NEVER: none but
+ * the exchanges' own); the exchange itself has one command timeout. Returns
+ * DLOCK_OK, or an error (DLOCK_EREDIS, DLOCK_ETIMEDOUT, DLOCK_ESERVER) with
+ * the message set and *sent telling whether the command may have reached
+ * Redis. Called without any lock held (the caller may lead a batch).
  */
 static int call_script(dlock_client *c, dlock_script_id id, int nargs, const char **argv,
                        const char *what, const char *name, int64_t deadline, redisReply **out,
@@ -517,21 +514,19 @@ static int call_script(dlock_client *c, dlock_script_id id, int nargs, const cha
 {
     *sent = 0;
     for (uint32_t attempt = 0;; attempt++) {
-        redisContext *conn;
-        int rc = dlock_pool_get(c->pool, deadline, &conn);
-        if (rc != DLOCK_OK)
-            return rc;
-        *sent = 1;
-        *out = dlock_conn_eval(conn, &c->ctr, dlock_conn_deadline(c->conn.command_timeout_ms), id,
-                               DLOCK_SCRIPT_KEYS, nargs, argv, NULL);
-        if (*out) {
-            dlock_pool_put(c->pool, conn, 0);
+        dlock_call call = {.id = id, .nkeys = DLOCK_SCRIPT_KEYS, .nargs = nargs, .argv = argv,
+                           .deadline = deadline};
+        int rc = dlock_batch_run(c->batch, &call);
+        if (rc == DLOCK_OK) {
+            *sent = 1;
+            *out = call.reply;
             return DLOCK_OK;
         }
-        int again = conn_was_closed(conn) && attempt < c->pool_size;
-        rc = dlock_err_set(DLOCK_EREDIS, "redis %s of '%s': %s", what, name, conn->errstr);
-        dlock_pool_put(c->pool, conn, 1);
-        if (!again)
+        if (!call.sent)
+            return dlock_err_set(rc, "%s", call.err);
+        *sent = 1;
+        rc = dlock_err_set(rc, "redis %s of '%s': %s", what, name, call.err);
+        if (!call.closed || attempt >= c->pool_size)
             return rc;
     }
 }

@@ -10,6 +10,10 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <ck_pr.h>
 
 #include "dlock.h"
@@ -120,6 +124,28 @@ static inline struct timespec dlock_ts(int64_t ns)
 {
     struct timespec ts = {ns / 1000000000LL, ns % 1000000000LL};
     return ts;
+}
+
+/* Sleeps while *word == val, until a dlock_futex_wake on word or the
+ * monotonic deadline_ns (DLOCK_NEVER: none). Returns on a wake-up, a
+ * spurious one, the deadline or a signal alike: callers look again. */
+static inline void dlock_futex_wait(int *word, int val, int64_t deadline_ns)
+{
+    struct timespec ts, *tp = NULL;
+    if (deadline_ns != DLOCK_NEVER) {
+        ts = dlock_ts(deadline_ns);
+        tp = &ts;
+    }
+    /* FUTEX_WAIT_BITSET takes an absolute CLOCK_MONOTONIC deadline. */
+    syscall(SYS_futex, word, FUTEX_WAIT_BITSET_PRIVATE, val, tp, NULL, FUTEX_BITSET_MATCH_ANY);
+}
+
+/* Wakes at most n threads sleeping on word. The word's memory may have been
+ * reused since it was written: a wake-up that reaches another sleeper is a
+ * spurious one, which every dlock_futex_wait caller tolerates. */
+static inline void dlock_futex_wake(int *word, int n)
+{
+    syscall(SYS_futex, word, FUTEX_WAKE_PRIVATE, n, NULL, NULL, 0);
 }
 
 /*

@@ -15,11 +15,7 @@
  * dlock_waiter_unpark expects held (dlock_waiter_park drops it while it
  * sleeps).
  */
-#include <errno.h>
-#include <linux/futex.h>
-#include <sys/syscall.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "common.h"
 #include "park.h"
@@ -80,7 +76,7 @@ void dlock_waitq_remove(dlock_waitq *q, dlock_waiter *w)
 void dlock_waiter_unpark(dlock_waiter *w)
 {
     if (w)
-        syscall(SYS_futex, &w->wake, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+        dlock_futex_wake(&w->wake, 1);
 }
 
 dlock_waiter *dlock_waitq_wake_later(dlock_waiter *w)
@@ -128,15 +124,9 @@ void dlock_waiter_park(dlock_waiter *w, pthread_mutex_t *mu, int64_t deadline_ns
     dlock_store_int(&w->wake, 0);
     w->parked = 1;
     pthread_mutex_unlock(mu);
-    struct timespec ts, *tp = NULL;
-    if (deadline_ns != DLOCK_NEVER) {
-        ts = dlock_ts(deadline_ns);
-        tp = &ts;
-    }
-    /* Sleeps only while wake is still 0; FUTEX_WAIT_BITSET takes an absolute
-     * CLOCK_MONOTONIC deadline. EINTR, EAGAIN and ETIMEDOUT all mean: look
-     * again. */
-    syscall(SYS_futex, &w->wake, FUTEX_WAIT_BITSET_PRIVATE, 0, tp, NULL, FUTEX_BITSET_MATCH_ANY);
+    /* Sleeps only while wake is still 0. EINTR, EAGAIN and ETIMEDOUT all
+     * mean: look again. */
+    dlock_futex_wait(&w->wake, 0, deadline_ns);
     pthread_mutex_lock(mu);
     w->parked = 0;
 }

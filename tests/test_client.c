@@ -260,7 +260,7 @@ static void test_config_defaults(void **state)
     assert_int_equal(cfg.pass_limit, 128);
     assert_null(cfg.on_lost);
     assert_null(cfg.on_lost_arg);
-    assert_int_equal(cfg.pool_size, 8);
+    assert_int_equal(cfg.pool_size, 4);
     assert_int_equal(cfg.waiter_ttl_ms, 2000);
 }
 
