@@ -137,8 +137,14 @@ static int exchange(dlock_batch *b, redisContext *conn, dlock_call **batch, unsi
             continue;
         if (dlock_conn_append_eval(conn, b->ctr, call->id, use_sha, call->nkeys, call->nargs,
                                    call->argv, NULL) != 0) {
-            call_fail(call, DLOCK_EREDIS, 0, "out of memory");
-            continue;
+            /* Out of memory: nothing is written; every unsettled call fails
+             * unsent, and the connection (hiredis marked it) is dropped. */
+            for (unsigned k = 0; k < n; k++)
+                if (batch[k]->rc == DLOCK_OK && !batch[k]->reply)
+                    call_fail(batch[k], DLOCK_ENOMEM, 0, "out of memory");
+            if (!conn->err)
+                conn->err = REDIS_ERR_OOM;
+            return -1;
         }
         out++;
     }
@@ -168,10 +174,16 @@ static int exchange(dlock_batch *b, redisContext *conn, dlock_call **batch, unsi
 static void run_batch(dlock_batch *b, dlock_call **batch, unsigned n)
 {
     int64_t now = dlock_now_ns();
-    for (unsigned i = 0; i < n; i++)
+    unsigned live = 0;
+    for (unsigned i = 0; i < n; i++) {
         if (batch[i]->deadline != DLOCK_NEVER && now >= batch[i]->deadline)
             call_fail(batch[i], DLOCK_ETIMEDOUT, 0,
                       "no redis connection came free before the caller's deadline");
+        else
+            live++;
+    }
+    if (!live)
+        return;
     redisContext *conn;
     int rc = dlock_pool_get(b->pool, DLOCK_NEVER, &conn);
     if (rc != DLOCK_OK) {
@@ -182,20 +194,24 @@ static void run_batch(dlock_batch *b, dlock_call **batch, unsigned n)
     }
     int64_t deadline = dlock_conn_deadline(b->command_timeout_ms);
     int ok = exchange(b, conn, batch, n, 1, deadline) == 0;
-    if (ok) {
-        /* A restarted or flushed server answers NOSCRIPT: those calls go
-         * again as EVAL, which caches the scripts for the next EVALSHA. */
-        unsigned again = 0;
-        for (unsigned i = 0; i < n; i++) {
-            if (batch[i]->reply && dlock_conn_is_noscript(batch[i]->reply)) {
-                freeReplyObject(batch[i]->reply);
-                batch[i]->reply = NULL;
-                again++;
+    /* A restarted or flushed server answers NOSCRIPT: those calls go again
+     * as EVAL, which caches the scripts for the next EVALSHA; if the
+     * connection failed meanwhile they fail as the calls after them did
+     * (they did not run: a retry is safe). */
+    unsigned again = 0;
+    for (unsigned i = 0; i < n; i++) {
+        if (batch[i]->reply && dlock_conn_is_noscript(batch[i]->reply)) {
+            freeReplyObject(batch[i]->reply);
+            batch[i]->reply = NULL;
+            if (!ok) {
+                call_fail(batch[i], DLOCK_EREDIS, 1, conn->errstr);
+                batch[i]->closed = 1;
             }
+            again++;
         }
-        if (again)
-            exchange(b, conn, batch, n, 0, deadline);
     }
+    if (ok && again)
+        exchange(b, conn, batch, n, 0, deadline);
     dlock_pool_put(b->pool, conn, conn->err != 0);
 }
 
@@ -236,6 +252,16 @@ static void lead(dlock_batch *b, dlock_call *self)
 {
     dlock_call *batch[DLOCK_BATCH_MAX];
     int self_done = 0;
+    if (self->deadline != DLOCK_NEVER && dlock_now_ns() >= self->deadline) {
+        /* Promoted (or arrived) past its deadline: it sends nothing, not
+         * even the others' calls, and passes the lane on at once. */
+        pthread_mutex_lock(&b->mu);
+        fifo_remove(b, self);
+        pthread_mutex_unlock(&b->mu);
+        call_fail(self, DLOCK_ETIMEDOUT, 0,
+                  "no redis connection came free before the caller's deadline");
+        self_done = 1;
+    }
     while (!self_done) {
         unsigned n = 0;
         pthread_mutex_lock(&b->mu);

@@ -42,7 +42,8 @@ typedef struct dlock_call {
     /* outputs */
     redisReply *reply; /* DLOCK_OK: the reply (a Redis error is a REDIS_REPLY_ERROR
                           reply); the caller frees it with freeReplyObject */
-    int rc;            /* DLOCK_OK, DLOCK_ETIMEDOUT, DLOCK_EREDIS or DLOCK_ESERVER */
+    int rc;            /* DLOCK_OK, DLOCK_ETIMEDOUT, DLOCK_EREDIS, DLOCK_ESERVER or
+                          DLOCK_ENOMEM */
     int sent;          /* the request was written, or may have been: it may have run */
     int closed;        /* it failed because the connection was closed or reset under
                           it (an idle timeout, a restart, a network reset): a retry on

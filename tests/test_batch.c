@@ -12,6 +12,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -68,6 +69,18 @@ static int owned_in_redis(const char *name)
     freeReplyObject(r);
     redisFree(k);
     return ok;
+}
+
+/* HGET tb:{name} token as a number, -1 when absent. */
+static long long lease_token(const char *name)
+{
+    redisContext *k = fx_connect("127.0.0.1", fx_server.port);
+    assert_non_null(k);
+    redisReply *r = redisCommand(k, "HGET tb:{%s} token", name);
+    long long v = r && r->type == REDIS_REPLY_STRING ? atoll(r->str) : -1;
+    freeReplyObject(r);
+    redisFree(k);
+    return v;
 }
 
 static void flush_all(void)
@@ -196,7 +209,7 @@ static void test_waiting_calls_ride_one_batch(void **state)
         worker_start(&riders[i], &v, name, DLOCK_NEVER);
     }
     wait_waiting(v.batch, RIDERS);
-    uint64_t rt0 = v.ctr.redis_round_trips;
+    uint64_t rt0 = dlock_load_64(&v.ctr.redis_round_trips);
     fx_proxy_release_held(v.proxy);
     pthread_join(first.th, NULL);
     assert_int_equal(first.call.rc, DLOCK_OK);
@@ -211,7 +224,7 @@ static void test_waiting_calls_ride_one_batch(void **state)
         assert_true(owned_in_redis(name));
     }
     /* the held round trip was counted before rt0; the riders took one */
-    assert_int_equal(v.ctr.redis_round_trips - rt0, 1);
+    assert_int_equal(dlock_load_64(&v.ctr.redis_round_trips) - rt0, 1);
     assert_int_equal(dlock_batch_waiting(v.batch), 0);
     env_close(&v);
 }
@@ -259,6 +272,7 @@ static void test_reset_fails_whole_batch(void **state)
     call_init(&call, &a, DLOCK_NEVER);
     assert_int_equal(dlock_batch_run(v.batch, &call), DLOCK_OK);
     assert_true(is_grant(call.reply)); /* the same attempt: its grant stands */
+    assert_int_equal(call.reply->element[1]->integer, lease_token("x0"));
     freeReplyObject(call.reply);
     env_close(&v);
 }
@@ -314,6 +328,7 @@ static void test_noscript_batch_falls_back_to_eval(void **state)
     freeReplyObject(redisCommand(k, "SCRIPT FLUSH"));
     redisFree(k);
     long long evals = fx_info_calls("127.0.0.1", fx_server.port, "eval");
+    uint64_t rt0 = dlock_load_64(&v.ctr.redis_round_trips);
     fx_proxy_release_held(v.proxy);
     pthread_join(first.th, NULL);
     assert_int_equal(first.call.rc, DLOCK_OK);
@@ -327,6 +342,60 @@ static void test_noscript_batch_falls_back_to_eval(void **state)
         freeReplyObject(riders[i].call.reply);
     }
     assert_int_equal(fx_info_calls("127.0.0.1", fx_server.port, "eval"), evals + 7);
+    /* The first call's EVAL, then one EVAL exchange for the whole batch,
+     * after its EVALSHA exchange: 3 round trips after the held one. */
+    assert_int_equal(dlock_load_64(&v.ctr.redis_round_trips) - rt0, 3);
+    env_close(&v);
+}
+
+enum { CROWD = 48, CALLS = 40 };
+
+typedef struct crowd_arg {
+    env *v;
+    int id;
+    int granted;
+} crowd_arg;
+
+static void *crowd_main(void *p)
+{
+    crowd_arg *a = p;
+    for (int i = 0; i < CALLS; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "c%d_%d", a->id, i);
+        acq_args args;
+        acq_args_init(&args, name);
+        dlock_call call;
+        call_init(&call, &args, DLOCK_NEVER);
+        if (dlock_batch_run(a->v->batch, &call) == DLOCK_OK && is_grant(call.reply))
+            a->granted++;
+        freeReplyObject(call.reply);
+    }
+    return NULL;
+}
+
+/* 48 threads share 4 lanes, 40 calls each on names of their own: every
+ * call gets its own grant, nothing is left waiting, and no lane leaks
+ * (dlock_batch_destroy asserts it). */
+static void test_crowd_on_four_lanes(void **state)
+{
+    (void)state;
+    env v;
+    env_open(&v, 4);
+    pthread_t th[CROWD];
+    crowd_arg args[CROWD];
+    for (int i = 0; i < CROWD; i++) {
+        args[i] = (crowd_arg){&v, i, 0};
+        assert_int_equal(pthread_create(&th[i], NULL, crowd_main, &args[i]), 0);
+    }
+    for (int i = 0; i < CROWD; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(args[i].granted, CALLS);
+    }
+    assert_true(owned_in_redis("c0_0"));
+    assert_true(owned_in_redis("c47_39"));
+    assert_int_equal(dlock_batch_waiting(v.batch), 0);
+    printf("# %d calls in %llu round trips\n", CROWD * CALLS,
+           (unsigned long long)dlock_load_64(&v.ctr.redis_round_trips));
     env_close(&v);
 }
 
@@ -338,6 +407,7 @@ int main(void)
         cmocka_unit_test_teardown(test_reset_fails_whole_batch, fx_ensure_server),
         cmocka_unit_test_teardown(test_deadline_while_waiting, fx_ensure_server),
         cmocka_unit_test_teardown(test_noscript_batch_falls_back_to_eval, fx_ensure_server),
+        cmocka_unit_test_teardown(test_crowd_on_four_lanes, fx_ensure_server),
     };
     return cmocka_run_group_tests(tests, fx_group_setup, fx_group_teardown);
 }
