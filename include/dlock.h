@@ -170,6 +170,9 @@ typedef struct dlock_stats {
     uint64_t entries;            /* local entries (names some thread holds or waits for) */
     uint64_t subscriber_commands; /* sent by the subscriber thread: SUBSCRIBE, keepalive
                                      PINGs, connection setup (not in redis_commands) */
+    uint64_t direct_grants;      /* of grants, those a release in another client made
+                                    to this one while it waited, taken from the message
+                                    that told it, with no acquire call */
 } dlock_stats;
 
 /* Fills *out with the client's counters. DLOCK_EINVAL for NULL arguments. */

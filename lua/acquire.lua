@@ -2,7 +2,9 @@
 -- KEYS[1] lease hash  <prefix>{<name>}       fields: owner, token, nonce
 -- KEYS[2] fence key   <prefix>{<name>}:fence  a token no later grant may reach
 -- KEYS[3] wait queue  <prefix>{<name>}:q      zset: client id -> arrival (server us)
--- KEYS[4] liveness    <prefix>{<name>}:qd     hash: client id -> deadline (server ms)
+-- KEYS[4] liveness    <prefix>{<name>}:qd     hash: client id -> "<deadline (server
+--                     ms)> <its newest attempt> <its pass limit> <its waiter ttl>":
+--                     what a release needs to grant it the lease directly
 -- KEYS[5] turn        <prefix>{<name>}:turn   the client whose turn it is
 -- KEYS[6] record      <prefix>{<name>}:c:<client id>  what Redis remembers of this
 --                     client for this name: "<newest attempt> <token of its last
@@ -32,9 +34,14 @@
 -- it never learned, or whose release failed) is granted again, with a new
 -- token and this attempt's number.
 --
--- Fairness: a free lease goes to the client whose turn it is (set by the
--- release that freed it, cleared when that client is gone), else to the
--- first live client in the queue, else to anyone. Dead waiters (deadline
+-- A lease granted to the caller by a release (release.lua: the direct
+-- grant, under attempt `nonce`, for the caller's waiter ttl only) is found
+-- here as the caller's own: the same attempt again gets it at the full
+-- lease time, a newer attempt gets it again with a new token.
+--
+-- Fairness: a free lease goes to the client whose turn it is (set by a leave
+-- that gave up a grant or a turn, cleared when that client is gone), else to
+-- the first live client in the queue, else to anyone. Dead waiters (deadline
 -- passed) are pruned from the head of the queue; all times are the server's.
 --
 -- Tokens: max(server time in us, last + 1), where last is the larger of the
@@ -60,7 +67,11 @@ end
 if mine then
   local held = tonumber(lease[3]) or 0
   if held == attempt then
-    return {1, tonumber(lease[2])} -- the same attempt again: its grant stands
+    -- The same attempt again: its grant stands, for a whole lease from now
+    -- (the caller counts its validity from this call; a direct grant was
+    -- made for the waiter ttl only).
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return {1, tonumber(lease[2])}
   end
   if held > seen then
     seen = held
@@ -78,7 +89,8 @@ local ttl = tonumber(ARGV[5])
 
 local function alive(id)
   local d = redis.call('HGET', KEYS[4], id)
-  return d and tonumber(d) > now_ms
+  local deadline = d and tonumber(string.match(d, '^%d+'))
+  return deadline and deadline > now_ms
 end
 
 -- The first live waiter, after dropping dead ones from the head.
@@ -101,7 +113,8 @@ local function wait(pttl)
     return {0, pttl}
   end
   redis.call('ZADD', KEYS[3], 'NX', now_us, me)
-  redis.call('HSET', KEYS[4], me, now_ms + ttl)
+  redis.call('HSET', KEYS[4], me,
+    string.format('%.0f %s %s %s', now_ms + ttl, ARGV[3], ARGV[4], ARGV[5]))
   -- The queue vanishes once every waiter stopped refreshing it; a client
   -- with a shorter waiter ttl never shortens another's.
   for k = 3, 4 do

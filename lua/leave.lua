@@ -1,5 +1,8 @@
--- Takes a client out of a lock's wait queue (its waiters gave up), and if
--- the turn was its own while the lease is free, passes the turn on.
+-- Takes a client out of a lock's wait queue (its waiters gave up). If a
+-- release had granted it the lease directly (release.lua) and its grant
+-- message came too late, or the turn was its own while the lease is free,
+-- it gives that up: the lease is freed and the turn passes to the next live
+-- waiter, which is woken and acquires it.
 -- KEYS[1] lease hash, KEYS[3] wait queue, KEYS[4] liveness, KEYS[5] turn,
 -- KEYS[6] record (see acquire.lua); KEYS[2], the fence key, is unused: the
 -- keys are those of acquire
@@ -9,7 +12,7 @@
 -- ARGV[4] waiter ttl in ms
 -- ARGV[5] number of this call, from the same sequence as acquire attempts
 -- ARGV[6] record lifetime in ms
--- Returns 1 if the client was queued, else 0. A leave older than an attempt
+-- Returns 1 if the client was queued (or granted), else 0. A leave older than an attempt
 -- Redis has already seen from this client for this name (a retry sent late
 -- by the background thread) changes nothing and returns 0: it must not take
 -- out a client that has queued again since.
@@ -29,7 +32,12 @@ end
 redis.call('SET', KEYS[6], string.format('%.0f %s %s', n, rtok, ratt), 'PX', ARGV[6])
 local was = redis.call('ZREM', KEYS[3], me)
 redis.call('HDEL', KEYS[4], me)
-if redis.call('GET', KEYS[5]) ~= me then
+-- No attempt newer than this call was seen (above): a lease this client
+-- owns now is one it gave up waiting for.
+if redis.call('HGET', KEYS[1], 'owner') == me then
+  redis.call('DEL', KEYS[1]) -- the fence keeps its reservation
+  was = 1
+elseif redis.call('GET', KEYS[5]) ~= me then
   return was
 end
 redis.call('DEL', KEYS[5])
@@ -44,9 +52,10 @@ while true do
     return was
   end
   local d = redis.call('HGET', KEYS[4], h)
-  if d and tonumber(d) > now_ms then
+  local deadline = d and tonumber(string.match(d, '^%d+'))
+  if deadline and deadline > now_ms then
     redis.call('SET', KEYS[5], h, 'PX', ARGV[4])
-    redis.call('PUBLISH', ARGV[2] .. h, ARGV[3])
+    redis.call('PUBLISH', ARGV[2] .. h, 'w ' .. ARGV[3])
     return was
   end
   redis.call('ZREM', KEYS[3], h)

@@ -1,9 +1,21 @@
--- Gives a lease back, if the caller still owns this grant of it, and hands
--- the next turn to the first live waiter, waking that client only.
+-- Gives a lease back, if the caller still owns this grant of it, and grants
+-- it directly to the first live waiting client, which learns it from one
+-- message on its channel and owns the lease without another call: a
+-- crossing between clients costs the waiter's refused try and this release.
+--
+-- The direct grant is made under the waiter's newest attempt (its nonce,
+-- from the liveness hash) and lasts only the waiter's ttl: a waiter that
+-- died or stopped waiting since its last refresh blocks the name for no
+-- longer than that. The waiter takes the grant only if it still waits in
+-- that attempt, counts its validity from when it sent the attempt, and
+-- renews it to a whole lease; a newer attempt of its own finds the lease its
+-- own (acquire.lua), so a grant message lost or late costs nothing but time.
+-- Its tokens follow as for any grant: max(server time in us, last + 1), and
+-- the fence reserves the waiter's pass limit.
 -- KEYS[1] lease hash  <prefix>{<name>}
 -- KEYS[2] fence key   <prefix>{<name>}:fence
 -- KEYS[3] wait queue  <prefix>{<name>}:q
--- KEYS[4] liveness    <prefix>{<name>}:qd
+-- KEYS[4] liveness    <prefix>{<name>}:qd     (see acquire.lua)
 -- KEYS[5] turn        <prefix>{<name>}:turn
 -- KEYS[6] record      <prefix>{<name>}:c:<client id> (see acquire.lua)
 -- ARGV[1] client id
@@ -14,10 +26,13 @@
 -- ARGV[5] the last token handed out under this grant (local handoffs add 1
 --         to the grant's token), or 0
 -- ARGV[6] wake channel prefix: the next waiter's channel is this + its id
--- ARGV[7] the lock name, published to that channel
+-- ARGV[7] the lock name; the message on that channel is
+--         "g <attempt> <token> <name>" for a direct grant, "w <name>" for a
+--         turn (a waiter in the liveness hash's older form, a deadline only)
 -- ARGV[8] waiter ttl in ms: how long the turn waits for its client
 -- ARGV[9] record lifetime in ms
--- Returns 1 when released (2 when a waiter was woken), also when this very
+-- Returns 1 when released (2 when the next waiter was granted it or woken),
+-- also when this very
 -- grant had already been released by an earlier call (a retry whose first
 -- try ran but whose answer was lost): releasing is idempotent. Returns 0
 -- when the caller does not own that grant (it expired, was taken, or was
@@ -79,17 +94,38 @@ if redis.call('EXISTS', KEYS[3], KEYS[5]) == 0 then
   return 1 -- nobody queued and no turn given: nothing to pass on
 end
 local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now_ms = math.floor(now_us / 1000)
 while true do
   local h = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
   if not h then
     redis.call('DEL', KEYS[5])
     return 1
   end
-  local d = redis.call('HGET', KEYS[4], h)
-  if d and tonumber(d) > now_ms then
-    redis.call('SET', KEYS[5], h, 'PX', ARGV[8])
-    redis.call('PUBLISH', ARGV[6] .. h, ARGV[7])
+  local d = redis.call('HGET', KEYS[4], h) or ''
+  local deadline = tonumber(string.match(d, '^%d+'))
+  if deadline and deadline > now_ms then
+    local _, att, pl, ttl = string.match(d, '^(%d+) (%d+) (%d+) (%d+)$')
+    if not att then
+      -- A waiter that cannot take a direct grant: it gets the turn and
+      -- acquires the lease itself when woken.
+      redis.call('SET', KEYS[5], h, 'PX', ARGV[8])
+      redis.call('PUBLISH', ARGV[6] .. h, 'w ' .. ARGV[7])
+      return 2
+    end
+    redis.call('ZREM', KEYS[3], h)
+    redis.call('HDEL', KEYS[4], h)
+    redis.call('DEL', KEYS[5])
+    local token = now_us
+    if token <= last then
+      token = last + 1
+    end
+    local tok = string.format('%.0f', token)
+    redis.call('HSET', KEYS[1], 'owner', h, 'token', tok, 'nonce', att)
+    redis.call('PEXPIRE', KEYS[1], ttl)
+    local keep = math.max(tonumber(ARGV[4]), math.floor(tonumber(pl) / 1000) + 1)
+    redis.call('SET', KEYS[2], string.format('%.0f', token + tonumber(pl)), 'PX', keep)
+    redis.call('PUBLISH', ARGV[6] .. h, 'g ' .. att .. ' ' .. tok .. ' ' .. ARGV[7])
     return 2
   end
   redis.call('ZREM', KEYS[3], h)

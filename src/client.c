@@ -55,6 +55,19 @@
  *       thread starves. A granted thread returns without touching the queue
  *       or e->waiters again. Wake-ups of the hot path (release) are issued
  *       after e->mu is dropped (park.h).
+ *  I11. Direct grants (lua/release.lua). A release in another client may
+ *       grant this client the lease while it waits in Redis, under its
+ *       newest attempt, for its waiter ttl, and tell it on its channel.
+ *       Only e's poller takes such a grant (take_direct_grant), between its
+ *       tries, and only if the message names one of its last two refused
+ *       tries of the current wait (try_nonce, reset when a poll starts):
+ *       messages of an earlier wait, or late ones, are dropped. The
+ *       validity counts from the send of the named try, which Redis saw
+ *       before the release ran; the lease is HELD and `provisional` until
+ *       the renewal makes it a whole lease. A grant that is dropped is
+ *       found again by the poller's next try (the lease is its own), or
+ *       freed by the leave of a client that gave up (lua/leave.lua), or
+ *       expires after the waiter ttl.
  * References: a thread inside a call holds one; the owner thread keeps the
  * one of its outermost acquire until its outermost release.
  *
@@ -109,6 +122,9 @@ struct dlock_client {
     int64_t fallback_ns; /* a queued poller retries this often without a wake-up */
     int64_t drift_ns;
     int64_t handoff_margin_ns; /* no handoff this close to the validity deadline */
+    int64_t grant_drift_ns;    /* drift margin of a direct grant's validity (waiter ttl) */
+    int64_t grant_margin_ns;   /* the same as handoff_margin_ns, for a direct grant not
+                                  renewed yet; and the least validity one is taken with */
     void (*on_lost)(const char *name, uint64_t fence, void *arg);
     void *on_lost_arg;
     unsigned fork_gen; /* fork generation at open: calls in a child fail */
@@ -293,17 +309,55 @@ static void client_free(dlock_client *c)
     free(c);
 }
 
-/* The subscriber got a wake-up for a lock name: its poller, if this client
- * still waits for it, tries again at once. On the subscriber thread. */
-static void wake_one(void *arg, const char *name, size_t len)
+/* Parses a decimal uint64 at *p up to a space; advances *p past the space.
+ * 0 if there is none (or it is 0: attempts and tokens start at 1). */
+static uint64_t parse_u64(const char **p, const char *end)
+{
+    uint64_t v = 0;
+    const char *q = *p;
+    while (q < end && *q >= '0' && *q <= '9' && v < UINT64_MAX / 10)
+        v = v * 10 + (uint64_t)(*q++ - '0');
+    if (q == *p || q >= end || *q != ' ')
+        return 0;
+    *p = q + 1;
+    return v;
+}
+
+/* A message on this client's channel (release.lua, leave.lua): "w <name>",
+ * the turn for name is this client's; or "g <attempt> <token> <name>", a
+ * release granted this client the lease of name directly under that
+ * attempt. Either way the poller of name, if this client still waits for
+ * it, looks at once: it takes the grant if it still waits in that attempt
+ * (poll_redis), else tries again. A payload of another form is taken for a
+ * bare name, a wake-up. On the subscriber thread. */
+static void wake_one(void *arg, const char *payload, size_t len)
 {
     dlock_client *c = arg;
-    if (len == 0 || len > DLOCK_NAME_MAX)
+    const char *p = payload, *end = payload + len;
+    uint64_t nonce = 0, token = 0;
+    if (len > 2 && p[0] == 'w' && p[1] == ' ') {
+        p += 2;
+    } else if (len > 2 && p[0] == 'g' && p[1] == ' ') {
+        const char *q = p + 2;
+        nonce = parse_u64(&q, end);
+        token = nonce ? parse_u64(&q, end) : 0;
+        if (token)
+            p = q;
+        else
+            nonce = 0;
+    }
+    size_t nlen = (size_t)(end - p);
+    if (nlen == 0 || nlen > DLOCK_NAME_MAX)
         return;
-    dlock_entry *e = dlock_table_find(c->table, name, len);
+    dlock_entry *e = dlock_table_find(c->table, p, nlen);
     if (!e)
         return; /* nobody here waits for it any more */
     pthread_mutex_lock(&e->mu);
+    if (nonce && e->poller) {
+        e->msg_grant = 1;
+        e->msg_nonce = nonce;
+        e->msg_token = token;
+    }
     e->woken = 1;
     pthread_cond_signal(&e->pcv); /* the poller only: the waiters have nothing to do */
     pthread_mutex_unlock(&e->mu);
@@ -384,6 +438,8 @@ int dlock_client_open(const dlock_config *cfg, dlock_client **out)
     /* A lease renewed on time keeps at least 2/3 of its time: one with less
      * than 1/3 left has missed a renewal and is not passed on. */
     c->handoff_margin_ns = (int64_t)cfg->lease_ms * DLOCK_NS_PER_MS / 3;
+    c->grant_drift_ns = dlock_renew_drift_ns(cfg->waiter_ttl_ms);
+    c->grant_margin_ns = (int64_t)cfg->waiter_ttl_ms * DLOCK_NS_PER_MS / 4;
     c->on_lost = cfg->on_lost;
     c->on_lost_arg = cfg->on_lost_arg;
     c->fork_gen = dlock_load_uint(&fork_generation);
@@ -648,15 +704,18 @@ static void redis_leave(dlock_client *c, dlock_entry *e, const char *number)
     dlock_err_set(0, "%s", keep);
 }
 
-/* Makes the calling thread e's owner for a new grant. Called with e->mu held. */
-static int take_grant(dlock_client *c, dlock_entry *e, uint64_t token, int64_t sent_boot)
+/* Makes the calling thread e's owner for a new grant, valid until
+ * valid_until (boot clock). Called with e->mu held. */
+static int take_grant(dlock_client *c, dlock_entry *e, uint64_t token, int64_t valid_until)
 {
     e->state = DLOCK_LEASE_HELD;
     e->grant_token = token;
     e->token = token;
     e->handoff = 0;
     e->epoch++;
-    e->valid_until_ns = sent_boot + (int64_t)c->lease_ms * DLOCK_NS_PER_MS - c->drift_ns;
+    e->valid_until_ns = valid_until;
+    e->provisional = 0;
+    e->msg_grant = 0;
     e->passes = 0;
     e->lost_notified = 0;
     e->queued = 0; /* the acquire script took this client out of the queue */
@@ -694,6 +753,43 @@ static int take_handoff(dlock_client *c, dlock_entry *e, int *drop)
     return DLOCK_OK;
 }
 
+/* The direct grant message of e (wake_one), looked at by e's poller between
+ * tries, with e->mu held. It is taken if it names one of the poller's last
+ * two refused tries and enough of its validity is left, counted from when
+ * that try was sent: the release that made the grant ran after Redis had
+ * seen the try, and granted the lease for the waiter ttl from then. Else it
+ * is dropped (a stale message, or a late one): the next try finds the lease
+ * this client's own, if it still is. DLOCK_OK (e is HELD by the calling
+ * thread, provisionally: the renewal makes it a whole lease, at once if
+ * other threads wait for it, else by half its validity), DLOCK_EBUSY
+ * (dropped), or DLOCK_ENOMEM. */
+static int take_direct_grant(dlock_client *c, dlock_entry *e)
+{
+    e->msg_grant = 0;
+    int i = e->msg_nonce == e->try_nonce[0] ? 0 : e->msg_nonce == e->try_nonce[1] ? 1 : -1;
+    if (i < 0 || e->msg_nonce == 0)
+        return DLOCK_EBUSY;
+    int64_t valid = e->try_sent_boot[i] + (int64_t)c->waiter_ttl_ms * DLOCK_NS_PER_MS -
+                    c->grant_drift_ns;
+    int64_t now = dlock_boot_ns();
+    if (now + c->grant_margin_ns >= valid)
+        return DLOCK_EBUSY;
+    char nonce[24];
+    snprintf(nonce, sizeof nonce, "%" PRIu64, e->msg_nonce);
+    int rc = take_grant(c, e, e->msg_token, valid);
+    if (rc != DLOCK_OK) {
+        dlock_renew_orphan(c->renew, e, nonce);
+        return rc;
+    }
+    e->provisional = 1;
+    dlock_count(&c->ctr.direct_grants, 1);
+    if (e->waiters > 1)
+        dlock_renew_kick(c->renew); /* so that local handoffs can follow */
+    else
+        dlock_renew_by(c->renew, dlock_now_ns() + (valid - now) / 2);
+    return DLOCK_OK;
+}
+
 /* Someone changed e's state: wakes the head of the local queue if there is
  * something for it to do: an open handoff to take, or no poller while the
  * lease is not here (it polls: I9). Called with e->mu held. */
@@ -718,6 +814,8 @@ static void kick_head(dlock_entry *e)
  */
 static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int once)
 {
+    e->try_nonce[0] = e->try_nonce[1] = 0; /* a new wait: no direct grant yet */
+    e->msg_grant = 0;
     for (;;) {
         DLOCK_ASSERT(!e->has_owner && e->state == DLOCK_LEASE_NONE);
         e->state = DLOCK_LEASE_ACQUIRING;
@@ -740,7 +838,8 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
         pthread_mutex_lock(&e->mu);
         e->state = DLOCK_LEASE_NONE;
         if (rc == DLOCK_OK) {
-            rc = take_grant(c, e, token, sent_boot);
+            rc = take_grant(c, e, token,
+                            sent_boot + (int64_t)c->lease_ms * DLOCK_NS_PER_MS - c->drift_ns);
             if (rc != DLOCK_OK)
                 dlock_renew_orphan(c->renew, e, nonce);
             return rc;
@@ -750,6 +849,12 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
         if (once)
             return dlock_err_set(DLOCK_EBUSY, "'%s' is held by another client", e->name);
         e->queued = 1;
+        e->try_nonce[1] = e->try_nonce[0];
+        e->try_sent_boot[1] = e->try_sent_boot[0];
+        e->try_nonce[0] = strtoull(nonce, NULL, 10);
+        e->try_sent_boot[0] = sent_boot;
+        if (e->msg_grant && (rc = take_direct_grant(c, e)) != DLOCK_EBUSY)
+            return rc; /* it came before the refusal's answer */
         int64_t now = dlock_now_ns();
         if (now >= deadline)
             return dlock_err_set(DLOCK_ETIMEDOUT, "timed out waiting for '%s'", e->name);
@@ -764,6 +869,8 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
             struct timespec ts = dlock_ts(wake);
             pthread_cond_timedwait(&e->pcv, &e->mu, &ts);
         }
+        if (e->msg_grant && (rc = take_direct_grant(c, e)) != DLOCK_EBUSY)
+            return rc; /* granted by a release: no call needed */
         if (dlock_now_ns() >= deadline) /* no try after the deadline, woken or not */
             return dlock_err_set(DLOCK_ETIMEDOUT, "timed out waiting for '%s'", e->name);
     }
@@ -959,7 +1066,8 @@ int dlock_release(dlock_client *c, const char *name)
     }
     DLOCK_ASSERT(e->state == DLOCK_LEASE_HELD);
     if (e->waiters > 0 && e->passes < c->pass_limit &&
-        dlock_boot_ns() + c->handoff_margin_ns < e->valid_until_ns) {
+        dlock_boot_ns() + (e->provisional ? c->grant_margin_ns : c->handoff_margin_ns) <
+            e->valid_until_ns) {
         /* Cohort handoff (rule 3): the lease stays with this client and
          * passes to a waiting thread, with the next token. */
         e->passes++;
@@ -1054,5 +1162,6 @@ int dlock_client_stats(dlock_client *c, dlock_stats *out)
     out->leases_lost = dlock_load_64(&c->ctr.leases_lost);
     out->entries = dlock_load_64(&c->ctr.entries);
     out->subscriber_commands = dlock_load_64(&c->sub_ctr.redis_commands);
+    out->direct_grants = dlock_load_64(&c->ctr.direct_grants);
     return DLOCK_OK;
 }

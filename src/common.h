@@ -165,6 +165,7 @@ typedef struct dlock_counters {
     uint64_t leases_held;
     uint64_t leases_lost;
     uint64_t entries;
+    uint64_t direct_grants;
 } dlock_counters;
 
 static inline void dlock_count(uint64_t *counter, uint64_t n)

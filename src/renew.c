@@ -83,6 +83,8 @@ struct dlock_renew {
     orphan *orphans;         /* guarded by mu */
     int orphan_new;          /* guarded by mu: an orphan arrived, due at once */
     int kick;                /* guarded by mu: renew now, not at the period's end */
+    int64_t due;             /* guarded by mu: start a round by then (monotonic), at
+                                the latest; DLOCK_NEVER: at the period's end */
     int writing;             /* guarded by mu: a renewal write is in progress */
     int stop;                /* guarded by mu */
     redisContext *conn;      /* the manager thread's own connection */
@@ -290,6 +292,7 @@ static int64_t apply(dlock_renew *r, snap *s, size_t n, int64_t sent_boot)
             if (s[i].verdict == 1) {
                 if (valid > e->valid_until_ns)
                     e->valid_until_ns = valid;
+                e->provisional = 0; /* a whole lease now */
             } else if (s[i].verdict == 0 || now >= e->valid_until_ns) {
                 drop_registry_ref = dlock_renew_mark_lost(r, e);
                 s[i].lost_token = e->token;
@@ -386,6 +389,16 @@ static int64_t round_once(dlock_renew *r)
     if (!ok && next > sent_ns + r->period_ns)
         next = sent_ns + r->period_ns;
     return earliest < next ? earliest : next;
+}
+
+void dlock_renew_by(dlock_renew *r, int64_t when_ns)
+{
+    pthread_mutex_lock(&r->mu);
+    if (when_ns < r->due) {
+        r->due = when_ns;
+        pthread_cond_signal(&r->cv);
+    }
+    pthread_mutex_unlock(&r->mu);
 }
 
 void dlock_renew_kick(dlock_renew *r)
@@ -577,6 +590,8 @@ static void *manager_main(void *arg)
             r->kick = 0;
             next = now;
         }
+        if (r->due < next)
+            next = r->due;
         if (now < next) {
             int64_t wake = next;
             if (r->orphans && orphan_retry < wake)
@@ -593,6 +608,7 @@ static void *manager_main(void *arg)
             }
             continue;
         }
+        r->due = DLOCK_NEVER; /* this round renews every lease registered now */
         pthread_mutex_unlock(&r->mu);
         next = round_once(r);
         pthread_mutex_lock(&r->mu);
@@ -608,6 +624,7 @@ int dlock_renew_start(const dlock_renew_cfg *cfg, dlock_renew **out)
         return DLOCK_ENOMEM;
     r->cfg = *cfg;
     r->period_ns = (int64_t)cfg->lease_ms * DLOCK_NS_PER_MS / 3;
+    r->due = DLOCK_NEVER;
     r->drift_ns = dlock_renew_drift_ns(cfg->lease_ms);
     pthread_mutex_init(&r->mu, NULL);
     DLOCK_LOCKSTAT_NAME(&r->mu, "renew");

@@ -61,6 +61,11 @@ void dlock_renew_quiesce(dlock_renew *r);
  * it lost at once instead of up to a period later. No lock needed. */
 void dlock_renew_kick(dlock_renew *r);
 
+/* Makes the next round start by when_ns (monotonic) at the latest: for a
+ * lease registered with a validity shorter than a period (a direct grant,
+ * valid for the waiter ttl until renewed). No lock needed. */
+void dlock_renew_by(dlock_renew *r, int64_t when_ns);
+
 /* Hands over an acquire attempt of e whose outcome is unknown: the manager
  * thread releases the grant of attempt `nonce`, if Redis made one, as soon
  * as it can, retrying while Redis may still see that attempt (keep_ms) and

@@ -76,6 +76,17 @@ typedef struct dlock_entry {
 
     int woken;                   /* a wake-up came for this name since the poller's last try */
     int queued;                  /* this client may be in the name's wait queue in Redis */
+    /* The poller's last two refused tries of its current wait, newest first
+     * (0: none), and when each was sent (boot clock): a direct grant names
+     * the try it was made under, and its validity counts from that send. */
+    uint64_t try_nonce[2];
+    int64_t try_sent_boot[2];
+    /* A direct grant message for this name (release.lua) that the poller has
+     * not looked at yet: its attempt number and token. */
+    int msg_grant;
+    uint64_t msg_nonce, msg_token;
+    int provisional;             /* HELD by a direct grant not renewed yet: valid for
+                                    the waiter ttl only (handoffs use a shorter margin) */
 
     /* Immutable after creation. */
     size_t name_len;

@@ -1524,9 +1524,10 @@ static int sc_redis_frozen(void)
 /*
  * A holds "w"; B waits for it (in the wait queue: ZCARD dlock:{w}:q == 1)
  * and is SIGKILLed there; C then waits (ZCARD == 2: the dead B is still
- * first); A releases. The release gives the turn to B, whose deadline has
- * not passed yet (B refreshed it at most waiter_ttl_ms before it died);
- * once it passes, C's next retry (every waiter_ttl_ms/4) skips B and wins.
+ * first); A releases. The release grants B the lease directly, for B's
+ * waiter ttl only, since B's deadline has not passed yet (B refreshed it at
+ * most waiter_ttl_ms before it died); once that lease expires, C's next
+ * retry (every waiter_ttl_ms/4) finds the lease free and C first in line.
  * So C has the lock within waiter_ttl_ms + waiter_ttl_ms/4 of the release,
  * plus 500 ms of slack for a late poller wake-up and a round trip on a
  * loaded machine: 400 + 100 + 500 = 1000 ms. Without the skip, C would wait

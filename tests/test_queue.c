@@ -1,6 +1,9 @@
 /*
  * The wait queue and targeted wake-ups, against a real redis-server: a
- * release wakes the first live waiting client only, in arrival order; a
+ * release grants the lease directly to the first live waiting client only,
+ * in arrival order, which takes it without another call; a grant to a dead
+ * waiter lasts its waiter ttl only; a grant racing the waiter's own retry,
+ * or its giving up, is resolved without a lost or doubled lease; a
  * client holds one subscription whatever it waits for; a waiter that gives
  * up leaves the queue; a dead waiter is skipped within its ttl; a try never
  * queues; a dropped subscriber connection is recovered.
@@ -23,6 +26,7 @@
 #include <cmocka.h>
 
 #include "fixture.h"
+#include "proxy.h"
 
 
 static dlock_client *open_client(uint32_t waiter_ttl_ms)
@@ -338,6 +342,169 @@ static void test_last_waiter_leaves(void **state)
     dlock_client_close(b);
 }
 
+/* HGET of the lease field of name, malloc'd, NULL when absent. */
+static char *lease_field(const char *name, const char *field)
+{
+    redisContext *rc = fx_connect("127.0.0.1", fx_server.port);
+    assert_non_null(rc);
+    redisReply *r = redisCommand(rc, "HGET dlock:{%s} %s", name, field);
+    char *v = r && r->type == REDIS_REPLY_STRING ? strdup(r->str) : NULL;
+    freeReplyObject(r);
+    redisFree(rc);
+    return v;
+}
+
+/* A crossing between clients costs the waiter's refused try and the
+ * holder's release: the release grants the lease to the waiter, which takes
+ * it from the message, with no acquire call after it (waiter_ttl 8 s: no
+ * fallback retry within the test). */
+static void test_direct_grant_no_acquire_after_release(void **state)
+{
+    (void)state;
+    dlock_client *a = open_client(8000), *b = open_client(8000);
+    wait_subscribed(2);
+    uint64_t fa;
+    assert_int_equal(dlock_acquire(a, "dg1", 0, &fa), DLOCK_OK);
+    dlock_stats s0, s1;
+    dlock_client_stats(b, &s0);
+    waiter wb;
+    waiter_start(&wb, b, "dg1", 30000);
+    wait_queued("dg1", 1);
+    long long calls0 = fx_info_top_calls("127.0.0.1", fx_server.port);
+    assert_int_equal(dlock_release(a, "dg1"), DLOCK_OK);
+    pthread_join(wb.th, NULL);
+    assert_int_equal(wb.rc, DLOCK_OK);
+    assert_true(wb.fence > fa);
+    /* a's release and b's own release, nothing else: no acquire by b */
+    assert_int_equal(fx_info_top_calls("127.0.0.1", fx_server.port) - calls0, 2);
+    dlock_client_stats(b, &s1);
+    assert_int_equal(s1.direct_grants - s0.direct_grants, 1);
+    assert_int_equal(s1.redis_commands - s0.redis_commands, 2); /* its try and its release */
+    assert_int_equal(s1.leases_lost, 0);
+    assert_int_equal(rcmd_int("EXISTS %s", "dlock:{dg1}"), 0);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+/* A ghost (a waiter that died after its last refresh, placed first with the
+ * fields a live client would have written) is granted the lease by the
+ * release, for its own waiter ttl only: the next waiter gets it once that
+ * has passed, within a generous bound. */
+static void test_direct_grant_to_dead_waiter_lasts_its_ttl(void **state)
+{
+    (void)state;
+    const long long ttl = 600;
+    dlock_client *a = open_client((uint32_t)ttl), *b = open_client((uint32_t)ttl);
+    wait_subscribed(2);
+    assert_int_equal(dlock_acquire(a, "dg2", 0, NULL), DLOCK_OK);
+    redisContext *rc = fx_connect("127.0.0.1", fx_server.port);
+    redisReply *t = redisCommand(rc, "TIME");
+    long long now_ms = atoll(t->element[0]->str) * 1000 + atoll(t->element[1]->str) / 1000;
+    freeReplyObject(t);
+    freeReplyObject(redisCommand(rc, "ZADD dlock:{dg2}:q 1 ghost"));
+    char live[64]; /* deadline, newest attempt, pass limit, waiter ttl */
+    snprintf(live, sizeof live, "%lld 5 16 %lld", now_ms + ttl, ttl);
+    freeReplyObject(redisCommand(rc, "HSET dlock:{dg2}:qd ghost %s", live));
+    waiter wb;
+    long long t0 = fx_now_ns();
+    waiter_start(&wb, b, "dg2", 20000);
+    wait_queued("dg2", 2);
+    assert_int_equal(dlock_release(a, "dg2"), DLOCK_OK);
+    char *owner = lease_field("dg2", "owner");
+    assert_non_null(owner);
+    assert_string_equal(owner, "ghost");
+    free(owner);
+    redisReply *r = redisCommand(rc, "PTTL dlock:{dg2}");
+    assert_true(r->integer > 0 && r->integer <= ttl);
+    freeReplyObject(r);
+    redisFree(rc);
+    pthread_join(wb.th, NULL);
+    assert_int_equal(wb.rc, DLOCK_OK);
+    long long waited_ms = (wb.got_ns - t0) / 1000000;
+    printf("# waiter behind a granted dead one got the lock after %lld ms (ttl %lld)\n",
+           waited_ms, ttl);
+    assert_true(waited_ms >= ttl - 50);
+    assert_true(waited_ms < 10000); /* ttl + a fallback (150 ms) + generous slack */
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+/* The grant races the waiter's own retry: b's retry is held back by a
+ * proxy while a's release grants b the lease under b's previous try. The
+ * retry then finds the lease b's own and gets it again with a new token:
+ * b must hold that grant (the token Redis has), not the one of the message,
+ * and release it cleanly. */
+static void test_direct_grant_racing_a_retry(void **state)
+{
+    (void)state;
+    fx_proxy *px = fx_proxy_start(fx_server.port);
+    assert_non_null(px);
+    dlock_config cfg;
+    fx_config(&cfg, &fx_server);
+    cfg.redis_port = fx_proxy_port(px);
+    cfg.waiter_ttl_ms = 400; /* b retries every 75 to 100 ms */
+    dlock_client *a = open_client(8000), *b;
+    assert_int_equal(dlock_client_open(&cfg, &b), DLOCK_OK);
+    wait_subscribed(2);
+    assert_int_equal(dlock_acquire(a, "dg3", 0, NULL), DLOCK_OK);
+    waiter wb;
+    waiter_start(&wb, b, "dg3", 20000);
+    wait_queued("dg3", 1);
+    fx_proxy_hold_next(px, "{dg3}");
+    assert_int_equal(fx_proxy_wait_held(px, 10000), 0); /* b's retry, held */
+    dlock_stats s0, s1;
+    dlock_client_stats(b, &s0);
+    assert_int_equal(dlock_release(a, "dg3"), DLOCK_OK); /* grants b: a message */
+    fx_sleep_ms(200); /* the message reaches b while its retry is held */
+    fx_proxy_release_held(px);
+    pthread_join(wb.th, NULL);
+    assert_int_equal(wb.rc, DLOCK_OK); /* and it released cleanly: waiter_main */
+    dlock_client_stats(b, &s1);
+    assert_int_equal(s1.direct_grants - s0.direct_grants, 0); /* the retry's grant won */
+    assert_int_equal(s1.leases_lost, 0);
+    assert_int_equal(rcmd_int("EXISTS %s", "dlock:{dg3}"), 0); /* released, not left */
+    dlock_client_close(a);
+    dlock_client_close(b);
+    fx_proxy_stop(px);
+}
+
+/* The grant races the waiter giving up: b's leave is held back while a's
+ * release grants b the lease; the leave then gives the lease back, so the
+ * name is free at once (not blocked for b's waiter ttl). */
+static void test_direct_grant_racing_a_leave(void **state)
+{
+    (void)state;
+    fx_proxy *px = fx_proxy_start(fx_server.port);
+    assert_non_null(px);
+    dlock_config cfg;
+    fx_config(&cfg, &fx_server);
+    cfg.redis_port = fx_proxy_port(px);
+    cfg.waiter_ttl_ms = 8000; /* no retry within b's 500 ms wait */
+    dlock_client *a = open_client(8000), *b, *c = open_client(8000);
+    assert_int_equal(dlock_client_open(&cfg, &b), DLOCK_OK);
+    wait_subscribed(3);
+    assert_int_equal(dlock_acquire(a, "dg4", 0, NULL), DLOCK_OK);
+    waiter wb;
+    waiter_start(&wb, b, "dg4", 500);
+    wait_queued("dg4", 1);
+    fx_proxy_hold_next(px, "{dg4}");
+    assert_int_equal(fx_proxy_wait_held(px, 10000), 0); /* b's leave, held */
+    assert_int_equal(dlock_release(a, "dg4"), DLOCK_OK); /* grants b */
+    char *owner = lease_field("dg4", "owner");
+    assert_non_null(owner); /* b's, provisionally */
+    free(owner);
+    fx_proxy_release_held(px);
+    pthread_join(wb.th, NULL);
+    assert_int_equal(wb.rc, DLOCK_ETIMEDOUT);
+    assert_int_equal(rcmd_int("EXISTS %s", "dlock:{dg4}"), 0); /* given back */
+    assert_int_equal(dlock_acquire(c, "dg4", 0, NULL), DLOCK_OK);
+    assert_int_equal(dlock_release(c, "dg4"), DLOCK_OK);
+    dlock_client_close(a);
+    dlock_client_close(b);
+    dlock_client_close(c);
+    fx_proxy_stop(px);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -349,6 +516,10 @@ int main(void)
         cmocka_unit_test(test_lost_wakeup_costs_one_fallback),
         cmocka_unit_test(test_timed_wait_round_trips),
         cmocka_unit_test(test_last_waiter_leaves),
+        cmocka_unit_test(test_direct_grant_no_acquire_after_release),
+        cmocka_unit_test(test_direct_grant_to_dead_waiter_lasts_its_ttl),
+        cmocka_unit_test(test_direct_grant_racing_a_retry),
+        cmocka_unit_test(test_direct_grant_racing_a_leave),
     };
     return cmocka_run_group_tests(tests, fx_group_setup, fx_group_teardown);
 }
