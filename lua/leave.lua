@@ -32,9 +32,11 @@ end
 redis.call('SET', KEYS[6], string.format('%.0f %s %s', n, rtok, ratt), 'PX', ARGV[6])
 local was = redis.call('ZREM', KEYS[3], me)
 redis.call('HDEL', KEYS[4], me)
--- No attempt newer than this call was seen (above): a lease this client
--- owns now is one it gave up waiting for.
-if redis.call('HGET', KEYS[1], 'owner') == me then
+-- A lease this client owns under an attempt older than this call is one it
+-- gave up waiting for. One granted under a newer attempt is held: a late
+-- copy of this leave, whose record has expired, must not touch it.
+local lease = redis.call('HMGET', KEYS[1], 'owner', 'nonce')
+if lease[1] == me and (tonumber(lease[2]) or 0) < n then
   redis.call('DEL', KEYS[1]) -- the fence keeps its reservation
   was = 1
 elseif redis.call('GET', KEYS[5]) ~= me then

@@ -28,7 +28,7 @@
 -- ARGV[6] wake channel prefix: the next waiter's channel is this + its id
 -- ARGV[7] the lock name; the message on that channel is
 --         "g <attempt> <token> <name>" for a direct grant, "w <name>" for a
---         turn (a waiter in the liveness hash's older form, a deadline only)
+--         turn (a liveness value without the grant fields)
 -- ARGV[8] waiter ttl in ms: how long the turn waits for its client
 -- ARGV[9] record lifetime in ms
 -- Returns 1 when released (2 when the next waiter was granted it or woken),
@@ -107,8 +107,8 @@ while true do
   if deadline and deadline > now_ms then
     local _, att, pl, ttl = string.match(d, '^(%d+) (%d+) (%d+) (%d+)$')
     if not att then
-      -- A waiter that cannot take a direct grant: it gets the turn and
-      -- acquires the lease itself when woken.
+      -- A liveness value without the grant fields (a deadline only): the
+      -- waiter gets the turn and acquires the lease itself when woken.
       redis.call('SET', KEYS[5], h, 'PX', ARGV[8])
       redis.call('PUBLISH', ARGV[6] .. h, 'w ' .. ARGV[7])
       return 2

@@ -59,12 +59,12 @@
  *       grant this client the lease while it waits in Redis, under its
  *       newest attempt, for its waiter ttl, and tell it on its channel.
  *       Only e's poller takes such a grant (take_direct_grant), between its
- *       tries, and only if the message names one of its last two refused
- *       tries of the current wait (try_nonce, reset when a poll starts):
- *       messages of an earlier wait, or late ones, are dropped. The
- *       validity counts from the send of the named try, which Redis saw
- *       before the release ran; the lease is HELD and `provisional` until
- *       the renewal makes it a whole lease. A grant that is dropped is
+ *       tries, and only if the message names its last refused try of the
+ *       current wait (try_nonce, reset when a poll starts): messages of an
+ *       earlier wait or an earlier try, or late ones, are dropped. The
+ *       validity counts min(waiter ttl, lease) from the send of the named
+ *       try, which Redis saw before the release ran; the lease is HELD and
+ *       `provisional` until the renewal makes it a whole lease. A grant that is dropped is
  *       found again by the poller's next try (the lease is its own), or
  *       freed by the leave of a client that gave up (lua/leave.lua), or
  *       expires after the waiter ttl.
@@ -122,7 +122,8 @@ struct dlock_client {
     int64_t fallback_ns; /* a queued poller retries this often without a wake-up */
     int64_t drift_ns;
     int64_t handoff_margin_ns; /* no handoff this close to the validity deadline */
-    int64_t grant_drift_ns;    /* drift margin of a direct grant's validity (waiter ttl) */
+    uint32_t grant_ms;         /* a direct grant's validity: min(waiter ttl, lease) */
+    int64_t grant_drift_ns;    /* its drift margin */
     int64_t grant_margin_ns;   /* the same as handoff_margin_ns, for a direct grant not
                                   renewed yet; and the least validity one is taken with */
     void (*on_lost)(const char *name, uint64_t fence, void *arg);
@@ -328,8 +329,8 @@ static uint64_t parse_u64(const char **p, const char *end)
  * release granted this client the lease of name directly under that
  * attempt. Either way the poller of name, if this client still waits for
  * it, looks at once: it takes the grant if it still waits in that attempt
- * (poll_redis), else tries again. A payload of another form is taken for a
- * bare name, a wake-up. On the subscriber thread. */
+ * (poll_redis), else tries again. A payload of another form is ignored
+ * (the poller's periodic retry covers it). On the subscriber thread. */
 static void wake_one(void *arg, const char *payload, size_t len)
 {
     dlock_client *c = arg;
@@ -341,10 +342,11 @@ static void wake_one(void *arg, const char *payload, size_t len)
         const char *q = p + 2;
         nonce = parse_u64(&q, end);
         token = nonce ? parse_u64(&q, end) : 0;
-        if (token)
-            p = q;
-        else
-            nonce = 0;
+        if (!token)
+            return; /* malformed */
+        p = q;
+    } else {
+        return; /* not a message of this version: the poller's retry covers it */
     }
     size_t nlen = (size_t)(end - p);
     if (nlen == 0 || nlen > DLOCK_NAME_MAX)
@@ -438,8 +440,12 @@ int dlock_client_open(const dlock_config *cfg, dlock_client **out)
     /* A lease renewed on time keeps at least 2/3 of its time: one with less
      * than 1/3 left has missed a renewal and is not passed on. */
     c->handoff_margin_ns = (int64_t)cfg->lease_ms * DLOCK_NS_PER_MS / 3;
-    c->grant_drift_ns = dlock_renew_drift_ns(cfg->waiter_ttl_ms);
-    c->grant_margin_ns = (int64_t)cfg->waiter_ttl_ms * DLOCK_NS_PER_MS / 4;
+    /* A direct grant lasts the waiter ttl in Redis, but a renewal (or the
+     * same attempt seen again) resets it to the lease time, which may be
+     * shorter: its validity counts the smaller of the two. */
+    c->grant_ms = cfg->waiter_ttl_ms < cfg->lease_ms ? cfg->waiter_ttl_ms : cfg->lease_ms;
+    c->grant_drift_ns = dlock_renew_drift_ns(c->grant_ms);
+    c->grant_margin_ns = (int64_t)c->grant_ms * DLOCK_NS_PER_MS / 4;
     c->on_lost = cfg->on_lost;
     c->on_lost_arg = cfg->on_lost_arg;
     c->fork_gen = dlock_load_uint(&fork_generation);
@@ -754,23 +760,25 @@ static int take_handoff(dlock_client *c, dlock_entry *e, int *drop)
 }
 
 /* The direct grant message of e (wake_one), looked at by e's poller between
- * tries, with e->mu held. It is taken if it names one of the poller's last
- * two refused tries and enough of its validity is left, counted from when
- * that try was sent: the release that made the grant ran after Redis had
- * seen the try, and granted the lease for the waiter ttl from then. Else it
- * is dropped (a stale message, or a late one): the next try finds the lease
- * this client's own, if it still is. DLOCK_OK (e is HELD by the calling
+ * tries, with e->mu held. It is taken if it names the poller's last refused
+ * try and enough of its validity is left, counted from when that try was
+ * sent: the release that made the grant ran after Redis had seen the try,
+ * and granted the lease for the waiter ttl from then (a renewal or a late
+ * copy of the try resets that to the lease time: the validity counts the
+ * smaller). A grant under an earlier try is never taken: that try's
+ * successor was refused, so when it ran the lease was not this client's,
+ * and the earlier grant was gone. A message dropped here (stale, or late)
+ * costs time only: the next try finds the lease this client's own, if it
+ * still is. DLOCK_OK (e is HELD by the calling
  * thread, provisionally: the renewal makes it a whole lease, at once if
  * other threads wait for it, else by half its validity), DLOCK_EBUSY
  * (dropped), or DLOCK_ENOMEM. */
 static int take_direct_grant(dlock_client *c, dlock_entry *e)
 {
     e->msg_grant = 0;
-    int i = e->msg_nonce == e->try_nonce[0] ? 0 : e->msg_nonce == e->try_nonce[1] ? 1 : -1;
-    if (i < 0 || e->msg_nonce == 0)
+    if (e->msg_nonce == 0 || e->msg_nonce != e->try_nonce)
         return DLOCK_EBUSY;
-    int64_t valid = e->try_sent_boot[i] + (int64_t)c->waiter_ttl_ms * DLOCK_NS_PER_MS -
-                    c->grant_drift_ns;
+    int64_t valid = e->try_sent_boot + (int64_t)c->grant_ms * DLOCK_NS_PER_MS - c->grant_drift_ns;
     int64_t now = dlock_boot_ns();
     if (now + c->grant_margin_ns >= valid)
         return DLOCK_EBUSY;
@@ -814,7 +822,7 @@ static void kick_head(dlock_entry *e)
  */
 static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int once)
 {
-    e->try_nonce[0] = e->try_nonce[1] = 0; /* a new wait: no direct grant yet */
+    e->try_nonce = 0; /* a new wait: no direct grant yet */
     e->msg_grant = 0;
     for (;;) {
         DLOCK_ASSERT(!e->has_owner && e->state == DLOCK_LEASE_NONE);
@@ -849,10 +857,8 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
         if (once)
             return dlock_err_set(DLOCK_EBUSY, "'%s' is held by another client", e->name);
         e->queued = 1;
-        e->try_nonce[1] = e->try_nonce[0];
-        e->try_sent_boot[1] = e->try_sent_boot[0];
-        e->try_nonce[0] = strtoull(nonce, NULL, 10);
-        e->try_sent_boot[0] = sent_boot;
+        e->try_nonce = strtoull(nonce, NULL, 10);
+        e->try_sent_boot = sent_boot;
         if (e->msg_grant && (rc = take_direct_grant(c, e)) != DLOCK_EBUSY)
             return rc; /* it came before the refusal's answer */
         int64_t now = dlock_now_ns();

@@ -290,8 +290,10 @@ static int64_t apply(dlock_renew *r, snap *s, size_t n, int64_t sent_boot)
         pthread_mutex_lock(&e->mu);
         if (e->state == DLOCK_LEASE_HELD && e->epoch == s[i].epoch && e->renew == s[i].item) {
             if (s[i].verdict == 1) {
-                if (valid > e->valid_until_ns)
-                    e->valid_until_ns = valid;
+                /* Set, not raised: the renewal reset the expiry in Redis to
+                 * the lease time from this round, which may be sooner than a
+                 * direct grant's waiter ttl. */
+                e->valid_until_ns = valid;
                 e->provisional = 0; /* a whole lease now */
             } else if (s[i].verdict == 0 || now >= e->valid_until_ns) {
                 drop_registry_ref = dlock_renew_mark_lost(r, e);

@@ -76,11 +76,11 @@ typedef struct dlock_entry {
 
     int woken;                   /* a wake-up came for this name since the poller's last try */
     int queued;                  /* this client may be in the name's wait queue in Redis */
-    /* The poller's last two refused tries of its current wait, newest first
-     * (0: none), and when each was sent (boot clock): a direct grant names
-     * the try it was made under, and its validity counts from that send. */
-    uint64_t try_nonce[2];
-    int64_t try_sent_boot[2];
+    /* The poller's last refused try of its current wait (0: none), and when
+     * it was sent (boot clock): a direct grant names the try it was made
+     * under, and its validity counts from that send. */
+    uint64_t try_nonce;
+    int64_t try_sent_boot;
     /* A direct grant message for this name (release.lua) that the poller has
      * not looked at yet: its attempt number and token. */
     int msg_grant;

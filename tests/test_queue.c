@@ -508,6 +508,165 @@ static void test_direct_grant_racing_a_leave(void **state)
     fx_proxy_stop(px);
 }
 
+/* PTTL of a key, -2 when absent. */
+static long long key_pttl(const char *key)
+{
+    return rcmd_int("PTTL %s", key);
+}
+
+typedef struct keeper {
+    dlock_client *c;
+    char name[32];
+    int64_t wait_ms;
+    int rc;
+    int got, check, checked, held, stop; /* atomics (__atomic builtins) */
+    pthread_t th;
+} keeper;
+
+/* Acquires, then holds until told to stop, reporting dlock_held when told
+ * to check. */
+static void *keeper_main(void *arg)
+{
+    keeper *k = arg;
+    k->rc = dlock_acquire(k->c, k->name, k->wait_ms, NULL);
+    __atomic_store_n(&k->got, 1, __ATOMIC_SEQ_CST);
+    if (k->rc != DLOCK_OK)
+        return NULL;
+    while (!__atomic_load_n(&k->check, __ATOMIC_SEQ_CST))
+        fx_sleep_ms(1);
+    __atomic_store_n(&k->held, dlock_held(k->c, k->name), __ATOMIC_SEQ_CST);
+    __atomic_store_n(&k->checked, 1, __ATOMIC_SEQ_CST);
+    while (!__atomic_load_n(&k->stop, __ATOMIC_SEQ_CST))
+        fx_sleep_ms(5);
+    dlock_release(k->c, k->name);
+    return NULL;
+}
+
+static void keeper_start(keeper *k, dlock_client *c, const char *name, int64_t wait_ms)
+{
+    memset(k, 0, sizeof *k);
+    k->c = c;
+    snprintf(k->name, sizeof k->name, "%s", name);
+    k->wait_ms = wait_ms;
+    assert_int_equal(pthread_create(&k->th, NULL, keeper_main, k), 0);
+}
+
+static void wait_flag(int *flag)
+{
+    for (int i = 0; i < 10000 && !__atomic_load_n(flag, __ATOMIC_SEQ_CST); i++)
+        fx_sleep_ms(1);
+    assert_true(__atomic_load_n(flag, __ATOMIC_SEQ_CST));
+}
+
+/* With lease_ms shorter than waiter_ttl_ms, a renewal resets a direct
+ * grant's expiry in Redis to the shorter lease time: the holder's validity
+ * must follow. b's network then stalls; once Redis has expired the lease
+ * and c took it, b must no longer believe it holds it. (Found by review:
+ * the validity counted the waiter ttl and a renewal only ever raised it.) */
+static void test_direct_grant_validity_follows_renewal(void **state)
+{
+    (void)state;
+    fx_proxy *px = fx_proxy_start(fx_server.port);
+    assert_non_null(px);
+    dlock_config cfg;
+    fx_config(&cfg, &fx_server);
+    cfg.redis_port = fx_proxy_port(px);
+    cfg.lease_ms = 300;
+    cfg.waiter_ttl_ms = 3000;
+    dlock_client *a = open_client(8000), *c = open_client(8000), *b;
+    assert_int_equal(dlock_client_open(&cfg, &b), DLOCK_OK);
+    wait_subscribed(3);
+    assert_int_equal(dlock_acquire(a, "dg5", 0, NULL), DLOCK_OK);
+    keeper kb;
+    keeper_start(&kb, b, "dg5", 20000);
+    wait_queued("dg5", 1);
+    assert_int_equal(dlock_release(a, "dg5"), DLOCK_OK);
+    wait_flag(&kb.got);
+    assert_int_equal(kb.rc, DLOCK_OK);
+    dlock_stats s0, s1;
+    dlock_client_stats(b, &s0);
+    assert_int_equal(s0.direct_grants, 1);
+    /* one renewal round (every 100 ms), bounded at 10 s */
+    for (int i = 0; i < 1000; i++) {
+        dlock_client_stats(b, &s1);
+        if (s1.renew_rounds > s0.renew_rounds)
+            break;
+        fx_sleep_ms(10);
+    }
+    assert_true(s1.renew_rounds > s0.renew_rounds);
+    assert_true(key_pttl("dlock:{dg5}") <= 300);
+    fx_proxy_stall(px, 1);
+    for (int i = 0; i < 1000 && key_pttl("dlock:{dg5}") > 0; i++)
+        fx_sleep_ms(10); /* Redis expires b's lease */
+    assert_int_equal(dlock_acquire(c, "dg5", 0, NULL), DLOCK_OK);
+    __atomic_store_n(&kb.check, 1, __ATOMIC_SEQ_CST);
+    wait_flag(&kb.checked);
+    assert_int_equal(__atomic_load_n(&kb.held, __ATOMIC_SEQ_CST), 0);
+    __atomic_store_n(&kb.stop, 1, __ATOMIC_SEQ_CST);
+    fx_proxy_stall(px, 0);
+    pthread_join(kb.th, NULL);
+    assert_int_equal(dlock_release(c, "dg5"), DLOCK_OK);
+    dlock_client_close(a);
+    dlock_client_close(b);
+    dlock_client_close(c);
+    fx_proxy_stop(px);
+}
+
+/* A copy of a leave held in the network past the client's record lifetime
+ * arrives while the client holds the lease under a newer attempt: it must
+ * leave that lease alone. (Found by review: the leave gave up any lease the
+ * client owned, and only the record, which expires, told it was late.) */
+static void test_late_leave_spares_newer_grant(void **state)
+{
+    (void)state;
+    fx_proxy *px = fx_proxy_start(fx_server.port);
+    assert_non_null(px);
+    dlock_config cfg;
+    fx_config(&cfg, &fx_server);
+    cfg.redis_port = fx_proxy_port(px);
+    cfg.lease_ms = 300;
+    cfg.waiter_ttl_ms = 1000; /* records kept 2 s */
+    dlock_client *a = open_client(8000), *c = open_client(8000), *b;
+    assert_int_equal(dlock_client_open(&cfg, &b), DLOCK_OK);
+    wait_subscribed(3);
+    assert_int_equal(dlock_acquire(a, "dg6", 0, NULL), DLOCK_OK);
+    /* b's leave is the only call of b that carries the wake prefix. */
+    fx_proxy_hold_next(px, "dlock:wake:");
+    assert_int_equal(dlock_acquire(b, "dg6", 150, NULL), DLOCK_ETIMEDOUT);
+    assert_int_equal(fx_proxy_wait_held(px, 10000), 0);
+    wait_queued("dg6", 0); /* the renewal thread's retry of the leave ran */
+    assert_int_equal(dlock_release(a, "dg6"), DLOCK_OK);
+    keeper kb;
+    keeper_start(&kb, b, "dg6", 5000);
+    wait_flag(&kb.got);
+    assert_int_equal(kb.rc, DLOCK_OK);
+    char *owner = lease_field("dg6", "owner");
+    assert_non_null(owner);
+    char rec[128];
+    snprintf(rec, sizeof rec, "dlock:{dg6}:c:%s", owner);
+    for (int i = 0; i < 1000 && rcmd_int("EXISTS %s", rec) == 1; i++)
+        fx_sleep_ms(10); /* b's record expires; b keeps renewing */
+    assert_int_equal(rcmd_int("EXISTS %s", rec), 0);
+    fx_proxy_release_held(px);
+    assert_int_equal(fx_proxy_wait_released(px, 10000), 0);
+    fx_sleep_ms(100); /* the late leave runs */
+    char *now_owner = lease_field("dg6", "owner");
+    assert_non_null(now_owner);
+    assert_string_equal(now_owner, owner);
+    assert_int_equal(dlock_acquire(c, "dg6", 0, NULL), DLOCK_EBUSY);
+    __atomic_store_n(&kb.check, 1, __ATOMIC_SEQ_CST);
+    wait_flag(&kb.checked);
+    assert_int_equal(__atomic_load_n(&kb.held, __ATOMIC_SEQ_CST), 1);
+    __atomic_store_n(&kb.stop, 1, __ATOMIC_SEQ_CST);
+    pthread_join(kb.th, NULL);
+    free(owner);
+    free(now_owner);
+    dlock_client_close(a);
+    dlock_client_close(b);
+    dlock_client_close(c);
+    fx_proxy_stop(px);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -523,6 +682,8 @@ int main(void)
         cmocka_unit_test(test_direct_grant_to_dead_waiter_lasts_its_ttl),
         cmocka_unit_test(test_direct_grant_racing_a_retry),
         cmocka_unit_test(test_direct_grant_racing_a_leave),
+        cmocka_unit_test(test_direct_grant_validity_follows_renewal),
+        cmocka_unit_test(test_late_leave_spares_newer_grant),
     };
     return cmocka_run_group_tests(tests, fx_group_setup, fx_group_teardown);
 }
