@@ -205,40 +205,67 @@ static void test_timeout_leaves_queue_try_never_joins(void **state)
     dlock_client_close(b);
 }
 
-/* A waiter that stops heartbeating (here: a fake queue entry that never
- * retries, placed first) is skipped once its deadline passes: the next
- * waiter gets the lock after that, within a generous bound. */
-static void test_dead_waiter_skipped(void **state)
+/* A dead waiter for tests: a fake queue entry that never retries, placed
+ * first in the queue of `name` (held by g->a) with a deadline ttl from now
+ * (server ms); with_grant adds the fields a live client writes for a direct
+ * grant (attempt, pass limit, waiter ttl), else it has the deadline only.
+ * g->b then waits behind it and g->a releases; the caller checks what it
+ * wants, then ghost_finish. */
+typedef struct ghost_run {
+    dlock_client *a, *b;
+    waiter wb;
+    long long t0;
+} ghost_run;
+
+static void ghost_start(ghost_run *g, const char *name, long long ttl, int with_grant)
 {
-    (void)state;
-    const long long ttl = 600;
-    dlock_client *a = open_client((uint32_t)ttl), *b = open_client((uint32_t)ttl);
+    g->a = open_client((uint32_t)ttl);
+    g->b = open_client((uint32_t)ttl);
     wait_subscribed(2);
-    assert_int_equal(dlock_acquire(a, "q3", 0, NULL), DLOCK_OK);
+    assert_int_equal(dlock_acquire(g->a, name, 0, NULL), DLOCK_OK);
     redisContext *rc = fx_connect("127.0.0.1", fx_server.port);
-    /* The ghost arrived first, with a deadline ttl from now (server ms). */
     redisReply *t = redisCommand(rc, "TIME");
     long long now_ms = atoll(t->element[0]->str) * 1000 + atoll(t->element[1]->str) / 1000;
     freeReplyObject(t);
-    freeReplyObject(redisCommand(rc, "ZADD dlock:{q3}:q 1 ghost"));
-    freeReplyObject(redisCommand(rc, "HSET dlock:{q3}:qd ghost %lld", now_ms + ttl));
+    char live[64];
+    if (with_grant)
+        snprintf(live, sizeof live, "%lld 5 16 %lld", now_ms + ttl, ttl);
+    else
+        snprintf(live, sizeof live, "%lld", now_ms + ttl);
+    freeReplyObject(redisCommand(rc, "ZADD dlock:{%s}:q 1 ghost", name));
+    freeReplyObject(redisCommand(rc, "HSET dlock:{%s}:qd ghost %s", name, live));
     redisFree(rc);
+    g->t0 = fx_now_ns();
+    waiter_start(&g->wb, g->b, name, 20000);
+    wait_queued(name, 2);
+    assert_int_equal(dlock_release(g->a, name), DLOCK_OK);
+}
 
-    waiter wb;
-    long long t0 = fx_now_ns();
-    waiter_start(&wb, b, "q3", 20000);
-    wait_queued("q3", 2);
-    assert_int_equal(dlock_release(a, "q3"), DLOCK_OK); /* the turn goes to the ghost */
-    pthread_join(wb.th, NULL);
-    assert_int_equal(wb.rc, DLOCK_OK);
-    long long waited_ms = (wb.got_ns - t0) / 1000000;
-    printf("# waiter behind a dead one got the lock after %lld ms (ttl %lld)\n", waited_ms, ttl);
-    /* Not before the ghost's deadline (its turn was respected), and within
-     * the ttl plus a fallback interval and generous slack. */
+/* Joins b's wait, which must succeed: not before the ghost's deadline (its
+ * turn or grant was respected) and within the ttl plus a fallback interval
+ * and generous slack. Closes the clients. */
+static void ghost_finish(ghost_run *g, long long ttl, const char *what)
+{
+    pthread_join(g->wb.th, NULL);
+    assert_int_equal(g->wb.rc, DLOCK_OK);
+    long long waited_ms = (g->wb.got_ns - g->t0) / 1000000;
+    printf("# waiter behind a dead one (%s) got the lock after %lld ms (ttl %lld)\n", what,
+           waited_ms, ttl);
     assert_true(waited_ms >= ttl - 50);
     assert_true(waited_ms < 10000);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    dlock_client_close(g->a);
+    dlock_client_close(g->b);
+}
+
+/* A waiter that stops heartbeating, with a liveness value of a deadline
+ * only, gets the turn from the release; once its deadline passes it is
+ * skipped and the next waiter gets the lock. */
+static void test_dead_waiter_skipped(void **state)
+{
+    (void)state;
+    ghost_run g;
+    ghost_start(&g, "q3", 600, 0);
+    ghost_finish(&g, 600, "its turn");
 }
 
 /* The subscriber connection is killed by the server: it comes back, and a
@@ -389,47 +416,52 @@ static void test_direct_grant_no_acquire_after_release(void **state)
     dlock_client_close(b);
 }
 
-/* A ghost (a waiter that died after its last refresh, placed first with the
- * fields a live client would have written) is granted the lease by the
+/* A ghost with the fields of a live client is granted the lease by the
  * release, for its own waiter ttl only: the next waiter gets it once that
- * has passed, within a generous bound. */
+ * has passed. */
 static void test_direct_grant_to_dead_waiter_lasts_its_ttl(void **state)
 {
     (void)state;
-    const long long ttl = 600;
-    dlock_client *a = open_client((uint32_t)ttl), *b = open_client((uint32_t)ttl);
-    wait_subscribed(2);
-    assert_int_equal(dlock_acquire(a, "dg2", 0, NULL), DLOCK_OK);
-    redisContext *rc = fx_connect("127.0.0.1", fx_server.port);
-    redisReply *t = redisCommand(rc, "TIME");
-    long long now_ms = atoll(t->element[0]->str) * 1000 + atoll(t->element[1]->str) / 1000;
-    freeReplyObject(t);
-    freeReplyObject(redisCommand(rc, "ZADD dlock:{dg2}:q 1 ghost"));
-    char live[64]; /* deadline, newest attempt, pass limit, waiter ttl */
-    snprintf(live, sizeof live, "%lld 5 16 %lld", now_ms + ttl, ttl);
-    freeReplyObject(redisCommand(rc, "HSET dlock:{dg2}:qd ghost %s", live));
-    waiter wb;
-    long long t0 = fx_now_ns();
-    waiter_start(&wb, b, "dg2", 20000);
-    wait_queued("dg2", 2);
-    assert_int_equal(dlock_release(a, "dg2"), DLOCK_OK);
+    ghost_run g;
+    ghost_start(&g, "dg2", 600, 1);
     char *owner = lease_field("dg2", "owner");
     assert_non_null(owner);
     assert_string_equal(owner, "ghost");
     free(owner);
-    redisReply *r = redisCommand(rc, "PTTL dlock:{dg2}");
-    assert_true(r->integer > 0 && r->integer <= ttl);
-    freeReplyObject(r);
-    redisFree(rc);
-    pthread_join(wb.th, NULL);
-    assert_int_equal(wb.rc, DLOCK_OK);
-    long long waited_ms = (wb.got_ns - t0) / 1000000;
-    printf("# waiter behind a granted dead one got the lock after %lld ms (ttl %lld)\n",
-           waited_ms, ttl);
-    assert_true(waited_ms >= ttl - 50);
-    assert_true(waited_ms < 10000); /* ttl + a fallback (150 ms) + generous slack */
-    dlock_client_close(a);
-    dlock_client_close(b);
+    long long pttl = rcmd_int("PTTL %s", "dlock:{dg2}");
+    assert_true(pttl > 0 && pttl <= 600);
+    ghost_finish(&g, 600, "its grant");
+}
+
+/* Three clients: a and c direct, b through a fresh fault proxy with its own
+ * lease_ms (0: the default) and waiter_ttl_ms; all subscribed. */
+typedef struct trio {
+    fx_proxy *px;
+    dlock_client *a, *b, *c;
+} trio;
+
+static void trio_open(trio *t, uint32_t b_lease_ms, uint32_t b_waiter_ttl_ms)
+{
+    t->px = fx_proxy_start(fx_server.port);
+    assert_non_null(t->px);
+    dlock_config cfg;
+    fx_config(&cfg, &fx_server);
+    cfg.redis_port = fx_proxy_port(t->px);
+    if (b_lease_ms)
+        cfg.lease_ms = b_lease_ms;
+    cfg.waiter_ttl_ms = b_waiter_ttl_ms;
+    t->a = open_client(8000);
+    t->c = open_client(8000);
+    assert_int_equal(dlock_client_open(&cfg, &t->b), DLOCK_OK);
+    wait_subscribed(3);
+}
+
+static void trio_close(trio *t)
+{
+    dlock_client_close(t->a);
+    dlock_client_close(t->b);
+    dlock_client_close(t->c);
+    fx_proxy_stop(t->px);
 }
 
 /* The grant races the waiter's own retry: b's retry is held back by a
@@ -440,15 +472,10 @@ static void test_direct_grant_to_dead_waiter_lasts_its_ttl(void **state)
 static void test_direct_grant_racing_a_retry(void **state)
 {
     (void)state;
-    fx_proxy *px = fx_proxy_start(fx_server.port);
-    assert_non_null(px);
-    dlock_config cfg;
-    fx_config(&cfg, &fx_server);
-    cfg.redis_port = fx_proxy_port(px);
-    cfg.waiter_ttl_ms = 400; /* b retries every 75 to 100 ms */
-    dlock_client *a = open_client(8000), *b;
-    assert_int_equal(dlock_client_open(&cfg, &b), DLOCK_OK);
-    wait_subscribed(2);
+    trio t;
+    trio_open(&t, 0, 400); /* b retries every 75 to 100 ms */
+    dlock_client *a = t.a, *b = t.b; /* c unused here */
+    fx_proxy *px = t.px;
     assert_int_equal(dlock_acquire(a, "dg3", 0, NULL), DLOCK_OK);
     waiter wb;
     waiter_start(&wb, b, "dg3", 20000);
@@ -466,9 +493,7 @@ static void test_direct_grant_racing_a_retry(void **state)
     assert_int_equal(s1.direct_grants - s0.direct_grants, 0); /* the retry's grant won */
     assert_int_equal(s1.leases_lost, 0);
     assert_int_equal(rcmd_int("EXISTS %s", "dlock:{dg3}"), 0); /* released, not left */
-    dlock_client_close(a);
-    dlock_client_close(b);
-    fx_proxy_stop(px);
+    trio_close(&t);
 }
 
 /* The grant races the waiter giving up: b's leave is held back while a's
@@ -477,15 +502,10 @@ static void test_direct_grant_racing_a_retry(void **state)
 static void test_direct_grant_racing_a_leave(void **state)
 {
     (void)state;
-    fx_proxy *px = fx_proxy_start(fx_server.port);
-    assert_non_null(px);
-    dlock_config cfg;
-    fx_config(&cfg, &fx_server);
-    cfg.redis_port = fx_proxy_port(px);
-    cfg.waiter_ttl_ms = 8000; /* no retry within b's 500 ms wait */
-    dlock_client *a = open_client(8000), *b, *c = open_client(8000);
-    assert_int_equal(dlock_client_open(&cfg, &b), DLOCK_OK);
-    wait_subscribed(3);
+    trio t;
+    trio_open(&t, 0, 8000); /* no retry within b's 500 ms wait */
+    dlock_client *a = t.a, *b = t.b, *c = t.c;
+    fx_proxy *px = t.px;
     assert_int_equal(dlock_acquire(a, "dg4", 0, NULL), DLOCK_OK);
     waiter wb;
     waiter_start(&wb, b, "dg4", 500);
@@ -502,10 +522,7 @@ static void test_direct_grant_racing_a_leave(void **state)
     assert_int_equal(rcmd_int("EXISTS %s", "dlock:{dg4}"), 0); /* given back */
     assert_int_equal(dlock_acquire(c, "dg4", 0, NULL), DLOCK_OK);
     assert_int_equal(dlock_release(c, "dg4"), DLOCK_OK);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(c);
-    fx_proxy_stop(px);
+    trio_close(&t);
 }
 
 /* PTTL of a key, -2 when absent. */
@@ -566,16 +583,10 @@ static void wait_flag(int *flag)
 static void test_direct_grant_validity_follows_renewal(void **state)
 {
     (void)state;
-    fx_proxy *px = fx_proxy_start(fx_server.port);
-    assert_non_null(px);
-    dlock_config cfg;
-    fx_config(&cfg, &fx_server);
-    cfg.redis_port = fx_proxy_port(px);
-    cfg.lease_ms = 300;
-    cfg.waiter_ttl_ms = 3000;
-    dlock_client *a = open_client(8000), *c = open_client(8000), *b;
-    assert_int_equal(dlock_client_open(&cfg, &b), DLOCK_OK);
-    wait_subscribed(3);
+    trio t;
+    trio_open(&t, 300, 3000);
+    dlock_client *a = t.a, *b = t.b, *c = t.c;
+    fx_proxy *px = t.px;
     assert_int_equal(dlock_acquire(a, "dg5", 0, NULL), DLOCK_OK);
     keeper kb;
     keeper_start(&kb, b, "dg5", 20000);
@@ -606,10 +617,7 @@ static void test_direct_grant_validity_follows_renewal(void **state)
     fx_proxy_stall(px, 0);
     pthread_join(kb.th, NULL);
     assert_int_equal(dlock_release(c, "dg5"), DLOCK_OK);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(c);
-    fx_proxy_stop(px);
+    trio_close(&t);
 }
 
 /* A copy of a leave held in the network past the client's record lifetime
@@ -619,16 +627,10 @@ static void test_direct_grant_validity_follows_renewal(void **state)
 static void test_late_leave_spares_newer_grant(void **state)
 {
     (void)state;
-    fx_proxy *px = fx_proxy_start(fx_server.port);
-    assert_non_null(px);
-    dlock_config cfg;
-    fx_config(&cfg, &fx_server);
-    cfg.redis_port = fx_proxy_port(px);
-    cfg.lease_ms = 300;
-    cfg.waiter_ttl_ms = 1000; /* records kept 2 s */
-    dlock_client *a = open_client(8000), *c = open_client(8000), *b;
-    assert_int_equal(dlock_client_open(&cfg, &b), DLOCK_OK);
-    wait_subscribed(3);
+    trio t;
+    trio_open(&t, 300, 1000); /* records kept 2 s */
+    dlock_client *a = t.a, *b = t.b, *c = t.c;
+    fx_proxy *px = t.px;
     assert_int_equal(dlock_acquire(a, "dg6", 0, NULL), DLOCK_OK);
     /* b's leave is the only call of b that carries the wake prefix. */
     fx_proxy_hold_next(px, "dlock:wake:");
@@ -661,10 +663,7 @@ static void test_late_leave_spares_newer_grant(void **state)
     pthread_join(kb.th, NULL);
     free(owner);
     free(now_owner);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(c);
-    fx_proxy_stop(px);
+    trio_close(&t);
 }
 
 int main(void)
