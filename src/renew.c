@@ -581,19 +581,22 @@ static void *manager_main(void *arg)
     pthread_mutex_lock(&r->mu);
     while (!r->stop) {
         int64_t now = dlock_now_ns();
-        if (r->orphans && (now >= orphan_retry || r->orphan_new)) {
-            r->orphan_new = 0;
-            pthread_mutex_unlock(&r->mu);
-            orphan_retry = release_orphans(r);
-            pthread_mutex_lock(&r->mu);
-            continue;
-        }
         if (r->kick) {
             r->kick = 0;
             next = now;
         }
         if (r->due < next)
             next = r->due;
+        /* A due round goes first: it keeps held leases (a direct grant's
+         * first renewal has the waiter ttl only) from running out while
+         * orphan releases, each up to a command timeout, are worked off. */
+        if (now < next && r->orphans && (now >= orphan_retry || r->orphan_new)) {
+            r->orphan_new = 0;
+            pthread_mutex_unlock(&r->mu);
+            orphan_retry = release_orphans(r);
+            pthread_mutex_lock(&r->mu);
+            continue;
+        }
         if (now < next) {
             int64_t wake = next;
             if (r->orphans && orphan_retry < wake)
