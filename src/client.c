@@ -64,10 +64,11 @@
  *       earlier wait or an earlier try, or late ones, are dropped. The
  *       validity counts min(waiter ttl, lease) from the send of the named
  *       try, which Redis saw before the release ran; the lease is HELD and
- *       `provisional` until the renewal makes it a whole lease. A grant that is dropped is
- *       found again by the poller's next try (the lease is its own), or
- *       freed by the leave of a client that gave up (lua/leave.lua), or
- *       expires after the waiter ttl.
+ *       `provisional` until the renewal makes it a whole lease. A grant
+ *       that is dropped is found again by the poller's next try (the lease
+ *       is its own), or freed by the leave of a client that gave up
+ *       (lua/leave.lua, only a grant older than the leave), or expires
+ *       after the waiter ttl.
  * References: a thread inside a call holds one; the owner thread keeps the
  * one of its outermost acquire until its outermost release.
  *
