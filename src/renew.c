@@ -30,7 +30,10 @@
  *   5. without locks: run the lost callbacks, then drop the references.
  * Between rounds the thread sleeps until the next period (lease/3), or sooner
  * when the earliest validity deadline of a lease that could not be renewed
- * comes first, or after a short retry pause when Redis failed.
+ * comes first, or a caller asked for a round by some time (dlock_renew_by,
+ * for a direct grant valid for the waiter ttl only) or at once
+ * (dlock_renew_kick), or after a short retry pause when Redis failed. A due
+ * round goes before the orphan releases.
  *
  * Orphans: a caller whose acquire has an unknown outcome hands the attempt's
  * nonce here (dlock_renew_orphan) instead of waiting for another round trip;
