@@ -39,7 +39,7 @@ extern "C" {
     XX(ENOMEM, -7, "out of memory")                                              \
     XX(EFORK, -8, "client used in a forked child; open a new client there")     \
     XX(ECLOSED, -9, "client is closing")                                         \
-    XX(ESERVER, -10, "redis server unsuitable for dlock (version or eviction policy)")
+    XX(ESERVER, -10, "redis server unsuitable for dlock (version, eviction policy or permissions)")
 
 enum {
     DLOCK_OK = 0,
@@ -56,13 +56,15 @@ enum {
 #define DLOCK_TIMEOUT_MAX_MS 600000u  /* longest connect/command timeout */
 #define DLOCK_PASS_LIMIT_MAX 1000000u /* largest pass_limit accepted */
 #define DLOCK_WAITER_TTL_MIN_MS 100u  /* shortest waiter_ttl_ms accepted */
+#define DLOCK_MIN_REPLICAS_MAX 64u    /* largest min_replicas accepted */
 
 typedef struct dlock_client dlock_client;
 
 typedef struct dlock_config {
     const char *redis_host;     /* default "127.0.0.1" */
     int redis_port;             /* default 6379 */
-    const char *redis_password; /* default NULL (no AUTH) */
+    const char *redis_password; /* default NULL (no AUTH); with redis_username, that
+                                   user's password */
     int redis_db;               /* default 0 */
     const char *key_prefix;     /* default "dlock:"; at most DLOCK_PREFIX_MAX bytes */
     uint32_t lease_ms;          /* default 30000; renewed every lease_ms/3 while held */
@@ -91,6 +93,32 @@ typedef struct dlock_config {
                                    dead waiter is skipped after at most this;
                                    DLOCK_WAITER_TTL_MIN_MS..DLOCK_LEASE_MAX_MS;
                                    default 2000 */
+    /* Where the server is: exactly one of redis_host/redis_port (the
+     * default), redis_unix_path and sentinels names it. Setting one of the
+     * last two while redis_host or redis_port differs from its default is
+     * DLOCK_EINVAL (set redis_host to NULL, or leave both alone). */
+    const char *redis_unix_path;   /* connect over this Unix socket; default NULL */
+    const char *sentinels;         /* "host:port,host:port,...": Sentinel mode; the
+                                      master named sentinel_master is asked of them
+                                      on every connect (README: Deployments);
+                                      default NULL */
+    const char *sentinel_master;   /* the master's name known to the sentinels;
+                                      required with sentinels */
+    const char *sentinel_password; /* AUTH for the sentinels; default NULL: none */
+    const char *redis_username;    /* ACL user: AUTH redis_username redis_password
+                                      (needs redis_password); default NULL: the
+                                      default user */
+    uint32_t min_replicas;         /* after each grant and each renewal, WAIT until
+                                      this many replicas have it (at most half the
+                                      command timeout); fewer: the grant is given
+                                      back and the acquire fails with DLOCK_EREDIS,
+                                      a renewal counts as not made. A lease is then
+                                      on a replica before its holder runs, so a
+                                      failover to that replica keeps it. A release
+                                      in another client then gives the lease with
+                                      a wake-up, not a direct grant (one acquire
+                                      more per crossing). 0..DLOCK_MIN_REPLICAS_MAX;
+                                      default 0: no WAIT */
 } dlock_config;
 
 /* Fills *cfg with the defaults above. Always call it before setting fields,
@@ -132,8 +160,9 @@ void dlock_client_close(dlock_client *c);
  * unknown, the renewal thread releases that grant in the background, or it
  * expires after lease_ms; threads of this client that waited behind the
  * failed call fail with it), DLOCK_ESERVER (the server is older than Redis 5,
- * or may evict keys: maxmemory set with a policy other than noeviction;
- * dlock_last_error() says which), DLOCK_ELOST (a nested acquire while the
+ * or may evict keys: maxmemory set with a policy other than noeviction; or
+ * it refused the credentials or an ACL user's permission: WRONGPASS,
+ * NOPERM; dlock_last_error() says which; no retry cures it), DLOCK_ELOST (a nested acquire while the
  * held lease is lost), DLOCK_EFORK, DLOCK_ENOMEM. */
 int dlock_acquire(dlock_client *c, const char *name, int64_t wait_ms, uint64_t *fence);
 

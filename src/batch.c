@@ -27,6 +27,7 @@
  *      may reach reused memory (dlock_futex_wake says why that is harmless).
  */
 #include <pthread.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -40,13 +41,14 @@ struct dlock_batch {
     dlock_pool *pool;
     dlock_counters *ctr;
     uint32_t command_timeout_ms;
+    uint32_t min_replicas;    /* > 0: every exchange ends with a WAIT */
     unsigned lanes;
     unsigned active;          /* B1; mu */
     dlock_call *head, *tail;  /* the FIFO (B2); mu */
 };
 
 dlock_batch *dlock_batch_create(dlock_pool *pool, unsigned lanes, uint32_t command_timeout_ms,
-                                dlock_counters *ctr)
+                                uint32_t min_replicas, dlock_counters *ctr)
 {
     dlock_batch *b = calloc(1, sizeof *b);
     if (!b)
@@ -56,6 +58,7 @@ dlock_batch *dlock_batch_create(dlock_pool *pool, unsigned lanes, uint32_t comma
     b->pool = pool;
     b->ctr = ctr;
     b->command_timeout_ms = command_timeout_ms;
+    b->min_replicas = min_replicas;
     b->lanes = lanes ? lanes : 1;
     return b;
 }
@@ -150,11 +153,32 @@ static int exchange(dlock_batch *b, redisContext *conn, dlock_call **batch, unsi
     }
     if (!out)
         return 0;
+    char want[16], wait_ms[16];
+    if (b->min_replicas) {
+        /* The scripts' writes reach this many replicas before the calls
+         * learn their outcome; WAIT blocks this connection for at most half
+         * the command timeout, well within the exchange's deadline. */
+        snprintf(want, sizeof want, "%" PRIu32, b->min_replicas);
+        snprintf(wait_ms, sizeof wait_ms, "%" PRIu32,
+                 b->command_timeout_ms / 2 ? b->command_timeout_ms / 2 : 1);
+        const char *argv[3] = {"WAIT", want, wait_ms};
+        if (redisAppendCommandArgv(conn, 3, argv, NULL) != REDIS_OK) {
+            for (unsigned k = 0; k < n; k++)
+                if (batch[k]->rc == DLOCK_OK && !batch[k]->reply)
+                    call_fail(batch[k], DLOCK_ENOMEM, 0, "out of memory");
+            if (!conn->err)
+                conn->err = REDIS_ERR_OOM;
+            return -1;
+        }
+        dlock_count(&b->ctr->redis_commands, 1);
+    }
     dlock_count(&b->ctr->redis_round_trips, 1);
     if (dlock_conn_flush(conn, deadline) != 0) {
         fail_rest(batch, 0, n, conn);
         return -1;
     }
+    int not_master = 0;
+    unsigned char mine[DLOCK_BATCH_MAX] = {0}; /* replies read in this exchange */
     for (unsigned i = 0; i < n; i++) {
         dlock_call *call = batch[i];
         if (call->rc != DLOCK_OK || call->reply)
@@ -164,7 +188,29 @@ static int exchange(dlock_batch *b, redisContext *conn, dlock_call **batch, unsi
             fail_rest(batch, i, n, conn);
             return -1;
         }
+        mine[i] = 1;
+        /* A replica's READONLY (a failover): the call gets the error, the
+         * connection is dropped after the batch and the next one finds the
+         * new master. The replies after it are still read. */
+        if (dlock_conn_is_not_master(r))
+            not_master = 1;
         call->reply = r;
+    }
+    if (b->min_replicas) {
+        redisReply *r = NULL;
+        int acked = -1; /* unknown: counts as too few */
+        if (dlock_conn_read(conn, deadline, &r) == 0) {
+            if (r->type == REDIS_REPLY_INTEGER)
+                acked = (int)(r->integer < INT32_MAX ? r->integer : INT32_MAX);
+            freeReplyObject(r);
+        }
+        for (unsigned i = 0; i < n; i++)
+            if (mine[i])
+                batch[i]->acked = acked;
+    }
+    if (not_master) {
+        conn->err = REDIS_ERR_OTHER;
+        snprintf(conn->errstr, sizeof conn->errstr, "the server is not a writable master");
     }
     return 0;
 }

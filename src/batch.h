@@ -49,6 +49,9 @@ typedef struct dlock_call {
                           it (an idle timeout, a restart, a network reset): a retry on
                           a new connection may succeed (this one may have run: the
                           caller's scripts are idempotent, so that is safe) */
+    int acked;         /* with min_replicas: how many replicas acknowledged the writes
+                          of the exchange that carried the call (WAIT), -1 unknown;
+                          0 without */
     char err[200];     /* rc != DLOCK_OK: why */
     /* private to batch.c */
     int state;         /* futex word; see batch.c */
@@ -58,9 +61,11 @@ typedef struct dlock_call {
 typedef struct dlock_batch dlock_batch;
 
 /* A batcher over pool, with at most `lanes` leaders at once (the pool's
- * size: each leader holds one connection). NULL when out of memory. */
+ * size: each leader holds one connection). With min_replicas > 0 every
+ * exchange ends with WAIT min_replicas (command_timeout_ms / 2) in the same
+ * write, and each call's `acked` gets its answer. NULL when out of memory. */
 dlock_batch *dlock_batch_create(dlock_pool *pool, unsigned lanes, uint32_t command_timeout_ms,
-                                dlock_counters *ctr);
+                                uint32_t min_replicas, dlock_counters *ctr);
 
 /* Frees it; no call may be running. */
 void dlock_batch_destroy(dlock_batch *b);

@@ -88,6 +88,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "common.h"
@@ -120,6 +121,7 @@ struct dlock_client {
                            next is attempts + 1; Redis refuses one older than the
                            newest it saw for a name (atomic fetch-and-add) */
     uint32_t lease_ms, pass_limit, waiter_ttl_ms, pool_size, keep_ms;
+    uint32_t min_replicas; /* > 0: grants and renewals count only once WAIT confirms them */
     int64_t fallback_ns; /* a queued poller retries this often without a wake-up */
     int64_t drift_ns;
     int64_t handoff_margin_ns; /* no handoff this close to the validity deadline */
@@ -244,12 +246,53 @@ void dlock_config_init(dlock_config *cfg)
     cfg->waiter_ttl_ms = 2000;
 }
 
+/* Which settings name the server: exactly one of host/port, the Unix
+ * socket and the sentinels. */
+static int check_server_config(const dlock_config *cfg)
+{
+    int by_unix = cfg->redis_unix_path != NULL, by_sentinel = cfg->sentinels != NULL;
+    int host_set = cfg->redis_host && (strcmp(cfg->redis_host, "127.0.0.1") != 0 ||
+                                       cfg->redis_port != 6379);
+    if (by_unix && by_sentinel)
+        return dlock_err_set(DLOCK_EINVAL, "redis_unix_path and sentinels both name the server: "
+                                           "set one of them");
+    if ((by_unix || by_sentinel) && host_set)
+        return dlock_err_set(DLOCK_EINVAL, "%s and redis_host/redis_port (%s:%d) both name the "
+                             "server: set redis_host to NULL, or leave host and port at their "
+                             "defaults", by_unix ? "redis_unix_path" : "sentinels",
+                             cfg->redis_host, cfg->redis_port);
+    if (by_unix) {
+        if (!cfg->redis_unix_path[0])
+            return dlock_err_set(DLOCK_EINVAL, "redis_unix_path is empty");
+        if (strlen(cfg->redis_unix_path) >= sizeof(((struct sockaddr_un *)0)->sun_path))
+            return dlock_err_set(DLOCK_EINVAL, "redis_unix_path is longer than %zu bytes",
+                                 sizeof(((struct sockaddr_un *)0)->sun_path) - 1);
+    } else if (!by_sentinel) {
+        if (!cfg->redis_host || !cfg->redis_host[0])
+            return dlock_err_set(DLOCK_EINVAL, "redis_host is NULL or empty");
+        if (cfg->redis_port <= 0 || cfg->redis_port > 65535)
+            return dlock_err_set(DLOCK_EINVAL, "redis_port %d is not in 1..65535",
+                                 cfg->redis_port);
+    }
+    if (by_sentinel && (!cfg->sentinel_master || !cfg->sentinel_master[0]))
+        return dlock_err_set(DLOCK_EINVAL, "sentinels is set but sentinel_master is NULL or "
+                                           "empty: name the master the sentinels watch");
+    if (!by_sentinel && (cfg->sentinel_master || cfg->sentinel_password))
+        return dlock_err_set(DLOCK_EINVAL, "%s is set but sentinels is NULL",
+                             cfg->sentinel_master ? "sentinel_master" : "sentinel_password");
+    if (cfg->redis_username && (!cfg->redis_username[0] || !cfg->redis_password))
+        return dlock_err_set(DLOCK_EINVAL, "%s", cfg->redis_username[0]
+                             ? "redis_username needs redis_password (any string for a user "
+                               "with nopass)"
+                             : "redis_username is empty");
+    return DLOCK_OK;
+}
+
 static int check_config(const dlock_config *cfg)
 {
-    if (!cfg->redis_host || !cfg->redis_host[0])
-        return dlock_err_set(DLOCK_EINVAL, "redis_host is NULL or empty");
-    if (cfg->redis_port <= 0 || cfg->redis_port > 65535)
-        return dlock_err_set(DLOCK_EINVAL, "redis_port %d is not in 1..65535", cfg->redis_port);
+    int rc = check_server_config(cfg);
+    if (rc != DLOCK_OK)
+        return rc;
     if (cfg->redis_db < 0)
         return dlock_err_set(DLOCK_EINVAL, "redis_db %d is negative", cfg->redis_db);
     if (!cfg->key_prefix)
@@ -273,10 +316,22 @@ static int check_config(const dlock_config *cfg)
     if (cfg->pool_size == 0 || cfg->pool_size > 1024)
         return dlock_err_set(DLOCK_EINVAL, "pool_size %" PRIu32 " is not in 1..1024",
                              cfg->pool_size);
+    if (cfg->min_replicas > DLOCK_MIN_REPLICAS_MAX)
+        return dlock_err_set(DLOCK_EINVAL, "min_replicas %" PRIu32 " is above %u",
+                             cfg->min_replicas, DLOCK_MIN_REPLICAS_MAX);
     if (cfg->waiter_ttl_ms < DLOCK_WAITER_TTL_MIN_MS || cfg->waiter_ttl_ms > DLOCK_LEASE_MAX_MS)
         return dlock_err_set(DLOCK_EINVAL, "waiter_ttl_ms %" PRIu32 " is not in %u..%u",
                              cfg->waiter_ttl_ms, DLOCK_WAITER_TTL_MIN_MS, DLOCK_LEASE_MAX_MS);
     return DLOCK_OK;
+}
+
+/* strdup, or NULL with *oom set. */
+static char *dup_or_flag(const char *s, int *oom)
+{
+    char *d = strdup(s);
+    if (!d)
+        *oom = 1;
+    return d;
 }
 
 static int random_id(char out[33])
@@ -305,6 +360,11 @@ static void client_free(dlock_client *c)
     dlock_table_destroy(c->table);
     free(c->conn.host);
     free(c->conn.password);
+    free(c->conn.username);
+    free(c->conn.unix_path);
+    dlock_addrs_free(c->conn.sentinels, c->conn.nsentinels);
+    free(c->conn.sentinel_master);
+    free(c->conn.sentinel_password);
     free(c->prefix);
     free(c->wake_prefix);
     free(c->channel);
@@ -356,7 +416,10 @@ static void wake_one(void *arg, const char *payload, size_t len)
     if (!e)
         return; /* nobody here waits for it any more */
     pthread_mutex_lock(&e->mu);
-    if (nonce && e->poller) {
+    /* With min_replicas a grant counts only once WAIT confirmed it: the
+     * releaser's WAIT is not the taker's, so the poller's next try (which
+     * finds the lease its own and confirms it) takes it instead. */
+    if (nonce && e->poller && !c->min_replicas) {
         e->msg_grant = 1;
         e->msg_nonce = nonce;
         e->msg_token = token;
@@ -418,8 +481,16 @@ int dlock_client_open(const dlock_config *cfg, dlock_client **out)
     dlock_client *c = calloc(1, sizeof *c);
     if (!c)
         return dlock_err_set(DLOCK_ENOMEM, "out of memory");
-    c->conn.host = strdup(cfg->redis_host);
-    c->conn.password = cfg->redis_password ? strdup(cfg->redis_password) : NULL;
+    /* NULL copies as NULL; *oom is set when a non-NULL one could not be. */
+    int oom = 0;
+    c->conn.host = cfg->redis_host ? dup_or_flag(cfg->redis_host, &oom) : NULL;
+    c->conn.password = cfg->redis_password ? dup_or_flag(cfg->redis_password, &oom) : NULL;
+    c->conn.username = cfg->redis_username ? dup_or_flag(cfg->redis_username, &oom) : NULL;
+    c->conn.unix_path = cfg->redis_unix_path ? dup_or_flag(cfg->redis_unix_path, &oom) : NULL;
+    c->conn.sentinel_master =
+        cfg->sentinel_master ? dup_or_flag(cfg->sentinel_master, &oom) : NULL;
+    c->conn.sentinel_password =
+        cfg->sentinel_password ? dup_or_flag(cfg->sentinel_password, &oom) : NULL;
     c->prefix = strdup(cfg->key_prefix);
     c->conn.port = cfg->redis_port;
     c->conn.db = cfg->redis_db;
@@ -430,6 +501,7 @@ int dlock_client_open(const dlock_config *cfg, dlock_client **out)
     c->pass_limit = cfg->pass_limit;
     snprintf(c->pass_limit_str, sizeof c->pass_limit_str, "%" PRIu32, cfg->pass_limit);
     c->waiter_ttl_ms = cfg->waiter_ttl_ms;
+    c->min_replicas = cfg->min_replicas;
     snprintf(c->waiter_ttl_str, sizeof c->waiter_ttl_str, "%" PRIu32, cfg->waiter_ttl_ms);
     /* Redis remembers a client's newest attempt per name this long after its
      * last call on the name: longer than a lease and than a queue entry. */
@@ -451,9 +523,17 @@ int dlock_client_open(const dlock_config *cfg, dlock_client **out)
     c->on_lost_arg = cfg->on_lost_arg;
     c->fork_gen = dlock_load_uint(&fork_generation);
     c->serial = ck_pr_faa_64(&client_serials, 1) + 1;
-    if (!c->conn.host || !c->prefix || (cfg->redis_password && !c->conn.password)) {
+    if (oom || !c->prefix) {
         client_free(c);
         return dlock_err_set(DLOCK_ENOMEM, "out of memory");
+    }
+    if (cfg->sentinels) {
+        rc = dlock_addrs_parse(cfg->sentinels, "sentinels", &c->conn.sentinels,
+                               &c->conn.nsentinels);
+        if (rc != DLOCK_OK) {
+            client_free(c);
+            return rc;
+        }
     }
     if (random_id(c->id) != 0) {
         client_free(c);
@@ -473,7 +553,8 @@ int dlock_client_open(const dlock_config *cfg, dlock_client **out)
     c->table = dlock_table_create(c->prefix, c->id, &c->ctr);
     c->pool = dlock_pool_create(&c->conn, cfg->pool_size, &c->ctr);
     if (c->pool)
-        c->batch = dlock_batch_create(c->pool, cfg->pool_size, cfg->command_timeout_ms, &c->ctr);
+        c->batch = dlock_batch_create(c->pool, cfg->pool_size, cfg->command_timeout_ms,
+                                      cfg->min_replicas, &c->ctr);
     if (!c->table || !c->pool || !c->batch) {
         client_free(c);
         return dlock_err_set(DLOCK_ENOMEM, "out of memory");
@@ -486,6 +567,7 @@ int dlock_client_open(const dlock_config *cfg, dlock_client **out)
         .lease_ms = c->lease_ms,
         .keep_ms = c->keep_ms,
         .waiter_ttl_ms = c->waiter_ttl_ms,
+        .min_replicas = cfg->min_replicas,
         .lost = lost_from_renewal,
         .lost_arg = c,
     };
@@ -573,9 +655,11 @@ static uint64_t jitter_rand(void)
  */
 static int call_script(dlock_client *c, dlock_script_id id, int nargs, const char **argv,
                        const char *what, const char *name, int64_t deadline, redisReply **out,
-                       int *sent)
+                       int *sent, int *acked)
 {
     *sent = 0;
+    if (acked)
+        *acked = -1;
     for (uint32_t attempt = 0;; attempt++) {
         dlock_call call = {.id = id, .nkeys = DLOCK_SCRIPT_KEYS, .nargs = nargs, .argv = argv,
                            .deadline = deadline};
@@ -583,6 +667,8 @@ static int call_script(dlock_client *c, dlock_script_id id, int nargs, const cha
         if (rc == DLOCK_OK) {
             *sent = 1;
             *out = call.reply;
+            if (acked)
+                *acked = call.acked;
             return DLOCK_OK;
         }
         if (!call.sent)
@@ -613,10 +699,10 @@ static int redis_acquire(dlock_client *c, dlock_entry *e, const char *nonce, int
     a[5] = queue ? "1" : "0";
     a[6] = c->keep_str;
     redisReply *rep;
-    int sent;
+    int sent, acked;
     *sent_boot = dlock_boot_ns();
     int rc = call_script(c, DLOCK_SCRIPT_ACQUIRE, DLOCK_ACQUIRE_ARGS, argv, "acquire", e->name,
-                         deadline, &rep, &sent);
+                         deadline, &rep, &sent, &acked);
     if (rc != DLOCK_OK) {
         /* If it reached Redis the outcome is unknown: the renewal thread
          * releases exactly this attempt's grant, if there is one, without
@@ -628,7 +714,16 @@ static int redis_acquire(dlock_client *c, dlock_entry *e, const char *nonce, int
     if (rep->type == REDIS_REPLY_ARRAY && rep->elements == 2 &&
         rep->element[0]->type == REDIS_REPLY_INTEGER &&
         rep->element[1]->type == REDIS_REPLY_INTEGER) {
-        if (rep->element[0]->integer == 1) {
+        if (rep->element[0]->integer == 1 && c->min_replicas &&
+            (acked < 0 || (uint32_t)acked < c->min_replicas)) {
+            /* A failover now could lose the grant and give the name to
+             * another client: it is given back (in the background, like a
+             * grant of unknown outcome) and the acquire fails. */
+            dlock_renew_orphan(c->renew, e, nonce);
+            rc = dlock_err_set(DLOCK_EREDIS, "the grant of '%s' reached %d of the %" PRIu32
+                               " replicas min_replicas asks for (WAIT); given back", e->name,
+                               acked < 0 ? 0 : acked, c->min_replicas);
+        } else if (rep->element[0]->integer == 1) {
             *token = (uint64_t)rep->element[1]->integer;
             rc = DLOCK_OK;
         } else if (rep->element[0]->integer == 0) {
@@ -642,7 +737,7 @@ static int redis_acquire(dlock_client *c, dlock_entry *e, const char *nonce, int
                                e->name);
         }
     } else {
-        rc = dlock_err_set(DLOCK_EREDIS, "redis acquire of '%s': %s", e->name,
+        rc = dlock_err_set(dlock_conn_reply_code(rep), "redis acquire of '%s': %s", e->name,
                            rep->type == REDIS_REPLY_ERROR ? rep->str : "unexpected reply");
     }
     freeReplyObject(rep);
@@ -662,7 +757,7 @@ static int redis_release(dlock_client *c, dlock_entry *e, uint64_t grant, uint64
     redisReply *rep;
     int sent;
     int rc = call_script(c, DLOCK_SCRIPT_RELEASE, DLOCK_RELEASE_ARGS, argv, "release", e->name,
-                         DLOCK_NEVER, &rep, &sent);
+                         DLOCK_NEVER, &rep, &sent, NULL);
     if (rc != DLOCK_OK) {
         char why[200];
         snprintf(why, sizeof why, "%s", dlock_last_error());
@@ -675,7 +770,7 @@ static int redis_release(dlock_client *c, dlock_entry *e, uint64_t grant, uint64
                                : dlock_err_set(DLOCK_ELOST, "the lease of '%s' was gone from "
                                                             "redis at release", e->name);
     else
-        rc = dlock_err_set(DLOCK_EREDIS, "redis release of '%s': %s", e->name,
+        rc = dlock_err_set(dlock_conn_reply_code(rep), "redis release of '%s': %s", e->name,
                            rep->type == REDIS_REPLY_ERROR ? rep->str : "unexpected reply");
     freeReplyObject(rep);
     return rc;
@@ -701,7 +796,7 @@ static void redis_leave(dlock_client *c, dlock_entry *e, const char *number)
     char keep[256]; /* the caller's own error message stays the one reported */
     snprintf(keep, sizeof keep, "%s", dlock_last_error());
     if (call_script(c, DLOCK_SCRIPT_LEAVE, DLOCK_LEAVE_ARGS, argv, "leave", e->name, DLOCK_NEVER,
-                    &rep, &sent) == DLOCK_OK) {
+                    &rep, &sent, NULL) == DLOCK_OK) {
         if (rep->type != REDIS_REPLY_INTEGER)
             dlock_renew_leave(c->renew, e, number);
         freeReplyObject(rep);

@@ -22,12 +22,91 @@
 
 #include "conn.h"
 #include "error.h"
+#include "sentinel.h"
 
 void dlock_block_signals(sigset_t *old)
 {
     sigset_t all;
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, old);
+}
+
+void dlock_addrs_free(dlock_addr *a, unsigned n)
+{
+    if (!a)
+        return;
+    for (unsigned i = 0; i < n; i++)
+        free(a[i].host);
+    free(a);
+}
+
+int dlock_addrs_parse(const char *list, const char *what, dlock_addr **out, unsigned *n)
+{
+    *out = NULL;
+    *n = 0;
+    unsigned cap = 1;
+    for (const char *p = list; *p; p++)
+        cap += *p == ',';
+    dlock_addr *a = calloc(cap, sizeof *a);
+    if (!a)
+        return dlock_err_set(DLOCK_ENOMEM, "out of memory");
+    unsigned k = 0;
+    const char *p = list;
+    for (;;) {
+        const char *end = strchr(p, ',');
+        if (!end)
+            end = p + strlen(p);
+        while (p < end && *p == ' ')
+            p++;
+        const char *e = end;
+        while (e > p && e[-1] == ' ')
+            e--;
+        size_t len = (size_t)(e - p);
+        const char *colon = NULL;
+        for (const char *q = e; q > p; q--)
+            if (q[-1] == ':') {
+                colon = q - 1;
+                break;
+            }
+        const char *h = p, *he = colon;
+        if (colon && h < he && *h == '[' && he[-1] == ']') {
+            h++;
+            he--;
+        }
+        char port[8];
+        size_t plen = colon ? (size_t)(e - colon - 1) : 0;
+        long v = 0;
+        if (colon && plen > 0 && plen < sizeof port) {
+            memcpy(port, colon + 1, plen);
+            port[plen] = '\0';
+            char *pe;
+            v = strtol(port, &pe, 10);
+            if (*pe)
+                v = 0;
+        }
+        if (!colon || he <= h || v <= 0 || v > 65535) {
+            dlock_addrs_free(a, k);
+            return dlock_err_set(DLOCK_EINVAL, "%s: '%.*s' is not host:port (in \"%s\")", what,
+                                 (int)len, p, list);
+        }
+        a[k].host = malloc((size_t)(he - h) + 1);
+        if (a[k].host) {
+            memcpy(a[k].host, h, (size_t)(he - h));
+            a[k].host[he - h] = '\0';
+        }
+        a[k].port = (int)v;
+        if (!a[k].host) {
+            dlock_addrs_free(a, k);
+            return dlock_err_set(DLOCK_ENOMEM, "out of memory");
+        }
+        k++;
+        if (!*end)
+            break;
+        p = end + 1;
+    }
+    *out = a;
+    *n = k;
+    return DLOCK_OK;
 }
 
 static struct timeval ms_tv(uint32_t ms)
@@ -141,20 +220,59 @@ static int fail_ctx(redisContext *c, const char *what)
     return rc;
 }
 
-/* Sends one command, reads its reply within the command timeout. NULL when
- * the connection failed. */
-static redisReply *command(redisContext *c, dlock_counters *ctr, const dlock_conn_cfg *cfg,
-                           int argc, const char **argv)
+redisReply *dlock_conn_command(redisContext *c, dlock_counters *ctr, uint32_t timeout_ms,
+                               int argc, const char **argv)
 {
     if (redisAppendCommandArgv(c, argc, argv, NULL) != REDIS_OK)
         return NULL;
     dlock_count(&ctr->redis_commands, 1);
     dlock_count(&ctr->redis_round_trips, 1);
-    int64_t deadline = dlock_conn_deadline(cfg->command_timeout_ms);
+    int64_t deadline = dlock_conn_deadline(timeout_ms);
     redisReply *r;
     if (dlock_conn_flush(c, deadline) != 0 || dlock_conn_read(c, deadline, &r) != 0)
         return NULL;
     return r;
+}
+
+/* Sends one command, reads its reply within the command timeout. NULL when
+ * the connection failed. */
+static redisReply *command(redisContext *c, dlock_counters *ctr, const dlock_conn_cfg *cfg,
+                           int argc, const char **argv)
+{
+    return dlock_conn_command(c, ctr, cfg->command_timeout_ms, argc, argv);
+}
+
+static int is_config_error(const char *msg);
+
+int dlock_conn_is_not_master(const redisReply *r)
+{
+    return r && r->type == REDIS_REPLY_ERROR &&
+           (strncmp(r->str, "READONLY", 8) == 0 || strncmp(r->str, "LOADING", 7) == 0 ||
+            strncmp(r->str, "MASTERDOWN", 10) == 0);
+}
+
+int dlock_conn_reply_code(const redisReply *r)
+{
+    return r && r->type == REDIS_REPLY_ERROR && is_config_error(r->str) ? DLOCK_ESERVER
+                                                                         : DLOCK_EREDIS;
+}
+
+int dlock_conn_check_master(redisContext *c, const redisReply *r)
+{
+    if (!dlock_conn_is_not_master(r))
+        return 0;
+    c->err = REDIS_ERR_OTHER;
+    snprintf(c->errstr, sizeof c->errstr, "%s", r->str);
+    return 1;
+}
+
+/* A refusal that no retry cures: wrong credentials, a user without the
+ * permission, or AUTH that the server does not expect. */
+static int is_config_error(const char *msg)
+{
+    return strncmp(msg, "WRONGPASS", 9) == 0 || strncmp(msg, "NOPERM", 6) == 0 ||
+           strncmp(msg, "NOAUTH", 6) == 0 || strstr(msg, "AUTH <password> called without") ||
+           strstr(msg, "invalid password") || strstr(msg, "invalid username");
 }
 
 /* Sends one simple command and checks that the reply is not an error. */
@@ -166,7 +284,32 @@ static int simple_command(redisContext *c, dlock_counters *ctr, const dlock_conn
         return fail_ctx(c, what);
     int rc = DLOCK_OK;
     if (r->type == REDIS_REPLY_ERROR)
-        rc = dlock_err_set(DLOCK_EREDIS, "redis %s: %s", what, r->str);
+        rc = dlock_err_set(is_config_error(r->str) ? DLOCK_ESERVER : DLOCK_EREDIS,
+                           "redis %s: %s", what, r->str);
+    freeReplyObject(r);
+    return rc;
+}
+
+/* Sentinel mode: ROLE must say "master"; right after a failover the
+ * sentinels may still name the old one for a moment. */
+static int check_master(redisContext *c, dlock_counters *ctr, const dlock_conn_cfg *cfg,
+                        const char *where)
+{
+    const char *argv[1] = {"ROLE"};
+    redisReply *r = command(c, ctr, cfg, 1, argv);
+    if (!r)
+        return fail_ctx(c, "ROLE");
+    int rc = DLOCK_OK;
+    if (r->type == REDIS_REPLY_ERROR)
+        rc = dlock_err_set(is_config_error(r->str) ? DLOCK_ESERVER : DLOCK_EREDIS,
+                           "redis ROLE: %s", r->str);
+    else if (r->type != REDIS_REPLY_ARRAY || r->elements < 1 ||
+             r->element[0]->type != REDIS_REPLY_STRING)
+        rc = dlock_err_set(DLOCK_EREDIS, "redis ROLE: unexpected reply");
+    else if (strcmp(r->element[0]->str, "master") != 0)
+        rc = dlock_err_set(DLOCK_EREDIS, "the sentinels named %s as master '%s', but it is a %s "
+                           "(a failover under way?)", where, cfg->sentinel_master,
+                           r->element[0]->str);
     freeReplyObject(r);
     return rc;
 }
@@ -221,7 +364,7 @@ static int check_server(redisContext *c, dlock_counters *ctr, const dlock_conn_c
     else
         rc = dlock_err_set(r->type == REDIS_REPLY_ERROR ? DLOCK_ESERVER : DLOCK_EREDIS,
                            "redis INFO: %s (dlock reads INFO to check the server's version and "
-                           "eviction policy)",
+                           "eviction policy; an ACL user needs +info)",
                            r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply");
     freeReplyObject(r);
     return rc;
@@ -257,21 +400,23 @@ static int load_scripts(redisContext *c, dlock_counters *ctr, const dlock_conn_c
         if (r->type == REDIS_REPLY_STRING)
             dlock_script_set_sha(id, r->str, r->len);
         else if (rc == DLOCK_OK)
-            rc = dlock_err_set(DLOCK_EREDIS, "redis SCRIPT LOAD: %s",
+            rc = dlock_err_set(r->type == REDIS_REPLY_ERROR && is_config_error(r->str)
+                                   ? DLOCK_ESERVER : DLOCK_EREDIS,
+                               "redis SCRIPT LOAD: %s",
                                r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply");
         freeReplyObject(r);
     }
     return rc;
 }
 
-/* Connects within the connect timeout, waiting for the connection with
- * wait_fd (hiredis' own wait fails on the first signal). The socket is left
- * blocking with SO_RCVTIMEO/SO_SNDTIMEO set to the command timeout, for
- * plain hiredis calls; the library's own I/O does not rely on them. */
-static redisContext *connect_tcp(const dlock_conn_cfg *cfg)
+/* Waits for the connection with wait_fd (hiredis' own wait fails on the
+ * first signal). */
+redisContext *dlock_conn_connect(const char *host, int port, const char *unix_path,
+                                 uint32_t timeout_ms, uint32_t command_timeout_ms)
 {
-    int64_t deadline = dlock_conn_deadline(cfg->connect_timeout_ms);
-    redisContext *c = redisConnectNonBlock(cfg->host, cfg->port);
+    int64_t deadline = dlock_conn_deadline(timeout_ms);
+    redisContext *c = unix_path ? redisConnectUnixNonBlock(unix_path)
+                                : redisConnectNonBlock(host, port);
     if (!c || c->err)
         return c;
     int w = wait_fd(c->fd, POLLOUT, deadline);
@@ -289,29 +434,47 @@ static redisContext *connect_tcp(const dlock_conn_cfg *cfg)
         else
             c->flags |= REDIS_BLOCK;
     }
+    if (!c->err && redisSetTimeout(c, ms_tv(command_timeout_ms)) != REDIS_OK && !c->err)
+        set_err(c, REDIS_ERR_IO, NULL);
+    if (!c->err && !unix_path)
+        redisEnableKeepAlive(c); /* best effort: dead peers are found sooner */
     return c;
 }
 
 int dlock_conn_open(const dlock_conn_cfg *cfg, dlock_counters *ctr, redisContext **out)
 {
     *out = NULL;
-    redisContext *c = connect_tcp(cfg);
+    char where[300];
+    const char *host = cfg->host;
+    int port = cfg->port;
+    char master[256];
+    if (cfg->nsentinels) {
+        int rc = dlock_sentinel_master(cfg, ctr, master, sizeof master, &port);
+        if (rc != DLOCK_OK)
+            return rc;
+        host = master;
+    }
+    if (cfg->unix_path)
+        snprintf(where, sizeof where, "unix:%s", cfg->unix_path);
+    else
+        snprintf(where, sizeof where, "%s:%d", host, port);
+    redisContext *c = dlock_conn_connect(host, port, cfg->unix_path, cfg->connect_timeout_ms,
+                                         cfg->command_timeout_ms);
     if (!c || c->err) {
-        int rc = dlock_err_set(DLOCK_EREDIS, "redis connect to %s:%d: %s", cfg->host, cfg->port,
+        int rc = dlock_err_set(DLOCK_EREDIS, "redis connect to %s: %s", where,
                                c ? c->errstr : "out of memory");
         if (c)
             redisFree(c);
         return rc;
     }
     int rc = DLOCK_OK;
-    if (redisSetTimeout(c, ms_tv(cfg->command_timeout_ms)) != REDIS_OK)
-        rc = fail_ctx(c, "set timeout");
-    if (rc == DLOCK_OK)
-        redisEnableKeepAlive(c); /* best effort: dead peers are found sooner */
-    if (rc == DLOCK_OK && cfg->password) {
-        const char *argv[2] = {"AUTH", cfg->password};
-        rc = simple_command(c, ctr, cfg, "AUTH", 2, argv);
+    if (cfg->password) {
+        const char *argv[3] = {"AUTH", cfg->username ? cfg->username : cfg->password,
+                               cfg->password};
+        rc = simple_command(c, ctr, cfg, "AUTH", cfg->username ? 3 : 2, argv);
     }
+    if (rc == DLOCK_OK && cfg->nsentinels)
+        rc = check_master(c, ctr, cfg, where);
     if (rc == DLOCK_OK && cfg->db != 0) {
         char db[16];
         snprintf(db, sizeof db, "%d", cfg->db);

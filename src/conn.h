@@ -13,14 +13,64 @@
 #include "common.h"
 #include "script.h"
 
+/* One "host:port" of a list of servers. */
+typedef struct dlock_addr {
+    char *host;
+    int port;
+} dlock_addr;
+
+/* Where and how to connect: exactly one of host/port, unix_path and
+ * sentinels names the server (dlock_client_open checks it). */
 typedef struct dlock_conn_cfg {
     char *host;
     int port;
-    char *password; /* NULL: no AUTH */
+    char *unix_path;       /* non-NULL: connect over this Unix socket */
+    char *username;        /* non-NULL: AUTH username password (an ACL user) */
+    char *password;        /* NULL: no AUTH */
     int db;
+    dlock_addr *sentinels; /* nsentinels > 0: Sentinel mode, the master is */
+    unsigned nsentinels;   /* resolved on every connect (sentinel.h) */
+    char *sentinel_master;
+    char *sentinel_password; /* NULL: sentinels need no AUTH */
     uint32_t connect_timeout_ms;
     uint32_t command_timeout_ms;
 } dlock_conn_cfg;
+
+/* Parses "host:port,host:port,..." (an IPv6 host in brackets: "[::1]:6379";
+ * spaces around items are ignored) into a new array *out of *n entries
+ * (free with dlock_addrs_free). DLOCK_OK, DLOCK_EINVAL with the message
+ * naming `what` and the bad item, or DLOCK_ENOMEM. */
+int dlock_addrs_parse(const char *list, const char *what, dlock_addr **out, unsigned *n);
+void dlock_addrs_free(dlock_addr *a, unsigned n);
+
+/* Connects to host:port, or to unix_path when it is not NULL, within
+ * timeout_ms (a signal does not stretch it). Returns a context whose err is
+ * set on failure (or NULL when out of memory); the socket is blocking with
+ * SO_RCVTIMEO/SO_SNDTIMEO set to command_timeout_ms for plain hiredis calls,
+ * though the library's own I/O does not rely on them. */
+redisContext *dlock_conn_connect(const char *host, int port, const char *unix_path,
+                                 uint32_t timeout_ms, uint32_t command_timeout_ms);
+
+/* Sends one command and reads its reply within timeout_ms, counted in ctr.
+ * The reply (an error reply included), or NULL when the connection failed
+ * (c->err says why). */
+redisReply *dlock_conn_command(redisContext *c, dlock_counters *ctr, uint32_t timeout_ms,
+                               int argc, const char **argv);
+
+/* 1 if reply is an error that means this server cannot serve writes now and
+ * the connection should be dropped so that the next one finds the master
+ * again: READONLY (a replica: the master failed over), LOADING, MASTERDOWN. */
+int dlock_conn_is_not_master(const redisReply *reply);
+
+/* The error code for an error reply: DLOCK_ESERVER for a refusal that no
+ * retry cures (WRONGPASS, NOPERM, NOAUTH: credentials or an ACL user's
+ * permissions), else DLOCK_EREDIS. */
+int dlock_conn_reply_code(const redisReply *reply);
+
+/* If reply is such an error, marks c failed (err set, the error as its
+ * message) so that whoever holds it drops it and reconnects. Returns 1 if
+ * it did. */
+int dlock_conn_check_master(redisContext *c, const redisReply *reply);
 
 /*
  * I/O and deadlines. Every exchange here has an absolute deadline on the
@@ -35,8 +85,10 @@ typedef struct dlock_conn_cfg {
  * reused. All of this may run on any thread, the application's included.
  */
 
-/* Opens a ready connection: connected within the connect timeout, then
- * authenticated, database selected, the server checked (dlock_conn_check_info)
+/* Opens a ready connection: in Sentinel mode the master's address asked of
+ * the sentinels first (dlock_sentinel_master); connected within the connect
+ * timeout, then authenticated, in Sentinel mode checked with ROLE to be a
+ * master, database selected, the server checked (dlock_conn_check_info)
  * and scripts loaded if their digests are not known yet, each exchange within
  * the command timeout. DLOCK_OK, DLOCK_ESERVER (a server dlock must not use:
  * the message says why), or DLOCK_EREDIS with the message set. */

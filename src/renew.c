@@ -237,6 +237,9 @@ static int read_chunk(dlock_renew *r, snap *s, size_t k, int retried)
         freeReplyObject(rep);
         return 1; /* the caller runs this chunk again with EVAL */
     }
+    /* A replica (failover): verdicts unknown, and the round drops the
+     * connection so that the next one finds the master. */
+    dlock_conn_check_master(r->conn, rep);
     if (rep->type == REDIS_REPLY_ARRAY && rep->elements == k) {
         for (size_t i = 0; i < k; i++)
             s[i].verdict = rep->element[i]->type == REDIS_REPLY_INTEGER &&
@@ -344,6 +347,25 @@ static void drop_conn(dlock_renew *r)
     }
 }
 
+/* WAIT min_replicas on the renewal connection, within half a command
+ * timeout: 1 if that many replicas have every write made on it so far,
+ * 0 if not (or the connection failed: then r->conn->err is set). */
+static int replicas_acked(dlock_renew *r)
+{
+    char want[16], ms[16];
+    snprintf(want, sizeof want, "%" PRIu32, r->cfg.min_replicas);
+    uint32_t t = r->cfg.conn->command_timeout_ms / 2;
+    snprintf(ms, sizeof ms, "%" PRIu32, t ? t : 1);
+    const char *argv[3] = {"WAIT", want, ms};
+    redisReply *rep = dlock_conn_command(r->conn, r->cfg.ctr, r->cfg.conn->command_timeout_ms,
+                                         3, argv);
+    int ok = rep && rep->type == REDIS_REPLY_INTEGER &&
+             rep->integer >= (long long)r->cfg.min_replicas;
+    if (rep)
+        freeReplyObject(rep);
+    return ok;
+}
+
 /* One round. Returns when the next one is due. */
 static int64_t round_once(dlock_renew *r)
 {
@@ -383,8 +405,19 @@ static int64_t round_once(dlock_renew *r)
             if (s[at].verdict == -1)
                 ok = rerun_chunk(r, s + at, k) == 0;
         }
+        if (ok && !r->conn->err && r->cfg.min_replicas && replicas_acked(r) == 0) {
+            /* Not on enough replicas: a failover could lose these renewals,
+             * so none counts; the leases keep their old validity and the
+             * next round comes soon. */
+            for (ssize_t i = 0; i < n; i++)
+                if (s[i].verdict == 1)
+                    s[i].verdict = -1; /* a lease found gone stays gone */
+            ok = 0;
+        }
         dlock_count(&r->cfg.ctr->renew_rounds, 1);
         dlock_count(&r->cfg.ctr->renew_keys, (uint64_t)n);
+        if (r->conn && r->conn->err)
+            ok = 0; /* a replica answered: retry soon, on a new connection */
     }
     if (!ok)
         drop_conn(r);
@@ -528,6 +561,7 @@ static int64_t release_orphans(dlock_renew *r)
             continue;
         }
         o->result = dlock_conn_is_noscript(rep) ? NOSCRIPT : job_result(o, rep);
+        dlock_conn_check_master(r->conn, rep); /* then dropped below */
         freeReplyObject(rep);
     }
     /* A restarted server answered NOSCRIPT: those again, with EVAL. */

@@ -27,6 +27,8 @@ typedef struct dlock_renew_cfg {
     uint32_t lease_ms;
     uint32_t keep_ms;       /* how long Redis keeps the client's record of a name */
     uint32_t waiter_ttl_ms;
+    uint32_t min_replicas;  /* > 0: a round counts only if WAIT says this many
+                               replicas have its writes */
     dlock_renew_lost_fn lost;
     void *lost_arg;
 } dlock_renew_cfg;

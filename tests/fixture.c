@@ -130,7 +130,9 @@ static int ping_once(int port)
         redisSetTimeout(c, tv);
         redisReply *r = redisCommand(c, "PING");
         if (r) {
-            ok = r->type == REDIS_REPLY_STATUS && !strcasecmp(r->str, "PONG");
+            /* a server with a password answers, but refuses the PING */
+            ok = (r->type == REDIS_REPLY_STATUS && !strcasecmp(r->str, "PONG")) ||
+                 (r->type == REDIS_REPLY_ERROR && !strncmp(r->str, "NOAUTH", 6));
             freeReplyObject(r);
         }
     }
@@ -145,14 +147,49 @@ static int ping_once(int port)
  */
 static int spawn(fx_redis *r, long wait_ms)
 {
-    char port[16], log[300];
+    char port[16], log[300], conf[300], mport[16];
     snprintf(port, sizeof port, "%d", r->port);
     snprintf(log, sizeof log, "%s/redis.log", r->dir);
-    char *argv[] = {
-        FX_REDIS_BIN, "--port", port, "--bind", FX_HOST,
-        "--save", "", "--appendonly", "no", "--dir", r->dir,
-        "--daemonize", "no", "--logfile", log, NULL
-    };
+    char *argv[32] = {FX_REDIS_BIN};
+    int n = 1;
+    if (r->opts.sentinel_master) {
+        /* A sentinel rewrites its configuration file: a fresh one per start. */
+        snprintf(conf, sizeof conf, "%s/sentinel.conf", r->dir);
+        FILE *f = fopen(conf, "w");
+        if (!f) {
+            fprintf(stderr, "fixture: %s: %s\n", conf, strerror(errno));
+            return -1;
+        }
+        fprintf(f, "sentinel monitor %s %s %d 2\n"
+                   "sentinel down-after-milliseconds %s 1000\n"
+                   "sentinel failover-timeout %s 5000\n",
+                r->opts.sentinel_master, FX_HOST, r->opts.sentinel_master_port,
+                r->opts.sentinel_master, r->opts.sentinel_master);
+        fclose(f);
+        argv[n++] = conf;
+        argv[n++] = "--sentinel";
+    }
+    char *base[] = {"--port", port, "--bind", FX_HOST, "--save", "", "--appendonly", "no",
+                    "--dir", r->dir, "--daemonize", "no", "--logfile", log};
+    for (size_t i = 0; i < sizeof base / sizeof base[0]; i++)
+        argv[n++] = base[i];
+    if (r->opts.unix_socket) {
+        argv[n++] = "--unixsocket";
+        argv[n++] = r->unix_path;
+        argv[n++] = "--unixsocketperm";
+        argv[n++] = "700";
+    }
+    if (r->opts.replica_of) {
+        snprintf(mport, sizeof mport, "%d", r->opts.replica_of);
+        argv[n++] = "--replicaof";
+        argv[n++] = FX_HOST;
+        argv[n++] = mport;
+    }
+    if (r->opts.requirepass) {
+        argv[n++] = "--requirepass";
+        argv[n++] = (char *)r->opts.requirepass;
+    }
+    argv[n] = NULL;
     /* Decided before fork: syscall() is fine in the child, but keep it simple. */
     int main_thread = (pid_t)syscall(SYS_gettid) == getpid();
     pid_t parent = getpid();
@@ -206,7 +243,14 @@ static int spawn(fx_redis *r, long wait_ms)
 
 int fx_redis_start(fx_redis *r)
 {
+    return fx_redis_start_opts(r, NULL);
+}
+
+int fx_redis_start_opts(fx_redis *r, const fx_redis_opts *opts)
+{
     memset(r, 0, sizeof *r);
+    if (opts)
+        r->opts = *opts;
     const char *tmp = getenv("TMPDIR");
     if (!tmp || !tmp[0] || strlen(tmp) > 200)
         tmp = "/tmp";
@@ -216,6 +260,8 @@ int fx_redis_start(fx_redis *r)
         r->dir[0] = '\0';
         return -1;
     }
+    if (r->opts.unix_socket)
+        snprintf(r->unix_path, sizeof r->unix_path, "%s/redis.sock", r->dir);
     long long deadline = fx_now_ns() + (long long)FX_START_WAIT_MS * 1000000LL;
     for (int i = 0; i < FX_START_TRIES; i++) {
         r->port = free_port();

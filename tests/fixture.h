@@ -12,15 +12,32 @@
 #include <hiredis/hiredis.h>
 #include "dlock.h"
 
+/* How to start a server (fx_redis_start_opts); zero: a plain one. */
+typedef struct fx_redis_opts {
+    int unix_socket;          /* also listen on <dir>/redis.sock (fx_redis.unix_path) */
+    int replica_of;           /* loopback port of a master to replicate; 0: none */
+    const char *requirepass;  /* the default user's password; NULL: none */
+    const char *sentinel_master; /* non-NULL: run as a sentinel (redis-server
+                                    --sentinel) monitoring this master name */
+    int sentinel_master_port; /* ... at 127.0.0.1:this port, quorum 2, down after
+                                 1000 ms, failover timeout 5000 ms */
+} fx_redis_opts;
+
 typedef struct fx_redis {
     pid_t pid;          /* redis-server's pid, 0 when not running */
     int port;           /* loopback port, kept across fx_redis_restart */
     char dir[256];      /* temporary working directory (removed by stop) */
+    char unix_path[300]; /* with opts.unix_socket: <dir>/redis.sock, else "" */
+    fx_redis_opts opts; /* as started (pointers are the caller's: keep them alive) */
 } fx_redis;
 
 /* Starts redis-server on a free port of 127.0.0.1 and waits (at most 10 s)
  * until it answers PING. Returns 0, or -1 with a message on stderr. */
 int fx_redis_start(fx_redis *r);
+
+/* fx_redis_start with options (NULL: none). Returns 0, or -1 with a message
+ * on stderr. fx_redis_restart starts it again with the same options. */
+int fx_redis_start_opts(fx_redis *r, const fx_redis_opts *opts);
 
 /* Stops it (SIGTERM, then SIGKILL after 5 s), reaps it, removes its dir. */
 void fx_redis_stop(fx_redis *r);

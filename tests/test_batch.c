@@ -106,9 +106,10 @@ static void env_open(env *v, unsigned lanes)
     flush_all();
     v->proxy = fx_proxy_start(fx_server.port);
     assert_non_null(v->proxy);
-    v->cfg = (dlock_conn_cfg){(char *)"127.0.0.1", fx_proxy_port(v->proxy), NULL, 0, 1000, 2000};
+    v->cfg = (dlock_conn_cfg){.host = (char *)"127.0.0.1", .port = fx_proxy_port(v->proxy),
+                              .connect_timeout_ms = 1000, .command_timeout_ms = 2000};
     v->pool = dlock_pool_create(&v->cfg, lanes, &v->ctr);
-    v->batch = dlock_batch_create(v->pool, lanes, v->cfg.command_timeout_ms, &v->ctr);
+    v->batch = dlock_batch_create(v->pool, lanes, v->cfg.command_timeout_ms, 0, &v->ctr);
     assert_non_null(v->pool);
     assert_non_null(v->batch);
 }

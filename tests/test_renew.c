@@ -845,7 +845,7 @@ static void test_orphans_released(void **state)
     (void)state;
     enum { N = 6 };
     static dlock_counters ctr;
-    dlock_conn_cfg cc = {(char *)"127.0.0.1", fx_server.port, NULL, 0, 200, 500};
+    dlock_conn_cfg cc = {.host = (char *)"127.0.0.1", .port = fx_server.port, .connect_timeout_ms = 200, .command_timeout_ms = 500};
     redisContext *x;
     assert_int_equal(dlock_conn_open(&cc, &ctr, &x), DLOCK_OK); /* learns the digests */
     redisFree(x);
@@ -867,7 +867,8 @@ static void test_orphans_released(void **state)
     freeReplyObject(redisCommand(rc, "SCRIPT FLUSH")); /* as after a restart */
     /* Frozen for a moment, so that the orphans batch up in one pipeline. */
     assert_int_equal(fx_redis_signal(&fx_server, SIGSTOP), 0);
-    dlock_renew_cfg cfg = {&cc, &ctr, t, &a, 30000, 60000, 2000, NULL, NULL};
+    dlock_renew_cfg cfg = {.conn = &cc, .ctr = &ctr, .table = t, .args = &a, .lease_ms = 30000,
+                           .keep_ms = 60000, .waiter_ttl_ms = 2000};
     dlock_renew *m;
     assert_int_equal(dlock_renew_start(&cfg, &m), DLOCK_OK);
     for (int i = 0; i <= N; i++) {

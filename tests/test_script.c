@@ -131,7 +131,7 @@ static int setup(void **state)
 {
     if (fx_group_setup(state) != 0)
         return -1;
-    dlock_conn_cfg cfg = {(char *)"127.0.0.1", fx_server.port, NULL, 0, 1000, 2000};
+    dlock_conn_cfg cfg = {.host = (char *)"127.0.0.1", .port = fx_server.port, .connect_timeout_ms = 1000, .command_timeout_ms = 2000};
     if (dlock_conn_open(&cfg, &ctr, &conn) != DLOCK_OK)
         return -1;
     raw = fx_connect("127.0.0.1", fx_server.port);

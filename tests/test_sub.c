@@ -128,7 +128,8 @@ static int rec_last_is(rec *r, const char *s)
 
 static dlock_conn_cfg conn_cfg(int port)
 {
-    dlock_conn_cfg cfg = {(char *)"127.0.0.1", port, NULL, 0, CONNECT_MS, COMMAND_MS};
+    dlock_conn_cfg cfg = {.host = (char *)"127.0.0.1", .port = port, .connect_timeout_ms = CONNECT_MS,
+                          .command_timeout_ms = COMMAND_MS};
     return cfg;
 }
 
