@@ -42,13 +42,15 @@ struct dlock_batch {
     dlock_counters *ctr;
     uint32_t command_timeout_ms;
     uint32_t min_replicas;    /* > 0: every exchange ends with a WAIT */
+    int resolve_on_shortfall; /* drop a connection whose WAIT fell short */
     unsigned lanes;
     unsigned active;          /* B1; mu */
     dlock_call *head, *tail;  /* the FIFO (B2); mu */
 };
 
 dlock_batch *dlock_batch_create(dlock_pool *pool, unsigned lanes, uint32_t command_timeout_ms,
-                                uint32_t min_replicas, dlock_counters *ctr)
+                                uint32_t min_replicas, int resolve_on_shortfall,
+                                dlock_counters *ctr)
 {
     dlock_batch *b = calloc(1, sizeof *b);
     if (!b)
@@ -59,6 +61,7 @@ dlock_batch *dlock_batch_create(dlock_pool *pool, unsigned lanes, uint32_t comma
     b->ctr = ctr;
     b->command_timeout_ms = command_timeout_ms;
     b->min_replicas = min_replicas;
+    b->resolve_on_shortfall = resolve_on_shortfall;
     b->lanes = lanes ? lanes : 1;
     return b;
 }
@@ -207,6 +210,14 @@ static int exchange(dlock_batch *b, redisContext *conn, dlock_call **batch, unsi
         for (unsigned i = 0; i < n; i++)
             if (mine[i])
                 batch[i]->acked = acked;
+        /* Too few replicas: in Sentinel mode most likely a failover that
+         * promoted the replica while this master still runs; the next
+         * connection asks the sentinels again. */
+        if (b->resolve_on_shortfall && (acked < 0 || (uint32_t)acked < b->min_replicas) &&
+            !conn->err) {
+            conn->err = REDIS_ERR_OTHER;
+            snprintf(conn->errstr, sizeof conn->errstr, "too few replicas acknowledged");
+        }
     }
     if (not_master) {
         conn->err = REDIS_ERR_OTHER;

@@ -63,9 +63,12 @@ typedef struct dlock_batch dlock_batch;
 /* A batcher over pool, with at most `lanes` leaders at once (the pool's
  * size: each leader holds one connection). With min_replicas > 0 every
  * exchange ends with WAIT min_replicas (command_timeout_ms / 2) in the same
- * write, and each call's `acked` gets its answer. NULL when out of memory. */
+ * write, and each call's `acked` gets its answer; with resolve_on_shortfall
+ * (Sentinel mode) a connection whose WAIT fell short is then dropped, so the
+ * next one asks the sentinels where the master is. NULL when out of memory. */
 dlock_batch *dlock_batch_create(dlock_pool *pool, unsigned lanes, uint32_t command_timeout_ms,
-                                uint32_t min_replicas, dlock_counters *ctr);
+                                uint32_t min_replicas, int resolve_on_shortfall,
+                                dlock_counters *ctr);
 
 /* Frees it; no call may be running. */
 void dlock_batch_destroy(dlock_batch *b);

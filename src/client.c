@@ -554,7 +554,7 @@ int dlock_client_open(const dlock_config *cfg, dlock_client **out)
     c->pool = dlock_pool_create(&c->conn, cfg->pool_size, &c->ctr);
     if (c->pool)
         c->batch = dlock_batch_create(c->pool, cfg->pool_size, cfg->command_timeout_ms,
-                                      cfg->min_replicas, &c->ctr);
+                                      cfg->min_replicas, cfg->sentinels != NULL, &c->ctr);
     if (!c->table || !c->pool || !c->batch) {
         client_free(c);
         return dlock_err_set(DLOCK_ENOMEM, "out of memory");

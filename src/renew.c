@@ -413,6 +413,8 @@ static int64_t round_once(dlock_renew *r)
                 if (s[i].verdict == 1)
                     s[i].verdict = -1; /* a lease found gone stays gone */
             ok = 0;
+            if (r->cfg.conn->nsentinels)
+                drop_conn(r); /* a failover? the next round asks the sentinels */
         }
         dlock_count(&r->cfg.ctr->renew_rounds, 1);
         dlock_count(&r->cfg.ctr->renew_keys, (uint64_t)n);

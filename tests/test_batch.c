@@ -109,7 +109,7 @@ static void env_open(env *v, unsigned lanes)
     v->cfg = (dlock_conn_cfg){.host = (char *)"127.0.0.1", .port = fx_proxy_port(v->proxy),
                               .connect_timeout_ms = 1000, .command_timeout_ms = 2000};
     v->pool = dlock_pool_create(&v->cfg, lanes, &v->ctr);
-    v->batch = dlock_batch_create(v->pool, lanes, v->cfg.command_timeout_ms, 0, &v->ctr);
+    v->batch = dlock_batch_create(v->pool, lanes, v->cfg.command_timeout_ms, 0, 0, &v->ctr);
     assert_non_null(v->pool);
     assert_non_null(v->batch);
 }

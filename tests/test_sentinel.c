@@ -1,0 +1,457 @@
+/*
+ * Sentinel mode and min_replicas against a real topology started here: a
+ * master, one replica and three sentinels (redis-server --sentinel) on free
+ * loopback ports. The client finds the master through the sentinels (a dead
+ * sentinel first in the list is skipped), reports an unknown master name or
+ * unreachable sentinels clearly, WAITs for replicas with min_replicas (a
+ * grant no replica acknowledged is given back; a renewal no replica
+ * acknowledged does not count), and follows a SENTINEL FAILOVER in the
+ * middle of a thread storm: errors during the switch are DLOCK_EREDIS or
+ * timeouts only, no two threads are ever inside one name's critical section,
+ * tokens never go back, and the storm goes on on the new master.
+ *
+ * Timing bounds are generous on purpose (a loaded 2-core machine): they only
+ * catch a hang. The time the storm stalls during the failover is printed,
+ * not asserted.
+ */
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "fixture.h"
+
+#define MASTER_NAME "tm"
+#define NSENT 3
+
+static fx_redis srv[2];       /* the first master and its replica; roles swap */
+static fx_redis sent[NSENT];
+static char sentinels[200];   /* "127.0.0.1:p,..." with a dead port first */
+
+/* A loopback port where nothing listens (bound, read, closed). */
+static int dead_port(void)
+{
+    fx_redis r;
+    if (fx_redis_start(&r) != 0)
+        return 1;
+    int p = r.port;
+    fx_redis_stop(&r);
+    return p;
+}
+
+static redisReply *cmd_at(int port, const char *fmt, ...)
+{
+    redisContext *c = fx_connect("127.0.0.1", port);
+    if (!c)
+        return NULL;
+    va_list ap;
+    va_start(ap, fmt);
+    redisReply *r = redisvCommand(c, fmt, ap);
+    va_end(ap);
+    redisFree(c);
+    return r;
+}
+
+/* The master port sentinel i reports, or -1. */
+static int reported_master(int i)
+{
+    redisReply *r = cmd_at(sent[i].port, "SENTINEL get-master-addr-by-name %s", MASTER_NAME);
+    int p = -1;
+    if (r && r->type == REDIS_REPLY_ARRAY && r->elements == 2)
+        p = atoi(r->element[1]->str);
+    if (r)
+        freeReplyObject(r);
+    return p;
+}
+
+/* 1 if the server at port says ROLE master. */
+static int is_master(int port)
+{
+    redisReply *r = cmd_at(port, "ROLE");
+    int m = r && r->type == REDIS_REPLY_ARRAY && r->elements > 0 &&
+            strcmp(r->element[0]->str, "master") == 0;
+    if (r)
+        freeReplyObject(r);
+    return m;
+}
+
+/* 1 if the server at port is a replica whose link to its master is up. */
+static int replica_linked(int port)
+{
+    redisReply *r = cmd_at(port, "INFO replication");
+    int up = r && r->type == REDIS_REPLY_STRING && strstr(r->str, "role:slave") &&
+             strstr(r->str, "master_link_status:up");
+    if (r)
+        freeReplyObject(r);
+    return up;
+}
+
+/* 1 if sentinel i knows one replica of the master and the other sentinels. */
+static int sentinel_ready(int i)
+{
+    redisReply *r = cmd_at(sent[i].port, "SENTINEL master %s", MASTER_NAME);
+    int ok = 0;
+    if (r && r->type == REDIS_REPLY_ARRAY) {
+        for (size_t k = 0; k + 1 < r->elements; k += 2) {
+            const char *f = r->element[k]->str, *v = r->element[k + 1]->str;
+            if (strcmp(f, "num-slaves") == 0 && atoi(v) < 1)
+                goto out;
+            if (strcmp(f, "num-other-sentinels") == 0 && atoi(v) < NSENT - 1)
+                goto out;
+            if (strcmp(f, "flags") == 0 && strcmp(v, "master") != 0)
+                goto out;
+        }
+        ok = 1;
+    }
+out:
+    if (r)
+        freeReplyObject(r);
+    return ok;
+}
+
+/* Waits (at most 30 s: sentinels find each other through hello messages
+ * every 2 s) until every sentinel reports `master_port`, knows a replica
+ * and the other sentinels, and the replica's link is up. 0 or -1. */
+static int wait_topology(int master_port, int replica_port)
+{
+    for (int t = 0; t < 3000; t++) {
+        int ok = is_master(master_port) && replica_linked(replica_port);
+        for (int i = 0; ok && i < NSENT; i++)
+            ok = reported_master(i) == master_port && sentinel_ready(i);
+        if (ok)
+            return 0;
+        fx_sleep_ms(10);
+    }
+    fprintf(stderr, "sentinel topology not ready: master %d replica %d\n", master_port,
+            replica_port);
+    return -1;
+}
+
+static int master_port(void)
+{
+    return is_master(srv[0].port) ? srv[0].port : srv[1].port;
+}
+
+static int replica_port(void)
+{
+    return master_port() == srv[0].port ? srv[1].port : srv[0].port;
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    if (fx_redis_start(&srv[0]) != 0)
+        return -1;
+    fx_redis_opts ro = {.replica_of = srv[0].port};
+    if (fx_redis_start_opts(&srv[1], &ro) != 0)
+        return -1;
+    int n = snprintf(sentinels, sizeof sentinels, "127.0.0.1:%d", dead_port());
+    for (int i = 0; i < NSENT; i++) {
+        fx_redis_opts so = {.sentinel_master = MASTER_NAME, .sentinel_master_port = srv[0].port};
+        if (fx_redis_start_opts(&sent[i], &so) != 0)
+            return -1;
+        n += snprintf(sentinels + n, sizeof sentinels - (size_t)n, ",127.0.0.1:%d", sent[i].port);
+    }
+    return wait_topology(srv[0].port, srv[1].port);
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    for (int i = 0; i < NSENT; i++)
+        fx_redis_stop(&sent[i]);
+    fx_redis_stop(&srv[1]);
+    fx_redis_stop(&srv[0]);
+    return 0;
+}
+
+static void sentinel_config(dlock_config *cfg, const char *prefix, uint32_t min_replicas)
+{
+    dlock_config_init(cfg);
+    cfg->redis_host = NULL;
+    cfg->sentinels = sentinels;
+    cfg->sentinel_master = MASTER_NAME;
+    cfg->key_prefix = prefix;
+    cfg->min_replicas = min_replicas;
+    cfg->connect_timeout_ms = 500;
+    cfg->command_timeout_ms = 1000;
+}
+
+static long long key_exists(int port, const char *key)
+{
+    redisReply *r = cmd_at(port, "EXISTS %s", key);
+    long long v = r && r->type == REDIS_REPLY_INTEGER ? r->integer : -1;
+    if (r)
+        freeReplyObject(r);
+    return v;
+}
+
+/* The master is found through the sentinels, past a dead one; bad names and
+ * dead sentinels are clear errors. */
+static void test_resolves_master(void **state)
+{
+    (void)state;
+    dlock_config cfg;
+    sentinel_config(&cfg, "ts:a:", 0);
+    dlock_client *c;
+    assert_int_equal(dlock_client_open(&cfg, &c), DLOCK_OK);
+    assert_int_equal(dlock_acquire(c, "x", 0, NULL), DLOCK_OK);
+    assert_int_equal(key_exists(master_port(), "ts:a:{x}"), 1);
+    assert_int_equal(dlock_release(c, "x"), DLOCK_OK);
+    dlock_client_close(c);
+
+    cfg.sentinel_master = "nope";
+    assert_int_equal(dlock_client_open(&cfg, &c), DLOCK_OK);
+    assert_int_equal(dlock_acquire(c, "x", 0, NULL), DLOCK_EREDIS);
+    assert_non_null(strstr(dlock_last_error(), "knows no master named 'nope'"));
+    dlock_client_close(c);
+
+    char dead[64];
+    snprintf(dead, sizeof dead, "127.0.0.1:%d", dead_port());
+    cfg.sentinel_master = MASTER_NAME;
+    cfg.sentinels = dead;
+    assert_int_equal(dlock_client_open(&cfg, &c), DLOCK_OK);
+    assert_int_equal(dlock_acquire(c, "x", 0, NULL), DLOCK_EREDIS);
+    assert_non_null(strstr(dlock_last_error(), "no sentinel gave the address"));
+    dlock_client_close(c);
+}
+
+/* min_replicas: WAIT after each batch; a grant fewer replicas acknowledged
+ * is given back; a renewal no replica acknowledged does not count. */
+static void test_min_replicas(void **state)
+{
+    (void)state;
+    int mp = master_port(), rp = replica_port();
+    dlock_config cfg;
+    sentinel_config(&cfg, "ts:m:", 1);
+    dlock_client *c;
+    assert_int_equal(dlock_client_open(&cfg, &c), DLOCK_OK);
+    long long w0 = fx_info_calls("127.0.0.1", mp, "wait");
+    assert_int_equal(dlock_acquire(c, "x", 0, NULL), DLOCK_OK);
+    assert_true(fx_info_calls("127.0.0.1", mp, "wait") > w0);
+    assert_int_equal(key_exists(rp, "ts:m:{x}"), 1); /* on the replica already */
+    assert_int_equal(dlock_release(c, "x"), DLOCK_OK);
+    dlock_client_close(c);
+
+    /* two replicas asked, one exists: the grant is given back */
+    sentinel_config(&cfg, "ts:m:", 2);
+    assert_int_equal(dlock_client_open(&cfg, &c), DLOCK_OK);
+    assert_int_equal(dlock_acquire(c, "y", 0, NULL), DLOCK_EREDIS);
+    assert_non_null(strstr(dlock_last_error(), "reached 1 of the 2 replicas"));
+    assert_int_equal(dlock_held(c, "y"), 0);
+    /* given back in the background: gone within 10 s (generous) */
+    for (int i = 0; i < 1000 && key_exists(mp, "ts:m:{y}") != 0; i++)
+        fx_sleep_ms(10);
+    assert_int_equal(key_exists(mp, "ts:m:{y}"), 0);
+    dlock_client_close(c);
+
+    /* a held lease whose renewals no replica acknowledges (the replica
+     * stopped): its validity runs out, though the master still has it */
+    sentinel_config(&cfg, "ts:m:", 1);
+    cfg.lease_ms = 600;
+    assert_int_equal(dlock_client_open(&cfg, &c), DLOCK_OK);
+    assert_int_equal(dlock_acquire(c, "z", 0, NULL), DLOCK_OK);
+    fx_redis *replica = rp == srv[0].port ? &srv[0] : &srv[1];
+    assert_int_equal(fx_redis_signal(replica, SIGSTOP), 0);
+    int held = 1;
+    for (int i = 0; i < 500 && held; i++) { /* 5 s: the lease is 0.6 s */
+        fx_sleep_ms(10);
+        held = dlock_held(c, "z");
+    }
+    long long still = key_exists(mp, "ts:m:{z}");
+    /* the renewal thread reports it lost at its next round (within 5 s),
+     * while the replica still cannot acknowledge anything */
+    dlock_stats st = {0};
+    for (int i = 0; i < 500 && st.leases_lost == 0; i++) {
+        assert_int_equal(dlock_client_stats(c, &st), DLOCK_OK);
+        fx_sleep_ms(10);
+    }
+    assert_int_equal(fx_redis_signal(replica, SIGCONT), 0);
+    assert_int_equal(held, 0);
+    assert_int_equal(still, 1);
+    assert_int_equal(st.leases_lost, 1);
+    assert_int_equal(dlock_release(c, "z"), DLOCK_ELOST);
+    dlock_client_close(c);
+    assert_int_equal(wait_topology(mp, rp), 0);
+}
+
+/* ------------------------------------------------------------------ */
+/* A storm across a failover                                            */
+
+#define NAMES 8
+#define CLIENTS 2
+#define THREADS 3
+
+typedef struct storm {
+    dlock_client *c[CLIENTS];
+    volatile int stop;
+    int occupancy[NAMES];
+    uint64_t last_token[NAMES];
+    long long violations, regressions, ok, other_errors;
+    long long eredis, timeouts;
+    long long last_ok_ns[CLIENTS * THREADS];
+    long long max_gap_ns; /* longest time between two successes of the storm */
+    long long last_any_ok_ns;
+    pthread_mutex_t mu;   /* guards the figures above, not the lock under test */
+} storm;
+
+typedef struct worker {
+    storm *s;
+    int client, idx;
+} worker;
+
+static void *storm_thread(void *arg)
+{
+    worker *w = arg;
+    storm *s = w->s;
+    dlock_client *c = s->c[w->client];
+    unsigned seed = (unsigned)(w->idx * 7919 + 1);
+    while (!__atomic_load_n(&s->stop, __ATOMIC_RELAXED)) {
+        int i = (int)(rand_r(&seed) % NAMES);
+        char name[16];
+        snprintf(name, sizeof name, "n%d", i);
+        uint64_t tok;
+        int rc = dlock_acquire(c, name, 2000, &tok);
+        if (rc == DLOCK_OK) {
+            int occ = __atomic_add_fetch(&s->occupancy[i], 1, __ATOMIC_ACQ_REL);
+            uint64_t last = __atomic_load_n(&s->last_token[i], __ATOMIC_ACQUIRE);
+            fx_sleep_ms(1);
+            pthread_mutex_lock(&s->mu);
+            if (occ != 1)
+                s->violations++;
+            if (tok <= last)
+                s->regressions++;
+            s->ok++;
+            long long now = fx_now_ns();
+            if (s->last_any_ok_ns && now - s->last_any_ok_ns > s->max_gap_ns)
+                s->max_gap_ns = now - s->last_any_ok_ns;
+            s->last_any_ok_ns = now;
+            pthread_mutex_unlock(&s->mu);
+            if (tok > last)
+                __atomic_store_n(&s->last_token[i], tok, __ATOMIC_RELEASE);
+            __atomic_sub_fetch(&s->occupancy[i], 1, __ATOMIC_ACQ_REL);
+            rc = dlock_release(c, name);
+            if (rc != DLOCK_OK && rc != DLOCK_EREDIS && rc != DLOCK_ELOST) {
+                pthread_mutex_lock(&s->mu);
+                s->other_errors++;
+                pthread_mutex_unlock(&s->mu);
+            }
+        } else {
+            pthread_mutex_lock(&s->mu);
+            if (rc == DLOCK_EREDIS)
+                s->eredis++;
+            else if (rc == DLOCK_ETIMEDOUT)
+                s->timeouts++;
+            else {
+                s->other_errors++;
+                fprintf(stderr, "storm: %s: %s\n", dlock_err_name(rc), dlock_last_error());
+            }
+            pthread_mutex_unlock(&s->mu);
+            fx_sleep_ms(5);
+        }
+    }
+    return NULL;
+}
+
+/* SENTINEL FAILOVER in the middle of a storm with min_replicas 1: every
+ * grant is on the replica before its holder runs, so the promoted replica
+ * keeps every lease a thread holds: no overlap, no token regression, errors
+ * only DLOCK_EREDIS or timeouts during the switch, and the storm goes on
+ * against the new master. */
+static void test_failover_in_storm(void **state)
+{
+    (void)state;
+    int old_master = master_port(), old_replica = replica_port();
+    storm s;
+    memset(&s, 0, sizeof s);
+    pthread_mutex_init(&s.mu, NULL);
+    dlock_config cfg;
+    sentinel_config(&cfg, "ts:f:", 1);
+    cfg.lease_ms = 3000;
+    for (int k = 0; k < CLIENTS; k++)
+        assert_int_equal(dlock_client_open(&cfg, &s.c[k]), DLOCK_OK);
+    worker w[CLIENTS * THREADS];
+    pthread_t th[CLIENTS * THREADS];
+    for (int i = 0; i < CLIENTS * THREADS; i++) {
+        w[i] = (worker){.s = &s, .client = i / THREADS, .idx = i};
+        assert_int_equal(pthread_create(&th[i], NULL, storm_thread, &w[i]), 0);
+    }
+    fx_sleep_ms(1500);
+    pthread_mutex_lock(&s.mu);
+    long long before = s.ok;
+    pthread_mutex_unlock(&s.mu);
+    long long t0 = fx_now_ns();
+    redisReply *r = cmd_at(sent[0].port, "SENTINEL FAILOVER %s", MASTER_NAME);
+    assert_non_null(r);
+    if (r->type == REDIS_REPLY_ERROR)
+        fail_msg("SENTINEL FAILOVER: %s", r->str);
+    freeReplyObject(r);
+    /* With one replica and min_replicas 1 no grant can be acknowledged from
+     * the promotion until the sentinels turn the old master into the new
+     * one's replica: the storm stalls (errors only) for that long. It goes
+     * on until 200 acquisitions succeeded after the old master stepped down
+     * (at most 60 s: the sentinels take about 10 s, see the README). */
+    long long promoted_ns = 0, demoted_ns = 0, resumed_ns = 0, ok_at_demotion = 0;
+    for (int i = 0; i < 6000 && !resumed_ns; i++) {
+        fx_sleep_ms(10);
+        long long now = fx_now_ns();
+        if (!promoted_ns && is_master(old_replica))
+            promoted_ns = now;
+        pthread_mutex_lock(&s.mu);
+        long long ok = s.ok;
+        pthread_mutex_unlock(&s.mu);
+        if (promoted_ns && !demoted_ns && !is_master(old_master)) {
+            demoted_ns = now;
+            ok_at_demotion = ok;
+        }
+        if (demoted_ns && ok >= ok_at_demotion + 200)
+            resumed_ns = now;
+    }
+    __atomic_store_n(&s.stop, 1, __ATOMIC_RELAXED);
+    for (int i = 0; i < CLIENTS * THREADS; i++)
+        pthread_join(th[i], NULL);
+    fprintf(stderr, "failover: %lld acquisitions before, %lld in all; %lld DLOCK_EREDIS, %lld "
+                    "timeouts; after SENTINEL FAILOVER: replica promoted %.1f s, old master a "
+                    "replica %.1f s, 200 acquisitions on the new master %.1f s; longest time "
+                    "without an acquisition %.1f s\n",
+            before, s.ok, s.eredis, s.timeouts, promoted_ns ? (promoted_ns - t0) / 1e9 : -1.0,
+            demoted_ns ? (demoted_ns - t0) / 1e9 : -1.0,
+            resumed_ns ? (resumed_ns - t0) / 1e9 : -1.0, s.max_gap_ns / 1e9);
+    assert_true(before > 0);
+    assert_true(promoted_ns > 0);
+    assert_true(resumed_ns > 0);
+    assert_int_equal(s.violations, 0);
+    assert_int_equal(s.regressions, 0);
+    assert_int_equal(s.other_errors, 0);
+    assert_true(is_master(old_replica));
+    for (int k = 0; k < CLIENTS; k++)
+        dlock_client_close(s.c[k]);
+    pthread_mutex_destroy(&s.mu);
+    assert_int_equal(wait_topology(old_replica, old_master), 0);
+
+    /* a new client finds the new master at once, and its wake-ups work */
+    sentinel_config(&cfg, "ts:f:", 0);
+    dlock_client *a, *b;
+    assert_int_equal(dlock_client_open(&cfg, &a), DLOCK_OK);
+    assert_int_equal(dlock_acquire(a, "after", 0, NULL), DLOCK_OK);
+    assert_int_equal(key_exists(old_replica, "ts:f:{after}"), 1);
+    assert_int_equal(dlock_release(a, "after"), DLOCK_OK);
+    dlock_client_close(a);
+    (void)b;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_resolves_master),
+        cmocka_unit_test(test_min_replicas),
+        cmocka_unit_test(test_failover_in_storm),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
