@@ -113,8 +113,10 @@ typedef struct dlock_config {
                                       command timeout); fewer: the grant is given
                                       back and the acquire fails with DLOCK_EREDIS,
                                       a renewal counts as not made. A lease is then
-                                      on a replica before its holder runs, so a
-                                      failover to that replica keeps it. A release
+                                      on that many replicas before its holder runs,
+                                      and a failover that promotes one of them (or
+                                      one further ahead) keeps it; README:
+                                      Deployments says when that holds. A release
                                       in another client then gives the lease with
                                       a wake-up, not a direct grant (one acquire
                                       more per crossing). 0..DLOCK_MIN_REPLICAS_MAX;

@@ -219,11 +219,14 @@ static int exchange(dlock_batch *b, redisContext *conn, dlock_call **batch, unsi
             snprintf(conn->errstr, sizeof conn->errstr, "too few replicas acknowledged");
         }
     }
-    if (not_master) {
+    if (not_master && !conn->err) {
         conn->err = REDIS_ERR_OTHER;
         snprintf(conn->errstr, sizeof conn->errstr, "the server is not a writable master");
     }
-    return 0;
+    /* Every call read here has its reply; a failed connection (the WAIT's
+     * read, a replica, a shortfall) makes the caller fail the NOSCRIPT ones
+     * as retryable instead of sending them again on it. */
+    return conn->err ? -1 : 0;
 }
 
 /* Runs batch[0..n) on one pooled connection. Every call ends settled: a
@@ -375,6 +378,7 @@ int dlock_batch_run(dlock_batch *b, dlock_call *call)
     call->rc = DLOCK_OK;
     call->sent = 0;
     call->closed = 0;
+    call->acked = b->min_replicas ? -1 : 0;
     call->err[0] = '\0';
     pthread_mutex_lock(&b->mu);
     int leads = b->active < b->lanes;

@@ -251,8 +251,8 @@ void dlock_config_init(dlock_config *cfg)
 static int check_server_config(const dlock_config *cfg)
 {
     int by_unix = cfg->redis_unix_path != NULL, by_sentinel = cfg->sentinels != NULL;
-    int host_set = cfg->redis_host && (strcmp(cfg->redis_host, "127.0.0.1") != 0 ||
-                                       cfg->redis_port != 6379);
+    int host_set = (cfg->redis_host && strcmp(cfg->redis_host, "127.0.0.1") != 0) ||
+                   cfg->redis_port != 6379;
     if (by_unix && by_sentinel)
         return dlock_err_set(DLOCK_EINVAL, "redis_unix_path and sentinels both name the server: "
                                            "set one of them");
@@ -260,7 +260,7 @@ static int check_server_config(const dlock_config *cfg)
         return dlock_err_set(DLOCK_EINVAL, "%s and redis_host/redis_port (%s:%d) both name the "
                              "server: set redis_host to NULL, or leave host and port at their "
                              "defaults", by_unix ? "redis_unix_path" : "sentinels",
-                             cfg->redis_host, cfg->redis_port);
+                             cfg->redis_host ? cfg->redis_host : "NULL", cfg->redis_port);
     if (by_unix) {
         if (!cfg->redis_unix_path[0])
             return dlock_err_set(DLOCK_EINVAL, "redis_unix_path is empty");
@@ -502,6 +502,7 @@ int dlock_client_open(const dlock_config *cfg, dlock_client **out)
     snprintf(c->pass_limit_str, sizeof c->pass_limit_str, "%" PRIu32, cfg->pass_limit);
     c->waiter_ttl_ms = cfg->waiter_ttl_ms;
     c->min_replicas = cfg->min_replicas;
+    c->conn.min_replicas = cfg->min_replicas;
     snprintf(c->waiter_ttl_str, sizeof c->waiter_ttl_str, "%" PRIu32, cfg->waiter_ttl_ms);
     /* Redis remembers a client's newest attempt per name this long after its
      * last call on the name: longer than a lease and than a queue entry. */

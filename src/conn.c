@@ -69,10 +69,15 @@ int dlock_addrs_parse(const char *list, const char *what, dlock_addr **out, unsi
                 break;
             }
         const char *h = p, *he = colon;
-        if (colon && h < he && *h == '[' && he[-1] == ']') {
+        int bracketed = colon && h < he && *h == '[' && he[-1] == ']';
+        if (bracketed) {
             h++;
             he--;
         }
+        /* a host holds no ':' unless bracketed (IPv6), no '[' ']' or space */
+        for (const char *q = h; colon && q < he; q++)
+            if ((*q == ':' && !bracketed) || *q == '[' || *q == ']' || *q == ' ')
+                colon = NULL;
         char port[8];
         size_t plen = colon ? (size_t)(e - colon - 1) : 0;
         long v = 0;
@@ -80,8 +85,8 @@ int dlock_addrs_parse(const char *list, const char *what, dlock_addr **out, unsi
             memcpy(port, colon + 1, plen);
             port[plen] = '\0';
             char *pe;
-            v = strtol(port, &pe, 10);
-            if (*pe)
+            v = port[0] >= '0' && port[0] <= '9' ? strtol(port, &pe, 10) : 0;
+            if (v && *pe)
                 v = 0;
         }
         if (!colon || he <= h || v <= 0 || v > 65535) {
@@ -246,9 +251,12 @@ static int is_config_error(const char *msg);
 
 int dlock_conn_is_not_master(const redisReply *r)
 {
+    /* Redis 5 and 6 wrap a script's READONLY: "ERR Error running script
+     * (...): ... -READONLY You can't write against a read only replica." */
     return r && r->type == REDIS_REPLY_ERROR &&
            (strncmp(r->str, "READONLY", 8) == 0 || strncmp(r->str, "LOADING", 7) == 0 ||
-            strncmp(r->str, "MASTERDOWN", 10) == 0);
+            strncmp(r->str, "MASTERDOWN", 10) == 0 ||
+            strstr(r->str, "READONLY You can't write") != NULL);
 }
 
 int dlock_conn_reply_code(const redisReply *r)
@@ -483,6 +491,12 @@ int dlock_conn_open(const dlock_conn_cfg *cfg, dlock_counters *ctr, redisContext
     }
     if (rc == DLOCK_OK)
         rc = check_server(c, ctr, cfg);
+    if (rc == DLOCK_OK && cfg->min_replicas) {
+        /* WAIT 0 0 answers at once: a user without +wait learns it here,
+         * not as grants that seem to reach no replica. */
+        const char *argv[3] = {"WAIT", "0", "0"};
+        rc = simple_command(c, ctr, cfg, "WAIT (min_replicas needs it)", 3, argv);
+    }
     if (rc == DLOCK_OK)
         rc = load_scripts(c, ctr, cfg);
     if (rc != DLOCK_OK) {

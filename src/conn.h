@@ -32,6 +32,7 @@ typedef struct dlock_conn_cfg {
     unsigned nsentinels;   /* resolved on every connect (sentinel.h) */
     char *sentinel_master;
     char *sentinel_password; /* NULL: sentinels need no AUTH */
+    uint32_t min_replicas; /* > 0: a new connection checks that WAIT is allowed */
     uint32_t connect_timeout_ms;
     uint32_t command_timeout_ms;
 } dlock_conn_cfg;

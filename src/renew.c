@@ -405,16 +405,18 @@ static int64_t round_once(dlock_renew *r)
             if (s[at].verdict == -1)
                 ok = rerun_chunk(r, s + at, k) == 0;
         }
-        if (ok && !r->conn->err && r->cfg.min_replicas && replicas_acked(r) == 0) {
-            /* Not on enough replicas: a failover could lose these renewals,
-             * so none counts; the leases keep their old validity and the
-             * next round comes soon. */
+        if (r->cfg.min_replicas && !(ok && !r->conn->err && replicas_acked(r))) {
+            /* Not known to be on enough replicas (WAIT fell short, or the
+             * round failed before it could run: the chunks read so far may
+             * say "renewed"): a failover could lose these renewals, so none
+             * counts; the leases keep their old validity and the next round
+             * comes soon. */
             for (ssize_t i = 0; i < n; i++)
                 if (s[i].verdict == 1)
                     s[i].verdict = -1; /* a lease found gone stays gone */
-            ok = 0;
-            if (r->cfg.conn->nsentinels)
+            if (ok && r->cfg.conn->nsentinels)
                 drop_conn(r); /* a failover? the next round asks the sentinels */
+            ok = 0;
         }
         dlock_count(&r->cfg.ctr->renew_rounds, 1);
         dlock_count(&r->cfg.ctr->renew_keys, (uint64_t)n);

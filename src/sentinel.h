@@ -16,7 +16,8 @@
  * it. Stateless and safe on any thread. DLOCK_OK with host (NUL-terminated,
  * at most hostlen - 1 bytes) and *port set; DLOCK_EREDIS when no sentinel
  * answered with an address (the message gives each one's reason), or
- * DLOCK_ESERVER when every sentinel that answered refused the credentials. */
+ * DLOCK_ESERVER when every sentinel refused the credentials (one that could
+ * not be reached makes it DLOCK_EREDIS: it may know the master later). */
 int dlock_sentinel_master(const dlock_conn_cfg *cfg, dlock_counters *ctr, char *host,
                           size_t hostlen, int *port);
 

@@ -81,6 +81,7 @@
 /* Options                                                              */
 
 #define MAX_PROCS 64
+#define MAX_REPLICAS 4   /* --min-replicas */
 #define MAX_THREADS 4096
 #define MAX_TOTAL_THREADS 16384
 #define MAX_LOCKS 1000000
@@ -103,6 +104,9 @@ typedef struct opts {
     long rtt_us;              /* > 0: clients reach Redis through a delaying proxy */
     char host[256];
     int port;                 /* 0: private redis-server */
+    int unix_socket;          /* --unix: clients reach the private server over a Unix socket */
+    int min_replicas;         /* --min-replicas: replicas of the private server, and
+                                 dlock's min_replicas */
     long stack_kb;
     int quiet;
 } opts;
@@ -165,6 +169,10 @@ static void usage(FILE *f)
 "                       each direction by N/2 us: a data-center round trip\n"
 "                       instead of loopback's ~30 us (0..1000000, default 0:\n"
 "                       direct). INFO is still read from Redis directly\n"
+"  --unix               clients (dlock and --naive) reach the private redis-server\n"
+"                       over a Unix socket (INFO is still read over TCP)\n"
+"  --min-replicas N     the private redis-server gets N replicas (0..4) and dlock\n"
+"                       WAITs for N after each grant and renewal (min_replicas)\n"
 "  --redis HOST:PORT    use this loopback Redis (127.x.x.x or localhost)\n"
 "                       instead of starting a private redis-server\n"
 "  --stack-kb K         stack of the storm's threads in KiB (16..65536,\n"
@@ -228,7 +236,7 @@ static void parse_opts(int argc, char **argv)
 {
     enum { O_PROCS = 256, O_THREADS, O_LOCKS, O_SECONDS, O_CS, O_CS_SLEEP, O_THINK,
            O_PASS, O_LEASE, O_WAIT, O_POOL, O_CPT, O_MUTEX, O_NAIVE, O_RTT, O_REDIS, O_STACK,
-           O_QUIET,
+           O_QUIET, O_UNIX, O_MINREP,
            O_HELP };
     static const struct option lo[] = {
         {"procs", required_argument, 0, O_PROCS},
@@ -247,6 +255,8 @@ static void parse_opts(int argc, char **argv)
         {"naive", no_argument, 0, O_NAIVE},
         {"rtt-us", required_argument, 0, O_RTT},
         {"redis", required_argument, 0, O_REDIS},
+        {"unix", no_argument, 0, O_UNIX},
+        {"min-replicas", required_argument, 0, O_MINREP},
         {"stack-kb", required_argument, 0, O_STACK},
         {"quiet", no_argument, 0, O_QUIET},
         {"help", no_argument, 0, O_HELP},
@@ -292,6 +302,8 @@ static void parse_opts(int argc, char **argv)
             break;
         }
         case O_STACK: O.stack_kb = parse_long("--stack-kb", optarg, 16, 65536); break;
+        case O_UNIX: O.unix_socket = 1; break;
+        case O_MINREP: O.min_replicas = (int)parse_long("--min-replicas", optarg, 0, MAX_REPLICAS); break;
         case O_QUIET: O.quiet = 1; break;
         case O_HELP: usage(stdout); exit(0);
         case ':':
@@ -310,6 +322,13 @@ static void parse_opts(int argc, char **argv)
         bad_usage("--mutex, --naive and --client-per-thread are mutually exclusive");
     if (O.mutex && O.rtt_us > 0)
         bad_usage("--rtt-us needs Redis: not with --mutex");
+    if ((O.unix_socket || O.min_replicas) && (O.mutex || O.port))
+        bad_usage("--unix and --min-replicas start a private redis-server: not with --mutex"
+                  " or --redis");
+    if (O.unix_socket && O.rtt_us > 0)
+        bad_usage("--unix and --rtt-us: the delaying proxy speaks TCP only");
+    if (O.naive && O.min_replicas)
+        fprintf(stderr, "storm: note: --naive does not WAIT for replicas\n");
     if (O.naive && (O.pass_limit >= 0 || O.pool_size > 0))
         fprintf(stderr, "storm: note: --pass-limit and --pool-size have no effect with --naive\n");
     if (O.mutex && (O.pass_limit >= 0 || O.pool_size > 0 || O.lease_ms != 30000))
@@ -597,6 +616,40 @@ static int mutex_release(int li)
 }
 
 /* --naive: the simplest Redis lock, one connection per thread. */
+static char unix_path[300]; /* --unix: the private server's socket */
+
+/* --min-replicas: the private server's replicas (stopped with it). */
+static fx_redis replicas[MAX_REPLICAS];
+static int nreplicas;
+
+/* Stops the private server's replicas, then the server. */
+static void stop_private(fx_redis *r)
+{
+    for (int i = 0; i < nreplicas; i++)
+        fx_redis_stop(&replicas[i]);
+    nreplicas = 0;
+    fx_redis_stop(r);
+}
+
+/* Waits (at most 10 s) until the replica at port has its link to the
+ * master up. 0 or -1. */
+static int wait_replica(int port)
+{
+    for (int i = 0; i < 1000; i++) {
+        redisContext *c = fx_connect("127.0.0.1", port);
+        redisReply *rep = c ? redisCommand(c, "INFO replication") : NULL;
+        int up = rep && rep->type == REDIS_REPLY_STRING &&
+                 strstr(rep->str, "master_link_status:up") != NULL;
+        if (rep)
+            freeReplyObject(rep);
+        if (c)
+            redisFree(c);
+        if (up)
+            return 0;
+        sleep_ns(10000000);
+    }
+    return -1;
+}
 static __thread redisContext *naive_conn;
 static __thread char naive_token[64];
 static __thread uint64_t naive_seq;
@@ -611,7 +664,8 @@ static int naive_connect(void)
     if (naive_conn)
         redisFree(naive_conn);
     struct timeval tv = {1, 0};
-    naive_conn = redisConnectWithTimeout(O.host, client_port, tv);
+    naive_conn = unix_path[0] ? redisConnectUnixWithTimeout(unix_path, tv)
+                              : redisConnectWithTimeout(O.host, client_port, tv);
     if (!naive_conn || naive_conn->err) {
         snprintf(mx_err, sizeof mx_err, "%s",
                  naive_conn ? naive_conn->errstr : "connect: out of memory");
@@ -813,8 +867,14 @@ static int open_client(dlock_client **out, proc_res *pr)
 {
     dlock_config cfg;
     dlock_config_init(&cfg);
-    cfg.redis_host = O.host;
-    cfg.redis_port = client_port;
+    if (unix_path[0]) {
+        cfg.redis_host = NULL;
+        cfg.redis_unix_path = unix_path;
+    } else {
+        cfg.redis_host = O.host;
+        cfg.redis_port = client_port;
+    }
+    cfg.min_replicas = (uint32_t)O.min_replicas;
     cfg.key_prefix = key_prefix;
     cfg.lease_ms = (uint32_t)O.lease_ms;
     if (O.pass_limit >= 0)
@@ -1102,12 +1162,26 @@ int main(int argc, char **argv)
     int private_redis = O.port == 0 && !O.mutex;
     int have_redis = O.port != 0 || private_redis; /* --mutex alone: no Redis at all */
     if (private_redis) {
-        if (fx_redis_start(&r) != 0) {
+        fx_redis_opts ro = {.unix_socket = O.unix_socket};
+        if (fx_redis_start_opts(&r, &ro) != 0) {
             fprintf(stderr, "storm: could not start a private redis-server\n");
             return 1;
         }
         snprintf(O.host, sizeof O.host, "127.0.0.1");
         O.port = r.port;
+        if (O.unix_socket)
+            snprintf(unix_path, sizeof unix_path, "%s", r.unix_path);
+        for (; nreplicas < O.min_replicas; nreplicas++) {
+            fx_redis_opts rep = {.replica_of = r.port};
+            int started = fx_redis_start_opts(&replicas[nreplicas], &rep) == 0;
+            if (!started || wait_replica(replicas[nreplicas].port) != 0) {
+                nreplicas += started;
+                fprintf(stderr, "storm: could not start replica %d of the private redis-server\n",
+                        nreplicas + 1);
+                stop_private(&r);
+                return 1;
+            }
+        }
     }
     snprintf(key_prefix, sizeof key_prefix, "storm:%d:", (int)getpid());
     client_port = O.port;
@@ -1117,7 +1191,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "storm: could not start the delaying proxy\n");
             stop_proxy(); /* it may have started and failed */
             if (private_redis)
-                fx_redis_stop(&r);
+                stop_private(&r);
             return 1;
         }
     }
@@ -1135,7 +1209,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "storm: out of memory\n");
         stop_proxy();
         if (private_redis)
-            fx_redis_stop(&r);
+            stop_private(&r);
         return 1;
     }
     for (int i = 0; i < O.locks; i++)
@@ -1174,7 +1248,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "storm: out of memory\n");
         stop_proxy();
         if (private_redis)
-            fx_redis_stop(&r);
+            stop_private(&r);
         return 1;
     }
     int worker_fail = 0, fork_fail = 0, killed = 0;
@@ -1514,6 +1588,6 @@ int main(int argc, char **argv)
     H = NULL;
     stop_proxy();
     if (private_redis)
-        fx_redis_stop(&r);
+        stop_private(&r);
     return ok ? 0 : 1;
 }

@@ -270,7 +270,8 @@ static void test_config_server_conflicts(void **state)
         {"127.0.0.1", 6379, "", NULL, NULL, NULL, NULL, NULL, "redis_unix_path is empty"},
         {"127.0.0.1", 6379, "/tmp/r.sock", "127.0.0.1:26379", "m", NULL, NULL, NULL, "both name"},
         {"127.0.0.1", 6379, NULL, "127.0.0.1:26379", "m", NULL, NULL, NULL, NULL},
-        {NULL, 0, NULL, "127.0.0.1:26379,[::1]:26380", "m", "pw", NULL, NULL, NULL},
+        {NULL, 6379, NULL, "127.0.0.1:26379,[::1]:26380", "m", "pw", NULL, NULL, NULL},
+        {NULL, 6380, NULL, "127.0.0.1:26379", "m", NULL, NULL, NULL, "sentinels and redis_host"},
         {"redis.example", 6379, NULL, "127.0.0.1:26379", "m", NULL, NULL, NULL, "sentinels and redis_host"},
         {"127.0.0.1", 6379, NULL, "127.0.0.1:26379", NULL, NULL, NULL, NULL, "sentinel_master"},
         {"127.0.0.1", 6379, NULL, "127.0.0.1", "m", NULL, NULL, NULL, "not host:port"},
@@ -322,6 +323,10 @@ static void test_config_server_conflicts(void **state)
     assert_int_equal(dlock_addrs_parse("h:65536", "x", &a, &n), DLOCK_EINVAL);
     assert_int_equal(dlock_addrs_parse(":1", "x", &a, &n), DLOCK_EINVAL);
     assert_int_equal(dlock_addrs_parse("h:1x", "x", &a, &n), DLOCK_EINVAL);
+    assert_int_equal(dlock_addrs_parse("a:1:2", "x", &a, &n), DLOCK_EINVAL);
+    assert_int_equal(dlock_addrs_parse("[a:1", "x", &a, &n), DLOCK_EINVAL);
+    assert_int_equal(dlock_addrs_parse("a: 80", "x", &a, &n), DLOCK_EINVAL);
+    assert_int_equal(dlock_addrs_parse("", "x", &a, &n), DLOCK_EINVAL);
 }
 
 
@@ -491,7 +496,8 @@ static void acl_deluser(const char *name)
 }
 
 /* A client as ACL user `user` with password pw, prefix "tc:acl:". */
-static dlock_client *acl_client(const char *user, const char *pw, uint32_t lease_ms)
+static dlock_client *acl_client(const char *user, const char *pw, uint32_t lease_ms,
+                                uint32_t min_replicas)
 {
     dlock_config cfg;
     fx_config(&cfg, &fx_server);
@@ -499,6 +505,7 @@ static dlock_client *acl_client(const char *user, const char *pw, uint32_t lease
     cfg.redis_username = user;
     cfg.redis_password = pw;
     cfg.lease_ms = lease_ms;
+    cfg.min_replicas = min_replicas;
     dlock_client *c = NULL;
     assert_int_equal(dlock_client_open(&cfg, &c), DLOCK_OK);
     return c;
@@ -512,8 +519,8 @@ static void test_acl_user(void **state)
 {
     (void)state;
     acl_setuser("dlock_t", "pw-t", ACL_RULE("tc:acl:"));
-    dlock_client *a = acl_client("dlock_t", "pw-t", 300);
-    dlock_client *b = acl_client("dlock_t", "pw-t", 300);
+    dlock_client *a = acl_client("dlock_t", "pw-t", 300, 0);
+    dlock_client *b = acl_client("dlock_t", "pw-t", 300, 0);
     assert_int_equal(wait_channels(fx_server.port, "tc:acl:wake:*", 2), 0);
     uint64_t fa, f2;
     assert_int_equal(dlock_acquire(a, "x", 0, &fa), DLOCK_OK);
@@ -543,20 +550,23 @@ static void test_acl_user(void **state)
 
     struct {
         const char *user, *pw, *rule, *want;
+        uint32_t min_replicas;
     } bad[] = {
-        {"dlock_t", "wrong", NULL, "WRONGPASS"},
-        {"nobody_t", "pw-t", NULL, "WRONGPASS"},
+        {"dlock_t", "wrong", NULL, "WRONGPASS", 0},
+        {"nobody_t", "pw-t", NULL, "WRONGPASS", 0},
         /* no EVALSHA */
-        {"dlock_n1", "pw", ACL_RULE("tc:acl:") " -evalsha", "evalsha"},
+        {"dlock_n1", "pw", ACL_RULE("tc:acl:") " -evalsha", "evalsha", 0},
         /* keys of another prefix only */
-        {"dlock_n2", "pw", ACL_RULE("other:"), "NOPERM"},
+        {"dlock_n2", "pw", ACL_RULE("other:"), "NOPERM", 0},
         /* no INFO: the server check at connect */
-        {"dlock_n3", "pw", ACL_RULE("tc:acl:") " -info", "+info"},
+        {"dlock_n3", "pw", ACL_RULE("tc:acl:") " -info", "+info", 0},
+        /* min_replicas without WAIT: said at connect, not as missing replicas */
+        {"dlock_n4", "pw", ACL_RULE("tc:acl:") " -wait", "min_replicas needs it", 1},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         if (bad[i].rule)
             acl_setuser(bad[i].user, bad[i].pw, bad[i].rule);
-        dlock_client *c = acl_client(bad[i].user, bad[i].pw, 30000);
+        dlock_client *c = acl_client(bad[i].user, bad[i].pw, 30000, bad[i].min_replicas);
         int rc = dlock_acquire(c, "x", 0, NULL);
         if (rc != DLOCK_ESERVER || !strstr(dlock_last_error(), bad[i].want))
             fail_msg("case %zu: %s \"%s\", expected DLOCK_ESERVER \"...%s...\"", i,

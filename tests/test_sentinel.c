@@ -26,6 +26,7 @@
 #include <cmocka.h>
 
 #include "fixture.h"
+#include "proxy.h"
 
 #define MASTER_NAME "tm"
 #define NSENT 3
@@ -281,6 +282,55 @@ static void test_min_replicas(void **state)
     assert_int_equal(wait_topology(mp, rp), 0);
 }
 
+
+/* With min_replicas, a renewal round that fails part-way (its last chunk
+ * held back by the proxy) extends no lease, not even those of the chunks
+ * that answered before: no WAIT confirmed them. The replica is stopped
+ * from t0, so its copies expire by t0 + lease; at t0 + lease + 10% the
+ * client must hold none of them (4000 leases: 20 chunks of 200). */
+static void test_min_replicas_partial_round(void **state)
+{
+    (void)state;
+    enum { N = 4000 };
+    int mp = master_port(), rp = replica_port();
+    fx_redis *replica = rp == srv[0].port ? &srv[0] : &srv[1];
+    fx_proxy *p = fx_proxy_start(mp);
+    assert_non_null(p);
+    dlock_config cfg;
+    dlock_config_init(&cfg);
+    cfg.redis_port = fx_proxy_port(p);
+    cfg.min_replicas = 1;
+    cfg.lease_ms = 3000;
+    cfg.key_prefix = "ts:p:";
+    dlock_client *c;
+    assert_int_equal(dlock_client_open(&cfg, &c), DLOCK_OK);
+    char name[16];
+    for (int i = 0; i < N; i++) {
+        snprintf(name, sizeof name, "k%d", i);
+        assert_int_equal(dlock_acquire(c, name, 0, NULL), DLOCK_OK);
+    }
+    fx_sleep_ms(1200); /* a renewal round that WAIT confirmed */
+    long long t0 = fx_now_ns();
+    assert_int_equal(fx_redis_signal(replica, SIGSTOP), 0); /* nothing acked from now on */
+    fx_sleep_ms(600);
+    fx_proxy_hold_next(p, "{k0}"); /* a chunk of the next round never reaches Redis */
+    while (fx_now_ns() < t0 + 3300LL * 1000000)
+        fx_sleep_ms(10);
+    int held = 0;
+    for (int i = 0; i < N; i++) {
+        snprintf(name, sizeof name, "k%d", i);
+        held += dlock_held(c, name);
+    }
+    int was_held_back = fx_proxy_held(p);
+    assert_int_equal(fx_redis_signal(replica, SIGCONT), 0);
+    fx_proxy_release_held(p);
+    dlock_client_close(c);
+    fx_proxy_stop(p);
+    assert_true(was_held_back);
+    assert_int_equal(held, 0);
+    assert_int_equal(wait_topology(mp, rp), 0);
+}
+
 /* ------------------------------------------------------------------ */
 /* A storm across a failover                                            */
 
@@ -451,6 +501,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_resolves_master),
         cmocka_unit_test(test_min_replicas),
+        cmocka_unit_test(test_min_replicas_partial_round),
         cmocka_unit_test(test_failover_in_storm),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
