@@ -129,6 +129,18 @@ static void fail_rest(dlock_call **batch, unsigned from, unsigned n, const redis
     }
 }
 
+/* Out of memory while building the request: nothing is written; every
+ * unsettled call of batch[0..n) fails unsent, and the connection is marked
+ * failed so that it is dropped. */
+static void fail_unsent_oom(dlock_call **batch, unsigned n, redisContext *conn)
+{
+    for (unsigned k = 0; k < n; k++)
+        if (batch[k]->rc == DLOCK_OK && !batch[k]->reply)
+            call_fail(batch[k], DLOCK_ENOMEM, 0, "out of memory");
+    if (!conn->err)
+        conn->err = REDIS_ERR_OOM;
+}
+
 /* Writes the calls of batch[0..n) that are still unsettled and have no
  * reply yet, as EVALSHA (use_sha) or EVAL, and reads their replies in
  * order, by deadline. 0, or -1 when the connection failed (those calls are
@@ -143,13 +155,7 @@ static int exchange(dlock_batch *b, redisContext *conn, dlock_call **batch, unsi
             continue;
         if (dlock_conn_append_eval(conn, b->ctr, call->id, use_sha, call->nkeys, call->nargs,
                                    call->argv, NULL) != 0) {
-            /* Out of memory: nothing is written; every unsettled call fails
-             * unsent, and the connection (hiredis marked it) is dropped. */
-            for (unsigned k = 0; k < n; k++)
-                if (batch[k]->rc == DLOCK_OK && !batch[k]->reply)
-                    call_fail(batch[k], DLOCK_ENOMEM, 0, "out of memory");
-            if (!conn->err)
-                conn->err = REDIS_ERR_OOM;
+            fail_unsent_oom(batch, n, conn);
             return -1;
         }
         out++;
@@ -166,11 +172,7 @@ static int exchange(dlock_batch *b, redisContext *conn, dlock_call **batch, unsi
                  b->command_timeout_ms / 2 ? b->command_timeout_ms / 2 : 1);
         const char *argv[3] = {"WAIT", want, wait_ms};
         if (redisAppendCommandArgv(conn, 3, argv, NULL) != REDIS_OK) {
-            for (unsigned k = 0; k < n; k++)
-                if (batch[k]->rc == DLOCK_OK && !batch[k]->reply)
-                    call_fail(batch[k], DLOCK_ENOMEM, 0, "out of memory");
-            if (!conn->err)
-                conn->err = REDIS_ERR_OOM;
+            fail_unsent_oom(batch, n, conn);
             return -1;
         }
         dlock_count(&b->ctr->redis_commands, 1);
