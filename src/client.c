@@ -96,6 +96,7 @@
 #include "conn.h"
 #include "error.h"
 #include "renew.h"
+#include "sentinel.h"
 #include "sub.h"
 #include "table.h"
 
@@ -122,6 +123,7 @@ struct dlock_client {
                            newest it saw for a name (atomic fetch-and-add) */
     uint32_t lease_ms, pass_limit, waiter_ttl_ms, pool_size, keep_ms;
     uint32_t min_replicas; /* > 0: grants and renewals count only once WAIT confirms them */
+    dlock_master master;   /* Sentinel mode: the newest master known (sentinel.h) */
     int64_t fallback_ns; /* a queued poller retries this often without a wake-up */
     int64_t drift_ns;
     int64_t handoff_margin_ns; /* no handoff this close to the validity deadline */
@@ -365,6 +367,7 @@ static void client_free(dlock_client *c)
     dlock_addrs_free(c->conn.sentinels, c->conn.nsentinels);
     free(c->conn.sentinel_master);
     free(c->conn.sentinel_password);
+    dlock_master_destroy(&c->master);
     free(c->prefix);
     free(c->wake_prefix);
     free(c->channel);
@@ -481,6 +484,8 @@ int dlock_client_open(const dlock_config *cfg, dlock_client **out)
     dlock_client *c = calloc(1, sizeof *c);
     if (!c)
         return dlock_err_set(DLOCK_ENOMEM, "out of memory");
+    dlock_master_init(&c->master);
+    c->conn.master = &c->master;
     /* NULL copies as NULL; *oom is set when a non-NULL one could not be. */
     int oom = 0;
     c->conn.host = cfg->redis_host ? dup_or_flag(cfg->redis_host, &oom) : NULL;

@@ -627,7 +627,14 @@ int dlock_pool_get(dlock_pool *p, int64_t caller_deadline, redisContext **out)
     uint64_t seen = p->returns;
     for (;;) {
         if (p->nidle) {
-            *out = p->idle[--p->nidle];
+            redisContext *c = p->idle[--p->nidle];
+            if (dlock_sentinel_stale(p->cfg, c)) {
+                /* the master moved: this one goes to the old one */
+                redisFree(c);
+                p->open--;
+                continue;
+            }
+            *out = c;
             pthread_mutex_unlock(&p->mu);
             return DLOCK_OK;
         }
@@ -672,7 +679,7 @@ void dlock_pool_put(dlock_pool *p, redisContext *c, int broken)
 {
     if (!c)
         return;
-    if (broken || c->err) {
+    if (broken || c->err || dlock_sentinel_stale(p->cfg, c)) {
         redisFree(c);
         c = NULL;
     }

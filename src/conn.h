@@ -19,6 +19,8 @@ typedef struct dlock_addr {
     int port;
 } dlock_addr;
 
+typedef struct dlock_master dlock_master; /* sentinel.h */
+
 /* Where and how to connect: exactly one of host/port, unix_path and
  * sentinels names the server (dlock_client_open checks it). */
 typedef struct dlock_conn_cfg {
@@ -32,6 +34,7 @@ typedef struct dlock_conn_cfg {
     unsigned nsentinels;   /* resolved on every connect (sentinel.h) */
     char *sentinel_master;
     char *sentinel_password; /* NULL: sentinels need no AUTH */
+    dlock_master *master;  /* Sentinel mode: the client's record of the master */
     uint32_t min_replicas; /* > 0: a new connection checks that WAIT is allowed */
     uint32_t connect_timeout_ms;
     uint32_t command_timeout_ms;

@@ -48,6 +48,7 @@
 
 #include "error.h"
 #include "renew.h"
+#include "sentinel.h"
 
 enum {
     CHUNK = 200,          /* keys per renew script call */
@@ -331,20 +332,23 @@ static int64_t apply(dlock_renew *r, snap *s, size_t n, int64_t sent_boot)
     return dlock_now_ns() + (earliest - dlock_boot_ns()); /* on the monotonic clock */
 }
 
-/* Opens the manager's connection if it has none. 0 or -1. */
-static int ensure_conn(dlock_renew *r)
-{
-    if (!r->conn && dlock_conn_open(r->cfg.conn, r->cfg.ctr, &r->conn) != DLOCK_OK)
-        r->conn = NULL;
-    return r->conn ? 0 : -1;
-}
-
 static void drop_conn(dlock_renew *r)
 {
     if (r->conn) {
         redisFree(r->conn); /* reconnect next time */
         r->conn = NULL;
     }
+}
+
+/* Opens the manager's connection if it has none (or only one to a master
+ * the sentinels no longer name). 0 or -1. */
+static int ensure_conn(dlock_renew *r)
+{
+    if (r->conn && dlock_sentinel_stale(r->cfg.conn, r->conn))
+        drop_conn(r); /* the master moved */
+    if (!r->conn && dlock_conn_open(r->cfg.conn, r->cfg.ctr, &r->conn) != DLOCK_OK)
+        r->conn = NULL;
+    return r->conn ? 0 : -1;
 }
 
 /* WAIT min_replicas on the renewal connection, within half a command

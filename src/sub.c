@@ -41,6 +41,11 @@
  *   received pushes that deadline back: a connection delivering a flood of
  *   messages is alive even if the pong is queued behind them.
  *
+ * Sentinel mode: every DLOCK_SENTINEL_CHECK_MS the thread asks the
+ *   sentinels where the master is (sentinel.h); when they name another
+ *   server than the one it is connected to, it ends the session as if the
+ *   connection were lost, and the pool and renewal thread drop theirs.
+ *
  * On a lost connection: close it, clear ready, sleep a backoff (BACKOFF_MIN_MS
  *   doubling to BACKOFF_MAX_MS, each sleep drawn uniformly from [b/2, b];
  *   reset after a confirmed subscription), reconnect with dlock_conn_open,
@@ -62,6 +67,7 @@
 #include <strings.h>
 
 #include "error.h"
+#include "sentinel.h"
 #include "sub.h"
 
 enum {
@@ -199,10 +205,25 @@ static int session_run(dlock_sub *s)
     dlock_count(&s->cfg.ctr->redis_round_trips, 1);
     ss.deadline = dlock_now_ns() + tmo;
 
+    int sentinel = s->cfg.conn->nsentinels > 0;
+    int64_t next_check = dlock_now_ns() + (int64_t)DLOCK_SENTINEL_CHECK_MS * DLOCK_NS_PER_MS;
     while (!stopping(s)) {
         int64_t now = dlock_now_ns();
         if (now >= ss.deadline)
             break; /* no confirmation, or no sign of life after a PING */
+        if (sentinel && now >= next_check) {
+            /* Where is the master now? After a failover the deposed master
+             * may answer for seconds until the sentinels demote it: every
+             * connection of the client leaves it once this records the new
+             * one (sentinel.h), this one first. */
+            char host[256];
+            int port;
+            dlock_sentinel_master(s->cfg.conn, s->cfg.ctr, host, sizeof host, &port);
+            if (dlock_sentinel_stale(s->cfg.conn, c))
+                break;
+            now = dlock_now_ns();
+            next_check = now + (int64_t)DLOCK_SENTINEL_CHECK_MS * DLOCK_NS_PER_MS;
+        }
         if (ss.subscribed && !ss.ping_out && now >= ss.last_rx + ping_idle) {
             const char *ping[1] = {"PING"};
             if (redisAppendCommandArgv(c, 1, ping, NULL) != REDIS_OK ||
@@ -218,6 +239,8 @@ static int session_run(dlock_sub *s)
             wake = ss.deadline;
         if (ss.subscribed && !ss.ping_out && ss.last_rx + ping_idle < wake)
             wake = ss.last_rx + ping_idle;
+        if (sentinel && next_check < wake)
+            wake = next_check;
         int wait_ms = wake > now ? (int)((wake - now + DLOCK_NS_PER_MS - 1) / DLOCK_NS_PER_MS) : 0;
 
         struct pollfd pfd = {.fd = c->fd, .events = POLLIN};
