@@ -107,6 +107,8 @@ typedef struct opts {
     int unix_socket;          /* --unix: clients reach the private server over a Unix socket */
     int min_replicas;         /* --min-replicas: replicas of the private server, and
                                  dlock's min_replicas */
+    int sentinel;             /* --sentinel: a private master, replica and three
+                                 sentinels; clients in Sentinel mode */
     long stack_kb;
     int quiet;
 } opts;
@@ -173,6 +175,9 @@ static void usage(FILE *f)
 "                       over a Unix socket (INFO is still read over TCP)\n"
 "  --min-replicas N     the private redis-server gets N replicas (0..4) and dlock\n"
 "                       WAITs for N after each grant and renewal (min_replicas)\n"
+"  --sentinel           a private master, one replica and three sentinels; the\n"
+"                       clients find the master through the sentinels (with\n"
+"                       --min-replicas 1 they WAIT for the replica)\n"
 "  --redis HOST:PORT    use this loopback Redis (127.x.x.x or localhost)\n"
 "                       instead of starting a private redis-server\n"
 "  --stack-kb K         stack of the storm's threads in KiB (16..65536,\n"
@@ -236,7 +241,7 @@ static void parse_opts(int argc, char **argv)
 {
     enum { O_PROCS = 256, O_THREADS, O_LOCKS, O_SECONDS, O_CS, O_CS_SLEEP, O_THINK,
            O_PASS, O_LEASE, O_WAIT, O_POOL, O_CPT, O_MUTEX, O_NAIVE, O_RTT, O_REDIS, O_STACK,
-           O_QUIET, O_UNIX, O_MINREP,
+           O_QUIET, O_UNIX, O_MINREP, O_SENTINEL,
            O_HELP };
     static const struct option lo[] = {
         {"procs", required_argument, 0, O_PROCS},
@@ -256,6 +261,7 @@ static void parse_opts(int argc, char **argv)
         {"rtt-us", required_argument, 0, O_RTT},
         {"redis", required_argument, 0, O_REDIS},
         {"unix", no_argument, 0, O_UNIX},
+        {"sentinel", no_argument, 0, O_SENTINEL},
         {"min-replicas", required_argument, 0, O_MINREP},
         {"stack-kb", required_argument, 0, O_STACK},
         {"quiet", no_argument, 0, O_QUIET},
@@ -303,6 +309,7 @@ static void parse_opts(int argc, char **argv)
         }
         case O_STACK: O.stack_kb = parse_long("--stack-kb", optarg, 16, 65536); break;
         case O_UNIX: O.unix_socket = 1; break;
+        case O_SENTINEL: O.sentinel = 1; break;
         case O_MINREP: O.min_replicas = (int)parse_long("--min-replicas", optarg, 0, MAX_REPLICAS); break;
         case O_QUIET: O.quiet = 1; break;
         case O_HELP: usage(stdout); exit(0);
@@ -322,9 +329,12 @@ static void parse_opts(int argc, char **argv)
         bad_usage("--mutex, --naive and --client-per-thread are mutually exclusive");
     if (O.mutex && O.rtt_us > 0)
         bad_usage("--rtt-us needs Redis: not with --mutex");
-    if ((O.unix_socket || O.min_replicas) && (O.mutex || O.port))
-        bad_usage("--unix and --min-replicas start a private redis-server: not with --mutex"
-                  " or --redis");
+    if ((O.unix_socket || O.min_replicas || O.sentinel) && (O.mutex || O.port))
+        bad_usage("--unix, --min-replicas and --sentinel start a private redis-server: not with"
+                  " --mutex or --redis");
+    if (O.sentinel && (O.unix_socket || O.rtt_us > 0 || O.min_replicas > 1))
+        bad_usage("--sentinel: not with --unix or --rtt-us, and its one replica allows"
+                  " --min-replicas 1 at most");
     if (O.unix_socket && O.rtt_us > 0)
         bad_usage("--unix and --rtt-us: the delaying proxy speaks TCP only");
     if (O.naive && O.min_replicas)
@@ -622,13 +632,21 @@ static char unix_path[300]; /* --unix: the private server's socket */
 static fx_redis replicas[MAX_REPLICAS];
 static int nreplicas;
 
-/* Stops the private server's replicas, then the server. */
+/* --sentinel: the private topology. */
+static fx_sentinel_set sentinel_set;
+#define SENTINEL_MASTER "storm"
+
+/* Stops the private server's replicas, then the server (or the whole
+ * Sentinel topology). */
 static void stop_private(fx_redis *r)
 {
     for (int i = 0; i < nreplicas; i++)
         fx_redis_stop(&replicas[i]);
     nreplicas = 0;
-    fx_redis_stop(r);
+    if (O.sentinel)
+        fx_sentinel_stop(&sentinel_set);
+    else
+        fx_redis_stop(r);
 }
 
 /* Waits (at most 10 s) until the replica at port has its link to the
@@ -870,6 +888,10 @@ static int open_client(dlock_client **out, proc_res *pr)
     if (unix_path[0]) {
         cfg.redis_host = NULL;
         cfg.redis_unix_path = unix_path;
+    } else if (O.sentinel) {
+        cfg.redis_host = NULL;
+        cfg.sentinels = sentinel_set.addrs;
+        cfg.sentinel_master = SENTINEL_MASTER;
     } else {
         cfg.redis_host = O.host;
         cfg.redis_port = client_port;
@@ -1161,7 +1183,14 @@ int main(int argc, char **argv)
     memset(&r, 0, sizeof r);
     int private_redis = O.port == 0 && !O.mutex;
     int have_redis = O.port != 0 || private_redis; /* --mutex alone: no Redis at all */
-    if (private_redis) {
+    if (private_redis && O.sentinel) {
+        if (fx_sentinel_start(&sentinel_set, SENTINEL_MASTER) != 0) {
+            fprintf(stderr, "storm: could not start a private Sentinel topology\n");
+            return 1;
+        }
+        snprintf(O.host, sizeof O.host, "127.0.0.1");
+        O.port = sentinel_set.srv[0].port; /* the master, for INFO */
+    } else if (private_redis) {
         fx_redis_opts ro = {.unix_socket = O.unix_socket};
         if (fx_redis_start_opts(&r, &ro) != 0) {
             fprintf(stderr, "storm: could not start a private redis-server\n");

@@ -20,6 +20,7 @@
 #include <netinet/in.h>
 #include <arpa/inet.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -496,4 +497,130 @@ void fx_config(dlock_config *cfg, const fx_redis *r)
     cfg->redis_port = r->port;
     cfg->connect_timeout_ms = 500;
     cfg->command_timeout_ms = 1000;
+}
+
+/* ------------------------------------------------------------------ */
+/* Sentinel topology                                                    */
+
+redisReply *fx_cmd_at(int port, const char *fmt, ...)
+{
+    redisContext *c = fx_connect(FX_HOST, port);
+    if (!c)
+        return NULL;
+    va_list ap;
+    va_start(ap, fmt);
+    redisReply *r = redisvCommand(c, fmt, ap);
+    va_end(ap);
+    redisFree(c);
+    return r;
+}
+
+int fx_is_master(int port)
+{
+    redisReply *r = fx_cmd_at(port, "ROLE");
+    int m = r && r->type == REDIS_REPLY_ARRAY && r->elements > 0 &&
+            r->element[0]->type == REDIS_REPLY_STRING && strcmp(r->element[0]->str, "master") == 0;
+    if (r)
+        freeReplyObject(r);
+    return m;
+}
+
+int fx_sentinel_reported(fx_sentinel_set *t, int i)
+{
+    redisReply *r = fx_cmd_at(t->sentinel[i].port, "SENTINEL get-master-addr-by-name %s", t->name);
+    int p = -1;
+    if (r && r->type == REDIS_REPLY_ARRAY && r->elements == 2)
+        p = atoi(r->element[1]->str);
+    if (r)
+        freeReplyObject(r);
+    return p;
+}
+
+/* 1 if the server at port is a replica whose link to its master is up. */
+static int replica_linked(int port)
+{
+    redisReply *r = fx_cmd_at(port, "INFO replication");
+    int up = r && r->type == REDIS_REPLY_STRING && strstr(r->str, "role:slave") &&
+             strstr(r->str, "master_link_status:up");
+    if (r)
+        freeReplyObject(r);
+    return up;
+}
+
+/* 1 if sentinel i sees the master as healthy, with a replica and the
+ * other sentinels. */
+static int sentinel_ready(fx_sentinel_set *t, int i)
+{
+    redisReply *r = fx_cmd_at(t->sentinel[i].port, "SENTINEL master %s", t->name);
+    int ok = r && r->type == REDIS_REPLY_ARRAY;
+    for (size_t k = 0; ok && k + 1 < r->elements; k += 2) {
+        const char *f = r->element[k]->str, *v = r->element[k + 1]->str;
+        if ((strcmp(f, "num-slaves") == 0 && atoi(v) < 1) ||
+            (strcmp(f, "num-other-sentinels") == 0 && atoi(v) < FX_SENTINELS - 1) ||
+            (strcmp(f, "flags") == 0 && strcmp(v, "master") != 0))
+            ok = 0;
+    }
+    if (r)
+        freeReplyObject(r);
+    return ok;
+}
+
+int fx_sentinel_wait(fx_sentinel_set *t, int master_port, int replica_port)
+{
+    for (int n = 0; n < 3000; n++) {
+        int ok = fx_is_master(master_port) && replica_linked(replica_port);
+        for (int i = 0; ok && i < FX_SENTINELS; i++)
+            ok = fx_sentinel_reported(t, i) == master_port && sentinel_ready(t, i);
+        if (ok)
+            return 0;
+        fx_sleep_ms(10);
+    }
+    fprintf(stderr, "fixture: sentinel topology not ready: master %d, replica %d\n",
+            master_port, replica_port);
+    return -1;
+}
+
+int fx_sentinel_master_port(fx_sentinel_set *t)
+{
+    return fx_is_master(t->srv[0].port) ? t->srv[0].port : t->srv[1].port;
+}
+
+int fx_sentinel_replica_port(fx_sentinel_set *t)
+{
+    int m = fx_sentinel_master_port(t);
+    return m == t->srv[0].port ? t->srv[1].port : t->srv[0].port;
+}
+
+int fx_sentinel_start(fx_sentinel_set *t, const char *name)
+{
+    memset(t, 0, sizeof *t);
+    snprintf(t->name, sizeof t->name, "%s", name);
+    if (fx_redis_start(&t->srv[0]) != 0)
+        return -1;
+    fx_redis_opts ro = {.replica_of = t->srv[0].port};
+    if (fx_redis_start_opts(&t->srv[1], &ro) != 0)
+        goto fail;
+    size_t n = 0;
+    for (int i = 0; i < FX_SENTINELS; i++) {
+        fx_redis_opts so = {.sentinel_master = t->name, .sentinel_master_port = t->srv[0].port};
+        if (fx_redis_start_opts(&t->sentinel[i], &so) != 0)
+            goto fail;
+        n += (size_t)snprintf(t->addrs + n, sizeof t->addrs - n, "%s%s:%d", i ? "," : "",
+                              FX_HOST, t->sentinel[i].port);
+    }
+    if (fx_sentinel_wait(t, t->srv[0].port, t->srv[1].port) == 0)
+        return 0;
+fail:
+    fx_sentinel_stop(t);
+    return -1;
+}
+
+void fx_sentinel_stop(fx_sentinel_set *t)
+{
+    for (int i = 0; i < FX_SENTINELS; i++)
+        if (t->sentinel[i].dir[0])
+            fx_redis_stop(&t->sentinel[i]);
+    for (int i = 1; i >= 0; i--)
+        if (t->srv[i].dir[0])
+            fx_redis_stop(&t->srv[i]);
 }

@@ -50,6 +50,43 @@ int fx_redis_signal(fx_redis *r, int sig);
  * Returns 0 or -1. */
 int fx_redis_restart(fx_redis *r);
 
+/* A Sentinel topology on loopback: a master, one replica of it and three
+ * sentinels monitoring it under `name` (quorum 2). Roles swap on failover:
+ * ask fx_sentinel_master_port. */
+#define FX_SENTINELS 3
+typedef struct fx_sentinel_set {
+    fx_redis srv[2];                  /* the first master and its replica */
+    fx_redis sentinel[FX_SENTINELS];
+    char name[32];
+    char addrs[128];                  /* "127.0.0.1:p,127.0.0.1:p,127.0.0.1:p" */
+} fx_sentinel_set;
+
+/* Starts it and waits until it is ready (fx_sentinel_wait). 0, or -1 with
+ * a message on stderr (whatever started is stopped). */
+int fx_sentinel_start(fx_sentinel_set *t, const char *name);
+void fx_sentinel_stop(fx_sentinel_set *t);
+
+/* Waits (at most 30 s: sentinels find each other through hello messages
+ * every 2 s) until every sentinel names master_port as the master, knows a
+ * replica and the other sentinels, master_port says ROLE master and the
+ * replica's link is up. 0, or -1 with a message on stderr. */
+int fx_sentinel_wait(fx_sentinel_set *t, int master_port, int replica_port);
+
+/* The port of whichever of t->srv says ROLE master now (the first if both
+ * do), and of the other one. */
+int fx_sentinel_master_port(fx_sentinel_set *t);
+int fx_sentinel_replica_port(fx_sentinel_set *t);
+
+/* The master's port that sentinel i reports, or -1. */
+int fx_sentinel_reported(fx_sentinel_set *t, int i);
+
+/* One command on a fresh connection to 127.0.0.1:port: the reply (free it)
+ * or NULL. */
+redisReply *fx_cmd_at(int port, const char *fmt, ...);
+
+/* 1 if the server at port says ROLE master. */
+int fx_is_master(int port);
+
 /* The one server of a test process, and cmocka-shaped fixtures for it (they
  * take cmocka's state argument and ignore it). */
 extern fx_redis fx_server;

@@ -29,10 +29,8 @@
 #include "proxy.h"
 
 #define MASTER_NAME "tm"
-#define NSENT 3
 
-static fx_redis srv[2];       /* the first master and its replica; roles swap */
-static fx_redis sent[NSENT];
+static fx_sentinel_set T;     /* the topology (fixture.h); roles swap on failover */
 static char sentinels[200];   /* "127.0.0.1:p,..." with a dead port first */
 
 /* A loopback port where nothing listens (bound, read, closed). */
@@ -46,129 +44,43 @@ static int dead_port(void)
     return p;
 }
 
-static redisReply *cmd_at(int port, const char *fmt, ...)
-{
-    redisContext *c = fx_connect("127.0.0.1", port);
-    if (!c)
-        return NULL;
-    va_list ap;
-    va_start(ap, fmt);
-    redisReply *r = redisvCommand(c, fmt, ap);
-    va_end(ap);
-    redisFree(c);
-    return r;
-}
+#define cmd_at fx_cmd_at
+#define is_master fx_is_master
 
-/* The master port sentinel i reports, or -1. */
-static int reported_master(int i)
+static int wait_topology(int master, int replica)
 {
-    redisReply *r = cmd_at(sent[i].port, "SENTINEL get-master-addr-by-name %s", MASTER_NAME);
-    int p = -1;
-    if (r && r->type == REDIS_REPLY_ARRAY && r->elements == 2)
-        p = atoi(r->element[1]->str);
-    if (r)
-        freeReplyObject(r);
-    return p;
-}
-
-/* 1 if the server at port says ROLE master. */
-static int is_master(int port)
-{
-    redisReply *r = cmd_at(port, "ROLE");
-    int m = r && r->type == REDIS_REPLY_ARRAY && r->elements > 0 &&
-            strcmp(r->element[0]->str, "master") == 0;
-    if (r)
-        freeReplyObject(r);
-    return m;
-}
-
-/* 1 if the server at port is a replica whose link to its master is up. */
-static int replica_linked(int port)
-{
-    redisReply *r = cmd_at(port, "INFO replication");
-    int up = r && r->type == REDIS_REPLY_STRING && strstr(r->str, "role:slave") &&
-             strstr(r->str, "master_link_status:up");
-    if (r)
-        freeReplyObject(r);
-    return up;
-}
-
-/* 1 if sentinel i knows one replica of the master and the other sentinels. */
-static int sentinel_ready(int i)
-{
-    redisReply *r = cmd_at(sent[i].port, "SENTINEL master %s", MASTER_NAME);
-    int ok = 0;
-    if (r && r->type == REDIS_REPLY_ARRAY) {
-        for (size_t k = 0; k + 1 < r->elements; k += 2) {
-            const char *f = r->element[k]->str, *v = r->element[k + 1]->str;
-            if (strcmp(f, "num-slaves") == 0 && atoi(v) < 1)
-                goto out;
-            if (strcmp(f, "num-other-sentinels") == 0 && atoi(v) < NSENT - 1)
-                goto out;
-            if (strcmp(f, "flags") == 0 && strcmp(v, "master") != 0)
-                goto out;
-        }
-        ok = 1;
-    }
-out:
-    if (r)
-        freeReplyObject(r);
-    return ok;
-}
-
-/* Waits (at most 30 s: sentinels find each other through hello messages
- * every 2 s) until every sentinel reports `master_port`, knows a replica
- * and the other sentinels, and the replica's link is up. 0 or -1. */
-static int wait_topology(int master_port, int replica_port)
-{
-    for (int t = 0; t < 3000; t++) {
-        int ok = is_master(master_port) && replica_linked(replica_port);
-        for (int i = 0; ok && i < NSENT; i++)
-            ok = reported_master(i) == master_port && sentinel_ready(i);
-        if (ok)
-            return 0;
-        fx_sleep_ms(10);
-    }
-    fprintf(stderr, "sentinel topology not ready: master %d replica %d\n", master_port,
-            replica_port);
-    return -1;
+    return fx_sentinel_wait(&T, master, replica);
 }
 
 static int master_port(void)
 {
-    return is_master(srv[0].port) ? srv[0].port : srv[1].port;
+    return fx_sentinel_master_port(&T);
 }
 
 static int replica_port(void)
 {
-    return master_port() == srv[0].port ? srv[1].port : srv[0].port;
+    return fx_sentinel_replica_port(&T);
+}
+
+/* The server (of T) listening on port. */
+static fx_redis *server_at(int port)
+{
+    return T.srv[0].port == port ? &T.srv[0] : &T.srv[1];
 }
 
 static int setup(void **state)
 {
     (void)state;
-    if (fx_redis_start(&srv[0]) != 0)
+    if (fx_sentinel_start(&T, MASTER_NAME) != 0)
         return -1;
-    fx_redis_opts ro = {.replica_of = srv[0].port};
-    if (fx_redis_start_opts(&srv[1], &ro) != 0)
-        return -1;
-    int n = snprintf(sentinels, sizeof sentinels, "127.0.0.1:%d", dead_port());
-    for (int i = 0; i < NSENT; i++) {
-        fx_redis_opts so = {.sentinel_master = MASTER_NAME, .sentinel_master_port = srv[0].port};
-        if (fx_redis_start_opts(&sent[i], &so) != 0)
-            return -1;
-        n += snprintf(sentinels + n, sizeof sentinels - (size_t)n, ",127.0.0.1:%d", sent[i].port);
-    }
-    return wait_topology(srv[0].port, srv[1].port);
+    snprintf(sentinels, sizeof sentinels, "127.0.0.1:%d,%s", dead_port(), T.addrs);
+    return 0;
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    for (int i = 0; i < NSENT; i++)
-        fx_redis_stop(&sent[i]);
-    fx_redis_stop(&srv[1]);
-    fx_redis_stop(&srv[0]);
+    fx_sentinel_stop(&T);
     return 0;
 }
 
@@ -258,7 +170,7 @@ static void test_min_replicas(void **state)
     cfg.lease_ms = 600;
     assert_int_equal(dlock_client_open(&cfg, &c), DLOCK_OK);
     assert_int_equal(dlock_acquire(c, "z", 0, NULL), DLOCK_OK);
-    fx_redis *replica = rp == srv[0].port ? &srv[0] : &srv[1];
+    fx_redis *replica = server_at(rp);
     assert_int_equal(fx_redis_signal(replica, SIGSTOP), 0);
     int held = 1;
     for (int i = 0; i < 500 && held; i++) { /* 5 s: the lease is 0.6 s */
@@ -293,7 +205,7 @@ static void test_min_replicas_partial_round(void **state)
     (void)state;
     enum { N = 4000 };
     int mp = master_port(), rp = replica_port();
-    fx_redis *replica = rp == srv[0].port ? &srv[0] : &srv[1];
+    fx_redis *replica = server_at(rp);
     fx_proxy *p = fx_proxy_start(mp);
     assert_non_null(p);
     dlock_config cfg;
@@ -437,7 +349,7 @@ static void test_failover_in_storm(void **state)
     long long before = s.ok;
     pthread_mutex_unlock(&s.mu);
     long long t0 = fx_now_ns();
-    redisReply *r = cmd_at(sent[0].port, "SENTINEL FAILOVER %s", MASTER_NAME);
+    redisReply *r = cmd_at(T.sentinel[0].port, "SENTINEL FAILOVER %s", MASTER_NAME);
     assert_non_null(r);
     if (r->type == REDIS_REPLY_ERROR)
         fail_msg("SENTINEL FAILOVER: %s", r->str);
@@ -523,7 +435,7 @@ static void test_failover_clients_move_before_demotion(void **state)
     }
     fx_sleep_ms(1500);
     long long t0 = fx_now_ns();
-    redisReply *r = cmd_at(sent[0].port, "SENTINEL FAILOVER %s", MASTER_NAME);
+    redisReply *r = cmd_at(T.sentinel[0].port, "SENTINEL FAILOVER %s", MASTER_NAME);
     assert_non_null(r);
     if (r->type == REDIS_REPLY_ERROR)
         fail_msg("SENTINEL FAILOVER: %s", r->str);
