@@ -2,7 +2,7 @@
  * faults: fault scenarios against dlock with real processes and a real
  * redis-server, each ending in one PASS or FAIL line with what was measured.
  *
- *   faults [--list] [SCENARIO...]      (no scenario: all of them)
+ *   faults [--list] [--unix] [SCENARIO...]  (no scenario: all of them)
  *
  * Scenarios (see --list):
  *   holder_killed       the holder is SIGKILLed; a queued waiter takes over
@@ -161,9 +161,12 @@ static void on_alarm(int sig)
     _exit(1);
 }
 
+static int use_unix; /* --unix: the clients reach R over its Unix socket */
+
 static int redis_start(void)
 {
-    if (fx_redis_start(&R) != 0)
+    fx_redis_opts o = {.unix_socket = use_unix};
+    if (fx_redis_start_opts(&R, &o) != 0)
         return -1;
     snprintf(rdir_path, sizeof rdir_path, "%s", R.dir);
     snprintf(rlog_path, sizeof rlog_path, "%s/redis.log", R.dir);
@@ -400,6 +403,11 @@ static void child_exit(dlock_client *c)
 static void cfg_base(dlock_config *cfg)
 {
     fx_config(cfg, &R); /* 127.0.0.1:R.port, connect 500, command 1000 */
+    if (use_unix) { /* host and port back to unset, the socket instead */
+        cfg->redis_host = NULL;
+        cfg->redis_port = 6379;
+        cfg->redis_unix_path = R.unix_path;
+    }
     cfg->lease_ms = LEASE_MS;
     cfg->waiter_ttl_ms = WAITER_TTL_MS;
 }
@@ -2039,6 +2047,8 @@ static void la_x(void *arg)
     proc_sh *ps = arg;
     dlock_config cfg;
     cfg_base(&cfg);
+    cfg.redis_unix_path = NULL; /* the proxy speaks TCP, also with --unix */
+    cfg.redis_host = "127.0.0.1";
     cfg.redis_port = ld(&la_px->port);
     cfg.lease_ms = LA_LEASE_MS;
     cfg.command_timeout_ms = LA_COMMAND_MS;
@@ -2258,10 +2268,11 @@ static void run_scenario(const scenario *s)
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: faults [--list] [SCENARIO...]\n"
+            "usage: faults [--list] [--unix] [SCENARIO...]\n"
             "Fault scenarios against dlock with real processes and a private redis-server.\n"
             "Runs the named scenarios (all without arguments), each printing one PASS or\n"
-            "FAIL line with what it measured. --list lists the scenarios.\n"
+            "FAIL line with what it measured. --list lists the scenarios. --unix: the\n"
+            "clients reach the server over a Unix socket (through the proxy, TCP).\n"
             "Exit status: 0 if every scenario passed, 1 otherwise, 2 on bad usage.\n");
 }
 
@@ -2277,6 +2288,10 @@ int main(int argc, char **argv)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             usage(stdout);
             return 0;
+        }
+        if (!strcmp(argv[i], "--unix")) {
+            use_unix = 1;
+            continue;
         }
         int found = -1;
         for (int k = 0; k < NSCEN; k++)
