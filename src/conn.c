@@ -1,8 +1,10 @@
 /*
  * Redis connections and the caller threads' connection pool.
  *
- * Pool invariants (all under pool->mu, a leaf lock: nothing else is locked
- * while it is held, and no Redis I/O happens under it):
+ * Pool invariants (all under pool->mu; the only lock taken under it is the
+ * Sentinel record's (sentinel.h: a leaf lock), to tell a stale connection;
+ * no Redis I/O happens under it, only the close of a stale or broken
+ * connection):
  *   - open counts the connections that exist: idle ones plus checked-out ones
  *     plus those being opened by a thread that reserved a slot; open <= size.
  *   - idle[0 .. nidle) are connected, without error, and owned by nobody.
@@ -315,8 +317,8 @@ static int check_master(redisContext *c, dlock_counters *ctr, const dlock_conn_c
              r->element[0]->type != REDIS_REPLY_STRING)
         rc = dlock_err_set(DLOCK_EREDIS, "redis ROLE: unexpected reply");
     else if (strcmp(r->element[0]->str, "master") != 0)
-        rc = dlock_err_set(DLOCK_EREDIS, "the sentinels named %s as master '%s', but it is a %s "
-                           "(a failover under way?)", where, cfg->sentinel_master,
+        rc = dlock_err_set(DLOCK_EREDIS, "%s, the master '%s' last named by the sentinels, is "
+                           "a %s (a failover under way?)", where, cfg->sentinel_master,
                            r->element[0]->str);
     freeReplyObject(r);
     return rc;
@@ -473,6 +475,8 @@ int dlock_conn_open(const dlock_conn_cfg *cfg, dlock_counters *ctr, redisContext
                                c ? c->errstr : "out of memory");
         if (c)
             redisFree(c);
+        if (cfg->nsentinels)
+            dlock_sentinel_forget(cfg, host, port); /* ask afresh next time */
         return rc;
     }
     int rc = DLOCK_OK;
@@ -481,8 +485,11 @@ int dlock_conn_open(const dlock_conn_cfg *cfg, dlock_counters *ctr, redisContext
                                cfg->password};
         rc = simple_command(c, ctr, cfg, "AUTH", cfg->username ? 3 : 2, argv);
     }
-    if (rc == DLOCK_OK && cfg->nsentinels)
+    if (rc == DLOCK_OK && cfg->nsentinels) {
         rc = check_master(c, ctr, cfg, where);
+        if (rc != DLOCK_OK)
+            dlock_sentinel_forget(cfg, host, port); /* ask afresh next time */
+    }
     if (rc == DLOCK_OK && cfg->db != 0) {
         char db[16];
         snprintf(db, sizeof db, "%d", cfg->db);

@@ -17,79 +17,88 @@ static void note(char *buf, size_t n, const dlock_addr *a, const char *why)
         snprintf(buf + used, n - used, "%s%s:%d: %s", used ? "; " : "", a->host, a->port, why);
 }
 
-/* Asks one sentinel. 1 with host, port and the config-epoch set, 0 with
- * why set; *auth_refused set when it refused the credentials. A sentinel
- * that knows no such master answers with an error ("No such master with
- * that name"). */
+/* Asks one sentinel, in one write and within DLOCK_SENTINEL_TIMEOUT_MS in
+ * all (connect included): AUTH if set, SENTINEL MASTER (for the
+ * config-epoch) and SENTINEL get-master-addr-by-name (for the address).
+ * The address comes from the latter because it is right during a failover:
+ * the sentinel that runs it raises the epoch when the replica is promoted,
+ * while SENTINEL MASTER keeps naming the old master until the other
+ * replicas are reconfigured. Sentinel runs the pipelined commands one after
+ * the other without its timer in between, so epoch and address belong
+ * together. 1 with host, port and the epoch set, 0 with why set;
+ * *auth_refused set when it refused the credentials. */
 static int ask(const dlock_conn_cfg *cfg, dlock_counters *ctr, const dlock_addr *a, char *host,
                size_t hostlen, int *port, long long *epoch, char *why, size_t whylen,
                int *auth_refused)
 {
-    uint32_t ct = cfg->connect_timeout_ms < DLOCK_SENTINEL_TIMEOUT_MS ? cfg->connect_timeout_ms
-                                                                      : DLOCK_SENTINEL_TIMEOUT_MS;
-    uint32_t qt = cfg->command_timeout_ms < DLOCK_SENTINEL_TIMEOUT_MS ? cfg->command_timeout_ms
-                                                                      : DLOCK_SENTINEL_TIMEOUT_MS;
-    redisContext *c = dlock_conn_connect(a->host, a->port, NULL, ct, qt);
+    uint32_t t = DLOCK_SENTINEL_TIMEOUT_MS;
+    if (cfg->connect_timeout_ms < t)
+        t = cfg->connect_timeout_ms;
+    int64_t deadline = dlock_conn_deadline(t);
+    redisContext *c = dlock_conn_connect(a->host, a->port, NULL, t, t);
     if (!c || c->err) {
         snprintf(why, whylen, "%s", c ? c->errstr : "out of memory");
         if (c)
             redisFree(c);
         return 0;
     }
-    int ok = 0;
-    redisReply *r = NULL;
+    int n = 0, ok = 0;
     if (cfg->sentinel_password) {
-        const char *argv[2] = {"AUTH", cfg->sentinel_password};
-        r = dlock_conn_command(c, ctr, qt, 2, argv);
-        if (!r) {
-            snprintf(why, whylen, "AUTH: %s", c->errstr);
+        const char *auth[2] = {"AUTH", cfg->sentinel_password};
+        n += redisAppendCommandArgv(c, 2, auth, NULL) == REDIS_OK;
+    }
+    const char *master[3] = {"SENTINEL", "MASTER", cfg->sentinel_master};
+    const char *addr[3] = {"SENTINEL", "get-master-addr-by-name", cfg->sentinel_master};
+    n += redisAppendCommandArgv(c, 3, master, NULL) == REDIS_OK;
+    n += redisAppendCommandArgv(c, 3, addr, NULL) == REDIS_OK;
+    redisReply *r[3] = {NULL, NULL, NULL};
+    int want = cfg->sentinel_password ? 3 : 2;
+    dlock_count(&ctr->redis_commands, (uint64_t)n);
+    dlock_count(&ctr->redis_round_trips, 1);
+    if (n != want || dlock_conn_flush(c, deadline) != 0) {
+        snprintf(why, whylen, "%s", c->err ? c->errstr : "out of memory");
+        goto out;
+    }
+    for (int i = 0; i < want; i++)
+        if (dlock_conn_read(c, deadline, &r[i]) != 0) {
+            snprintf(why, whylen, "%s", c->errstr);
             goto out;
         }
-        if (r->type == REDIS_REPLY_ERROR) {
-            snprintf(why, whylen, "AUTH: %s", r->str);
-            *auth_refused = 1;
+    for (int i = 0; i < want; i++)
+        if (r[i]->type == REDIS_REPLY_ERROR) {
+            snprintf(why, whylen, "%s", r[i]->str);
+            *auth_refused = strncmp(r[i]->str, "NOAUTH", 6) == 0 ||
+                            strncmp(r[i]->str, "NOPERM", 6) == 0 ||
+                            strncmp(r[i]->str, "WRONGPASS", 9) == 0 ||
+                            (cfg->sentinel_password && i == 0);
             goto out;
         }
-        freeReplyObject(r);
+    const redisReply *m = r[want - 2], *ad = r[want - 1], *ep = NULL;
+    if (m->type == REDIS_REPLY_ARRAY)
+        for (size_t k = 0; k + 1 < m->elements; k += 2) /* field, value pairs */
+            if (m->element[k]->type == REDIS_REPLY_STRING &&
+                m->element[k + 1]->type == REDIS_REPLY_STRING &&
+                strcmp(m->element[k]->str, "config-epoch") == 0)
+                ep = m->element[k + 1];
+    int p = ad->type == REDIS_REPLY_ARRAY && ad->elements == 2 &&
+                    ad->element[0]->type == REDIS_REPLY_STRING &&
+                    ad->element[1]->type == REDIS_REPLY_STRING
+                ? atoi(ad->element[1]->str)
+                : 0;
+    if (!ep || p <= 0 || p > 65535 || ad->element[0]->len == 0 ||
+        ad->element[0]->len >= hostlen) {
+        snprintf(why, whylen, "unexpected reply to SENTINEL MASTER or get-master-addr-by-name");
+        goto out;
     }
-    const char *argv[3] = {"SENTINEL", "MASTER", cfg->sentinel_master};
-    r = dlock_conn_command(c, ctr, qt, 3, argv);
-    if (!r) {
-        snprintf(why, whylen, "%s", c->errstr);
-    } else if (r->type == REDIS_REPLY_ERROR) {
-        snprintf(why, whylen, "%s", r->str);
-        if (strncmp(r->str, "NOAUTH", 6) == 0 || strncmp(r->str, "NOPERM", 6) == 0)
-            *auth_refused = 1;
-    } else if (r->type != REDIS_REPLY_ARRAY) {
-        snprintf(why, whylen, "unexpected reply to SENTINEL MASTER");
-    } else {
-        /* A flat list of field, value pairs. */
-        const redisReply *ip = NULL, *pt = NULL, *ep = NULL;
-        for (size_t k = 0; k + 1 < r->elements; k += 2) {
-            const redisReply *f = r->element[k], *v = r->element[k + 1];
-            if (f->type != REDIS_REPLY_STRING || v->type != REDIS_REPLY_STRING)
-                continue;
-            if (strcmp(f->str, "ip") == 0)
-                ip = v;
-            else if (strcmp(f->str, "port") == 0)
-                pt = v;
-            else if (strcmp(f->str, "config-epoch") == 0)
-                ep = v;
-        }
-        int p = pt ? atoi(pt->str) : 0;
-        if (!ip || !ep || ip->len >= hostlen || ip->len == 0 || p <= 0 || p > 65535) {
-            snprintf(why, whylen, "unexpected reply to SENTINEL MASTER");
-        } else {
-            memcpy(host, ip->str, ip->len);
-            host[ip->len] = '\0';
-            *port = p;
-            *epoch = strtoll(ep->str, NULL, 10);
-            ok = 1;
-        }
-    }
+    memcpy(host, ad->element[0]->str, ad->element[0]->len);
+    host[ad->element[0]->len] = '\0';
+    *port = p;
+    *epoch = strtoll(ep->str, NULL, 10);
+    ok = 1;
 out:
-    if (r)
-        freeReplyObject(r);
+    for (int i = 0; i < 3; i++)
+        if (r[i])
+            freeReplyObject(r[i]);
     redisFree(c);
     return ok;
 }
@@ -155,6 +164,15 @@ int dlock_sentinel_master(const dlock_conn_cfg *cfg, dlock_counters *ctr, char *
     return dlock_err_set(refused == (int)cfg->nsentinels ? DLOCK_ESERVER : DLOCK_EREDIS,
                          "no sentinel gave the address of master '%s' (%s)",
                          cfg->sentinel_master, reasons);
+}
+
+void dlock_sentinel_forget(const dlock_conn_cfg *cfg, const char *host, int port)
+{
+    dlock_master *m = cfg->master;
+    pthread_mutex_lock(&m->mu);
+    if (m->epoch >= 0 && m->port == port && strcmp(m->host, host) == 0)
+        m->epoch = -1;
+    pthread_mutex_unlock(&m->mu);
 }
 
 int dlock_sentinel_stale(const dlock_conn_cfg *cfg, const redisContext *c)

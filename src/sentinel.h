@@ -23,8 +23,8 @@
 
 #include "conn.h"
 
-/* Each sentinel gets at most this long to connect and this long to answer,
- * so a dead one costs little before the next is tried. */
+/* Each sentinel gets at most this long to connect and answer, so a dead one
+ * costs little before the next is tried. */
 #define DLOCK_SENTINEL_TIMEOUT_MS 500u
 
 /* How often the subscriber thread asks the sentinels where the master is. */
@@ -41,8 +41,8 @@ void dlock_master_init(dlock_master *m);
 void dlock_master_destroy(dlock_master *m);
 
 /* Asks cfg's sentinels in turn (AUTH sentinel_password first if set) with
- * SENTINEL MASTER <sentinel_master>, records an answer whose config-epoch is
- * not below the recorded one (a lower one is stale: the next sentinel is
+ * SENTINEL MASTER and get-master-addr-by-name (see ask() in sentinel.c),
+ * records an answer whose config-epoch is not below the recorded one (a lower one is stale: the next sentinel is
  * asked), and returns the recorded address in host (at most hostlen - 1
  * bytes) and *port. The master is not checked here: dlock_conn_open runs
  * ROLE on it. Safe on any thread. DLOCK_OK; DLOCK_EREDIS when no sentinel
@@ -51,6 +51,12 @@ void dlock_master_destroy(dlock_master *m);
  * not be reached makes it DLOCK_EREDIS: it may know the master later). */
 int dlock_sentinel_master(const dlock_conn_cfg *cfg, dlock_counters *ctr, char *host,
                           size_t hostlen, int *port);
+
+/* The recorded address host:port could not be reached, or is no master:
+ * forgets it (if it is still the one recorded), so that the next answer is
+ * taken whatever its epoch (sentinels that lost their state count epochs
+ * from 0 again). */
+void dlock_sentinel_forget(const dlock_conn_cfg *cfg, const char *host, int port);
 
 /* 1 if cfg is in Sentinel mode and c is connected to another server than
  * the recorded master: a failover moved the master, drop c. */

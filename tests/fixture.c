@@ -162,10 +162,12 @@ static int spawn(fx_redis *r, long wait_ms)
             return -1;
         }
         fprintf(f, "sentinel monitor %s %s %d 2\n"
-                   "sentinel down-after-milliseconds %s 1000\n"
+                   "sentinel down-after-milliseconds %s %d\n"
                    "sentinel failover-timeout %s 5000\n",
                 r->opts.sentinel_master, FX_HOST, r->opts.sentinel_master_port,
-                r->opts.sentinel_master, r->opts.sentinel_master);
+                r->opts.sentinel_master,
+                r->opts.sentinel_down_ms ? r->opts.sentinel_down_ms : 1000,
+                r->opts.sentinel_master);
         fclose(f);
         argv[n++] = conf;
         argv[n++] = "--sentinel";
@@ -185,6 +187,10 @@ static int spawn(fx_redis *r, long wait_ms)
         argv[n++] = "--replicaof";
         argv[n++] = FX_HOST;
         argv[n++] = mport;
+    }
+    if (r->opts.never_promote) {
+        argv[n++] = "--replica-priority";
+        argv[n++] = "0";
     }
     if (r->opts.requirepass) {
         argv[n++] = "--requirepass";
@@ -555,7 +561,7 @@ static int sentinel_ready(fx_sentinel_set *t, int i)
     int ok = r && r->type == REDIS_REPLY_ARRAY;
     for (size_t k = 0; ok && k + 1 < r->elements; k += 2) {
         const char *f = r->element[k]->str, *v = r->element[k + 1]->str;
-        if ((strcmp(f, "num-slaves") == 0 && atoi(v) < 1) ||
+        if ((strcmp(f, "num-slaves") == 0 && atoi(v) < t->nsrv - 1) ||
             (strcmp(f, "num-other-sentinels") == 0 && atoi(v) < FX_SENTINELS - 1) ||
             (strcmp(f, "flags") == 0 && strcmp(v, "master") != 0))
             ok = 0;
@@ -582,7 +588,10 @@ int fx_sentinel_wait(fx_sentinel_set *t, int master_port, int replica_port)
 
 int fx_sentinel_master_port(fx_sentinel_set *t)
 {
-    return fx_is_master(t->srv[0].port) ? t->srv[0].port : t->srv[1].port;
+    for (int i = 0; i < t->nsrv; i++)
+        if (fx_is_master(t->srv[i].port))
+            return t->srv[i].port;
+    return t->srv[0].port;
 }
 
 int fx_sentinel_replica_port(fx_sentinel_set *t)
@@ -593,16 +602,25 @@ int fx_sentinel_replica_port(fx_sentinel_set *t)
 
 int fx_sentinel_start(fx_sentinel_set *t, const char *name)
 {
+    return fx_sentinel_start_n(t, name, 1, 0);
+}
+
+int fx_sentinel_start_n(fx_sentinel_set *t, const char *name, int replicas, int down_ms)
+{
     memset(t, 0, sizeof *t);
     snprintf(t->name, sizeof t->name, "%s", name);
+    t->nsrv = replicas >= 2 ? 3 : 2;
     if (fx_redis_start(&t->srv[0]) != 0)
         return -1;
-    fx_redis_opts ro = {.replica_of = t->srv[0].port};
-    if (fx_redis_start_opts(&t->srv[1], &ro) != 0)
-        goto fail;
+    for (int i = 1; i < t->nsrv; i++) {
+        fx_redis_opts ro = {.replica_of = t->srv[0].port, .never_promote = i == 2};
+        if (fx_redis_start_opts(&t->srv[i], &ro) != 0)
+            goto fail;
+    }
     size_t n = 0;
     for (int i = 0; i < FX_SENTINELS; i++) {
-        fx_redis_opts so = {.sentinel_master = t->name, .sentinel_master_port = t->srv[0].port};
+        fx_redis_opts so = {.sentinel_master = t->name, .sentinel_master_port = t->srv[0].port,
+                            .sentinel_down_ms = down_ms};
         if (fx_redis_start_opts(&t->sentinel[i], &so) != 0)
             goto fail;
         n += (size_t)snprintf(t->addrs + n, sizeof t->addrs - n, "%s%s:%d", i ? "," : "",
@@ -620,7 +638,7 @@ void fx_sentinel_stop(fx_sentinel_set *t)
     for (int i = 0; i < FX_SENTINELS; i++)
         if (t->sentinel[i].dir[0])
             fx_redis_stop(&t->sentinel[i]);
-    for (int i = 1; i >= 0; i--)
+    for (int i = 2; i >= 0; i--)
         if (t->srv[i].dir[0])
             fx_redis_stop(&t->srv[i]);
 }

@@ -16,11 +16,14 @@
 typedef struct fx_redis_opts {
     int unix_socket;          /* also listen on <dir>/redis.sock (fx_redis.unix_path) */
     int replica_of;           /* loopback port of a master to replicate; 0: none */
+    int never_promote;        /* replica-priority 0: Sentinel never promotes it */
     const char *requirepass;  /* the default user's password; NULL: none */
     const char *sentinel_master; /* non-NULL: run as a sentinel (redis-server
                                     --sentinel) monitoring this master name */
     int sentinel_master_port; /* ... at 127.0.0.1:this port, quorum 2, down after
-                                 1000 ms, failover timeout 5000 ms */
+                                 sentinel_down_ms (0: 1000 ms), failover timeout
+                                 5000 ms */
+    int sentinel_down_ms;
 } fx_redis_opts;
 
 typedef struct fx_redis {
@@ -55,7 +58,8 @@ int fx_redis_restart(fx_redis *r);
  * ask fx_sentinel_master_port. */
 #define FX_SENTINELS 3
 typedef struct fx_sentinel_set {
-    fx_redis srv[2];                  /* the first master and its replica */
+    fx_redis srv[3];                  /* the first master and its replica(s) */
+    int nsrv;                         /* 2, or 3 with two replicas */
     fx_redis sentinel[FX_SENTINELS];
     char name[32];
     char addrs[128];                  /* "127.0.0.1:p,127.0.0.1:p,127.0.0.1:p" */
@@ -64,6 +68,10 @@ typedef struct fx_sentinel_set {
 /* Starts it and waits until it is ready (fx_sentinel_wait). 0, or -1 with
  * a message on stderr (whatever started is stopped). */
 int fx_sentinel_start(fx_sentinel_set *t, const char *name);
+/* The same with `replicas` (1 or 2) replicas (a second one is never
+ * promoted: replica-priority 0), and the sentinels' down-after-milliseconds
+ * (0: 1000). */
+int fx_sentinel_start_n(fx_sentinel_set *t, const char *name, int replicas, int down_ms);
 void fx_sentinel_stop(fx_sentinel_set *t);
 
 /* Waits (at most 30 s: sentinels find each other through hello messages
@@ -72,8 +80,8 @@ void fx_sentinel_stop(fx_sentinel_set *t);
  * replica's link is up. 0, or -1 with a message on stderr. */
 int fx_sentinel_wait(fx_sentinel_set *t, int master_port, int replica_port);
 
-/* The port of whichever of t->srv says ROLE master now (the first if both
- * do), and of the other one. */
+/* The port of whichever of t->srv says ROLE master now (the first if more
+ * do), and of the other one (with one replica). */
 int fx_sentinel_master_port(fx_sentinel_set *t);
 int fx_sentinel_replica_port(fx_sentinel_set *t);
 

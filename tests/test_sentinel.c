@@ -488,6 +488,94 @@ static void test_failover_clients_move_before_demotion(void **state)
     assert_int_equal(wait_topology(old_replica, old_master), 0);
 }
 
+/* The sentinel that runs a failover raises the config-epoch when it
+ * promotes the replica, but its SENTINEL MASTER keeps naming the old master
+ * until every other replica is reconfigured (here: never, the other replica
+ * is stopped as the failover starts, so for the failover-timeout, 5 s). A client asking that sentinel
+ * first must still move to the promoted replica and not come back to the
+ * old master (the address is taken from get-master-addr-by-name, which
+ * names the promoted replica in that window). A topology of its own: a
+ * master, two replicas, three sentinels. */
+static void test_failover_leader_reconfiguring(void **state)
+{
+    (void)state;
+    fx_sentinel_set t2;
+    /* down-after 5 s: the stopped replica is not given up on for 5 s, and
+     * the leader waits for it that long */
+    assert_int_equal(fx_sentinel_start_n(&t2, "tl", 2, 5000), 0);
+    int a = t2.srv[0].port, b = t2.srv[1].port;
+    storm s;
+    memset(&s, 0, sizeof s);
+    pthread_mutex_init(&s.mu, NULL);
+    dlock_config cfg;
+    sentinel_config(&cfg, "ts:l:", 0);
+    cfg.sentinels = t2.addrs; /* the leader, sentinel 0, is asked first */
+    cfg.sentinel_master = "tl";
+    for (int k = 0; k < CLIENTS; k++)
+        assert_int_equal(dlock_client_open(&cfg, &s.c[k]), DLOCK_OK);
+    worker w[CLIENTS * THREADS];
+    pthread_t th[CLIENTS * THREADS];
+    for (int i = 0; i < CLIENTS * THREADS; i++) {
+        w[i] = (worker){.s = &s, .client = i / THREADS, .idx = i};
+        assert_int_equal(pthread_create(&th[i], NULL, storm_thread, &w[i]), 0);
+    }
+    fx_sleep_ms(1000);
+    /* The third server (never promoted) stops answering: the leader waits
+     * for it to follow the new master until its failover-timeout. */
+    assert_int_equal(fx_redis_signal(&t2.srv[2], SIGSTOP), 0);
+    long long t0 = fx_now_ns();
+    redisReply *r = cmd_at(t2.sentinel[0].port, "SENTINEL FAILOVER tl");
+    assert_non_null(r);
+    if (r->type == REDIS_REPLY_ERROR)
+        fail_msg("SENTINEL FAILOVER: %s", r->str);
+    freeReplyObject(r);
+    /* Watch for 4.5 s (within the leader's 5 s of reconfiguration): when
+     * did B first serve a lock call, did A serve any after that, and when
+     * did the leader's SENTINEL MASTER start naming B? */
+    long long b0 = fx_info_calls("127.0.0.1", b, "evalsha") + fx_info_calls("127.0.0.1", b, "eval");
+    long long a_at_b = -1, a_after = 0, b_first_ns = 0, leader_moved_ns = 0;
+    while (fx_now_ns() < t0 + 4500LL * 1000000) {
+        long long bc = fx_info_calls("127.0.0.1", b, "evalsha") +
+                       fx_info_calls("127.0.0.1", b, "eval");
+        long long ac = fx_info_calls("127.0.0.1", a, "evalsha") +
+                       fx_info_calls("127.0.0.1", a, "eval");
+        if (!b_first_ns && bc > b0) {
+            b_first_ns = fx_now_ns();
+            a_at_b = ac;
+        } else if (b_first_ns && ac > a_at_b) {
+            a_after = ac - a_at_b;
+        }
+        if (!leader_moved_ns) {
+            /* when does the leader's SENTINEL MASTER name B? */
+            redisReply *x = cmd_at(t2.sentinel[0].port, "SENTINEL MASTER tl");
+            for (size_t k = 0; x && x->type == REDIS_REPLY_ARRAY && k + 1 < x->elements; k += 2)
+                if (!strcmp(x->element[k]->str, "port") && atoi(x->element[k + 1]->str) == b)
+                    leader_moved_ns = fx_now_ns();
+            if (x)
+                freeReplyObject(x);
+        }
+        fx_sleep_ms(20);
+    }
+    __atomic_store_n(&s.stop, 1, __ATOMIC_RELAXED);
+    for (int i = 0; i < CLIENTS * THREADS; i++)
+        pthread_join(th[i], NULL);
+    fprintf(stderr, "leader reconfiguring: the promoted replica served its first lock call "
+                    "%.1f s after SENTINEL FAILOVER; %lld calls reached the old master after "
+                    "that; the leader's SENTINEL MASTER named it at %.1f s\n",
+            b_first_ns ? (b_first_ns - t0) / 1e9 : -1.0, a_after,
+            leader_moved_ns ? (leader_moved_ns - t0) / 1e9 : -1.0);
+    for (int k = 0; k < CLIENTS; k++)
+        dlock_client_close(s.c[k]);
+    pthread_mutex_destroy(&s.mu);
+    fx_redis_signal(&t2.srv[2], SIGCONT);
+    fx_sentinel_stop(&t2);
+    assert_true(b_first_ns > 0);
+    /* moved while the leader's SENTINEL MASTER still named A */
+    assert_true(!leader_moved_ns || b_first_ns < leader_moved_ns);
+    assert_int_equal(a_after, 0);
+    assert_int_equal(s.other_errors, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -496,6 +584,7 @@ int main(void)
         cmocka_unit_test(test_min_replicas_partial_round),
         cmocka_unit_test(test_failover_in_storm),
         cmocka_unit_test(test_failover_clients_move_before_demotion),
+        cmocka_unit_test(test_failover_leader_reconfiguring),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
