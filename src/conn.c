@@ -301,10 +301,12 @@ static int simple_command(redisContext *c, dlock_counters *ctr, const dlock_conn
 }
 
 /* Sentinel mode: ROLE must say "master"; right after a failover the
- * sentinels may still name the old one for a moment. */
+ * sentinels may still name the old one for a moment. *not_master is set
+ * when the server answered that it is something else. */
 static int check_master(redisContext *c, dlock_counters *ctr, const dlock_conn_cfg *cfg,
-                        const char *where)
+                        const char *where, int *not_master)
 {
+    *not_master = 0;
     const char *argv[1] = {"ROLE"};
     redisReply *r = command(c, ctr, cfg, 1, argv);
     if (!r)
@@ -316,7 +318,7 @@ static int check_master(redisContext *c, dlock_counters *ctr, const dlock_conn_c
     else if (r->type != REDIS_REPLY_ARRAY || r->elements < 1 ||
              r->element[0]->type != REDIS_REPLY_STRING)
         rc = dlock_err_set(DLOCK_EREDIS, "redis ROLE: unexpected reply");
-    else if (strcmp(r->element[0]->str, "master") != 0)
+    else if ((*not_master = strcmp(r->element[0]->str, "master") != 0))
         rc = dlock_err_set(DLOCK_EREDIS, "%s, the master '%s' last named by the sentinels, is "
                            "a %s (a failover under way?)", where, cfg->sentinel_master,
                            r->element[0]->str);
@@ -475,8 +477,6 @@ int dlock_conn_open(const dlock_conn_cfg *cfg, dlock_counters *ctr, redisContext
                                c ? c->errstr : "out of memory");
         if (c)
             redisFree(c);
-        if (cfg->nsentinels)
-            dlock_sentinel_forget(cfg, host, port); /* ask afresh next time */
         return rc;
     }
     int rc = DLOCK_OK;
@@ -485,10 +485,11 @@ int dlock_conn_open(const dlock_conn_cfg *cfg, dlock_counters *ctr, redisContext
                                cfg->password};
         rc = simple_command(c, ctr, cfg, "AUTH", cfg->username ? 3 : 2, argv);
     }
+    int not_master = 0;
     if (rc == DLOCK_OK && cfg->nsentinels) {
-        rc = check_master(c, ctr, cfg, where);
-        if (rc != DLOCK_OK)
-            dlock_sentinel_forget(cfg, host, port); /* ask afresh next time */
+        rc = check_master(c, ctr, cfg, where, &not_master);
+        if (not_master)
+            dlock_sentinel_doubt(cfg, host, port); /* ask every sentinel next time */
     }
     if (rc == DLOCK_OK && cfg->db != 0) {
         char db[16];

@@ -17,15 +17,30 @@ static void note(char *buf, size_t n, const dlock_addr *a, const char *why)
         snprintf(buf + used, n - used, "%s%s:%d: %s", used ? "; " : "", a->host, a->port, why);
 }
 
+/* The config-epoch field of a SENTINEL MASTER reply, or NULL. */
+static const char *config_epoch(const redisReply *m)
+{
+    if (m->type != REDIS_REPLY_ARRAY)
+        return NULL;
+    for (size_t k = 0; k + 1 < m->elements; k += 2) /* field, value pairs */
+        if (m->element[k]->type == REDIS_REPLY_STRING &&
+            m->element[k + 1]->type == REDIS_REPLY_STRING &&
+            strcmp(m->element[k]->str, "config-epoch") == 0)
+            return m->element[k + 1]->str;
+    return NULL;
+}
+
 /* Asks one sentinel, in one write and within DLOCK_SENTINEL_TIMEOUT_MS in
  * all (connect included): AUTH if set, SENTINEL MASTER (for the
- * config-epoch) and SENTINEL get-master-addr-by-name (for the address).
+ * config-epoch), SENTINEL get-master-addr-by-name (for the address) and
+ * SENTINEL MASTER again.
  * The address comes from the latter because it is right during a failover:
  * the sentinel that runs it raises the epoch when the replica is promoted,
  * while SENTINEL MASTER keeps naming the old master until the other
- * replicas are reconfigured. Sentinel runs the pipelined commands one after
- * the other without its timer in between, so epoch and address belong
- * together. 1 with host, port and the epoch set, 0 with why set;
+ * replicas are reconfigured. Sentinel runs pipelined commands that arrive
+ * in one read one after the other, without its timer in between; should
+ * they arrive in two reads across the promotion, the two epochs differ and
+ * the answer is not used. So epoch and address belong together. 1 with host, port and the epoch set, 0 with why set;
  * *auth_refused set when it refused the credentials. */
 static int ask(const dlock_conn_cfg *cfg, dlock_counters *ctr, const dlock_addr *a, char *host,
                size_t hostlen, int *port, long long *epoch, char *why, size_t whylen,
@@ -51,8 +66,9 @@ static int ask(const dlock_conn_cfg *cfg, dlock_counters *ctr, const dlock_addr 
     const char *addr[3] = {"SENTINEL", "get-master-addr-by-name", cfg->sentinel_master};
     n += redisAppendCommandArgv(c, 3, master, NULL) == REDIS_OK;
     n += redisAppendCommandArgv(c, 3, addr, NULL) == REDIS_OK;
-    redisReply *r[3] = {NULL, NULL, NULL};
-    int want = cfg->sentinel_password ? 3 : 2;
+    n += redisAppendCommandArgv(c, 3, master, NULL) == REDIS_OK;
+    redisReply *r[4] = {NULL, NULL, NULL, NULL};
+    int want = cfg->sentinel_password ? 4 : 3;
     dlock_count(&ctr->redis_commands, (uint64_t)n);
     dlock_count(&ctr->redis_round_trips, 1);
     if (n != want || dlock_conn_flush(c, deadline) != 0) {
@@ -73,13 +89,14 @@ static int ask(const dlock_conn_cfg *cfg, dlock_counters *ctr, const dlock_addr 
                             (cfg->sentinel_password && i == 0);
             goto out;
         }
-    const redisReply *m = r[want - 2], *ad = r[want - 1], *ep = NULL;
-    if (m->type == REDIS_REPLY_ARRAY)
-        for (size_t k = 0; k + 1 < m->elements; k += 2) /* field, value pairs */
-            if (m->element[k]->type == REDIS_REPLY_STRING &&
-                m->element[k + 1]->type == REDIS_REPLY_STRING &&
-                strcmp(m->element[k]->str, "config-epoch") == 0)
-                ep = m->element[k + 1];
+    const redisReply *ad = r[want - 2];
+    const char *ep = config_epoch(r[want - 3]), *ep2 = config_epoch(r[want - 1]);
+    if (ep && ep2 && strcmp(ep, ep2) != 0) {
+        /* the epoch changed between the two: the address may belong to
+         * either; the next check asks again */
+        snprintf(why, whylen, "a failover is changing its answer");
+        goto out;
+    }
     int p = ad->type == REDIS_REPLY_ARRAY && ad->elements == 2 &&
                     ad->element[0]->type == REDIS_REPLY_STRING &&
                     ad->element[1]->type == REDIS_REPLY_STRING
@@ -93,10 +110,10 @@ static int ask(const dlock_conn_cfg *cfg, dlock_counters *ctr, const dlock_addr 
     memcpy(host, ad->element[0]->str, ad->element[0]->len);
     host[ad->element[0]->len] = '\0';
     *port = p;
-    *epoch = strtoll(ep->str, NULL, 10);
+    *epoch = strtoll(ep, NULL, 10);
     ok = 1;
 out:
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 4; i++)
         if (r[i])
             freeReplyObject(r[i]);
     redisFree(c);
@@ -109,6 +126,7 @@ void dlock_master_init(dlock_master *m)
     m->host[0] = '\0';
     m->port = 0;
     m->epoch = -1;
+    m->suspect = 0;
 }
 
 void dlock_master_destroy(dlock_master *m)
@@ -116,17 +134,19 @@ void dlock_master_destroy(dlock_master *m)
     pthread_mutex_destroy(&m->mu);
 }
 
-/* Records host:port at epoch unless a newer epoch is recorded; copies the
- * record out. 1 if the answer was not stale. */
-static int record(dlock_master *m, const char *host, int port, long long epoch, char *out,
-                  size_t outlen, int *out_port)
+/* Records host:port at epoch unless a newer epoch is recorded (or even
+ * then, with any_epoch); clears the doubt; copies the record out. 1 if the
+ * answer was recorded. */
+static int record(dlock_master *m, const char *host, int port, long long epoch, int any_epoch,
+                  char *out, size_t outlen, int *out_port)
 {
     pthread_mutex_lock(&m->mu);
-    int fresh = epoch >= m->epoch;
+    int fresh = epoch >= m->epoch || any_epoch;
     if (fresh) {
         snprintf(m->host, sizeof m->host, "%s", host);
         m->port = port;
         m->epoch = epoch;
+        m->suspect = 0;
     }
     snprintf(out, outlen, "%s", m->host);
     *out_port = m->port;
@@ -137,28 +157,50 @@ static int record(dlock_master *m, const char *host, int port, long long epoch, 
 int dlock_sentinel_master(const dlock_conn_cfg *cfg, dlock_counters *ctr, char *host,
                           size_t hostlen, int *port)
 {
-    char reasons[768] = "";
-    int refused = 0;
+    dlock_master *m = cfg->master;
+    pthread_mutex_lock(&m->mu);
+    int suspect = m->suspect;
+    pthread_mutex_unlock(&m->mu);
+    char reasons[768] = "", best_host[256] = "";
+    int refused = 0, answers = 0, best_port = 0;
+    long long best_epoch = -1;
     for (unsigned i = 0; i < cfg->nsentinels; i++) {
         char why[256], h[256];
         int auth_refused = 0, p;
         long long epoch;
         if (ask(cfg, ctr, &cfg->sentinels[i], h, sizeof h, &p, &epoch, why, sizeof why,
                 &auth_refused)) {
-            if (record(cfg->master, h, p, epoch, host, hostlen, port))
+            answers++;
+            /* Normally the first answer not behind the record is taken.
+             * With the record in doubt (its master said it is none), every
+             * sentinel is asked and the newest answer taken. */
+            if (!suspect && record(m, h, p, epoch, 0, host, hostlen, port))
                 return DLOCK_OK;
-            snprintf(why, sizeof why, "config-epoch %lld is behind the one recorded", epoch);
+            if (epoch > best_epoch) {
+                best_epoch = epoch;
+                snprintf(best_host, sizeof best_host, "%s", h);
+                best_port = p;
+            }
+            snprintf(why, sizeof why, "config-epoch %lld", epoch);
         }
         refused += auth_refused;
         note(reasons, sizeof reasons, &cfg->sentinels[i], why);
     }
-    pthread_mutex_lock(&cfg->master->mu);
-    int known = cfg->master->epoch >= 0;
+    /* In doubt: an answer behind the record is believed only when most
+     * sentinels answered and all are behind it: sentinels that lost their
+     * state and count epochs from 0 again. A minority could be sentinels
+     * that have not heard of the failover yet. */
+    if (suspect && best_epoch >= 0 &&
+        record(m, best_host, best_port, best_epoch, answers > (int)cfg->nsentinels / 2, host,
+               hostlen, port))
+        return DLOCK_OK;
+    pthread_mutex_lock(&m->mu);
+    int known = m->epoch >= 0;
     if (known) {
-        snprintf(host, hostlen, "%s", cfg->master->host);
-        *port = cfg->master->port;
+        snprintf(host, hostlen, "%s", m->host);
+        *port = m->port;
     }
-    pthread_mutex_unlock(&cfg->master->mu);
+    pthread_mutex_unlock(&m->mu);
     if (known)
         return DLOCK_OK; /* no fresher answer: the newest address known */
     return dlock_err_set(refused == (int)cfg->nsentinels ? DLOCK_ESERVER : DLOCK_EREDIS,
@@ -166,12 +208,12 @@ int dlock_sentinel_master(const dlock_conn_cfg *cfg, dlock_counters *ctr, char *
                          cfg->sentinel_master, reasons);
 }
 
-void dlock_sentinel_forget(const dlock_conn_cfg *cfg, const char *host, int port)
+void dlock_sentinel_doubt(const dlock_conn_cfg *cfg, const char *host, int port)
 {
     dlock_master *m = cfg->master;
     pthread_mutex_lock(&m->mu);
     if (m->epoch >= 0 && m->port == port && strcmp(m->host, host) == 0)
-        m->epoch = -1;
+        m->suspect = 1;
     pthread_mutex_unlock(&m->mu);
 }
 

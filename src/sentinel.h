@@ -35,6 +35,7 @@ struct dlock_master {
     char host[256];
     int port;
     long long epoch; /* the address's config-epoch; -1: nothing recorded yet */
+    int suspect;     /* the recorded master said it is none: ask every sentinel */
 };
 
 void dlock_master_init(dlock_master *m);
@@ -52,11 +53,13 @@ void dlock_master_destroy(dlock_master *m);
 int dlock_sentinel_master(const dlock_conn_cfg *cfg, dlock_counters *ctr, char *host,
                           size_t hostlen, int *port);
 
-/* The recorded address host:port could not be reached, or is no master:
- * forgets it (if it is still the one recorded), so that the next answer is
- * taken whatever its epoch (sentinels that lost their state count epochs
- * from 0 again). */
-void dlock_sentinel_forget(const dlock_conn_cfg *cfg, const char *host, int port);
+/* The recorded master host:port says (ROLE) it is no master: puts the
+ * record in doubt (if it still names host:port). The next
+ * dlock_sentinel_master then asks every sentinel and takes the newest
+ * answer, and one behind the record too if most sentinels answered and all
+ * are behind it (sentinels that lost their state count epochs from 0
+ * again). A master that cannot be reached proves nothing: the record stays. */
+void dlock_sentinel_doubt(const dlock_conn_cfg *cfg, const char *host, int port);
 
 /* 1 if cfg is in Sentinel mode and c is connected to another server than
  * the recorded master: a failover moved the master, drop c. */
