@@ -576,6 +576,58 @@ static void test_failover_leader_reconfiguring(void **state)
     assert_int_equal(s.other_errors, 0);
 }
 
+/* Sentinels that lost their state (redeployed without their config) count
+ * config-epochs from 0 again. A client that recorded the master at a higher
+ * epoch must still follow them once its master says it is none: it then
+ * asks every sentinel, and believes a lower epoch that all of them give.
+ * Here the roles are swapped by hand (REPLICAOF) and the sentinels restarted
+ * fresh on their ports, monitoring the new master. Runs after the failover
+ * tests, which raised the epoch. */
+static void test_sentinels_lost_state(void **state)
+{
+    (void)state;
+    int m = master_port(), r = replica_port();
+    redisReply *x = cmd_at(T.sentinel[0].port, "SENTINEL MASTER %s", MASTER_NAME);
+    long long epoch = -1;
+    for (size_t k = 0; x && x->type == REDIS_REPLY_ARRAY && k + 1 < x->elements; k += 2)
+        if (!strcmp(x->element[k]->str, "config-epoch"))
+            epoch = atoll(x->element[k + 1]->str);
+    if (x)
+        freeReplyObject(x);
+    if (epoch < 1)
+        fail_msg("needs a config-epoch above 0 (the failover tests run first), got %lld", epoch);
+    dlock_config cfg;
+    sentinel_config(&cfg, "ts:e:", 0);
+    dlock_client *c;
+    assert_int_equal(dlock_client_open(&cfg, &c), DLOCK_OK);
+    assert_int_equal(dlock_acquire(c, "e1", 0, NULL), DLOCK_OK); /* recorded: m */
+    assert_int_equal(dlock_release(c, "e1"), DLOCK_OK);
+
+    /* new roles by hand, fresh sentinels monitoring r at epoch 0 */
+    freeReplyObject(cmd_at(r, "REPLICAOF NO ONE"));
+    freeReplyObject(cmd_at(m, "REPLICAOF 127.0.0.1 %d", r));
+    for (int i = 0; i < FX_SENTINELS; i++) {
+        T.sentinel[i].opts.sentinel_master_port = r;
+        assert_int_equal(fx_redis_restart(&T.sentinel[i]), 0);
+    }
+    assert_int_equal(wait_topology(r, m), 0);
+
+    /* the client follows within 10 s (generous; a check a second) */
+    int rc = DLOCK_EREDIS;
+    long long t0 = fx_now_ns();
+    while (rc != DLOCK_OK && fx_now_ns() < t0 + 10000LL * 1000000) {
+        rc = dlock_acquire(c, "e2", 0, NULL);
+        if (rc != DLOCK_OK)
+            fx_sleep_ms(50);
+    }
+    fprintf(stderr, "sentinels restarted at epoch 0 (the client had %lld): followed in %.1f s\n",
+            epoch, (fx_now_ns() - t0) / 1e9);
+    assert_int_equal(rc, DLOCK_OK);
+    assert_int_equal(key_exists(r, "ts:e:{e2}"), 1);
+    assert_int_equal(dlock_release(c, "e2"), DLOCK_OK);
+    dlock_client_close(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -585,6 +637,7 @@ int main(void)
         cmocka_unit_test(test_failover_in_storm),
         cmocka_unit_test(test_failover_clients_move_before_demotion),
         cmocka_unit_test(test_failover_leader_reconfiguring),
+        cmocka_unit_test(test_sentinels_lost_state),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
