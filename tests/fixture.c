@@ -188,6 +188,16 @@ static int spawn(fx_redis *r, long wait_ms)
         argv[n++] = FX_HOST;
         argv[n++] = mport;
     }
+    char nodes_conf[300];
+    if (r->opts.cluster) {
+        snprintf(nodes_conf, sizeof nodes_conf, "%s/nodes.conf", r->dir);
+        argv[n++] = "--cluster-enabled";
+        argv[n++] = "yes";
+        argv[n++] = "--cluster-config-file";
+        argv[n++] = nodes_conf;
+        argv[n++] = "--cluster-node-timeout";
+        argv[n++] = "2000";
+    }
     if (r->opts.never_promote) {
         argv[n++] = "--replica-priority";
         argv[n++] = "0";
@@ -641,4 +651,90 @@ void fx_sentinel_stop(fx_sentinel_set *t)
     for (int i = 2; i >= 0; i--)
         if (t->srv[i].dir[0])
             fx_redis_stop(&t->srv[i]);
+}
+
+/* ------------------------------------------------------------------ */
+/* Redis Cluster                                                        */
+
+/* 1 if the node at port says cluster_state:ok with every slot assigned. */
+static int cluster_ok(int port)
+{
+    redisReply *r = fx_cmd_at(port, "CLUSTER INFO");
+    int ok = r && r->type == REDIS_REPLY_STRING && strstr(r->str, "cluster_state:ok") &&
+             strstr(r->str, "cluster_slots_ok:16384");
+    if (r)
+        freeReplyObject(r);
+    return ok;
+}
+
+int fx_cluster_start(fx_cluster *c, int masters, int replicas)
+{
+    memset(c, 0, sizeof *c);
+    int total = masters * (1 + replicas);
+    if (masters < 3 || total > FX_CLUSTER_MAX) {
+        fprintf(stderr, "fixture: a cluster needs 3 masters or more, %d nodes at most\n",
+                FX_CLUSTER_MAX);
+        return -1;
+    }
+    fx_redis_opts o = {.cluster = 1};
+    size_t len = 0;
+    for (; c->n < total; c->n++) {
+        if (fx_redis_start_opts(&c->node[c->n], &o) != 0)
+            goto fail;
+        len += (size_t)snprintf(c->addrs + len, sizeof c->addrs - len, "%s%s:%d",
+                                c->n ? "," : "", FX_HOST, c->node[c->n].port);
+    }
+    /* redis-cli --cluster create 127.0.0.1:p ... --cluster-replicas R --cluster-yes */
+    char addr[FX_CLUSTER_MAX][24], reps[8];
+    char *argv[FX_CLUSTER_MAX + 8];
+    int a = 0;
+    argv[a++] = "redis-cli";
+    argv[a++] = "--cluster";
+    argv[a++] = "create";
+    for (int i = 0; i < total; i++) {
+        snprintf(addr[i], sizeof addr[i], "%s:%d", FX_HOST, c->node[i].port);
+        argv[a++] = addr[i];
+    }
+    snprintf(reps, sizeof reps, "%d", replicas);
+    argv[a++] = "--cluster-replicas";
+    argv[a++] = reps;
+    argv[a++] = "--cluster-yes";
+    argv[a] = NULL;
+    pid_t pid = fork();
+    if (pid < 0)
+        goto fail;
+    if (pid == 0) {
+        int nul = open("/dev/null", O_RDWR);
+        if (nul >= 0) {
+            dup2(nul, 0);
+            dup2(nul, 1);
+            dup2(nul, 2);
+        }
+        execvp("redis-cli", argv);
+        _exit(127);
+    }
+    if (!reap_within(pid, 30000)) {
+        kill_and_reap(pid);
+        fprintf(stderr, "fixture: redis-cli --cluster create did not finish in 30 s\n");
+        goto fail;
+    }
+    for (int t = 0; t < 3000; t++) {
+        int ok = 1;
+        for (int i = 0; ok && i < total; i++)
+            ok = cluster_ok(c->node[i].port);
+        if (ok)
+            return 0;
+        fx_sleep_ms(10);
+    }
+    fprintf(stderr, "fixture: the cluster did not reach cluster_state:ok in 30 s\n");
+fail:
+    fx_cluster_stop(c);
+    return -1;
+}
+
+void fx_cluster_stop(fx_cluster *c)
+{
+    for (int i = c->n - 1; i >= 0; i--)
+        fx_redis_stop(&c->node[i]);
+    c->n = 0;
 }

@@ -17,6 +17,8 @@ typedef struct fx_redis_opts {
     int unix_socket;          /* also listen on <dir>/redis.sock (fx_redis.unix_path) */
     int replica_of;           /* loopback port of a master to replicate; 0: none */
     int never_promote;        /* replica-priority 0: Sentinel never promotes it */
+    int cluster;              /* a Redis Cluster node (cluster-enabled, its
+                                 nodes.conf in dir, node timeout 2000 ms) */
     const char *requirepass;  /* the default user's password; NULL: none */
     const char *sentinel_master; /* non-NULL: run as a sentinel (redis-server
                                     --sentinel) monitoring this master name */
@@ -94,6 +96,21 @@ redisReply *fx_cmd_at(int port, const char *fmt, ...);
 
 /* 1 if the server at port says ROLE master. */
 int fx_is_master(int port);
+
+/* A Redis Cluster on loopback: `masters` masters, each with `replicas`
+ * replicas, all slots assigned (redis-cli --cluster create). */
+#define FX_CLUSTER_MAX 12
+typedef struct fx_cluster {
+    fx_redis node[FX_CLUSTER_MAX];
+    int n;                            /* nodes started */
+    char addrs[FX_CLUSTER_MAX * 24];  /* "127.0.0.1:p,..." of every node */
+} fx_cluster;
+
+/* Starts the nodes, creates the cluster and waits (at most 30 s) until every
+ * node says cluster_state:ok with all 16384 slots. 0, or -1 with a message
+ * on stderr (whatever started is stopped). */
+int fx_cluster_start(fx_cluster *c, int masters, int replicas);
+void fx_cluster_stop(fx_cluster *c);
 
 /* The one server of a test process, and cmocka-shaped fixtures for it (they
  * take cmocka's state argument and ignore it). */
