@@ -552,15 +552,21 @@ int fx_sentinel_reported(fx_sentinel_set *t, int i)
     return p;
 }
 
+/* 1 if the text that `cmd` (INFO or CLUSTER INFO) returns at port holds
+ * both a and b. */
+static int reply_has(int port, const char *cmd, const char *a, const char *b)
+{
+    redisReply *r = fx_cmd_at(port, cmd);
+    int ok = r && r->type == REDIS_REPLY_STRING && strstr(r->str, a) && strstr(r->str, b);
+    if (r)
+        freeReplyObject(r);
+    return ok;
+}
+
 /* 1 if the server at port is a replica whose link to its master is up. */
 static int replica_linked(int port)
 {
-    redisReply *r = fx_cmd_at(port, "INFO replication");
-    int up = r && r->type == REDIS_REPLY_STRING && strstr(r->str, "role:slave") &&
-             strstr(r->str, "master_link_status:up");
-    if (r)
-        freeReplyObject(r);
-    return up;
+    return reply_has(port, "INFO replication", "role:slave", "master_link_status:up");
 }
 
 /* 1 if sentinel i sees the master as healthy, with a replica and the
@@ -659,12 +665,7 @@ void fx_sentinel_stop(fx_sentinel_set *t)
 /* 1 if the node at port says cluster_state:ok with every slot assigned. */
 static int cluster_ok(int port)
 {
-    redisReply *r = fx_cmd_at(port, "CLUSTER INFO");
-    int ok = r && r->type == REDIS_REPLY_STRING && strstr(r->str, "cluster_state:ok") &&
-             strstr(r->str, "cluster_slots_ok:16384");
-    if (r)
-        freeReplyObject(r);
-    return ok;
+    return reply_has(port, "CLUSTER INFO", "cluster_state:ok", "cluster_slots_ok:16384");
 }
 
 int fx_cluster_start(fx_cluster *c, int masters, int replicas)
