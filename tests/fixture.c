@@ -141,6 +141,20 @@ static int ping_once(int port)
     return ok;
 }
 
+/* In a forked child: stdin, stdout and stderr on /dev/null (async-signal
+ * safe). */
+static void quiet_stdio(void)
+{
+    int nul = open("/dev/null", O_RDWR);
+    if (nul >= 0) {
+        dup2(nul, 0);
+        dup2(nul, 1);
+        dup2(nul, 2);
+        if (nul > 2)
+            close(nul);
+    }
+}
+
 /*
  * Spawns redis-server on r->port in r->dir and waits until it answers PING,
  * at most wait_ms. 0 on success (r->pid set); -1 if it exited or never
@@ -218,14 +232,7 @@ static int spawn(fx_redis *r, long wait_ms)
     }
     if (pid == 0) {
         /* Only async-signal-safe calls until exec. */
-        int nul = open("/dev/null", O_RDWR);
-        if (nul >= 0) {
-            dup2(nul, 0);
-            dup2(nul, 1);
-            dup2(nul, 2);
-            if (nul > 2)
-                close(nul);
-        }
+        quiet_stdio();
         if (main_thread) {
             prctl(PR_SET_PDEATHSIG, SIGKILL);
             if (getppid() != parent)
@@ -705,12 +712,7 @@ int fx_cluster_start(fx_cluster *c, int masters, int replicas)
     if (pid < 0)
         goto fail;
     if (pid == 0) {
-        int nul = open("/dev/null", O_RDWR);
-        if (nul >= 0) {
-            dup2(nul, 0);
-            dup2(nul, 1);
-            dup2(nul, 2);
-        }
+        quiet_stdio();
         execvp("redis-cli", argv);
         _exit(127);
     }

@@ -250,8 +250,17 @@ static void test_min_replicas_partial_round(void **state)
 #define CLIENTS 2
 #define THREADS 3
 
-typedef struct storm {
+typedef struct storm storm;
+
+typedef struct worker {
+    storm *s;
+    int client, idx;
+} worker;
+
+struct storm {
     dlock_client *c[CLIENTS];
+    worker w[CLIENTS * THREADS];
+    pthread_t th[CLIENTS * THREADS];
     volatile int stop;
     int occupancy[NAMES];
     uint64_t last_token[NAMES];
@@ -261,12 +270,8 @@ typedef struct storm {
     long long max_gap_ns; /* longest time between two successes of the storm */
     long long last_any_ok_ns;
     pthread_mutex_t mu;   /* guards the figures above, not the lock under test */
-} storm;
+};
 
-typedef struct worker {
-    storm *s;
-    int client, idx;
-} worker;
 
 static void *storm_thread(void *arg)
 {
@@ -321,6 +326,35 @@ static void *storm_thread(void *arg)
     return NULL;
 }
 
+/* Opens CLIENTS clients with cfg and starts their THREADS threads each. */
+static void storm_start(storm *s, const dlock_config *cfg)
+{
+    memset(s, 0, sizeof *s);
+    pthread_mutex_init(&s->mu, NULL);
+    for (int k = 0; k < CLIENTS; k++)
+        assert_int_equal(dlock_client_open(cfg, &s->c[k]), DLOCK_OK);
+    for (int i = 0; i < CLIENTS * THREADS; i++) {
+        s->w[i] = (worker){.s = s, .client = i / THREADS, .idx = i};
+        assert_int_equal(pthread_create(&s->th[i], NULL, storm_thread, &s->w[i]), 0);
+    }
+}
+
+/* Stops and joins the threads; the figures stay readable. */
+static void storm_stop(storm *s)
+{
+    __atomic_store_n(&s->stop, 1, __ATOMIC_RELAXED);
+    for (int i = 0; i < CLIENTS * THREADS; i++)
+        pthread_join(s->th[i], NULL);
+}
+
+/* Closes the clients. */
+static void storm_close(storm *s)
+{
+    for (int k = 0; k < CLIENTS; k++)
+        dlock_client_close(s->c[k]);
+    pthread_mutex_destroy(&s->mu);
+}
+
 /* SENTINEL FAILOVER in the middle of a storm with min_replicas 1: every
  * grant is on the replica before its holder runs, so the promoted replica
  * keeps every lease a thread holds: no overlap, no token regression, errors
@@ -331,19 +365,10 @@ static void test_failover_in_storm(void **state)
     (void)state;
     int old_master = master_port(), old_replica = replica_port();
     storm s;
-    memset(&s, 0, sizeof s);
-    pthread_mutex_init(&s.mu, NULL);
     dlock_config cfg;
     sentinel_config(&cfg, "ts:f:", 1);
     cfg.lease_ms = 3000;
-    for (int k = 0; k < CLIENTS; k++)
-        assert_int_equal(dlock_client_open(&cfg, &s.c[k]), DLOCK_OK);
-    worker w[CLIENTS * THREADS];
-    pthread_t th[CLIENTS * THREADS];
-    for (int i = 0; i < CLIENTS * THREADS; i++) {
-        w[i] = (worker){.s = &s, .client = i / THREADS, .idx = i};
-        assert_int_equal(pthread_create(&th[i], NULL, storm_thread, &w[i]), 0);
-    }
+    storm_start(&s, &cfg);
     fx_sleep_ms(1500);
     pthread_mutex_lock(&s.mu);
     long long before = s.ok;
@@ -375,9 +400,7 @@ static void test_failover_in_storm(void **state)
         if (demoted_ns && ok >= ok_at_demotion + 200)
             resumed_ns = now;
     }
-    __atomic_store_n(&s.stop, 1, __ATOMIC_RELAXED);
-    for (int i = 0; i < CLIENTS * THREADS; i++)
-        pthread_join(th[i], NULL);
+    storm_stop(&s);
     fprintf(stderr, "failover: %lld acquisitions before, %lld in all; %lld DLOCK_EREDIS, %lld "
                     "timeouts; after SENTINEL FAILOVER: replica promoted %.1f s, old master a "
                     "replica %.1f s, 200 acquisitions on the new master %.1f s; longest time "
@@ -392,9 +415,7 @@ static void test_failover_in_storm(void **state)
     assert_int_equal(s.regressions, 0);
     assert_int_equal(s.other_errors, 0);
     assert_true(is_master(old_replica));
-    for (int k = 0; k < CLIENTS; k++)
-        dlock_client_close(s.c[k]);
-    pthread_mutex_destroy(&s.mu);
+    storm_close(&s);
     assert_int_equal(wait_topology(old_replica, old_master), 0);
 
     /* a new client finds the new master at once, and its wake-ups work */
@@ -420,19 +441,10 @@ static void test_failover_clients_move_before_demotion(void **state)
     (void)state;
     int old_master = master_port(), old_replica = replica_port();
     storm s;
-    memset(&s, 0, sizeof s);
-    pthread_mutex_init(&s.mu, NULL);
     dlock_config cfg;
     sentinel_config(&cfg, "ts:g:", 0);
     cfg.lease_ms = 3000;
-    for (int k = 0; k < CLIENTS; k++)
-        assert_int_equal(dlock_client_open(&cfg, &s.c[k]), DLOCK_OK);
-    worker w[CLIENTS * THREADS];
-    pthread_t th[CLIENTS * THREADS];
-    for (int i = 0; i < CLIENTS * THREADS; i++) {
-        w[i] = (worker){.s = &s, .client = i / THREADS, .idx = i};
-        assert_int_equal(pthread_create(&th[i], NULL, storm_thread, &w[i]), 0);
-    }
+    storm_start(&s, &cfg);
     fx_sleep_ms(1500);
     long long t0 = fx_now_ns();
     redisReply *r = cmd_at(T.sentinel[0].port, "SENTINEL FAILOVER %s", MASTER_NAME);
@@ -469,9 +481,7 @@ static void test_failover_clients_move_before_demotion(void **state)
     long long ok_before_stop = s.ok;
     pthread_mutex_unlock(&s.mu);
     fx_sleep_ms(500);
-    __atomic_store_n(&s.stop, 1, __ATOMIC_RELAXED);
-    for (int i = 0; i < CLIENTS * THREADS; i++)
-        pthread_join(th[i], NULL);
+    storm_stop(&s);
     fprintf(stderr, "failover without min_replicas: the old master's last script call %.1f s "
                     "after SENTINEL FAILOVER, demoted at %.1f s; %lld acquisitions, %lld "
                     "DLOCK_EREDIS, %lld timeouts, %lld overlaps, %lld token regressions\n",
@@ -482,9 +492,7 @@ static void test_failover_clients_move_before_demotion(void **state)
     assert_int_equal(subs, CLIENTS);
     assert_true(s.ok > ok_before_stop);        /* still acquiring, on the new master */
     assert_int_equal(s.other_errors, 0);
-    for (int k = 0; k < CLIENTS; k++)
-        dlock_client_close(s.c[k]);
-    pthread_mutex_destroy(&s.mu);
+    storm_close(&s);
     assert_int_equal(wait_topology(old_replica, old_master), 0);
 }
 
@@ -505,20 +513,11 @@ static void test_failover_leader_reconfiguring(void **state)
     assert_int_equal(fx_sentinel_start_n(&t2, "tl", 2, 5000), 0);
     int a = t2.srv[0].port, b = t2.srv[1].port;
     storm s;
-    memset(&s, 0, sizeof s);
-    pthread_mutex_init(&s.mu, NULL);
     dlock_config cfg;
     sentinel_config(&cfg, "ts:l:", 0);
     cfg.sentinels = t2.addrs; /* the leader, sentinel 0, is asked first */
     cfg.sentinel_master = "tl";
-    for (int k = 0; k < CLIENTS; k++)
-        assert_int_equal(dlock_client_open(&cfg, &s.c[k]), DLOCK_OK);
-    worker w[CLIENTS * THREADS];
-    pthread_t th[CLIENTS * THREADS];
-    for (int i = 0; i < CLIENTS * THREADS; i++) {
-        w[i] = (worker){.s = &s, .client = i / THREADS, .idx = i};
-        assert_int_equal(pthread_create(&th[i], NULL, storm_thread, &w[i]), 0);
-    }
+    storm_start(&s, &cfg);
     fx_sleep_ms(1000);
     /* The third server (never promoted) stops answering: the leader waits
      * for it to follow the new master until its failover-timeout. */
@@ -556,17 +555,13 @@ static void test_failover_leader_reconfiguring(void **state)
         }
         fx_sleep_ms(20);
     }
-    __atomic_store_n(&s.stop, 1, __ATOMIC_RELAXED);
-    for (int i = 0; i < CLIENTS * THREADS; i++)
-        pthread_join(th[i], NULL);
+    storm_stop(&s);
     fprintf(stderr, "leader reconfiguring: the promoted replica served its first lock call "
                     "%.1f s after SENTINEL FAILOVER; %lld calls reached the old master after "
                     "that; the leader's SENTINEL MASTER named it at %.1f s\n",
             b_first_ns ? (b_first_ns - t0) / 1e9 : -1.0, a_after,
             leader_moved_ns ? (leader_moved_ns - t0) / 1e9 : -1.0);
-    for (int k = 0; k < CLIENTS; k++)
-        dlock_client_close(s.c[k]);
-    pthread_mutex_destroy(&s.mu);
+    storm_close(&s);
     fx_redis_signal(&t2.srv[2], SIGCONT);
     fx_sentinel_stop(&t2);
     assert_true(b_first_ns > 0);
