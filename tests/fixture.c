@@ -177,11 +177,12 @@ static int spawn(fx_redis *r, long wait_ms)
         }
         fprintf(f, "sentinel monitor %s %s %d 2\n"
                    "sentinel down-after-milliseconds %s %d\n"
-                   "sentinel failover-timeout %s 5000\n",
+                   "sentinel failover-timeout %s %d\n",
                 r->opts.sentinel_master, FX_HOST, r->opts.sentinel_master_port,
                 r->opts.sentinel_master,
                 r->opts.sentinel_down_ms ? r->opts.sentinel_down_ms : 1000,
-                r->opts.sentinel_master);
+                r->opts.sentinel_master,
+                r->opts.sentinel_down_ms > 5000 ? r->opts.sentinel_down_ms : 5000);
         fclose(f);
         argv[n++] = conf;
         argv[n++] = "--sentinel";

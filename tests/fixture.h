@@ -24,7 +24,7 @@ typedef struct fx_redis_opts {
                                     --sentinel) monitoring this master name */
     int sentinel_master_port; /* ... at 127.0.0.1:this port, quorum 2, down after
                                  sentinel_down_ms (0: 1000 ms), failover timeout
-                                 5000 ms */
+                                 the larger of 5000 ms and sentinel_down_ms */
     int sentinel_down_ms;
 } fx_redis_opts;
 

@@ -27,6 +27,7 @@
 
 #include "fixture.h"
 #include "proxy.h"
+#include "sentinel.h"
 
 #define MASTER_NAME "tm"
 
@@ -499,18 +500,22 @@ static void test_failover_clients_move_before_demotion(void **state)
 /* The sentinel that runs a failover raises the config-epoch when it
  * promotes the replica, but its SENTINEL MASTER keeps naming the old master
  * until every other replica is reconfigured (here: never, the other replica
- * is stopped as the failover starts, so for the failover-timeout, 5 s). A client asking that sentinel
- * first must still move to the promoted replica and not come back to the
- * old master (the address is taken from get-master-addr-by-name, which
- * names the promoted replica in that window). A topology of its own: a
- * master, two replicas, three sentinels. */
+ * is stopped as the failover starts, so for the failover-timeout, 8 s). A
+ * client asking that sentinel first must still move to the promoted replica
+ * and not come back to the old master (the address is taken from
+ * get-master-addr-by-name, which names the promoted replica in that
+ * window). Each client moves at its own next check of the sentinels, so
+ * calls on the old master are counted from SETTLE_MS after the first call
+ * on the promoted replica: every client has checked by then, and each
+ * checks again (asking the leader first) at least once a second after. A
+ * topology of its own: a master, two replicas, three sentinels. */
 static void test_failover_leader_reconfiguring(void **state)
 {
     (void)state;
     fx_sentinel_set t2;
-    /* down-after 5 s: the stopped replica is not given up on for 5 s, and
-     * the leader waits for it that long */
-    assert_int_equal(fx_sentinel_start_n(&t2, "tl", 2, 5000), 0);
+    /* down-after 8 s: the stopped replica is not given up on for 8 s, and
+     * the leader waits for it that long (failover-timeout 8 s) */
+    assert_int_equal(fx_sentinel_start_n(&t2, "tl", 2, 8000), 0);
     int a = t2.srv[0].port, b = t2.srv[1].port;
     storm s;
     dlock_config cfg;
@@ -528,21 +533,26 @@ static void test_failover_leader_reconfiguring(void **state)
     if (r->type == REDIS_REPLY_ERROR)
         fail_msg("SENTINEL FAILOVER: %s", r->str);
     freeReplyObject(r);
-    /* Watch for 4.5 s (within the leader's 5 s of reconfiguration): when
-     * did B first serve a lock call, did A serve any after that, and when
-     * did the leader's SENTINEL MASTER start naming B? */
+    /* Watch for 7.5 s (within the leader's 8 s of reconfiguration): when
+     * did B first serve a lock call, did A serve any once every client had
+     * had time to move, and when did the leader's SENTINEL MASTER start
+     * naming B? SETTLE_MS: one check period plus one sentinel's timeout,
+     * with as much again for a loaded 2-core machine. */
+    const long long SETTLE_MS = 2 * (DLOCK_SENTINEL_CHECK_MS + DLOCK_SENTINEL_TIMEOUT_MS);
     long long b0 = fx_info_calls("127.0.0.1", b, "evalsha") + fx_info_calls("127.0.0.1", b, "eval");
     long long a_at_b = -1, a_after = 0, b_first_ns = 0, leader_moved_ns = 0;
-    while (fx_now_ns() < t0 + 4500LL * 1000000) {
+    while (fx_now_ns() < t0 + 7500LL * 1000000) {
         long long bc = fx_info_calls("127.0.0.1", b, "evalsha") +
                        fx_info_calls("127.0.0.1", b, "eval");
         long long ac = fx_info_calls("127.0.0.1", a, "evalsha") +
                        fx_info_calls("127.0.0.1", a, "eval");
         if (!b_first_ns && bc > b0) {
             b_first_ns = fx_now_ns();
-            a_at_b = ac;
-        } else if (b_first_ns && ac > a_at_b) {
-            a_after = ac - a_at_b;
+        } else if (b_first_ns && fx_now_ns() >= b_first_ns + SETTLE_MS * 1000000) {
+            if (a_at_b < 0)
+                a_at_b = ac;
+            else if (ac > a_at_b)
+                a_after = ac - a_at_b;
         }
         if (!leader_moved_ns) {
             /* when does the leader's SENTINEL MASTER name B? */
@@ -557,14 +567,19 @@ static void test_failover_leader_reconfiguring(void **state)
     }
     storm_stop(&s);
     fprintf(stderr, "leader reconfiguring: the promoted replica served its first lock call "
-                    "%.1f s after SENTINEL FAILOVER; %lld calls reached the old master after "
-                    "that; the leader's SENTINEL MASTER named it at %.1f s\n",
+                    "%.1f s after SENTINEL FAILOVER; %lld calls reached the old master from "
+                    "%.1f s on; the leader's SENTINEL MASTER named it at %.1f s\n",
             b_first_ns ? (b_first_ns - t0) / 1e9 : -1.0, a_after,
+            b_first_ns ? (b_first_ns - t0) / 1e9 + SETTLE_MS / 1e3 : -1.0,
             leader_moved_ns ? (leader_moved_ns - t0) / 1e9 : -1.0);
     storm_close(&s);
     fx_redis_signal(&t2.srv[2], SIGCONT);
     fx_sentinel_stop(&t2);
     assert_true(b_first_ns > 0);
+    /* moved early enough to leave a window of a second or more: 1.0 s on
+     * an idle machine, 4 s is generous */
+    assert_true(b_first_ns - t0 < 4000LL * 1000000);
+    assert_true(a_at_b >= 0);
     /* moved while the leader's SENTINEL MASTER still named A */
     assert_true(!leader_moved_ns || b_first_ns < leader_moved_ns);
     assert_int_equal(a_after, 0);
