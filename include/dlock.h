@@ -94,9 +94,10 @@ typedef struct dlock_config {
                                    DLOCK_WAITER_TTL_MIN_MS..DLOCK_LEASE_MAX_MS;
                                    default 2000 */
     /* Where the server is: exactly one of redis_host/redis_port (the
-     * default), redis_unix_path and sentinels names it. Setting one of the
-     * last two while redis_host or redis_port differs from its default is
-     * DLOCK_EINVAL (set redis_host to NULL, or leave both alone). */
+     * default), redis_unix_path, sentinels and cluster_nodes names it.
+     * Setting one of the last three while redis_host or redis_port differs
+     * from its default is DLOCK_EINVAL (set redis_host to NULL, or leave
+     * both alone). */
     const char *redis_unix_path;   /* connect over this Unix socket; default NULL */
     const char *sentinels;         /* "host:port,host:port,...": Sentinel mode; the
                                       master named sentinel_master is asked of them
@@ -121,6 +122,13 @@ typedef struct dlock_config {
                                       a wake-up, not a direct grant (one acquire
                                       more per crossing). 0..DLOCK_MIN_REPLICAS_MAX;
                                       default 0: no WAIT */
+    const char *cluster_nodes;     /* "host:port,host:port,...": Redis Cluster mode;
+                                      these seed nodes are asked for the slot map,
+                                      and each lock name goes to the master of its
+                                      slot (README: Deployments). key_prefix must
+                                      hold no brace, redis_db must be 0, and a
+                                      name must not start with '}' (DLOCK_EINVAL);
+                                      default NULL */
 } dlock_config;
 
 /* Fills *cfg with the defaults above. Always call it before setting fields,

@@ -153,7 +153,11 @@ static int exchange(dlock_batch *b, redisContext *conn, dlock_call **batch, unsi
         dlock_call *call = batch[i];
         if (call->rc != DLOCK_OK || call->reply)
             continue;
-        if (dlock_conn_append_eval(conn, b->ctr, call->id, use_sha, call->nkeys, call->nargs,
+        const char *asking[1] = {"ASKING"};
+        if (call->asking)
+            dlock_count(&b->ctr->redis_commands, 1);
+        if ((call->asking && redisAppendCommandArgv(conn, 1, asking, NULL) != REDIS_OK) ||
+            dlock_conn_append_eval(conn, b->ctr, call->id, use_sha, call->nkeys, call->nargs,
                                    call->argv, NULL) != 0) {
             fail_unsent_oom(batch, n, conn);
             return -1;
@@ -189,6 +193,14 @@ static int exchange(dlock_batch *b, redisContext *conn, dlock_call **batch, unsi
         if (call->rc != DLOCK_OK || call->reply)
             continue;
         redisReply *r;
+        if (call->asking) {
+            /* ASKING's +OK; an error there shows in the script's reply */
+            if (dlock_conn_read(conn, deadline, &r) != 0) {
+                fail_rest(batch, i, n, conn);
+                return -1;
+            }
+            freeReplyObject(r);
+        }
         if (dlock_conn_read(conn, deadline, &r) != 0) {
             fail_rest(batch, i, n, conn);
             return -1;

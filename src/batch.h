@@ -39,6 +39,8 @@ typedef struct dlock_call {
     int nkeys, nargs;
     const char **argv; /* nkeys keys, then nargs arguments; NUL-terminated */
     int64_t deadline;  /* monotonic: stop waiting for a connection (DLOCK_NEVER: none) */
+    int asking;        /* Cluster mode, after an ASK redirect: ASKING goes just before
+                          the script, on the same connection */
     /* outputs */
     redisReply *reply; /* DLOCK_OK: the reply (a Redis error is a REDIS_REPLY_ERROR
                           reply); the caller frees it with freeReplyObject */

@@ -93,6 +93,7 @@
 
 #include "common.h"
 #include "batch.h"
+#include "cluster.h"
 #include "conn.h"
 #include "error.h"
 #include "renew.h"
@@ -138,8 +139,9 @@ struct dlock_client {
     dlock_counters ctr;
     dlock_counters sub_ctr; /* the subscriber's own: its keepalives are not lock traffic */
     dlock_table *table;
-    dlock_pool *pool;
+    dlock_pool *pool;   /* NULL in Cluster mode: each node has its own */
     dlock_batch *batch; /* the caller threads' script calls, pipelined over pool */
+    dlock_cluster *cluster; /* Cluster mode: the slot map and the nodes */
     dlock_renew *renew;
     dlock_sub *sub;
 };
@@ -253,15 +255,24 @@ void dlock_config_init(dlock_config *cfg)
 static int check_server_config(const dlock_config *cfg)
 {
     int by_unix = cfg->redis_unix_path != NULL, by_sentinel = cfg->sentinels != NULL;
+    int by_cluster = cfg->cluster_nodes != NULL;
     int host_set = (cfg->redis_host && strcmp(cfg->redis_host, "127.0.0.1") != 0) ||
                    cfg->redis_port != 6379;
-    if (by_unix && by_sentinel)
-        return dlock_err_set(DLOCK_EINVAL, "redis_unix_path and sentinels both name the server: "
-                                           "set one of them");
-    if ((by_unix || by_sentinel) && host_set)
+    const char *set[3];
+    int nset = 0;
+    if (by_unix)
+        set[nset++] = "redis_unix_path";
+    if (by_sentinel)
+        set[nset++] = "sentinels";
+    if (by_cluster)
+        set[nset++] = "cluster_nodes";
+    if (nset > 1)
+        return dlock_err_set(DLOCK_EINVAL, "%s and %s both name the server: set one of them",
+                             set[0], set[1]);
+    if (nset && host_set)
         return dlock_err_set(DLOCK_EINVAL, "%s and redis_host/redis_port (%s:%d) both name the "
                              "server: set redis_host to NULL, or leave host and port at their "
-                             "defaults", by_unix ? "redis_unix_path" : "sentinels",
+                             "defaults", set[0],
                              cfg->redis_host ? cfg->redis_host : "NULL", cfg->redis_port);
     if (by_unix) {
         if (!cfg->redis_unix_path[0])
@@ -269,7 +280,7 @@ static int check_server_config(const dlock_config *cfg)
         if (strlen(cfg->redis_unix_path) >= sizeof(((struct sockaddr_un *)0)->sun_path))
             return dlock_err_set(DLOCK_EINVAL, "redis_unix_path is longer than %zu bytes",
                                  sizeof(((struct sockaddr_un *)0)->sun_path) - 1);
-    } else if (!by_sentinel) {
+    } else if (!nset) {
         if (!cfg->redis_host || !cfg->redis_host[0])
             return dlock_err_set(DLOCK_EINVAL, "redis_host is NULL or empty");
         if (cfg->redis_port <= 0 || cfg->redis_port > 65535)
@@ -287,6 +298,16 @@ static int check_server_config(const dlock_config *cfg)
                              ? "redis_username needs redis_password (any string for a user "
                                "with nopass)"
                              : "redis_username is empty");
+    if (by_cluster) {
+        /* A cluster has database 0 only; a brace in the prefix would make
+         * it, not the name, the keys' hash tag (or leave an empty one). */
+        if (cfg->redis_db != 0)
+            return dlock_err_set(DLOCK_EINVAL, "redis_db %d: a Redis Cluster has database 0 "
+                                 "only", cfg->redis_db);
+        if (cfg->key_prefix && strpbrk(cfg->key_prefix, "{}"))
+            return dlock_err_set(DLOCK_EINVAL, "key_prefix \"%s\" holds a brace: in Cluster "
+                                 "mode the name is each key's hash tag", cfg->key_prefix);
+    }
     return DLOCK_OK;
 }
 
@@ -359,6 +380,7 @@ static void client_free(dlock_client *c)
     dlock_renew_stop(c->renew);
     dlock_batch_destroy(c->batch);
     dlock_pool_destroy(c->pool);
+    dlock_cluster_destroy(c->cluster);
     dlock_table_destroy(c->table);
     free(c->conn.host);
     free(c->conn.password);
@@ -557,11 +579,21 @@ int dlock_client_open(const dlock_config *cfg, dlock_client **out)
     c->args = (dlock_script_args){c->id, c->lease_str, c->pass_limit_str, c->waiter_ttl_str,
                                   c->wake_prefix, c->keep_str};
     c->table = dlock_table_create(c->prefix, c->id, &c->ctr);
-    c->pool = dlock_pool_create(&c->conn, cfg->pool_size, &c->ctr);
-    if (c->pool)
-        c->batch = dlock_batch_create(c->pool, cfg->pool_size, cfg->command_timeout_ms,
-                                      cfg->min_replicas, cfg->sentinels != NULL, &c->ctr);
-    if (!c->table || !c->pool || !c->batch) {
+    if (cfg->cluster_nodes) {
+        rc = dlock_cluster_create(&c->conn, cfg->cluster_nodes, cfg->pool_size,
+                                  cfg->min_replicas, &c->ctr, &c->cluster);
+        if (rc != DLOCK_OK) {
+            client_free(c);
+            return rc;
+        }
+        c->conn.cluster = c->cluster; /* the subscriber connects to any node */
+    } else {
+        c->pool = dlock_pool_create(&c->conn, cfg->pool_size, &c->ctr);
+        if (c->pool)
+            c->batch = dlock_batch_create(c->pool, cfg->pool_size, cfg->command_timeout_ms,
+                                          cfg->min_replicas, cfg->sentinels != NULL, &c->ctr);
+    }
+    if (!c->table || (!c->cluster && (!c->pool || !c->batch))) {
         client_free(c);
         return dlock_err_set(DLOCK_ENOMEM, "out of memory");
     }
@@ -599,7 +631,9 @@ int dlock_client_open(const dlock_config *cfg, dlock_client **out)
     /* Connect once now so that the first acquire is fast; an unreachable
      * Redis is reported by later calls, not here. */
     redisContext *rc_conn;
-    if (dlock_pool_get(c->pool, DLOCK_NEVER, &rc_conn) == DLOCK_OK)
+    if (c->cluster)
+        dlock_cluster_refresh(c->cluster, 1);
+    else if (dlock_pool_get(c->pool, DLOCK_NEVER, &rc_conn) == DLOCK_OK)
         dlock_pool_put(c->pool, rc_conn, 0);
     dlock_err_clear();
     *out = c;
@@ -630,6 +664,9 @@ static int check_call(dlock_client *c, const char *name, size_t *len)
         return dlock_err_set(DLOCK_EINVAL, "name is empty");
     if (*len > DLOCK_NAME_MAX)
         return dlock_err_set(DLOCK_EINVAL, "name is longer than %d bytes", DLOCK_NAME_MAX);
+    if (c->cluster && name[0] == '}')
+        return dlock_err_set(DLOCK_EINVAL, "name \"%s\" starts with '}': in Cluster mode its "
+                             "keys would have no hash tag and land in different slots", name);
     return DLOCK_OK;
 }
 
@@ -659,6 +696,13 @@ static uint64_t jitter_rand(void)
  * the message set and *sent telling whether the command may have reached
  * Redis. Called without any lock held (the caller may lead a batch).
  */
+/* Cluster mode: the node serving slot now, or `node` if none is known. */
+static dlock_cluster_node *route_or(dlock_client *c, unsigned slot, dlock_cluster_node *node)
+{
+    dlock_cluster_node *n = dlock_cluster_route(c->cluster, slot);
+    return n ? n : node;
+}
+
 static int call_script(dlock_client *c, dlock_script_id id, int nargs, const char **argv,
                        const char *what, const char *name, int64_t deadline, redisReply **out,
                        int *sent, int *acked)
@@ -666,10 +710,59 @@ static int call_script(dlock_client *c, dlock_script_id id, int nargs, const cha
     *sent = 0;
     if (acked)
         *acked = -1;
-    for (uint32_t attempt = 0;; attempt++) {
+    dlock_batch *b = c->batch;
+    dlock_cluster_node *node = NULL;
+    unsigned slot = 0, redirects = 0, busy = 0;
+    int asking = 0;
+    if (c->cluster) {
+        slot = dlock_cluster_slot(argv[0], strlen(argv[0]));
+        if (!(node = dlock_cluster_route(c->cluster, slot)))
+            return dlock_err_set(DLOCK_EREDIS, "redis %s of '%s': %s", what, name,
+                                 dlock_last_error());
+    }
+    for (uint32_t attempt = 0;;) {
+        if (node)
+            b = node->batch;
         dlock_call call = {.id = id, .nkeys = DLOCK_SCRIPT_KEYS, .nargs = nargs, .argv = argv,
-                           .deadline = deadline};
-        int rc = dlock_batch_run(c->batch, &call);
+                           .deadline = deadline, .asking = asking};
+        int rc = dlock_batch_run(b, &call);
+        if (rc == DLOCK_OK && node) {
+            /* Cluster: a redirect or a busy slot did not run the script */
+            char host[256];
+            int port;
+            unsigned to;
+            int kind = dlock_cluster_redirect(call.reply, node->cfg.host, &to, host, sizeof host,
+                                              &port);
+            if (kind != DLOCK_REDIRECT_NONE && redirects < DLOCK_CLUSTER_REDIRECTS_MAX) {
+                dlock_cluster_node *next = dlock_cluster_node_at(c->cluster, host, port);
+                if (next) {
+                    redirects++;
+                    freeReplyObject(call.reply);
+                    if (kind == DLOCK_REDIRECT_MOVED)
+                        dlock_cluster_set_slot(c->cluster, to, next);
+                    asking = kind == DLOCK_REDIRECT_ASK; /* this once, no map change */
+                    node = next;
+                    continue;
+                }
+            }
+            if (dlock_cluster_is_busy(call.reply) && busy < 10) {
+                /* TRYAGAIN (a migration under way) or CLUSTERDOWN (a
+                 * failover): 10, 20, 40 .. 100 ms pauses within the
+                 * caller's deadline, at most 10 */
+                int64_t pause = (int64_t)(10 << (busy < 4 ? busy : 4)) * DLOCK_NS_PER_MS;
+                if (pause > 100 * DLOCK_NS_PER_MS)
+                    pause = 100 * DLOCK_NS_PER_MS;
+                if (deadline == DLOCK_NEVER || dlock_now_ns() + pause < deadline) {
+                    busy++;
+                    freeReplyObject(call.reply);
+                    struct timespec ts = {0, (long)pause};
+                    nanosleep(&ts, NULL);
+                    if (!asking)
+                        node = route_or(c, slot, node);
+                    continue;
+                }
+            }
+        }
         if (rc == DLOCK_OK) {
             *sent = 1;
             *out = call.reply;
@@ -677,12 +770,16 @@ static int call_script(dlock_client *c, dlock_script_id id, int nargs, const cha
                 *acked = call.acked;
             return DLOCK_OK;
         }
+        if (node && rc == DLOCK_EREDIS)
+            dlock_cluster_refresh(c->cluster, 0); /* a failover? at most every 100 ms */
         if (!call.sent)
             return dlock_err_set(rc, "%s", call.err);
         *sent = 1;
         rc = dlock_err_set(rc, "redis %s of '%s': %s", what, name, call.err);
-        if (!call.closed || attempt >= c->pool_size)
+        if (!call.closed || ++attempt > c->pool_size)
             return rc;
+        if (node && !asking)
+            node = route_or(c, slot, node);
     }
 }
 

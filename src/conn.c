@@ -24,6 +24,7 @@
 
 #include "conn.h"
 #include "error.h"
+#include "cluster.h"
 #include "sentinel.h"
 
 void dlock_block_signals(sigset_t *old)
@@ -464,6 +465,9 @@ int dlock_conn_open(const dlock_conn_cfg *cfg, dlock_counters *ctr, redisContext
         int rc = dlock_sentinel_master(cfg, ctr, master, sizeof master, &port);
         if (rc != DLOCK_OK)
             return rc;
+        host = master;
+    } else if (cfg->cluster) {
+        dlock_cluster_any(cfg->cluster, master, sizeof master, &port);
         host = master;
     }
     if (cfg->unix_path)

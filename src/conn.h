@@ -20,9 +20,10 @@ typedef struct dlock_addr {
 } dlock_addr;
 
 typedef struct dlock_master dlock_master; /* sentinel.h */
+typedef struct dlock_cluster dlock_cluster; /* cluster.h */
 
-/* Where and how to connect: exactly one of host/port, unix_path and
- * sentinels names the server (dlock_client_open checks it). */
+/* Where and how to connect: exactly one of host/port, unix_path,
+ * sentinels and cluster names the server (dlock_client_open checks it). */
 typedef struct dlock_conn_cfg {
     char *host;
     int port;
@@ -35,6 +36,8 @@ typedef struct dlock_conn_cfg {
     char *sentinel_master;
     char *sentinel_password; /* NULL: sentinels need no AUTH */
     dlock_master *master;  /* Sentinel mode: the client's record of the master */
+    dlock_cluster *cluster; /* Cluster mode: a connection to any node, in turn
+                               (each node's own settings have their address) */
     uint32_t min_replicas; /* > 0: a new connection checks that WAIT is allowed */
     uint32_t connect_timeout_ms;
     uint32_t command_timeout_ms;
@@ -90,7 +93,8 @@ int dlock_conn_check_master(redisContext *c, const redisReply *reply);
  */
 
 /* Opens a ready connection: in Sentinel mode the master's address asked of
- * the sentinels first (dlock_sentinel_master); connected within the connect
+ * the sentinels first (dlock_sentinel_master), in Cluster mode the next
+ * node in turn (dlock_cluster_any); connected within the connect
  * timeout, then authenticated, in Sentinel mode checked with ROLE to be a
  * master, database selected, the server checked (dlock_conn_check_info)
  * and scripts loaded if their digests are not known yet, each exchange within

@@ -47,6 +47,7 @@
 #include <string.h>
 
 #include "error.h"
+#include "cluster.h"
 #include "renew.h"
 #include "sentinel.h"
 
@@ -70,11 +71,20 @@ typedef struct orphan {
     int64_t next_try_ns;    /* when the next release try is due */
     int64_t backoff_ns;     /* pause before the try after that */
     int result;             /* of the last try (release_orphans) */
+    int lane, sent, redo;   /* release_orphans' bookkeeping for the try */
     char nonce[24];         /* decimal */
     char *keys[DLOCK_KEYS]; /* copies of the entry's keys, in buf */
     char *name;             /* in buf */
     char buf[];
 } orphan;
+
+/* One connection of the manager: to the server, or in Cluster mode to one
+ * master (lane i: node i of the slot map). */
+typedef struct lane {
+    redisContext *conn;
+    int wrote; /* appended to since the last flush */
+    int acked; /* a renewal ran here this round: WAIT here (min_replicas) */
+} lane;
 
 struct dlock_renew {
     dlock_renew_cfg cfg;
@@ -91,12 +101,15 @@ struct dlock_renew {
                                 the latest; DLOCK_NEVER: at the period's end */
     int writing;             /* guarded by mu: a renewal write is in progress */
     int stop;                /* guarded by mu */
-    redisContext *conn;      /* the manager thread's own connection */
+    lane *lanes;             /* the manager thread's connections (see lane_open); only */
+    unsigned nlanes;         /* that thread touches them, and dlock_renew_stop after it */
     int64_t period_ns, drift_ns;
 };
 
 typedef struct snap {
     dlock_entry *e;
+    int lane;      /* where its renewal goes: -1 nowhere (no node known) */
+    unsigned slot; /* Cluster mode: its keys' slot */
     uint64_t epoch;
     dlock_renew_item *item; /* identity only: compared, never dereferenced */
     char token[24];
@@ -196,19 +209,145 @@ static int64_t cmd_deadline(const dlock_renew *r)
     return dlock_conn_deadline(r->cfg.conn->command_timeout_ms);
 }
 
-/* Appends the renew call of s[0 .. k) (k <= CHUNK). The snapshot's entries
- * are referenced, so their keys stay valid. 0 or -1 (out of memory). */
-static int append_chunk(dlock_renew *r, const snap *s, size_t k, int use_sha)
+static dlock_cluster *cluster_of(const dlock_renew *r)
 {
-    const char *argv[2 * CHUNK + 2];
-    for (size_t i = 0; i < k; i++) {
-        argv[i] = s[i].e->keys[DLOCK_KEY_LEASE];
-        argv[k + 2 + i] = s[i].token;
+    return r->cfg.conn->cluster;
+}
+
+/* The lane of key: 0 outside Cluster mode, else the node index of the
+ * master serving its slot (*slot set); -1 when no node is known. */
+static int lane_of(dlock_renew *r, const char *key, unsigned *slot)
+{
+    *slot = 0;
+    if (!cluster_of(r))
+        return 0;
+    *slot = dlock_cluster_slot(key, strlen(key));
+    dlock_cluster_node *n = dlock_cluster_route(cluster_of(r), *slot);
+    return n ? (int)n->index : -1;
+}
+
+/* Lane i's connection as it is (NULL: none). */
+static redisContext *lane_get(const dlock_renew *r, int i)
+{
+    return i >= 0 && (unsigned)i < r->nlanes ? r->lanes[i].conn : NULL;
+}
+
+/* Lane i's connection, opened if it has none (or a failed one, or one to a
+ * master the sentinels no longer name). NULL if it cannot be opened. Must
+ * not be called for a lane whose replies are still to be read. */
+static redisContext *lane_open(dlock_renew *r, int i)
+{
+    if (i < 0)
+        return NULL;
+    if ((unsigned)i >= r->nlanes) {
+        unsigned n = (unsigned)i + 1;
+        lane *l = realloc(r->lanes, n * sizeof *l);
+        if (!l)
+            return NULL;
+        memset(l + r->nlanes, 0, (n - r->nlanes) * sizeof *l);
+        r->lanes = l;
+        r->nlanes = n;
     }
-    argv[k] = r->cfg.args->client_id;
-    argv[k + 1] = r->cfg.args->lease_ms;
-    return dlock_conn_append_eval(r->conn, r->cfg.ctr, DLOCK_SCRIPT_RENEW, use_sha, (int)k,
-                                  (int)k + 2, argv, NULL);
+    lane *l = &r->lanes[i];
+    if (l->conn && (l->conn->err || dlock_sentinel_stale(r->cfg.conn, l->conn))) {
+        redisFree(l->conn); /* failed, or the master moved */
+        l->conn = NULL;
+    }
+    if (!l->conn) {
+        const dlock_conn_cfg *cfg =
+            cluster_of(r) ? &dlock_cluster_node_get(cluster_of(r), (unsigned)i)->cfg
+                          : r->cfg.conn;
+        if (dlock_conn_open(cfg, r->cfg.ctr, &l->conn) != DLOCK_OK)
+            l->conn = NULL;
+        else
+            l->wrote = 0;
+    }
+    return l->conn;
+}
+
+/* Closes lane i's connection (reconnect next time). */
+static void lane_drop(dlock_renew *r, int i)
+{
+    if (i >= 0 && (unsigned)i < r->nlanes && r->lanes[i].conn) {
+        redisFree(r->lanes[i].conn);
+        r->lanes[i].conn = NULL;
+    }
+}
+
+/* Closes every failed connection; a failed round's cluster refresh. */
+static void lanes_drop_failed(dlock_renew *r)
+{
+    int failed = 0;
+    for (unsigned i = 0; i < r->nlanes; i++)
+        if (r->lanes[i].conn && r->lanes[i].conn->err) {
+            lane_drop(r, (int)i);
+            failed = 1;
+        }
+    if (failed && cluster_of(r))
+        dlock_cluster_refresh(cluster_of(r), 0); /* a failover? at most every 100 ms */
+}
+
+/* Flushes every lane marked `wrote`, clearing the marks. Returns how many
+ * were written; a lane that failed keeps its error (its replies are not
+ * read). */
+static unsigned lanes_flush(dlock_renew *r, int64_t deadline)
+{
+    unsigned n = 0;
+    for (unsigned i = 0; i < r->nlanes; i++) {
+        if (!r->lanes[i].wrote)
+            continue;
+        r->lanes[i].wrote = 0;
+        if (r->lanes[i].conn && !r->lanes[i].conn->err &&
+            dlock_conn_flush(r->lanes[i].conn, deadline) == 0)
+            n++;
+    }
+    return n;
+}
+
+/* Appends ASKING (after an ASK redirect) to c. 0 or -1. */
+static int append_asking(dlock_renew *r, redisContext *c)
+{
+    const char *argv[1] = {"ASKING"};
+    dlock_count(&r->cfg.ctr->redis_commands, 1);
+    return redisAppendCommandArgv(c, 1, argv, NULL) == REDIS_OK ? 0 : -1;
+}
+
+/* Reads the reply to an ASKING (when `asking`) and then one call's reply.
+ * 0 with *out set, or -1 if the connection failed. */
+static int read_reply(redisContext *c, int asking, int64_t deadline, redisReply **out)
+{
+    if (asking) {
+        redisReply *ok = NULL;
+        if (dlock_conn_read(c, deadline, &ok) != 0)
+            return -1;
+        freeReplyObject(ok);
+    }
+    return dlock_conn_read(c, deadline, out);
+}
+
+/* What to do with a reply after a pass: nothing, or run again. */
+enum { REDO_NONE = 0, REDO_EVAL, REDO_MOVED, REDO_ASK };
+
+/* Sorts out a MOVED or ASK reply from lane `from`: records a move in the
+ * slot map, and sets *lane to the node to ask. REDO_NONE if it is none of
+ * them (or the node cannot be added). */
+static int redirect(dlock_renew *r, const redisReply *rep, int from, int *lane)
+{
+    dlock_cluster *cl = cluster_of(r);
+    if (!cl || from < 0)
+        return REDO_NONE;
+    char host[256];
+    int port;
+    unsigned slot;
+    int kind = dlock_cluster_redirect(rep, dlock_cluster_node_get(cl, (unsigned)from)->cfg.host,
+                                      &slot, host, sizeof host, &port);
+    dlock_cluster_node *n = kind ? dlock_cluster_node_at(cl, host, port) : NULL;
+    if (!n)
+        return REDO_NONE;
+    if (kind == DLOCK_REDIRECT_MOVED)
+        dlock_cluster_set_slot(cl, slot, n);
+    *lane = (int)n->index;
+    return kind == DLOCK_REDIRECT_MOVED ? REDO_MOVED : REDO_ASK;
 }
 
 /* Ends a write begun under r->mu (r->writing set): releasers may go on. */
@@ -228,58 +367,79 @@ void dlock_renew_quiesce(dlock_renew *r)
     pthread_mutex_unlock(&r->mu);
 }
 
-/* Reads one chunk's reply into verdicts. 0, or -1 if the connection failed. */
-static int read_chunk(dlock_renew *r, snap *s, size_t k, int retried)
-{
-    redisReply *rep = NULL;
-    if (dlock_conn_read(r->conn, cmd_deadline(r), &rep) != 0)
-        return -1;
-    if (dlock_conn_is_noscript(rep) && !retried) {
-        freeReplyObject(rep);
-        return 1; /* the caller runs this chunk again with EVAL */
-    }
-    /* A replica (failover): verdicts unknown, and the round drops the
-     * connection so that the next one finds the master. */
-    dlock_conn_check_master(r->conn, rep);
-    if (rep->type == REDIS_REPLY_ARRAY && rep->elements == k) {
-        for (size_t i = 0; i < k; i++)
-            s[i].verdict = rep->element[i]->type == REDIS_REPLY_INTEGER &&
-                           rep->element[i]->integer == 1;
-    }
-    /* Any other reply (an error) leaves the verdicts unknown. */
-    freeReplyObject(rep);
-    return 0;
-}
+/* A round's unit of writing: one renew call for s[at .. at + k), all on
+ * one lane (and in Cluster mode one slot: a script's keys share a slot). */
+typedef struct chunk {
+    size_t at, k;
+    size_t m;   /* of those, the grants still registered when appended: p[at .. at + m) */
+    int lane;   /* -1: no node known, or no connection: not sent */
+    int redo;   /* REDO_*: run again in the next pass */
+    int sent;   /* appended in the current pass */
+} chunk;
 
-/* Runs one chunk again after NOSCRIPT (a restarted server), with EVAL, for
- * the grants still registered: a grant released since the snapshot is not
- * renewed. 0, or -1 if the connection failed. */
-static int rerun_chunk(dlock_renew *r, snap *s, size_t k)
+/* Under r->mu: appends ch's call for its grants that are still registered
+ * (a grant released since the snapshot is not renewed: its releaser did not
+ * wait for this write) to c, as EVALSHA or (after NOSCRIPT) EVAL, after
+ * ASKING after an ASK redirect. 1 if appended, 0 if none is left, -1 when
+ * out of memory. */
+static int append_chunk(dlock_renew *r, snap *s, snap **p, chunk *ch, redisContext *c)
 {
-    snap keep[CHUNK];
-    size_t idx[CHUNK], m = 0;
-    pthread_mutex_lock(&r->mu);
-    for (size_t i = 0; i < k; i++) {
+    size_t m = 0;
+    for (size_t i = ch->at; i < ch->at + ch->k; i++) {
         dlock_renew_item *it = s[i].e->renew; /* readable under r->mu */
-        if (it == s[i].item && it->epoch == s[i].epoch) {
-            keep[m] = s[i];
-            idx[m++] = i;
-        }
+        if (it == s[i].item && it->epoch == s[i].epoch)
+            p[ch->at + m++] = &s[i];
     }
-    r->writing = m > 0;
-    pthread_mutex_unlock(&r->mu);
+    ch->m = m;
     if (!m)
         return 0;
-    int rc = append_chunk(r, keep, m, 0) == 0 && dlock_conn_flush(r->conn, cmd_deadline(r)) == 0
-                 ? 0
-                 : -1;
-    if (rc == 0)
-        dlock_count(&r->cfg.ctr->redis_round_trips, 1);
-    end_write(r);
-    if (rc == 0 && (rc = read_chunk(r, keep, m, 1)) == 0)
-        for (size_t i = 0; i < m; i++)
-            s[idx[i]].verdict = keep[i].verdict;
-    return rc;
+    const char *argv[2 * CHUNK + 2];
+    for (size_t i = 0; i < m; i++) {
+        argv[i] = p[ch->at + i]->e->keys[DLOCK_KEY_LEASE];
+        argv[m + 2 + i] = p[ch->at + i]->token;
+    }
+    argv[m] = r->cfg.args->client_id;
+    argv[m + 1] = r->cfg.args->lease_ms;
+    if (ch->redo == REDO_ASK && append_asking(r, c) != 0)
+        return -1;
+    return dlock_conn_append_eval(c, r->cfg.ctr, DLOCK_SCRIPT_RENEW, ch->redo != REDO_EVAL,
+                                  (int)m, (int)m + 2, argv, NULL) == 0
+               ? 1
+               : -1;
+}
+
+/* Reads ch's reply into its grants' verdicts, or sets ch->redo (and
+ * ch->lane for a redirect). 0, or -1 if the connection failed. */
+static int read_chunk(dlock_renew *r, snap **p, chunk *ch, redisContext *c)
+{
+    redisReply *rep = NULL;
+    int asked = ch->redo == REDO_ASK, had = ch->redo;
+    ch->redo = REDO_NONE;
+    if (read_reply(c, asked, cmd_deadline(r), &rep) != 0)
+        return -1;
+    if (dlock_conn_is_noscript(rep) && had != REDO_EVAL) {
+        freeReplyObject(rep);
+        ch->redo = REDO_EVAL; /* a restarted server: again with EVAL */
+        return 0;
+    }
+    int lane = ch->lane, redo = redirect(r, rep, ch->lane, &lane);
+    if (redo != REDO_NONE) {
+        freeReplyObject(rep);
+        ch->redo = redo;
+        ch->lane = lane;
+        return 0;
+    }
+    /* A replica (failover): verdicts unknown, and the lane is dropped so
+     * that the next round finds the master. */
+    dlock_conn_check_master(c, rep);
+    if (rep->type == REDIS_REPLY_ARRAY && rep->elements == ch->m) {
+        for (size_t i = 0; i < ch->m; i++)
+            p[ch->at + i]->verdict = rep->element[i]->type == REDIS_REPLY_INTEGER &&
+                                     rep->element[i]->integer == 1;
+    }
+    /* Any other reply (an error, TRYAGAIN, CLUSTERDOWN) leaves them unknown. */
+    freeReplyObject(rep);
+    return 0;
 }
 
 /* Step 3 and 4 of a round. Returns the earliest validity deadline among the
@@ -332,37 +492,17 @@ static int64_t apply(dlock_renew *r, snap *s, size_t n, int64_t sent_boot)
     return dlock_now_ns() + (earliest - dlock_boot_ns()); /* on the monotonic clock */
 }
 
-static void drop_conn(dlock_renew *r)
-{
-    if (r->conn) {
-        redisFree(r->conn); /* reconnect next time */
-        r->conn = NULL;
-    }
-}
-
-/* Opens the manager's connection if it has none (or only one to a master
- * the sentinels no longer name). 0 or -1. */
-static int ensure_conn(dlock_renew *r)
-{
-    if (r->conn && dlock_sentinel_stale(r->cfg.conn, r->conn))
-        drop_conn(r); /* the master moved */
-    if (!r->conn && dlock_conn_open(r->cfg.conn, r->cfg.ctr, &r->conn) != DLOCK_OK)
-        r->conn = NULL;
-    return r->conn ? 0 : -1;
-}
-
-/* WAIT min_replicas on the renewal connection, within half a command
- * timeout: 1 if that many replicas have every write made on it so far,
- * 0 if not (or the connection failed: then r->conn->err is set). */
-static int replicas_acked(dlock_renew *r)
+/* WAIT min_replicas on c, within half a command timeout: 1 if that many
+ * replicas have every write made on it so far, 0 if not (or the connection
+ * failed: then c->err is set). */
+static int replicas_acked(dlock_renew *r, redisContext *c)
 {
     char want[16], ms[16];
     snprintf(want, sizeof want, "%" PRIu32, r->cfg.min_replicas);
     uint32_t t = r->cfg.conn->command_timeout_ms / 2;
     snprintf(ms, sizeof ms, "%" PRIu32, t ? t : 1);
     const char *argv[3] = {"WAIT", want, ms};
-    redisReply *rep = dlock_conn_command(r->conn, r->cfg.ctr, r->cfg.conn->command_timeout_ms,
-                                         3, argv);
+    redisReply *rep = dlock_conn_command(c, r->cfg.ctr, r->cfg.conn->command_timeout_ms, 3, argv);
     int ok = rep && rep->type == REDIS_REPLY_INTEGER &&
              rep->integer >= (long long)r->cfg.min_replicas;
     if (rep)
@@ -370,66 +510,138 @@ static int replicas_acked(dlock_renew *r)
     return ok;
 }
 
+/* Snapshot order in Cluster mode: by lane, then slot. */
+static int by_lane_slot(const void *a, const void *b)
+{
+    const snap *x = a, *y = b;
+    if (x->lane != y->lane)
+        return x->lane < y->lane ? -1 : 1;
+    return x->slot < y->slot ? -1 : x->slot > y->slot;
+}
+
+/* Cuts s[0..n) into chunks (at most CHUNK grants, one lane, one slot). */
+static size_t make_chunks(const snap *s, size_t n, chunk *ch)
+{
+    size_t nc = 0;
+    for (size_t i = 0; i < n; i++) {
+        chunk *last = nc ? &ch[nc - 1] : NULL;
+        if (last && last->k < CHUNK && last->lane == s[i].lane &&
+            s[last->at].slot == s[i].slot) {
+            last->k++;
+            continue;
+        }
+        ch[nc++] = (chunk){.at = i, .k = 1, .lane = s[i].lane};
+    }
+    return nc;
+}
+
 /* One round. Returns when the next one is due. */
 static int64_t round_once(dlock_renew *r)
 {
     int64_t now = dlock_now_ns();
-    ensure_conn(r);
-
     snap *s;
     pthread_mutex_lock(&r->mu);
-    ssize_t n = snapshot(r, &s);
-    int64_t sent_ns = dlock_now_ns(), sent_boot = dlock_boot_ns();
-    int ok = r->conn != NULL && n > 0;
-    for (ssize_t at = 0; ok && at < n; at += CHUNK)
-        ok = append_chunk(r, s + at, n - at < CHUNK ? (size_t)(n - at) : CHUNK, 1) == 0;
-    r->writing = ok;
+    ssize_t sn = snapshot(r, &s);
     pthread_mutex_unlock(&r->mu);
-    if (n <= 0)
+    if (sn <= 0)
         return now + r->period_ns; /* nothing held (or no memory): idle */
-
-    if (ok) {
-        ok = dlock_conn_flush(r->conn, cmd_deadline(r)) == 0;
+    size_t n = (size_t)sn;
+    snap **p = malloc(sizeof *p * n);
+    chunk *ch = malloc(sizeof *ch * n);
+    int ok = p && ch;
+    /* Route every grant (Cluster mode: its master, by its slot) and open
+     * the lanes, before anything is written. */
+    for (size_t i = 0; i < n; i++)
+        s[i].lane = lane_of(r, s[i].e->keys[DLOCK_KEY_LEASE], &s[i].slot);
+    if (cluster_of(r))
+        qsort(s, n, sizeof *s, by_lane_slot);
+    size_t nc = ok ? make_chunks(s, n, ch) : 0;
+    int64_t sent_ns = dlock_now_ns(), sent_boot = dlock_boot_ns();
+    /* Pass 0 sends every chunk; a later pass those a NOSCRIPT or a redirect
+     * sent back (a redirect at most DLOCK_CLUSTER_REDIRECTS_MAX times). */
+    for (int pass = 0; ok && pass <= DLOCK_CLUSTER_REDIRECTS_MAX; pass++) {
+        for (size_t c = 0; c < nc; c++) {
+            ch[c].sent = 0;
+            if ((pass == 0 || ch[c].redo != REDO_NONE) && !lane_open(r, ch[c].lane))
+                ch[c].lane = -1; /* no connection: unknown this round */
+        }
+        int any = 0;
+        pthread_mutex_lock(&r->mu);
+        for (size_t c = 0; c < nc && ok; c++) {
+            if ((pass > 0 && ch[c].redo == REDO_NONE) || ch[c].lane < 0)
+                continue;
+            redisContext *conn = lane_get(r, ch[c].lane);
+            if (conn->err)
+                continue;
+            int rc = append_chunk(r, s, p, &ch[c], conn);
+            if (rc < 0)
+                ok = 0; /* out of memory: nothing more is appended */
+            ch[c].sent = rc > 0;
+            any |= rc > 0;
+            if (rc > 0)
+                r->lanes[ch[c].lane].wrote = 1;
+        }
+        r->writing = any;
+        pthread_mutex_unlock(&r->mu);
+        if (!any)
+            break;
+        unsigned trips = lanes_flush(r, cmd_deadline(r));
         end_write(r);
+        dlock_count(&r->cfg.ctr->redis_round_trips, trips);
+        dlock_count(&r->cfg.ctr->renew_round_trips, trips);
+        int again = 0;
+        for (size_t c = 0; c < nc; c++) {
+            if (!ch[c].sent)
+                continue;
+            redisContext *conn = lane_get(r, ch[c].lane);
+            if (conn->err || read_chunk(r, p, &ch[c], conn) != 0) {
+                ch[c].redo = REDO_NONE;
+                ok = 0; /* this lane's verdicts stay unknown */
+                continue;
+            }
+            again |= ch[c].redo != REDO_NONE;
+            if (ch[c].redo == REDO_NONE)
+                r->lanes[ch[c].lane].acked = 1; /* ran here: WAIT here */
+        }
+        if (!again)
+            break;
     }
-    if (ok) {
-        dlock_count(&r->cfg.ctr->redis_round_trips, 1);
-        dlock_count(&r->cfg.ctr->renew_round_trips, 1);
-        int noscript = 0;
-        for (size_t at = 0; at < (size_t)n && ok; at += CHUNK) {
-            size_t k = (size_t)n - at < CHUNK ? (size_t)n - at : CHUNK;
-            int rc = read_chunk(r, s + at, k, 0);
-            noscript |= rc == 1;
-            ok = rc >= 0;
-        }
-        /* NOSCRIPT (a restarted server): once the pipeline is read, run the
-         * unanswered chunks again with EVAL. */
-        for (size_t at = 0; noscript && at < (size_t)n && ok; at += CHUNK) {
-            size_t k = (size_t)n - at < CHUNK ? (size_t)n - at : CHUNK;
-            if (s[at].verdict == -1)
-                ok = rerun_chunk(r, s + at, k) == 0;
-        }
-        if (r->cfg.min_replicas && !(ok && !r->conn->err && replicas_acked(r))) {
-            /* Not known to be on enough replicas (WAIT fell short, or the
-             * round failed before it could run: the chunks read so far may
-             * say "renewed"): a failover could lose these renewals, so none
-             * counts; the leases keep their old validity and the next round
-             * comes soon. */
-            for (ssize_t i = 0; i < n; i++)
-                if (s[i].verdict == 1)
-                    s[i].verdict = -1; /* a lease found gone stays gone */
-            if (ok && r->cfg.conn->nsentinels)
-                drop_conn(r); /* a failover? the next round asks the sentinels */
+    for (size_t c = 0; c < nc; c++)
+        if (ch[c].lane < 0 || ch[c].redo != REDO_NONE)
+            ok = 0; /* not answered */
+    if (r->cfg.min_replicas) {
+        /* A lane's renewals count once WAIT says enough replicas have them;
+         * one that fell short (or failed before it could run: the chunks
+         * read so far may say "renewed") leaves its leases their old
+         * validity, and the next round comes soon. */
+        for (unsigned l = 0; l < r->nlanes; l++) {
+            if (!r->lanes[l].acked)
+                continue;
+            r->lanes[l].acked = 0;
+            redisContext *conn = r->lanes[l].conn;
+            if (conn && !conn->err && replicas_acked(r, conn))
+                continue;
+            for (size_t c = 0; c < nc; c++)
+                for (size_t i = 0; ch[c].lane == (int)l && i < ch[c].m; i++)
+                    if (p[ch[c].at + i]->verdict == 1)
+                        p[ch[c].at + i]->verdict = -1; /* a lease found gone stays gone */
+            if (conn && !conn->err && r->cfg.conn->nsentinels)
+                lane_drop(r, (int)l); /* a failover? the next round asks the sentinels */
             ok = 0;
         }
-        dlock_count(&r->cfg.ctr->renew_rounds, 1);
-        dlock_count(&r->cfg.ctr->renew_keys, (uint64_t)n);
-        if (r->conn && r->conn->err)
-            ok = 0; /* a replica answered: retry soon, on a new connection */
+    } else {
+        for (unsigned l = 0; l < r->nlanes; l++)
+            r->lanes[l].acked = 0;
     }
-    if (!ok)
-        drop_conn(r);
-    int64_t earliest = apply(r, s, (size_t)n, sent_boot);
+    for (unsigned l = 0; l < r->nlanes; l++)
+        if (r->lanes[l].conn && r->lanes[l].conn->err)
+            ok = 0; /* a replica answered, or it failed: retry soon, reconnected */
+    lanes_drop_failed(r);
+    dlock_count(&r->cfg.ctr->renew_rounds, 1);
+    dlock_count(&r->cfg.ctr->renew_keys, (uint64_t)n);
+    free(p);
+    free(ch);
+    int64_t earliest = apply(r, s, n, sent_boot);
     free(s);
     int64_t next = ok ? sent_ns + r->period_ns : dlock_now_ns() + RETRY_MS * DLOCK_NS_PER_MS;
     if (!ok && next > sent_ns + r->period_ns)
@@ -499,17 +711,20 @@ void dlock_renew_leave(dlock_renew *r, const dlock_entry *e, const char *number)
     add_job(r, e, 1, number, 2 * r->cfg.waiter_ttl_ms);
 }
 
-/* Appends o's script call. 0 or -1 (out of memory). */
-static int append_job(dlock_renew *r, const orphan *o, int use_sha)
+/* Appends o's script call to c (after ASKING after an ASK redirect). 0 or
+ * -1 (out of memory). */
+static int append_job(dlock_renew *r, redisContext *c, const orphan *o, int use_sha, int asking)
 {
+    if (asking && append_asking(r, c) != 0)
+        return -1;
     const char *argv[DLOCK_SCRIPT_KEYS + DLOCK_RELEASE_ARGS];
     if (o->leave) {
         dlock_script_leave_argv(r->cfg.args, o->keys, o->name, o->nonce, argv);
-        return dlock_conn_append_eval(r->conn, r->cfg.ctr, DLOCK_SCRIPT_LEAVE, use_sha,
+        return dlock_conn_append_eval(c, r->cfg.ctr, DLOCK_SCRIPT_LEAVE, use_sha,
                                       DLOCK_SCRIPT_KEYS, DLOCK_LEAVE_ARGS, argv, NULL);
     }
     dlock_script_release_argv(r->cfg.args, o->keys, o->name, "nonce", o->nonce, "0", argv);
-    return dlock_conn_append_eval(r->conn, r->cfg.ctr, DLOCK_SCRIPT_RELEASE, use_sha,
+    return dlock_conn_append_eval(c, r->cfg.ctr, DLOCK_SCRIPT_RELEASE, use_sha,
                                   DLOCK_SCRIPT_KEYS, DLOCK_RELEASE_ARGS, argv, NULL);
 }
 
@@ -526,12 +741,14 @@ static int job_result(const orphan *o, const redisReply *rep)
     return rep->integer >= 1 ? DONE : NOT_OWNED;
 }
 
-/* One release try for each orphan due now, in one pipeline. An orphan is
- * done when Redis released its grant. One that Redis says it does not own
- * stays a while: its acquire may still be on its way to Redis (another
- * connection, served later), so it is tried again with a doubling pause
- * until its lease time is over; so is one Redis did not answer. Called
- * without locks. Returns when the next try is due (DLOCK_NEVER: none left). */
+/* One release try for each orphan due now, in one pipeline per lane, all
+ * lanes in flight at once. An orphan is done when Redis released its grant.
+ * One that Redis says it does not own stays a while: its acquire may still
+ * be on its way to Redis (another connection, served later), so it is
+ * tried again with a doubling pause until its lease time is over; so is one
+ * Redis did not answer. A NOSCRIPT or a redirect is run again at once, on
+ * its own. Called without locks. Returns when the next try is due
+ * (DLOCK_NEVER: none left). */
 static int64_t release_orphans(dlock_renew *r)
 {
     pthread_mutex_lock(&r->mu);
@@ -546,50 +763,54 @@ static int64_t release_orphans(dlock_renew *r)
         o->next = *to;
         *to = o;
     }
-    size_t sent = 0;
-    if (due && ensure_conn(r) == 0) {
-        for (orphan *o = due; o; o = o->next, sent++)
-            if (append_job(r, o, 1) != 0)
-                break;
-        if (sent)
-            dlock_count(&r->cfg.ctr->redis_round_trips, 1);
-    }
-    /* Read every reply of the pipeline before running anything again. */
-    enum { UNKNOWN = -1, RELEASED = 1, NOSCRIPT = 2 };
-    size_t i = 0;
-    int failed = sent && dlock_conn_flush(r->conn, cmd_deadline(r)) != 0;
-    int64_t deadline = cmd_deadline(r);
-    for (orphan *o = due; o; o = o->next, i++) {
+    enum { UNKNOWN = -1, RELEASED = 1 };
+    for (orphan *o = due; o; o = o->next) {
+        unsigned slot;
         o->result = UNKNOWN;
+        o->redo = REDO_NONE;
+        o->lane = lane_of(r, o->keys[0], &slot);
+        redisContext *c = lane_open(r, o->lane);
+        o->sent = c && !c->err && append_job(r, c, o, 1, 0) == 0;
+        if (o->sent)
+            r->lanes[o->lane].wrote = 1;
+    }
+    int64_t deadline = cmd_deadline(r);
+    unsigned trips = lanes_flush(r, deadline);
+    dlock_count(&r->cfg.ctr->redis_round_trips, trips);
+    /* Read every reply of the pipelines before running anything again. */
+    for (orphan *o = due; o; o = o->next) {
+        redisContext *c = o->sent ? lane_get(r, o->lane) : NULL;
         redisReply *rep = NULL;
-        if (i >= sent || failed)
+        if (!c || c->err || dlock_conn_read(c, deadline, &rep) != 0)
             continue;
-        if (dlock_conn_read(r->conn, deadline, &rep) != 0) {
-            failed = 1;
-            continue;
-        }
-        o->result = dlock_conn_is_noscript(rep) ? NOSCRIPT : job_result(o, rep);
-        dlock_conn_check_master(r->conn, rep); /* then dropped below */
+        int lane = o->lane;
+        if (dlock_conn_is_noscript(rep))
+            o->redo = REDO_EVAL;
+        else if ((o->redo = redirect(r, rep, o->lane, &lane)) != REDO_NONE)
+            o->lane = lane;
+        else
+            o->result = job_result(o, rep);
+        dlock_conn_check_master(c, rep); /* then dropped below */
         freeReplyObject(rep);
     }
-    /* A restarted server answered NOSCRIPT: those again, with EVAL. */
-    for (orphan *o = due; o && !failed; o = o->next) {
-        if (o->result != NOSCRIPT)
+    /* A restarted server answered NOSCRIPT (again with EVAL), or the slot
+     * moved (again on its master; after ASKING for an ASK): one at a time. */
+    for (orphan *o = due; o; o = o->next) {
+        if (o->redo == REDO_NONE)
             continue;
+        redisContext *c = lane_open(r, o->lane);
         redisReply *rep = NULL;
-        o->result = UNKNOWN;
         deadline = cmd_deadline(r);
-        if (append_job(r, o, 0) != 0 || dlock_conn_flush(r->conn, deadline) != 0 ||
-            dlock_conn_read(r->conn, deadline, &rep) != 0) {
-            failed = 1;
-        } else {
+        if (c && append_job(r, c, o, o->redo != REDO_EVAL, o->redo == REDO_ASK) == 0 &&
+            dlock_conn_flush(c, deadline) == 0 &&
+            read_reply(c, o->redo == REDO_ASK, deadline, &rep) == 0) {
             dlock_count(&r->cfg.ctr->redis_round_trips, 1);
             o->result = job_result(o, rep);
+            dlock_conn_check_master(c, rep);
             freeReplyObject(rep);
         }
     }
-    if (failed || (r->conn && r->conn->err))
-        drop_conn(r);
+    lanes_drop_failed(r);
     now = dlock_now_ns();
     for (orphan *o = due; o; o = next) {
         next = o->next;
@@ -699,60 +920,61 @@ int dlock_renew_start(const dlock_renew_cfg *cfg, dlock_renew **out)
     return DLOCK_OK;
 }
 
-/* After the thread stopped: gives every registered lease back, pipelined.
- * Best effort within the timeouts: a lease not released expires after
- * lease_ms. */
+/* After the thread stopped: gives every registered lease back, one
+ * pipeline per lane. Best effort within the timeouts: a lease not released
+ * (a redirect, a failure) expires after lease_ms. */
 static void release_all(dlock_renew *r)
 {
-    if (!r->items || ensure_conn(r) != 0)
+    if (!r->items)
         return;
     typedef struct rel {
         dlock_renew_item *it;
         char last[24];
-        int done;
+        int lane, sent, done;
     } rel;
     rel *v = malloc(sizeof *v * r->count);
     if (!v)
         return;
-    size_t sent = 0;
-    for (dlock_renew_item *it = r->items; it; it = it->next) {
-        rel *x = &v[sent];
+    size_t n = 0;
+    for (dlock_renew_item *it = r->items; it; it = it->next, n++) {
+        rel *x = &v[n];
+        unsigned slot;
         x->it = it;
         x->done = 0;
         pthread_mutex_lock(&it->e->mu);
         snprintf(x->last, sizeof x->last, "%" PRIu64, it->e->token);
         pthread_mutex_unlock(&it->e->mu);
+        x->lane = lane_of(r, it->e->keys[DLOCK_KEY_LEASE], &slot);
+        redisContext *c = lane_open(r, x->lane);
         const char *argv[DLOCK_SCRIPT_KEYS + DLOCK_RELEASE_ARGS];
         dlock_script_release_argv(r->cfg.args, it->e->keys, it->e->name, "token", it->token,
                                   x->last, argv);
-        if (dlock_conn_append_eval(r->conn, r->cfg.ctr, DLOCK_SCRIPT_RELEASE, 1,
-                                   DLOCK_SCRIPT_KEYS, DLOCK_RELEASE_ARGS, argv, NULL) != 0)
-            break;
-        sent++;
+        x->sent = c && !c->err &&
+                  dlock_conn_append_eval(c, r->cfg.ctr, DLOCK_SCRIPT_RELEASE, 1,
+                                         DLOCK_SCRIPT_KEYS, DLOCK_RELEASE_ARGS, argv, NULL) == 0;
+        if (x->sent)
+            r->lanes[x->lane].wrote = 1;
     }
-    if (sent)
-        dlock_count(&r->cfg.ctr->redis_round_trips, 1);
     int64_t deadline = cmd_deadline(r);
-    size_t got = 0;
-    if (sent && dlock_conn_flush(r->conn, deadline) != 0)
-        sent = 0;
-    for (; got < sent; got++) {
+    dlock_count(&r->cfg.ctr->redis_round_trips, lanes_flush(r, deadline));
+    for (size_t i = 0; i < n; i++) {
+        redisContext *c = v[i].sent ? lane_get(r, v[i].lane) : NULL;
         redisReply *rep = NULL;
-        if (dlock_conn_read(r->conn, deadline, &rep) != 0)
-            break;
-        v[got].done = !dlock_conn_is_noscript(rep);
+        if (!c || c->err || dlock_conn_read(c, deadline, &rep) != 0)
+            continue;
+        v[i].done = !dlock_conn_is_noscript(rep);
         freeReplyObject(rep);
     }
     /* A restarted server answered NOSCRIPT: run those again with EVAL. */
-    for (size_t i = 0; i < got && r->conn->err == 0; i++) {
-        if (v[i].done)
+    for (size_t i = 0; i < n; i++) {
+        redisContext *c = v[i].sent && !v[i].done ? lane_get(r, v[i].lane) : NULL;
+        if (!c || c->err)
             continue;
         const char *argv[DLOCK_SCRIPT_KEYS + DLOCK_RELEASE_ARGS];
         dlock_script_release_argv(r->cfg.args, v[i].it->e->keys, v[i].it->e->name, "token",
                                   v[i].it->token, v[i].last, argv);
-        redisReply *rep = dlock_conn_eval(r->conn, r->cfg.ctr, cmd_deadline(r),
-                                          DLOCK_SCRIPT_RELEASE, DLOCK_SCRIPT_KEYS,
-                                          DLOCK_RELEASE_ARGS, argv, NULL);
+        redisReply *rep = dlock_conn_eval(c, r->cfg.ctr, cmd_deadline(r), DLOCK_SCRIPT_RELEASE,
+                                          DLOCK_SCRIPT_KEYS, DLOCK_RELEASE_ARGS, argv, NULL);
         if (rep)
             freeReplyObject(rep);
     }
@@ -792,8 +1014,9 @@ void dlock_renew_stop(dlock_renew *r)
         if (drop)
             dlock_table_put(r->cfg.table, e);
     }
-    if (r->conn)
-        redisFree(r->conn);
+    for (unsigned i = 0; i < r->nlanes; i++)
+        lane_drop(r, (int)i);
+    free(r->lanes);
     pthread_cond_destroy(&r->wrote);
     pthread_cond_destroy(&r->cv);
     pthread_mutex_destroy(&r->mu);

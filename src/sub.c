@@ -46,6 +46,11 @@
  *   server than the one it is connected to, it ends the session as if the
  *   connection were lost, and the pool and renewal thread drop theirs.
  *
+ * Cluster mode: the connection goes to any node, the next one in turn on
+ *   each reconnect (PUBLISH reaches every node of a cluster, so one
+ *   subscription hears the releases of every master); every
+ *   DLOCK_CLUSTER_CHECK_MS the thread refreshes the slot map (cluster.h).
+ *
  * On a lost connection: close it, clear ready, sleep a backoff (BACKOFF_MIN_MS
  *   doubling to BACKOFF_MAX_MS, each sleep drawn uniformly from [b/2, b];
  *   reset after a confirmed subscription), reconnect with dlock_conn_open,
@@ -67,6 +72,7 @@
 #include <strings.h>
 
 #include "error.h"
+#include "cluster.h"
 #include "sentinel.h"
 #include "sub.h"
 
@@ -207,6 +213,7 @@ static int session_run(dlock_sub *s)
 
     int sentinel = s->cfg.conn->nsentinels > 0;
     int64_t next_check = dlock_now_ns() + (int64_t)DLOCK_SENTINEL_CHECK_MS * DLOCK_NS_PER_MS;
+    int64_t next_cluster = dlock_now_ns() + (int64_t)DLOCK_CLUSTER_CHECK_MS * DLOCK_NS_PER_MS;
     while (!stopping(s)) {
         int64_t now = dlock_now_ns();
         if (now >= ss.deadline)
@@ -223,6 +230,13 @@ static int session_run(dlock_sub *s)
                 break;
             now = dlock_now_ns();
             next_check = now + (int64_t)DLOCK_SENTINEL_CHECK_MS * DLOCK_NS_PER_MS;
+        }
+        if (s->cfg.conn->cluster && now >= next_cluster) {
+            /* Cluster mode: the slot map is asked for now and then, so a
+             * failover or a resharding is learnt before calls meet it. */
+            dlock_cluster_refresh(s->cfg.conn->cluster, 0);
+            now = dlock_now_ns();
+            next_cluster = now + (int64_t)DLOCK_CLUSTER_CHECK_MS * DLOCK_NS_PER_MS;
         }
         if (ss.subscribed && !ss.ping_out && now >= ss.last_rx + ping_idle) {
             const char *ping[1] = {"PING"};
