@@ -587,6 +587,11 @@ static int64_t round_once(dlock_renew *r)
             break;
         unsigned trips = lanes_flush(r, cmd_deadline(r));
         end_write(r);
+        if (pass == 0) {
+            /* counted together, so that a reader sees whole rounds */
+            dlock_count(&r->cfg.ctr->renew_rounds, 1);
+            dlock_count(&r->cfg.ctr->renew_keys, (uint64_t)n);
+        }
         dlock_count(&r->cfg.ctr->redis_round_trips, trips);
         dlock_count(&r->cfg.ctr->renew_round_trips, trips);
         int again = 0;
@@ -637,8 +642,6 @@ static int64_t round_once(dlock_renew *r)
         if (r->lanes[l].conn && r->lanes[l].conn->err)
             ok = 0; /* a replica answered, or it failed: retry soon, reconnected */
     lanes_drop_failed(r);
-    dlock_count(&r->cfg.ctr->renew_rounds, 1);
-    dlock_count(&r->cfg.ctr->renew_keys, (uint64_t)n);
     free(p);
     free(ch);
     int64_t earliest = apply(r, s, n, sent_boot);
