@@ -2,8 +2,10 @@
  * storm: a thread storm against dlock that shows and checks what it does.
  *
  * The parent (which never opens a dlock client nor starts a thread) starts a
- * private redis-server unless --redis is given, reads the server's INFO
- * (commandstats and cpu), maps one shared anonymous region, and forks
+ * private redis-server unless --redis is given (with --sentinel a Sentinel
+ * topology, with --cluster a 3-master Redis Cluster), reads the server's INFO
+ * (commandstats and cpu; with --cluster summed over the masters), maps one
+ * shared anonymous region, and forks
  * --procs worker processes. Each worker opens one dlock_client (or one per
  * thread with --client-per-thread: the library without its local tier) and
  * runs --threads threads that, until the deadline, pick a lock name at
@@ -109,6 +111,10 @@ typedef struct opts {
                                  dlock's min_replicas */
     int sentinel;             /* --sentinel: a private master, replica and three
                                  sentinels; clients in Sentinel mode */
+    int cluster;              /* --cluster: a private 3-master Redis Cluster;
+                                 clients in Cluster mode */
+    int cluster_replicas;     /* --cluster-replicas: replicas per master (0..1) */
+    int cluster_replicas_set; /* --cluster-replicas given */
     long stack_kb;
     int quiet;
 } opts;
@@ -178,6 +184,15 @@ static void usage(FILE *f)
 "  --sentinel           a private master, one replica and three sentinels; the\n"
 "                       clients find the master through the sentinels (with\n"
 "                       --min-replicas 1 they WAIT for the replica)\n"
+"  --cluster            a private Redis Cluster of 3 masters (all 16384 slots\n"
+"                       assigned); the clients run in Cluster mode with every\n"
+"                       node as a seed (cluster_nodes). The Redis figures\n"
+"                       (round trips, commands, CPU) are summed over the nodes\n"
+"                       that say ROLE master when INFO is read. Not with\n"
+"                       --naive, --mutex, --redis, --unix, --sentinel, --rtt-us\n"
+"                       or --min-replicas\n"
+"  --cluster-replicas R with --cluster: R replicas per master (0..1, default 0;\n"
+"                       dlock does not WAIT for them)\n"
 "  --redis HOST:PORT    use this loopback Redis (127.x.x.x or localhost)\n"
 "                       instead of starting a private redis-server\n"
 "  --stack-kb K         stack of the storm's threads in KiB (16..65536,\n"
@@ -241,7 +256,7 @@ static void parse_opts(int argc, char **argv)
 {
     enum { O_PROCS = 256, O_THREADS, O_LOCKS, O_SECONDS, O_CS, O_CS_SLEEP, O_THINK,
            O_PASS, O_LEASE, O_WAIT, O_POOL, O_CPT, O_MUTEX, O_NAIVE, O_RTT, O_REDIS, O_STACK,
-           O_QUIET, O_UNIX, O_MINREP, O_SENTINEL,
+           O_QUIET, O_UNIX, O_MINREP, O_SENTINEL, O_CLUSTER, O_CLUSTER_REPLICAS,
            O_HELP };
     static const struct option lo[] = {
         {"procs", required_argument, 0, O_PROCS},
@@ -262,6 +277,8 @@ static void parse_opts(int argc, char **argv)
         {"redis", required_argument, 0, O_REDIS},
         {"unix", no_argument, 0, O_UNIX},
         {"sentinel", no_argument, 0, O_SENTINEL},
+        {"cluster", no_argument, 0, O_CLUSTER},
+        {"cluster-replicas", required_argument, 0, O_CLUSTER_REPLICAS},
         {"min-replicas", required_argument, 0, O_MINREP},
         {"stack-kb", required_argument, 0, O_STACK},
         {"quiet", no_argument, 0, O_QUIET},
@@ -310,6 +327,11 @@ static void parse_opts(int argc, char **argv)
         case O_STACK: O.stack_kb = parse_long("--stack-kb", optarg, 16, 65536); break;
         case O_UNIX: O.unix_socket = 1; break;
         case O_SENTINEL: O.sentinel = 1; break;
+        case O_CLUSTER: O.cluster = 1; break;
+        case O_CLUSTER_REPLICAS:
+            O.cluster_replicas = (int)parse_long("--cluster-replicas", optarg, 0, 1);
+            O.cluster_replicas_set = 1;
+            break;
         case O_MINREP: O.min_replicas = (int)parse_long("--min-replicas", optarg, 0, MAX_REPLICAS); break;
         case O_QUIET: O.quiet = 1; break;
         case O_HELP: usage(stdout); exit(0);
@@ -327,6 +349,12 @@ static void parse_opts(int argc, char **argv)
                   MAX_TOTAL_THREADS);
     if (O.mutex + O.naive + O.client_per_thread > 1)
         bad_usage("--mutex, --naive and --client-per-thread are mutually exclusive");
+    if (O.cluster_replicas_set && !O.cluster)
+        bad_usage("--cluster-replicas needs --cluster");
+    if (O.cluster && (O.naive || O.mutex || O.port || O.unix_socket || O.sentinel ||
+                      O.rtt_us > 0 || O.min_replicas))
+        bad_usage("--cluster starts a private Redis Cluster for dlock's Cluster mode: not with"
+                  " --naive, --mutex, --redis, --unix, --sentinel, --rtt-us or --min-replicas");
     if (O.mutex && O.rtt_us > 0)
         bad_usage("--rtt-us needs Redis: not with --mutex");
     if ((O.unix_socket || O.min_replicas || O.sentinel) && (O.mutex || O.port))
@@ -636,8 +664,12 @@ static int nreplicas;
 static fx_sentinel_set sentinel_set;
 #define SENTINEL_MASTER "storm"
 
+/* --cluster: the private Redis Cluster. */
+static fx_cluster cluster_set;
+#define CLUSTER_MASTERS 3
+
 /* Stops the private server's replicas, then the server (or the whole
- * Sentinel topology). */
+ * Sentinel topology, or the cluster). */
 static void stop_private(fx_redis *r)
 {
     for (int i = 0; i < nreplicas; i++)
@@ -645,6 +677,8 @@ static void stop_private(fx_redis *r)
     nreplicas = 0;
     if (O.sentinel)
         fx_sentinel_stop(&sentinel_set);
+    else if (O.cluster)
+        fx_cluster_stop(&cluster_set);
     else
         fx_redis_stop(r);
 }
@@ -892,6 +926,9 @@ static int open_client(dlock_client **out, proc_res *pr)
         cfg.redis_host = NULL;
         cfg.sentinels = sentinel_set.addrs;
         cfg.sentinel_master = SENTINEL_MASTER;
+    } else if (O.cluster) {
+        cfg.redis_host = NULL;
+        cfg.cluster_nodes = cluster_set.addrs;
     } else {
         cfg.redis_host = O.host;
         cfg.redis_port = client_port;
@@ -1022,21 +1059,69 @@ typedef struct info_snap {
     int ok;
 } info_snap;
 
+static info_snap read_info_at(const char *host, int port);
+
+/* --cluster: the figures of every node that says ROLE master now, summed.
+ * fx_is_master's ROLE is a command the node counts: snapshot k has sent k
+ * ROLEs to every node, which are taken out of its total so that the
+ * difference of two snapshots holds the clients' commands only (as long as
+ * the masters stay the same nodes). */
+static int cluster_snaps;
+
+static info_snap read_info_cluster(void)
+{
+    info_snap s = { .ok = 1 };
+    int masters = 0;
+    cluster_snaps++;
+    for (int i = 0; i < cluster_set.n; i++) {
+        int port = cluster_set.node[i].port;
+        if (!fx_is_master(port))
+            continue;
+        info_snap n = read_info_at("127.0.0.1", port);
+        if (!n.ok) {
+            s.ok = 0;
+            continue;
+        }
+        long long role = fx_info_calls("127.0.0.1", port, "role");
+        n.calls -= role >= cluster_snaps ? cluster_snaps : (role > 0 ? role : 0);
+        s.calls += n.calls;
+        s.evalsha += n.evalsha;
+        s.eval += n.eval;
+        s.top += n.top > 0 ? n.top : 0;
+        s.cpu += n.cpu;
+        masters++;
+    }
+    if (masters != CLUSTER_MASTERS) {
+        fprintf(stderr, "storm: warning: %d node(s) of the cluster say ROLE master (and answer"
+                        " INFO), not %d\n", masters, CLUSTER_MASTERS);
+        if (masters == 0)
+            s.ok = 0;
+    }
+    return s;
+}
+
 static info_snap read_info(void)
 {
+    if (O.cluster)
+        return read_info_cluster();
+    return read_info_at(O.host, O.port);
+}
+
+static info_snap read_info_at(const char *host, int port)
+{
     info_snap s;
-    s.calls = fx_info_calls(O.host, O.port, NULL);
-    s.evalsha = fx_info_calls(O.host, O.port, "evalsha");
-    s.eval = fx_info_calls(O.host, O.port, "eval");
-    s.top = fx_info_top_calls(O.host, O.port);
+    s.calls = fx_info_calls(host, port, NULL);
+    s.evalsha = fx_info_calls(host, port, "evalsha");
+    s.eval = fx_info_calls(host, port, "eval");
+    s.top = fx_info_top_calls(host, port);
     if (O.naive && s.top >= 0) {
         /* The naive lock's SETs are its own top-level commands (its release
          * script calls GET and DEL only); dlock's SETs run inside scripts. */
-        long long set = fx_info_calls(O.host, O.port, "set");
+        long long set = fx_info_calls(host, port, "set");
         if (set > 0)
             s.top += set;
     }
-    s.cpu = fx_info_cpu(O.host, O.port);
+    s.cpu = fx_info_cpu(host, port);
     /* a command never called is absent from commandstats: the fixture may
      * report it as 0 or -1; only a failed total is an error */
     if (s.evalsha < 0)
@@ -1190,6 +1275,14 @@ int main(int argc, char **argv)
         }
         snprintf(O.host, sizeof O.host, "127.0.0.1");
         O.port = sentinel_set.srv[0].port; /* the master, for INFO */
+    } else if (private_redis && O.cluster) {
+        if (fx_cluster_start(&cluster_set, CLUSTER_MASTERS, O.cluster_replicas) != 0) {
+            fprintf(stderr, "storm: could not start a private Redis Cluster\n");
+            return 1;
+        }
+        snprintf(O.host, sizeof O.host, "127.0.0.1");
+        O.port = cluster_set.node[0].port; /* a first master, for messages; INFO of
+                                              every master (read_info_cluster) */
     } else if (private_redis) {
         fx_redis_opts ro = {.unix_socket = O.unix_socket};
         if (fx_redis_start_opts(&r, &ro) != 0) {
@@ -1212,6 +1305,8 @@ int main(int argc, char **argv)
             }
         }
     }
+    /* no brace: Cluster mode refuses a key_prefix with one (the library puts
+     * the name between braces, its hash tag) */
     snprintf(key_prefix, sizeof key_prefix, "storm:%d:", (int)getpid());
     client_port = O.port;
     if (O.rtt_us > 0) {
@@ -1229,8 +1324,8 @@ int main(int argc, char **argv)
     if (have_redis)
         before = read_info();
     if (have_redis && !before.ok)
-        fprintf(stderr, "storm: warning: could not read INFO from %s:%d before the run\n",
-                O.host, O.port);
+        fprintf(stderr, "storm: warning: could not read INFO from %s:%d%s before the run\n",
+                O.host, O.port, O.cluster ? " (or another master of the cluster)" : "");
 
     shm_create();
     names = malloc((size_t)O.locks * NAME_LEN);
@@ -1255,7 +1350,11 @@ int main(int argc, char **argv)
                                          : O.client_per_thread ? "client-per-thread" : "dlock";
     if (!O.quiet) {
         char where[400];
-        if (have_redis)
+        if (O.cluster)
+            snprintf(where, sizeof where, "a private redis cluster of %d masters with %d"
+                     " replica(s) each (%d nodes, the first %s:%d)", CLUSTER_MASTERS,
+                     O.cluster_replicas, cluster_set.n, O.host, O.port);
+        else if (have_redis)
             snprintf(where, sizeof where, "redis %s:%d%s%s%s", O.host, O.port,
                      private_redis ? " (private)" : "", O.mutex ? " (INFO only)" : "",
                      O.rtt_us > 0 ? ", through a proxy adding the round trip" : "");
@@ -1413,8 +1512,8 @@ int main(int argc, char **argv)
     if (have_redis)
         after = read_info();
     if (have_redis && !after.ok)
-        fprintf(stderr, "storm: warning: could not read INFO from %s:%d after the run\n",
-                O.host, O.port);
+        fprintf(stderr, "storm: warning: could not read INFO from %s:%d%s after the run\n",
+                O.host, O.port, O.cluster ? " (or another master of the cluster)" : "");
 
     /* Workers' exit statuses. */
     for (int p = 0; p < P; p++) {
@@ -1446,6 +1545,9 @@ int main(int argc, char **argv)
     uint64_t *hist = calloc(NB, sizeof *hist);
     if (!hist) {
         fprintf(stderr, "storm: out of memory\n");
+        stop_proxy();
+        if (private_redis)
+            stop_private(&r);
         return 1;
     }
     for (size_t i = 0; i < total; i++) {
@@ -1586,9 +1688,10 @@ int main(int argc, char **argv)
                 acq, acq_per_sec, timeouts, err_total, rel_err_total);
         if (info_ok)
             fprintf(stderr, "  redis          %lld round trips (%.3f per acquisition), %lld commands "
-                            "with those inside scripts, %.1f us of redis cpu per acquisition\n",
+                            "with those inside scripts, %.1f us of redis cpu per acquisition%s\n",
                     d_top, acq ? (double)d_top / (double)acq : 0.0, d_cmds,
-                    acq ? d_cpu_us / (double)acq : 0.0);
+                    acq ? d_cpu_us / (double)acq : 0.0,
+                    O.cluster ? " (summed over the cluster's masters)" : "");
         else
             fprintf(stderr, "  redis          %s\n", have_redis ? "INFO unavailable" : "none (--mutex)");
         fprintf(stderr, "  client cpu     %.1f us per acquisition (the worker processes, user +"
