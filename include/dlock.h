@@ -27,6 +27,13 @@
 extern "C" {
 #endif
 
+/* Marks the public API: the only symbols the shared library exports. */
+#if defined(__GNUC__) && __GNUC__ >= 4
+#define DLOCK_API __attribute__((visibility("default")))
+#else
+#define DLOCK_API
+#endif
+
 /* Error codes: XX(name, value, message). One list generates the enum,
  * dlock_strerror() and dlock_err_name(). */
 #define DLOCK_ERRNO_MAP(XX)                                                      \
@@ -42,11 +49,20 @@ extern "C" {
     XX(ESERVER, -10, "redis server unsuitable for dlock (version, eviction policy or permissions)")
 
 enum {
-    DLOCK_OK = 0,
 #define DLOCK_XX_(name, val, msg) DLOCK_##name = (val),
     DLOCK_ERRNO_MAP(DLOCK_XX_)
 #undef DLOCK_XX_
+    DLOCK_OK = 0 /* last: C89 allows no comma after the last enumerator */
 };
+
+/* The version of this header; dlock_version() gives the library's. */
+#define DLOCK_VERSION_MAJOR 0
+#define DLOCK_VERSION_MINOR 2
+#define DLOCK_VERSION_PATCH 0
+#define DLOCK_VERSION_STRING "0.2.0"
+/* MAJOR * 10000 + MINOR * 100 + PATCH, for #if comparisons */
+#define DLOCK_VERSION_NUMBER                                                   \
+    (DLOCK_VERSION_MAJOR * 10000 + DLOCK_VERSION_MINOR * 100 + DLOCK_VERSION_PATCH)
 
 /* Limits, checked by every call that takes such an argument. */
 #define DLOCK_NAME_MAX 512            /* bytes in a lock name, without the NUL */
@@ -133,7 +149,7 @@ typedef struct dlock_config {
 
 /* Fills *cfg with the defaults above. Always call it before setting fields,
  * so that fields added later get their defaults. */
-void dlock_config_init(dlock_config *cfg);
+DLOCK_API void dlock_config_init(dlock_config *cfg);
 
 /* Opens a client: one per process, shared by its threads. Copies everything
  * it needs from *cfg (strings included). Starts the renewal thread and tries
@@ -141,13 +157,13 @@ void dlock_config_init(dlock_config *cfg);
  * reports it as DLOCK_EREDIS and reconnects), so a server may start before
  * its Redis. Returns DLOCK_OK and sets *out, or DLOCK_EINVAL for a NULL or
  * out-of-range argument (the message says which), or DLOCK_ENOMEM. */
-int dlock_client_open(const dlock_config *cfg, dlock_client **out);
+DLOCK_API int dlock_client_open(const dlock_config *cfg, dlock_client **out);
 
 /* Stops the renewal thread, releases in Redis every lease the client holds,
  * and frees the client. Must be the last call on it. Threads that still held
  * locks must not use them afterwards. NULL is ignored. In a forked child the
  * parent's client is only forgotten: nothing is released or freed there. */
-void dlock_client_close(dlock_client *c);
+DLOCK_API void dlock_client_close(dlock_client *c);
 
 /* Acquires the lock `name` for the calling thread.
  *   wait_ms == 0: try once; DLOCK_EBUSY if the lock is held elsewhere (by
@@ -174,7 +190,7 @@ void dlock_client_close(dlock_client *c);
  * it refused the credentials or an ACL user's permission: WRONGPASS,
  * NOPERM; dlock_last_error() says which; no retry cures it), DLOCK_ELOST (a nested acquire while the
  * held lease is lost), DLOCK_EFORK, DLOCK_ENOMEM. */
-int dlock_acquire(dlock_client *c, const char *name, int64_t wait_ms, uint64_t *fence);
+DLOCK_API int dlock_acquire(dlock_client *c, const char *name, int64_t wait_ms, uint64_t *fence);
 
 /* Releases one level of the calling thread's hold on `name`; the outermost
  * release gives the lease back to Redis (or, with cohort handoff, to a waiting
@@ -185,14 +201,14 @@ int dlock_acquire(dlock_client *c, const char *name, int64_t wait_ms, uint64_t *
  * lock is released locally all the same); DLOCK_EREDIS or DLOCK_ESERVER if
  * Redis could not be told (the lock is released locally and the lease
  * expires in Redis after at most lease_ms); DLOCK_EINVAL, DLOCK_EFORK. */
-int dlock_release(dlock_client *c, const char *name);
+DLOCK_API int dlock_release(dlock_client *c, const char *name);
 
 /* 1 if the calling thread holds `name` and its lease is still valid (known
  * renewed in time, by the local clock with a drift margin), else 0. The local
  * clock is CLOCK_BOOTTIME, which keeps counting through a system suspend.
  * Costs no Redis command. Returns 0 for invalid arguments and in a forked
  * child. */
-int dlock_held(dlock_client *c, const char *name);
+DLOCK_API int dlock_held(dlock_client *c, const char *name);
 
 /* Counters of one client since it was opened, read without stopping it. */
 typedef struct dlock_stats {
@@ -215,17 +231,21 @@ typedef struct dlock_stats {
 } dlock_stats;
 
 /* Fills *out with the client's counters. DLOCK_EINVAL for NULL arguments. */
-int dlock_client_stats(dlock_client *c, dlock_stats *out);
+DLOCK_API int dlock_client_stats(dlock_client *c, dlock_stats *out);
+
+/* The library's version, "MAJOR.MINOR.PATCH": the library linked in, which
+ * may differ from the header's DLOCK_VERSION_STRING. */
+DLOCK_API const char *dlock_version(void);
 
 /* The message of error `code` ("unknown error" for codes not in the list). */
-const char *dlock_strerror(int code);
+DLOCK_API const char *dlock_strerror(int code);
 
 /* The symbolic name of error `code`, such as "DLOCK_EBUSY". */
-const char *dlock_err_name(int code);
+DLOCK_API const char *dlock_err_name(int code);
 
 /* The calling thread's detailed message for its last failed dlock call, or ""
  * if it has none. Valid until the thread's next dlock call. */
-const char *dlock_last_error(void);
+DLOCK_API const char *dlock_last_error(void);
 
 #ifdef __cplusplus
 }

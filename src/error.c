@@ -55,3 +55,8 @@ int dlock_err_set(int code, const char *fmt, ...)
     va_end(ap);
     return code;
 }
+
+const char *dlock_version(void)
+{
+    return DLOCK_VERSION_STRING;
+}

@@ -241,6 +241,19 @@ static int on_thread(dlock_client *c, const char *name, int which)
 
 /* ------------------------------------------------------------------ tests */
 
+/* The library's version is the header's, and the number matches the string. */
+static void test_version(void **state)
+{
+    (void)state;
+    assert_string_equal(dlock_version(), DLOCK_VERSION_STRING);
+    char v[32];
+    snprintf(v, sizeof v, "%d.%d.%d", DLOCK_VERSION_MAJOR, DLOCK_VERSION_MINOR,
+             DLOCK_VERSION_PATCH);
+    assert_string_equal(v, DLOCK_VERSION_STRING);
+    assert_int_equal(DLOCK_VERSION_NUMBER, DLOCK_VERSION_MAJOR * 10000 +
+                                               DLOCK_VERSION_MINOR * 100 + DLOCK_VERSION_PATCH);
+}
+
 static void test_config_defaults(void **state)
 {
     (void)state;
@@ -260,6 +273,10 @@ static void test_config_defaults(void **state)
     assert_int_equal(cfg.pass_limit, 128);
     assert_null(cfg.on_lost);
     assert_null(cfg.on_lost_arg);
+    assert_null(cfg.redis_unix_path);
+    assert_null(cfg.sentinels);
+    assert_null(cfg.cluster_nodes);
+    assert_int_equal(cfg.min_replicas, 0);
     assert_int_equal(cfg.pool_size, 4);
     assert_int_equal(cfg.waiter_ttl_ms, 2000);
 }
@@ -1407,6 +1424,7 @@ int main(int argc, char **argv)
         return hold_and_die(atoi(argv[2]), argv[3]);
 
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_version),
         cmocka_unit_test(test_config_defaults),
         cmocka_unit_test(test_errors),
         cmocka_unit_test_teardown(test_open_invalid, fx_ensure_server),
