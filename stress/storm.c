@@ -36,8 +36,10 @@
  * per power of two of microseconds): they are approximations within about
  * 6 % (the middle of the bucket is reported, clipped to the exact maximum).
  *
- * Exit status: 0 if no violation, no token regression, the counters matched
- * and every worker finished cleanly; 1 otherwise; 2 on bad usage.
+ * Exit status: 0 if no violation, no token regression, the counters matched,
+ * every worker finished cleanly, no call failed with an error (a timeout, or
+ * DLOCK_EBUSY with --wait-ms 0, is the scenario's, not an error) and at most
+ * as many acquisitions timed out as succeeded; 1 otherwise; 2 on bad usage.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -201,7 +203,9 @@ static void usage(FILE *f)
 "  --help               this text\n"
 "\n"
 "Exit status: 0 all checks passed; 1 violation, token regression, counter\n"
-"mismatch or failed worker; 2 bad usage.\n",
+"mismatch, failed worker, an acquire or release that failed with an error\n"
+"(not a timeout, nor DLOCK_EBUSY with --wait-ms 0), or more acquisitions\n"
+"timed out than succeeded; 2 bad usage.\n",
         MAX_PROCS, MAX_THREADS, MAX_TOTAL_THREADS, MAX_LOCKS, MAX_US, MAX_US,
         DLOCK_LEASE_MIN_MS, DLOCK_LEASE_MAX_MS, O.stack_kb);
 }
@@ -1673,11 +1677,17 @@ int main(int argc, char **argv)
         fprintf(o, "%s%" PRIu64, p ? "," : "", pa);
     }
     fprintf(o, "],");
-    fprintf(o, "\"starved\":%" PRIu64 ",\"workers_failed\":%s,\"interrupted\":%s}\n", zero,
-            worker_fail ? "true" : "false", H->stop ? "true" : "false");
+    /* A storm passes only if its acquisitions work: errors (Redis down, a
+     * refused server, ...) or mostly timeouts are a failure even without a
+     * violation. */
+    int errors_ok = err_total == 0 && rel_err_total == 0;
+    int timeouts_ok = acq > 0 && timeouts <= acq;
+    int ok = viol == 0 && regr == 0 && counter_ok && !worker_fail && errors_ok && timeouts_ok;
+    fprintf(o, "\"starved\":%" PRIu64 ",\"workers_failed\":%s,\"interrupted\":%s,"
+               "\"verdict\":\"%s\"}\n", zero,
+            worker_fail ? "true" : "false", H->stop ? "true" : "false", ok ? "PASS" : "FAIL");
     fflush(o);
 
-    int ok = viol == 0 && regr == 0 && counter_ok && !worker_fail;
 
     if (!O.quiet) {
         fprintf(stderr, "\nstorm summary (%s, %d procs x %d threads, %d lock(s), %.3g s run,"
@@ -1707,7 +1717,10 @@ int main(int argc, char **argv)
         fprintf(stderr, "  exclusion      %" PRIu64 " violations, counter %s (%" PRIu64 " vs %" PRIu64
                         "), %" PRIu64 " token regressions, %" PRIu64 " not-held-in-cs\n",
                 viol, counter_ok ? "ok" : "MISMATCH", counter_sum, acq, regr, not_held);
-        fprintf(stderr, "  verdict        %s\n", ok ? "PASS" : "FAIL");
+        fprintf(stderr, "  verdict        %s%s%s%s\n", ok ? "PASS" : "FAIL",
+                errors_ok ? "" : " (calls failed with errors)",
+                timeouts_ok ? "" : " (more acquisitions timed out than succeeded, or none did)",
+                viol || regr || !counter_ok || worker_fail ? " (exclusion or workers)" : "");
     }
 
     shm_destroy_mutexes();
