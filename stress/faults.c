@@ -2,7 +2,8 @@
  * faults: fault scenarios against dlock with real processes and a real
  * redis-server, each ending in one PASS or FAIL line with what was measured.
  *
- *   faults [--list] [--unix] [SCENARIO...]  (no scenario: all of them)
+ *   faults [--list] [--unix | --sentinel | --cluster] [SCENARIO...]
+ *   (no scenario: all of them, or all that apply with --sentinel, --cluster)
  *
  * Scenarios (see --list):
  *   holder_killed       the holder is SIGKILLed; a queued waiter takes over
@@ -22,17 +23,32 @@
  *   late_acquire        an acquire attempt delivered late by the fault proxy
  *                       never displaces the same client's newer grant
  *
+ * Where the server is. By default one private redis-server R, the clients
+ * on its TCP port; --unix: on its Unix socket. --sentinel: a private
+ * Sentinel topology instead (master srv[0], one replica, three sentinels,
+ * master name "faults"), the clients in Sentinel mode; --cluster: a private
+ * 3-master Redis Cluster without replicas, the clients in Cluster mode (the
+ * key prefix, dlock's default "dlock:", holds no brace, as Cluster mode
+ * requires). The three options exclude each other. With --sentinel and
+ * --cluster only the scenarios whose faults are in the client processes
+ * run (holder_killed, holder_frozen, waiter_killed): the others signal,
+ * restart or proxy the one redis-server, and naming one of them is a usage
+ * error. The runner's own commands (ZCARD of a wait queue) go to the master
+ * srv[0] (no failover happens here), or to each cluster node in turn until
+ * one answers other than MOVED or ASK.
+ *
  * Structure. The main process never opens a dlock client, starts no thread
  * and no redis-server: it forks one runner process per scenario and bounds
  * it (SCENARIO_TIMEOUT_S + RUNNER_GRACE_S). The runner starts the scenario's
- * private redis-server (tests/fixture.h), maps a shared anonymous region,
+ * private redis-server or topology (tests/fixture.h), maps a shared anonymous region,
  * forks the scenario's child processes (it never opens a dlock client
  * either: every child opens its own after the fork), drives them through
  * flags in the shared region and checks what they report there. Every wait
  * is bounded; alarm(SCENARIO_TIMEOUT_S) in the runner is the last resort:
- * its handler SIGKILLs the children and the server and prints a FAIL line.
- * Children and servers get PR_SET_PDEATHSIG(SIGKILL), so nothing outlives
- * a killed runner. Times are CLOCK_MONOTONIC, which is one clock for all the
+ * its handler SIGKILLs the children and the server(s) (every redis-server of
+ * a topology), removes their directories (best effort) and prints a FAIL
+ * line. Children and servers get PR_SET_PDEATHSIG(SIGKILL), so nothing
+ * outlives a killed runner. Times are CLOCK_MONOTONIC, which is one clock for all the
  * processes of the machine, so times taken in different processes compare.
  *
  * Timing. Leases are short (lease_ms 1000, waiter_ttl_ms 400) to keep each
@@ -49,6 +65,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <signal.h>
@@ -59,6 +76,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -90,6 +108,9 @@
 #define SCENARIO_TIMEOUT_S 60  /* the runner's alarm() */
 #define RUNNER_GRACE_S 15      /* the main process kills a runner this much later */
 #define NERR 16                /* error counters indexed by -code */
+#define KEY_PREFIX "dlock:"    /* every client's key_prefix: no brace (Cluster mode) */
+#define SENTINEL_MASTER "faults" /* --sentinel: the master's name */
+#define CLUSTER_MASTERS 3      /* --cluster: masters, no replicas */
 
 #define STR_(x) #x
 #define XSTR(x) STR_(x)
@@ -101,12 +122,28 @@
 
 #define MAX_KIDS 8
 
-static fx_redis R;                      /* this scenario's redis-server */
+/* Where the server is (main's options, inherited by the runners). */
+enum { TOPO_SINGLE, TOPO_SENTINEL, TOPO_CLUSTER };
+static int use_unix;             /* --unix: the clients reach R over its Unix socket */
+static int topo = TOPO_SINGLE;   /* --sentinel, --cluster */
+
+static fx_redis R;                      /* this scenario's redis-server (TOPO_SINGLE) */
+static fx_sentinel_set S;               /* --sentinel: its topology */
+static fx_cluster C;                    /* --cluster: its nodes */
 static pid_t runner_pid;
 static volatile pid_t kids[MAX_KIDS];   /* children not reaped yet (0: free) */
 static const char *scenario_name = "";
 static const char *volatile phase = "starting";
-static char rdir_path[256], rlog_path[300]; /* for the watchdog's cleanup */
+static char rdir_path[256];             /* R's directory, for the watchdog's cleanup */
+
+/* For the watchdog: every redis-server of a topology and its directory,
+ * copied from S or C once the topology has started (servers started by a
+ * fixture call still under way when the watchdog fires are not listed: they
+ * die with the runner through PR_SET_PDEATHSIG, their directories stay). */
+#define TOPO_MAX (FX_CLUSTER_MAX > 2 * FX_SENTINELS ? FX_CLUSTER_MAX : 2 * FX_SENTINELS)
+static volatile pid_t topo_pid[TOPO_MAX];
+static char topo_dir[TOPO_MAX][256];
+static volatile int topo_n;
 
 static int64_t now_ns(void)
 {
@@ -138,21 +175,84 @@ static void put_raw(int fd, const char *s)
     }
 }
 
+/* The watchdog's removal of a server's directory (async-signal-safe: raw
+ * getdents64, unlinkat, rmdir): every file in it (redis.log; a socket, a
+ * sentinel.conf, a nodes.conf, a replica's dump.rdb...; redis writes no
+ * subdirectories), then the directory. Best effort: a few passes, since
+ * unlinking while reading may skip entries. */
+struct wd_dirent64 {
+    uint64_t d_ino;
+    int64_t d_off;
+    unsigned short d_reclen;
+    unsigned char d_type;
+    char d_name[];
+};
+
+static void wd_remove_dir(const char *dir)
+{
+    static char buf[4096] __attribute__((aligned(8)));
+    if (!dir[0])
+        return;
+    for (int pass = 0; pass < 3; pass++) {
+        int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (fd < 0)
+            return;
+        long n;
+        while ((n = syscall(SYS_getdents64, fd, buf, sizeof buf)) > 0) {
+            for (long off = 0; off < n;) {
+                struct wd_dirent64 *e = (struct wd_dirent64 *)(void *)(buf + off);
+                off += e->d_reclen;
+                if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0)
+                    unlinkat(fd, e->d_name, 0);
+            }
+        }
+        close(fd);
+        if (rmdir(dir) == 0)
+            return;
+    }
+}
+
+/* The watchdog's wait for a SIGKILLed server (a child of the runner), so that
+ * it creates no file after its directory is emptied: at most ms. */
+static void wd_reap(pid_t pid, long ms)
+{
+    struct timespec ts = {0, 5 * 1000000L};
+    for (long t = 0; t <= ms; t += 5) {
+        pid_t w = waitpid(pid, NULL, WNOHANG);
+        if (w == pid || (w < 0 && errno != EINTR))
+            return;
+        nanosleep(&ts, NULL);
+    }
+}
+
 /* The watchdog: the scenario overran SCENARIO_TIMEOUT_S. Only
- * async-signal-safe calls: kill the children and the server, remove the
- * server's directory (it writes only redis.log there), print, exit. */
+ * async-signal-safe calls: kill the children and the server(s), remove the
+ * servers' directories, print, exit. For a topology this is best effort:
+ * only the servers listed in topo_pid/topo_dir (see there) are killed and
+ * their directories removed here; any other directory is left behind. */
 static void on_alarm(int sig)
 {
     (void)sig;
+    int saved = errno;
     for (int i = 0; i < MAX_KIDS; i++)
         if (kids[i] > 0)
             kill(kids[i], SIGKILL);
-    if (R.pid > 0)
-        kill(R.pid, SIGKILL);
-    if (rlog_path[0])
-        unlink(rlog_path);
-    if (rdir_path[0])
-        rmdir(rdir_path);
+    pid_t rp = R.pid;
+    if (rp > 0)
+        kill(rp, SIGKILL);
+    int tn = topo_n;
+    for (int i = 0; i < tn; i++)
+        if (topo_pid[i] > 0)
+            kill(topo_pid[i], SIGKILL);
+    if (rp > 0)
+        wd_reap(rp, 1000);
+    wd_remove_dir(rdir_path);
+    for (int i = 0; i < tn; i++) {
+        if (topo_pid[i] > 0)
+            wd_reap(topo_pid[i], 1000);
+        wd_remove_dir(topo_dir[i]);
+    }
+    errno = saved;
     put_raw(1, "faults: ");
     put_raw(1, scenario_name);
     put_raw(1, " FAIL (watchdog: still running after " XSTR(SCENARIO_TIMEOUT_S) " s, while ");
@@ -161,22 +261,63 @@ static void on_alarm(int sig)
     _exit(1);
 }
 
-static int use_unix; /* --unix: the clients reach R over its Unix socket */
+static const char *topo_name(void)
+{
+    return topo == TOPO_SENTINEL ? "--sentinel" : topo == TOPO_CLUSTER ? "--cluster" : "";
+}
 
+/* Lists a started topology's servers for the watchdog. */
+static void topo_note(const fx_redis *srv)
+{
+    int i = topo_n;
+    if (i >= TOPO_MAX || srv->pid <= 0)
+        return;
+    snprintf(topo_dir[i], sizeof topo_dir[i], "%s", srv->dir);
+    topo_pid[i] = srv->pid;
+    __atomic_store_n(&topo_n, i + 1, __ATOMIC_RELEASE);
+}
+
+/* Starts the scenario's server: R, or the topology. 0, or -1 (fixture's
+ * message on stderr). */
 static int redis_start(void)
 {
+    if (topo == TOPO_SENTINEL) {
+        if (fx_sentinel_start(&S, SENTINEL_MASTER) != 0)
+            return -1;
+        for (int i = 0; i < S.nsrv; i++)
+            topo_note(&S.srv[i]);
+        for (int i = 0; i < FX_SENTINELS; i++)
+            topo_note(&S.sentinel[i]);
+        return 0;
+    }
+    if (topo == TOPO_CLUSTER) {
+        if (fx_cluster_start(&C, CLUSTER_MASTERS, 0) != 0)
+            return -1;
+        for (int i = 0; i < C.n; i++)
+            topo_note(&C.node[i]);
+        return 0;
+    }
     fx_redis_opts o = {.unix_socket = use_unix};
     if (fx_redis_start_opts(&R, &o) != 0)
         return -1;
     snprintf(rdir_path, sizeof rdir_path, "%s", R.dir);
-    snprintf(rlog_path, sizeof rlog_path, "%s/redis.log", R.dir);
     return 0;
 }
 
 static void redis_stop(void)
 {
+    if (topo != TOPO_SINGLE) {
+        /* Unlisted first: the watchdog must not kill a reaped server's pid,
+         * reused by now; a server still there dies with the runner. */
+        __atomic_store_n(&topo_n, 0, __ATOMIC_RELEASE);
+        if (topo == TOPO_SENTINEL)
+            fx_sentinel_stop(&S);
+        else
+            fx_cluster_stop(&C);
+        return;
+    }
     fx_redis_stop(&R);
-    rdir_path[0] = rlog_path[0] = '\0';
+    rdir_path[0] = '\0';
 }
 
 /* Forks a child that runs fn(arg) and never returns to the runner's code. */
@@ -263,23 +404,54 @@ static void *shm_alloc(size_t n)
     return p == MAP_FAILED ? NULL : p;
 }
 
-/* An integer reply of a command to this scenario's server (the runner's own
- * hiredis connection, opened and closed per call), or -1. */
+/* The reply of a command to the server at port (a connection of the
+ * runner's own, opened and closed per call), or NULL. */
+static redisReply *cmd_at_v(int port, const char *fmt, va_list ap)
+{
+    redisContext *c = fx_connect("127.0.0.1", port);
+    if (!c)
+        return NULL;
+    redisReply *r = redisvCommand(c, fmt, ap);
+    redisFree(c);
+    return r;
+}
+
+/* 1 if r is a cluster redirection (the key's slot is another node's). */
+static int is_redirect(const redisReply *r)
+{
+    return r->type == REDIS_REPLY_ERROR &&
+           (strncmp(r->str, "MOVED ", 6) == 0 || strncmp(r->str, "ASK ", 4) == 0);
+}
+
+/* An integer reply of a command to this scenario's server, or -1. The
+ * server: R; --sentinel: the master srv[0] (no failover in the scenarios
+ * run there); --cluster: the first node whose reply is not MOVED or ASK. */
 static long long redis_int(const char *fmt, ...)
 {
-    redisContext *c = fx_connect("127.0.0.1", R.port);
-    if (!c)
-        return -1;
-    va_list ap;
-    va_start(ap, fmt);
-    redisReply *r = redisvCommand(c, fmt, ap);
-    va_end(ap);
+    int ports[FX_CLUSTER_MAX], np = 0;
+    if (topo == TOPO_SENTINEL)
+        ports[np++] = S.srv[0].port;
+    else if (topo == TOPO_CLUSTER)
+        for (int i = 0; i < C.n; i++)
+            ports[np++] = C.node[i].port;
+    else
+        ports[np++] = R.port;
     long long v = -1;
-    if (r && r->type == REDIS_REPLY_INTEGER)
-        v = r->integer;
-    if (r)
-        freeReplyObject(r);
-    redisFree(c);
+    for (int i = 0; i < np; i++) {
+        va_list ap;
+        va_start(ap, fmt);
+        redisReply *r = cmd_at_v(ports[i], fmt, ap);
+        va_end(ap);
+        if (r && is_redirect(r)) {
+            freeReplyObject(r);
+            continue;
+        }
+        if (r && r->type == REDIS_REPLY_INTEGER)
+            v = r->integer;
+        if (r)
+            freeReplyObject(r);
+        break;
+    }
     return v;
 }
 
@@ -403,11 +575,19 @@ static void child_exit(dlock_client *c)
 static void cfg_base(dlock_config *cfg)
 {
     fx_config(cfg, &R); /* 127.0.0.1:R.port, connect 500, command 1000 */
-    if (use_unix) { /* host and port back to unset, the socket instead */
+    if (use_unix || topo != TOPO_SINGLE) { /* host and port back to unset */
         cfg->redis_host = NULL;
         cfg->redis_port = 6379;
-        cfg->redis_unix_path = R.unix_path;
     }
+    if (use_unix) {
+        cfg->redis_unix_path = R.unix_path;
+    } else if (topo == TOPO_SENTINEL) {
+        cfg->sentinels = S.addrs;
+        cfg->sentinel_master = SENTINEL_MASTER;
+    } else if (topo == TOPO_CLUSTER) {
+        cfg->cluster_nodes = C.addrs;
+    }
+    cfg->key_prefix = KEY_PREFIX;
     cfg->lease_ms = LEASE_MS;
     cfg->waiter_ttl_ms = WAITER_TTL_MS;
 }
@@ -526,8 +706,8 @@ static int sc_holder_killed(void)
     if (wait_step(b, 1, 10000) != 1)
         return fail("%s", child_why(b, pb, "B", why, sizeof why));
     long long q = -1;
-    if (!wait_zcard("dlock:{k}:q", 1, 5000, &q))
-        return fail("B not in the wait queue within 5 s (ZCARD dlock:{k}:q = %lld)", q);
+    if (!wait_zcard(KEY_PREFIX "{k}:q", 1, 5000, &q))
+        return fail("B not in the wait queue within 5 s (ZCARD " KEY_PREFIX "{k}:q = %lld)", q);
 
     phase = "B waiting after A was killed";
     int64_t t_kill = now_ns();
@@ -1605,8 +1785,8 @@ static int sc_waiter_killed(void)
     phase = "B queueing";
     st_int(&b->go, 1);
     long long q = -1;
-    if (!wait_zcard("dlock:{w}:q", 1, 5000, &q))
-        return fail("B not in the wait queue within 5 s (ZCARD dlock:{w}:q = %lld)", q);
+    if (!wait_zcard(KEY_PREFIX "{w}:q", 1, 5000, &q))
+        return fail("B not in the wait queue within 5 s (ZCARD " KEY_PREFIX "{w}:q = %lld)", q);
     int64_t t_bkill = now_ns();
     kill(pb, SIGKILL);
     if (!reap(pb, 5000, &stb))
@@ -1614,8 +1794,8 @@ static int sc_waiter_killed(void)
 
     phase = "C queueing behind the dead B";
     st_int(&cc->go, 1);
-    if (!wait_zcard("dlock:{w}:q", 2, 5000, &q))
-        return fail("C not queued behind B within 5 s (ZCARD dlock:{w}:q = %lld)", q);
+    if (!wait_zcard(KEY_PREFIX "{w}:q", 2, 5000, &q))
+        return fail("C not queued behind B within 5 s (ZCARD " KEY_PREFIX "{w}:q = %lld)", q);
     phase = "C waiting after A's release";
     st_int(&a->go, 1);
     if (wait_step(a, 2, 10000) != 1)
@@ -2143,7 +2323,7 @@ static int sc_late_acquire(void)
     if (wait_step(y, 1, 10000) != 1)
         return fail("%s", child_why(y, py, "Y", why, sizeof why));
     long long q = -1;
-    if (!wait_zcard("dlock:{late}:q", 1, 5000, &q))
+    if (!wait_zcard(KEY_PREFIX "{late}:q", 1, 5000, &q))
         return fail("Y not in the wait queue within 5 s (ZCARD = %lld)", q);
     phase = "the late attempt delivered";
     int64_t t_late = now_ns();
@@ -2210,25 +2390,26 @@ typedef struct scenario {
     const char *name;
     const char *desc;
     int (*run)(void);
+    int single; /* 1: it signals, restarts or proxies R: not with --sentinel, --cluster */
 } scenario;
 
 static const scenario SCENARIOS[] = {
     {"holder_killed", "the holder is SIGKILLed; a queued waiter gets the lock within"
-                      " lease + waiter ttl + 3 s, with a greater token", sc_holder_killed},
+                      " lease + waiter ttl + 3 s, with a greater token", sc_holder_killed, 0},
     {"holder_frozen", "the holder is SIGSTOPped for 2.5 leases; another takes over; after SIGCONT"
-                      " the holder sees on_lost, dlock_held 0, release ELOST", sc_holder_frozen},
+                      " the holder sees on_lost, dlock_held 0, release ELOST", sc_holder_frozen, 0},
     {"redis_restarted", "3 procs x 8 threads on 2 names while redis is SIGKILLed and restarted"
-                        " empty: exclusion, tokens, no hang, recovery", sc_redis_restarted},
+                        " empty: exclusion, tokens, no hang, recovery", sc_redis_restarted, 1},
     {"redis_frozen", "redis SIGSTOPped: every call returns DLOCK_EREDIS within connect + 2 x"
-                     " command timeout; after SIGCONT an acquire succeeds", sc_redis_frozen},
+                     " command timeout; after SIGCONT an acquire succeeds", sc_redis_frozen, 1},
     {"waiter_killed", "a queued waiter is SIGKILLed; the next waiter gets the lock within"
-                      " about one waiter ttl of the release", sc_waiter_killed},
+                      " about one waiter ttl of the release", sc_waiter_killed, 0},
     {"started_redis_down", "a client opened while redis is down fails fast, then works once"
-                           " redis is restarted on its port", sc_started_redis_down},
+                           " redis is restarted on its port", sc_started_redis_down, 1},
     {"signal_storm", "redis SIGSTOPped and a SIGUSR1 every 10 ms to the calling thread: every"
-                     " call still returns DLOCK_EREDIS within its bound", sc_signal_storm},
+                     " call still returns DLOCK_EREDIS within its bound", sc_signal_storm, 1},
     {"late_acquire", "an acquire attempt held back by the proxy reaches redis after a newer"
-                     " grant: no other client is granted while the holder holds", sc_late_acquire},
+                     " grant: no other client is granted while the holder holds", sc_late_acquire, 1},
 };
 #define NSCEN ((int)(sizeof SCENARIOS / sizeof SCENARIOS[0]))
 
@@ -2249,9 +2430,14 @@ static void run_scenario(const scenario *s)
     int64_t t0 = now_ns();
     int ok;
     res[0] = '\0';
-    phase = "starting redis-server";
+    const char *what = topo == TOPO_SENTINEL ? "Sentinel topology (master, replica, 3 sentinels)"
+                       : topo == TOPO_CLUSTER ? "Redis Cluster of " XSTR(CLUSTER_MASTERS) " masters"
+                                              : "redis-server";
+    phase = topo == TOPO_SENTINEL ? "starting the Sentinel topology"
+            : topo == TOPO_CLUSTER ? "starting the Redis Cluster"
+                                   : "starting redis-server";
     if (redis_start() != 0) {
-        ok = fail("could not start a private redis-server");
+        ok = fail("could not start a private %s", what);
     } else {
         ok = s->run();
         phase = "cleaning up";
@@ -2268,17 +2454,27 @@ static void run_scenario(const scenario *s)
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: faults [--list] [--unix] [SCENARIO...]\n"
+            "usage: faults [--list] [--unix | --sentinel | --cluster] [SCENARIO...]\n"
             "Fault scenarios against dlock with real processes and a private redis-server.\n"
             "Runs the named scenarios (all without arguments), each printing one PASS or\n"
-            "FAIL line with what it measured. --list lists the scenarios. --unix: the\n"
-            "clients reach the server over a Unix socket (through the proxy, TCP).\n"
+            "FAIL line with what it measured. --list lists the scenarios.\n"
+            "  --unix      the clients reach the server over a Unix socket (through the\n"
+            "              proxy, TCP)\n"
+            "  --sentinel  a private Sentinel topology instead (a master, one replica and\n"
+            "              three sentinels, master name \"" SENTINEL_MASTER "\"); the clients in\n"
+            "              Sentinel mode\n"
+            "  --cluster   a private Redis Cluster of " XSTR(CLUSTER_MASTERS) " masters (no replicas) instead;\n"
+            "              the clients in Cluster mode\n"
+            "These three exclude each other. With --sentinel or --cluster only the\n"
+            "scenarios with faults in the client processes apply (holder_killed,\n"
+            "holder_frozen, waiter_killed; all three without arguments); the others\n"
+            "signal, restart or proxy the one redis-server and are refused.\n"
             "Exit status: 0 if every scenario passed, 1 otherwise, 2 on bad usage.\n");
 }
 
 int main(int argc, char **argv)
 {
-    int sel[64], nsel = 0;
+    int sel[64], nsel = 0, sentinel = 0, cluster = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--list")) {
             for (int k = 0; k < NSCEN; k++)
@@ -2291,6 +2487,14 @@ int main(int argc, char **argv)
         }
         if (!strcmp(argv[i], "--unix")) {
             use_unix = 1;
+            continue;
+        }
+        if (!strcmp(argv[i], "--sentinel")) {
+            sentinel = 1;
+            continue;
+        }
+        if (!strcmp(argv[i], "--cluster")) {
+            cluster = 1;
             continue;
         }
         int found = -1;
@@ -2308,9 +2512,27 @@ int main(int argc, char **argv)
         }
         sel[nsel++] = found;
     }
+    if (use_unix + sentinel + cluster > 1) {
+        fprintf(stderr, "faults: --unix, --sentinel and --cluster exclude each other\n");
+        return 2;
+    }
+    topo = sentinel ? TOPO_SENTINEL : cluster ? TOPO_CLUSTER : TOPO_SINGLE;
+    if (strpbrk(KEY_PREFIX, "{}")) { /* Cluster mode refuses it; keep it true */
+        fprintf(stderr, "faults: the key prefix \"%s\" holds a brace\n", KEY_PREFIX);
+        return 2;
+    }
+    for (int i = 0; i < nsel; i++)
+        if (topo != TOPO_SINGLE && SCENARIOS[sel[i]].single) {
+            fprintf(stderr,
+                    "faults: %s signals, restarts or proxies the single redis-server: not with"
+                    " %s (which runs holder_killed, holder_frozen and waiter_killed)\n",
+                    SCENARIOS[sel[i]].name, topo_name());
+            return 2;
+        }
     if (nsel == 0)
         for (int k = 0; k < NSCEN; k++)
-            sel[nsel++] = k;
+            if (topo == TOPO_SINGLE || !SCENARIOS[k].single)
+                sel[nsel++] = k;
 
     signal(SIGPIPE, SIG_IGN);
     int64_t t0 = now_ns();
@@ -2357,7 +2579,8 @@ int main(int argc, char **argv)
         }
         fflush(stdout);
     }
-    printf("faults: %d of %d scenario(s) passed in %.1f s\n", passed, nsel,
-           (double)(now_ns() - t0) / 1e9);
+    printf("faults: %d of %d scenario(s) passed in %.1f s%s%s%s\n", passed, nsel,
+           (double)(now_ns() - t0) / 1e9, topo != TOPO_SINGLE ? " (" : "", topo_name(),
+           topo != TOPO_SINGLE ? ")" : "");
     return passed == nsel ? 0 : 1;
 }
