@@ -72,6 +72,7 @@ enum {
 #define DLOCK_TIMEOUT_MAX_MS 600000u  /* longest connect/command timeout */
 #define DLOCK_PASS_LIMIT_MAX 1000000u /* largest pass_limit accepted */
 #define DLOCK_WAITER_TTL_MIN_MS 100u  /* shortest waiter_ttl_ms accepted */
+#define DLOCK_CLIENT_NAME_MAX 64      /* bytes in client_name */
 #define DLOCK_MIN_REPLICAS_MAX 64u    /* largest min_replicas accepted */
 
 typedef struct dlock_client dlock_client;
@@ -145,6 +146,12 @@ typedef struct dlock_config {
                                       hold no brace, redis_db must be 0, and a
                                       name must not start with '}' (DLOCK_EINVAL);
                                       default NULL */
+    const char *client_name;       /* who this client is, for operators: set with
+                                      CLIENT SETNAME on each of its connections and
+                                      stored with each lease it is granted, next to
+                                      the grant's time (dlockctl shows both). At most
+                                      DLOCK_CLIENT_NAME_MAX bytes, printable ASCII
+                                      without spaces; default NULL: "<host>:<pid>" */
 } dlock_config;
 
 /* Fills *cfg with the defaults above. Always call it before setting fields,
@@ -229,6 +236,11 @@ typedef struct dlock_stats {
                                     to this one while it waited, taken from the message
                                     that told it, with no acquire call */
 } dlock_stats;
+
+/* The client's id: 32 hex digits (128 random bits, new at every open), the
+ * owner recorded in Redis for its leases and in its wait-queue entries.
+ * Valid until dlock_client_close; NULL for a NULL client. */
+DLOCK_API const char *dlock_client_id(dlock_client *c);
 
 /* Fills *out with the client's counters. DLOCK_EINVAL for NULL arguments. */
 DLOCK_API int dlock_client_stats(dlock_client *c, dlock_stats *out);

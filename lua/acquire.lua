@@ -1,9 +1,12 @@
 -- Grants the lease of one lock name to a client, or queues the client.
--- KEYS[1] lease hash  <prefix>{<name>}       fields: owner, token, nonce
+-- KEYS[1] lease hash  <prefix>{<name>}       fields: owner, token, nonce, and
+--                     for operators since (server ms of the grant), name
+--                     (the owner's client_name)
 -- KEYS[2] fence key   <prefix>{<name>}:fence  a token no later grant may reach
 -- KEYS[3] wait queue  <prefix>{<name>}:q      zset: client id -> arrival (server us)
 -- KEYS[4] liveness    <prefix>{<name>}:qd     hash: client id -> "<deadline (server
---                     ms)> <its newest attempt> <its pass limit> <its waiter ttl>":
+--                     ms)> <its newest attempt> <its pass limit> <its waiter ttl>
+--                     <its name>":
 --                     what a release needs to grant it the lease directly
 -- KEYS[5] turn        <prefix>{<name>}:turn   the client whose turn it is
 -- KEYS[6] record      <prefix>{<name>}:c:<client id>  what Redis remembers of this
@@ -19,6 +22,9 @@
 -- ARGV[5] waiter ttl in ms: how long a queued client stays without a retry
 -- ARGV[6] '1' to join the wait queue when refused, '0' for a single try
 -- ARGV[7] record lifetime in ms after the client's last call on this name
+-- ARGV[8] the client's name (client_name: printable, no spaces), stored with
+--         a grant for operators (dlockctl), and in the liveness hash so that
+--         a direct grant stores it too
 -- Returns {1, token} when granted, or {0, pttl} when the client must wait
 -- (pttl: the lease's remaining time, or -1 when the lease is free but another
 -- client's turn comes first); then, if it asked to, the client is in the
@@ -114,7 +120,7 @@ local function wait(pttl)
   end
   redis.call('ZADD', KEYS[3], 'NX', now_us, me)
   redis.call('HSET', KEYS[4], me,
-    string.format('%.0f %s %s %s', now_ms + ttl, ARGV[3], ARGV[4], ARGV[5]))
+    string.format('%.0f %s %s %s %s', now_ms + ttl, ARGV[3], ARGV[4], ARGV[5], ARGV[8]))
   -- The queue vanishes once every waiter stopped refreshing it; a client
   -- with a shorter waiter ttl never shortens another's.
   for k = 3, 4 do
@@ -162,7 +168,8 @@ end
 if token <= last then
   token = last + 1
 end
-redis.call('HSET', KEYS[1], 'owner', me, 'token', string.format('%.0f', token), 'nonce', ARGV[3])
+redis.call('HSET', KEYS[1], 'owner', me, 'token', string.format('%.0f', token), 'nonce', ARGV[3],
+  'since', string.format('%.0f', now_ms), 'name', ARGV[8])
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 local reserved = token + tonumber(ARGV[4])
 if reserved > last then

@@ -105,7 +105,7 @@ while true do
   local d = redis.call('HGET', KEYS[4], h) or ''
   local deadline = tonumber(string.match(d, '^%d+'))
   if deadline and deadline > now_ms then
-    local _, att, pl, ttl = string.match(d, '^(%d+) (%d+) (%d+) (%d+)$')
+    local _, att, pl, ttl, nm = string.match(d, '^(%d+) (%d+) (%d+) (%d+) ?(%S*)$')
     if not att then
       -- A liveness value without the grant fields (a deadline only): the
       -- waiter gets the turn and acquires the lease itself when woken.
@@ -121,7 +121,8 @@ while true do
       token = last + 1
     end
     local tok = string.format('%.0f', token)
-    redis.call('HSET', KEYS[1], 'owner', h, 'token', tok, 'nonce', att)
+    redis.call('HSET', KEYS[1], 'owner', h, 'token', tok, 'nonce', att,
+      'since', string.format('%.0f', now_ms), 'name', nm)
     redis.call('PEXPIRE', KEYS[1], ttl)
     local keep = math.max(tonumber(ARGV[4]), math.floor(tonumber(pl) / 1000) + 1)
     redis.call('SET', KEYS[2], string.format('%.0f', token + tonumber(pl)), 'PX', keep)

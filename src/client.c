@@ -342,6 +342,17 @@ static int check_config(const dlock_config *cfg)
     if (cfg->min_replicas > DLOCK_MIN_REPLICAS_MAX)
         return dlock_err_set(DLOCK_EINVAL, "min_replicas %" PRIu32 " is above %u",
                              cfg->min_replicas, DLOCK_MIN_REPLICAS_MAX);
+    if (cfg->client_name) {
+        size_t n = strnlen(cfg->client_name, DLOCK_CLIENT_NAME_MAX + 1);
+        if (n == 0 || n > DLOCK_CLIENT_NAME_MAX)
+            return dlock_err_set(DLOCK_EINVAL, "client_name is empty or longer than %d bytes",
+                                 DLOCK_CLIENT_NAME_MAX);
+        for (size_t i = 0; i < n; i++)
+            if (cfg->client_name[i] <= ' ' || cfg->client_name[i] > '~')
+                return dlock_err_set(DLOCK_EINVAL, "client_name \"%s\": only printable ASCII "
+                                     "without spaces (Redis' CLIENT SETNAME rule)",
+                                     cfg->client_name);
+    }
     if (cfg->waiter_ttl_ms < DLOCK_WAITER_TTL_MIN_MS || cfg->waiter_ttl_ms > DLOCK_LEASE_MAX_MS)
         return dlock_err_set(DLOCK_EINVAL, "waiter_ttl_ms %" PRIu32 " is not in %u..%u",
                              cfg->waiter_ttl_ms, DLOCK_WAITER_TTL_MIN_MS, DLOCK_LEASE_MAX_MS);
@@ -355,6 +366,21 @@ static char *dup_or_flag(const char *s, int *oom)
     if (!d)
         *oom = 1;
     return d;
+}
+
+/* "<host>:<pid>", the default client_name, with anything CLIENT SETNAME
+ * refuses replaced by '_'. */
+static char *default_name(int *oom)
+{
+    char host[DLOCK_CLIENT_NAME_MAX], name[DLOCK_CLIENT_NAME_MAX + 1];
+    if (gethostname(host, sizeof host) != 0)
+        snprintf(host, sizeof host, "unknown");
+    host[sizeof host - 1] = '\0';
+    snprintf(name, sizeof name, "%.40s:%ld", host, (long)getpid());
+    for (char *p = name; *p; p++)
+        if (*p <= ' ' || *p > '~')
+            *p = '_';
+    return dup_or_flag(name, oom);
 }
 
 static int random_id(char out[33])
@@ -384,6 +410,7 @@ static void client_free(dlock_client *c)
     dlock_table_destroy(c->table);
     free(c->conn.host);
     free(c->conn.password);
+    free(c->conn.client_name);
     free(c->conn.username);
     free(c->conn.unix_path);
     dlock_addrs_free(c->conn.sentinels, c->conn.nsentinels);
@@ -519,6 +546,8 @@ int dlock_client_open(const dlock_config *cfg, dlock_client **out)
     c->conn.sentinel_password =
         cfg->sentinel_password ? dup_or_flag(cfg->sentinel_password, &oom) : NULL;
     c->prefix = strdup(cfg->key_prefix);
+    c->conn.client_name = cfg->client_name ? dup_or_flag(cfg->client_name, &oom)
+                                           : default_name(&oom);
     c->conn.port = cfg->redis_port;
     c->conn.db = cfg->redis_db;
     c->conn.connect_timeout_ms = cfg->connect_timeout_ms;
@@ -801,6 +830,7 @@ static int redis_acquire(dlock_client *c, dlock_entry *e, const char *nonce, int
     a[4] = c->waiter_ttl_str;
     a[5] = queue ? "1" : "0";
     a[6] = c->keep_str;
+    a[7] = c->conn.client_name;
     redisReply *rep;
     int sent, acked;
     *sent_boot = dlock_boot_ns();
@@ -1349,6 +1379,11 @@ int dlock_held(dlock_client *c, const char *name)
     pthread_mutex_unlock(&e->mu);
     dlock_table_put(c->table, e);
     return yes;
+}
+
+const char *dlock_client_id(dlock_client *c)
+{
+    return c ? c->id : NULL;
 }
 
 int dlock_client_stats(dlock_client *c, dlock_stats *out)

@@ -489,6 +489,10 @@ int dlock_conn_open(const dlock_conn_cfg *cfg, dlock_counters *ctr, redisContext
                                cfg->password};
         rc = simple_command(c, ctr, cfg, "AUTH", cfg->username ? 3 : 2, argv);
     }
+    if (rc == DLOCK_OK && cfg->client_name) {
+        const char *argv[3] = {"CLIENT", "SETNAME", cfg->client_name};
+        rc = simple_command(c, ctr, cfg, "CLIENT SETNAME", 3, argv);
+    }
     int not_master = 0;
     if (rc == DLOCK_OK && cfg->nsentinels) {
         rc = check_master(c, ctr, cfg, where, &not_master);

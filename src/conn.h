@@ -30,6 +30,7 @@ typedef struct dlock_conn_cfg {
     char *unix_path;       /* non-NULL: connect over this Unix socket */
     char *username;        /* non-NULL: AUTH username password (an ACL user) */
     char *password;        /* NULL: no AUTH */
+    char *client_name;     /* non-NULL: CLIENT SETNAME on each connection */
     int db;
     dlock_addr *sentinels; /* nsentinels > 0: Sentinel mode, the master is */
     unsigned nsentinels;   /* resolved on every connect (sentinel.h) */

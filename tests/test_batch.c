@@ -26,7 +26,7 @@
 /* The acquire script's arguments for name (prefix tb:), as attempt 1. */
 typedef struct acq_args {
     char keys[6][64];
-    const char *argv[13];
+    const char *argv[14];
 } acq_args;
 
 static void acq_args_init(acq_args *a, const char *name)
@@ -36,8 +36,8 @@ static void acq_args_init(acq_args *a, const char *name)
         snprintf(a->keys[k], sizeof a->keys[k], "tb:{%s}%s", name, suffix[k]);
         a->argv[k] = a->keys[k];
     }
-    const char *rest[7] = {ID, "10000", "1", "16", "2000", "1", "20000"};
-    for (int i = 0; i < 7; i++)
+    const char *rest[8] = {ID, "10000", "1", "16", "2000", "1", "20000", "test-batch"};
+    for (int i = 0; i < 8; i++)
         a->argv[6 + i] = rest[i];
 }
 
@@ -46,7 +46,7 @@ static void call_init(dlock_call *call, acq_args *a, int64_t deadline)
     memset(call, 0, sizeof *call);
     call->id = DLOCK_SCRIPT_ACQUIRE;
     call->nkeys = 6;
-    call->nargs = 7;
+    call->nargs = 8;
     call->argv = a->argv;
     call->deadline = deadline;
 }

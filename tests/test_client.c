@@ -254,6 +254,124 @@ static void test_version(void **state)
                                                DLOCK_VERSION_MINOR * 100 + DLOCK_VERSION_PATCH);
 }
 
+/* A lease field, "" when absent (the caller frees nothing). */
+static void lease_field_str(const char *key, const char *field, char *out, size_t n)
+{
+    redisReply *r = cmd("HGET %s %s", key, field);
+    snprintf(out, n, "%s", r->type == REDIS_REPLY_STRING ? r->str : "");
+    freeReplyObject(r);
+}
+
+typedef struct waiter_arg {
+    dlock_client *c;
+    int rc, got, release; /* got, release: atomics between the two threads */
+} waiter_arg;
+
+/* Acquires "who", says so, holds it until told, releases it (locks belong
+ * to the acquiring thread). */
+static void *wait_and_hold(void *arg)
+{
+    waiter_arg *w = arg;
+    w->rc = dlock_acquire(w->c, "who", 10000, NULL);
+    __atomic_store_n(&w->got, 1, __ATOMIC_RELEASE);
+    while (!__atomic_load_n(&w->release, __ATOMIC_ACQUIRE))
+        fx_sleep_ms(5);
+    if (w->rc == DLOCK_OK)
+        w->rc = dlock_release(w->c, "who");
+    return NULL;
+}
+
+/* Who holds a lease, for operators: the client's id as owner, its name and
+ * the grant's server time in the lease hash (also for a direct grant, which
+ * the releasing client makes for the waiter); its connections named with
+ * CLIENT SETNAME; names Redis would refuse are DLOCK_EINVAL. */
+static void test_holder_identity(void **state)
+{
+    (void)state;
+    dlock_config cfg;
+    fx_config(&cfg, &fx_server);
+    cfg.key_prefix = "tc:who:";
+    dlock_client *a, *b, *d;
+    cfg.client_name = "has space";
+    assert_int_equal(dlock_client_open(&cfg, &a), DLOCK_EINVAL);
+    assert_non_null(strstr(dlock_last_error(), "client_name"));
+    char longname[DLOCK_CLIENT_NAME_MAX + 2];
+    memset(longname, 'x', sizeof longname - 1);
+    longname[sizeof longname - 1] = '\0';
+    cfg.client_name = longname;
+    assert_int_equal(dlock_client_open(&cfg, &a), DLOCK_EINVAL);
+    cfg.client_name = "";
+    assert_int_equal(dlock_client_open(&cfg, &a), DLOCK_EINVAL);
+    cfg.client_name = "alpha-1";
+    assert_int_equal(dlock_client_open(&cfg, &a), DLOCK_OK);
+    cfg.client_name = "beta-2";
+    assert_int_equal(dlock_client_open(&cfg, &b), DLOCK_OK);
+    cfg.client_name = NULL; /* the default: <host>:<pid> */
+    assert_int_equal(dlock_client_open(&cfg, &d), DLOCK_OK);
+    assert_null(dlock_client_id(NULL));
+    const char *id = dlock_client_id(a);
+    assert_int_equal(strlen(id), 32);
+    assert_true(strspn(id, "0123456789abcdef") == 32);
+    assert_string_not_equal(id, dlock_client_id(b));
+
+    redisReply *t = cmd("TIME");
+    long long now_ms = atoll(t->element[0]->str) * 1000 + atoll(t->element[1]->str) / 1000;
+    freeReplyObject(t);
+    assert_int_equal(dlock_acquire(a, "who", 0, NULL), DLOCK_OK);
+    char v[100];
+    lease_field_str("tc:who:{who}", "owner", v, sizeof v);
+    assert_string_equal(v, id);
+    lease_field_str("tc:who:{who}", "name", v, sizeof v);
+    assert_string_equal(v, "alpha-1");
+    lease_field_str("tc:who:{who}", "since", v, sizeof v);
+    assert_true(atoll(v) >= now_ms && atoll(v) < now_ms + 10000); /* generous: a slow box */
+
+    /* b waits; a's release grants it directly: the lease names b */
+    waiter_arg w = {b, -1, 0, 0};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, wait_and_hold, &w), 0);
+    redisReply *q;
+    for (int i = 0; i < 500; i++) { /* b is queued (5 s at most) */
+        q = cmd("ZCARD tc:who:{who}:q");
+        long long n = q->integer;
+        freeReplyObject(q);
+        if (n == 1)
+            break;
+        fx_sleep_ms(10);
+    }
+    assert_int_equal(dlock_release(a, "who"), DLOCK_OK);
+    while (!__atomic_load_n(&w.got, __ATOMIC_ACQUIRE))
+        fx_sleep_ms(5);
+    assert_int_equal(w.rc, DLOCK_OK);
+    lease_field_str("tc:who:{who}", "owner", v, sizeof v);
+    assert_string_equal(v, dlock_client_id(b));
+    lease_field_str("tc:who:{who}", "name", v, sizeof v);
+    assert_string_equal(v, "beta-2");
+    __atomic_store_n(&w.release, 1, __ATOMIC_RELEASE);
+    pthread_join(th, NULL);
+    assert_int_equal(w.rc, DLOCK_OK);
+
+    /* the default name, on the lease and on the connections */
+    char host[64], want[120];
+    gethostname(host, sizeof host);
+    host[sizeof host - 1] = '\0';
+    snprintf(want, sizeof want, "%.40s:%ld", host, (long)getpid());
+    assert_int_equal(dlock_acquire(d, "who", 0, NULL), DLOCK_OK);
+    lease_field_str("tc:who:{who}", "name", v, sizeof v);
+    assert_string_equal(v, want);
+    assert_int_equal(dlock_release(d, "who"), DLOCK_OK);
+    redisReply *cl = cmd("CLIENT LIST");
+    assert_non_null(strstr(cl->str, "name=alpha-1 "));
+    assert_non_null(strstr(cl->str, "name=beta-2 "));
+    char field[140];
+    snprintf(field, sizeof field, "name=%s ", want);
+    assert_non_null(strstr(cl->str, field));
+    freeReplyObject(cl);
+    dlock_client_close(a);
+    dlock_client_close(b);
+    dlock_client_close(d);
+}
+
 static void test_config_defaults(void **state)
 {
     (void)state;
@@ -1425,6 +1543,7 @@ int main(int argc, char **argv)
 
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_version),
+        cmocka_unit_test(test_holder_identity),
         cmocka_unit_test(test_config_defaults),
         cmocka_unit_test(test_errors),
         cmocka_unit_test_teardown(test_open_invalid, fx_ensure_server),

@@ -62,11 +62,11 @@ static void test_eval_fallback_after_flush(void **state)
     freeReplyObject(r);
     long long evals = fx_info_calls("127.0.0.1", fx_server.port, "eval");
 
-    const char *argv[13] = {"t:{n}", "t:{n}:fence", "t:{n}:q", "t:{n}:qd", "t:{n}:turn",
+    const char *argv[14] = {"t:{n}", "t:{n}:fence", "t:{n}:q", "t:{n}:qd", "t:{n}:turn",
                             "t:{n}:c:0123456789abcdef0123456789abcdef",
                             "0123456789abcdef0123456789abcdef", "5000", "1", "16", "2000", "1",
-                            "10000"};
-    r = dlock_conn_eval(c, &ctr, dlock_conn_deadline(1000), DLOCK_SCRIPT_ACQUIRE, 6, 7, argv, NULL);
+                            "10000", "test"};
+    r = dlock_conn_eval(c, &ctr, dlock_conn_deadline(1000), DLOCK_SCRIPT_ACQUIRE, 6, 8, argv, NULL);
     assert_non_null(r);
     assert_int_equal(r->type, REDIS_REPLY_ARRAY);
     assert_int_equal(r->element[0]->integer, 1);
@@ -171,11 +171,11 @@ static void test_no_sigpipe_on_closed_connection(void **state)
     fx_sleep_ms(100);
     c->obuf[0] = '\0'; /* drop what hiredis still holds of the first PING */
     sdsclear(c->obuf);
-    const char *argv[13] = {"t:{p}", "t:{p}:fence", "t:{p}:q", "t:{p}:qd", "t:{p}:turn",
+    const char *argv[14] = {"t:{p}", "t:{p}:fence", "t:{p}:q", "t:{p}:qd", "t:{p}:turn",
                             "t:{p}:c:0123456789abcdef0123456789abcdef",
                             "0123456789abcdef0123456789abcdef", "5000", "1", "16", "2000", "1",
-                            "10000"};
-    r = dlock_conn_eval(c, &ctr, dlock_conn_deadline(1000), DLOCK_SCRIPT_ACQUIRE, 6, 7, argv, NULL);
+                            "10000", "test"};
+    r = dlock_conn_eval(c, &ctr, dlock_conn_deadline(1000), DLOCK_SCRIPT_ACQUIRE, 6, 8, argv, NULL);
     assert_null(r); /* an error, and the process is still alive */
     assert_true(c->err != 0);
     redisFree(c);
@@ -458,8 +458,8 @@ static void test_unix_socket(void **state)
  * "tc:acl:", without the user's name and password. */
 #define ACL_RULE(P)                                                                      \
     "resetkeys ~" P "* resetchannels &" P "wake:* -@all +evalsha +eval +script|load "   \
-    "+info +ping +role +wait +select +subscribe +hmget +hget +hset +hdel +get +set +del " \
-    "+exists +pexpire +pttl +time +zadd +zrange +zrem +publish"
+    "+info +ping +role +wait +select +subscribe +client|setname +hmget +hget +hset +hdel " \
+    "+get +set +del +exists +pexpire +pttl +time +zadd +zrange +zrem +publish"
 
 /* ACL SETUSER name on >pw <rule>, split into words. */
 static void acl_setuser(const char *name, const char *pw, const char *rule)

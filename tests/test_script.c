@@ -58,12 +58,12 @@ static long long acquire(const char *name, const char *id, long long n, long lon
     keys k = keys_of(name, id);
     char nonce[24];
     snprintf(nonce, sizeof nonce, "%lld", n);
-    const char *argv[13];
+    const char *argv[14];
     for (int i = 0; i < 6; i++)
         argv[i] = k.k[i];
-    const char *a[7] = {id, "10000", nonce, "16", "2000", "1", "20000"};
+    const char *a[8] = {id, "10000", nonce, "16", "2000", "1", "20000", "test-client"};
     memcpy(argv + 6, a, sizeof a);
-    redisReply *r = run(DLOCK_SCRIPT_ACQUIRE, argv, 7);
+    redisReply *r = run(DLOCK_SCRIPT_ACQUIRE, argv, 8);
     assert_int_equal(r->type, REDIS_REPLY_ARRAY);
     long long first = r->element[0]->integer;
     if (second)
