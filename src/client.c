@@ -661,7 +661,7 @@ int dlock_client_open(const dlock_config *cfg, dlock_client **out)
      * Redis is reported by later calls, not here. */
     redisContext *rc_conn;
     if (c->cluster)
-        dlock_cluster_refresh(c->cluster, 1);
+        dlock_cluster_refresh(c->cluster, 1, DLOCK_NEVER);
     else if (dlock_pool_get(c->pool, DLOCK_NEVER, &rc_conn) == DLOCK_OK)
         dlock_pool_put(c->pool, rc_conn, 0);
     dlock_err_clear();
@@ -725,10 +725,11 @@ static uint64_t jitter_rand(void)
  * the message set and *sent telling whether the command may have reached
  * Redis. Called without any lock held (the caller may lead a batch).
  */
-/* Cluster mode: the node serving slot now, or `node` if none is known. */
+/* Cluster mode: the node serving slot now, or `node` if none is known (no
+ * refresh is waited for: the deadline is now). */
 static dlock_cluster_node *route_or(dlock_client *c, unsigned slot, dlock_cluster_node *node)
 {
-    dlock_cluster_node *n = dlock_cluster_route(c->cluster, slot);
+    dlock_cluster_node *n = dlock_cluster_route(c->cluster, slot, dlock_now_ns());
     return n ? n : node;
 }
 
@@ -745,7 +746,7 @@ static int call_script(dlock_client *c, dlock_script_id id, int nargs, const cha
     int asking = 0;
     if (c->cluster) {
         slot = dlock_cluster_slot(argv[0], strlen(argv[0]));
-        if (!(node = dlock_cluster_route(c->cluster, slot)))
+        if (!(node = dlock_cluster_route(c->cluster, slot, deadline)))
             return dlock_err_set(DLOCK_EREDIS, "redis %s of '%s': %s", what, name,
                                  dlock_last_error());
     }
@@ -800,7 +801,7 @@ static int call_script(dlock_client *c, dlock_script_id id, int nargs, const cha
             return DLOCK_OK;
         }
         if (node && rc == DLOCK_EREDIS)
-            dlock_cluster_refresh(c->cluster, 0); /* a failover? at most every 100 ms */
+            dlock_cluster_want_refresh(c->cluster); /* a failover? the subscriber asks */
         if (!call.sent)
             return dlock_err_set(rc, "%s", call.err);
         *sent = 1;
@@ -872,6 +873,10 @@ static int redis_acquire(dlock_client *c, dlock_entry *e, const char *nonce, int
     } else {
         rc = dlock_err_set(dlock_conn_reply_code(rep), "redis acquire of '%s': %s", e->name,
                            rep->type == REDIS_REPLY_ERROR ? rep->str : "unexpected reply");
+        /* This try did not run, but an earlier one on a connection that
+         * closed under it (call_script retried) may have: its grant, if
+         * any, is given back in the background. */
+        dlock_renew_orphan(c->renew, e, nonce);
     }
     freeReplyObject(rep);
     return rc;

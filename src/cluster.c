@@ -51,6 +51,7 @@ struct dlock_cluster {
     dlock_cluster_node *nodes[DLOCK_CLUSTER_NODES_MAX];
     uint16_t slots[DLOCK_CLUSTER_SLOTS]; /* node index + 1; 0: unknown */
     int known;                  /* slots with a node (under refresh_mu or mu) */
+    int wanted;                 /* a refresh was asked for (atomic, relaxed: a hint) */
 };
 
 static unsigned load_nnodes(dlock_cluster *cl)
@@ -249,10 +250,15 @@ static int parse_shards(dlock_cluster *cl, const redisReply *r, const char *aske
         if (!slots || slots->type != REDIS_REPLY_ARRAY || !nodes ||
             nodes->type != REDIS_REPLY_ARRAY)
             return -1;
+        /* The master; an online one first: after a failover a shard may
+         * still list its failed old master (Redis 7.2 and later). */
         const redisReply *master = NULL;
-        for (size_t k = 0; k < nodes->elements && !master; k++)
-            if (strcmp(str_of(field(nodes->element[k], "role")), "master") == 0)
-                master = nodes->element[k];
+        for (int pass = 0; pass < 2 && !master; pass++)
+            for (size_t k = 0; k < nodes->elements && !master; k++)
+                if (strcmp(str_of(field(nodes->element[k], "role")), "master") == 0 &&
+                    (pass == 1 ||
+                     strcmp(str_of(field(nodes->element[k], "health")), "online") == 0))
+                    master = nodes->element[k];
         if (!master || slots->elements == 0)
             continue; /* a shard without slots, or without a master now */
         const char *host = str_of(field(master, "endpoint"));
@@ -294,12 +300,13 @@ static int parse_slots(dlock_cluster *cl, const redisReply *r, const char *asked
     return ranges;
 }
 
-/* Asks node n for the map into map[]. DLOCK_OK or an error (message set). */
-static int ask_node(dlock_cluster *cl, dlock_cluster_node *n, uint16_t *map)
+/* Asks node n for the map into map[], waiting for one of its pooled
+ * connections until deadline at most. DLOCK_OK or an error (message set). */
+static int ask_node(dlock_cluster *cl, dlock_cluster_node *n, uint16_t *map, int64_t deadline)
 {
     redisContext *c;
-    int64_t deadline = dlock_conn_deadline(cl->base->command_timeout_ms);
-    int rc = dlock_pool_get(n->pool, deadline, &c);
+    int64_t wait = dlock_conn_deadline(cl->base->command_timeout_ms);
+    int rc = dlock_pool_get(n->pool, deadline < wait ? deadline : wait, &c);
     if (rc != DLOCK_OK)
         return rc;
     const char *shards[2] = {"CLUSTER", "SHARDS"}, *slots[2] = {"CLUSTER", "SLOTS"};
@@ -331,7 +338,17 @@ static int ask_node(dlock_cluster *cl, dlock_cluster_node *n, uint16_t *map)
     return rc;
 }
 
-int dlock_cluster_refresh(dlock_cluster *cl, int force)
+void dlock_cluster_want_refresh(dlock_cluster *cl)
+{
+    dlock_store_int(&cl->wanted, 1);
+}
+
+int dlock_cluster_refresh_wanted(dlock_cluster *cl)
+{
+    return dlock_load_int(&cl->wanted);
+}
+
+int dlock_cluster_refresh(dlock_cluster *cl, int force, int64_t deadline)
 {
     int64_t now = dlock_now_ns();
     if (force) {
@@ -360,11 +377,12 @@ int dlock_cluster_refresh(dlock_cluster *cl, int force)
     }
     /* Every node in turn, from a different one each time: a dead node is
      * not asked first again and again. */
-    int rc = DLOCK_EREDIS;
-    unsigned n = load_nnodes(cl);
-    for (unsigned k = 0; k < n && rc != DLOCK_OK; k++) {
+    dlock_store_int(&cl->wanted, 0); /* a request from now on asks again */
+    int rc = dlock_err_set(DLOCK_EREDIS, "the deadline passed before any node was asked");
+    unsigned n = load_nnodes(cl), asked = 0;
+    for (unsigned k = 0; k < n && rc != DLOCK_OK && dlock_now_ns() < deadline; k++, asked++) {
         memset(map, 0, DLOCK_CLUSTER_SLOTS * sizeof *map);
-        rc = ask_node(cl, cl->nodes[(start + k) % n], map);
+        rc = ask_node(cl, cl->nodes[(start + k) % n], map, deadline);
     }
     if (rc == DLOCK_OK) {
         int known = 0;
@@ -379,27 +397,31 @@ int dlock_cluster_refresh(dlock_cluster *cl, int force)
         cl->known = known;
         pthread_mutex_unlock(&cl->mu);
     }
-    pthread_mutex_lock(&cl->mu);
-    cl->last_ns = dlock_now_ns();
-    pthread_mutex_unlock(&cl->mu);
+    if (asked) { /* a refresh that asked no one does not count for the rate limit */
+        pthread_mutex_lock(&cl->mu);
+        cl->last_ns = dlock_now_ns();
+        pthread_mutex_unlock(&cl->mu);
+    }
     pthread_mutex_unlock(&cl->refresh_mu);
     free(map);
     return rc;
 }
 
-dlock_cluster_node *dlock_cluster_route(dlock_cluster *cl, unsigned slot)
+dlock_cluster_node *dlock_cluster_route(dlock_cluster *cl, unsigned slot, int64_t deadline)
 {
     uint16_t v = load_slot(cl, slot);
-    if (!v) {
-        dlock_cluster_refresh(cl, 0);
+    int asked = 0;
+    if (!v && dlock_now_ns() < deadline) {
+        asked = dlock_cluster_refresh(cl, 0, deadline) != DLOCK_OK;
         v = load_slot(cl, slot);
-        if (!v) {
-            char why[200];
+    }
+    if (!v) {
+        char why[200] = "";
+        if (asked) /* the refresh's reason */
             snprintf(why, sizeof why, "%s", dlock_last_error());
-            dlock_err_set(DLOCK_EREDIS, "redis cluster: no node is known to serve slot %u (%s)",
-                          slot, why[0] ? why : "no map yet");
-            return NULL;
-        }
+        dlock_err_set(DLOCK_EREDIS, "redis cluster: no node is known to serve slot %u (%s)", slot,
+                      why[0] ? why : "no map yet");
+        return NULL;
     }
     return cl->nodes[v - 1];
 }

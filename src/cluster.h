@@ -13,10 +13,10 @@
  *
  * The map (dlock_cluster) says which master serves each slot. It is built
  * from CLUSTER SHARDS (CLUSTER SLOTS before Redis 7) asked of any node the
- * client knows (the seeds first), and refreshed when a call meets a
- * connection error (at most once per DLOCK_CLUSTER_REFRESH_MIN_MS), every
- * DLOCK_CLUSTER_CHECK_MS (the subscriber thread asks), and slot by slot on a
- * MOVED reply. Every node the client has met has its own pool of
+ * client knows (the seeds first), and refreshed by the subscriber thread
+ * every DLOCK_CLUSTER_CHECK_MS and soon after a call or a renewal met a
+ * connection error (dlock_cluster_want_refresh; at most once per
+ * DLOCK_CLUSTER_REFRESH_MIN_MS), and slot by slot on a MOVED reply. Every node the client has met has its own pool of
  * connections and its own batcher (batch.h), so script calls to different
  * masters never wait for each other.
  *
@@ -81,16 +81,28 @@ int dlock_cluster_create(const dlock_conn_cfg *base, const char *seeds, unsigned
 /* Frees the map and every node's pool and batcher; no call may be running. */
 void dlock_cluster_destroy(dlock_cluster *cl);
 
-/* Asks a known node for the slot map and applies it. Without force, does
- * nothing if a refresh ended less than DLOCK_CLUSTER_REFRESH_MIN_MS ago, or
- * if another thread is refreshing right now (unless the map is empty: then
- * it waits for that refresh). DLOCK_OK, or DLOCK_EREDIS (no node answered;
+/* Asks known nodes in turn for the slot map and applies the first answer.
+ * Without force, does nothing if a refresh ended less than
+ * DLOCK_CLUSTER_REFRESH_MIN_MS ago, or if another thread is refreshing
+ * right now (unless the map is empty: then it waits for that refresh). No
+ * node is asked once `deadline` (monotonic; DLOCK_NEVER: none) has passed;
+ * each ask takes at most a connect and a command timeout. Clears a pending
+ * dlock_cluster_want_refresh. DLOCK_OK, or DLOCK_EREDIS (no node answered;
  * message set). */
-int dlock_cluster_refresh(dlock_cluster *cl, int force);
+int dlock_cluster_refresh(dlock_cluster *cl, int force, int64_t deadline);
 
-/* The master serving slot, refreshing the map first when it knows none;
- * NULL (DLOCK_EREDIS, message set) if still none. */
-dlock_cluster_node *dlock_cluster_route(dlock_cluster *cl, unsigned slot);
+/* Asks for a refresh soon, without waiting for it: the subscriber thread
+ * makes it (a caller or the renewal thread that met a connection error must
+ * not spend its own time on other nodes). No lock needed. */
+void dlock_cluster_want_refresh(dlock_cluster *cl);
+
+/* 1 if a refresh was asked for and not made yet. */
+int dlock_cluster_refresh_wanted(dlock_cluster *cl);
+
+/* The master serving slot; when the map knows none, a refresh is made
+ * first, bounded by deadline (as dlock_cluster_refresh). NULL (DLOCK_EREDIS,
+ * message set) if still none. */
+dlock_cluster_node *dlock_cluster_route(dlock_cluster *cl, unsigned slot, int64_t deadline);
 
 /* The node at host:port, added if new; NULL when out of memory or full. */
 dlock_cluster_node *dlock_cluster_node_at(dlock_cluster *cl, const char *host, int port);

@@ -507,7 +507,9 @@ int dlock_conn_open(const dlock_conn_cfg *cfg, dlock_counters *ctr, redisContext
     }
     if (rc == DLOCK_OK)
         rc = check_server(c, ctr, cfg);
-    if (rc == DLOCK_OK && cfg->min_replicas) {
+    if (rc == DLOCK_OK && cfg->min_replicas && !cfg->cluster) {
+        /* (not on a Cluster connection to any node, the subscriber's: a
+         * replica refuses WAIT, and that connection writes nothing) */
         /* WAIT 0 0 answers at once: a user without +wait learns it here,
          * not as grants that seem to reach no replica. */
         const char *argv[3] = {"WAIT", "0", "0"};

@@ -54,6 +54,7 @@
 enum {
     CHUNK = 200,          /* keys per renew script call */
     RETRY_MS = 100,       /* pause after a failed round, at most */
+    OPEN_BACKOFF_MAX_MS = 500, /* longest pause between failed opens of a lane */
 };
 
 struct dlock_renew_item {
@@ -71,7 +72,8 @@ typedef struct orphan {
     int64_t next_try_ns;    /* when the next release try is due */
     int64_t backoff_ns;     /* pause before the try after that */
     int result;             /* of the last try (release_orphans) */
-    int lane, sent, redo;   /* release_orphans' bookkeeping for the try */
+    int lane, sent, redo;   /* release_orphans' bookkeeping for the try: where, */
+    int eval, asking;       /* sent or not, to run again (as EVAL, after ASKING) */
     char nonce[24];         /* decimal */
     char *keys[DLOCK_KEYS]; /* copies of the entry's keys, in buf */
     char *name;             /* in buf */
@@ -82,8 +84,12 @@ typedef struct orphan {
  * master (lane i: node i of the slot map). */
 typedef struct lane {
     redisContext *conn;
-    int wrote; /* appended to since the last flush */
-    int acked; /* a renewal ran here this round: WAIT here (min_replicas) */
+    int wrote;          /* appended to since the last flush */
+    int acked;          /* a renewal ran here this round: WAIT here (min_replicas) */
+    unsigned pass;      /* the pass (r->pass) that last decided on this lane's
+                           connection: it is opened at most once per pass */
+    int64_t retry_ns;   /* after a failed open: no new try before then */
+    int64_t backoff_ns; /* the pause after the next failed open */
 } lane;
 
 struct dlock_renew {
@@ -103,6 +109,7 @@ struct dlock_renew {
     int stop;                /* guarded by mu */
     lane *lanes;             /* the manager thread's connections (see lane_open); only */
     unsigned nlanes;         /* that thread touches them, and dlock_renew_stop after it */
+    unsigned pass;           /* bumped at the start of each pipeline (same owner) */
     int64_t period_ns, drift_ns;
 };
 
@@ -191,6 +198,7 @@ static ssize_t snapshot(dlock_renew *r, snap **out)
     if (!s)
         return -1;
     size_t n = 0;
+    r->pass++; /* each lane is opened at most once */
     for (dlock_renew_item *it = r->items; it; it = it->next, n++) {
         dlock_table_ref(it->e); /* the item's reference keeps refs > 0 */
         s[n].e = it->e;
@@ -222,7 +230,10 @@ static int lane_of(dlock_renew *r, const char *key, unsigned *slot)
     if (!cluster_of(r))
         return 0;
     *slot = dlock_cluster_slot(key, strlen(key));
-    dlock_cluster_node *n = dlock_cluster_route(cluster_of(r), *slot);
+    /* no refresh waited for here: the subscriber thread makes it */
+    dlock_cluster_node *n = dlock_cluster_route(cluster_of(r), *slot, dlock_now_ns());
+    if (!n)
+        dlock_cluster_want_refresh(cluster_of(r));
     return n ? (int)n->index : -1;
 }
 
@@ -232,9 +243,13 @@ static redisContext *lane_get(const dlock_renew *r, int i)
     return i >= 0 && (unsigned)i < r->nlanes ? r->lanes[i].conn : NULL;
 }
 
-/* Lane i's connection, opened if it has none (or a failed one, or one to a
- * master the sentinels no longer name). NULL if it cannot be opened. Must
- * not be called for a lane whose replies are still to be read. */
+/* Lane i's connection for the current pass (r->pass): the first call of
+ * the pass opens it if it has none (or a failed one, or one to a master the
+ * sentinels no longer name), unless a failed open asked for a pause; later
+ * calls of the pass return what the first decided, so a node that does not
+ * answer costs one connect per pass and backoff, not one per chunk, and a
+ * connection with appended requests is never replaced under them. NULL if
+ * it has no usable connection. */
 static redisContext *lane_open(dlock_renew *r, int i)
 {
     if (i < 0)
@@ -249,20 +264,37 @@ static redisContext *lane_open(dlock_renew *r, int i)
         r->nlanes = n;
     }
     lane *l = &r->lanes[i];
-    if (l->conn && (l->conn->err || dlock_sentinel_stale(r->cfg.conn, l->conn))) {
-        redisFree(l->conn); /* failed, or the master moved */
-        l->conn = NULL;
-    }
-    if (!l->conn) {
-        const dlock_conn_cfg *cfg =
-            cluster_of(r) ? &dlock_cluster_node_get(cluster_of(r), (unsigned)i)->cfg
-                          : r->cfg.conn;
-        if (dlock_conn_open(cfg, r->cfg.ctr, &l->conn) != DLOCK_OK)
+    if (l->pass != r->pass) {
+        l->pass = r->pass;
+        if (l->conn && (l->conn->err || dlock_sentinel_stale(r->cfg.conn, l->conn))) {
+            redisFree(l->conn); /* failed, or the master moved */
             l->conn = NULL;
-        else
-            l->wrote = 0;
+        }
+        int64_t now = dlock_now_ns();
+        if (!l->conn && now >= l->retry_ns) {
+            const dlock_conn_cfg *cfg =
+                cluster_of(r) ? &dlock_cluster_node_get(cluster_of(r), (unsigned)i)->cfg
+                              : r->cfg.conn;
+            if (dlock_conn_open(cfg, r->cfg.ctr, &l->conn) != DLOCK_OK) {
+                l->conn = NULL;
+                /* 100 ms, doubling up to 500 ms, before the next try: short
+                 * enough that a server back from a restart is found well
+                 * within a lease */
+                if (l->backoff_ns < RETRY_MS * DLOCK_NS_PER_MS)
+                    l->backoff_ns = RETRY_MS * DLOCK_NS_PER_MS;
+                l->retry_ns = dlock_now_ns() + l->backoff_ns;
+                l->backoff_ns = l->backoff_ns * 2 < OPEN_BACKOFF_MAX_MS * DLOCK_NS_PER_MS
+                                    ? l->backoff_ns * 2
+                                    : OPEN_BACKOFF_MAX_MS * DLOCK_NS_PER_MS;
+                if (cluster_of(r))
+                    dlock_cluster_want_refresh(cluster_of(r)); /* a failover? */
+            } else {
+                l->wrote = 0;
+                l->backoff_ns = 0;
+            }
+        }
     }
-    return l->conn;
+    return l->conn && !l->conn->err ? l->conn : NULL;
 }
 
 /* Closes lane i's connection (reconnect next time). */
@@ -274,7 +306,8 @@ static void lane_drop(dlock_renew *r, int i)
     }
 }
 
-/* Closes every failed connection; a failed round's cluster refresh. */
+/* Closes every failed connection (and in Cluster mode asks for a refresh of
+ * the map: a failover?). */
 static void lanes_drop_failed(dlock_renew *r)
 {
     int failed = 0;
@@ -284,7 +317,17 @@ static void lanes_drop_failed(dlock_renew *r)
             failed = 1;
         }
     if (failed && cluster_of(r))
-        dlock_cluster_refresh(cluster_of(r), 0); /* a failover? at most every 100 ms */
+        dlock_cluster_want_refresh(cluster_of(r));
+}
+
+/* Marks c failed after an append ran out of memory: what it holds (an
+ * ASKING without its call, say) is never flushed, and it is dropped. */
+static void conn_oom(redisContext *c)
+{
+    if (!c->err) {
+        c->err = REDIS_ERR_OOM;
+        snprintf(c->errstr, sizeof c->errstr, "out of memory");
+    }
 }
 
 /* Flushes every lane marked `wrote`, clearing the marks. Returns how many
@@ -325,7 +368,9 @@ static int read_reply(redisContext *c, int asking, int64_t deadline, redisReply 
     return dlock_conn_read(c, deadline, out);
 }
 
-/* What to do with a reply after a pass: nothing, or run again. */
+/* What a reply asks for: nothing, or to run the call again: as EVAL
+ * (NOSCRIPT: kept for later tries), on the slot's new master (MOVED), or on
+ * the importing node after ASKING (ASK: for the next try only). */
 enum { REDO_NONE = 0, REDO_EVAL, REDO_MOVED, REDO_ASK };
 
 /* Sorts out a MOVED or ASK reply from lane `from`: records a move in the
@@ -373,8 +418,12 @@ typedef struct chunk {
     size_t at, k;
     size_t m;   /* of those, the grants still registered when appended: p[at .. at + m) */
     int lane;   /* -1: no node known, or no connection: not sent */
-    int redo;   /* REDO_*: run again in the next pass */
-    int sent;   /* appended in the current pass */
+    int redo;   /* run again in the next pass */
+    int eval;   /* send as EVAL (a NOSCRIPT was seen) */
+    int asking; /* send after ASKING (an ASK was seen; cleared by a MOVED) */
+    int sent;   /* appended in the current pass (then sent_asking: with ASKING) */
+    int sent_asking;
+    int failed; /* answered with an error (TRYAGAIN, CLUSTERDOWN, ...): unknown */
 } chunk;
 
 /* Under r->mu: appends ch's call for its grants that are still registered
@@ -400,12 +449,14 @@ static int append_chunk(dlock_renew *r, snap *s, snap **p, chunk *ch, redisConte
     }
     argv[m] = r->cfg.args->client_id;
     argv[m + 1] = r->cfg.args->lease_ms;
-    if (ch->redo == REDO_ASK && append_asking(r, c) != 0)
+    ch->sent_asking = ch->asking;
+    if ((ch->asking && append_asking(r, c) != 0) ||
+        dlock_conn_append_eval(c, r->cfg.ctr, DLOCK_SCRIPT_RENEW, !ch->eval, (int)m, (int)m + 2,
+                               argv, NULL) != 0) {
+        conn_oom(c);
         return -1;
-    return dlock_conn_append_eval(c, r->cfg.ctr, DLOCK_SCRIPT_RENEW, ch->redo != REDO_EVAL,
-                                  (int)m, (int)m + 2, argv, NULL) == 0
-               ? 1
-               : -1;
+    }
+    return 1;
 }
 
 /* Reads ch's reply into its grants' verdicts, or sets ch->redo (and
@@ -413,19 +464,21 @@ static int append_chunk(dlock_renew *r, snap *s, snap **p, chunk *ch, redisConte
 static int read_chunk(dlock_renew *r, snap **p, chunk *ch, redisContext *c)
 {
     redisReply *rep = NULL;
-    int asked = ch->redo == REDO_ASK, had = ch->redo;
-    ch->redo = REDO_NONE;
-    if (read_reply(c, asked, cmd_deadline(r), &rep) != 0)
+    ch->redo = 0;
+    if (read_reply(c, ch->sent_asking, cmd_deadline(r), &rep) != 0)
         return -1;
-    if (dlock_conn_is_noscript(rep) && had != REDO_EVAL) {
+    if (dlock_conn_is_noscript(rep) && !ch->eval) {
+        /* a restarted server, or a node the client never loaded the
+         * scripts on: again with EVAL (after ASKING still, if asked) */
         freeReplyObject(rep);
-        ch->redo = REDO_EVAL; /* a restarted server: again with EVAL */
+        ch->redo = ch->eval = 1;
         return 0;
     }
     int lane = ch->lane, redo = redirect(r, rep, ch->lane, &lane);
     if (redo != REDO_NONE) {
         freeReplyObject(rep);
-        ch->redo = redo;
+        ch->redo = 1;
+        ch->asking = redo == REDO_ASK;
         ch->lane = lane;
         return 0;
     }
@@ -436,8 +489,11 @@ static int read_chunk(dlock_renew *r, snap **p, chunk *ch, redisContext *c)
         for (size_t i = 0; i < ch->m; i++)
             p[ch->at + i]->verdict = rep->element[i]->type == REDIS_REPLY_INTEGER &&
                                      rep->element[i]->integer == 1;
+    } else {
+        /* Any other reply (an error, TRYAGAIN, CLUSTERDOWN) leaves them
+         * unknown, and the next round comes soon. */
+        ch->failed = 1;
     }
-    /* Any other reply (an error, TRYAGAIN, CLUSTERDOWN) leaves them unknown. */
     freeReplyObject(rep);
     return 0;
 }
@@ -560,18 +616,19 @@ static int64_t round_once(dlock_renew *r)
     /* Pass 0 sends every chunk; a later pass those a NOSCRIPT or a redirect
      * sent back (a redirect at most DLOCK_CLUSTER_REDIRECTS_MAX times). */
     for (int pass = 0; ok && pass <= DLOCK_CLUSTER_REDIRECTS_MAX; pass++) {
+        r->pass++; /* each lane is opened at most once in this pass */
         for (size_t c = 0; c < nc; c++) {
             ch[c].sent = 0;
-            if ((pass == 0 || ch[c].redo != REDO_NONE) && !lane_open(r, ch[c].lane))
+            if ((pass == 0 || ch[c].redo) && !lane_open(r, ch[c].lane))
                 ch[c].lane = -1; /* no connection: unknown this round */
         }
         int any = 0;
         pthread_mutex_lock(&r->mu);
         for (size_t c = 0; c < nc && ok; c++) {
-            if ((pass > 0 && ch[c].redo == REDO_NONE) || ch[c].lane < 0)
+            if ((pass > 0 && !ch[c].redo) || ch[c].lane < 0)
                 continue;
             redisContext *conn = lane_get(r, ch[c].lane);
-            if (conn->err)
+            if (!conn || conn->err)
                 continue;
             int rc = append_chunk(r, s, p, &ch[c], conn);
             if (rc < 0)
@@ -600,20 +657,20 @@ static int64_t round_once(dlock_renew *r)
                 continue;
             redisContext *conn = lane_get(r, ch[c].lane);
             if (conn->err || read_chunk(r, p, &ch[c], conn) != 0) {
-                ch[c].redo = REDO_NONE;
+                ch[c].redo = 0;
                 ok = 0; /* this lane's verdicts stay unknown */
                 continue;
             }
-            again |= ch[c].redo != REDO_NONE;
-            if (ch[c].redo == REDO_NONE)
+            again |= ch[c].redo;
+            if (!ch[c].redo)
                 r->lanes[ch[c].lane].acked = 1; /* ran here: WAIT here */
         }
         if (!again)
             break;
     }
     for (size_t c = 0; c < nc; c++)
-        if (ch[c].lane < 0 || ch[c].redo != REDO_NONE)
-            ok = 0; /* not answered */
+        if (ch[c].lane < 0 || ch[c].redo || ch[c].failed)
+            ok = 0; /* not answered, or an error: the next round comes soon */
     if (r->cfg.min_replicas) {
         /* A lane's renewals count once WAIT says enough replicas have them;
          * one that fell short (or failed before it could run: the chunks
@@ -767,15 +824,18 @@ static int64_t release_orphans(dlock_renew *r)
         *to = o;
     }
     enum { UNKNOWN = -1, RELEASED = 1 };
+    r->pass++; /* each lane is opened at most once for these tries */
     for (orphan *o = due; o; o = o->next) {
         unsigned slot;
         o->result = UNKNOWN;
-        o->redo = REDO_NONE;
+        o->redo = o->eval = o->asking = 0;
         o->lane = lane_of(r, o->keys[0], &slot);
         redisContext *c = lane_open(r, o->lane);
-        o->sent = c && !c->err && append_job(r, c, o, 1, 0) == 0;
+        o->sent = c && append_job(r, c, o, 1, 0) == 0;
         if (o->sent)
             r->lanes[o->lane].wrote = 1;
+        else if (c)
+            conn_oom(c);
     }
     int64_t deadline = cmd_deadline(r);
     unsigned trips = lanes_flush(r, deadline);
@@ -786,27 +846,34 @@ static int64_t release_orphans(dlock_renew *r)
         redisReply *rep = NULL;
         if (!c || c->err || dlock_conn_read(c, deadline, &rep) != 0)
             continue;
-        int lane = o->lane;
-        if (dlock_conn_is_noscript(rep))
-            o->redo = REDO_EVAL;
-        else if ((o->redo = redirect(r, rep, o->lane, &lane)) != REDO_NONE)
+        int lane = o->lane, kind;
+        if (dlock_conn_is_noscript(rep)) {
+            o->redo = o->eval = 1;
+        } else if ((kind = redirect(r, rep, o->lane, &lane)) != REDO_NONE) {
+            o->redo = 1;
+            o->asking = kind == REDO_ASK;
             o->lane = lane;
-        else
+        } else {
             o->result = job_result(o, rep);
+        }
         dlock_conn_check_master(c, rep); /* then dropped below */
         freeReplyObject(rep);
     }
     /* A restarted server answered NOSCRIPT (again with EVAL), or the slot
      * moved (again on its master; after ASKING for an ASK): one at a time. */
     for (orphan *o = due; o; o = o->next) {
-        if (o->redo == REDO_NONE)
+        if (!o->redo)
             continue;
         redisContext *c = lane_open(r, o->lane);
         redisReply *rep = NULL;
         deadline = cmd_deadline(r);
-        if (c && append_job(r, c, o, o->redo != REDO_EVAL, o->redo == REDO_ASK) == 0 &&
-            dlock_conn_flush(c, deadline) == 0 &&
-            read_reply(c, o->redo == REDO_ASK, deadline, &rep) == 0) {
+        if (!c)
+            continue;
+        if (append_job(r, c, o, !o->eval, o->asking) != 0) {
+            conn_oom(c);
+            continue;
+        }
+        if (dlock_conn_flush(c, deadline) == 0 && read_reply(c, o->asking, deadline, &rep) == 0) {
             dlock_count(&r->cfg.ctr->redis_round_trips, 1);
             o->result = job_result(o, rep);
             dlock_conn_check_master(c, rep);
@@ -939,6 +1006,7 @@ static void release_all(dlock_renew *r)
     if (!v)
         return;
     size_t n = 0;
+    r->pass++; /* each lane is opened at most once */
     for (dlock_renew_item *it = r->items; it; it = it->next, n++) {
         rel *x = &v[n];
         unsigned slot;
@@ -952,11 +1020,13 @@ static void release_all(dlock_renew *r)
         const char *argv[DLOCK_SCRIPT_KEYS + DLOCK_RELEASE_ARGS];
         dlock_script_release_argv(r->cfg.args, it->e->keys, it->e->name, "token", it->token,
                                   x->last, argv);
-        x->sent = c && !c->err &&
-                  dlock_conn_append_eval(c, r->cfg.ctr, DLOCK_SCRIPT_RELEASE, 1,
-                                         DLOCK_SCRIPT_KEYS, DLOCK_RELEASE_ARGS, argv, NULL) == 0;
+        x->sent = c && dlock_conn_append_eval(c, r->cfg.ctr, DLOCK_SCRIPT_RELEASE, 1,
+                                              DLOCK_SCRIPT_KEYS, DLOCK_RELEASE_ARGS, argv,
+                                              NULL) == 0;
         if (x->sent)
             r->lanes[x->lane].wrote = 1;
+        else if (c)
+            conn_oom(c);
     }
     int64_t deadline = cmd_deadline(r);
     dlock_count(&r->cfg.ctr->redis_round_trips, lanes_flush(r, deadline));

@@ -231,10 +231,15 @@ static int session_run(dlock_sub *s)
             now = dlock_now_ns();
             next_check = now + (int64_t)DLOCK_SENTINEL_CHECK_MS * DLOCK_NS_PER_MS;
         }
-        if (s->cfg.conn->cluster && now >= next_cluster) {
+        if (s->cfg.conn->cluster &&
+            (now >= next_cluster || dlock_cluster_refresh_wanted(s->cfg.conn->cluster))) {
             /* Cluster mode: the slot map is asked for now and then, so a
-             * failover or a resharding is learnt before calls meet it. */
-            dlock_cluster_refresh(s->cfg.conn->cluster, 0);
+             * failover or a resharding is learnt before calls meet it, and
+             * soon (within POLL_MS) after a call or a renewal met a
+             * connection error. */
+            dlock_cluster_refresh(s->cfg.conn->cluster, 0,
+                                  dlock_conn_deadline(s->cfg.conn->connect_timeout_ms +
+                                                      s->cfg.conn->command_timeout_ms));
             now = dlock_now_ns();
             next_cluster = now + (int64_t)DLOCK_CLUSTER_CHECK_MS * DLOCK_NS_PER_MS;
         }
