@@ -55,6 +55,11 @@ enum {
     DLOCK_OK = 0 /* last: C89 allows no comma after the last enumerator */
 };
 
+/* Levels of the on_log callback. */
+#define DLOCK_LOG_ERROR 0
+#define DLOCK_LOG_WARN 1
+#define DLOCK_LOG_INFO 2
+
 /* The version of this header; dlock_version() gives the library's. */
 #define DLOCK_VERSION_MAJOR 0
 #define DLOCK_VERSION_MINOR 2
@@ -146,6 +151,14 @@ typedef struct dlock_config {
                                       hold no brace, redis_db must be 0, and a
                                       name must not start with '}' (DLOCK_EINVAL);
                                       default NULL */
+    /* Called for events worth a line in the application's log: a lease
+     * lost, a lease released by an operator (dlockctl release --force).
+     * level is one of DLOCK_LOG_*; message is one line without a newline,
+     * valid during the call. It runs outside every library lock, on a
+     * library thread (keep it short: it delays that thread's work) or on
+     * the thread of the call that found the event. Default NULL: none. */
+    void (*on_log)(int level, const char *message, void *arg);
+    void *on_log_arg;
     const char *client_name;       /* who this client is, for operators: set with
                                       CLIENT SETNAME on each of its connections and
                                       stored with each lease it is granted, next to

@@ -84,6 +84,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -134,6 +135,8 @@ struct dlock_client {
                                   renewed yet; and the least validity one is taken with */
     void (*on_lost)(const char *name, uint64_t fence, void *arg);
     void *on_lost_arg;
+    void (*on_log)(int level, const char *message, void *arg);
+    void *on_log_arg;
     unsigned fork_gen; /* fork generation at open: calls in a child fail */
     uint64_t serial;   /* unique among the clients of this process, ever: see held_find */
     dlock_counters ctr;
@@ -437,18 +440,55 @@ static uint64_t parse_u64(const char **p, const char *end)
     return v;
 }
 
-/* A message on this client's channel (release.lua, leave.lua): "w <name>",
+/* A message on this client's channel (release.lua, leave.lua, dlockctl):
+ * "f <token> <name>", an operator released the lease by force; "w <name>",
  * the turn for name is this client's; or "g <attempt> <token> <name>", a
  * release granted this client the lease of name directly under that
  * attempt. Either way the poller of name, if this client still waits for
  * it, looks at once: it takes the grant if it still waits in that attempt
  * (poll_redis), else tries again. A payload of another form is ignored
  * (the poller's periodic retry covers it). On the subscriber thread. */
+/* Formats one line for the application's log callback, if it has one.
+ * Called with no library lock held. */
+static void client_log(dlock_client *c, int level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void client_log(dlock_client *c, int level, const char *fmt, ...)
+{
+    if (!c->on_log)
+        return;
+    char line[DLOCK_NAME_MAX + 200];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    c->on_log(level, line, c->on_log_arg);
+}
+
 static void wake_one(void *arg, const char *payload, size_t len)
 {
     dlock_client *c = arg;
     const char *p = payload, *end = payload + len;
     uint64_t nonce = 0, token = 0;
+    if (len > 2 && p[0] == 'f' && p[1] == ' ') {
+        /* "f <token> <name>": an operator released our lease of name by
+         * force (dlockctl release --force). The message is not trusted on
+         * its own: a renewal round now asks Redis, and marks the lease lost
+         * (dlock_held 0, on_lost) only if Redis no longer has it as ours. */
+        const char *q = p + 2;
+        token = parse_u64(&q, end);
+        size_t nlen = (size_t)(end - q);
+        if (!token || nlen == 0 || nlen > DLOCK_NAME_MAX)
+            return;
+        dlock_entry *e = dlock_table_find(c->table, q, nlen);
+        if (!e)
+            return; /* not ours any more */
+        dlock_table_put(c->table, e);
+        client_log(c, DLOCK_LOG_WARN, "the lease of '%.*s' (token %" PRIu64 ") was released by "
+                   "an operator (dlockctl release --force); checking with Redis now",
+                   (int)nlen, q, token);
+        dlock_renew_kick(c->renew);
+        return;
+    }
     if (len > 2 && p[0] == 'w' && p[1] == ' ') {
         p += 2;
     } else if (len > 2 && p[0] == 'g' && p[1] == ' ') {
@@ -513,6 +553,8 @@ static void renew_now(void *arg)
 static void lost_from_renewal(void *arg, const char *name, uint64_t token)
 {
     dlock_client *c = arg;
+    client_log(c, DLOCK_LOG_WARN, "the lease of '%s' (token %" PRIu64 ") is lost: Redis no "
+               "longer has it as this client's, or it could not be renewed in time", name, token);
     if (c->on_lost)
         c->on_lost(name, token, c->on_lost_arg);
 }
@@ -578,6 +620,8 @@ int dlock_client_open(const dlock_config *cfg, dlock_client **out)
     c->grant_margin_ns = (int64_t)c->grant_ms * DLOCK_NS_PER_MS / 4;
     c->on_lost = cfg->on_lost;
     c->on_lost_arg = cfg->on_lost_arg;
+    c->on_log = cfg->on_log;
+    c->on_log_arg = cfg->on_log_arg;
     c->fork_gen = dlock_load_uint(&fork_generation);
     c->serial = ck_pr_faa_64(&client_serials, 1) + 1;
     if (oom || !c->prefix) {

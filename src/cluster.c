@@ -185,6 +185,20 @@ void dlock_cluster_set_slot(dlock_cluster *cl, unsigned slot, const dlock_cluste
         store_slot(cl, slot, (uint16_t)(node->index + 1));
 }
 
+unsigned dlock_cluster_masters(dlock_cluster *cl, dlock_cluster_node **out, unsigned max)
+{
+    unsigned n = 0;
+    for (unsigned s = 0; s < DLOCK_CLUSTER_SLOTS && n < max; s++) {
+        uint16_t v = load_slot(cl, s);
+        int seen = !v;
+        for (unsigned k = 0; k < n && !seen; k++)
+            seen = out[k]->index + 1 == v;
+        if (!seen)
+            out[n++] = cl->nodes[v - 1];
+    }
+    return n;
+}
+
 void dlock_cluster_any(dlock_cluster *cl, char *host, size_t size, int *port)
 {
     pthread_mutex_lock(&cl->mu);

@@ -114,6 +114,10 @@ void dlock_cluster_set_slot(dlock_cluster *cl, unsigned slot, const dlock_cluste
 unsigned dlock_cluster_nnodes(dlock_cluster *cl);
 dlock_cluster_node *dlock_cluster_node_get(dlock_cluster *cl, unsigned i);
 
+/* The distinct masters the slot map names now, at most max of them, into
+ * out[]; returns how many. */
+unsigned dlock_cluster_masters(dlock_cluster *cl, dlock_cluster_node **out, unsigned max);
+
 /* The next node in turn, for a connection that may go to any node (the
  * subscriber's: PUBLISH reaches every node of a cluster). Copies its host
  * into host[size] and sets *port. */

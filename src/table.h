@@ -30,7 +30,7 @@ typedef struct dlock_renew_item dlock_renew_item;
 /* The Redis keys of one lock name, in the order the scripts take them. All
  * share the hash tag {<name>}. */
 enum {
-    DLOCK_KEY_LEASE, /* "<prefix>{<name>}": hash owner, token, nonce */
+    DLOCK_KEY_LEASE, /* "<prefix>{<name>}": hash owner, token, nonce, since, name */
     DLOCK_KEY_FENCE, /* "<prefix>{<name>}:fence": token floor for the next grant */
     DLOCK_KEY_QUEUE, /* "<prefix>{<name>}:q": zset of waiting clients by arrival */
     DLOCK_KEY_LIVE,  /* "<prefix>{<name>}:qd": hash client -> liveness deadline */

@@ -416,6 +416,45 @@ static void test_renew_10000(void **state)
     dlock_client_close(c);
 }
 
+#ifdef DLOCKCTL_PATH
+/* dlockctl in Cluster mode: list walks every master, release --force goes
+ * to the name's master, and the holder learns at once wherever its
+ * subscriber listens. */
+static void test_dlockctl_on_cluster(void **state)
+{
+    (void)state;
+    dlock_config cfg;
+    cluster_config(&cfg, "tc:ctl:");
+    cfg.client_name = "on-cluster";
+    dlock_client *c;
+    assert_int_equal(dlock_client_open(&cfg, &c), DLOCK_OK);
+    for (int i = 0; i < 30; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "k%d", i);
+        assert_int_equal(dlock_acquire(c, name, 0, NULL), DLOCK_OK);
+    }
+    char command[600], out[16384];
+    snprintf(command, sizeof command, "%s --cluster %s -p tc:ctl: --json list", DLOCKCTL_PATH,
+             C.addrs);
+    FILE *f = popen(command, "r");
+    size_t got = fread(out, 1, sizeof out - 1, f);
+    out[got] = '\0';
+    assert_int_equal(pclose(f), 0);
+    int listed = 0;
+    for (const char *p = out; (p = strstr(p, "\"holder_name\":\"on-cluster\"")); p++)
+        listed++;
+    assert_int_equal(listed, 30);
+    snprintf(command, sizeof command, "%s --cluster %s -p tc:ctl: release k7 --force",
+             DLOCKCTL_PATH, C.addrs);
+    assert_int_equal(system(command), 0);
+    for (int i = 0; i < 200 && dlock_held(c, "k7"); i++) /* 2 s: generous */
+        fx_sleep_ms(10);
+    assert_int_equal(dlock_held(c, "k7"), 0);
+    assert_int_equal(dlock_held(c, "k8"), 1);
+    dlock_client_close(c);
+}
+#endif
+
 /* ------------------------------------------------------------------ */
 /* Storms across a slot migration and a failover                        */
 
@@ -953,6 +992,9 @@ int main(void)
         cmocka_unit_test(test_renew_10000),
         cmocka_unit_test(test_moved_followed),
         cmocka_unit_test(test_ask_then_noscript),
+#ifdef DLOCKCTL_PATH
+        cmocka_unit_test(test_dlockctl_on_cluster),
+#endif
         cmocka_unit_test(test_hung_master_spares_the_others),
         cmocka_unit_test(test_slot_migration_in_storm),
         cmocka_unit_test(test_failover_in_storm),

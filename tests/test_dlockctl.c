@@ -1,0 +1,206 @@
+/*
+ * dlockctl, the operators' tool (tools/dlockctl.c), run as a program against
+ * the test's redis-server while clients of this process hold and wait for
+ * locks: list, show, watch, and release --force, whose holder must learn at
+ * once (dlock_held 0, on_lost, on_log) and whose next waiter gets the lock.
+ */
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include <cmocka.h>
+
+#include "dlock.h"
+#include "fixture.h"
+
+#ifndef DLOCKCTL_PATH
+#error "DLOCKCTL_PATH: the dlockctl binary, set by tests/CMakeLists.txt"
+#endif
+
+/* Runs dlockctl with the server and prefix options, then args; returns its
+ * exit status and its stdout in out (truncated to n). */
+static int ctl(char *out, size_t n, const char *fmt, ...)
+{
+    char args[600], command[900];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(command, sizeof command, "%s -h 127.0.0.1:%d -p tc:ctl: %s 2>/dev/null",
+             DLOCKCTL_PATH, fx_server.port, args);
+    FILE *f = popen(command, "r");
+    assert_non_null(f);
+    size_t got = fread(out, 1, n - 1, f);
+    out[got] = '\0';
+    int st = pclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static int lost_calls;
+static uint64_t lost_fence;
+static char log_line[600];
+static int log_level = -1;
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void on_lost(const char *name, uint64_t fence, void *arg)
+{
+    (void)name;
+    (void)arg;
+    pthread_mutex_lock(&mu);
+    lost_calls++;
+    lost_fence = fence;
+    pthread_mutex_unlock(&mu);
+}
+
+static void on_log(int level, const char *message, void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&mu);
+    if (strstr(message, "operator")) {
+        log_level = level;
+        snprintf(log_line, sizeof log_line, "%s", message);
+    }
+    pthread_mutex_unlock(&mu);
+}
+
+static dlock_client *open_named(const char *name, int with_callbacks)
+{
+    dlock_config cfg;
+    fx_config(&cfg, &fx_server);
+    cfg.key_prefix = "tc:ctl:";
+    cfg.client_name = name;
+    if (with_callbacks) {
+        cfg.on_lost = on_lost;
+        cfg.on_log = on_log;
+    }
+    dlock_client *c;
+    assert_int_equal(dlock_client_open(&cfg, &c), DLOCK_OK);
+    return c;
+}
+
+typedef struct waiter {
+    dlock_client *c;
+    int rc;
+    uint64_t token;
+} waiter;
+
+static void *wait_for(void *arg)
+{
+    waiter *w = arg;
+    w->rc = dlock_acquire(w->c, "order:1", 20000, &w->token);
+    if (w->rc == DLOCK_OK)
+        w->rc = dlock_release(w->c, "order:1");
+    return NULL;
+}
+
+static void test_list_show_release(void **state)
+{
+    (void)state;
+    dlock_client *a = open_named("alpha-7", 1), *b = open_named("beta-9", 0);
+    uint64_t t1;
+    assert_int_equal(dlock_acquire(a, "order:1", 0, &t1), DLOCK_OK);
+    assert_int_equal(dlock_acquire(a, "order:2", 0, NULL), DLOCK_OK);
+    waiter w = {b, -1, 0};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, wait_for, &w), 0);
+    char out[8192];
+    for (int i = 0; i < 500; i++) { /* b queued (5 s at most) */
+        ctl(out, sizeof out, "--json show order:1");
+        if (strstr(out, "\"waiting\":1"))
+            break;
+        fx_sleep_ms(10);
+    }
+
+    /* list: both names, the holder's name and id, the waiter count */
+    assert_int_equal(ctl(out, sizeof out, "--json list"), 0);
+    fprintf(stderr, "list --json: %s", out);
+    assert_non_null(strstr(out, "\"name\":\"order:1\""));
+    assert_non_null(strstr(out, "\"name\":\"order:2\""));
+    assert_non_null(strstr(out, "\"holder_name\":\"alpha-7\""));
+    assert_non_null(strstr(out, dlock_client_id(a)));
+    assert_non_null(strstr(out, "\"waiting\":1"));
+    char tok[40];
+    snprintf(tok, sizeof tok, "\"token\":%llu", (unsigned long long)t1);
+    assert_non_null(strstr(out, tok));
+    assert_int_equal(ctl(out, sizeof out, "list 'order:2'"), 0);
+    assert_non_null(strstr(out, "order:2"));
+    assert_null(strstr(out, "order:1"));
+    assert_non_null(strstr(out, "alpha-7"));
+
+    /* show: the holder and the queue with the waiter's name */
+    assert_int_equal(ctl(out, sizeof out, "show order:1"), 0);
+    fprintf(stderr, "show: %s", out);
+    assert_non_null(strstr(out, "held by alpha-7"));
+    assert_non_null(strstr(out, "beta-9"));
+    assert_non_null(strstr(out, "alive"));
+    assert_int_equal(ctl(out, sizeof out, "--json show order:1"), 0);
+    assert_non_null(strstr(out, "\"queue\":[{\"client\":"));
+    assert_non_null(strstr(out, "\"name\":\"beta-9\""));
+    assert_int_equal(ctl(out, sizeof out, "show nobody-has-it"), 1);
+    assert_non_null(strstr(out, "free"));
+    assert_int_equal(ctl(out, sizeof out, "--count 2 --interval 50 watch order:2"), 0);
+    assert_non_null(strstr(out, "held by alpha-7"));
+
+    /* release needs --force; with it the holder learns at once */
+    assert_int_equal(ctl(out, sizeof out, "release order:1"), 2);
+    assert_int_equal(dlock_held(a, "order:1"), 1);
+    long long t0 = fx_now_ns();
+    assert_int_equal(ctl(out, sizeof out, "--json release order:1 --force"), 0);
+    fprintf(stderr, "release --force: %s", out);
+    assert_non_null(strstr(out, "\"released\":true"));
+    assert_non_null(strstr(out, "\"holder_told\":true"));
+    assert_non_null(strstr(out, "\"next_waiter_granted\":true"));
+    long long dropped = 0;
+    for (int i = 0; i < 2000 && !dropped; i++) {
+        if (dlock_held(a, "order:1") == 0)
+            dropped = fx_now_ns();
+        else
+            fx_sleep_ms(1);
+    }
+    pthread_join(th, NULL);
+    fprintf(stderr, "the holder's dlock_held dropped %.1f ms after dlockctl returned\n",
+            dropped ? (dropped - t0) / 1e6 : -1.0);
+    /* generous for a loaded machine: the lease time is 30 s, so without the
+     * message it would take a renewal period (10 s) */
+    assert_true(dropped > 0 && dropped - t0 < 2000LL * 1000000);
+    assert_int_equal(w.rc, DLOCK_OK);
+    assert_true(w.token > t1);
+    pthread_mutex_lock(&mu);
+    assert_int_equal(lost_calls, 1);
+    assert_true(lost_fence == t1);
+    assert_int_equal(log_level, DLOCK_LOG_WARN);
+    assert_non_null(strstr(log_line, "order:1"));
+    pthread_mutex_unlock(&mu);
+    assert_int_equal(dlock_release(a, "order:1"), DLOCK_ELOST);
+    assert_int_equal(dlock_held(a, "order:2"), 1); /* the other lease is untouched */
+    assert_int_equal(ctl(out, sizeof out, "release order:1 --force"), 1); /* free now */
+    assert_int_equal(dlock_release(a, "order:2"), DLOCK_OK);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+static void test_bad_usage(void **state)
+{
+    (void)state;
+    char out[2048];
+    assert_int_equal(ctl(out, sizeof out, ""), 2);
+    assert_int_equal(ctl(out, sizeof out, "frobnicate x"), 2);
+    assert_int_equal(ctl(out, sizeof out, "show"), 2);
+    assert_int_equal(ctl(out, sizeof out, "--socket /nonexistent show x"), 2); /* two servers */
+    assert_int_equal(ctl(out, sizeof out, "--help"), 0);
+    assert_non_null(strstr(out, "release NAME --force"));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_list_show_release),
+        cmocka_unit_test(test_bad_usage),
+    };
+    return cmocka_run_group_tests(tests, fx_group_setup, fx_group_teardown);
+}

@@ -1,0 +1,682 @@
+/*
+ * dlockctl: who holds a dlock lock, who waits for it, and a forced release,
+ * for operators.
+ *
+ *   dlockctl [connection options] [--json] list [PATTERN]
+ *   dlockctl [connection options] [--json] show NAME
+ *   dlockctl [connection options] [--json] release NAME --force
+ *   dlockctl [connection options] [--json] watch NAME [--interval MS] [--count N]
+ *
+ * It connects as the library does (host and port, a Unix socket, an ACL user
+ * and password, Sentinel, Cluster; the same key prefix) and reads the data
+ * the library keeps per lock name (README: How it works): the lease hash
+ * <prefix>{<name>} (owner id, token, name of the owner's client, time of
+ * the grant), its remaining time, the wait queue <prefix>{<name>}:q and the
+ * waiters' liveness <prefix>{<name>}:qd. `list` walks the keys with SCAN
+ * (never KEYS), on every master in Cluster mode.
+ *
+ * A forced release runs the library's own release script as the holder
+ * (so the next live waiter is granted the lease and told, as after any
+ * release) with a fence far enough ahead that no token the holder may have
+ * handed to its threads is reached again, then tells the holder on its
+ * channel ("f <token> <name>"): the holder checks with Redis at once, its
+ * dlock_held() drops to 0, on_lost runs and its on_log callback says an
+ * operator did it.
+ *
+ * Exit status: 0 done; 1 the name is not held (show, release) or Redis
+ * failed; 2 bad usage.
+ */
+#define _GNU_SOURCE
+#include <getopt.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <hiredis/hiredis.h>
+
+#include "cluster.h"
+#include "conn.h"
+#include "dlock.h"
+#include "error.h"
+#include "script.h"
+#include "sentinel.h"
+
+static struct {
+    char host[256];
+    int port;
+    const char *unix_path, *user, *password, *prefix, *cluster, *sentinels, *master;
+    const char *sentinel_password;
+    int db, json, force;
+    long interval_ms, count;
+} O = {.host = "127.0.0.1", .port = 6379, .prefix = "dlock:", .interval_ms = 500, .count = -1};
+
+static dlock_conn_cfg CFG;
+static dlock_master MASTER;
+static dlock_cluster *CL;
+static dlock_counters CTR;
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+"usage: dlockctl [options] COMMAND [ARGS]\n"
+"Shows who holds dlock locks and who waits for them; releases one by force.\n"
+"\n"
+"commands:\n"
+"  list [PATTERN]        held locks whose name matches PATTERN (a glob, default *):\n"
+"                        name, holder (client name and id), token, remaining\n"
+"                        lease, held for, waiting clients\n"
+"  show NAME             one lock: its holder and its wait queue (each waiter's\n"
+"                        client, name, time in the queue, alive or not)\n"
+"  release NAME --force  removes the lease now, tells the holder at once (its\n"
+"                        dlock_held() drops to 0, on_lost runs, its log says so)\n"
+"                        and hands the lock to the next live waiter\n"
+"  watch NAME            shows NAME again every --interval MS (default 500) until\n"
+"                        interrupted, or --count N times\n"
+"\n"
+"connection (as the library's dlock_config):\n"
+"  -h, --host HOST:PORT   the server (default 127.0.0.1:6379)\n"
+"  -s, --socket PATH      a Unix socket instead\n"
+"      --cluster LIST     Redis Cluster seed nodes \"host:port,...\"\n"
+"      --sentinels LIST   Sentinel mode: the sentinels \"host:port,...\", with\n"
+"      --master NAME      the master's name (and --sentinel-password PW)\n"
+"  -u, --user USER        an ACL user (with --password)\n"
+"  -a, --password PW      AUTH password (or the DLOCK_PASSWORD environment variable)\n"
+"  -n, --db N             the database (default 0)\n"
+"  -p, --prefix PREFIX    the key_prefix of the clients (default dlock:)\n"
+"      --json             JSON instead of text (list: an array; show, release: an\n"
+"                         object; watch: one object per line)\n"
+"      --help             this text\n"
+"Exit status: 0 done; 1 not held (show, release) or a Redis failure; 2 bad usage.\n");
+}
+
+static void die_usage(const char *fmt, const char *arg)
+{
+    fprintf(stderr, "dlockctl: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, " (dlockctl --help)\n");
+    exit(2);
+}
+
+static void die(const char *what)
+{
+    fprintf(stderr, "dlockctl: %s: %s\n", what, dlock_last_error());
+    exit(1);
+}
+
+/* ------------------------------------------------------------------ */
+/* Connections                                                          */
+
+/* A pooled connection to node n (Cluster mode). */
+static redisContext *conn_for_node(dlock_cluster_node *n)
+{
+    redisContext *c;
+    if (dlock_pool_get(n->pool, DLOCK_NEVER, &c) != DLOCK_OK)
+        die("connect");
+    return c;
+}
+
+static redisContext *single_conn;
+
+/* A connection to the server that serves key: in Cluster mode its slot's
+ * master (*node set: give it back with conn_done), else the one server. */
+static redisContext *conn_for(const char *key, dlock_cluster_node **node)
+{
+    *node = NULL;
+    if (CL) {
+        unsigned slot = dlock_cluster_slot(key, strlen(key));
+        *node = dlock_cluster_route(CL, slot, DLOCK_NEVER);
+        if (!*node)
+            die("cluster");
+        return conn_for_node(*node);
+    }
+    if (!single_conn && dlock_conn_open(&CFG, &CTR, &single_conn) != DLOCK_OK)
+        die("connect");
+    return single_conn;
+}
+
+static void conn_done(redisContext *c, dlock_cluster_node *node)
+{
+    if (node)
+        dlock_pool_put(node->pool, c, c->err != 0);
+    else if (c->err) {
+        fprintf(stderr, "dlockctl: redis: %s\n", c->errstr);
+        exit(1);
+    }
+}
+
+static redisReply *cmd(redisContext *c, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    redisReply *r = redisvCommand(c, fmt, ap);
+    va_end(ap);
+    if (!r) {
+        fprintf(stderr, "dlockctl: redis: %s\n", c->errstr);
+        exit(1);
+    }
+    if (r->type == REDIS_REPLY_ERROR) {
+        fprintf(stderr, "dlockctl: redis: %s\n", r->str);
+        exit(1);
+    }
+    return r;
+}
+
+static void setup(void)
+{
+    CFG.host = O.unix_path || O.sentinels || O.cluster ? NULL : O.host;
+    CFG.port = O.port;
+    CFG.unix_path = (char *)O.unix_path;
+    CFG.username = (char *)O.user;
+    CFG.password = (char *)O.password;
+    CFG.db = O.db;
+    CFG.connect_timeout_ms = 1000;
+    CFG.command_timeout_ms = 2000;
+    CFG.client_name = "dlockctl";
+    dlock_master_init(&MASTER);
+    CFG.master = &MASTER;
+    if (O.sentinels) {
+        if (!O.master)
+            die_usage("%s", "--sentinels needs --master");
+        if (dlock_addrs_parse(O.sentinels, "--sentinels", &CFG.sentinels, &CFG.nsentinels) !=
+            DLOCK_OK)
+            die("--sentinels");
+        CFG.sentinel_master = (char *)O.master;
+        CFG.sentinel_password = (char *)O.sentinel_password;
+    }
+    if (O.cluster) {
+        if (dlock_cluster_create(&CFG, O.cluster, 1, 0, &CTR, &CL) != DLOCK_OK)
+            die("--cluster");
+        if (dlock_cluster_refresh(CL, 1, DLOCK_NEVER) != DLOCK_OK)
+            die("cluster map");
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* Reading a lock                                                       */
+
+typedef struct lockinfo {
+    int held;
+    char owner[64], holder[DLOCK_CLIENT_NAME_MAX + 1];
+    char token[32];
+    long long remaining_ms, held_for_ms, since_ms, now_ms;
+    long long waiting;
+} lockinfo;
+
+static void key_of(char *out, size_t n, const char *name, const char *suffix)
+{
+    snprintf(out, n, "%s{%s}%s", O.prefix, name, suffix);
+}
+
+static long long server_ms(redisContext *c)
+{
+    redisReply *t = cmd(c, "TIME");
+    long long ms = atoll(t->element[0]->str) * 1000 + atoll(t->element[1]->str) / 1000;
+    freeReplyObject(t);
+    return ms;
+}
+
+static void read_lock(redisContext *c, const char *name, lockinfo *li)
+{
+    char k[DLOCK_NAME_MAX + 128];
+    memset(li, 0, sizeof *li);
+    key_of(k, sizeof k, name, "");
+    li->now_ms = server_ms(c);
+    redisReply *r = cmd(c, "HMGET %s owner token name since", k);
+    if (r->element[0]->type == REDIS_REPLY_STRING) {
+        li->held = 1;
+        snprintf(li->owner, sizeof li->owner, "%s", r->element[0]->str);
+        snprintf(li->token, sizeof li->token, "%s",
+                 r->element[1]->type == REDIS_REPLY_STRING ? r->element[1]->str : "");
+        snprintf(li->holder, sizeof li->holder, "%s",
+                 r->element[2]->type == REDIS_REPLY_STRING ? r->element[2]->str : "");
+        li->since_ms =
+            r->element[3]->type == REDIS_REPLY_STRING ? atoll(r->element[3]->str) : 0;
+        li->held_for_ms = li->since_ms ? li->now_ms - li->since_ms : -1;
+    }
+    freeReplyObject(r);
+    r = cmd(c, "PTTL %s", k);
+    li->remaining_ms = li->held ? r->integer : -1;
+    freeReplyObject(r);
+    key_of(k, sizeof k, name, ":q");
+    r = cmd(c, "ZCARD %s", k);
+    li->waiting = r->integer;
+    freeReplyObject(r);
+}
+
+/* s as a JSON string (quotes and escapes). */
+static void json_str(const char *s)
+{
+    putchar('"');
+    for (; *s; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\')
+            printf("\\%c", ch);
+        else if (ch < 0x20)
+            printf("\\u%04x", ch);
+        else
+            putchar(ch);
+    }
+    putchar('"');
+}
+
+/* The lock as a JSON object; left open (no closing brace) with `open`. */
+static void print_lock_json(const char *name, const lockinfo *li, int open)
+{
+    printf("{\"name\":");
+    json_str(name);
+    printf(",\"held\":%s", li->held ? "true" : "false");
+    if (li->held) {
+        printf(",\"owner\":");
+        json_str(li->owner);
+        printf(",\"holder_name\":");
+        json_str(li->holder);
+        printf(",\"token\":%s,\"remaining_ms\":%lld,\"held_for_ms\":%lld", li->token[0] ? li->token : "null",
+               li->remaining_ms, li->held_for_ms);
+    }
+    printf(",\"waiting\":%lld%s", li->waiting, open ? "" : "}");
+}
+
+static void fmt_ms(char *out, size_t n, long long ms)
+{
+    if (ms < 0)
+        snprintf(out, n, "-");
+    else if (ms < 10000)
+        snprintf(out, n, "%lld ms", ms);
+    else if (ms < 600000)
+        snprintf(out, n, "%.1f s", ms / 1e3);
+    else
+        snprintf(out, n, "%.1f min", ms / 6e4);
+}
+
+static void print_row(const char *name, const lockinfo *li)
+{
+    char rem[32], held[32], who[DLOCK_CLIENT_NAME_MAX + 20];
+    fmt_ms(rem, sizeof rem, li->remaining_ms);
+    fmt_ms(held, sizeof held, li->held_for_ms);
+    snprintf(who, sizeof who, "%s (%.8s)", li->holder[0] ? li->holder : "?", li->owner);
+    printf("%-30s %-40s %-18s %10s %10s %7lld\n", name, who, li->token, rem, held, li->waiting);
+}
+
+static void print_header(void)
+{
+    printf("%-30s %-40s %-18s %10s %10s %7s\n", "NAME", "HOLDER (ID)", "TOKEN", "REMAINING",
+           "HELD FOR", "WAITING");
+}
+
+/* ------------------------------------------------------------------ */
+/* Commands                                                             */
+
+/* The SCAN pattern for the lease keys of names matching pattern: the
+ * prefix with glob characters escaped, then {pattern}. */
+static void scan_pattern(char *out, size_t n, const char *pattern)
+{
+    size_t k = 0;
+    for (const char *p = O.prefix; *p && k + 3 < n; p++) {
+        if (strchr("*?[]\\", *p))
+            out[k++] = '\\';
+        out[k++] = *p;
+    }
+    snprintf(out + k, n - k, "{%s}", pattern);
+}
+
+static int list_on(redisContext *c, const char *pattern, int *first)
+{
+    char match[DLOCK_NAME_MAX + 256];
+    scan_pattern(match, sizeof match, pattern);
+    size_t plen = strlen(O.prefix);
+    char cursor[32] = "0";
+    do {
+        redisReply *r = cmd(c, "SCAN %s MATCH %s COUNT 1000 TYPE hash", cursor, match);
+        snprintf(cursor, sizeof cursor, "%s", r->element[0]->str);
+        redisReply *keys = r->element[1];
+        for (size_t i = 0; i < keys->elements; i++) {
+            const char *key = keys->element[i]->str;
+            size_t klen = strlen(key);
+            /* exactly <prefix>{<name>}: not a :qd hash, nor another prefix */
+            if (klen < plen + 2 || strncmp(key, O.prefix, plen) != 0 || key[plen] != '{' ||
+                key[klen - 1] != '}')
+                continue;
+            char name[DLOCK_NAME_MAX + 1];
+            snprintf(name, sizeof name, "%.*s", (int)(klen - plen - 2), key + plen + 1);
+            lockinfo li;
+            read_lock(c, name, &li);
+            if (!li.held)
+                continue; /* released since the scan saw it */
+            if (O.json) {
+                printf("%s", *first ? "" : ",");
+                print_lock_json(name, &li, 0);
+            } else {
+                print_row(name, &li);
+            }
+            *first = 0;
+        }
+        freeReplyObject(r);
+    } while (strcmp(cursor, "0") != 0);
+    return 0;
+}
+
+static int cmd_list(const char *pattern)
+{
+    int first = 1;
+    if (O.json)
+        printf("[");
+    else
+        print_header();
+    if (CL) {
+        dlock_cluster_node *m[DLOCK_CLUSTER_NODES_MAX];
+        unsigned n = dlock_cluster_masters(CL, m, DLOCK_CLUSTER_NODES_MAX);
+        for (unsigned i = 0; i < n; i++) {
+            redisContext *c = conn_for_node(m[i]);
+            list_on(c, pattern, &first);
+            dlock_pool_put(m[i]->pool, c, c->err != 0);
+        }
+    } else {
+        dlock_cluster_node *node;
+        redisContext *c = conn_for("", &node);
+        list_on(c, pattern, &first);
+    }
+    if (O.json)
+        printf("]\n");
+    return 0;
+}
+
+static int show_once(const char *name, int watch)
+{
+    char k[DLOCK_NAME_MAX + 128];
+    key_of(k, sizeof k, name, "");
+    dlock_cluster_node *node;
+    redisContext *c = conn_for(k, &node);
+    lockinfo li;
+    read_lock(c, name, &li);
+    key_of(k, sizeof k, name, ":q");
+    redisReply *q = cmd(c, "ZRANGE %s 0 -1 WITHSCORES", k);
+    key_of(k, sizeof k, name, ":turn");
+    redisReply *turn = cmd(c, "GET %s", k);
+    key_of(k, sizeof k, name, ":qd");
+    if (O.json) {
+        print_lock_json(name, &li, 1);
+        printf(",\"turn\":");
+        if (turn->type == REDIS_REPLY_STRING)
+            json_str(turn->str);
+        else
+            printf("null");
+        printf(",\"queue\":[");
+    } else {
+        if (watch) {
+            char ts[32];
+            time_t now = time(NULL);
+            strftime(ts, sizeof ts, "%H:%M:%S", localtime(&now));
+            printf("-- %s\n", ts);
+        }
+        if (li.held) {
+            char rem[32], held[32];
+            fmt_ms(rem, sizeof rem, li.remaining_ms);
+            fmt_ms(held, sizeof held, li.held_for_ms);
+            printf("%s: held by %s (client id %s), token %s, held for %s, %s of lease left\n",
+                   name, li.holder[0] ? li.holder : "?", li.owner, li.token, held, rem);
+        } else {
+            printf("%s: free\n", name);
+        }
+        if (turn->type == REDIS_REPLY_STRING)
+            printf("  turn: %s\n", turn->str);
+        printf("  %lld waiting\n", li.waiting);
+    }
+    for (size_t i = 0; i + 1 < q->elements; i += 2) {
+        const char *id = q->element[i]->str;
+        long long arrived_us = atoll(q->element[i + 1]->str);
+        redisReply *d = cmd(c, "HGET %s %s", k, id);
+        long long deadline = 0;
+        char wname[DLOCK_CLIENT_NAME_MAX + 1] = "";
+        if (d->type == REDIS_REPLY_STRING) {
+            deadline = atoll(d->str);
+            /* "<deadline> <attempt> <pass limit> <ttl> <name>" */
+            const char *p = d->str;
+            for (int f = 0; f < 4 && p; f++) {
+                p = strchr(p, ' ');
+                if (p)
+                    p++;
+            }
+            if (p)
+                snprintf(wname, sizeof wname, "%s", p);
+        }
+        freeReplyObject(d);
+        long long waited = li.now_ms - arrived_us / 1000;
+        int alive = deadline > li.now_ms;
+        if (O.json) {
+            printf("%s{\"client\":", i ? "," : "");
+            json_str(id);
+            printf(",\"name\":");
+            json_str(wname);
+            printf(",\"waiting_ms\":%lld,\"alive\":%s}", waited, alive ? "true" : "false");
+        } else {
+            char w[32];
+            fmt_ms(w, sizeof w, waited);
+            printf("  %2zu. %s (%.8s) waiting %s, %s\n", i / 2 + 1, wname[0] ? wname : "?", id, w,
+                   alive ? "alive" : "dead (skipped at the next release)");
+        }
+    }
+    if (O.json)
+        printf("]}\n");
+    freeReplyObject(q);
+    freeReplyObject(turn);
+    conn_done(c, node);
+    fflush(stdout);
+    return li.held;
+}
+
+static volatile sig_atomic_t interrupted;
+static void on_int(int sig)
+{
+    (void)sig;
+    interrupted = 1;
+}
+
+static int cmd_watch(const char *name)
+{
+    signal(SIGINT, on_int);
+    signal(SIGTERM, on_int);
+    for (long i = 0; !interrupted && (O.count < 0 || i < O.count); i++) {
+        if (i) {
+            struct timespec ts = {O.interval_ms / 1000, (O.interval_ms % 1000) * 1000000L};
+            nanosleep(&ts, NULL);
+            if (interrupted)
+                break;
+        }
+        show_once(name, 1);
+    }
+    return 0;
+}
+
+static int cmd_release(const char *name)
+{
+    if (!O.force) {
+        fprintf(stderr, "dlockctl: release takes the lease from its holder while it may still "
+                        "be working: say --force\n");
+        return 2;
+    }
+    char k[DLOCK_SCRIPT_KEYS][DLOCK_NAME_MAX + 128];
+    key_of(k[0], sizeof k[0], name, "");
+    dlock_cluster_node *node;
+    redisContext *c = conn_for(k[0], &node);
+    lockinfo li;
+    read_lock(c, name, &li);
+    if (!li.held) {
+        if (O.json)
+            printf("{\"name\":\"%s\",\"released\":false,\"reason\":\"not held\"}\n", name);
+        else
+            printf("%s is not held\n", name);
+        conn_done(c, node);
+        return 1;
+    }
+    const char *suffix[DLOCK_SCRIPT_KEYS - 1] = {":fence", ":q", ":qd", ":turn"};
+    for (int i = 1; i < DLOCK_SCRIPT_KEYS - 1; i++)
+        key_of(k[i], sizeof k[i], name, suffix[i - 1]);
+    char rec[80];
+    snprintf(rec, sizeof rec, ":c:%s", li.owner);
+    key_of(k[DLOCK_SCRIPT_KEYS - 1], sizeof k[0], name, rec);
+    /* The holder may have handed tokens up to token + its pass limit to its
+     * threads: the fence goes past the largest pass limit allowed. */
+    char last[32], wake[DLOCK_PREFIX_MAX + 8];
+    snprintf(last, sizeof last, "%llu",
+             (unsigned long long)strtoull(li.token, NULL, 10) + DLOCK_PASS_LIMIT_MAX);
+    snprintf(wake, sizeof wake, "%swake:", O.prefix);
+    const char *argv[DLOCK_SCRIPT_KEYS + DLOCK_RELEASE_ARGS];
+    for (int i = 0; i < DLOCK_SCRIPT_KEYS; i++)
+        argv[i] = k[i];
+    const char *a[DLOCK_RELEASE_ARGS] = {
+        li.owner, "token", li.token,
+        "3600000",  /* the fence is kept an hour: no lease time of the holder is known */
+        last, wake, name,
+        "2000",     /* a turn waits this long for its client (the default waiter ttl) */
+        "60000"};   /* the holder's record of the name */
+    memcpy(argv + DLOCK_SCRIPT_KEYS, a, sizeof a);
+    redisReply *r = dlock_conn_eval(c, &CTR, dlock_conn_deadline(CFG.command_timeout_ms),
+                                    DLOCK_SCRIPT_RELEASE, DLOCK_SCRIPT_KEYS, DLOCK_RELEASE_ARGS,
+                                    argv, NULL);
+    if (!r) {
+        fprintf(stderr, "dlockctl: redis: %s\n", c->errstr);
+        return 1;
+    }
+    long long rc = r->type == REDIS_REPLY_INTEGER ? r->integer : -1;
+    if (r->type == REDIS_REPLY_ERROR)
+        fprintf(stderr, "dlockctl: redis: %s\n", r->str);
+    freeReplyObject(r);
+    if (rc != 1 && rc != 2) {
+        /* 0: the grant changed between the read and the release */
+        if (O.json)
+            printf("{\"name\":\"%s\",\"released\":false,\"reason\":\"the holder changed; "
+                   "look again\"}\n", name);
+        else
+            printf("%s changed hands meanwhile: nothing released; look again\n", name);
+        conn_done(c, node);
+        return 1;
+    }
+    /* tell the holder (PUBLISH reaches every node of a cluster) */
+    char msg[DLOCK_NAME_MAX + 64];
+    snprintf(msg, sizeof msg, "f %s %s", li.token, name);
+    r = cmd(c, "PUBLISH %s%s %s", wake, li.owner, msg);
+    long long told = r->integer;
+    freeReplyObject(r);
+    if (O.json) {
+        printf("{\"name\":");
+        json_str(name);
+        printf(",\"released\":true,\"owner\":");
+        json_str(li.owner);
+        printf(",\"holder_name\":");
+        json_str(li.holder);
+        printf(",\"token\":%s,\"holder_told\":%s,\"next_waiter_granted\":%s}\n", li.token,
+               told > 0 ? "true" : "false", rc == 2 ? "true" : "false");
+    } else {
+        printf("%s released by force: it was held by %s (client id %s, token %s); the holder "
+               "%s; %s\n",
+               name, li.holder[0] ? li.holder : "?", li.owner, li.token,
+               told > 0 ? "was told" : "was not listening (it finds out at its next renewal)",
+               rc == 2 ? "the next waiter has it" : "nobody was waiting");
+    }
+    conn_done(c, node);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    enum { O_CLUSTER = 256, O_SENTINELS, O_MASTER, O_SPW, O_JSON, O_FORCE, O_INTERVAL, O_COUNT,
+           O_HELP };
+    static const struct option lo[] = {
+        {"host", required_argument, 0, 'h'},       {"socket", required_argument, 0, 's'},
+        {"user", required_argument, 0, 'u'},       {"password", required_argument, 0, 'a'},
+        {"db", required_argument, 0, 'n'},         {"prefix", required_argument, 0, 'p'},
+        {"cluster", required_argument, 0, O_CLUSTER},
+        {"sentinels", required_argument, 0, O_SENTINELS},
+        {"master", required_argument, 0, O_MASTER},
+        {"sentinel-password", required_argument, 0, O_SPW},
+        {"json", no_argument, 0, O_JSON},          {"force", no_argument, 0, O_FORCE},
+        {"interval", required_argument, 0, O_INTERVAL},
+        {"count", required_argument, 0, O_COUNT},  {"help", no_argument, 0, O_HELP},
+        {0, 0, 0, 0}};
+    O.password = getenv("DLOCK_PASSWORD");
+    int opt, where = 0;
+    while ((opt = getopt_long(argc, argv, "+h:s:u:a:n:p:", lo, NULL)) != -1) {
+        switch (opt) {
+        case 'h': {
+            const char *colon = strrchr(optarg, ':');
+            if (!colon || colon == optarg || atoi(colon + 1) <= 0 || atoi(colon + 1) > 65535)
+                die_usage("--host wants HOST:PORT, not '%s'", optarg);
+            snprintf(O.host, sizeof O.host, "%.*s", (int)(colon - optarg), optarg);
+            O.port = atoi(colon + 1);
+            where++;
+            break;
+        }
+        case 's': O.unix_path = optarg; where++; break;
+        case 'u': O.user = optarg; break;
+        case 'a': O.password = optarg; break;
+        case 'n': O.db = atoi(optarg); break;
+        case 'p': O.prefix = optarg; break;
+        case O_CLUSTER: O.cluster = optarg; where++; break;
+        case O_SENTINELS: O.sentinels = optarg; where++; break;
+        case O_MASTER: O.master = optarg; break;
+        case O_SPW: O.sentinel_password = optarg; break;
+        case O_JSON: O.json = 1; break;
+        case O_FORCE: O.force = 1; break;
+        case O_INTERVAL: O.interval_ms = atol(optarg); break;
+        case O_COUNT: O.count = atol(optarg); break;
+        case O_HELP: usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (where > 1)
+        die_usage("%s", "--host, --socket, --cluster and --sentinels each name the server: "
+                        "give one");
+    if (O.user && !O.password)
+        die_usage("%s", "--user needs --password (or DLOCK_PASSWORD)");
+    if (strlen(O.prefix) > DLOCK_PREFIX_MAX)
+        die_usage("--prefix '%s' is longer than the library allows", O.prefix);
+    if (O.interval_ms < 10)
+        die_usage("%s", "--interval is at least 10 ms");
+    if (optind >= argc) {
+        usage(stderr);
+        return 2;
+    }
+    const char *command = argv[optind++];
+    /* options may also follow the command's arguments: release NAME --force */
+    const char *arg = NULL;
+    for (; optind < argc; optind++) {
+        if (!strcmp(argv[optind], "--force"))
+            O.force = 1;
+        else if (!strcmp(argv[optind], "--json"))
+            O.json = 1;
+        else if (!strcmp(argv[optind], "--interval") && optind + 1 < argc)
+            O.interval_ms = atol(argv[++optind]);
+        else if (!strcmp(argv[optind], "--count") && optind + 1 < argc)
+            O.count = atol(argv[++optind]);
+        else if (!arg)
+            arg = argv[optind];
+        else
+            die_usage("unexpected argument '%s'", argv[optind]);
+    }
+    int needs_name = strcmp(command, "list") != 0;
+    if (needs_name && (!arg || !*arg))
+        die_usage("%s needs a lock name", command);
+    if (arg && strlen(arg) > DLOCK_NAME_MAX)
+        die_usage("the name is longer than %s bytes", "DLOCK_NAME_MAX");
+    if (strcmp(command, "list") && strcmp(command, "show") && strcmp(command, "release") &&
+        strcmp(command, "watch"))
+        die_usage("unknown command '%s'", command);
+    setup();
+    int rc;
+    if (!strcmp(command, "list"))
+        rc = cmd_list(arg ? arg : "*");
+    else if (!strcmp(command, "show"))
+        rc = show_once(arg, 0) ? 0 : 1;
+    else if (!strcmp(command, "release"))
+        rc = cmd_release(arg);
+    else
+        rc = cmd_watch(arg);
+    if (single_conn)
+        redisFree(single_conn);
+    return rc;
+}
