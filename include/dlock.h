@@ -248,12 +248,33 @@ typedef struct dlock_stats {
     uint64_t direct_grants;      /* of grants, those a release in another client made
                                     to this one while it waited, taken from the message
                                     that told it, with no acquire call */
+    uint64_t timeouts;           /* dlock_acquire calls that returned DLOCK_ETIMEDOUT */
+    uint64_t busy;               /* ... DLOCK_EBUSY (a single try found it held) */
+    uint64_t errors;             /* dlock_acquire and dlock_release calls that failed
+                                    otherwise (by code: dlock_client_metrics_prometheus) */
+    uint64_t renewed;            /* leases Redis confirmed renewed, summed over rounds */
+    uint64_t renew_failures;     /* renewal rounds that left a lease unconfirmed (Redis
+                                    failed or did not answer in time) */
+    uint64_t forced_releases;    /* held leases an operator released (dlockctl
+                                    release --force) */
 } dlock_stats;
 
 /* The client's id: 32 hex digits (128 random bits, new at every open), the
  * owner recorded in Redis for its leases and in its wait-queue entries.
  * Valid until dlock_client_close; NULL for a NULL client. */
 DLOCK_API const char *dlock_client_id(dlock_client *c);
+
+/* The client's metrics in the Prometheus text exposition format (version
+ * 0.0.4), labelled client="<client_name>": counters of acquisitions,
+ * timeouts, busy tries, errors by code (acquire and release), grants,
+ * direct grants, handoffs, Redis commands and round trips, renewal rounds,
+ * renewed leases and failed rounds, lost and force-released leases; gauges
+ * of leases held and entries; histograms (seconds, buckets from 16 us
+ * doubling to about 67 s) of acquire waits, hold times (outermost acquire
+ * to outermost release) and renewal round trips. A new string the caller
+ * frees with free(); NULL with DLOCK_EINVAL (NULL client) or DLOCK_ENOMEM in
+ * dlock_last_error(). Any thread, any time before dlock_client_close. */
+DLOCK_API char *dlock_client_metrics_prometheus(dlock_client *c);
 
 /* Fills *out with the client's counters. DLOCK_EINVAL for NULL arguments. */
 DLOCK_API int dlock_client_stats(dlock_client *c, dlock_stats *out);

@@ -97,6 +97,7 @@
 #include "cluster.h"
 #include "conn.h"
 #include "error.h"
+#include "metrics.h"
 #include "renew.h"
 #include "sentinel.h"
 #include "sub.h"
@@ -176,6 +177,7 @@ static uint64_t client_serials;
 static __thread struct held_slot {
     uint64_t serial;
     dlock_entry *e;
+    int64_t since_ns; /* the outermost acquire: the hold time's start */
 } held[HELD_SLOTS];
 static __thread unsigned held_uncached;
 
@@ -186,6 +188,7 @@ static void held_remember(const dlock_client *c, dlock_entry *e)
         if (!held[i].e) {
             held[i].serial = c->serial;
             held[i].e = e;
+            held[i].since_ns = dlock_now_ns();
             return;
         }
     held_uncached++;
@@ -194,11 +197,14 @@ static void held_remember(const dlock_client *c, dlock_entry *e)
 /* The calling thread stops owning e (outermost release). The serial is
  * matched too: a slot left by a closed client may hold the address that e
  * now has. */
-static void held_forget(const dlock_client *c, dlock_entry *e)
+static void held_forget(dlock_client *c, dlock_entry *e)
 {
     for (int i = 0; i < HELD_SLOTS; i++)
         if (held[i].e == e && held[i].serial == c->serial) {
             held[i].e = NULL;
+            /* hold times are measured for the entries a thread caches (all
+             * but its ninth and later names held at once) */
+            dlock_hist_add(&c->ctr.hold, dlock_now_ns() - held[i].since_ns);
             return;
         }
     DLOCK_ASSERT(held_uncached > 0);
@@ -483,6 +489,7 @@ static void wake_one(void *arg, const char *payload, size_t len)
         if (!e)
             return; /* not ours any more */
         dlock_table_put(c->table, e);
+        dlock_count(&c->ctr.forced_releases, 1);
         client_log(c, DLOCK_LOG_WARN, "the lease of '%.*s' (token %" PRIu64 ") was released by "
                    "an operator (dlockctl release --force); checking with Redis now",
                    (int)nlen, q, token);
@@ -547,7 +554,14 @@ static void wake_all(void *arg)
 static void renew_now(void *arg)
 {
     dlock_client *c = arg;
+    client_log(c, DLOCK_LOG_INFO, "the subscriber reconnected to Redis: wake-ups resume, and a "
+               "renewal round checks every held lease now");
     dlock_renew_kick(c->renew);
+}
+
+static void log_from_renewal(void *arg, int level, const char *message)
+{
+    client_log(arg, level, "%s", message);
 }
 
 static void lost_from_renewal(void *arg, const char *name, uint64_t token)
@@ -681,6 +695,7 @@ int dlock_client_open(const dlock_config *cfg, dlock_client **out)
         .min_replicas = cfg->min_replicas,
         .lost = lost_from_renewal,
         .lost_arg = c,
+        .log = log_from_renewal,
     };
     rc = dlock_renew_start(&rc_cfg, &c->renew);
     if (rc != DLOCK_OK) {
@@ -1160,9 +1175,8 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
     }
 }
 
-int dlock_acquire(dlock_client *c, const char *name, int64_t wait_ms, uint64_t *fence)
+static int acquire(dlock_client *c, const char *name, int64_t wait_ms, uint64_t *fence)
 {
-    dlock_err_clear();
     size_t len;
     int rc = check_call(c, name, &len);
     if (rc != DLOCK_OK)
@@ -1313,9 +1327,8 @@ int dlock_acquire(dlock_client *c, const char *name, int64_t wait_ms, uint64_t *
     return DLOCK_OK;
 }
 
-int dlock_release(dlock_client *c, const char *name)
+static int release(dlock_client *c, const char *name)
 {
-    dlock_err_clear();
     size_t len;
     int rc = check_call(c, name, &len);
     if (rc != DLOCK_OK)
@@ -1414,6 +1427,28 @@ int dlock_release(dlock_client *c, const char *name)
     return rc;
 }
 
+int dlock_acquire(dlock_client *c, const char *name, int64_t wait_ms, uint64_t *fence)
+{
+    dlock_err_clear();
+    int64_t t0 = dlock_now_ns();
+    int rc = acquire(c, name, wait_ms, fence);
+    if (c && rc != DLOCK_EFORK) { /* a closed or forked client's counters are not ours */
+        dlock_count_rc(c->ctr.acquire_rc, rc);
+        if (rc == DLOCK_OK)
+            dlock_hist_add(&c->ctr.wait, dlock_now_ns() - t0);
+    }
+    return rc;
+}
+
+int dlock_release(dlock_client *c, const char *name)
+{
+    dlock_err_clear();
+    int rc = release(c, name);
+    if (c && rc != DLOCK_EFORK)
+        dlock_count_rc(c->ctr.release_rc, rc);
+    return rc;
+}
+
 int dlock_held(dlock_client *c, const char *name)
 {
     size_t len;
@@ -1435,6 +1470,18 @@ const char *dlock_client_id(dlock_client *c)
     return c ? c->id : NULL;
 }
 
+char *dlock_client_metrics_prometheus(dlock_client *c)
+{
+    if (!c) {
+        dlock_err_set(DLOCK_EINVAL, "client is NULL");
+        return NULL;
+    }
+    char *text = dlock_metrics_prometheus(&c->ctr, &c->sub_ctr, c->conn.client_name);
+    if (!text)
+        dlock_err_set(DLOCK_ENOMEM, "out of memory");
+    return text;
+}
+
 int dlock_client_stats(dlock_client *c, dlock_stats *out)
 {
     if (!c || !out)
@@ -1452,5 +1499,15 @@ int dlock_client_stats(dlock_client *c, dlock_stats *out)
     out->entries = dlock_load_64(&c->ctr.entries);
     out->subscriber_commands = dlock_load_64(&c->sub_ctr.redis_commands);
     out->direct_grants = dlock_load_64(&c->ctr.direct_grants);
+    out->timeouts = dlock_load_64(&c->ctr.acquire_rc[-DLOCK_ETIMEDOUT]);
+    out->busy = dlock_load_64(&c->ctr.acquire_rc[-DLOCK_EBUSY]);
+    out->errors = 0;
+    for (int i = 1; i < DLOCK_NCODES; i++)
+        if (i != -DLOCK_ETIMEDOUT && i != -DLOCK_EBUSY)
+            out->errors += dlock_load_64(&c->ctr.acquire_rc[i]) +
+                           dlock_load_64(&c->ctr.release_rc[i]);
+    out->renewed = dlock_load_64(&c->ctr.renewed);
+    out->renew_failures = dlock_load_64(&c->ctr.renew_failures);
+    out->forced_releases = dlock_load_64(&c->ctr.forced_releases);
     return DLOCK_OK;
 }

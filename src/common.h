@@ -153,6 +153,19 @@ static inline void dlock_futex_wake(int *word, int n)
  * atomic add and read with an atomic load; they are statistics, so no other
  * memory is ordered by them (ck_pr's default, no fences).
  */
+/* A latency histogram: n[i] counts values up to 16 us * 2^i (i < last),
+ * n[DLOCK_HIST_BUCKETS - 1] the larger ones; sum_ns their sum. Each field is
+ * a counter as below. */
+#define DLOCK_HIST_BUCKETS 24
+typedef struct dlock_hist {
+    uint64_t n[DLOCK_HIST_BUCKETS];
+    uint64_t sum_ns;
+} dlock_hist;
+
+/* The return codes counted per call: DLOCK_OK (0) down to DLOCK_ESERVER,
+ * indexed by -code. */
+#define DLOCK_NCODES 11
+
 typedef struct dlock_counters {
     uint64_t acquisitions;
     uint64_t grants;
@@ -166,11 +179,42 @@ typedef struct dlock_counters {
     uint64_t leases_lost;
     uint64_t entries;
     uint64_t direct_grants;
+    uint64_t acquire_rc[DLOCK_NCODES]; /* dlock_acquire's returns, by -code */
+    uint64_t release_rc[DLOCK_NCODES]; /* dlock_release's */
+    dlock_hist wait;            /* successful acquires: call to return */
+    dlock_hist hold;            /* outermost acquire to outermost release */
+    dlock_hist renew;           /* a renewal round's first pipeline: write to last reply */
+    uint64_t renew_failures;    /* renewal rounds that left some lease unconfirmed */
+    uint64_t renewed;           /* leases renewed (Redis said so), over rounds */
+    uint64_t forced_releases;   /* operators' releases of held leases (dlockctl) */
 } dlock_counters;
 
 static inline void dlock_count(uint64_t *counter, uint64_t n)
 {
     ck_pr_add_64(counter, n);
+}
+
+/* Adds a duration to h. */
+static inline void dlock_hist_add(dlock_hist *h, int64_t ns)
+{
+    if (ns < 0)
+        ns = 0;
+    uint64_t us = (uint64_t)ns / 1000, bound = 16;
+    int i = 0;
+    while (us > bound && i < DLOCK_HIST_BUCKETS - 1) {
+        bound <<= 1;
+        i++;
+    }
+    dlock_count(&h->n[i], 1);
+    dlock_count(&h->sum_ns, (uint64_t)ns);
+}
+
+/* Counts a public call's return code (0 or negative) in by_code. */
+static inline void dlock_count_rc(uint64_t *by_code, int rc)
+{
+    int i = -rc;
+    if (i >= 0 && i < DLOCK_NCODES)
+        dlock_count(&by_code[i], 1);
 }
 
 #endif

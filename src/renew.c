@@ -111,6 +111,7 @@ struct dlock_renew {
     unsigned nlanes;         /* that thread touches them, and dlock_renew_stop after it */
     unsigned pass;           /* bumped at the start of each pipeline (same owner) */
     int64_t period_ns, drift_ns;
+    int failing;             /* the last round failed (manager thread only): log changes */
 };
 
 typedef struct snap {
@@ -642,6 +643,7 @@ static int64_t round_once(dlock_renew *r)
         pthread_mutex_unlock(&r->mu);
         if (!any)
             break;
+        int64_t flushed_ns = dlock_now_ns();
         unsigned trips = lanes_flush(r, cmd_deadline(r));
         end_write(r);
         if (pass == 0) {
@@ -665,6 +667,8 @@ static int64_t round_once(dlock_renew *r)
             if (!ch[c].redo)
                 r->lanes[ch[c].lane].acked = 1; /* ran here: WAIT here */
         }
+        if (pass == 0)
+            dlock_hist_add(&r->cfg.ctr->renew, dlock_now_ns() - flushed_ns);
         if (!again)
             break;
     }
@@ -695,10 +699,31 @@ static int64_t round_once(dlock_renew *r)
         for (unsigned l = 0; l < r->nlanes; l++)
             r->lanes[l].acked = 0;
     }
+    char why[160] = "";
     for (unsigned l = 0; l < r->nlanes; l++)
-        if (r->lanes[l].conn && r->lanes[l].conn->err)
+        if (r->lanes[l].conn && r->lanes[l].conn->err) {
             ok = 0; /* a replica answered, or it failed: retry soon, reconnected */
+            if (!why[0])
+                snprintf(why, sizeof why, ": %s", r->lanes[l].conn->errstr);
+        }
     lanes_drop_failed(r);
+    size_t renewed = 0;
+    for (size_t i = 0; i < n; i++)
+        renewed += s[i].verdict == 1;
+    dlock_count(&r->cfg.ctr->renewed, renewed);
+    if (!ok)
+        dlock_count(&r->cfg.ctr->renew_failures, 1);
+    if (r->cfg.log && ok != !r->failing) {
+        char line[300];
+        if (!ok)
+            snprintf(line, sizeof line, "renewal failing: %zu of %zu leases not confirmed%s; "
+                     "retrying every 100 ms, each lease is lost when its validity runs out",
+                     n - renewed, n, why);
+        else
+            snprintf(line, sizeof line, "renewal works again: %zu leases renewed", renewed);
+        r->cfg.log(r->cfg.lost_arg, ok ? DLOCK_LOG_INFO : DLOCK_LOG_WARN, line);
+    }
+    r->failing = !ok;
     free(p);
     free(ch);
     int64_t earliest = apply(r, s, n, sent_boot);

@@ -31,6 +31,10 @@ typedef struct dlock_renew_cfg {
                                replicas have its writes */
     dlock_renew_lost_fn lost;
     void *lost_arg;
+    /* Called (on the manager thread, no lock held) when renewals start
+     * failing and when they work again: level DLOCK_LOG_*, one line. The
+     * argument is lost_arg. NULL: none. */
+    void (*log)(void *arg, int level, const char *message);
 } dlock_renew_cfg;
 
 /* Starts the manager thread. DLOCK_OK, DLOCK_ENOMEM, or DLOCK_EINVAL if the

@@ -372,6 +372,138 @@ static void test_holder_identity(void **state)
     dlock_client_close(d);
 }
 
+/* The value of the metric line that starts with `prefix` (name and
+ * labels), or -1 if there is none. */
+static double metric(const char *text, const char *prefix)
+{
+    size_t n = strlen(prefix);
+    for (const char *p = text; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+        if (strncmp(p, prefix, n) == 0 && p[n] == ' ')
+            return atof(p + n + 1);
+    return -1;
+}
+
+/* Every line is a comment or `name{labels} value`: what a Prometheus
+ * scraper accepts. */
+static void check_exposition(const char *text)
+{
+    for (const char *p = text; *p;) {
+        const char *end = strchr(p, '\n');
+        assert_non_null(end);
+        if (*p != '#') {
+            const char *brace = memchr(p, '{', (size_t)(end - p));
+            const char *close = memchr(p, '}', (size_t)(end - p));
+            assert_non_null(brace);
+            assert_non_null(close);
+            assert_true(close[1] == ' ' && close + 2 < end);
+            for (const char *q = p; q < brace; q++)
+                assert_true((*q >= 'a' && *q <= 'z') || *q == '_');
+        }
+        p = end + 1;
+    }
+}
+
+/* The metrics count what the calls did: successes (with their waits and
+ * holds), a busy try, a timeout, a release error by code. */
+static void test_metrics(void **state)
+{
+    (void)state;
+    dlock_config cfg;
+    fx_config(&cfg, &fx_server);
+    cfg.key_prefix = "tc:met:";
+    cfg.client_name = "met\"q";
+    dlock_client *a, *b;
+    assert_int_equal(dlock_client_open(&cfg, &a), DLOCK_OK);
+    cfg.client_name = "other";
+    assert_int_equal(dlock_client_open(&cfg, &b), DLOCK_OK);
+    assert_null(dlock_client_metrics_prometheus(NULL));
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(dlock_acquire(a, "m", 0, NULL), DLOCK_OK);
+        fx_sleep_ms(2); /* a hold of 2 ms at least */
+        assert_int_equal(dlock_release(a, "m"), DLOCK_OK);
+    }
+    assert_int_equal(dlock_acquire(b, "m", 0, NULL), DLOCK_OK);
+    assert_int_equal(dlock_acquire(a, "m", 0, NULL), DLOCK_EBUSY);
+    assert_int_equal(dlock_acquire(a, "m", 50, NULL), DLOCK_ETIMEDOUT);
+    assert_int_equal(dlock_release(a, "m"), DLOCK_ENOTHELD);
+    assert_int_equal(dlock_release(b, "m"), DLOCK_OK);
+    char *t = dlock_client_metrics_prometheus(a);
+    assert_non_null(t);
+    check_exposition(t);
+    assert_true(metric(t, "dlock_acquisitions_total{client=\"met\\\"q\"}") == 3);
+    assert_true(metric(t, "dlock_acquire_busy_total{client=\"met\\\"q\"}") == 1);
+    assert_true(metric(t, "dlock_acquire_timeouts_total{client=\"met\\\"q\"}") == 1);
+    assert_true(metric(t, "dlock_release_errors_total{client=\"met\\\"q\",code=\"DLOCK_ENOTHELD\"}") == 1);
+    assert_true(metric(t, "dlock_release_errors_total{client=\"met\\\"q\",code=\"DLOCK_EREDIS\"}") == 0);
+    assert_true(metric(t, "dlock_wait_seconds_count{client=\"met\\\"q\"}") == 3);
+    assert_true(metric(t, "dlock_wait_seconds_bucket{client=\"met\\\"q\",le=\"+Inf\"}") == 3);
+    assert_true(metric(t, "dlock_hold_seconds_count{client=\"met\\\"q\"}") == 3);
+    assert_true(metric(t, "dlock_hold_seconds_sum{client=\"met\\\"q\"}") >= 0.006);
+    /* 2 ms holds are not in the buckets up to 1.024 ms */
+    assert_true(metric(t, "dlock_hold_seconds_bucket{client=\"met\\\"q\",le=\"0.001024\"}") == 0);
+    assert_true(metric(t, "dlock_grants_total{client=\"met\\\"q\"}") == 3);
+    assert_true(metric(t, "dlock_leases_held{client=\"met\\\"q\"}") == 0);
+    free(t);
+    dlock_stats st;
+    assert_int_equal(dlock_client_stats(a, &st), DLOCK_OK);
+    assert_int_equal(st.busy, 1);
+    assert_int_equal(st.timeouts, 1);
+    assert_int_equal(st.errors, 1);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+static char renew_log[4][300];
+static int renew_logs;
+static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void keep_log(int level, const char *message, void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&log_mu);
+    if (strncmp(message, "renewal", 7) == 0 && renew_logs < 4)
+        snprintf(renew_log[renew_logs++], sizeof renew_log[0], "%d %s", level, message);
+    pthread_mutex_unlock(&log_mu);
+}
+
+/* Renewals that start failing (Redis frozen) are logged once, and once when
+ * they work again, and counted. */
+static void test_log_renewal_failing(void **state)
+{
+    (void)state;
+    dlock_config cfg;
+    fx_config(&cfg, &fx_server);
+    cfg.key_prefix = "tc:log:";
+    cfg.lease_ms = 3000; /* renewed every second */
+    cfg.command_timeout_ms = 200;
+    cfg.on_log = keep_log;
+    renew_logs = 0;
+    dlock_client *c;
+    assert_int_equal(dlock_client_open(&cfg, &c), DLOCK_OK);
+    assert_int_equal(dlock_acquire(c, "l", 0, NULL), DLOCK_OK);
+    fx_sleep_ms(1200); /* one good round */
+    assert_int_equal(fx_redis_signal(&fx_server, SIGSTOP), 0);
+    fx_sleep_ms(1500); /* a round fails, then retries every 100 ms (all failing) */
+    assert_int_equal(fx_redis_signal(&fx_server, SIGCONT), 0);
+    fx_sleep_ms(800); /* a retry succeeds; the lease (3 s) is still valid */
+    dlock_stats st;
+    assert_int_equal(dlock_client_stats(c, &st), DLOCK_OK);
+    pthread_mutex_lock(&log_mu);
+    for (int i = 0; i < renew_logs; i++)
+        fprintf(stderr, "log: %s\n", renew_log[i]);
+    assert_int_equal(renew_logs, 2);
+    assert_true(renew_log[0][0] == '0' + DLOCK_LOG_WARN);
+    assert_non_null(strstr(renew_log[0], "renewal failing: 1 of 1 leases not confirmed"));
+    assert_true(renew_log[1][0] == '0' + DLOCK_LOG_INFO);
+    assert_non_null(strstr(renew_log[1], "renewal works again"));
+    pthread_mutex_unlock(&log_mu);
+    assert_true(st.renew_failures >= 1);
+    assert_true(st.renewed >= 2);
+    assert_int_equal(dlock_held(c, "l"), 1);
+    assert_int_equal(dlock_release(c, "l"), DLOCK_OK);
+    dlock_client_close(c);
+}
+
 static void test_config_defaults(void **state)
 {
     (void)state;
@@ -1544,6 +1676,8 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_version),
         cmocka_unit_test(test_holder_identity),
+        cmocka_unit_test(test_metrics),
+        cmocka_unit_test_teardown(test_log_renewal_failing, fx_ensure_server),
         cmocka_unit_test(test_config_defaults),
         cmocka_unit_test(test_errors),
         cmocka_unit_test_teardown(test_open_invalid, fx_ensure_server),

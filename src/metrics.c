@@ -1,0 +1,119 @@
+/*
+ * Prometheus text format of the client's counters (see metrics.h). The
+ * counters are read one by one with atomic loads while other threads keep
+ * counting, so one scrape is not a snapshot: a histogram's count may trail
+ * its sum by a call or two, as with any live exporter.
+ */
+#define _GNU_SOURCE
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "metrics.h"
+
+/* The label value: client_name with '"' and '\\' escaped. */
+static void label(char *out, size_t n, const char *name)
+{
+    size_t k = 0;
+    for (const char *p = name ? name : ""; *p && k + 2 < n; p++) {
+        if (*p == '"' || *p == '\\')
+            out[k++] = '\\';
+        out[k++] = *p;
+    }
+    out[k] = '\0';
+}
+
+static void head(FILE *f, const char *metric, const char *type, const char *help)
+{
+    fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", metric, help, metric, type);
+}
+
+static void one(FILE *f, const char *metric, const char *type, const char *help,
+                const char *client, uint64_t *v)
+{
+    head(f, metric, type, help);
+    fprintf(f, "%s{client=\"%s\"} %" PRIu64 "\n", metric, client, dlock_load_64(v));
+}
+
+static void hist(FILE *f, const char *metric, const char *help, const char *client, dlock_hist *h)
+{
+    head(f, metric, "histogram", help);
+    uint64_t cum = 0;
+    double bound_s = 16e-6;
+    for (int i = 0; i < DLOCK_HIST_BUCKETS - 1; i++, bound_s *= 2) {
+        cum += dlock_load_64(&h->n[i]);
+        fprintf(f, "%s_bucket{client=\"%s\",le=\"%.6g\"} %" PRIu64 "\n", metric, client, bound_s,
+                cum);
+    }
+    cum += dlock_load_64(&h->n[DLOCK_HIST_BUCKETS - 1]);
+    fprintf(f, "%s_bucket{client=\"%s\",le=\"+Inf\"} %" PRIu64 "\n", metric, client, cum);
+    fprintf(f, "%s_sum{client=\"%s\"} %.9f\n", metric, client, dlock_load_64(&h->sum_ns) / 1e9);
+    fprintf(f, "%s_count{client=\"%s\"} %" PRIu64 "\n", metric, client, cum);
+}
+
+static void by_code(FILE *f, const char *metric, const char *help, const char *client,
+                    uint64_t *rc)
+{
+    head(f, metric, "counter", help);
+    for (int i = 1; i < DLOCK_NCODES; i++)
+        fprintf(f, "%s{client=\"%s\",code=\"%s\"} %" PRIu64 "\n", metric, client,
+                dlock_err_name(-i), dlock_load_64(&rc[i]));
+}
+
+char *dlock_metrics_prometheus(dlock_counters *c, dlock_counters *sub, const char *client_name)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f)
+        return NULL;
+    char cl[2 * DLOCK_CLIENT_NAME_MAX + 1];
+    label(cl, sizeof cl, client_name);
+    one(f, "dlock_acquisitions_total", "counter",
+        "Successful dlock_acquire calls, nested ones included.", cl, &c->acquisitions);
+    one(f, "dlock_acquire_timeouts_total", "counter",
+        "dlock_acquire calls that returned DLOCK_ETIMEDOUT.", cl, &c->acquire_rc[-DLOCK_ETIMEDOUT]);
+    one(f, "dlock_acquire_busy_total", "counter",
+        "Single tries (wait_ms 0) that found the lock held (DLOCK_EBUSY).", cl,
+        &c->acquire_rc[-DLOCK_EBUSY]);
+    by_code(f, "dlock_acquire_returns_total",
+            "dlock_acquire calls that did not succeed, by return code.", cl, c->acquire_rc);
+    by_code(f, "dlock_release_errors_total", "dlock_release calls that failed, by return code.",
+            cl, c->release_rc);
+    one(f, "dlock_grants_total", "counter", "Leases granted by Redis.", cl, &c->grants);
+    one(f, "dlock_direct_grants_total", "counter",
+        "Grants made by another client's release, taken from its message.", cl,
+        &c->direct_grants);
+    one(f, "dlock_handoffs_total", "counter",
+        "Leases passed between threads of this client with no Redis command.", cl,
+        &c->handoffs);
+    one(f, "dlock_leases_held", "gauge", "Leases held now.", cl, &c->leases_held);
+    one(f, "dlock_leases_lost_total", "counter", "Held leases found lost.", cl, &c->leases_lost);
+    one(f, "dlock_forced_releases_total", "counter",
+        "Held leases an operator released (dlockctl release --force).", cl, &c->forced_releases);
+    one(f, "dlock_entries", "gauge", "Names some thread of this client holds or waits for.", cl,
+        &c->entries);
+    one(f, "dlock_redis_commands_total", "counter",
+        "Commands sent to Redis by lock calls and renewals.", cl, &c->redis_commands);
+    one(f, "dlock_redis_round_trips_total", "counter",
+        "Round trips to Redis by lock calls and renewals (a pipeline counts once).", cl,
+        &c->redis_round_trips);
+    one(f, "dlock_subscriber_commands_total", "counter",
+        "Commands of the subscriber thread (SUBSCRIBE, keepalive, connection setup).", cl,
+        &sub->redis_commands);
+    one(f, "dlock_renew_rounds_total", "counter", "Renewal rounds.", cl, &c->renew_rounds);
+    one(f, "dlock_renew_failures_total", "counter",
+        "Renewal rounds that left some lease unconfirmed.", cl, &c->renew_failures);
+    one(f, "dlock_renewed_leases_total", "counter", "Leases Redis confirmed renewed.", cl,
+        &c->renewed);
+    hist(f, "dlock_wait_seconds", "Time dlock_acquire took, for successful calls.", cl, &c->wait);
+    hist(f, "dlock_hold_seconds", "Time from the outermost acquire to the outermost release.",
+         cl, &c->hold);
+    hist(f, "dlock_renew_seconds", "Round trip of a renewal round's pipeline.", cl, &c->renew);
+    if (fclose(f) != 0) {
+        free(buf);
+        return NULL;
+    }
+    return buf;
+}
