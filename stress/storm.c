@@ -119,6 +119,7 @@ typedef struct opts {
     int cluster_replicas_set; /* --cluster-replicas given */
     long stack_kb;
     int quiet;
+    const char *metrics_path; /* --metrics: worker 0's client's Prometheus text */
 } opts;
 
 static opts O = {
@@ -199,6 +200,8 @@ static void usage(FILE *f)
 "                       instead of starting a private redis-server\n"
 "  --stack-kb K         stack of the storm's threads in KiB (16..65536,\n"
 "                       default %ld)\n"
+"  --metrics FILE       worker process 0 writes its (first) client's metrics in\n"
+"                       the Prometheus text format to FILE before it closes it\n"
 "  --quiet              no progress lines and no summary on stderr\n"
 "  --help               this text\n"
 "\n"
@@ -260,7 +263,7 @@ static void parse_opts(int argc, char **argv)
 {
     enum { O_PROCS = 256, O_THREADS, O_LOCKS, O_SECONDS, O_CS, O_CS_SLEEP, O_THINK,
            O_PASS, O_LEASE, O_WAIT, O_POOL, O_CPT, O_MUTEX, O_NAIVE, O_RTT, O_REDIS, O_STACK,
-           O_QUIET, O_UNIX, O_MINREP, O_SENTINEL, O_CLUSTER, O_CLUSTER_REPLICAS,
+           O_QUIET, O_UNIX, O_MINREP, O_SENTINEL, O_CLUSTER, O_CLUSTER_REPLICAS, O_METRICS,
            O_HELP };
     static const struct option lo[] = {
         {"procs", required_argument, 0, O_PROCS},
@@ -286,6 +289,7 @@ static void parse_opts(int argc, char **argv)
         {"min-replicas", required_argument, 0, O_MINREP},
         {"stack-kb", required_argument, 0, O_STACK},
         {"quiet", no_argument, 0, O_QUIET},
+        {"metrics", required_argument, 0, O_METRICS},
         {"help", no_argument, 0, O_HELP},
         {0, 0, 0, 0},
     };
@@ -338,6 +342,7 @@ static void parse_opts(int argc, char **argv)
             break;
         case O_MINREP: O.min_replicas = (int)parse_long("--min-replicas", optarg, 0, MAX_REPLICAS); break;
         case O_QUIET: O.quiet = 1; break;
+        case O_METRICS: O.metrics_path = optarg; break;
         case O_HELP: usage(stdout); exit(0);
         case ':':
             bad_usage("option '%s' needs a value", argv[optind - 1]);
@@ -1025,6 +1030,18 @@ static void worker_main(int p)
         }
     }
     pr->stats = sum;
+    if (O.metrics_path && p == 0 && opened) {
+        char *text = dlock_client_metrics_prometheus(clients[0]);
+        FILE *f = text ? fopen(O.metrics_path, "w") : NULL;
+        if (f) {
+            fputs(text, f);
+            fclose(f);
+        } else {
+            fprintf(stderr, "storm: --metrics %s: %s\n", O.metrics_path,
+                    text ? strerror(errno) : dlock_last_error());
+        }
+        free(text);
+    }
 #ifdef DLOCK_LOCKSTAT
     if (opened)
         dlock_lockstat_report(stderr, p, sum.acquisitions, O.seconds);
