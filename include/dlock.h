@@ -45,7 +45,7 @@ extern "C" {
     XX(EREDIS, -6, "redis unreachable or failed")                                \
     XX(ENOMEM, -7, "out of memory")                                              \
     XX(EFORK, -8, "client used in a forked child; open a new client there")     \
-    XX(ECLOSED, -9, "client is closing")                                         \
+    XX(ECLOSED, -9, "client is closing (reserved: no call returns it)")         \
     XX(ESERVER, -10, "redis server unsuitable for dlock (version, eviction policy or permissions)")
 
 enum {
@@ -229,6 +229,99 @@ DLOCK_API int dlock_release(dlock_client *c, const char *name);
  * Costs no Redis command. Returns 0 for invalid arguments and in a forked
  * child. */
 DLOCK_API int dlock_held(dlock_client *c, const char *name);
+
+/*
+ * Locks that move between threads. A lock taken with dlock_acquire belongs
+ * to the calling thread: only it may release it, and it may take it again
+ * (reentrancy). A lock taken with dlock_acquire_handle belongs to the
+ * returned handle instead: any thread may release it, once, with
+ * dlock_handle_release (for a job that hops between threads of a pool).
+ * It is not reentrant: an acquire of the same name by any thread of the
+ * client, the acquiring one included, waits for the handle's release like
+ * any other waiter. Renewal, fencing, loss and handoff to waiting threads
+ * work as for a thread-owned lock. A handle must be released before
+ * dlock_client_close; one never released leaks its memory and holds the lease
+ * until the client closes.
+ */
+typedef struct dlock_handle dlock_handle;
+
+/* As dlock_acquire, but the lock belongs to *out. Errors: those of
+ * dlock_acquire, and DLOCK_EINVAL also for a NULL out or when the calling
+ * thread holds `name` already (take the handle instead of, not on top of, a
+ * thread's hold). */
+DLOCK_API int dlock_acquire_handle(dlock_client *c, const char *name, int64_t wait_ms,
+                                   uint64_t *fence, dlock_handle **out);
+
+/* Releases the handle's lock, from any thread, and frees the handle (it must
+ * not be used again). Returns as dlock_release: DLOCK_OK, DLOCK_ELOST (lost
+ * while held; released locally all the same), DLOCK_EREDIS or DLOCK_ESERVER
+ * (Redis could not be told; the lease expires), DLOCK_EINVAL (NULL handle:
+ * nothing freed), DLOCK_EFORK (in a forked child: nothing freed). */
+DLOCK_API int dlock_handle_release(dlock_handle *h);
+
+/* 1 if the handle's lease is still valid (as dlock_held), else 0; 0 for a
+ * NULL handle. Any thread; no Redis command. */
+DLOCK_API int dlock_handle_held(dlock_handle *h);
+
+/* Acquires `name` (as dlock_acquire with wait_ms), runs fn(arg, fence)
+ * holding it, and releases it. Returns dlock_acquire's error if it was not
+ * acquired (fn did not run), else dlock_release's result: DLOCK_OK, or
+ * DLOCK_ELOST when the lease was lost while fn ran (its writes may have been
+ * rejected by storage that checks fence). DLOCK_EINVAL for a NULL fn. */
+DLOCK_API int dlock_with(dlock_client *c, const char *name, int64_t wait_ms,
+                         void (*fn)(void *arg, uint64_t fence), void *arg);
+
+#if defined(__GNUC__) || defined(__clang__)
+/*
+ * A scope guard (GCC and Clang): the lock is released when the guard's
+ * scope ends, however it ends (return, break, goto).
+ *
+ *     {
+ *         DLOCK_GUARD(g);
+ *         uint64_t fence;
+ *         if (dlock_guard_acquire(&g, c, "order:42", 5000, &fence) != DLOCK_OK)
+ *             return;
+ *         ...                           (released at the closing brace)
+ *     }
+ *
+ * The release's result is not reported (the guard ends with the scope):
+ * where a lost lease matters, check dlock_held(c, name) before leaving the
+ * scope. name must outlive the scope.
+ */
+typedef struct dlock_guard {
+    dlock_client *c;
+    const char *name;
+    int held;
+} dlock_guard;
+
+static __inline__ void dlock_guard_release_(dlock_guard *g)
+{
+    if (g->held)
+        (void)dlock_release(g->c, g->name);
+    g->held = 0;
+}
+
+#define DLOCK_GUARD(var)                                                          \
+    __attribute__((cleanup(dlock_guard_release_))) dlock_guard var = {0, 0, 0}
+
+/* Acquires into the guard (as dlock_acquire); on DLOCK_OK the scope's end
+ * releases it. A guard holds one lock at a time: DLOCK_EINVAL if it holds
+ * one already. */
+static __inline__ int dlock_guard_acquire(dlock_guard *g, dlock_client *c, const char *name,
+                                          int64_t wait_ms, uint64_t *fence)
+{
+    int rc;
+    if (g->held)
+        return DLOCK_EINVAL;
+    rc = dlock_acquire(c, name, wait_ms, fence);
+    if (rc == DLOCK_OK) {
+        g->c = c;
+        g->name = name;
+        g->held = 1;
+    }
+    return rc;
+}
+#endif
 
 /* Counters of one client since it was opened, read without stopping it. */
 typedef struct dlock_stats {

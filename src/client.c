@@ -203,8 +203,10 @@ static void held_forget(dlock_client *c, dlock_entry *e)
         if (held[i].e == e && held[i].serial == c->serial) {
             held[i].e = NULL;
             /* hold times are measured for the entries a thread caches (all
-             * but its ninth and later names held at once) */
-            dlock_hist_add(&c->ctr.hold, dlock_now_ns() - held[i].since_ns);
+             * but its ninth and later names held at once); a hold moved to
+             * a handle is measured by the handle */
+            if (!e->by_handle)
+                dlock_hist_add(&c->ctr.hold, dlock_now_ns() - held[i].since_ns);
             return;
         }
     DLOCK_ASSERT(held_uncached > 0);
@@ -1193,7 +1195,7 @@ static int acquire(dlock_client *c, const char *name, int64_t wait_ms, uint64_t 
         return dlock_err_set(DLOCK_ENOMEM, "out of memory");
 
     pthread_mutex_lock(&e->mu);
-    if (e->has_owner && pthread_equal(e->owner, pthread_self())) {
+    if (e->has_owner && !e->by_handle && pthread_equal(e->owner, pthread_self())) {
         /* Reentrant acquire: depth only, no Redis command. */
         if (e->state != DLOCK_LEASE_HELD || dlock_boot_ns() >= e->valid_until_ns) {
             rc = dlock_err_set(DLOCK_ELOST, "the lease of '%s' is lost; release it", name);
@@ -1327,6 +1329,8 @@ static int acquire(dlock_client *c, const char *name, int64_t wait_ms, uint64_t 
     return DLOCK_OK;
 }
 
+static int release_outermost(dlock_client *c, dlock_entry *e, const char *name);
+
 static int release(dlock_client *c, const char *name)
 {
     size_t len;
@@ -1338,7 +1342,7 @@ static int release(dlock_client *c, const char *name)
         return dlock_err_set(DLOCK_ENOTHELD, "'%s' is not held by this thread", name);
 
     pthread_mutex_lock(&e->mu);
-    if (!e->has_owner || !pthread_equal(e->owner, pthread_self())) {
+    if (!e->has_owner || e->by_handle || !pthread_equal(e->owner, pthread_self())) {
         pthread_mutex_unlock(&e->mu);
         dlock_table_put(c->table, e);
         return dlock_err_set(DLOCK_ENOTHELD, "'%s' is not held by this thread", name);
@@ -1349,8 +1353,15 @@ static int release(dlock_client *c, const char *name)
         dlock_table_put(c->table, e);
         return DLOCK_OK;
     }
-    /* Outermost release. */
     held_forget(c, e);
+    return release_outermost(c, e, name);
+}
+
+/* The outermost release of e by the calling thread, which holds e->mu and
+ * two references (its lookup's and the owner's, both dropped here). */
+static int release_outermost(dlock_client *c, dlock_entry *e, const char *name)
+{
+    int rc;
     e->has_owner = 0;
     e->depth = 0;
     if (e->state == DLOCK_LEASE_LOST) {
@@ -1449,6 +1460,104 @@ int dlock_release(dlock_client *c, const char *name)
     return rc;
 }
 
+struct dlock_handle {
+    dlock_client *c;
+    dlock_entry *e;   /* the owner's reference, held by the handle */
+    int64_t since_ns; /* the acquire: the hold time's start */
+};
+
+int dlock_acquire_handle(dlock_client *c, const char *name, int64_t wait_ms, uint64_t *fence,
+                         dlock_handle **out)
+{
+    dlock_err_clear();
+    if (!out)
+        return dlock_err_set(DLOCK_EINVAL, "out is NULL");
+    *out = NULL;
+    size_t len;
+    int rc = check_call(c, name, &len);
+    if (rc != DLOCK_OK)
+        return rc;
+    dlock_entry *e = held_find(c, name, len);
+    if (e) {
+        dlock_table_put(c->table, e);
+        return dlock_err_set(DLOCK_EINVAL, "'%s' is held by the calling thread already: a handle "
+                             "takes a hold of its own", name);
+    }
+    dlock_handle *h = malloc(sizeof *h);
+    if (!h)
+        return dlock_err_set(DLOCK_ENOMEM, "out of memory");
+    int64_t t0 = dlock_now_ns();
+    rc = dlock_acquire(c, name, wait_ms, fence);
+    if (rc != DLOCK_OK) {
+        free(h);
+        return rc;
+    }
+    /* The thread's hold becomes the handle's: out of the thread's cache,
+     * flagged on the entry so that no thread takes it for its own. */
+    e = held_find(c, name, len);
+    DLOCK_ASSERT(e);
+    pthread_mutex_lock(&e->mu);
+    e->by_handle = 1;
+    held_forget(c, e);
+    pthread_mutex_unlock(&e->mu);
+    dlock_table_put(c->table, e); /* the lookup's; the owner's stays, the handle's now */
+    h->c = c;
+    h->e = e;
+    h->since_ns = t0;
+    *out = h;
+    return DLOCK_OK;
+}
+
+int dlock_handle_release(dlock_handle *h)
+{
+    dlock_err_clear();
+    if (!h)
+        return dlock_err_set(DLOCK_EINVAL, "handle is NULL");
+    dlock_client *c = h->c;
+    if (dlock_load_uint(&fork_generation) != c->fork_gen)
+        return dlock_err_set(DLOCK_EFORK, "this handle's client was opened before fork()");
+    dlock_entry *e = h->e;
+    char name[DLOCK_NAME_MAX + 1]; /* for messages: e may be freed before they are made */
+    memcpy(name, e->name, e->name_len + 1);
+    dlock_table_ref(e); /* the lookup's, as release_outermost expects */
+    pthread_mutex_lock(&e->mu);
+    DLOCK_ASSERT(e->has_owner && e->by_handle && e->depth == 1);
+    e->by_handle = 0;
+    e->owner = pthread_self(); /* the calling thread releases it */
+    dlock_hist_add(&c->ctr.hold, dlock_now_ns() - h->since_ns);
+    int rc = release_outermost(c, e, name);
+    dlock_count_rc(c->ctr.release_rc, rc);
+    free(h);
+    return rc;
+}
+
+int dlock_handle_held(dlock_handle *h)
+{
+    if (!h)
+        return 0;
+    dlock_entry *e = h->e;
+    pthread_mutex_lock(&e->mu);
+    int yes = e->has_owner && e->by_handle && e->state == DLOCK_LEASE_HELD &&
+              dlock_boot_ns() < e->valid_until_ns;
+    pthread_mutex_unlock(&e->mu);
+    return yes;
+}
+
+int dlock_with(dlock_client *c, const char *name, int64_t wait_ms,
+               void (*fn)(void *arg, uint64_t fence), void *arg)
+{
+    if (!fn) {
+        dlock_err_clear();
+        return dlock_err_set(DLOCK_EINVAL, "fn is NULL");
+    }
+    uint64_t fence;
+    int rc = dlock_acquire(c, name, wait_ms, &fence);
+    if (rc != DLOCK_OK)
+        return rc;
+    fn(arg, fence);
+    return dlock_release(c, name);
+}
+
 int dlock_held(dlock_client *c, const char *name)
 {
     size_t len;
@@ -1458,7 +1567,7 @@ int dlock_held(dlock_client *c, const char *name)
     if (!e)
         return 0;
     pthread_mutex_lock(&e->mu);
-    int yes = e->has_owner && pthread_equal(e->owner, pthread_self()) &&
+    int yes = e->has_owner && !e->by_handle && pthread_equal(e->owner, pthread_self()) &&
               e->state == DLOCK_LEASE_HELD && dlock_boot_ns() < e->valid_until_ns;
     pthread_mutex_unlock(&e->mu);
     dlock_table_put(c->table, e);

@@ -55,6 +55,8 @@ typedef struct dlock_entry {
     /* Guarded by mu. */
     int has_owner;               /* a thread of this client holds the lock */
     pthread_t owner;             /* that thread, when has_owner */
+    int by_handle;               /* with has_owner: the holder is a dlock_handle, which
+                                    any thread may release; owner is then meaningless */
     unsigned depth;              /* its reentrancy depth, >= 1 when has_owner */
     dlock_lease_state state;
     int poller;                  /* a thread is the designated poller (rule 1) */

@@ -504,6 +504,130 @@ static void test_log_renewal_failing(void **state)
     dlock_client_close(c);
 }
 
+typedef struct hop {
+    dlock_handle *h;
+    int rc, held;
+} hop;
+
+static void *release_elsewhere(void *arg)
+{
+    hop *x = arg;
+    x->held = dlock_handle_held(x->h);
+    x->rc = dlock_handle_release(x->h);
+    return NULL;
+}
+
+typedef struct taker {
+    dlock_client *c;
+    int rc;
+    uint64_t token;
+} taker;
+
+static void *take_and_release(void *arg)
+{
+    taker *t = arg;
+    t->rc = dlock_acquire(t->c, "hop", 10000, &t->token);
+    if (t->rc == DLOCK_OK)
+        t->rc = dlock_release(t->c, "hop");
+    return NULL;
+}
+
+/* A lock held by a handle is released by another thread; no thread of the
+ * client takes it for its own meanwhile (not by name, not reentrantly): a
+ * thread of the same client waits for the handle's release, then gets it
+ * (a local handoff) with the next token. */
+static void test_handle_moves_between_threads(void **state)
+{
+    (void)state;
+    dlock_client *c = open_client("tc:hd:", 0);
+    dlock_handle *h = NULL;
+    uint64_t t1;
+    assert_int_equal(dlock_acquire_handle(c, "hop", 0, &t1, NULL), DLOCK_EINVAL);
+    assert_int_equal(dlock_acquire_handle(c, "hop", 0, &t1, &h), DLOCK_OK);
+    assert_non_null(h);
+    assert_int_equal(dlock_handle_held(h), 1);
+    assert_int_equal(dlock_held(c, "hop"), 0);                 /* not the thread's */
+    assert_int_equal(dlock_release(c, "hop"), DLOCK_ENOTHELD);  /* not by name */
+    assert_int_equal(dlock_acquire(c, "hop", 0, NULL), DLOCK_EBUSY); /* not reentrant */
+    /* a thread of this client waits for it */
+    taker t = {c, -1, 0};
+    pthread_t tt;
+    assert_int_equal(pthread_create(&tt, NULL, take_and_release, &t), 0);
+    fx_sleep_ms(100);
+    assert_int_equal(t.rc, -1);
+    /* another thread releases the handle */
+    hop x = {h, -1, -1};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, release_elsewhere, &x), 0);
+    pthread_join(th, NULL);
+    assert_int_equal(x.held, 1);
+    assert_int_equal(x.rc, DLOCK_OK);
+    pthread_join(tt, NULL);
+    assert_int_equal(t.rc, DLOCK_OK);
+    assert_true(t.token > t1);
+    /* the acquiring thread holding it already: no handle on top */
+    assert_int_equal(dlock_acquire(c, "hop", 0, NULL), DLOCK_OK);
+    assert_int_equal(dlock_acquire_handle(c, "hop", 0, NULL, &h), DLOCK_EINVAL);
+    assert_int_equal(dlock_release(c, "hop"), DLOCK_OK);
+    assert_int_equal(dlock_handle_release(NULL), DLOCK_EINVAL);
+    assert_int_equal(dlock_handle_held(NULL), 0);
+    dlock_client_close(c);
+}
+
+/* A handle whose lease was lost (deleted in Redis, renewal found it) says
+ * so, and its release is DLOCK_ELOST. */
+static void test_handle_lost(void **state)
+{
+    (void)state;
+    dlock_client *c = open_client("tc:hl:", 600); /* renewed every 200 ms */
+    dlock_handle *h;
+    assert_int_equal(dlock_acquire_handle(c, "gone", 0, NULL, &h), DLOCK_OK);
+    redisReply *r = cmd("DEL tc:hl:{gone}");
+    freeReplyObject(r);
+    for (int i = 0; i < 300 && dlock_handle_held(h); i++)
+        fx_sleep_ms(10);
+    assert_int_equal(dlock_handle_held(h), 0);
+    assert_int_equal(dlock_handle_release(h), DLOCK_ELOST);
+    dlock_client_close(c);
+}
+
+static void with_body(void *arg, uint64_t fence)
+{
+    uint64_t *seen = arg;
+    *seen = fence;
+}
+
+/* dlock_with runs the function holding the lock and releases it; the guard
+ * releases at the end of its scope. */
+static void test_with_and_guard(void **state)
+{
+    (void)state;
+    dlock_client *c = open_client("tc:wg:", 0);
+    uint64_t seen = 0;
+    assert_int_equal(dlock_with(c, "w", 0, with_body, &seen), DLOCK_OK);
+    assert_true(seen > 0);
+    assert_int_equal(dlock_held(c, "w"), 0);
+    assert_int_equal(dlock_with(c, "w", 0, NULL, NULL), DLOCK_EINVAL);
+    dlock_client *other = open_client("tc:wg:", 0);
+    assert_int_equal(dlock_acquire(other, "w", 0, NULL), DLOCK_OK);
+    seen = 0;
+    assert_int_equal(dlock_with(c, "w", 0, with_body, &seen), DLOCK_EBUSY);
+    assert_true(seen == 0); /* not run */
+    assert_int_equal(dlock_release(other, "w"), DLOCK_OK);
+    dlock_client_close(other);
+    {
+        DLOCK_GUARD(g);
+        uint64_t fence;
+        assert_int_equal(dlock_guard_acquire(&g, c, "g", 0, &fence), DLOCK_OK);
+        assert_int_equal(dlock_guard_acquire(&g, c, "g2", 0, NULL), DLOCK_EINVAL);
+        assert_int_equal(dlock_held(c, "g"), 1);
+    }
+    assert_int_equal(dlock_held(c, "g"), 0);
+    assert_int_equal(dlock_acquire(c, "g", 0, NULL), DLOCK_OK); /* free again */
+    assert_int_equal(dlock_release(c, "g"), DLOCK_OK);
+    dlock_client_close(c);
+}
+
 static void test_config_defaults(void **state)
 {
     (void)state;
@@ -1677,6 +1801,9 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_version),
         cmocka_unit_test(test_holder_identity),
         cmocka_unit_test(test_metrics),
+        cmocka_unit_test(test_handle_moves_between_threads),
+        cmocka_unit_test(test_handle_lost),
+        cmocka_unit_test(test_with_and_guard),
         cmocka_unit_test_teardown(test_log_renewal_failing, fx_ensure_server),
         cmocka_unit_test(test_config_defaults),
         cmocka_unit_test(test_errors),
