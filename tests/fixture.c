@@ -77,6 +77,35 @@ static int free_port(void)
     return port;
 }
 
+/* 1 if port is free on 127.0.0.1 now (bind succeeds). */
+static int port_free(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return 0;
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons((uint16_t)port);
+    int ok = bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
+    close(fd);
+    return ok;
+}
+
+/* A cluster node's port: free, with its cluster bus port (port + 10000,
+ * which must stay below 65536) free too; -1 if none was found. The
+ * kernel's ephemeral ports go up to 60999, so one in five would not do. */
+static int free_cluster_port(void)
+{
+    for (int i = 0; i < 200; i++) {
+        int p = free_port();
+        if (p > 0 && p + 10000 <= 65535 && port_free(p + 10000))
+            return p;
+    }
+    return -1;
+}
+
 /* Removes every file in dir (redis writes no subdirectories), then dir. */
 static void remove_dir(const char *dir)
 {
@@ -289,7 +318,7 @@ int fx_redis_start_opts(fx_redis *r, const fx_redis_opts *opts)
         snprintf(r->unix_path, sizeof r->unix_path, "%s/redis.sock", r->dir);
     long long deadline = fx_now_ns() + (long long)FX_START_WAIT_MS * 1000000LL;
     for (int i = 0; i < FX_START_TRIES; i++) {
-        r->port = free_port();
+        r->port = r->opts.cluster ? free_cluster_port() : free_port();
         if (r->port <= 0)
             continue;
         long left = (long)((deadline - fx_now_ns()) / 1000000LL);
