@@ -638,10 +638,45 @@ static void test_sentinels_lost_state(void **state)
     dlock_client_close(c);
 }
 
+#ifdef DLOCKCTL_PATH
+/* dlockctl in Sentinel mode: it finds the master through the sentinels
+ * (past the dead one listed first), shows the holder, and a forced release
+ * reaches the holder. */
+static void test_dlockctl_through_sentinels(void **state)
+{
+    (void)state;
+    dlock_config cfg;
+    sentinel_config(&cfg, "ts:ctl:", 0);
+    cfg.client_name = "via-sentinel";
+    dlock_client *c;
+    assert_int_equal(dlock_client_open(&cfg, &c), DLOCK_OK);
+    assert_int_equal(dlock_acquire(c, "s1", 0, NULL), DLOCK_OK);
+    char command[700], out[4096];
+    snprintf(command, sizeof command, "%s --sentinels '%s' --master %s -p ts:ctl: --json show s1",
+             DLOCKCTL_PATH, sentinels, MASTER_NAME);
+    FILE *f = popen(command, "r");
+    size_t got = fread(out, 1, sizeof out - 1, f);
+    out[got] = '\0';
+    assert_int_equal(pclose(f), 0);
+    assert_non_null(strstr(out, "\"holder_name\":\"via-sentinel\""));
+    snprintf(command, sizeof command, "%s --sentinels '%s' --master %s -p ts:ctl: release s1 "
+             "--force >/dev/null", DLOCKCTL_PATH, sentinels, MASTER_NAME);
+    assert_int_equal(system(command), 0);
+    for (int i = 0; i < 200 && dlock_held(c, "s1"); i++) /* 2 s: generous */
+        fx_sleep_ms(10);
+    assert_int_equal(dlock_held(c, "s1"), 0);
+    assert_int_equal(dlock_release(c, "s1"), DLOCK_ELOST);
+    dlock_client_close(c);
+}
+#endif
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_resolves_master),
+#ifdef DLOCKCTL_PATH
+        cmocka_unit_test(test_dlockctl_through_sentinels),
+#endif
         cmocka_unit_test(test_min_replicas),
         cmocka_unit_test(test_min_replicas_partial_round),
         cmocka_unit_test(test_failover_in_storm),
