@@ -6,6 +6,7 @@
  */
 #define _GNU_SOURCE
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,6 +62,52 @@ static void by_code(FILE *f, const char *metric, const char *help, const char *c
                 dlock_err_name(-i), dlock_load_64(&rc[i]));
 }
 
+/* The single-valued metrics: where each counter is in dlock_counters (in
+ * the subscriber's own counters for `sub`). */
+static const struct simple {
+    const char *metric, *type, *help;
+    size_t offset;
+    int sub;
+} SIMPLE[] = {
+    {"dlock_acquisitions_total", "counter", "Successful dlock_acquire calls, nested ones included.",
+     offsetof(dlock_counters, acquisitions), 0},
+    {"dlock_acquire_timeouts_total", "counter", "dlock_acquire calls that returned DLOCK_ETIMEDOUT.",
+     offsetof(dlock_counters, acquire_rc[-DLOCK_ETIMEDOUT]), 0},
+    {"dlock_acquire_busy_total", "counter",
+     "Single tries (wait_ms 0) that found the lock held (DLOCK_EBUSY).",
+     offsetof(dlock_counters, acquire_rc[-DLOCK_EBUSY]), 0},
+    {"dlock_grants_total", "counter", "Leases granted by Redis.",
+     offsetof(dlock_counters, grants), 0},
+    {"dlock_direct_grants_total", "counter",
+     "Grants made by another client's release, taken from its message.",
+     offsetof(dlock_counters, direct_grants), 0},
+    {"dlock_handoffs_total", "counter",
+     "Leases passed between threads of this client with no Redis command.",
+     offsetof(dlock_counters, handoffs), 0},
+    {"dlock_leases_held", "gauge", "Leases held now.", offsetof(dlock_counters, leases_held), 0},
+    {"dlock_leases_lost_total", "counter", "Held leases found lost.",
+     offsetof(dlock_counters, leases_lost), 0},
+    {"dlock_forced_releases_total", "counter",
+     "Held leases an operator released (dlockctl release --force).",
+     offsetof(dlock_counters, forced_releases), 0},
+    {"dlock_entries", "gauge", "Names some thread of this client holds or waits for.",
+     offsetof(dlock_counters, entries), 0},
+    {"dlock_redis_commands_total", "counter", "Commands sent to Redis by lock calls and renewals.",
+     offsetof(dlock_counters, redis_commands), 0},
+    {"dlock_redis_round_trips_total", "counter",
+     "Round trips to Redis by lock calls and renewals (a pipeline counts once).",
+     offsetof(dlock_counters, redis_round_trips), 0},
+    {"dlock_subscriber_commands_total", "counter",
+     "Commands of the subscriber thread (SUBSCRIBE, keepalive, connection setup).",
+     offsetof(dlock_counters, redis_commands), 1},
+    {"dlock_renew_rounds_total", "counter", "Renewal rounds.",
+     offsetof(dlock_counters, renew_rounds), 0},
+    {"dlock_renew_failures_total", "counter", "Renewal rounds that left some lease unconfirmed.",
+     offsetof(dlock_counters, renew_failures), 0},
+    {"dlock_renewed_leases_total", "counter", "Leases Redis confirmed renewed.",
+     offsetof(dlock_counters, renewed), 0},
+};
+
 char *dlock_metrics_prometheus(dlock_counters *c, dlock_counters *sub, const char *client_name)
 {
     char *buf = NULL;
@@ -70,43 +117,15 @@ char *dlock_metrics_prometheus(dlock_counters *c, dlock_counters *sub, const cha
         return NULL;
     char cl[2 * DLOCK_CLIENT_NAME_MAX + 1];
     label(cl, sizeof cl, client_name);
-    one(f, "dlock_acquisitions_total", "counter",
-        "Successful dlock_acquire calls, nested ones included.", cl, &c->acquisitions);
-    one(f, "dlock_acquire_timeouts_total", "counter",
-        "dlock_acquire calls that returned DLOCK_ETIMEDOUT.", cl, &c->acquire_rc[-DLOCK_ETIMEDOUT]);
-    one(f, "dlock_acquire_busy_total", "counter",
-        "Single tries (wait_ms 0) that found the lock held (DLOCK_EBUSY).", cl,
-        &c->acquire_rc[-DLOCK_EBUSY]);
+    for (size_t i = 0; i < sizeof SIMPLE / sizeof SIMPLE[0]; i++) {
+        const struct simple *m = &SIMPLE[i];
+        one(f, m->metric, m->type, m->help, cl,
+            (uint64_t *)((char *)(m->sub ? sub : c) + m->offset));
+    }
     by_code(f, "dlock_acquire_returns_total",
             "dlock_acquire calls that did not succeed, by return code.", cl, c->acquire_rc);
     by_code(f, "dlock_release_errors_total", "dlock_release calls that failed, by return code.",
             cl, c->release_rc);
-    one(f, "dlock_grants_total", "counter", "Leases granted by Redis.", cl, &c->grants);
-    one(f, "dlock_direct_grants_total", "counter",
-        "Grants made by another client's release, taken from its message.", cl,
-        &c->direct_grants);
-    one(f, "dlock_handoffs_total", "counter",
-        "Leases passed between threads of this client with no Redis command.", cl,
-        &c->handoffs);
-    one(f, "dlock_leases_held", "gauge", "Leases held now.", cl, &c->leases_held);
-    one(f, "dlock_leases_lost_total", "counter", "Held leases found lost.", cl, &c->leases_lost);
-    one(f, "dlock_forced_releases_total", "counter",
-        "Held leases an operator released (dlockctl release --force).", cl, &c->forced_releases);
-    one(f, "dlock_entries", "gauge", "Names some thread of this client holds or waits for.", cl,
-        &c->entries);
-    one(f, "dlock_redis_commands_total", "counter",
-        "Commands sent to Redis by lock calls and renewals.", cl, &c->redis_commands);
-    one(f, "dlock_redis_round_trips_total", "counter",
-        "Round trips to Redis by lock calls and renewals (a pipeline counts once).", cl,
-        &c->redis_round_trips);
-    one(f, "dlock_subscriber_commands_total", "counter",
-        "Commands of the subscriber thread (SUBSCRIBE, keepalive, connection setup).", cl,
-        &sub->redis_commands);
-    one(f, "dlock_renew_rounds_total", "counter", "Renewal rounds.", cl, &c->renew_rounds);
-    one(f, "dlock_renew_failures_total", "counter",
-        "Renewal rounds that left some lease unconfirmed.", cl, &c->renew_failures);
-    one(f, "dlock_renewed_leases_total", "counter", "Leases Redis confirmed renewed.", cl,
-        &c->renewed);
     hist(f, "dlock_wait_seconds", "Time dlock_acquire took, for successful calls.", cl, &c->wait);
     hist(f, "dlock_hold_seconds", "Time from the outermost acquire to the outermost release.",
          cl, &c->hold);
