@@ -490,7 +490,14 @@ static void wake_one(void *arg, const char *payload, size_t len)
         dlock_entry *e = dlock_table_find(c->table, q, nlen);
         if (!e)
             return; /* not ours any more */
+        /* only for the grant we hold: not a stale message about an earlier
+         * grant, nor one for a name we only wait for */
+        pthread_mutex_lock(&e->mu);
+        int ours = e->state == DLOCK_LEASE_HELD && e->grant_token == token;
+        pthread_mutex_unlock(&e->mu);
         dlock_table_put(c->table, e);
+        if (!ours)
+            return;
         dlock_count(&c->ctr.forced_releases, 1);
         client_log(c, DLOCK_LOG_WARN, "the lease of '%.*s' (token %" PRIu64 ") was released by "
                    "an operator (dlockctl release --force); checking with Redis now",
@@ -1479,19 +1486,25 @@ int dlock_acquire_handle(dlock_client *c, const char *name, int64_t wait_ms, uin
         return rc;
     dlock_entry *e = held_find(c, name, len);
     if (e) {
+        /* (held_find may return an entry another thread holds or waits for,
+         * when this one holds more names than it caches) */
+        pthread_mutex_lock(&e->mu);
+        int mine = e->has_owner && !e->by_handle && pthread_equal(e->owner, pthread_self());
+        pthread_mutex_unlock(&e->mu);
         dlock_table_put(c->table, e);
-        return dlock_err_set(DLOCK_EINVAL, "'%s' is held by the calling thread already: a handle "
-                             "takes a hold of its own", name);
+        if (mine)
+            return dlock_err_set(DLOCK_EINVAL, "'%s' is held by the calling thread already: a "
+                                 "handle takes a hold of its own", name);
     }
     dlock_handle *h = malloc(sizeof *h);
     if (!h)
         return dlock_err_set(DLOCK_ENOMEM, "out of memory");
-    int64_t t0 = dlock_now_ns();
     rc = dlock_acquire(c, name, wait_ms, fence);
     if (rc != DLOCK_OK) {
         free(h);
         return rc;
     }
+    int64_t t0 = dlock_now_ns(); /* the hold starts now, not with the wait */
     /* The thread's hold becomes the handle's: out of the thread's cache,
      * flagged on the entry so that no thread takes it for its own. */
     e = held_find(c, name, len);

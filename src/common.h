@@ -199,9 +199,9 @@ static inline void dlock_hist_add(dlock_hist *h, int64_t ns)
 {
     if (ns < 0)
         ns = 0;
-    uint64_t us = (uint64_t)ns / 1000, bound = 16;
+    uint64_t v = (uint64_t)ns, bound = 16000; /* ns: 16 us, doubling */
     int i = 0;
-    while (us > bound && i < DLOCK_HIST_BUCKETS - 1) {
+    while (v > bound && i < DLOCK_HIST_BUCKETS - 1) {
         bound <<= 1;
         i++;
     }

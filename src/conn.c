@@ -490,8 +490,14 @@ int dlock_conn_open(const dlock_conn_cfg *cfg, dlock_counters *ctr, redisContext
         rc = simple_command(c, ctr, cfg, "AUTH", cfg->username ? 3 : 2, argv);
     }
     if (rc == DLOCK_OK && cfg->client_name) {
+        /* Best effort: a user without +client|setname (an ACL rule from
+         * before names) still works, unnamed in CLIENT LIST. */
         const char *argv[3] = {"CLIENT", "SETNAME", cfg->client_name};
-        rc = simple_command(c, ctr, cfg, "CLIENT SETNAME", 3, argv);
+        redisReply *r = command(c, ctr, cfg, 3, argv);
+        if (!r)
+            rc = fail_ctx(c, "CLIENT SETNAME");
+        else
+            freeReplyObject(r);
     }
     int not_master = 0;
     if (rc == DLOCK_OK && cfg->nsentinels) {

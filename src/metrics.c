@@ -44,7 +44,7 @@ static void hist(FILE *f, const char *metric, const char *help, const char *clie
     double bound_s = 16e-6;
     for (int i = 0; i < DLOCK_HIST_BUCKETS - 1; i++, bound_s *= 2) {
         cum += dlock_load_64(&h->n[i]);
-        fprintf(f, "%s_bucket{client=\"%s\",le=\"%.6g\"} %" PRIu64 "\n", metric, client, bound_s,
+        fprintf(f, "%s_bucket{client=\"%s\",le=\"%.9g\"} %" PRIu64 "\n", metric, client, bound_s,
                 cum);
     }
     cum += dlock_load_64(&h->n[DLOCK_HIST_BUCKETS - 1]);

@@ -355,6 +355,52 @@ static void test_handle_moves_between_threads(void **state)
 
 /* A handle whose lease was lost (deleted in Redis, renewal found it) says
  * so, and its release is DLOCK_ELOST. */
+typedef struct holder9 {
+    dlock_client *c;
+    int go, done; /* atomics */
+} holder9;
+
+static void *hold_y(void *arg)
+{
+    holder9 *x = arg;
+    assert_int_equal(dlock_acquire(x->c, "y", 0, NULL), DLOCK_OK);
+    __atomic_store_n(&x->go, 1, __ATOMIC_RELEASE);
+    while (!__atomic_load_n(&x->done, __ATOMIC_ACQUIRE))
+        fx_sleep_ms(5);
+    assert_int_equal(dlock_release(x->c, "y"), DLOCK_OK);
+    return NULL;
+}
+
+/* A thread that holds more names than it caches (8) asks for a handle on a
+ * name another thread holds: busy, not "held by the calling thread". */
+static void test_handle_beyond_the_cache(void **state)
+{
+    (void)state;
+    dlock_client *c = open_client("tc:h9:", 0);
+    holder9 x = {c, 0, 0};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, hold_y, &x), 0);
+    while (!__atomic_load_n(&x.go, __ATOMIC_ACQUIRE))
+        fx_sleep_ms(5);
+    char name[16];
+    for (int i = 0; i < 9; i++) {
+        snprintf(name, sizeof name, "n%d", i);
+        assert_int_equal(dlock_acquire(c, name, 0, NULL), DLOCK_OK);
+    }
+    dlock_handle *h = NULL;
+    assert_int_equal(dlock_acquire_handle(c, "y", 0, NULL, &h), DLOCK_EBUSY);
+    assert_null(h);
+    __atomic_store_n(&x.done, 1, __ATOMIC_RELEASE);
+    pthread_join(th, NULL);
+    assert_int_equal(dlock_acquire_handle(c, "y", 1000, NULL, &h), DLOCK_OK);
+    assert_int_equal(dlock_handle_release(h), DLOCK_OK);
+    for (int i = 0; i < 9; i++) {
+        snprintf(name, sizeof name, "n%d", i);
+        assert_int_equal(dlock_release(c, name), DLOCK_OK);
+    }
+    dlock_client_close(c);
+}
+
 static void test_handle_lost(void **state)
 {
     (void)state;
@@ -414,6 +460,7 @@ int main(void)
         cmocka_unit_test(test_metrics),
         cmocka_unit_test(test_handle_moves_between_threads),
         cmocka_unit_test(test_handle_lost),
+        cmocka_unit_test(test_handle_beyond_the_cache),
         cmocka_unit_test(test_with_and_guard),
         cmocka_unit_test_teardown(test_log_renewal_failing, fx_ensure_server),
     };

@@ -184,6 +184,69 @@ static void test_list_show_release(void **state)
     dlock_client_close(b);
 }
 
+/* A forced release keeps tokens increasing however short the lease: the
+ * holder's reservation for its threads (the fence) is kept, not pushed a
+ * second ahead of the server's clock, which a later grant's shorter fence
+ * would let expire below the tokens handed out meanwhile. And the holder's
+ * release of the taken grant is DLOCK_ELOST, told or not. */
+static void test_force_keeps_tokens_increasing(void **state)
+{
+    (void)state;
+    dlock_config cfg;
+    fx_config(&cfg, &fx_server);
+    cfg.key_prefix = "tc:ctl:";
+    cfg.lease_ms = 300;
+    dlock_client *a, *b;
+    assert_int_equal(dlock_client_open(&cfg, &a), DLOCK_OK);
+    assert_int_equal(dlock_client_open(&cfg, &b), DLOCK_OK);
+    uint64_t ta, tb, tc;
+    assert_int_equal(dlock_acquire(a, "short", 0, &ta), DLOCK_OK);
+    char out[2048];
+    assert_int_equal(ctl(out, sizeof out, "release short --force"), 0);
+    /* the record of a's grant says taken (token 0), not released */
+    char key[160];
+    snprintf(key, sizeof key, "tc:ctl:{short}:c:%s", dlock_client_id(a));
+    redisContext *k = fx_connect("127.0.0.1", fx_server.port);
+    redisReply *r = redisCommand(k, "GET %s", key);
+    assert_int_equal(r->type, REDIS_REPLY_STRING);
+    assert_non_null(strstr(r->str, " 0 "));
+    freeReplyObject(r);
+    redisFree(k);
+    assert_int_equal(dlock_release(a, "short"), DLOCK_ELOST);
+    assert_int_equal(dlock_acquire(b, "short", 0, &tb), DLOCK_OK);
+    assert_true(tb > ta);
+    assert_int_equal(dlock_release(b, "short"), DLOCK_OK);
+    fx_sleep_ms(1200); /* past every fence a lease of 300 ms sets */
+    assert_int_equal(dlock_acquire(a, "short", 0, &tc), DLOCK_OK);
+    fprintf(stderr, "tokens: %llu, then %llu after the forced release, then %llu\n",
+            (unsigned long long)ta, (unsigned long long)tb, (unsigned long long)tc);
+    assert_true(tc > tb);
+    assert_int_equal(dlock_release(a, "short"), DLOCK_OK);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+/* An "f" message about a grant the client does not hold (a stale or made
+ * up one) changes nothing and is not counted. */
+static void test_stale_force_message_ignored(void **state)
+{
+    (void)state;
+    dlock_client *a = open_named("gamma", 1);
+    assert_int_equal(dlock_acquire(a, "z", 0, NULL), DLOCK_OK);
+    redisContext *k = fx_connect("127.0.0.1", fx_server.port);
+    redisReply *r = redisCommand(k, "PUBLISH tc:ctl:wake:%s %s", dlock_client_id(a), "f 12345 z");
+    assert_int_equal(r->integer, 1);
+    freeReplyObject(r);
+    redisFree(k);
+    fx_sleep_ms(300);
+    dlock_stats st;
+    assert_int_equal(dlock_client_stats(a, &st), DLOCK_OK);
+    assert_int_equal(st.forced_releases, 0);
+    assert_int_equal(dlock_held(a, "z"), 1);
+    assert_int_equal(dlock_release(a, "z"), DLOCK_OK);
+    dlock_client_close(a);
+}
+
 static void test_bad_usage(void **state)
 {
     (void)state;
@@ -200,6 +263,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_list_show_release),
+        cmocka_unit_test(test_force_keeps_tokens_increasing),
+        cmocka_unit_test(test_stale_force_message_ignored),
         cmocka_unit_test(test_bad_usage),
     };
     return cmocka_run_group_tests(tests, fx_group_setup, fx_group_teardown);

@@ -331,7 +331,8 @@ static int list_on(redisContext *c, const char *pattern, int *first)
     size_t plen = strlen(O.prefix);
     char cursor[32] = "0";
     do {
-        redisReply *r = cmd(c, "SCAN %s MATCH %s COUNT 1000 TYPE hash", cursor, match);
+        /* (no TYPE filter: Redis 5 has none; the key's shape selects) */
+        redisReply *r = cmd(c, "SCAN %s MATCH %s COUNT 1000", cursor, match);
         snprintf(cursor, sizeof cursor, "%s", r->element[0]->str);
         redisReply *keys = r->element[1];
         for (size_t i = 0; i < keys->elements; i++) {
@@ -492,6 +493,30 @@ static int cmd_watch(const char *name)
     return 0;
 }
 
+/* The wrapper around release.lua for a forced release (KEYS and ARGV as
+ * release.lua's; ARGV[5] and ARGV[9] adjusted here). */
+static const char FORCE_HEAD[] =
+    "local lease = redis.call('HMGET', KEYS[1], 'owner', 'token')\n"
+    "if lease[1] ~= ARGV[1] or lease[2] ~= ARGV[3] then return 0 end\n"
+    /* the holder's reservation for its threads: the fence, if above */
+    "local fence = redis.call('GET', KEYS[2])\n"
+    "if fence and tonumber(fence) > tonumber(ARGV[3]) then ARGV[5] = fence end\n"
+    /* the holder's record keeps a longer lifetime than ARGV[9] */
+    "local kt = redis.call('PTTL', KEYS[6])\n"
+    "if kt > tonumber(ARGV[9]) then ARGV[9] = tostring(kt) end\n"
+    "local function release_as_holder()\n";
+static const char FORCE_TAIL[] =
+    "\nend\n"
+    "local rc = release_as_holder()\n"
+    /* taken, not released: the holder's release of this token finds no
+     * record of it (DLOCK_ELOST); its attempts stay ordered */
+    "local rec = redis.call('GET', KEYS[6])\n"
+    "local a, _, r = string.match(rec or '', '^(%d+) (%d+) (%d+)$')\n"
+    "if a then\n"
+    "  redis.call('SET', KEYS[6], a .. ' 0 ' .. r, 'PX', math.max(redis.call('PTTL', KEYS[6]), 1))\n"
+    "end\n"
+    "return rc\n";
+
 static int cmd_release(const char *name)
 {
     if (!O.force) {
@@ -506,10 +531,13 @@ static int cmd_release(const char *name)
     lockinfo li;
     read_lock(c, name, &li);
     if (!li.held) {
-        if (O.json)
-            printf("{\"name\":\"%s\",\"released\":false,\"reason\":\"not held\"}\n", name);
-        else
+        if (O.json) {
+            printf("{\"name\":");
+            json_str(name);
+            printf(",\"released\":false,\"reason\":\"not held\"}\n");
+        } else {
             printf("%s is not held\n", name);
+        }
         conn_done(c, node);
         return 1;
     }
@@ -519,40 +547,60 @@ static int cmd_release(const char *name)
     char rec[80];
     snprintf(rec, sizeof rec, ":c:%s", li.owner);
     key_of(k[DLOCK_SCRIPT_KEYS - 1], sizeof k[0], name, rec);
-    /* The holder may have handed tokens up to token + its pass limit to its
-     * threads: the fence goes past the largest pass limit allowed. */
-    char last[32], wake[DLOCK_PREFIX_MAX + 8];
-    snprintf(last, sizeof last, "%llu",
-             (unsigned long long)strtoull(li.token, NULL, 10) + DLOCK_PASS_LIMIT_MAX);
+    char wake[DLOCK_PREFIX_MAX + 8];
     snprintf(wake, sizeof wake, "%swake:", O.prefix);
     const char *argv[DLOCK_SCRIPT_KEYS + DLOCK_RELEASE_ARGS];
     for (int i = 0; i < DLOCK_SCRIPT_KEYS; i++)
         argv[i] = k[i];
     const char *a[DLOCK_RELEASE_ARGS] = {
         li.owner, "token", li.token,
-        "3600000",  /* the fence is kept an hour: no lease time of the holder is known */
-        last, wake, name,
+        "3600000",  /* the fence's lifetime: an hour, as no lease time of the holder
+                       is known (a longer fence only keeps tokens higher) */
+        li.token,   /* the last token handed out: the script takes the fence's */
+        wake, name,
         "2000",     /* a turn waits this long for its client (the default waiter ttl) */
-        "60000"};   /* the holder's record of the name */
+        "60000"};   /* the holder's record of the name, at least (the script keeps a
+                       longer lifetime it already has) */
     memcpy(argv + DLOCK_SCRIPT_KEYS, a, sizeof a);
-    redisReply *r = dlock_conn_eval(c, &CTR, dlock_conn_deadline(CFG.command_timeout_ms),
-                                    DLOCK_SCRIPT_RELEASE, DLOCK_SCRIPT_KEYS, DLOCK_RELEASE_ARGS,
-                                    argv, NULL);
+    /* The library's release script, run as the holder inside a wrapper
+     * (one script, so atomic): only the grant read above is released, the
+     * holder's reservation of tokens for its threads (the fence) is kept as
+     * the last token, and the holder's record says the grant was taken, not
+     * released, so that its own release then returns DLOCK_ELOST. */
+    size_t blen = strlen(dlock_script_body(DLOCK_SCRIPT_RELEASE));
+    size_t slen = blen + sizeof FORCE_HEAD + sizeof FORCE_TAIL;
+    char *script = malloc(slen);
+    if (!script) {
+        fprintf(stderr, "dlockctl: out of memory\n");
+        return 1;
+    }
+    snprintf(script, slen, "%s%s%s", FORCE_HEAD, dlock_script_body(DLOCK_SCRIPT_RELEASE),
+             FORCE_TAIL);
+    const char *ev[3 + DLOCK_SCRIPT_KEYS + DLOCK_RELEASE_ARGS] = {"EVAL", script, "6"};
+    memcpy(ev + 3, argv, sizeof argv);
+    redisReply *r = redisCommandArgv(c, 3 + DLOCK_SCRIPT_KEYS + DLOCK_RELEASE_ARGS, ev, NULL);
+    free(script);
     if (!r) {
         fprintf(stderr, "dlockctl: redis: %s\n", c->errstr);
         return 1;
     }
-    long long rc = r->type == REDIS_REPLY_INTEGER ? r->integer : -1;
-    if (r->type == REDIS_REPLY_ERROR)
+    if (r->type == REDIS_REPLY_ERROR) {
         fprintf(stderr, "dlockctl: redis: %s\n", r->str);
+        freeReplyObject(r);
+        conn_done(c, node);
+        return 1;
+    }
+    long long rc = r->type == REDIS_REPLY_INTEGER ? r->integer : -1;
     freeReplyObject(r);
     if (rc != 1 && rc != 2) {
         /* 0: the grant changed between the read and the release */
-        if (O.json)
-            printf("{\"name\":\"%s\",\"released\":false,\"reason\":\"the holder changed; "
-                   "look again\"}\n", name);
-        else
+        if (O.json) {
+            printf("{\"name\":");
+            json_str(name);
+            printf(",\"released\":false,\"reason\":\"the holder changed; look again\"}\n");
+        } else {
             printf("%s changed hands meanwhile: nothing released; look again\n", name);
+        }
         conn_done(c, node);
         return 1;
     }
