@@ -110,6 +110,8 @@ struct dlock_renew {
     lane *lanes;             /* the manager thread's connections (see lane_open); only */
     unsigned nlanes;         /* that thread touches them, and dlock_renew_stop after it */
     unsigned pass;           /* bumped at the start of each pipeline (same owner) */
+                             /* (the manager thread also clears the lanes' backoff on
+                                a kick, under mu: dlock_renew_stop runs after it) */
     int64_t period_ns, drift_ns;
     int failing;             /* the last round failed (manager thread only): log changes */
 };
@@ -945,6 +947,11 @@ static void *manager_main(void *arg)
         if (r->kick) {
             r->kick = 0;
             next = now;
+            /* Redis is back (the subscriber reconnected): the round goes at
+             * once, without waiting out a failed lane's backoff, so that it
+             * finds leases a restarted Redis forgot within a round trip */
+            for (unsigned i = 0; i < r->nlanes; i++)
+                r->lanes[i].retry_ns = r->lanes[i].backoff_ns = 0;
         }
         if (r->due < next)
             next = r->due;
