@@ -4,7 +4,7 @@
  * One client per process (dlock_client_open) is shared by all its threads.
  * Threads of one client that want the same name are coalesced by the local
  * tier: at most one of them talks to Redis for that name at a time, the
- * others sleep on a condition variable. Reentrant acquires cost no Redis
+ * others sleep, each parked on its own futex. Reentrant acquires cost no Redis
  * command. Across processes and machines, exclusion comes from a lease in
  * Redis owned by the client, renewed in batches by one renewal thread.
  *
