@@ -1,8 +1,10 @@
 -- Grants the lease of one lock name to a client, or queues the client.
--- KEYS[1] lease hash  <prefix>{<name>}       fields: owner, token, nonce, and
---                     for operators since (server ms of the grant), name
+-- KEYS[1] lease hash  <prefix>{<name>}       fields: owner, token, nonce, pl (the
+--                     grant's pass limit: it reserves token .. token + pl),
+--                     and for operators since (server ms of the grant), name
 --                     (the owner's client_name)
--- KEYS[2] fence key   <prefix>{<name>}:fence  a token no later grant may reach
+-- KEYS[2] fence key   <prefix>{<name>}:fence  the last token a released grant
+--                     handed out: no later grant may reach it
 -- KEYS[3] wait queue  <prefix>{<name>}:q      zset: client id -> arrival (server us)
 -- KEYS[4] liveness    <prefix>{<name>}:qd     hash: client id -> "<deadline (server
 --                     ms)> <its newest attempt> <its pass limit> <its waiter ttl>
@@ -30,12 +32,18 @@
 -- client's turn comes first); then, if it asked to, the client is in the
 -- wait queue, once, in arrival order, with its deadline refreshed.
 -- Returns {-1, 0}, having changed nothing at all, for a stale attempt: one
--- older than an attempt Redis has already seen from this client for this
--- name, or one whose grant was already released. A late copy of an old
--- attempt (a retransmitted request, a stalled server serving an old
--- connection late) can thus never displace a newer grant, queue a client
--- that stopped waiting, or take a turn. The same attempt seen again while
--- its grant stands is answered with that grant, unchanged.
+-- older than an attempt Redis remembers from this client for this name (the
+-- attempt of the grant it holds, one that was refused or queued, a leave,
+-- the attempt of a released grant), or one whose grant was already
+-- released. A late copy of an old attempt (a retransmitted request, a
+-- stalled server serving an old connection late) can thus never displace a
+-- newer grant, queue a client that stopped waiting, or take a turn. The
+-- same attempt seen again while its grant stands is answered with that
+-- grant, unchanged. (A grant that expired unreleased leaves no record of its
+-- attempt: a late copy of an older attempt may then be granted. Nobody
+-- uses that grant: the client releases it in the background, by attempt
+-- number, if it never learned that attempt's outcome; takes it as its own
+-- with its next attempt; or else it expires after one lease time.)
 -- A lease the caller already owns under an older attempt (one whose outcome
 -- it never learned, or whose release failed) is granted again, with a new
 -- token and this attempt's number.
@@ -50,22 +58,29 @@
 -- the first live client in the queue, else to anyone. Dead waiters (deadline
 -- passed) are pruned from the head of the queue; all times are the server's.
 --
--- Tokens: max(server time in us, last + 1), where last is the larger of the
--- lease's token (when the caller owned it) and the fence. The grant reserves
--- token .. token + pass limit for local handoffs by setting the fence to
--- token + pass limit for one lease time; after that, server time alone is
--- past the reservation, since the client accepts pass limits only below the
--- lease time in us. Server time in us is below 2^53, so Lua's doubles hold
--- it exactly; it is stored with %.0f so that it reads back as the same
--- decimal string the client sends.
+-- Tokens: max(server time in us, last + 1), where last is the highest token
+-- any earlier grant may have handed out: the reservation of the grant the
+-- caller already owns (its token + its pass limit, fields of the lease), or
+-- the fence a release left. A grant reserves token .. token + pass limit for
+-- local handoffs by storing its pass limit in the lease (field pl); once the
+-- lease is gone without a release (expired), server time alone is past the
+-- reservation, since the client accepts pass limits only below the lease
+-- time in us. Server time in us is below 2^53, so Lua's doubles hold it
+-- exactly.
+--
+-- Cost: the common case, a free name with nobody queued, runs 6 commands
+-- (HMGET, MGET of the record and the fence, TIME, EXISTS of the queue keys,
+-- HSET, PEXPIRE) and formats no number: the token and the grant time are cut
+-- from TIME's strings. A grant writes no record: the lease's nonce is this
+-- attempt, and the release writes the record (release.lua).
 local me = ARGV[1]
 local attempt = tonumber(ARGV[3])
-local lease = redis.call('HMGET', KEYS[1], 'owner', 'token', 'nonce')
+local lease = redis.call('HMGET', KEYS[1], 'owner', 'token', 'nonce', 'pl')
 local mine = lease[1] == me
-local rec = redis.call('GET', KEYS[6])
+local got = redis.call('MGET', KEYS[6], KEYS[2]) -- the record, the fence
 local seen, rtok, ratt = 0, '0', '0' -- attempts are numbered from 1
-if rec then
-  local a, t, r = string.match(rec, '^(%d+) (%d+) (%d+)$')
+if got[1] then
+  local a, t, r = string.match(got[1], '^(%d+) (%d+) (%d+)$')
   if a then -- anything else in the key is treated as no record
     seen, rtok, ratt = tonumber(a), t, r
   end
@@ -86,41 +101,22 @@ end
 if attempt < seen or attempt == tonumber(ratt) then
   return {-1, 0}
 end
-redis.call('SET', KEYS[6], string.format('%.0f %s %s', attempt, rtok, ratt), 'PX', ARGV[7])
 
 local t = redis.call('TIME')
+local us6 = string.rep('0', 6 - #t[2]) .. t[2] -- microseconds, 6 digits
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local now_ms = math.floor(now_us / 1000)
-local ttl = tonumber(ARGV[5])
 
-local function alive(id)
-  local d = redis.call('HGET', KEYS[4], id)
-  local deadline = d and tonumber(string.match(d, '^%d+'))
-  return deadline and deadline > now_ms
-end
-
--- The first live waiter, after dropping dead ones from the head.
-local function head()
-  while true do
-    local h = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
-    if not h then
-      return nil
-    end
-    if alive(h) then
-      return h
-    end
-    redis.call('ZREM', KEYS[3], h)
-    redis.call('HDEL', KEYS[4], h)
-  end
-end
-
+-- Refused: Redis remembers this attempt (so that a late copy of an older
+-- one is refused), and, if asked, queues the client.
 local function wait(pttl)
+  redis.call('SET', KEYS[6], ARGV[3] .. ' ' .. rtok .. ' ' .. ratt, 'PX', ARGV[7])
   if ARGV[6] ~= '1' then
     return {0, pttl}
   end
-  redis.call('ZADD', KEYS[3], 'NX', now_us, me)
-  redis.call('HSET', KEYS[4], me,
-    string.format('%.0f %s %s %s %s', now_ms + ttl, ARGV[3], ARGV[4], ARGV[5], ARGV[8]))
+  local ttl = tonumber(ARGV[5])
+  redis.call('ZADD', KEYS[3], 'NX', t[1] .. us6, me)
+  redis.call('HSET', KEYS[4], me, tostring(math.floor(now_us / 1000) + ttl) .. ' ' .. ARGV[3]
+    .. ' ' .. ARGV[4] .. ' ' .. ARGV[5] .. ' ' .. ARGV[8])
   -- The queue vanishes once every waiter stopped refreshing it; a client
   -- with a shorter waiter ttl never shortens another's.
   for k = 3, 4 do
@@ -137,42 +133,59 @@ end
 -- Nobody queued and no turn given: the common, uncontended case touches no
 -- queue key at all.
 local queued = redis.call('EXISTS', KEYS[3], KEYS[5]) > 0
-if queued and not lease[1] then
-  local turn = redis.call('GET', KEYS[5])
-  if turn and turn ~= me then
-    if alive(turn) then
-      return wait(-1)
-    end
-    redis.call('DEL', KEYS[5]) -- its holder is gone: the turn passes on
-    turn = nil
-  end
-  if not turn then
-    local h = head()
-    if h and h ~= me then
-      return wait(-1)
-    end
-  end
-end
-
 if queued then
+  local now_ms = math.floor(now_us / 1000)
+  local function alive(id)
+    local d = redis.call('HGET', KEYS[4], id)
+    local deadline = d and tonumber(string.match(d, '^%d+'))
+    return deadline and deadline > now_ms
+  end
+  if not lease[1] then
+    local turn = redis.call('GET', KEYS[5])
+    if turn and turn ~= me then
+      if alive(turn) then
+        return wait(-1)
+      end
+      redis.call('DEL', KEYS[5]) -- its holder is gone: the turn passes on
+      turn = nil
+    end
+    if not turn then
+      -- The first live waiter, after dropping dead ones from the head.
+      while true do
+        local h = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+        if not h then
+          break
+        end
+        if alive(h) then
+          if h ~= me then
+            return wait(-1)
+          end
+          break
+        end
+        redis.call('ZREM', KEYS[3], h)
+        redis.call('HDEL', KEYS[4], h)
+      end
+    end
+  end
   redis.call('ZREM', KEYS[3], me)
   redis.call('HDEL', KEYS[4], me)
   redis.call('DEL', KEYS[5])
 end
-local token = now_us
-local last = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
-local prev = tonumber(lease[2] or '0') or 0
-if prev > last then
-  last = prev
+
+local last = tonumber(got[2] or '0') or 0
+if mine then
+  local reserved = (tonumber(lease[2]) or 0) + (tonumber(lease[4]) or 0)
+  if reserved > last then
+    last = reserved
+  end
 end
+local tok = t[1] .. us6
+local token = now_us
 if token <= last then
   token = last + 1
+  tok = string.format('%.0f', token)
 end
-redis.call('HSET', KEYS[1], 'owner', me, 'token', string.format('%.0f', token), 'nonce', ARGV[3],
-  'since', string.format('%.0f', now_ms), 'name', ARGV[8])
+redis.call('HSET', KEYS[1], 'owner', me, 'token', tok, 'nonce', ARGV[3], 'pl', ARGV[4],
+  'since', t[1] .. string.sub(us6, 1, 3), 'name', ARGV[8])
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
-local reserved = token + tonumber(ARGV[4])
-if reserved > last then
-  redis.call('SET', KEYS[2], string.format('%.0f', reserved), 'PX', ARGV[2])
-end
 return {1, token}

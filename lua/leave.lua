@@ -4,8 +4,8 @@
 -- it gives that up: the lease is freed and the turn passes to the next live
 -- waiter, which is woken and acquires it.
 -- KEYS[1] lease hash, KEYS[3] wait queue, KEYS[4] liveness, KEYS[5] turn,
--- KEYS[6] record (see acquire.lua); KEYS[2], the fence key, is unused: the
--- keys are those of acquire
+-- KEYS[6] record (see acquire.lua); KEYS[2], the fence key, when it frees a
+-- lease granted to the client (the keys are those of acquire)
 -- ARGV[1] client id
 -- ARGV[2] wake channel prefix
 -- ARGV[3] the lock name
@@ -29,15 +29,21 @@ if rec then
     rtok, ratt = t, r
   end
 end
-redis.call('SET', KEYS[6], string.format('%.0f %s %s', n, rtok, ratt), 'PX', ARGV[6])
+redis.call('SET', KEYS[6], ARGV[5] .. ' ' .. rtok .. ' ' .. ratt, 'PX', ARGV[6])
 local was = redis.call('ZREM', KEYS[3], me)
 redis.call('HDEL', KEYS[4], me)
 -- A lease this client owns under an attempt older than this call is one it
 -- gave up waiting for. One granted under a newer attempt is held: a late
 -- copy of this leave, whose record has expired, must not touch it.
-local lease = redis.call('HMGET', KEYS[1], 'owner', 'nonce')
+local lease = redis.call('HMGET', KEYS[1], 'owner', 'nonce', 'token', 'pl')
 if lease[1] == me and (tonumber(lease[2]) or 0) < n then
-  redis.call('DEL', KEYS[1]) -- the fence keeps its reservation
+  -- The grant's reservation (token + pass limit) goes to the fence, which
+  -- keeps it for the record's lifetime.
+  local reserved = (tonumber(lease[3]) or 0) + (tonumber(lease[4]) or 0)
+  if reserved > (tonumber(redis.call('GET', KEYS[2]) or '0') or 0) then
+    redis.call('SET', KEYS[2], string.format('%.0f', reserved), 'PX', ARGV[6])
+  end
+  redis.call('DEL', KEYS[1])
   was = 1
 elseif redis.call('GET', KEYS[5]) ~= me then
   return was

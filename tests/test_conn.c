@@ -459,7 +459,7 @@ static void test_unix_socket(void **state)
 #define ACL_RULE(P)                                                                      \
     "resetkeys ~" P "* resetchannels &" P "wake:* -@all +evalsha +eval +script|load "   \
     "+info +ping +role +wait +select +subscribe +client|setname +hmget +hget +hset +hdel " \
-    "+get +set +del +exists +pexpire +pttl +time +zadd +zrange +zrem +publish"
+    "+get +mget +set +del +exists +pexpire +pttl +time +zadd +zrange +zrem +publish"
 
 /* ACL SETUSER name on >pw <rule>, split into words. */
 static void acl_setuser(const char *name, const char *pw, const char *rule)

@@ -496,11 +496,14 @@ static int cmd_watch(const char *name)
 /* The wrapper around release.lua for a forced release (KEYS and ARGV as
  * release.lua's; ARGV[5] and ARGV[9] adjusted here). */
 static const char FORCE_HEAD[] =
-    "local lease = redis.call('HMGET', KEYS[1], 'owner', 'token')\n"
+    "local lease = redis.call('HMGET', KEYS[1], 'owner', 'token', 'pl')\n"
     "if lease[1] ~= ARGV[1] or lease[2] ~= ARGV[3] then return 0 end\n"
-    /* the holder's reservation for its threads: the fence, if above */
-    "local fence = redis.call('GET', KEYS[2])\n"
-    "if fence and tonumber(fence) > tonumber(ARGV[3]) then ARGV[5] = fence end\n"
+    /* the holder's reservation for its threads: token + pass limit (an
+     * earlier version kept it in the fence key), if above the token */
+    "local res = tonumber(lease[2]) + (tonumber(lease[3]) or 0)\n"
+    "local fence = tonumber(redis.call('GET', KEYS[2]) or '0') or 0\n"
+    "if fence > res then res = fence end\n"
+    "if res > tonumber(ARGV[3]) then ARGV[5] = string.format('%.0f', res) end\n"
     /* the holder's record keeps a longer lifetime than ARGV[9] */
     "local kt = redis.call('PTTL', KEYS[6])\n"
     "if kt > tonumber(ARGV[9]) then ARGV[9] = tostring(kt) end\n"
