@@ -51,9 +51,11 @@ static redisReply *run(dlock_script_id id, const char **argv, int nargs)
     return r;
 }
 
-/* Attempt `n` of client id on name, queueing when refused. Returns the
- * reply's first element (1 granted, 0 refused, -1 stale), *second the other. */
-static long long acquire(const char *name, const char *id, long long n, long long *second)
+/* Attempt `n` of client id on name with pass limit pl and waiter ttl ttl,
+ * queueing when refused. Returns the reply's first element (1 granted, 0
+ * refused, -1 stale), *second the other. */
+static long long acquire_with(const char *name, const char *id, long long n, const char *pl,
+                              const char *ttl, long long *second)
 {
     keys k = keys_of(name, id);
     char nonce[24];
@@ -61,7 +63,7 @@ static long long acquire(const char *name, const char *id, long long n, long lon
     const char *argv[14];
     for (int i = 0; i < 6; i++)
         argv[i] = k.k[i];
-    const char *a[8] = {id, "10000", nonce, "16", "2000", "1", "20000", "test-client"};
+    const char *a[8] = {id, "10000", nonce, pl, ttl, "1", "20000", "test-client"};
     memcpy(argv + 6, a, sizeof a);
     redisReply *r = run(DLOCK_SCRIPT_ACQUIRE, argv, 8);
     assert_int_equal(r->type, REDIS_REPLY_ARRAY);
@@ -70,6 +72,12 @@ static long long acquire(const char *name, const char *id, long long n, long lon
         *second = r->element[1]->integer;
     freeReplyObject(r);
     return first;
+}
+
+/* Attempt `n` of client id on name, pass limit 16, waiter ttl 2 s. */
+static long long acquire(const char *name, const char *id, long long n, long long *second)
+{
+    return acquire_with(name, id, n, "16", "2000", second);
 }
 
 /* Release of client id's grant of name by field ("token" or "nonce"). */
@@ -114,6 +122,41 @@ static long long lease_field(const char *name, const char *field)
     redisReply *r = redisCommand(raw, "HGET ts:{%s} %s", name, field);
     assert_non_null(r);
     long long v = r->type == REDIS_REPLY_STRING ? strtoll(r->str, NULL, 10) : -1;
+    freeReplyObject(r);
+    return v;
+}
+
+/* The calls of Redis commands made inside scripts since the last
+ * CONFIG RESETSTAT: every command's calls in INFO commandstats but the
+ * script calls themselves and the test's own INFO and CONFIG. */
+static long long inner_calls(void)
+{
+    redisReply *r = redisCommand(raw, "INFO commandstats");
+    assert_non_null(r);
+    assert_int_equal(r->type, REDIS_REPLY_STRING);
+    long long n = 0;
+    for (const char *p = r->str; (p = strstr(p, "cmdstat_")); p++) {
+        if (!strncmp(p, "cmdstat_evalsha:", 16) || !strncmp(p, "cmdstat_eval:", 13) ||
+            !strncmp(p, "cmdstat_info:", 13) || !strncmp(p, "cmdstat_config", 14))
+            continue;
+        const char *c = strstr(p, "calls=");
+        assert_non_null(c);
+        n += strtoll(c + 6, NULL, 10);
+    }
+    freeReplyObject(r);
+    return n;
+}
+
+static void reset_stats(void)
+{
+    freeReplyObject(redisCommand(raw, "CONFIG RESETSTAT"));
+}
+
+static long long key_exists(const char *key)
+{
+    redisReply *r = redisCommand(raw, "EXISTS %s", key);
+    assert_non_null(r);
+    long long v = r->integer;
     freeReplyObject(r);
     return v;
 }
@@ -270,6 +313,61 @@ static void test_foreign_values_do_not_break_scripts(void **state)
     assert_int_equal(leave("fl", X, 70), 0);
 }
 
+/* What the common case costs inside Redis: an acquire of a free name with
+ * nobody queued runs 6 commands (HMGET, MGET, TIME, EXISTS, HSET, PEXPIRE)
+ * and a release with nobody queued 6 (HMGET, DEL, SET, GET, SET, EXISTS),
+ * the first time and with the client's record present. The grant writes
+ * neither the fence key nor the record: its reservation is the lease's pl
+ * field, and its attempt the lease's nonce. */
+static void test_uncontended_costs(void **state)
+{
+    (void)state;
+    for (int round = 0; round < 2; round++) {
+        long long t;
+        reset_stats();
+        assert_int_equal(acquire("cost", X, 80 + round, &t), 1);
+        assert_int_equal(inner_calls(), 6);
+        if (round == 0) {
+            assert_int_equal(key_exists("ts:{cost}:fence"), 0);
+            assert_int_equal(key_exists("ts:{cost}:c:" X), 0);
+        }
+        assert_int_equal(lease_field("cost", "pl"), 16);
+        assert_int_equal(lease_field("cost", "nonce"), 80 + round);
+        reset_stats();
+        assert_int_equal(release("cost", X, "token", t), 1);
+        assert_int_equal(inner_calls(), 6);
+        assert_int_equal(key_exists("ts:{cost}"), 0);
+        assert_int_equal(key_exists("ts:{cost}:fence"), 1);
+        assert_int_equal(key_exists("ts:{cost}:c:" X), 1);
+    }
+}
+
+/* A direct grant to a waiter that never takes it keeps the waiter's
+ * reservation (token .. token + pass limit) until server time is past it,
+ * though the waiter's ttl is shorter: the lease lives max(ttl, pl / 1000 +
+ * 1) ms, so the next grant's token is above token + pass limit. (A pass
+ * limit this large against a waiter ttl this short is legal: the client
+ * only asks pass_limit < lease_ms * 1000.) */
+static void test_direct_grant_keeps_reservation(void **state)
+{
+    (void)state;
+    long long ty, tx, tz;
+    assert_int_equal(acquire("dr", Y, 1, &ty), 1);
+    assert_int_equal(acquire_with("dr", X, 90, "600000", "100", NULL), 0); /* X queues */
+    assert_int_equal(release("dr", Y, "token", ty), 2);                   /* granted to X */
+    tx = lease_field("dr", "token");
+    assert_true(tx > ty);
+    assert_int_equal(lease_field("dr", "pl"), 600000);
+    /* X is gone: nothing takes or renews the grant. Wait for Redis to
+     * expire it (generous bound: 5 s against the 601 ms it should live). */
+    for (int i = 0; i < 500 && key_exists("ts:{dr}"); i++)
+        fx_sleep_ms(10);
+    assert_int_equal(key_exists("ts:{dr}"), 0);
+    assert_int_equal(acquire("dr", Y, 2, &tz), 1);
+    assert_true(tz > tx + 600000);
+    assert_int_equal(release("dr", Y, "token", tz), 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -279,6 +377,8 @@ int main(void)
         cmocka_unit_test(test_late_leave_is_ignored),
         cmocka_unit_test(test_record_expires),
         cmocka_unit_test(test_foreign_values_do_not_break_scripts),
+        cmocka_unit_test(test_uncontended_costs),
+        cmocka_unit_test(test_direct_grant_keeps_reservation),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
