@@ -63,9 +63,11 @@
 -- caller already owns (its token + its pass limit, fields of the lease), or
 -- the fence a release left. A grant reserves token .. token + pass limit for
 -- local handoffs by storing its pass limit in the lease (field pl); once the
--- lease is gone without a release (expired), server time alone is past the
--- reservation, since the client accepts pass limits only below the lease
--- time in us. Server time in us is below 2^53, so Lua's doubles hold it
+-- lease is gone without a release (expired: it lived at least one lease
+-- time), server time alone is past the reservation, since the client
+-- accepts pass limits only below the lease time in us. (A direct grant,
+-- whose lease lasts only the waiter's ttl, writes its reservation to the
+-- fence: release.lua.) Server time in us is below 2^53, so Lua's doubles hold it
 -- exactly.
 --
 -- Cost: the common case, a free name with nobody queued, runs 6 commands

@@ -11,7 +11,7 @@
 -- renews it to a whole lease; a newer attempt of its own finds the lease its
 -- own (acquire.lua), so a grant message lost or late costs nothing but time.
 -- Its tokens follow as for any grant: max(server time in us, last + 1), and
--- the lease reserves the waiter's pass limit (field pl, see acquire.lua).
+-- the fence reserves the waiter's pass limit.
 -- KEYS[1] lease hash  <prefix>{<name>}
 -- KEYS[2] fence key   <prefix>{<name>}:fence
 -- KEYS[3] wait queue  <prefix>{<name>}:q
@@ -70,6 +70,20 @@ if lease[1] ~= me or id ~= ARGV[3] then
     end
   end
   if ARGV[2] == 'nonce' and lease[1] == me and (tonumber(lease[3]) or 0) > tonumber(ARGV[3]) then
+    -- The lease's grant is newer. A grant writes no record, so the record
+    -- takes its number now: once the lease is gone, a late copy of the
+    -- attempt released here must still be refused (3 means no grant of it
+    -- can appear).
+    local rtok, ratt = '0', '0'
+    if rec then
+      local a, t, r = string.match(rec, '^(%d+) (%d+) (%d+)$')
+      if a and tonumber(a) < tonumber(lease[3]) then
+        rtok, ratt = t, r
+      elseif a then
+        return 3
+      end
+    end
+    redis.call('SET', KEYS[6], lease[3] .. ' ' .. rtok .. ' ' .. ratt, 'PX', ARGV[9])
     return 3
   end
   return 0
@@ -86,7 +100,7 @@ redis.call('DEL', KEYS[1])
 redis.call('SET', KEYS[2], fence, 'PX', ARGV[4])
 -- Remember the release, so that a retry of it, or a late copy of the
 -- acquire that made this grant, finds it done.
-local nonce = lease[3] or '0'
+local nonce = string.match(lease[3] or '', '^%d+$') or '0'
 local seen = nonce
 local rec = redis.call('GET', KEYS[6])
 if rec then
@@ -130,10 +144,13 @@ while true do
     end
     redis.call('HSET', KEYS[1], 'owner', h, 'token', tok, 'nonce', att, 'pl', pl,
       'since', t[1] .. string.sub(us6, 1, 3), 'name', nm)
-    -- The lease lasts the waiter's ttl, and at least until server time is
-    -- past its reservation (token + pass limit, in us), which the lease
-    -- itself keeps (field pl).
-    redis.call('PEXPIRE', KEYS[1], math.max(tonumber(ttl), math.floor(tonumber(pl) / 1000) + 1))
+    redis.call('PEXPIRE', KEYS[1], ttl)
+    -- The lease lasts only the waiter's ttl, so its reservation goes to the
+    -- fence, for a lease time or at least the pass limit's span: the token
+    -- may be ahead of server time (last + 1), and a waiter that never takes
+    -- the grant must not leave its tokens to the next one.
+    local keep = math.max(tonumber(ARGV[4]), math.floor(tonumber(pl) / 1000) + 1)
+    redis.call('SET', KEYS[2], string.format('%.0f', tonumber(tok) + tonumber(pl)), 'PX', keep)
     redis.call('PUBLISH', ARGV[6] .. h, 'g ' .. att .. ' ' .. tok .. ' ' .. ARGV[7])
     return 2
   end

@@ -54,8 +54,8 @@ static redisReply *run(dlock_script_id id, const char **argv, int nargs)
 /* Attempt `n` of client id on name with pass limit pl and waiter ttl ttl,
  * queueing when refused. Returns the reply's first element (1 granted, 0
  * refused, -1 stale), *second the other. */
-static long long acquire_with(const char *name, const char *id, long long n, const char *pl,
-                              const char *ttl, long long *second)
+static long long acquire_full(const char *name, const char *id, long long n, const char *lease,
+                              const char *pl, const char *ttl, long long *second)
 {
     keys k = keys_of(name, id);
     char nonce[24];
@@ -63,7 +63,7 @@ static long long acquire_with(const char *name, const char *id, long long n, con
     const char *argv[14];
     for (int i = 0; i < 6; i++)
         argv[i] = k.k[i];
-    const char *a[8] = {id, "10000", nonce, pl, ttl, "1", "20000", "test-client"};
+    const char *a[8] = {id, lease, nonce, pl, ttl, "1", "20000", "test-client"};
     memcpy(argv + 6, a, sizeof a);
     redisReply *r = run(DLOCK_SCRIPT_ACQUIRE, argv, 8);
     assert_int_equal(r->type, REDIS_REPLY_ARRAY);
@@ -72,6 +72,12 @@ static long long acquire_with(const char *name, const char *id, long long n, con
         *second = r->element[1]->integer;
     freeReplyObject(r);
     return first;
+}
+
+static long long acquire_with(const char *name, const char *id, long long n, const char *pl,
+                              const char *ttl, long long *second)
+{
+    return acquire_full(name, id, n, "10000", pl, ttl, second);
 }
 
 /* Attempt `n` of client id on name, pass limit 16, waiter ttl 2 s. */
@@ -342,12 +348,22 @@ static void test_uncontended_costs(void **state)
     }
 }
 
-/* A direct grant to a waiter that never takes it keeps the waiter's
- * reservation (token .. token + pass limit) until server time is past it,
- * though the waiter's ttl is shorter: the lease lives max(ttl, pl / 1000 +
- * 1) ms, so the next grant's token is above token + pass limit. (A pass
- * limit this large against a waiter ttl this short is legal: the client
- * only asks pass_limit < lease_ms * 1000.) */
+/* Polls (10 ms) until name's lease is gone: generous bound 5 s, against
+ * the lease times of a few hundred ms the tests below set. */
+static void wait_lease_gone(const char *name)
+{
+    char key[96];
+    snprintf(key, sizeof key, "ts:{%s}", name);
+    for (int i = 0; i < 500 && key_exists(key); i++)
+        fx_sleep_ms(10);
+    assert_int_equal(key_exists(key), 0);
+}
+
+/* A direct grant to a waiter that never takes it lasts the waiter's ttl
+ * only, and keeps the waiter's reservation (token .. token + pass limit)
+ * in the fence until server time is past it, so the next grant's token is
+ * above token + pass limit. (A pass limit this large against a waiter ttl
+ * this short is legal: the client only asks pass_limit < lease_ms * 1000.) */
 static void test_direct_grant_keeps_reservation(void **state)
 {
     (void)state;
@@ -358,14 +374,49 @@ static void test_direct_grant_keeps_reservation(void **state)
     tx = lease_field("dr", "token");
     assert_true(tx > ty);
     assert_int_equal(lease_field("dr", "pl"), 600000);
-    /* X is gone: nothing takes or renews the grant. Wait for Redis to
-     * expire it (generous bound: 5 s against the 601 ms it should live). */
-    for (int i = 0; i < 500 && key_exists("ts:{dr}"); i++)
-        fx_sleep_ms(10);
-    assert_int_equal(key_exists("ts:{dr}"), 0);
+    /* X is gone: nothing takes or renews the grant. */
+    wait_lease_gone("dr");
     assert_int_equal(acquire("dr", Y, 2, &tz), 1);
     assert_true(tz > tx + 600000);
     assert_int_equal(release("dr", Y, "token", tz), 1);
+}
+
+/* The same when the grant's token is ahead of server time: X's second
+ * attempt, finding its own lease, is granted again above X's first
+ * reservation of 1 s worth of tokens; W, granted directly after X with a
+ * waiter ttl of 100 ms, never takes it. The next grant's token is above
+ * W's reservation, though W's lease expired long before server time
+ * reached W's token. */
+static void test_direct_grant_ahead_of_time(void **state)
+{
+    (void)state;
+    long long t1, t2, tz;
+    assert_int_equal(acquire_with("da", X, 1, "1000000", "2000", &t1), 1);
+    assert_int_equal(acquire_with("da", X, 2, "1000000", "2000", &t2), 1);
+    assert_true(t2 > t1 + 1000000);
+    assert_int_equal(acquire_with("da", Y, 1, "16", "100", NULL), 0); /* Y queues */
+    assert_int_equal(release("da", X, "token", t2), 2);               /* granted to Y */
+    long long ty = lease_field("da", "token");
+    assert_true(ty > t2);
+    wait_lease_gone("da");
+    assert_int_equal(acquire_with("da", X, 3, "16", "2000", &tz), 1);
+    assert_true(tz > ty + 16);
+    assert_int_equal(release("da", X, "token", tz), 1);
+}
+
+/* An orphan release told that a newer grant of the client holds the lease
+ * (3: no grant of its attempt can appear) must stay right after that grant
+ * expires unreleased: a late copy of the orphan's attempt is refused then,
+ * not granted a lease nobody will release. */
+static void test_superseded_attempt_stays_stale(void **state)
+{
+    (void)state;
+    assert_int_equal(acquire_full("ss", X, 5, "300", "16", "2000", NULL), 1);
+    assert_int_equal(release("ss", X, "nonce", 4), 3);
+    wait_lease_gone("ss");
+    assert_int_equal(acquire("ss", X, 4, NULL), -1);
+    assert_int_equal(lease_field("ss", "owner"), -1);
+    assert_int_equal(queued("ss", X), 0);
 }
 
 int main(void)
@@ -379,6 +430,8 @@ int main(void)
         cmocka_unit_test(test_foreign_values_do_not_break_scripts),
         cmocka_unit_test(test_uncontended_costs),
         cmocka_unit_test(test_direct_grant_keeps_reservation),
+        cmocka_unit_test(test_direct_grant_ahead_of_time),
+        cmocka_unit_test(test_superseded_attempt_stays_stale),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
