@@ -1,0 +1,313 @@
+/*
+ * script_cost: what one uncontended acquire and one release cost inside
+ * Redis, beside the simplest lock's SET NX PX and compare-and-delete, with
+ * nothing else running against the server.
+ *
+ * One client id takes L names (pipelined, B calls per write) and releases
+ * them, R rounds, so that the keys are warm as in a running server (the
+ * names' fence keys and the client's records exist after the first round).
+ * Per operation it reads from the server's INFO, around each phase:
+ *   - commands run inside the call (every command's calls in commandstats,
+ *     less the top-level call itself and the tool's INFO);
+ *   - the call's own time in commandstats (usec of EVALSHA, or SET and
+ *     EVAL): the script's run, inner commands included;
+ *   - the server's CPU (used_cpu_user + used_cpu_sys) per operation: the
+ *     call plus reading, parsing and answering it, with B calls per read.
+ * Single-threaded and alone on the server, so the times are CPU times (an
+ * INFO usec figure is wall time: under a storm that shares the cores with
+ * Redis it also counts the server's preemptions).
+ *
+ * Starts a private redis-server on a free loopback port unless --redis is
+ * given (then it uses db 0 of that server and deletes its keys after).
+ */
+#include <hiredis/hiredis.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fixture.h"
+#include "script.h"
+
+#define ID "0123456789abcdef0123456789abcdef"
+
+static redisContext *rc;
+
+static void die(const char *what)
+{
+    fprintf(stderr, "script_cost: %s%s%s\n", what, rc && rc->err ? ": " : "",
+            rc && rc->err ? rc->errstr : "");
+    exit(2);
+}
+
+/* One snapshot of the server's counters. */
+typedef struct snap {
+    long long calls;    /* every command's calls but INFO's */
+    long long top;      /* calls of the top-level command(s) measured */
+    long long top_usec; /* their usec */
+    double cpu;         /* used_cpu_user + used_cpu_sys, s */
+} snap;
+
+static long long field_of(const char *text, const char *cmd, const char *field)
+{
+    char tag[64];
+    snprintf(tag, sizeof tag, "\ncmdstat_%s:", cmd);
+    const char *p = strstr(text, tag);
+    if (!p)
+        return 0;
+    const char *f = strstr(p, field);
+    const char *eol = strchr(p + 1, '\n');
+    return f && (!eol || f < eol) ? strtoll(f + strlen(field), NULL, 10) : 0;
+}
+
+static snap take(const char *const *tops)
+{
+    snap s = {0};
+    redisReply *r = redisCommand(rc, "INFO commandstats");
+    if (!r || r->type != REDIS_REPLY_STRING)
+        die("INFO commandstats");
+    for (const char *p = r->str; (p = strstr(p, "\ncmdstat_")); p++) {
+        if (!strncmp(p, "\ncmdstat_info:", 14))
+            continue;
+        const char *c = strstr(p, "calls=");
+        if (c)
+            s.calls += strtoll(c + 6, NULL, 10);
+    }
+    for (int i = 0; tops[i]; i++) {
+        s.top += field_of(r->str, tops[i], "calls=");
+        s.top_usec += field_of(r->str, tops[i], "usec=");
+    }
+    freeReplyObject(r);
+    r = redisCommand(rc, "INFO cpu");
+    if (!r || r->type != REDIS_REPLY_STRING)
+        die("INFO cpu");
+    const char *u = strstr(r->str, "used_cpu_user:"), *y = strstr(r->str, "used_cpu_sys:");
+    if (!u || !y)
+        die("INFO cpu has no used_cpu_user/used_cpu_sys");
+    s.cpu = atof(u + 14) + atof(y + 13);
+    freeReplyObject(r);
+    return s;
+}
+
+/* Accumulated cost of one operation over the rounds. */
+typedef struct cost {
+    const char *what;
+    long long ops, inner, usec;
+    double cpu;
+} cost;
+
+static void add(cost *c, snap a, snap b, long long ops)
+{
+    c->ops += ops;
+    /* the calls between the snapshots (INFO left out): the measured ones
+     * and what ran inside them */
+    c->inner += (b.calls - a.calls) - (b.top - a.top);
+    c->usec += b.top_usec - a.top_usec;
+    c->cpu += b.cpu - a.cpu;
+}
+
+static void keys_of(int i, char k[6][64])
+{
+    static const char *const suffix[6] = {"", ":fence", ":q", ":qd", ":turn", ":c:" ID};
+    for (int j = 0; j < 6; j++)
+        snprintf(k[j], 64, "sc:{n%d}%s", i, suffix[j]);
+}
+
+/* Sends calls [from, to) made by fill() B at a time, reading every reply
+ * and checking it with ok(). */
+static void run(int n, int batch, void (*fill)(int i), int (*ok)(int i, redisReply *r))
+{
+    for (int i = 0; i < n; i += batch) {
+        int end = i + batch < n ? i + batch : n;
+        for (int j = i; j < end; j++)
+            fill(j);
+        for (int j = i; j < end; j++) {
+            redisReply *r;
+            if (redisGetReply(rc, (void **)&r) != REDIS_OK)
+                die("reply");
+            if (!ok(j, r)) {
+                fprintf(stderr, "script_cost: unexpected reply to call %d (%s)\n", j,
+                        r->type == REDIS_REPLY_ERROR ? r->str : "wrong value");
+                exit(1);
+            }
+            freeReplyObject(r);
+        }
+    }
+}
+
+static char sha_acquire[41], sha_release[41];
+static long long *tokens;
+static long long attempt;
+
+static void fill_acquire(int i)
+{
+    char k[6][64], nonce[24];
+    keys_of(i, k);
+    snprintf(nonce, sizeof nonce, "%lld", ++attempt);
+    const char *argv[17] = {"EVALSHA", sha_acquire, "6", k[0], k[1], k[2], k[3], k[4], k[5],
+                            ID, "30000", nonce, "128", "2000", "1", "60000", "host:1"};
+    redisAppendCommandArgv(rc, 17, argv, NULL);
+}
+
+static int ok_acquire(int i, redisReply *r)
+{
+    if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 || r->element[0]->integer != 1)
+        return 0;
+    tokens[i] = r->element[1]->integer;
+    return 1;
+}
+
+static void fill_release(int i)
+{
+    char k[6][64], tok[24], name[24];
+    keys_of(i, k);
+    snprintf(tok, sizeof tok, "%lld", tokens[i]);
+    snprintf(name, sizeof name, "n%d", i);
+    const char *argv[18] = {"EVALSHA", sha_release, "6", k[0], k[1], k[2], k[3], k[4], k[5],
+                            ID, "token", tok, "30000", "0", "sc:wake:", name, "2000", "60000"};
+    redisAppendCommandArgv(rc, 18, argv, NULL);
+}
+
+static int ok_one(int i, redisReply *r)
+{
+    (void)i;
+    return r->type == REDIS_REPLY_INTEGER && r->integer == 1;
+}
+
+static void fill_set(int i)
+{
+    redisAppendCommand(rc, "SET sc:naive:%d tok%d NX PX 30000", i, i);
+}
+
+static int ok_set(int i, redisReply *r)
+{
+    (void)i;
+    return r->type == REDIS_REPLY_STATUS;
+}
+
+static void fill_cad(int i)
+{
+    redisAppendCommand(rc, "EVAL %s 1 sc:naive:%d tok%d",
+                       "if redis.call('get', KEYS[1]) == ARGV[1] then "
+                       "return redis.call('del', KEYS[1]) else return 0 end",
+                       i, i);
+}
+
+static void print(const cost *c)
+{
+    printf("| %s | %.1f | %.2f | %.2f |\n", c->what, (double)c->inner / (double)c->ops,
+           (double)c->usec / (double)c->ops, c->cpu * 1e6 / (double)c->ops);
+}
+
+int main(int argc, char **argv)
+{
+    int names = 1000, rounds = 40, batch = 50;
+    const char *redis = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--names") && i + 1 < argc)
+            names = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--rounds") && i + 1 < argc)
+            rounds = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--batch") && i + 1 < argc)
+            batch = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--redis") && i + 1 < argc)
+            redis = argv[++i];
+        else {
+            fprintf(stderr,
+                    "usage: script_cost [--names L (1000)] [--rounds R (40)] [--batch B (50)]\n"
+                    "                   [--redis HOST:PORT]\n"
+                    "What an uncontended acquire and a release cost inside Redis, beside the\n"
+                    "simplest lock's SET NX PX and compare-and-delete (see the top of\n"
+                    "stress/script_cost.c). Prints a Markdown table.\n");
+            return 2;
+        }
+    }
+    if (names < 1 || names > 1000000 || rounds < 1 || rounds > 100000 || batch < 1 ||
+        batch > 10000)
+        die("--names 1..1000000, --rounds 1..100000, --batch 1..10000");
+    fx_redis server = {0};
+    char host[256] = "127.0.0.1";
+    int port;
+    if (redis) {
+        const char *colon = strrchr(redis, ':');
+        if (!colon || (size_t)(colon - redis) >= sizeof host)
+            die("--redis HOST:PORT");
+        memcpy(host, redis, (size_t)(colon - redis));
+        host[colon - redis] = '\0';
+        port = atoi(colon + 1);
+    } else {
+        if (fx_redis_start(&server) != 0)
+            die("could not start redis-server");
+        port = server.port;
+    }
+    rc = redisConnect(host, port);
+    if (!rc || rc->err)
+        die("connect");
+    tokens = calloc((size_t)names, sizeof *tokens);
+    if (!tokens)
+        die("out of memory");
+    const dlock_script_id ids[2] = {DLOCK_SCRIPT_ACQUIRE, DLOCK_SCRIPT_RELEASE};
+    char *shas[2] = {sha_acquire, sha_release};
+    for (int s = 0; s < 2; s++) {
+        redisReply *r = redisCommand(rc, "SCRIPT LOAD %s", dlock_script_body(ids[s]));
+        if (!r || r->type != REDIS_REPLY_STRING || r->len != 40)
+            die("SCRIPT LOAD");
+        memcpy(shas[s], r->str, 41);
+        freeReplyObject(r);
+    }
+    static const char *const evalsha[] = {"evalsha", NULL};
+    static const char *const set[] = {"set", NULL};
+    static const char *const eval[] = {"eval", NULL};
+    cost acq = {"dlock acquire (free name, nobody queued)", 0, 0, 0, 0};
+    cost rel = {"dlock release (nobody queued)", 0, 0, 0, 0};
+    cost nset = {"simplest lock: SET NX PX", 0, 0, 0, 0};
+    cost ncad = {"simplest lock: EVAL compare-and-delete", 0, 0, 0, 0};
+    for (int round = 0; round < rounds; round++) {
+        snap a = take(evalsha);
+        run(names, batch, fill_acquire, ok_acquire);
+        snap b = take(evalsha);
+        run(names, batch, fill_release, ok_one);
+        snap c = take(evalsha);
+        if (round > 0) { /* the first round creates the keys: warm-up */
+            add(&acq, a, b, names);
+            add(&rel, b, c, names);
+        }
+        a = take(set);
+        run(names, batch, fill_set, ok_set);
+        b = take(set);
+        snap b2 = take(eval);
+        run(names, batch, fill_cad, ok_one);
+        c = take(eval);
+        if (round > 0) {
+            add(&nset, a, b, names);
+            add(&ncad, b2, c, names);
+        }
+    }
+    printf("%d names, %d rounds (the first not counted), %d calls per write\n\n", names,
+           rounds, batch);
+    printf("| operation | commands inside | its own time us | server CPU us |\n");
+    printf("|---|---:|---:|---:|\n");
+    print(&acq);
+    print(&rel);
+    print(&nset);
+    print(&ncad);
+    printf("| dlock acquire + release | | %.2f | %.2f |\n",
+           (double)(acq.usec + rel.usec) / (double)acq.ops,
+           (acq.cpu + rel.cpu) * 1e6 / (double)acq.ops);
+    printf("| simplest lock SET + compare-and-delete | | %.2f | %.2f |\n",
+           (double)(nset.usec + ncad.usec) / (double)nset.ops,
+           (nset.cpu + ncad.cpu) * 1e6 / (double)nset.ops);
+    if (redis) {
+        /* the tool's keys go: sc:* */
+        for (int i = 0; i < names; i++) {
+            char k[6][64];
+            keys_of(i, k);
+            freeReplyObject(redisCommand(rc, "DEL %s %s %s sc:naive:%d", k[0], k[1], k[5], i));
+        }
+    }
+    redisFree(rc);
+    free(tokens);
+    if (!redis)
+        fx_redis_stop(&server);
+    return 0;
+}
