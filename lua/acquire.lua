@@ -40,10 +40,11 @@
 -- newer grant, queue a client that stopped waiting, or take a turn. The
 -- same attempt seen again while its grant stands is answered with that
 -- grant, unchanged. (A grant that expired unreleased leaves no record of its
--- attempt: a late copy of an older attempt may then be granted. Nobody
--- uses that grant: the client releases it in the background, by attempt
--- number, if it never learned that attempt's outcome; takes it as its own
--- with its next attempt; or else it expires after one lease time.)
+-- attempt: a late copy of an older attempt may then be granted or queued.
+-- Nobody uses that grant: the client releases it in the background, by
+-- attempt number, if it never learned that attempt's outcome; takes it as
+-- its own with its next attempt; or else it expires after one lease time.
+-- A direct grant to that queue entry lasts the waiter ttl.)
 -- A lease the caller already owns under an older attempt (one whose outcome
 -- it never learned, or whose release failed) is granted again, with a new
 -- token and this attempt's number.
@@ -65,10 +66,13 @@
 -- local handoffs by storing its pass limit in the lease (field pl); once the
 -- lease is gone without a release (expired: it lived at least one lease
 -- time), server time alone is past the reservation, since the client
--- accepts pass limits only below the lease time in us. (A direct grant,
--- whose lease lasts only the waiter's ttl, writes its reservation to the
--- fence: release.lua.) Server time in us is below 2^53, so Lua's doubles hold it
--- exactly.
+-- accepts pass limits only below the lease time in us. A grant whose token
+-- is ahead of server time (last + 1) also writes its reservation to the
+-- fence, which lives until server time has passed it; so does a direct
+-- grant, whose lease lasts only the waiter's ttl (release.lua). Without it,
+-- tokens ahead of time add up along grants that follow unused
+-- reservations, and a fence that expired first let a later grant go back.
+-- Server time in us is below 2^53, so Lua's doubles hold it exactly.
 --
 -- Cost: the common case, a free name with nobody queued, runs 6 commands
 -- (HMGET, MGET of the record and the fence, TIME, EXISTS of the queue keys,
@@ -186,6 +190,11 @@ local token = now_us
 if token <= last then
   token = last + 1
   tok = string.format('%.0f', token)
+  -- Ahead of server time: the lease may expire before server time passes
+  -- token + pl, so the fence keeps the reservation until it has.
+  local res = token + tonumber(ARGV[4])
+  redis.call('SET', KEYS[2], string.format('%.0f', res), 'PX',
+    math.max(tonumber(ARGV[2]), math.floor((res - now_us) / 1000) + 2))
 end
 redis.call('HSET', KEYS[1], 'owner', me, 'token', tok, 'nonce', ARGV[3], 'pl', ARGV[4],
   'since', t[1] .. string.sub(us6, 1, 3), 'name', ARGV[8])

@@ -38,10 +38,12 @@ redis.call('HDEL', KEYS[4], me)
 local lease = redis.call('HMGET', KEYS[1], 'owner', 'nonce', 'token', 'pl')
 if lease[1] == me and (tonumber(lease[2]) or 0) < n then
   -- The grant's reservation (token + pass limit) goes to the fence, which
-  -- keeps it for the record's lifetime.
+  -- keeps it for the record's lifetime, or until server time has passed it.
   local reserved = (tonumber(lease[3]) or 0) + (tonumber(lease[4]) or 0)
   if reserved > (tonumber(redis.call('GET', KEYS[2]) or '0') or 0) then
-    redis.call('SET', KEYS[2], string.format('%.0f', reserved), 'PX', ARGV[6])
+    local t = redis.call('TIME')
+    local ahead = math.floor(reserved / 1000) - (tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)) + 2
+    redis.call('SET', KEYS[2], string.format('%.0f', reserved), 'PX', math.max(tonumber(ARGV[6]), ahead))
   end
   redis.call('DEL', KEYS[1])
   was = 1

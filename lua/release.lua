@@ -39,15 +39,16 @@
 -- granted again), and, for an attempt number, 3 when a newer attempt of the
 -- client has been seen: no grant of that attempt exists or can appear.
 --
--- The fence key keeps the last token for a while so that the next grant's
--- token exceeds it even if the server clock steps back; it expires, so no key
--- lives forever per name.
+-- The fence key keeps the last token for a lease time, or until server time
+-- has passed it if that is longer (a token may be ahead of server time), so
+-- that the next grant's token exceeds it even if the server clock steps
+-- back; it expires, so no key lives forever per name.
 --
 -- Cost: a release with nobody queued runs 6 commands (HMGET, DEL, SET of the
 -- fence, GET and SET of the record, EXISTS of the queue keys) and formats no
 -- number.
 local me = ARGV[1]
-local lease = redis.call('HMGET', KEYS[1], 'owner', 'token', 'nonce', 'pl')
+local lease = redis.call('HMGET', KEYS[1], 'owner', 'token', 'nonce', 'pl', 'since')
 local id = lease[3]
 if ARGV[2] == 'token' then
   id = lease[2]
@@ -97,7 +98,14 @@ if handed > last then
   last, fence = handed, ARGV[5]
 end
 redis.call('DEL', KEYS[1])
-redis.call('SET', KEYS[2], fence, 'PX', ARGV[4])
+-- The fence lives until server time passes it: the grant was made at
+-- since (server ms), so now >= since.
+local px = ARGV[4]
+local since = tonumber(lease[5] or '')
+if since and math.floor(last / 1000) - since + 2 > tonumber(px) then
+  px = string.format('%.0f', math.floor(last / 1000) - since + 2)
+end
+redis.call('SET', KEYS[2], fence, 'PX', px)
 -- Remember the release, so that a retry of it, or a late copy of the
 -- acquire that made this grant, finds it done.
 local nonce = string.match(lease[3] or '', '^%d+$') or '0'
@@ -149,7 +157,7 @@ while true do
     -- fence, for a lease time or at least the pass limit's span: the token
     -- may be ahead of server time (last + 1), and a waiter that never takes
     -- the grant must not leave its tokens to the next one.
-    local keep = math.max(tonumber(ARGV[4]), math.floor(tonumber(pl) / 1000) + 1)
+    local keep = math.max(tonumber(ARGV[4]), math.floor((tonumber(tok) + tonumber(pl) - now_us) / 1000) + 2)
     redis.call('SET', KEYS[2], string.format('%.0f', tonumber(tok) + tonumber(pl)), 'PX', keep)
     redis.call('PUBLISH', ARGV[6] .. h, 'g ' .. att .. ' ' .. tok .. ' ' .. ARGV[7])
     return 2

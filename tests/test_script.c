@@ -87,21 +87,29 @@ static long long acquire(const char *name, const char *id, long long n, long lon
 }
 
 /* Release of client id's grant of name by field ("token" or "nonce"). */
-static long long release(const char *name, const char *id, const char *field, long long value)
+static long long release_full(const char *name, const char *id, const char *field,
+                              long long value, const char *lease, long long handed)
 {
     keys k = keys_of(name, id);
-    char v[24];
+    char v[24], h[24];
     snprintf(v, sizeof v, "%lld", value);
+    snprintf(h, sizeof h, "%lld", handed);
     const char *argv[15];
     for (int i = 0; i < 6; i++)
         argv[i] = k.k[i];
-    const char *a[9] = {id, field, v, "10000", "0", "ts:wake:", name, "2000", "20000"};
+    const char *a[9] = {id, field, v, lease, h, "ts:wake:", name, "2000", "20000"};
     memcpy(argv + 6, a, sizeof a);
     redisReply *r = run(DLOCK_SCRIPT_RELEASE, argv, 9);
     assert_int_equal(r->type, REDIS_REPLY_INTEGER);
     long long out = r->integer;
     freeReplyObject(r);
     return out;
+}
+
+/* Release with a lease time of 10 s and no token handed out locally. */
+static long long release(const char *name, const char *id, const char *field, long long value)
+{
+    return release_full(name, id, field, value, "10000", 0);
 }
 
 /* Leave of client id from name's queue, as call n. */
@@ -419,6 +427,63 @@ static void test_superseded_attempt_stays_stale(void **state)
     assert_int_equal(queued("ss", X), 0);
 }
 
+#define A "11111111111111111111111111111111"
+#define B "22222222222222222222222222222222"
+#define C "33333333333333333333333333333333"
+#define D "44444444444444444444444444444444"
+
+/* Tokens ahead of server time add up along a chain of grants: each grant
+ * after a reservation that was never used takes the fence + 1, up to a
+ * pass limit ahead. With lease 1 s and pass limit 0.9 s (legal: below the
+ * lease time in us), every client alike and alive: H's release grants W1
+ * directly, W1 gives up (its leave frees the grant and gives W2 the turn),
+ * W2 takes it 0.9 s ahead and grants W3 directly, W3 gives up, W4 takes it
+ * 1.8 s ahead and releases normally. A grant 1.05 s later, past W4's lease
+ * time, still gets a token above W4's: every fence lives until server time
+ * has passed it. */
+static void test_tokens_ahead_of_time_chain(void **state)
+{
+    (void)state;
+    long long th, t2, t4, ty;
+    assert_int_equal(acquire_full("ch", X, 1, "1000", "900000", "2000", &th), 1);
+    assert_int_equal(acquire_full("ch", A, 1, "1000", "900000", "2000", NULL), 0);
+    assert_int_equal(acquire_full("ch", B, 1, "1000", "900000", "2000", NULL), 0);
+    assert_int_equal(acquire_full("ch", C, 1, "1000", "900000", "2000", NULL), 0);
+    assert_int_equal(acquire_full("ch", D, 1, "1000", "900000", "2000", NULL), 0);
+    assert_int_equal(release_full("ch", X, "token", th, "1000", th), 2); /* to A */
+    assert_int_equal(leave("ch", A, 2), 1);                               /* turn: B */
+    assert_int_equal(acquire_full("ch", B, 2, "1000", "900000", "2000", &t2), 1);
+    assert_true(t2 > th + 900000);
+    assert_int_equal(release_full("ch", B, "token", t2, "1000", t2), 2); /* to C */
+    assert_int_equal(leave("ch", C, 2), 1);                               /* turn: D */
+    assert_int_equal(acquire_full("ch", D, 2, "1000", "900000", "2000", &t4), 1);
+    assert_true(t4 > t2 + 900000);
+    assert_int_equal(release_full("ch", D, "token", t4, "1000", t4), 1);
+    fx_sleep_ms(1050); /* past D's lease time, before server time reaches t4 */
+    assert_int_equal(acquire_full("ch", Y, 1, "1000", "16", "2000", &ty), 1);
+    assert_true(ty > t4);
+    assert_int_equal(release("ch", Y, "token", ty), 1);
+}
+
+/* Clients with different lease times: W (lease 2 s, pass limit 1.5 s) is
+ * granted directly and gives up; X (lease 100 ms) takes the name 1.5 s
+ * ahead of server time and dies. Y, once X's lease expired, gets a token
+ * above X's whole reservation, not X's own token again. */
+static void test_tokens_ahead_of_time_short_lease(void **state)
+{
+    (void)state;
+    long long th, tx, ty;
+    assert_int_equal(acquire_full("sl", A, 1, "100", "99", "2000", &th), 1);
+    assert_int_equal(acquire_full("sl", B, 1, "2000", "1500000", "2000", NULL), 0);
+    assert_int_equal(release_full("sl", A, "token", th, "100", th), 2); /* to B */
+    assert_int_equal(leave("sl", B, 2), 1);
+    assert_int_equal(acquire_full("sl", X, 1, "100", "16", "2000", &tx), 1);
+    assert_true(tx > th + 1500000);
+    wait_lease_gone("sl"); /* X is gone */
+    assert_int_equal(acquire_full("sl", Y, 1, "100", "16", "2000", &ty), 1);
+    assert_true(ty > tx + 16);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -432,6 +497,8 @@ int main(void)
         cmocka_unit_test(test_direct_grant_keeps_reservation),
         cmocka_unit_test(test_direct_grant_ahead_of_time),
         cmocka_unit_test(test_superseded_attempt_stays_stale),
+        cmocka_unit_test(test_tokens_ahead_of_time_chain),
+        cmocka_unit_test(test_tokens_ahead_of_time_short_lease),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
