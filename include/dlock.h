@@ -335,7 +335,10 @@ typedef struct dlock_stats {
     uint64_t renew_keys;         /* leases renewed, summed over rounds */
     uint64_t leases_held;        /* leases held right now */
     uint64_t leases_lost;        /* leases found lost while held */
-    uint64_t entries;            /* local entries (names some thread holds or waits for) */
+    uint64_t entries;            /* local entries (names some thread holds or waits for;
+                                    a library thread handling a wake-up message or a
+                                    renewal round keeps the entry it looks at a moment
+                                    longer) */
     uint64_t subscriber_commands; /* sent by the subscriber thread: SUBSCRIBE, keepalive
                                      PINGs, connection setup (not in redis_commands) */
     uint64_t direct_grants;      /* of grants, those a release in another client made

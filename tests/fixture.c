@@ -543,6 +543,20 @@ int fx_wait_subscriber(dlock_client *c)
     return -1;
 }
 
+uint64_t fx_entries_settled(dlock_client *c)
+{
+    dlock_stats st;
+    memset(&st, 0, sizeof st);
+    for (int i = 0; i < 10000; i++) {
+        if (dlock_client_stats(c, &st) != DLOCK_OK)
+            return UINT64_MAX;
+        if (st.entries == 0)
+            return 0;
+        fx_sleep_ms(1);
+    }
+    return st.entries;
+}
+
 void fx_config(dlock_config *cfg, const fx_redis *r)
 {
     dlock_config_init(cfg);

@@ -151,6 +151,15 @@ void fx_config(dlock_config *cfg, const fx_redis *r);
  * window. 0, or -1 if it did not within the bound. */
 int fx_wait_subscriber(dlock_client *c);
 
+/* c's local entries (dlock_stats.entries) once they are down to 0, or the
+ * count seen last after 10 s. A library thread still handling a wake-up
+ * message for a name, or a renewal round in flight, keeps the entry it
+ * looks at a moment after the last caller is done with it: under load,
+ * milliseconds. Polling keeps a check that no entry leaks from failing on
+ * that; 10 s is far above any such moment (a round is bounded by the
+ * command timeout). */
+uint64_t fx_entries_settled(dlock_client *c);
+
 /* Monotonic time in ns, and a sleep in ms. */
 long long fx_now_ns(void);
 void fx_sleep_ms(long ms);

@@ -348,8 +348,8 @@ static void test_many_names_held_by_one_thread(void **state)
     }
     for (int i = 0; i < N; i++)
         assert_int_equal(dlock_release(d, name[i]), DLOCK_OK);
-    assert_int_equal(stats(c).entries, 0);
-    assert_int_equal(stats(d).entries, 0);
+    assert_int_equal(fx_entries_settled(c), 0);
+    assert_int_equal(fx_entries_settled(d), 0);
     dlock_client_close(d);
     dlock_client_close(c);
 }

@@ -146,7 +146,7 @@ static void test_handoff_costs_no_redis_command(void **state)
     assert_true(f2 > f0 + 1);
     assert_int_equal(dlock_release(other, "h1"), DLOCK_OK);
     dlock_client_close(other);
-    assert_int_equal(stats(c).entries, 0);
+    assert_int_equal(fx_entries_settled(c), 0);
     dlock_client_close(c);
 }
 
