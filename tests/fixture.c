@@ -543,6 +543,28 @@ int fx_wait_subscriber(dlock_client *c)
     return -1;
 }
 
+int fx_wait_channel(const fx_redis *r, const char *channel)
+{
+    redisContext *k = fx_connect(FX_HOST, r->port);
+    if (!k)
+        return -1;
+    int rc = -1;
+    for (int i = 0; i < 1000 && rc != 0; i++) {
+        redisReply *x = redisCommand(k, "PUBSUB NUMSUB %s", channel);
+        if (x && x->type == REDIS_REPLY_ARRAY && x->elements == 2 &&
+            x->element[1]->type == REDIS_REPLY_INTEGER && x->element[1]->integer > 0)
+            rc = 0;
+        if (x)
+            freeReplyObject(x);
+        else
+            break; /* the connection failed */
+        if (rc != 0)
+            fx_sleep_ms(10);
+    }
+    redisFree(k);
+    return rc;
+}
+
 uint64_t fx_entries_settled(dlock_client *c)
 {
     dlock_stats st;

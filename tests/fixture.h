@@ -151,6 +151,12 @@ void fx_config(dlock_config *cfg, const fx_redis *r);
  * window. 0, or -1 if it did not within the bound. */
 int fx_wait_subscriber(dlock_client *c);
 
+/* Waits (at most 10 s) until some connection of r subscribes to channel
+ * (PUBSUB NUMSUB): a client's subscriber thread subscribes after
+ * dlock_client_open returns, so a message published before it would reach
+ * nobody. 0, or -1 if none did within the bound. */
+int fx_wait_channel(const fx_redis *r, const char *channel);
+
 /* c's local entries (dlock_stats.entries) once they are down to 0, or the
  * count seen last after 10 s. A library thread still handling a wake-up
  * message for a name, or a renewal round in flight, keeps the entry it

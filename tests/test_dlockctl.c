@@ -80,6 +80,10 @@ static dlock_client *open_named(const char *name, int with_callbacks)
     }
     dlock_client *c;
     assert_int_equal(dlock_client_open(&cfg, &c), DLOCK_OK);
+    /* subscribed before any test publishes to it (holder_told, "f") */
+    char channel[96];
+    snprintf(channel, sizeof channel, "tc:ctl:wake:%s", dlock_client_id(c));
+    assert_int_equal(fx_wait_channel(&fx_server, channel), 0);
     return c;
 }
 
