@@ -1,0 +1,564 @@
+-- The client side of dlock's protocol, as src/client.c and src/renew.c
+-- follow it, written as event handlers over the simulated world
+-- (sim/world.lua). One table per client process: its threads, its entries
+-- (the local tier, one per lock name), its renewal manager's registry and
+-- background jobs, its subscriber.
+--
+-- This is a model of the C code, not the C code. What keeps the two in step:
+-- every C function whose logic is modelled here is listed in
+-- sim/protocol.lua with a digest of its text; tests/sim_protocol (ctest)
+-- fails when one of them changes until this file is checked against it and
+-- the digest renewed. Each handler below names the C function it follows.
+local C = {}
+
+local floor = math.floor
+local NEVER = math.huge
+
+-- Derived settings, as dlock_client_open computes them (client.c,
+-- dlock_renew_drift_ns in renew.c). Times on the client's boot clock in us.
+function C.settings(cfg)
+  local s = {}
+  s.lease_ms, s.pass_limit, s.waiter_ttl_ms = cfg.lease_ms, cfg.pass_limit, cfg.waiter_ttl_ms
+  local function drift(ms) return ms * 1000 / 100 + 2000 end -- 1% + 2 ms
+  s.keep_ms = 2 * math.max(cfg.lease_ms, cfg.waiter_ttl_ms)
+  s.fallback_us = cfg.waiter_ttl_ms * 1000 / 4
+  s.drift_us = drift(cfg.lease_ms)
+  s.handoff_margin_us = cfg.lease_ms * 1000 / 3
+  s.grant_ms = math.min(cfg.waiter_ttl_ms, cfg.lease_ms)
+  s.grant_drift_us = drift(s.grant_ms)
+  s.grant_margin_us = s.grant_ms * 1000 / 4
+  s.period_us = cfg.lease_ms * 1000 / 3
+  s.retry_us = 100000 -- RETRY_MS: a failed renewal round is tried again this soon
+  s.pool_size = cfg.pool_size
+  s.local_rule = cfg.local_rule -- see release_outermost below
+  return s
+end
+
+-- A new client (dlock_client_open). W is the world; id 32 hex digits.
+function C.new(W, idx, id, cfg)
+  local c = {
+    W = W, idx = idx, id = id, cfg = cfg, s = C.settings(cfg),
+    alive = true, attempts = 0, entries = {}, threads = {},
+    orphans = {}, renew_epoch = 0, renew_timer = nil, renewing = false,
+    pool_next = 1, name = 'client' .. idx,
+  }
+  c.args = {
+    lease = tostring(cfg.lease_ms), pl = tostring(cfg.pass_limit),
+    ttl = tostring(cfg.waiter_ttl_ms), keep = tostring(c.s.keep_ms),
+    wake = 'dlock:wake:',
+  }
+  return c
+end
+
+local function keys(name, id)
+  local k = 'dlock:{' .. name .. '}'
+  return {k, k .. ':fence', k .. ':q', k .. ':qd', k .. ':turn', k .. ':c:' .. id}
+end
+C.keys = keys
+
+-- The client's boot clock now (us).
+local function cnow(c) return c.W:clock(c) end
+
+local function entry(c, name)
+  local e = c.entries[name]
+  if not e then
+    e = {name = name, keys = keys(name, c.id), state = 'NONE', owner = nil, token = 0,
+         grant_token = 0, valid_until = 0, passes = 0, epoch = 0, provisional = false,
+         queue = {}, poller = nil, queued = false, try_nonce = 0, try_sent = 0,
+         msg = nil, woken = false, registered = false, revoked = nil, grant_at = 0}
+    c.entries[name] = e
+  end
+  return e
+end
+
+-- next_number (client.c): the client's attempt sequence.
+local function next_number(c)
+  c.attempts = c.attempts + 1
+  return c.attempts
+end
+
+local function trace(c, fmt, ...)
+  local W = c.W
+  if W.tracing then W:trace(string.format('%s ' .. fmt, c.name, ...)) end
+end
+
+------------------------------------------------------------------------
+-- Threads: think, acquire, hold, release, again.
+
+function C.start_thread(c, t)
+  local th = {c = c, idx = t, name = c.name .. '.t' .. t, state = 'idle'}
+  c.threads[t] = th
+  C.think(th)
+end
+
+function C.think(th)
+  local c, W = th.c, th.c.W
+  th.state = 'idle'
+  th.e = nil
+  if W.stopping then return end
+  W:after_client(c, W:rint(0, W.cfg.think_us), function() C.want(th) end)
+end
+
+-- dlock_acquire (client.c: acquire): a thread wants a name.
+function C.want(th)
+  local c, W = th.c, th.c.W
+  if not c.alive or W.stopping then return end
+  local name = W.names[W:rint(1, #W.names)]
+  local r = W:rand()
+  local wait_ms
+  if r < 0.15 then wait_ms = 0 elseif r < 0.9 then wait_ms = W:rint(1, W.cfg.max_wait_ms) else wait_ms = -1 end
+  local e = entry(c, name)
+  th.e = e
+  th.state = 'waiting'
+  th.once = wait_ms == 0
+  th.deadline = wait_ms < 0 and NEVER or cnow(c) + wait_ms * 1000
+  th.fail_seq = e.fail_seq or 0
+  e.queue[#e.queue + 1] = th
+  trace(c, '%s wants %s (wait %d ms)', th.name, name, wait_ms)
+  if th.deadline ~= NEVER then
+    W:at_client_clock(c, th.deadline, function() C.deadline(th) end)
+  end
+  C.progress(e, c)
+end
+
+local function dequeue(e, th)
+  for i, x in ipairs(e.queue) do
+    if x == th then
+      table.remove(e.queue, i)
+      return
+    end
+  end
+end
+
+-- The thread's call returns: rc is 'OK' or an error name. With `quiet`, the
+-- caller runs C.progress itself afterwards.
+local function finish(th, rc, quiet)
+  local c, e = th.c, th.e
+  assert(e, 'a thread finished twice')
+  trace(c, '%s acquire of %s: %s', th.name, e.name, rc)
+  if rc ~= 'OK' then
+    th.state = 'done'
+    -- client.c acquire: the last thread here that gives up takes the
+    -- client out of the queue in Redis.
+    dequeue(e, th)
+    if e.queued and #e.queue == 0 and not e.poller and not e.owner and e.state == 'NONE' then
+      local n = next_number(c)
+      e.queued = false
+      if rc == 'ETIMEDOUT' or rc == 'EBUSY' then
+        C.leave(c, e, n, false)
+      else
+        C.job(c, e, 'leave', n, 2 * c.s.waiter_ttl_ms * 1000)
+      end
+    end
+    C.think(th)
+    if not quiet then C.progress(e, c) end
+    return
+  end
+  th.state = 'holding'
+  local W = c.W
+  W:after_client(c, W:rint(0, W.cfg.hold_us), function() C.release(th) end)
+end
+
+-- A waiting thread's deadline (its timed wait in the local queue).
+function C.deadline(th)
+  if th.state ~= 'waiting' then return end
+  local e = th.e
+  -- the poller checks its deadline itself; a thread being passed the lease
+  -- is its owner already
+  if e.poller == th or e.owner == th then return end
+  finish(th, 'ETIMEDOUT')
+end
+
+-- Whenever e changes: a waiting thread may have something to do (kick_head).
+function C.progress(e, c)
+  if not c.alive then return end
+  if e.owner or e.poller or e.state ~= 'NONE' then return end
+  -- The head of the local queue becomes the poller (I9).
+  local th = e.queue[1]
+  while th do
+    if th.state ~= 'waiting' then
+      table.remove(e.queue, 1)
+    else
+      break
+    end
+    th = e.queue[1]
+  end
+  if not th then return end
+  if not th.once and cnow(c) >= th.deadline then
+    return finish(th, 'ETIMEDOUT') -- no Redis call after the deadline
+  end
+  table.remove(e.queue, 1)
+  e.poller = th
+  e.try_nonce = 0 -- poll_redis: a new wait, no direct grant yet
+  e.msg = nil
+  C.try(c, e)
+end
+
+-- The poller ends its poll with rc; waiters behind a failed poll fail too (I8).
+local function poll_done(c, e, rc)
+  local th = e.poller
+  e.poller = nil
+  if rc == 'OK' then
+    return finish(th, 'OK')
+  end
+  local failing = {}
+  if rc ~= 'EBUSY' and rc ~= 'ETIMEDOUT' then
+    for _, w in ipairs(e.queue) do
+      if w.state == 'waiting' then failing[#failing + 1] = w end
+    end
+  end
+  finish(th, rc, true)
+  for _, w in ipairs(failing) do
+    if w.state == 'waiting' and e.owner ~= w then finish(w, rc, true) end
+  end
+  C.progress(e, c)
+end
+
+-- take_grant (client.c)
+local function take_grant(c, e, th, token, valid_until)
+  e.state = 'HELD'
+  e.grant_token = token
+  e.token = token
+  e.epoch = e.epoch + 1
+  e.valid_until = valid_until
+  e.provisional = false
+  e.msg = nil
+  e.passes = 0
+  e.queued = false
+  e.registered = true
+  e.revoked = nil
+  e.grant_at = cnow(c)
+  e.owner = th
+  c.W:acquired(c, e, th, token, false)
+end
+
+-- take_direct_grant (client.c): the poller looks at a grant message.
+local function take_direct_grant(c, e)
+  local m = e.msg
+  e.msg = nil
+  if not m or m.nonce == 0 or m.nonce ~= e.try_nonce then return false end
+  local valid = e.try_sent + c.s.grant_ms * 1000 - c.s.grant_drift_us
+  local now = cnow(c)
+  if now + c.s.grant_margin_us >= valid then return false end
+  trace(c, 'takes the direct grant of %s (attempt %d, token %.0f)', e.name, m.nonce, m.token)
+  take_grant(c, e, e.poller, m.token, valid)
+  e.provisional = true
+  if #e.queue > 0 then
+    C.renew_round(c)
+  else
+    C.renew_by(c, now + (valid - now) / 2)
+  end
+  return true
+end
+
+-- One try of the poller (poll_redis, redis_acquire).
+function C.try(c, e)
+  local th = e.poller
+  e.state = 'ACQUIRING'
+  e.woken = false
+  local nonce = next_number(c)
+  local a = c.args
+  local argv = {c.id, a.lease, tostring(nonce), a.pl, a.ttl, th.once and '0' or '1', a.keep, c.name}
+  local sent = cnow(c)
+  trace(c, '%s polls %s: acquire attempt %d', th.name, e.name, nonce)
+  c.W:request(c, 'acquire', e.name, e.keys, argv, {nonce = nonce}, function(rep, how)
+    if not c.alive then return end
+    e.state = 'NONE'
+    if how ~= 'reply' then
+      -- call_script failed: if it reached Redis, the outcome is unknown,
+      -- and the renewal thread releases this attempt's grant (orphan).
+      if how ~= 'unsent' then C.job(c, e, 'orphan', nonce, c.s.keep_ms * 1000) end
+      return poll_done(c, e, 'EREDIS')
+    end
+    if type(rep) ~= 'table' or rep.err or rep.n ~= 2 then
+      C.job(c, e, 'orphan', nonce, c.s.keep_ms * 1000)
+      return poll_done(c, e, 'EREDIS')
+    end
+    local granted, v = rep[1], rep[2]
+    if granted == 1 then
+      if cnow(c) >= sent + c.s.lease_ms * 1000 - c.s.drift_us then
+        C.job(c, e, 'orphan', nonce, c.s.keep_ms * 1000) -- answered too late
+        return poll_done(c, e, 'EREDIS')
+      end
+      take_grant(c, e, th, v, sent + c.s.lease_ms * 1000 - c.s.drift_us)
+      return poll_done(c, e, 'OK')
+    elseif granted == 0 then
+      if th.once then return poll_done(c, e, 'EBUSY') end
+      e.queued = true
+      e.try_nonce = nonce
+      e.try_sent = sent
+      if e.msg and take_direct_grant(c, e) then return poll_done(c, e, 'OK') end
+      local now = cnow(c)
+      if now >= th.deadline then return poll_done(c, e, 'ETIMEDOUT') end
+      local delay = c.s.fallback_us
+      if v > 0 and v * 1000 < delay then delay = v * 1000 + 500 end
+      delay = delay - c.W:rint(0, floor(delay / 4))
+      local wake = math.min(now + delay, th.deadline)
+      e.sleep = (e.sleep or 0) + 1
+      local token = e.sleep
+      e.sleeping = token
+      c.W:at_client_clock(c, wake, function()
+        if e.sleeping == token then C.wake_poller(c, e) end
+      end)
+    else
+      return poll_done(c, e, 'EREDIS') -- a stale attempt: impossible here
+    end
+  end)
+end
+
+-- The poller wakes: a message, its fallback time, or its deadline.
+function C.wake_poller(c, e)
+  if not c.alive or not e.poller or not e.sleeping then return end
+  e.sleeping = nil
+  if e.msg and take_direct_grant(c, e) then return poll_done(c, e, 'OK') end
+  if cnow(c) >= e.poller.deadline then return poll_done(c, e, 'ETIMEDOUT') end
+  C.try(c, e)
+end
+
+-- dlock_release (client.c: release_outermost). The rule for local handoffs
+-- is cfg.local_rule: 'clock' (client.c, handoff_in_time: the k-th handoff of
+-- a grant only once k us have passed on the client's clock since it took
+-- the grant, less 1% for drift, so that its token is never ahead of the
+-- server's clock), or 'passes' (the pass limit alone, as before 0.3: sim
+-- --local-rule passes shows what that rule lets happen).
+function C.release(th)
+  local c, e, W = th.c, th.e, th.c.W
+  if not c.alive then return end
+  e.owner = nil
+  th.state = 'idle'
+  if e.state == 'LOST' then
+    trace(c, '%s releases %s: ELOST (found lost before)', th.name, e.name)
+    e.state = 'NONE'
+    W:released(c, e, th)
+    C.think(th)
+    return C.progress(e, c)
+  end
+  local now = cnow(c)
+  local margin = e.provisional and c.s.grant_margin_us or c.s.handoff_margin_us
+  local head
+  for _, w in ipairs(e.queue) do
+    if w.state == 'waiting' then head = w break end
+  end
+  local clock_ok = true
+  if c.s.local_rule == 'clock' then
+    local elapsed = now - e.grant_at
+    clock_ok = e.passes + 1 <= floor(elapsed - elapsed / 100)
+  end
+  if head and e.passes < c.s.pass_limit and now + margin < e.valid_until and clock_ok then
+    -- Cohort handoff (rule 3): the next token, to the head of the queue.
+    e.passes = e.passes + 1
+    e.token = e.token + 1
+    dequeue(e, head)
+    e.owner = head
+    e.passing = true
+    W:released(c, e, th)
+    local tok = e.token
+    trace(c, '%s passes %s to %s (token %.0f)', th.name, e.name, head.name, tok)
+    -- It runs a moment later (take_handoff): if the validity ran out
+    -- meanwhile the lease is lost and it polls.
+    W:after_client(c, W:rint(0, W.cfg.pass_us), function()
+      e.passing = false
+      if not c.alive then return end
+      if e.state ~= 'HELD' or cnow(c) >= e.valid_until then
+        if e.state == 'HELD' then e.registered = false end
+        e.state = 'NONE'
+        e.owner = nil
+        table.insert(e.queue, 1, head)
+        return C.progress(e, c)
+      end
+      head.state = 'holding'
+      W:acquired(c, e, head, tok, true)
+      finish(head, 'OK')
+    end)
+    C.think(th)
+    return
+  end
+  e.registered = false -- dlock_renew_remove: no renewal after this point
+  e.state = 'RELEASING'
+  W:released(c, e, th)
+  local argv = {c.id, 'token', string.format('%.0f', e.grant_token), c.args.lease,
+                string.format('%.0f', e.token), c.args.wake, e.name, c.args.ttl, c.args.keep}
+  trace(c, '%s releases %s (grant %.0f, last %.0f)', th.name, e.name, e.grant_token, e.token)
+  W:request(c, 'release', e.name, e.keys, argv, {}, function(rep, how)
+    if not c.alive then return end
+    e.state = 'NONE'
+    C.think(th)
+    C.progress(e, c)
+  end)
+end
+
+------------------------------------------------------------------------
+-- redis_leave (client.c), and the renewal thread's background jobs:
+-- orphan releases (dlock_renew_orphan) and leaves (dlock_renew_leave).
+
+function C.leave(c, e, n, background)
+  local argv = {c.id, c.args.wake, e.name, c.args.ttl, tostring(n), c.args.keep}
+  trace(c, 'leaves the queue of %s (call %d)', e.name, n)
+  c.W:request(c, 'leave', e.name, e.keys, argv, {nonce = n}, function(rep, how)
+    if how ~= 'reply' or type(rep) ~= 'number' then
+      if not background then C.job(c, e, 'leave', n, 2 * c.s.waiter_ttl_ms * 1000) end
+    end
+  end)
+end
+
+function C.job(c, e, kind, n, for_us)
+  if not c.alive then return end
+  local j = {kind = kind, e = e, n = n, until_t = cnow(c) + for_us, backoff = 100000}
+  c.orphans[#c.orphans + 1] = j
+  trace(c, 'background %s of %s (%d)', kind, e.name, n)
+  C.run_job(c, j)
+end
+
+function C.run_job(c, j)
+  if not c.alive then return end
+  local e = j.e
+  local argv, script
+  if j.kind == 'leave' then
+    script = 'leave'
+    argv = {c.id, c.args.wake, e.name, c.args.ttl, tostring(j.n), c.args.keep}
+  else
+    script = 'release'
+    argv = {c.id, 'nonce', tostring(j.n), c.args.lease, '0', c.args.wake, e.name,
+            c.args.ttl, c.args.keep}
+  end
+  c.W:request(c, script, e.name, e.keys, argv, {nonce = j.n, background = true}, function(rep, how)
+    if not c.alive then return end
+    local done
+    if how == 'reply' and type(rep) == 'number' then
+      done = j.kind == 'leave' or rep >= 1 -- job_result (renew.c)
+    end
+    if done or cnow(c) >= j.until_t then return end
+    local wait = j.backoff
+    j.backoff = math.min(j.backoff * 2, 1000000)
+    c.W:after_client(c, wait, function() C.run_job(c, j) end)
+  end)
+end
+
+------------------------------------------------------------------------
+-- The renewal manager (renew.c): one round renews every registered grant.
+
+function C.start_renewal(c)
+  C.schedule_round(c, cnow(c) + c.s.period_us)
+end
+
+function C.schedule_round(c, at)
+  c.round_gen = (c.round_gen or 0) + 1
+  local gen = c.round_gen
+  c.round_at = at
+  c.W:at_client_clock(c, at, function()
+    if c.round_gen == gen then C.renew_round(c) end
+  end)
+end
+
+-- dlock_renew_by: a round by then at the latest.
+function C.renew_by(c, at)
+  if not c.round_at or at < c.round_at then C.schedule_round(c, at) end
+end
+
+function C.renew_round(c)
+  if not c.alive then return end
+  if c.renewing then
+    c.renew_again = true -- a kick during a round: another one right after
+    return
+  end
+  local snap = {}
+  local names = {}
+  for name, e in pairs(c.entries) do
+    if e.registered and e.state ~= 'NONE' and e.state ~= 'LOST' and e.state ~= 'RELEASING' then
+      names[#names + 1] = name
+    end
+  end
+  table.sort(names)
+  if #names == 0 then
+    if c.W.stopping then return end -- the schedule winds down
+    return C.schedule_round(c, cnow(c) + c.s.period_us)
+  end
+  local ks, argv = {}, {c.id, c.args.lease}
+  for i, name in ipairs(names) do
+    local e = c.entries[name]
+    snap[i] = {e = e, epoch = e.epoch}
+    ks[i] = e.keys[1]
+    argv[i + 2] = string.format('%.0f', e.grant_token)
+  end
+  local sent = cnow(c)
+  c.renewing = true
+  c.round_at = nil
+  c.W:request(c, 'renew', names[1], ks, argv, {renew = snap}, function(rep, how)
+    c.renewing = false
+    if not c.alive then return end
+    local valid = sent + c.s.lease_ms * 1000 - c.s.drift_us
+    local now = cnow(c)
+    local ok = how == 'reply' and type(rep) == 'table' and not rep.err and rep.n == #snap
+    local earliest = NEVER
+    for i, sn in ipairs(snap) do
+      local e = sn.e
+      if e.state == 'HELD' and e.epoch == sn.epoch and e.registered then
+        local v = ok and rep[i] or -1
+        if v == 1 then
+          e.valid_until = valid
+          e.provisional = false
+        elseif v == 0 or now >= e.valid_until then
+          trace(c, 'renewal finds %s lost (grant %.0f)', e.name, e.grant_token)
+          e.registered = false
+          e.state = 'LOST'
+          if not e.owner then
+            e.state = 'NONE' -- nobody holds it: nobody to tell (take_handoff)
+            C.progress(e, c)
+          end
+        elseif e.valid_until < earliest then
+          earliest = e.valid_until
+        end
+      end
+    end
+    local nxt = now + (ok and c.s.period_us or c.s.retry_us)
+    if earliest < nxt then nxt = earliest end
+    if c.renew_again then
+      c.renew_again = false
+      nxt = now
+    end
+    C.schedule_round(c, nxt)
+  end)
+end
+
+------------------------------------------------------------------------
+-- The subscriber (client.c: wake_one, wake_all).
+
+function C.message(c, msg)
+  if not c.alive then return end
+  local kind = msg:sub(1, 1)
+  if kind == 'f' then
+    local tok, name = msg:match('^f (%d+) (.+)$')
+    local e = c.entries[name]
+    trace(c, 'message "%s"', msg)
+    if e and e.state == 'HELD' and e.grant_token == tonumber(tok) then
+      C.renew_round(c) -- asks Redis; marks it lost only if Redis says so
+    end
+    return
+  end
+  local nonce, tok, name
+  if kind == 'g' then
+    nonce, tok, name = msg:match('^g (%d+) (%d+) (.+)$')
+    nonce, tok = tonumber(nonce), tonumber(tok)
+  elseif kind == 'w' then
+    name = msg:match('^w (.+)$')
+  end
+  trace(c, 'message "%s"', msg)
+  local e = name and c.entries[name]
+  if not e then return end
+  if nonce and e.poller then e.msg = {nonce = nonce, token = tok} end
+  e.woken = true
+  if e.sleeping then C.wake_poller(c, e) end
+end
+
+-- The subscriber reconnected: every poller tries again, a round goes now.
+function C.resubscribed(c)
+  if not c.alive then return end
+  trace(c, 'subscriber reconnected: wakes every poller')
+  for _, e in pairs(c.entries) do
+    e.woken = true
+    if e.sleeping then C.wake_poller(c, e) end
+  end
+  C.renew_round(c)
+end
+
+return C

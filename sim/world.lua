@@ -1,0 +1,830 @@
+-- One simulated world: a Redis server (sim/redis.lua running the real
+-- lua/*.lua), dlock clients (sim/client.lua), the network between them, an
+-- operator with dlockctl, and a seeded scheduler that injects faults. Time is
+-- virtual (microseconds); the same seed gives the same run, event for event.
+--
+-- Invariants, checked after every event (docs/simulation.md says why each
+-- holds and under which assumptions):
+--   excl    at most one client holds a name with a grant that is valid by its
+--           own clock (a thread holding it, before its validity deadline),
+--           unless the other holder's grant was revoked: Redis lost it in a
+--           restart or a failover, an operator released it by force, or a
+--           server clock step forward expired it early. Within a client one
+--           thread at most owns an entry: that is structural here (one owner
+--           field) and checked by the C tests.
+--   order   the tokens of a name strictly increase in the order they are
+--           issued: by Redis (any grant, direct ones included, at the
+--           script's instant) or by a client (a local handoff), across
+--           restarts, failovers and server clock steps back of up to
+--           cfg.step_back_ms; a handoff of a revoked grant (the holder does
+--           not know yet) is exempt from the order but must not repeat a
+--           token.
+--   stale   a grant is never made to an attempt older than one whose record
+--           Redis still keeps for that client and name; a release, renewal
+--           or leave never changes another client's grant, or the caller's
+--           other grant.
+--   expiry  every key a script writes has an expiry.
+--   live    (fault-free schedules) a name is never free in Redis for longer
+--           than a bound while a live client waits for it.
+--   keys    (at the end) no key outlives the last client's last call by more
+--           than its stated lifetime.
+local R = require('redis')
+local C = require('client')
+
+local W = {}
+W.__index = W
+
+local floor = math.floor
+
+------------------------------------------------------------------------
+-- A seeded generator (Park-Miller, exact in doubles): the same on every
+-- machine, unlike math.random.
+local M31 = 2147483647
+
+local function new_rng(seed)
+  local s = (seed * 48271 + 12345) % M31
+  if s == 0 then s = 1 end
+  for _ = 1, 3 do s = (s * 16807) % M31 end
+  return s
+end
+
+function W:rand()
+  self.rs = (self.rs * 16807) % M31
+  return self.rs / M31
+end
+
+function W:rint(a, b)
+  if b <= a then return a end
+  return a + floor(self:rand() * (b - a + 1))
+end
+
+function W:pick(list) return list[self:rint(1, #list)] end
+
+------------------------------------------------------------------------
+-- Events: a binary heap on (time, sequence).
+
+local function heap_push(h, ev)
+  local n = #h + 1
+  h[n] = ev
+  while n > 1 do
+    local p = floor(n / 2)
+    local a, b = h[p], h[n]
+    if a.t < b.t or (a.t == b.t and a.seq < b.seq) then break end
+    h[p], h[n] = b, a
+    n = p
+  end
+end
+
+local function heap_pop(h)
+  local top = h[1]
+  local n = #h
+  h[1] = h[n]
+  h[n] = nil
+  n = n - 1
+  local i = 1
+  while true do
+    local l, r, m = 2 * i, 2 * i + 1, i
+    if l <= n and (h[l].t < h[m].t or (h[l].t == h[m].t and h[l].seq < h[m].seq)) then m = l end
+    if r <= n and (h[r].t < h[m].t or (h[r].t == h[m].t and h[r].seq < h[m].seq)) then m = r end
+    if m == i then break end
+    h[i], h[m] = h[m], h[i]
+    i = m
+  end
+  return top
+end
+
+function W:at(t, fn, c)
+  self.seq = self.seq + 1
+  if t < self.now then t = self.now end
+  heap_push(self.events, {t = t, seq = self.seq, fn = fn, c = c})
+end
+
+-- A client's event: dropped if the client died, put off while it is paused.
+function W:after_client(c, dt, fn)
+  self:at(self.now + dt / c.rate, fn, c)
+end
+
+-- At time t of the client's boot clock.
+function W:at_client_clock(c, t, fn)
+  local real = c.t0 + (t - c.coff) / c.rate
+  self:at(real, fn, c)
+end
+
+function W:clock(c)
+  return c.coff + (self.now - c.t0) * c.rate
+end
+
+function W:trace(line)
+  local tr = self.tr
+  tr[#tr + 1] = string.format('%10.3f ms  %s', self.now / 1000, line)
+end
+
+------------------------------------------------------------------------
+-- The scripts.
+
+local function read(path)
+  local f = assert(io.open(path, 'rb'))
+  local s = f:read('*a')
+  f:close()
+  return s
+end
+
+-- The C string literal named `name` in a C file, unescaped.
+local function c_literal(text, name)
+  local body = text:match('static const char ' .. name .. '%[%] =(.-);\n')
+  assert(body, name .. ' not found')
+  local out = {}
+  for lit in body:gmatch('"(.-[^\\])"') do
+    lit = lit:gsub('\\n', '\n'):gsub('\\"', '"'):gsub('\\\\', '\\')
+    out[#out + 1] = lit
+  end
+  return table.concat(out)
+end
+
+-- The scripts' texts: lua/*.lua, and dlockctl's forced release, which wraps
+-- release.lua (tools/dlockctl.c). mutate(name, text) may change a text.
+function W.load_scripts(root, mutate)
+  local texts = {}
+  for _, n in ipairs({'acquire', 'release', 'renew', 'leave'}) do
+    texts[n] = read(root .. '/lua/' .. n .. '.lua')
+  end
+  local ctl = read(root .. '/tools/dlockctl.c')
+  texts.force_head = c_literal(ctl, 'FORCE_HEAD')
+  texts.force_tail = c_literal(ctl, 'FORCE_TAIL')
+  if mutate then mutate(texts) end
+  local fns = {}
+  for _, n in ipairs({'acquire', 'release', 'renew', 'leave'}) do
+    fns[n] = R.compile(texts[n], '@lua/' .. n .. '.lua')
+  end
+  fns.force = R.compile(texts.force_head .. texts.release .. texts.force_tail, '@dlockctl-force')
+  return fns
+end
+
+------------------------------------------------------------------------
+-- A schedule's settings, drawn from its seed.
+
+local ALL_FAULTS = {'net', 'msg', 'crash', 'pause', 'restart', 'failover', 'clock', 'drift', 'force'}
+W.ALL_FAULTS = ALL_FAULTS
+
+function W.new(seed, opts, scripts)
+  local self = setmetatable({}, W)
+  self.seed = seed
+  self.rs = new_rng(seed)
+  self.opts = opts
+  self.fns = scripts
+  self.tracing = opts.trace
+  self.tr = {}
+  self.events = {}
+  self.seq = 0
+  self.now = 0
+  self.srv = R.new()
+  self.srv_off = 1700000000 * 1000000 + self:rint(0, 999999) -- server clock - real time, us
+  self.srv_last = 0
+  self.up = true
+  self.violations = {}
+  self.steps = 0
+  self.faults = {}
+  self.clients = {}
+  self.by_channel = {}
+  self.tok = {}    -- name -> {max =, issued = {token = true}}
+  self.era = {}    -- name -> count of revoking faults so far
+  self.grant_era = {} -- name .. ' ' .. token -> {era =, idx =} at its issue
+  self.grants_made = {} -- name -> grants issued so far
+  self.recs = {}   -- record key -> {n =, t = server ms, era =}
+  self.free_since = {}
+  self.step_back_total = 0
+  self.aof = {}    -- snapshots of the data, newest last, for restarts and failovers
+
+  local cfg = {}
+  cfg.clients = opts.clients or self:rint(2, 4)
+  cfg.threads = self:rint(1, 3)
+  cfg.names = opts.names or self:rint(1, 2)
+  cfg.lease_ms = self:pick({100, 200, 500, 1000})
+  cfg.waiter_ttl_ms = self:pick({100, 200, 500, 2000})
+  local pls = {1, 4, 128, cfg.lease_ms * 1000 - 1}
+  cfg.pass_limit = math.min(self:pick(pls), cfg.lease_ms * 1000 - 1)
+  cfg.cmd_timeout_ms = self:pick({20, 50, 200})
+  cfg.pool_size = self:rint(1, 4)
+  cfg.think_us = self:pick({100, 2000, 20000})
+  cfg.hold_us = self:pick({50, 2000, cfg.lease_ms * 1500})
+  cfg.pass_us = self:pick({0, 2, 30})
+  cfg.max_wait_ms = self:pick({10, cfg.lease_ms, 3 * cfg.lease_ms})
+  cfg.local_rule = opts.local_rule or 'clock'
+  cfg.step_back_ms = opts.step_back_ms or cfg.lease_ms
+  cfg.steps = opts.steps or self:rint(200, 600)
+  -- Faults: each enabled kind is injected in this schedule with probability
+  -- 1/2 (a fifth of the schedules have none at all: the liveness check).
+  local on = {}
+  local nofault = self:rand() < 0.2
+  for _, f in ipairs(opts.faults or ALL_FAULTS) do
+    if not nofault and self:rand() < 0.5 then on[f] = true end
+  end
+  cfg.faults = on
+  cfg.nofault = next(on) == nil
+  self.cfg = cfg
+  self.names = {}
+  for i = 1, cfg.names do self.names[i] = 'n' .. i end
+  for _, n in ipairs(self.names) do
+    self.tok[n] = {max = -1, issued = {}}
+    self.era[n] = 0
+  end
+  return self
+end
+
+function W:hexid()
+  local parts = {}
+  for i = 1, 4 do parts[i] = string.format('%08x', self:rint(0, 2147483646) * 2 % 4294967296) end
+  return table.concat(parts)
+end
+
+function W:add_client()
+  local cfg = self.cfg
+  local idx = #self.clients + 1
+  local c = C.new(self, idx, self:hexid(), {
+    lease_ms = cfg.lease_ms, pass_limit = cfg.pass_limit, waiter_ttl_ms = cfg.waiter_ttl_ms,
+    pool_size = cfg.pool_size, local_rule = cfg.local_rule, cmd_timeout_ms = cfg.cmd_timeout_ms})
+  c.rate = 1
+  if cfg.faults.drift then c.rate = 1 + (self:rand() - 0.5) * 0.01 end -- within +-0.5%
+  c.t0 = self.now
+  c.coff = self:rint(0, 1000000000)
+  c.conns = {}
+  c.conn_serial = 0
+  c.sub_last = 0
+  self.clients[idx] = c
+  self.by_channel['dlock:wake:' .. c.id] = c
+  for t = 1, cfg.threads do C.start_thread(c, t) end
+  C.start_renewal(c)
+  if self.tracing then
+    self:trace(string.format('%s starts: id %s, clock rate %.4f', c.name, c.id, c.rate))
+  end
+  return c
+end
+
+------------------------------------------------------------------------
+-- The network and the server.
+
+local function describe(v)
+  if type(v) == 'table' then
+    if v.err then return 'ERR(' .. v.err .. ')' end
+    if v.ok then return v.ok end
+    local parts = {}
+    for i = 1, (v.n or #v) do parts[i] = describe(v[i]) end
+    return '{' .. table.concat(parts, ', ') .. '}'
+  end
+  if type(v) == 'number' then return string.format('%.0f', v) end
+  return tostring(v)
+end
+W.describe = describe
+
+-- The server's clock for the script that runs now: real time plus the
+-- offset, and at least 1 us after the previous script's (a script takes
+-- longer than that), except across a step back.
+function W:srv_time()
+  local t = self.now + self.srv_off
+  t = floor(t)
+  if t <= self.srv_last and not self.stepped_back then t = self.srv_last + 1 end
+  self.stepped_back = false
+  self.srv_last = t
+  return t
+end
+
+local function lease_of(srv, key)
+  local o = R.live(srv, key)
+  if not o or o.type ~= 'hash' then return nil end
+  return {owner = o.v.owner, token = tonumber(o.v.token), nonce = tonumber(o.v.nonce), exp = o.exp}
+end
+
+function W:violation(kind, msg)
+  self.violations[#self.violations + 1] = {kind = kind, msg = msg, t = self.now}
+  if self.tracing then self:trace('VIOLATION ' .. kind .. ': ' .. msg) end
+end
+
+-- A token issued for name now, by Redis or by a client's handoff.
+function W:issue(name, token, who, stale)
+  local tk = self.tok[name]
+  if stale then
+    if tk.issued[token] then
+      self:violation('order', string.format('%s: token %.0f issued again by %s (a revoked grant)',
+        name, token, who))
+    end
+  elseif token <= tk.max then
+    self:violation('order', string.format('%s: token %.0f issued by %s after token %.0f',
+      name, token, who, tk.max))
+  end
+  tk.issued[token] = true
+  if not stale and token > tk.max then tk.max = token end
+end
+
+-- After a script: what it changed, checked.
+function W:after_script(c, script, names, keys, argv, before, rep, meta)
+  local srv = self.srv
+  for i, name in ipairs(names) do
+    local k = 'dlock:{' .. name .. '}'
+    local b = before[i]
+    local a = lease_of(srv, k)
+    local same = b and a and b.owner == a.owner and b.token == a.token and b.nonce == a.nonce
+    if a and not same and not (b and a.token == b.token) then
+      -- a new grant: its token is issued now
+      self.grants_made[name] = (self.grants_made[name] or 0) + 1
+      self.grant_era[name .. ' ' .. string.format('%.0f', a.token)] =
+        {era = self.era[name], idx = self.grants_made[name]}
+      self:issue(name, a.token, string.format('redis %s of %s (attempt %s)', script,
+        (self.by_id[a.owner] or {name = a.owner}).name, describe(a.nonce)), false)
+    end
+    -- stale: a release, renewal or leave never changes another grant.
+    if b and script ~= 'acquire' and meta.force == nil then
+      local mine
+      if script == 'renew' then
+        mine = b.owner == argv[1] and string.format('%.0f', b.token) == argv[i + 2]
+      elseif script == 'release' then
+        if argv[2] == 'token' then
+          mine = b.owner == argv[1] and string.format('%.0f', b.token) == argv[3]
+        else
+          mine = b.owner == argv[1] and b.nonce == tonumber(argv[3])
+        end
+      elseif script == 'leave' then
+        mine = b.owner == argv[1] and (b.nonce or 0) < tonumber(argv[5])
+      end
+      if not mine and not (same and a.exp == b.exp) then
+        self:violation('stale', string.format('%s by %s changed the grant of %s it does not own '
+          .. '(%s token %.0f attempt %s)', script, c and c.name or '?', name,
+          (self.by_id[b.owner] or {name = b.owner}).name, b.token, describe(b.nonce)))
+      end
+    end
+  end
+  if script == 'acquire' and c then
+    local name = names[1]
+    local rk = keys[6]
+    local r = self.recs[rk]
+    local n = tonumber(argv[3])
+    if type(rep) == 'table' and rep[1] == 1 and r and r.n > n and r.era == self.era[name]
+       and self.srv.now_ms - r.t < tonumber(argv[7]) then
+      self:violation('stale', string.format('%s: attempt %d of %s granted after Redis recorded '
+        .. 'its attempt %d', name, n, c.name, r.n))
+    end
+  end
+  -- The records Redis keeps: the newest number each one names.
+  if keys then
+    local rk = keys[6]
+    local o = R.live(srv, rk)
+    if o and o.type == 'string' then
+      local n = tonumber(o.v:match('^(%d+)'))
+      local r = self.recs[rk]
+      if n and (not r or r.n ~= n or r.era ~= self.era[names[1]]) then
+        self.recs[rk] = {n = n, t = srv.now_ms, era = self.era[names[1]]}
+      end
+    end
+  end
+  -- expiry: every key has one.
+  for k, o in pairs(srv.db) do
+    if not o.exp then
+      self:violation('expiry', 'key ' .. k .. ' has no expiry after ' .. script)
+      o.exp = srv.now_ms + 1000000 -- report it once
+    end
+  end
+end
+
+-- Runs a script on the server now. Returns its reply.
+function W:run_script(c, script, names, keys, argv, meta)
+  local srv = self.srv
+  local now_us = self:srv_time()
+  srv.now_us, srv.now_ms = now_us, floor(now_us / 1000)
+  local before = {}
+  for i, name in ipairs(names) do before[i] = lease_of(srv, 'dlock:{' .. name .. '}') end
+  srv.published = {}
+  local f = self.fns[script]
+  local rep = R.run(srv, f, keys, argv, now_us)
+  if self.tracing then
+    local a = {}
+    for i = 1, #argv do a[i] = argv[i] end
+    local shown = script == 'renew' and table.concat(keys, ' ') or names[1]
+    self:trace(string.format('redis runs %s(%s %s) for %s -> %s', script, shown,
+      table.concat(a, ' '):gsub(string.rep('%x', 32), function(h) return (self.by_id[h] or {name = h}).name end),
+      c and c.name or 'dlockctl', describe(rep)))
+    for _, line in ipairs(R.dump(srv)) do self:trace('    ' .. line) end
+  end
+  if type(rep) == 'table' and rep.err then
+    self:violation('error', script .. ' failed: ' .. rep.err)
+  end
+  self:after_script(c, script, names, script ~= 'renew' and keys or nil, argv, before, rep, meta)
+  for _, p in ipairs(srv.published) do self:publish(p.channel, p.message) end
+  self:snapshot()
+  return rep
+end
+
+-- The data as persisted or replicated: a copy now and then, newest last.
+function W:snapshot()
+  local f = self.cfg.faults
+  if not (f.restart or f.failover) then return end
+  if self:rand() < 0.3 then
+    local aof = self.aof
+    aof[#aof + 1] = {db = R.copy_db(self.srv.db), t = self.now}
+    if #aof > 8 then table.remove(aof, 1) end
+  end
+end
+
+function W:publish(channel, msg)
+  local c = self.by_channel[channel]
+  if not c or not c.alive then return end
+  if self.cfg.faults.msg and self:rand() < 0.1 then
+    if self.tracing then self:trace('message to ' .. c.name .. ' lost: ' .. msg) end
+    self.faults.msg_lost = (self.faults.msg_lost or 0) + 1
+    if self:rand() < 0.3 then
+      -- the subscriber noticed: it reconnects and wakes every poller
+      self:at(self.now + self:rint(1000, 50000), function() C.resubscribed(c) end, c)
+    end
+    return
+  end
+  local t = math.max(self.now + self:rint(20, 300), c.sub_last + 1)
+  c.sub_last = t
+  self:at(t, function() C.message(c, msg) end, c)
+end
+
+-- A script call from client c. cb(reply, how) once: how is 'reply',
+-- 'timeout' (sent, outcome unknown), 'closed' (the connection broke after
+-- sending; outcome unknown) or 'unsent'.
+function W:request(c, script, name, keys, argv, meta, cb)
+  local names = meta.renew and {} or {name}
+  if meta.renew then
+    for i, sn in ipairs(meta.renew) do names[i] = sn.e.name end
+  end
+  local lane = (script == 'renew' or meta.background) and 'r' or 'p'
+  local tries = 0
+  local done = false
+  local function finish(rep, how)
+    if done then return end
+    done = true
+    cb(rep, how)
+  end
+  local function send()
+    tries = tries + 1
+    local conn
+    if lane == 'r' then
+      conn = c.conns.r
+      if not conn then
+        c.conn_serial = c.conn_serial + 1
+        conn = {last = 0, id = c.conn_serial}
+        c.conns.r = conn
+      end
+    else
+      local i = c.pool_next
+      c.pool_next = c.pool_next % c.s.pool_size + 1
+      conn = c.conns[i]
+      if not conn then
+        c.conn_serial = c.conn_serial + 1
+        conn = {last = 0, id = c.conn_serial}
+        c.conns[i] = conn
+      end
+    end
+    local net = self.cfg.faults.net
+    local d1, d2 = self:rint(20, 300), self:rint(20, 300)
+    local fate = 'ok'
+    if net then
+      local r = self:rand()
+      if r < 0.05 then
+        d1 = self:rint(1000, 2 * c.cfg.cmd_timeout_ms * 1000 + 2000)
+        fate = 'late request'
+      elseif r < 0.10 then
+        d2 = self:rint(1000, 2 * c.cfg.cmd_timeout_ms * 1000 + 2000)
+        fate = 'late reply'
+      elseif r < 0.14 then
+        fate = 'request lost'
+      elseif r < 0.18 then
+        fate = 'reply lost, reset'
+      elseif r < 0.20 then
+        fate = 'reply lost'
+      end
+      if fate ~= 'ok' then self.faults.net = (self.faults.net or 0) + 1 end
+    end
+    local arrive = math.max(self.now + d1, conn.last + 1)
+    conn.last = arrive
+    local my_try = tries
+    local timeout_t = c.t0 + (self:clock(c) + c.cfg.cmd_timeout_ms * 1000 - c.coff) / c.rate
+    -- the caller's command timeout
+    self:at(timeout_t, function()
+      if tries == my_try then finish(nil, 'timeout') end
+    end, c)
+    local function broke(at)
+      -- the connection is reset: the caller notices at `at`
+      if lane == 'r' then c.conns.r = nil else
+        for i, x in pairs(c.conns) do if x == conn then c.conns[i] = nil end end
+      end
+      self:at(at, function()
+        if done or tries ~= my_try then return end
+        if lane == 'p' and tries <= c.s.pool_size and not meta.renew then
+          if self.tracing then self:trace(c.name .. ' connection reset: sends ' .. script .. ' again') end
+          send() -- call_script: again on another connection, the same call
+        else
+          finish(nil, 'closed')
+        end
+      end, c)
+    end
+    if fate == 'request lost' then
+      broke(self.now + self:rint(50, c.cfg.cmd_timeout_ms * 1500))
+      return
+    end
+    self:at(arrive, function()
+      if not self.up then
+        broke(self.now + self:rint(20, 300))
+        return
+      end
+      local rep = self:run_script(c, script, names, keys, argv, meta)
+      if fate == 'reply lost, reset' then
+        broke(self.now + self:rint(50, 2000))
+        return
+      elseif fate == 'reply lost' then
+        return
+      end
+      self:at(self.now + d2, function()
+        if tries == my_try and c.alive then finish(rep, 'reply') end
+      end, c)
+    end)
+  end
+  send()
+end
+
+------------------------------------------------------------------------
+-- What clients tell the checker.
+
+-- Is grant `token` of name still the one Redis has for client c?
+function W:grant_in_redis(c, name, token)
+  local l = lease_of(self.srv, 'dlock:{' .. name .. '}')
+  return l and l.owner == c.id and l.token == token
+end
+
+-- Was client c's grant of e revoked by a fault since its issue? It was if
+-- a fault that loses grants (a restart, a failover, a forced release, a
+-- server clock step forward) came after it and the grant is gone from
+-- Redis, or was superseded by a later grant (a failover to a replica that
+-- missed the later grant brings an older one back: its holder goes on,
+-- below the lost grant's tokens, until its next grant).
+function W:revoked(c, e)
+  local g = self.grant_era[e.name .. ' ' .. string.format('%.0f', e.grant_token)]
+  if g == nil or g.era >= self.era[e.name] then return false end
+  return g.idx < self.grants_made[e.name] or not self:grant_in_redis(c, e.name, e.grant_token)
+end
+
+function W:acquired(c, e, th, token, handoff)
+  if self.tracing then
+    self:trace(string.format('%s holds %s with token %.0f%s', th.name, e.name, token,
+      handoff and ' (local handoff)' or ''))
+  end
+  self.acquisitions = (self.acquisitions or 0) + 1
+  if handoff then
+    self:issue(e.name, token, th.name .. ' (local handoff)', self:revoked(c, e))
+  end
+end
+
+function W:released(c, e, th) end
+
+-- excl: at most one unrevoked valid holder per name.
+function W:check_exclusion()
+  for _, name in ipairs(self.names) do
+    local holder
+    for _, c in ipairs(self.clients) do
+      local e = c.alive and c.entries[name]
+      if e and e.owner and e.state == 'HELD' and self:clock(c) < e.valid_until
+         and not self:revoked(c, e) then
+        if holder then
+          self:violation('excl', string.format('%s held by %s (token %.0f) and %s (token %.0f)',
+            name, holder[1].owner.name, holder[1].token, e.owner.name, e.token))
+          return
+        end
+        holder = {e}
+      end
+    end
+  end
+end
+
+-- live: in a schedule without faults, a free name with a live waiter does
+-- not stay free longer than this bound (a waiter retries every waiter ttl / 4
+-- at the latest; a turn lasts a waiter ttl).
+function W:check_liveness()
+  local bound = (self.cfg.waiter_ttl_ms + 50) * 1000
+  for _, name in ipairs(self.names) do
+    local free = not R.live(self.srv, 'dlock:{' .. name .. '}')
+    local waiting = false
+    if free then
+      for _, c in ipairs(self.clients) do
+        local e = c.alive and c.entries[name]
+        if e and not e.owner and (e.poller or #e.queue > 0) then
+          local th = e.poller or e.queue[1]
+          if th.state == 'waiting' and (th.deadline == math.huge or
+             th.deadline - self:clock(c) > bound) then
+            waiting = true
+          end
+        end
+      end
+    end
+    if free and waiting then
+      local since = self.free_since[name]
+      if not since then
+        self.free_since[name] = self.now
+      elseif self.now - since > bound then
+        self:violation('live', string.format('%s free for %.1f ms while a client waits', name,
+          (self.now - since) / 1000))
+        self.free_since[name] = nil
+      end
+    else
+      self.free_since[name] = nil
+    end
+  end
+end
+
+------------------------------------------------------------------------
+-- Faults.
+
+function W:revoke_all(why)
+  for _, n in ipairs(self.names) do self.era[n] = self.era[n] + 1 end
+  self.faults[why] = (self.faults[why] or 0) + 1
+end
+
+function W:fault_restart(kind)
+  -- kind: 'empty' (no persistence), 'aof' (loses the writes after a recent
+  -- snapshot), 'failover' (a replica that missed the last writes)
+  local down = kind == 'failover' and self:rint(0, 2000) or self:rint(1000, 50000)
+  self.up = false
+  local db
+  if kind == 'empty' or #self.aof == 0 then
+    db = {}
+  else
+    local k = self:rint(1, #self.aof)
+    db = R.copy_db(self.aof[k].db)
+  end
+  self.aof = {}
+  if self.tracing then self:trace('FAULT redis ' .. kind .. ' (down ' .. down .. ' us)') end
+  self.srv.db = db
+  self:revoke_all(kind == 'failover' and 'failover' or 'restart')
+  self:at(self.now + down, function()
+    self.up = true
+    -- every client's subscriber reconnects: it wakes its pollers and
+    -- starts a renewal round (client.c: the subscriber's reconnect)
+    for _, c in ipairs(self.clients) do
+      if c.alive then
+        self:at(self.now + self:rint(100, 5000), function() C.resubscribed(c) end, c)
+      end
+    end
+  end)
+end
+
+function W:fault_force(name, tries)
+  -- dlockctl release --force on a held name: reads the lease, then runs the
+  -- forced release as its holder (again after the wait it asks for), and
+  -- tells the holder.
+  name = name or self:pick(self.names)
+  tries = tries or 0
+  local l = lease_of(self.srv, 'dlock:{' .. name .. '}')
+  if not l or not self.up then return end
+  local keys = C.keys(name, l.owner)
+  local argv = {l.owner, 'token', string.format('%.0f', l.token), '3600000',
+                string.format('%.0f', l.token), 'dlock:wake:', name, '2000', '60000'}
+  if self.tracing then self:trace('FAULT dlockctl release --force ' .. name) end
+  local era = self.era[name]
+  self.era[name] = self.era[name] + 1
+  local rep = self:run_script(nil, 'force', {name}, keys, argv, {force = true})
+  if type(rep) == 'number' and rep < 0 then
+    self.era[name] = era -- nothing changed: wait as asked, then again
+    if tries < 100 then
+      self:at(self.now + math.min(-rep, 1000) * 1000, function() self:fault_force(name, tries + 1) end)
+    end
+    return
+  end
+  self.faults.force = (self.faults.force or 0) + 1
+  if rep == 1 or rep == 2 then
+    self:publish('dlock:wake:' .. l.owner, 'f ' .. string.format('%.0f', l.token) .. ' ' .. name)
+  end
+end
+
+function W:schedule_faults(horizon)
+  local f = self.cfg.faults
+  local lease = self.cfg.lease_ms * 1000
+  local function when() return self:rint(1, horizon) end
+  if f.crash then
+    for _ = 1, self:rint(1, 2) do
+      self:at(when(), function()
+        local c = self:pick(self.clients)
+        if not c.alive then return end
+        if self.tracing then self:trace('FAULT ' .. c.name .. ' crashes') end
+        c.alive = false
+        self.faults.crash = (self.faults.crash or 0) + 1
+        self:add_client()
+      end)
+    end
+  end
+  if f.pause then
+    for _ = 1, self:rint(1, 2) do
+      self:at(when(), function()
+        local c = self:pick(self.clients)
+        if not c.alive or c.paused_until then return end
+        local d = self:rint(lease / 2, 2 * lease)
+        if self.tracing then self:trace(string.format('FAULT %s paused for %.1f ms', c.name, d / 1000)) end
+        c.paused_until = self.now + d
+        self.faults.pause = (self.faults.pause or 0) + 1
+        self:at(self.now + d, function() c.paused_until = nil end)
+      end)
+    end
+  end
+  if f.restart then
+    self:at(when(), function() self:fault_restart(self:rand() < 0.5 and 'empty' or 'aof') end)
+  end
+  if f.failover then
+    self:at(when(), function() self:fault_restart('failover') end)
+  end
+  if f.clock then
+    for _ = 1, self:rint(1, 2) do
+      self:at(when(), function()
+        local fwd = self:rand() < 0.4
+        local d
+        if fwd then
+          d = self:rint(1000, 2 * lease)
+          self:revoke_all('clock_forward')
+        else
+          d = -self:rint(1000, self.cfg.step_back_ms * 1000)
+          self.faults.clock_back = (self.faults.clock_back or 0) + 1
+          self.stepped_back = true
+          self.step_back_total = self.step_back_total - d
+        end
+        if self.tracing then self:trace(string.format('FAULT server clock steps %+.1f ms', d / 1000)) end
+        self.srv_off = self.srv_off + d
+      end)
+    end
+  end
+  if f.force then
+    for _ = 1, self:rint(1, 2) do
+      self:at(when(), function() self:fault_force() end)
+    end
+  end
+end
+
+------------------------------------------------------------------------
+-- A schedule.
+
+function W:run()
+  local cfg = self.cfg
+  self.by_id = setmetatable({}, {__index = function(_, id)
+    for _, c in ipairs(self.clients) do if c.id == id then return c end end
+  end})
+  for _ = 1, cfg.clients do self:add_client() end
+  if self.tracing then
+    local f = {}
+    for k in pairs(cfg.faults) do f[#f + 1] = k end
+    table.sort(f)
+    self:trace(string.format('schedule %d: %d clients x %d threads, %d names, lease %d ms, '
+      .. 'pass_limit %d, waiter ttl %d ms, command timeout %d ms, pool %d, rule %s, faults: %s',
+      self.seed, cfg.clients, cfg.threads, cfg.names, cfg.lease_ms, cfg.pass_limit,
+      cfg.waiter_ttl_ms, cfg.cmd_timeout_ms, cfg.pool_size, cfg.local_rule,
+      #f > 0 and table.concat(f, ',') or 'none'))
+  end
+  self:schedule_faults(cfg.lease_ms * 1000 * 6)
+  local ev = self.events
+  local limit = cfg.steps
+  while #ev > 0 and #self.violations == 0 do
+    local e = heap_pop(ev)
+    local c = e.c
+    if c and not c.alive then
+      -- a dead client's events are gone
+    elseif c and c.paused_until and e.t < c.paused_until then
+      e.t = c.paused_until
+      self.seq = self.seq + 1
+      e.seq = self.seq
+      heap_push(ev, e)
+    else
+      if e.t > self.now then self.now = e.t end
+      e.fn()
+      self.steps = self.steps + 1
+      self:check_exclusion()
+      if cfg.nofault then self:check_liveness() end
+      if self.steps == limit then self.stopping = true end
+      if self.steps > limit + 20000 then
+        self:violation('live', 'the clients did not come to rest after the schedule')
+      end
+    end
+  end
+  if #self.violations == 0 then self:check_keys() end
+  return self
+end
+
+-- keys: once every client is done (released, left), every key is gone
+-- after its stated lifetime: records keep_ms, the queue 2 x waiter ttl, the
+-- fence a lease time (or until server time passes its token), plus any
+-- server clock step back.
+function W:check_keys()
+  local cfg = self.cfg
+  local keep = 2 * math.max(cfg.lease_ms, cfg.waiter_ttl_ms)
+  local life = math.max(keep, 2 * cfg.waiter_ttl_ms, cfg.lease_ms, 3600000 * (self.faults.force and 1 or 0))
+  local last = self.now
+  self.now = self.now + (life + 2) * 1000 + self.step_back_total
+  self.srv.now_ms = floor((self.now + self.srv_off) / 1000)
+  for k, o in pairs(self.srv.db) do
+    if R.live(self.srv, k) then
+      -- a fence may live until server time has passed its token
+      local ahead = k:match(':fence$') and (tonumber(o.v) or 0) / 1000 + 2 >= self.srv.now_ms
+      if not ahead then
+        self:violation('keys', string.format('%s outlived the last call (%.1f ms ago) by more than '
+          .. '%d ms', k, (self.now - last) / 1000, life))
+      end
+    end
+  end
+end
+
+return W
