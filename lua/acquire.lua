@@ -60,18 +60,15 @@
 -- passed) are pruned from the head of the queue; all times are the server's.
 --
 -- Tokens: max(server time in us, last + 1), where last is the highest token
--- any earlier grant may have handed out: the reservation of the grant the
--- caller already owns (its token + its pass limit, fields of the lease), or
--- the fence a release left. A grant reserves token .. token + pass limit for
--- local handoffs by storing its pass limit in the lease (field pl); once the
--- lease is gone without a release (expired: it lived at least one lease
--- time), server time alone is past the reservation, since the client
--- accepts pass limits only below the lease time in us. A grant whose token
--- is ahead of server time (last + 1) also writes its reservation to the
--- fence, which lives until server time has passed it; so does a direct
--- grant, whose lease lasts only the waiter's ttl (release.lua). Without it,
--- tokens ahead of time add up along grants that follow unused
--- reservations, and a fence that expired first let a later grant go back.
+-- any earlier grant may have handed out: the fence a release left (the last
+-- token its holder used), or the token of the grant the caller already
+-- owns. A grant's token is server time, except after a step back of the
+-- server's clock; a client's local handoffs take the next tokens no faster
+-- than server time passes (client.c, handoff_in_time). So no token in use
+-- is ahead of server time, and a restart or failover that loses the fence
+-- cannot undercut one: the next grant's server time is past it. After a
+-- step back a grant is ahead (last + 1): it writes its reservation (token +
+-- pass limit) to the fence, which lives until server time has passed it.
 -- Server time in us is below 2^53, so Lua's doubles hold it exactly.
 --
 -- Cost: the common case, a free name with nobody queued, runs 6 commands
@@ -81,7 +78,7 @@
 -- attempt, and the release writes the record (release.lua).
 local me = ARGV[1]
 local attempt = tonumber(ARGV[3])
-local lease = redis.call('HMGET', KEYS[1], 'owner', 'token', 'nonce', 'pl')
+local lease = redis.call('HMGET', KEYS[1], 'owner', 'token', 'nonce')
 local mine = lease[1] == me
 local got = redis.call('MGET', KEYS[6], KEYS[2]) -- the record, the fence
 local seen, rtok, ratt = 0, '0', '0' -- attempts are numbered from 1
@@ -93,10 +90,12 @@ if got[1] then
 end
 if mine then
   local held = tonumber(lease[3]) or 0
-  if held == attempt then
+  if held == attempt and attempt >= seen then
     -- The same attempt again: its grant stands, for a whole lease from now
     -- (the caller counts its validity from this call; a direct grant was
-    -- made for the waiter ttl only).
+    -- made for the waiter ttl only). Not if Redis saw a newer attempt of the
+    -- client: a direct grant made under the attempt of an old queue entry
+    -- (the client tried again without queueing) is not this copy's to take.
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
     return {1, tonumber(lease[2])}
   end
@@ -179,11 +178,8 @@ if queued then
 end
 
 local last = tonumber(got[2] or '0') or 0
-if mine then
-  local reserved = (tonumber(lease[2]) or 0) + (tonumber(lease[4]) or 0)
-  if reserved > last then
-    last = reserved
-  end
+if mine and (tonumber(lease[2]) or 0) > last then
+  last = tonumber(lease[2])
 end
 local tok = t[1] .. us6
 local token = now_us

@@ -35,15 +35,15 @@ redis.call('HDEL', KEYS[4], me)
 -- A lease this client owns under an attempt older than this call is one it
 -- gave up waiting for. One granted under a newer attempt is held: a late
 -- copy of this leave, whose record has expired, must not touch it.
-local lease = redis.call('HMGET', KEYS[1], 'owner', 'nonce', 'token', 'pl')
+local lease = redis.call('HMGET', KEYS[1], 'owner', 'nonce', 'token')
 if lease[1] == me and (tonumber(lease[2]) or 0) < n then
-  -- The grant's reservation (token + pass limit) goes to the fence, which
-  -- keeps it for the record's lifetime, or until server time has passed it.
-  local reserved = (tonumber(lease[3]) or 0) + (tonumber(lease[4]) or 0)
-  if reserved > (tonumber(redis.call('GET', KEYS[2]) or '0') or 0) then
-    local t = redis.call('TIME')
-    local ahead = math.floor(reserved / 1000) - (tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)) + 2
-    redis.call('SET', KEYS[2], string.format('%.0f', reserved), 'PX', math.max(tonumber(ARGV[6]), ahead))
+  -- Nobody used it, but its token was handed out: the fence keeps it (as a
+  -- release's fence does), so that no later grant goes below it even if
+  -- the server's clock steps back; a token ahead of server time (after a
+  -- step back) is in the fence already, with its reservation (release.lua).
+  local tok = tonumber(lease[3]) or 0
+  if tok > (tonumber(redis.call('GET', KEYS[2]) or '0') or 0) then
+    redis.call('SET', KEYS[2], lease[3], 'PX', ARGV[6])
   end
   redis.call('DEL', KEYS[1])
   was = 1

@@ -10,8 +10,7 @@
 -- that attempt, counts its validity from when it sent the attempt, and
 -- renews it to a whole lease; a newer attempt of its own finds the lease its
 -- own (acquire.lua), so a grant message lost or late costs nothing but time.
--- Its tokens follow as for any grant: max(server time in us, last + 1), and
--- the fence reserves the waiter's pass limit.
+-- Its tokens follow as for any grant: max(server time in us, last + 1).
 -- KEYS[1] lease hash  <prefix>{<name>}
 -- KEYS[2] fence key   <prefix>{<name>}:fence
 -- KEYS[3] wait queue  <prefix>{<name>}:q
@@ -148,17 +147,21 @@ while true do
     redis.call('DEL', KEYS[5])
     local tok = t[1] .. us6
     if now_us <= last then
+      -- Ahead of server time (after a step back of the server's clock):
+      -- the lease lasts only the waiter's ttl, so the fence keeps the
+      -- reservation (token + pass limit) until server time has passed it.
+      local res = last + 1 + tonumber(pl)
       tok = string.format('%.0f', last + 1)
+      redis.call('SET', KEYS[2], string.format('%.0f', res), 'PX',
+        math.max(tonumber(ARGV[4]), math.floor((res - now_us) / 1000) + 2))
     end
+    -- Otherwise the token is server time, and the waiter's local handoffs
+    -- follow server time (client.c, handoff_in_time): once the lease is
+    -- gone, server time alone is past every token of this grant, and a
+    -- waiter that never took it leaves nothing ahead of the clock.
     redis.call('HSET', KEYS[1], 'owner', h, 'token', tok, 'nonce', att, 'pl', pl,
       'since', t[1] .. string.sub(us6, 1, 3), 'name', nm)
     redis.call('PEXPIRE', KEYS[1], ttl)
-    -- The lease lasts only the waiter's ttl, so its reservation goes to the
-    -- fence, for a lease time or at least the pass limit's span: the token
-    -- may be ahead of server time (last + 1), and a waiter that never takes
-    -- the grant must not leave its tokens to the next one.
-    local keep = math.max(tonumber(ARGV[4]), math.floor((tonumber(tok) + tonumber(pl) - now_us) / 1000) + 2)
-    redis.call('SET', KEYS[2], string.format('%.0f', tonumber(tok) + tonumber(pl)), 'PX', keep)
     redis.call('PUBLISH', ARGV[6] .. h, 'g ' .. att .. ' ' .. tok .. ' ' .. ARGV[7])
     return 2
   end

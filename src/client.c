@@ -1022,6 +1022,7 @@ static int take_grant(dlock_client *c, dlock_entry *e, uint64_t token, int64_t v
     e->handoff = 0;
     e->epoch++;
     e->valid_until_ns = valid_until;
+    e->grant_boot_ns = dlock_boot_ns(); /* after the reply or message: Redis granted before */
     e->provisional = 0;
     e->msg_grant = 0;
     e->passes = 0;
@@ -1364,6 +1365,21 @@ static int release(dlock_client *c, const char *name)
     return release_outermost(c, e, name);
 }
 
+/* The k-th local handoff of a grant takes token grant_token + k: only once
+ * k us have passed since the grant on the server's clock, so that no token
+ * is ever ahead of it (README, "Fencing tokens": a restart or failover that
+ * loses the fence cannot undercut a token in use). Redis made the grant at
+ * server time grant_token (a grant is never ahead of server time but after a
+ * clock step back), before this client learned it at grant_boot_ns; this
+ * host's clock may run up to 1% fast (the drift margin's assumption), so the
+ * elapsed time counts 99%. A handoff this fast (more than one per
+ * microsecond) goes back to Redis instead. Called with e->mu held. */
+static int handoff_in_time(const dlock_entry *e, int64_t now)
+{
+    int64_t us = (now - e->grant_boot_ns) / 1000;
+    return (int64_t)e->passes + 1 <= us - us / 100;
+}
+
 /* The outermost release of e by the calling thread, which holds e->mu and
  * two references (its lookup's and the owner's, both dropped here). */
 static int release_outermost(dlock_client *c, dlock_entry *e, const char *name)
@@ -1380,9 +1396,10 @@ static int release_outermost(dlock_client *c, dlock_entry *e, const char *name)
         return dlock_err_set(DLOCK_ELOST, "the lease of '%s' was lost while held", name);
     }
     DLOCK_ASSERT(e->state == DLOCK_LEASE_HELD);
+    int64_t now = dlock_boot_ns();
     if (e->waiters > 0 && e->passes < c->pass_limit &&
-        dlock_boot_ns() + (e->provisional ? c->grant_margin_ns : c->handoff_margin_ns) <
-            e->valid_until_ns) {
+        now + (e->provisional ? c->grant_margin_ns : c->handoff_margin_ns) < e->valid_until_ns &&
+        handoff_in_time(e, now)) {
         /* Cohort handoff (rule 3): the lease stays with this client and
          * passes to a waiting thread, with the next token. */
         e->passes++;

@@ -66,6 +66,8 @@ typedef struct dlock_entry {
     uint64_t epoch;              /* grants of this entry so far; renewals carry it */
     int64_t valid_until_ns;      /* lease validity on the boot clock (dlock_boot_ns) */
     unsigned passes;             /* consecutive local handoffs (cohort handoff) */
+    int64_t grant_boot_ns;       /* when this client learned the grant (boot clock):
+                                    Redis made it earlier, at server time grant_token */
     unsigned waiters;            /* threads in acquire waiting for this name */
     dlock_waitq wq;              /* the waiting threads but the poller, longest first
                                     (park.h): each parks on its own node */

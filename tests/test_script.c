@@ -367,12 +367,24 @@ static void wait_lease_gone(const char *name)
     assert_int_equal(key_exists(key), 0);
 }
 
+/* Server time in us (TIME). */
+static long long server_us(void)
+{
+    redisReply *r = redisCommand(raw, "TIME");
+    assert_non_null(r);
+    assert_int_equal(r->type, REDIS_REPLY_ARRAY);
+    long long us = atoll(r->element[0]->str) * 1000000LL + atoll(r->element[1]->str);
+    freeReplyObject(r);
+    return us;
+}
+
 /* A direct grant to a waiter that never takes it lasts the waiter's ttl
- * only, and keeps the waiter's reservation (token .. token + pass limit)
- * in the fence until server time is past it, so the next grant's token is
- * above token + pass limit. (A pass limit this large against a waiter ttl
- * this short is legal: the client only asks pass_limit < lease_ms * 1000.) */
-static void test_direct_grant_keeps_reservation(void **state)
+ * only; its token is server time, and it leaves nothing ahead of server
+ * time behind: the next grant's token is server time again, above it.
+ * (Before 0.3 the fence kept the waiter's reservation, token + pass limit,
+ * and the next grant took fence + 1: 600 ms ahead of the clock here, which
+ * a restart without persistence then undercut.) */
+static void test_direct_grant_leaves_nothing_ahead(void **state)
 {
     (void)state;
     long long ty, tx, tz;
@@ -381,34 +393,37 @@ static void test_direct_grant_keeps_reservation(void **state)
     assert_int_equal(release("dr", Y, "token", ty), 2);                   /* granted to X */
     tx = lease_field("dr", "token");
     assert_true(tx > ty);
+    assert_true(tx <= server_us());
     assert_int_equal(lease_field("dr", "pl"), 600000);
     /* X is gone: nothing takes or renews the grant. */
     wait_lease_gone("dr");
+    long long before = server_us();
     assert_int_equal(acquire("dr", Y, 2, &tz), 1);
-    assert_true(tz > tx + 600000);
+    assert_true(tz > tx);
+    assert_true(tz >= before && tz <= server_us()); /* server time: not ahead */
     assert_int_equal(release("dr", Y, "token", tz), 1);
 }
 
-/* The same when the grant's token is ahead of server time: X's second
- * attempt, finding its own lease, is granted again above X's first
- * reservation of 1 s worth of tokens; W, granted directly after X with a
- * waiter ttl of 100 ms, never takes it. The next grant's token is above
- * W's reservation, though W's lease expired long before server time
- * reached W's token. */
-static void test_direct_grant_ahead_of_time(void **state)
+/* A client's second attempt on its own lease is granted again with a new
+ * token, server time again (not the first grant's reservation + 1); a
+ * direct grant after it is above it, and so is the next grant after that
+ * one expired untaken. */
+static void test_regrant_and_direct_grant_follow_time(void **state)
 {
     (void)state;
     long long t1, t2, tz;
     assert_int_equal(acquire_with("da", X, 1, "1000000", "2000", &t1), 1);
     assert_int_equal(acquire_with("da", X, 2, "1000000", "2000", &t2), 1);
-    assert_true(t2 > t1 + 1000000);
+    assert_true(t2 > t1);
+    assert_true(t2 <= server_us());
     assert_int_equal(acquire_with("da", Y, 1, "16", "100", NULL), 0); /* Y queues */
     assert_int_equal(release("da", X, "token", t2), 2);               /* granted to Y */
     long long ty = lease_field("da", "token");
     assert_true(ty > t2);
     wait_lease_gone("da");
     assert_int_equal(acquire_with("da", X, 3, "16", "2000", &tz), 1);
-    assert_true(tz > ty + 16);
+    assert_true(tz > ty);
+    assert_true(tz <= server_us());
     assert_int_equal(release("da", X, "token", tz), 1);
 }
 
@@ -432,16 +447,14 @@ static void test_superseded_attempt_stays_stale(void **state)
 #define C "33333333333333333333333333333333"
 #define D "44444444444444444444444444444444"
 
-/* Tokens ahead of server time add up along a chain of grants: each grant
- * after a reservation that was never used takes the fence + 1, up to a
- * pass limit ahead. With lease 1 s and pass limit 0.9 s (legal: below the
- * lease time in us), every client alike and alive: H's release grants W1
- * directly, W1 gives up (its leave frees the grant and gives W2 the turn),
- * W2 takes it 0.9 s ahead and grants W3 directly, W3 gives up, W4 takes it
- * 1.8 s ahead and releases normally. A grant 1.05 s later, past W4's lease
- * time, still gets a token above W4's: every fence lives until server time
- * has passed it. */
-static void test_tokens_ahead_of_time_chain(void **state)
+/* No chain of unused grants pushes tokens ahead of server time. With lease
+ * 1 s and pass limit 0.9 s (legal: below the lease time in us), every
+ * client alike and alive: H's release grants W1 directly, W1 gives up (its
+ * leave frees the grant and gives W2 the turn), W2 takes it and grants W3
+ * directly, W3 gives up, W4 takes it. Every token is above the one before
+ * and none is ahead of server time (before 0.3, W2's was 0.9 s ahead and
+ * W4's 1.8 s: fence + 1 after each unused reservation). */
+static void test_tokens_never_ahead_along_a_chain(void **state)
 {
     (void)state;
     long long th, t2, t4, ty;
@@ -451,37 +464,78 @@ static void test_tokens_ahead_of_time_chain(void **state)
     assert_int_equal(acquire_full("ch", C, 1, "1000", "900000", "2000", NULL), 0);
     assert_int_equal(acquire_full("ch", D, 1, "1000", "900000", "2000", NULL), 0);
     assert_int_equal(release_full("ch", X, "token", th, "1000", th), 2); /* to A */
+    long long ta = lease_field("ch", "token");
     assert_int_equal(leave("ch", A, 2), 1);                               /* turn: B */
     assert_int_equal(acquire_full("ch", B, 2, "1000", "900000", "2000", &t2), 1);
-    assert_true(t2 > th + 900000);
+    assert_true(t2 > ta && ta > th);
+    assert_true(t2 <= server_us());
     assert_int_equal(release_full("ch", B, "token", t2, "1000", t2), 2); /* to C */
+    long long tc = lease_field("ch", "token");
     assert_int_equal(leave("ch", C, 2), 1);                               /* turn: D */
     assert_int_equal(acquire_full("ch", D, 2, "1000", "900000", "2000", &t4), 1);
-    assert_true(t4 > t2 + 900000);
+    assert_true(t4 > tc && tc > t2);
+    assert_true(t4 <= server_us());
     assert_int_equal(release_full("ch", D, "token", t4, "1000", t4), 1);
-    fx_sleep_ms(1050); /* past D's lease time, before server time reaches t4 */
     assert_int_equal(acquire_full("ch", Y, 1, "1000", "16", "2000", &ty), 1);
     assert_true(ty > t4);
     assert_int_equal(release("ch", Y, "token", ty), 1);
 }
 
-/* Clients with different lease times: W (lease 2 s, pass limit 1.5 s) is
- * granted directly and gives up; X (lease 100 ms) takes the name 1.5 s
- * ahead of server time and dies. Y, once X's lease expired, gets a token
- * above X's whole reservation, not X's own token again. */
-static void test_tokens_ahead_of_time_short_lease(void **state)
+/* The issue's reproduction, on the scripts: H (pass limit 999999) holds;
+ * W queues and dies; H's release grants W directly; W's grant expires; C
+ * acquires; Redis restarts without persistence (the fence is gone); D
+ * acquires. D's token must be above C's (a paused C would otherwise win
+ * against D at a store that keeps the highest token). Before 0.3, C's token
+ * was fence + 1, W's unused reservation, about 1 s ahead of server time, and
+ * D's was below it. */
+static void test_restart_never_undercuts(void **state)
 {
     (void)state;
-    long long th, tx, ty;
-    assert_int_equal(acquire_full("sl", A, 1, "100", "99", "2000", &th), 1);
-    assert_int_equal(acquire_full("sl", B, 1, "2000", "1500000", "2000", NULL), 0);
-    assert_int_equal(release_full("sl", A, "token", th, "100", th), 2); /* to B */
-    assert_int_equal(leave("sl", B, 2), 1);
-    assert_int_equal(acquire_full("sl", X, 1, "100", "16", "2000", &tx), 1);
-    assert_true(tx > th + 1500000);
-    wait_lease_gone("sl"); /* X is gone */
-    assert_int_equal(acquire_full("sl", Y, 1, "100", "16", "2000", &ty), 1);
-    assert_true(ty > tx + 16);
+    long long th, tc, td;
+    assert_int_equal(acquire_full("rs", X, 1, "1000", "999999", "2000", &th), 1);
+    assert_int_equal(acquire_full("rs", A, 1, "1000", "999999", "100", NULL), 0); /* W */
+    assert_int_equal(release_full("rs", X, "token", th, "1000", th), 2);         /* to W */
+    wait_lease_gone("rs"); /* W never takes it: its waiter ttl, 100 ms */
+    assert_int_equal(acquire_full("rs", B, 1, "1000", "128", "2000", &tc), 1);
+    redisFree(conn);
+    redisFree(raw);
+    assert_int_equal(fx_redis_restart(&fx_server), 0);
+    dlock_conn_cfg cfg = {.host = (char *)"127.0.0.1", .port = fx_server.port,
+                          .connect_timeout_ms = 1000, .command_timeout_ms = 2000};
+    assert_int_equal(dlock_conn_open(&cfg, &ctr, &conn), DLOCK_OK);
+    assert_non_null(raw = fx_connect("127.0.0.1", fx_server.port));
+    assert_int_equal(key_exists("ts:{rs}:fence"), 0);
+    assert_int_equal(acquire_full("rs", C, 1, "1000", "128", "2000", &td), 1);
+    assert_true(td > tc);
+}
+
+/* A single try (not queued) of a queued client is refused; a release then
+ * grants the client the lease directly under the attempt of its queue
+ * entry, which the client no longer waits in. A late copy of that older
+ * attempt must not take the grant as its own (found by sim: it was answered
+ * with the grant and stretched it from the waiter ttl to a whole lease). */
+static void test_late_copy_does_not_take_old_direct_grant(void **state)
+{
+    (void)state;
+    long long ty, pttl;
+    assert_int_equal(acquire("og", Y, 1, &ty), 1);
+    assert_int_equal(acquire_with("og", X, 5, "16", "500", NULL), 0); /* queued: attempt 5 */
+    keys k = keys_of("og", X);
+    const char *argv[14];
+    for (int i = 0; i < 6; i++)
+        argv[i] = k.k[i];
+    const char *a[8] = {X, "10000", "6", "16", "500", "0", "20000", "test-client"};
+    memcpy(argv + 6, a, sizeof a);
+    redisReply *r = run(DLOCK_SCRIPT_ACQUIRE, argv, 8); /* attempt 6: a single try */
+    assert_int_equal(r->element[0]->integer, 0);
+    freeReplyObject(r);
+    assert_int_equal(release("og", Y, "token", ty), 2); /* granted to X under attempt 5 */
+    assert_int_equal(lease_field("og", "nonce"), 5);
+    assert_int_equal(acquire("og", X, 5, NULL), -1);    /* the late copy of attempt 5 */
+    r = redisCommand(raw, "PTTL ts:{og}");
+    pttl = r->integer;
+    freeReplyObject(r);
+    assert_true(pttl > 0 && pttl <= 500); /* still the waiter ttl's grant */
 }
 
 int main(void)
@@ -494,11 +548,12 @@ int main(void)
         cmocka_unit_test(test_record_expires),
         cmocka_unit_test(test_foreign_values_do_not_break_scripts),
         cmocka_unit_test(test_uncontended_costs),
-        cmocka_unit_test(test_direct_grant_keeps_reservation),
-        cmocka_unit_test(test_direct_grant_ahead_of_time),
+        cmocka_unit_test(test_direct_grant_leaves_nothing_ahead),
+        cmocka_unit_test(test_regrant_and_direct_grant_follow_time),
         cmocka_unit_test(test_superseded_attempt_stays_stale),
-        cmocka_unit_test(test_tokens_ahead_of_time_chain),
-        cmocka_unit_test(test_tokens_ahead_of_time_short_lease),
+        cmocka_unit_test(test_tokens_never_ahead_along_a_chain),
+        cmocka_unit_test(test_late_copy_does_not_take_old_direct_grant),
+        cmocka_unit_test(test_restart_never_undercuts),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

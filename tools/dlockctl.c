@@ -494,13 +494,21 @@ static int cmd_watch(const char *name)
 }
 
 /* The wrapper around release.lua for a forced release (KEYS and ARGV as
- * release.lua's; ARGV[5] and ARGV[9] adjusted here). */
+ * release.lua's; ARGV[5] and ARGV[9] adjusted here). It answers a negative
+ * number -N, having changed nothing, while the holder's reservation is ahead
+ * of server time: the caller waits N ms and tries again. */
 static const char FORCE_HEAD[] =
     "local lease = redis.call('HMGET', KEYS[1], 'owner', 'token', 'pl')\n"
     "if lease[1] ~= ARGV[1] or lease[2] ~= ARGV[3] then return 0 end\n"
-    /* the holder's reservation for its threads: token + pass limit (an
-     * earlier version kept it in the fence key), if above the token */
+    /* the holder's reservation for its threads (token + pass limit): it may
+     * go on handing them out until it learns of this release, so the fence
+     * keeps it as the last token; and it waits until server time has passed
+     * it, so that the fence is not ahead of the server's clock (a restart
+     * that lost it could not undercut the holder's tokens then) */
     "local res = tonumber(lease[2]) + (tonumber(lease[3]) or 0)\n"
+    "local t = redis.call('TIME')\n"
+    "local now = tonumber(t[1]) * 1000000 + tonumber(t[2])\n"
+    "if res >= now then return -(math.floor((res - now) / 1000) + 1) end\n"
     "local fence = tonumber(redis.call('GET', KEYS[2]) or '0') or 0\n"
     "if fence > res then res = fence end\n"
     "if res > tonumber(ARGV[3]) then ARGV[5] = string.format('%.0f', res) end\n"
@@ -581,20 +589,32 @@ static int cmd_release(const char *name)
              FORCE_TAIL);
     const char *ev[3 + DLOCK_SCRIPT_KEYS + DLOCK_RELEASE_ARGS] = {"EVAL", script, "6"};
     memcpy(ev + 3, argv, sizeof argv);
-    redisReply *r = redisCommandArgv(c, 3 + DLOCK_SCRIPT_KEYS + DLOCK_RELEASE_ARGS, ev, NULL);
-    free(script);
-    if (!r) {
-        fprintf(stderr, "dlockctl: redis: %s\n", c->errstr);
-        return 1;
-    }
-    if (r->type == REDIS_REPLY_ERROR) {
-        fprintf(stderr, "dlockctl: redis: %s\n", r->str);
+    long long rc;
+    for (int tries = 0;; tries++) {
+        redisReply *r = redisCommandArgv(c, 3 + DLOCK_SCRIPT_KEYS + DLOCK_RELEASE_ARGS, ev, NULL);
+        if (!r) {
+            free(script);
+            fprintf(stderr, "dlockctl: redis: %s\n", c->errstr);
+            return 1;
+        }
+        if (r->type == REDIS_REPLY_ERROR) {
+            free(script);
+            fprintf(stderr, "dlockctl: redis: %s\n", r->str);
+            freeReplyObject(r);
+            conn_done(c, node);
+            return 1;
+        }
+        rc = r->type == REDIS_REPLY_INTEGER ? r->integer : 0;
         freeReplyObject(r);
-        conn_done(c, node);
-        return 1;
+        /* Negative: the holder's reservation is ahead of server time by up
+         * to its pass limit in us (at most a lease time): wait, again. */
+        if (rc >= 0 || tries == 100)
+            break;
+        long long ms = -rc > 1000 ? 1000 : -rc;
+        struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
     }
-    long long rc = r->type == REDIS_REPLY_INTEGER ? r->integer : -1;
-    freeReplyObject(r);
+    free(script);
     if (rc != 1 && rc != 2) {
         /* 0: the grant changed between the read and the release */
         if (O.json) {
@@ -610,7 +630,7 @@ static int cmd_release(const char *name)
     /* tell the holder (PUBLISH reaches every node of a cluster) */
     char msg[DLOCK_NAME_MAX + 64];
     snprintf(msg, sizeof msg, "f %s %s", li.token, name);
-    r = cmd(c, "PUBLISH %s%s %s", wake, li.owner, msg);
+    redisReply *r = cmd(c, "PUBLISH %s%s %s", wake, li.owner, msg);
     long long told = r->integer;
     freeReplyObject(r);
     if (O.json) {
