@@ -1,8 +1,9 @@
 -- Grants the lease of one lock name to a client, or queues the client.
 -- KEYS[1] lease hash  <prefix>{<name>}       fields: owner, token, nonce, pl (the
 --                     grant's pass limit: it reserves token .. token + pl),
---                     and for operators since (server ms of the grant), name
---                     (the owner's client_name)
+--                     exp (server ms: the grant ends then; the key lives a
+--                     lease time longer, as a fence), and for operators since
+--                     (server ms of the grant), name (the owner's client_name)
 -- KEYS[2] fence key   <prefix>{<name>}:fence  the last token a released grant
 --                     handed out: no later grant may reach it
 -- KEYS[3] wait queue  <prefix>{<name>}:q      zset: client id -> arrival (server us)
@@ -27,6 +28,9 @@
 -- ARGV[8] the client's name (client_name: printable, no spaces), stored with
 --         a grant for operators (dlockctl), and in the liveness hash so that
 --         a direct grant stores it too
+-- ARGV[9] the last token the client handed out under a grant of this name
+--         whose release failed ('0' if none, or absent): if that grant is
+--         still the client's lease, this grant's token is above it
 -- Returns {1, token} when granted, or {0, pttl} when the client must wait
 -- (pttl: the lease's remaining time, or -1 when the lease is free but another
 -- client's turn comes first); then, if it asked to, the client is in the
@@ -61,8 +65,8 @@
 --
 -- Tokens: max(server time in us, last + 1), where last is the highest token
 -- any earlier grant may have handed out: the fence a release left (the last
--- token its holder used), or the token of the grant the caller already
--- owns. A grant's token is server time, except after a step back of the
+-- token its holder used), or, for the grant the caller already owns, its
+-- token or the last one the caller handed out under it (ARGV[9]). A grant's token is server time, except after a step back of the
 -- server's clock; a client's local handoffs take the next tokens no faster
 -- than server time passes (client.c, handoff_in_time). So no token in use
 -- is ahead of server time, and a restart or failover that loses the fence
@@ -72,13 +76,29 @@
 -- Server time in us is below 2^53, so Lua's doubles hold it exactly.
 --
 -- Cost: the common case, a free name with nobody queued, runs 6 commands
--- (HMGET, MGET of the record and the fence, TIME, EXISTS of the queue keys,
--- HSET, PEXPIRE) and formats no number: the token and the grant time are cut
--- from TIME's strings. A grant writes no record: the lease's nonce is this
+-- (HMGET, TIME, MGET of the record and the fence, EXISTS of the queue keys,
+-- HSET, PEXPIRE) and formats one number (exp): the token and the grant time
+-- are cut from TIME's strings. A grant writes no record: the lease's nonce is this
 -- attempt, and the release writes the record (release.lua).
 local me = ARGV[1]
 local attempt = tonumber(ARGV[3])
-local lease = redis.call('HMGET', KEYS[1], 'owner', 'token', 'nonce')
+local lease = redis.call('HMGET', KEYS[1], 'owner', 'token', 'nonce', 'pl', 'exp')
+local t = redis.call('TIME')
+local us6 = string.rep('0', 6 - #t[2]) .. t[2] -- microseconds, 6 digits
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now_ms = math.floor(now_us / 1000)
+-- A grant ends at exp (server ms); its key lives a lease time longer, so
+-- that after it expired unreleased its tokens still bound the next grant's
+-- if the server's clock steps back by up to a lease time. Its holder
+-- handed out tokens up to token + pass limit, none of them past exp
+-- (client.c, handoff_in_time), unless the grant itself was ahead of server
+-- time; then the fence keeps token + pass limit.
+local gone = 0
+if lease[1] and lease[5] and now_ms > tonumber(lease[5]) then
+  local tk = tonumber(lease[2]) or 0
+  gone = math.max(tk, math.min(tk + (tonumber(lease[4]) or 0), tonumber(lease[5]) * 1000))
+  lease = {false, false, false, false, false}
+end
 local mine = lease[1] == me
 local got = redis.call('MGET', KEYS[6], KEYS[2]) -- the record, the fence
 local seen, rtok, ratt = 0, '0', '0' -- attempts are numbered from 1
@@ -96,7 +116,8 @@ if mine then
     -- made for the waiter ttl only). Not if Redis saw a newer attempt of the
     -- client: a direct grant made under the attempt of an old queue entry
     -- (the client tried again without queueing) is not this copy's to take.
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    redis.call('HSET', KEYS[1], 'exp', string.format('%.0f', now_ms + tonumber(ARGV[2])))
+    redis.call('PEXPIRE', KEYS[1], 2 * tonumber(ARGV[2]))
     return {1, tonumber(lease[2])}
   end
   if held > seen then
@@ -106,10 +127,6 @@ end
 if attempt < seen or attempt == tonumber(ratt) then
   return {-1, 0}
 end
-
-local t = redis.call('TIME')
-local us6 = string.rep('0', 6 - #t[2]) .. t[2] -- microseconds, 6 digits
-local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 
 -- Refused: Redis remembers this attempt (so that a late copy of an older
 -- one is refused), and, if asked, queues the client.
@@ -133,13 +150,15 @@ local function wait(pttl)
 end
 
 if lease[1] and not mine then
-  return wait(redis.call('PTTL', KEYS[1]))
+  if lease[5] then
+    return wait(tonumber(lease[5]) - now_ms)
+  end
+  return wait(redis.call('PTTL', KEYS[1])) -- a lease of an earlier version
 end
 -- Nobody queued and no turn given: the common, uncontended case touches no
 -- queue key at all.
 local queued = redis.call('EXISTS', KEYS[3], KEYS[5]) > 0
 if queued then
-  local now_ms = math.floor(now_us / 1000)
   local function alive(id)
     local d = redis.call('HGET', KEYS[4], id)
     local deadline = d and tonumber(string.match(d, '^%d+'))
@@ -178,8 +197,17 @@ if queued then
 end
 
 local last = tonumber(got[2] or '0') or 0
-if mine and (tonumber(lease[2]) or 0) > last then
-  last = tonumber(lease[2])
+if gone > last then
+  last = gone
+end
+if mine then
+  -- The caller's own grant, under an older attempt: one whose outcome it
+  -- never learned (it used none of its tokens), or one whose release failed
+  -- (ARGV[9]: the last token it handed out under it).
+  local used = math.max(tonumber(lease[2]) or 0, tonumber(ARGV[9] or '0') or 0)
+  if used > last then
+    last = used
+  end
 end
 local tok = t[1] .. us6
 local token = now_us
@@ -193,6 +221,7 @@ if token <= last then
     math.max(tonumber(ARGV[2]), math.floor((res - now_us) / 1000) + 2))
 end
 redis.call('HSET', KEYS[1], 'owner', me, 'token', tok, 'nonce', ARGV[3], 'pl', ARGV[4],
-  'since', t[1] .. string.sub(us6, 1, 3), 'name', ARGV[8])
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  'since', t[1] .. string.sub(us6, 1, 3), 'name', ARGV[8],
+  'exp', string.format('%.0f', now_ms + tonumber(ARGV[2])))
+redis.call('PEXPIRE', KEYS[1], 2 * tonumber(ARGV[2]))
 return {1, token}

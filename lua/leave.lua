@@ -35,8 +35,12 @@ redis.call('HDEL', KEYS[4], me)
 -- A lease this client owns under an attempt older than this call is one it
 -- gave up waiting for. One granted under a newer attempt is held: a late
 -- copy of this leave, whose record has expired, must not touch it.
-local lease = redis.call('HMGET', KEYS[1], 'owner', 'nonce', 'token')
-if lease[1] == me and (tonumber(lease[2]) or 0) < n then
+local lease = redis.call('HMGET', KEYS[1], 'owner', 'nonce', 'token', 'exp')
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- An expired grant (acquire.lua) is nobody's: its key stays, as a fence.
+local live = lease[1] and not (lease[4] and now_ms > tonumber(lease[4]))
+if live and lease[1] == me and (tonumber(lease[2]) or 0) < n then
   -- Nobody used it, but its token was handed out: the fence keeps it (as a
   -- release's fence does), so that no later grant goes below it even if
   -- the server's clock steps back; a token ahead of server time (after a
@@ -46,16 +50,15 @@ if lease[1] == me and (tonumber(lease[2]) or 0) < n then
     redis.call('SET', KEYS[2], lease[3], 'PX', ARGV[6])
   end
   redis.call('DEL', KEYS[1])
+  live = false
   was = 1
 elseif redis.call('GET', KEYS[5]) ~= me then
   return was
 end
 redis.call('DEL', KEYS[5])
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  return was
+if live then
+  return was -- held: nothing to pass on
 end
-local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 while true do
   local h = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
   if not h then

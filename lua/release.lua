@@ -41,13 +41,22 @@
 -- The fence key keeps the last token for a lease time, or until server time
 -- has passed it if that is longer (a token may be ahead of server time), so
 -- that the next grant's token exceeds it even if the server clock steps
--- back; it expires, so no key lives forever per name.
+-- back by up to a lease time; it expires, so no key lives forever per name.
+-- A grant that expires unreleased leaves its key behind for a lease time to
+-- the same end (acquire.lua).
 --
--- Cost: a release with nobody queued runs 6 commands (HMGET, DEL, SET of the
--- fence, GET and SET of the record, EXISTS of the queue keys) and formats no
--- number.
+-- Cost: a release with nobody queued runs 7 commands (HMGET, TIME, DEL, SET
+-- of the fence, GET and SET of the record, EXISTS of the queue keys) and
+-- formats no number.
 local me = ARGV[1]
-local lease = redis.call('HMGET', KEYS[1], 'owner', 'token', 'nonce', 'pl', 'since')
+local lease = redis.call('HMGET', KEYS[1], 'owner', 'token', 'nonce', 'pl', 'since', 'exp')
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if lease[6] and now_ms > tonumber(lease[6]) then
+  -- The grant expired (acquire.lua: its key stays a lease time longer, as a
+  -- fence): it is nobody's, and stays as it is.
+  lease = {false, false, false, false, false, false}
+end
 local id = lease[3]
 if ARGV[2] == 'token' then
   id = lease[2]
@@ -121,10 +130,8 @@ redis.call('SET', KEYS[6], seen .. ' ' .. lease[2] .. ' ' .. nonce, 'PX', ARGV[9
 if redis.call('EXISTS', KEYS[3], KEYS[5]) == 0 then
   return 1 -- nobody queued and no turn given: nothing to pass on
 end
-local t = redis.call('TIME')
 local us6 = string.rep('0', 6 - #t[2]) .. t[2] -- microseconds, 6 digits
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local now_ms = math.floor(now_us / 1000)
 while true do
   local h = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
   if not h then
@@ -160,8 +167,11 @@ while true do
     -- gone, server time alone is past every token of this grant, and a
     -- waiter that never took it leaves nothing ahead of the clock.
     redis.call('HSET', KEYS[1], 'owner', h, 'token', tok, 'nonce', att, 'pl', pl,
-      'since', t[1] .. string.sub(us6, 1, 3), 'name', nm)
-    redis.call('PEXPIRE', KEYS[1], ttl)
+      'since', t[1] .. string.sub(us6, 1, 3), 'name', nm,
+      'exp', string.format('%.0f', now_ms + tonumber(ttl)))
+    -- Its key outlives it by half the record lifetime (the larger of the
+    -- lease time and the waiter ttl), as a fence (acquire.lua).
+    redis.call('PEXPIRE', KEYS[1], tonumber(ttl) + math.floor(tonumber(ARGV[9]) / 2))
     redis.call('PUBLISH', ARGV[6] .. h, 'g ' .. att .. ' ' .. tok .. ' ' .. ARGV[7])
     return 2
   end

@@ -228,6 +228,7 @@ local function take_grant(c, e, th, token, valid_until)
   e.registered = true
   e.revoked = nil
   e.grant_at = cnow(c)
+  e.unconfirmed = 0
   e.owner = th
   c.W:acquired(c, e, th, token, false)
 end
@@ -258,7 +259,8 @@ function C.try(c, e)
   e.woken = false
   local nonce = next_number(c)
   local a = c.args
-  local argv = {c.id, a.lease, tostring(nonce), a.pl, a.ttl, th.once and '0' or '1', a.keep, c.name}
+  local argv = {c.id, a.lease, tostring(nonce), a.pl, a.ttl, th.once and '0' or '1', a.keep, c.name,
+                string.format('%.0f', e.unconfirmed or 0)}
   local sent = cnow(c)
   trace(c, '%s polls %s: acquire attempt %d', th.name, e.name, nonce)
   c.W:request(c, 'acquire', e.name, e.keys, argv, {nonce = nonce}, function(rep, how)
@@ -381,6 +383,9 @@ function C.release(th)
   trace(c, '%s releases %s (grant %.0f, last %.0f)', th.name, e.name, e.grant_token, e.token)
   W:request(c, 'release', e.name, e.keys, argv, {}, function(rep, how)
     if not c.alive then return end
+    if how ~= 'reply' or type(rep) ~= 'number' then
+      e.unconfirmed = e.token -- the lease may still be ours in Redis
+    end
     e.state = 'NONE'
     C.think(th)
     C.progress(e, c)

@@ -886,7 +886,8 @@ static int call_script(dlock_client *c, dlock_script_id id, int nargs, const cha
  * *sent_boot (when it was sent, on the boot clock), DLOCK_EBUSY with
  * *pttl_ms, or an error of call_script. */
 static int redis_acquire(dlock_client *c, dlock_entry *e, const char *nonce, int queue,
-                         int64_t deadline, uint64_t *token, int64_t *pttl_ms, int64_t *sent_boot)
+                         uint64_t unconfirmed_last, int64_t deadline, uint64_t *token,
+                         int64_t *pttl_ms, int64_t *sent_boot)
 {
     const char *argv[DLOCK_SCRIPT_KEYS + DLOCK_ACQUIRE_ARGS];
     for (int k = 0; k < DLOCK_SCRIPT_KEYS; k++)
@@ -900,6 +901,9 @@ static int redis_acquire(dlock_client *c, dlock_entry *e, const char *nonce, int
     a[5] = queue ? "1" : "0";
     a[6] = c->keep_str;
     a[7] = c->conn.client_name;
+    char unconfirmed[24];
+    snprintf(unconfirmed, sizeof unconfirmed, "%" PRIu64, unconfirmed_last);
+    a[8] = unconfirmed;
     redisReply *rep;
     int sent, acked;
     *sent_boot = dlock_boot_ns();
@@ -1023,6 +1027,7 @@ static int take_grant(dlock_client *c, dlock_entry *e, uint64_t token, int64_t v
     e->epoch++;
     e->valid_until_ns = valid_until;
     e->grant_boot_ns = dlock_boot_ns(); /* after the reply or message: Redis granted before */
+    e->unconfirmed = 0; /* the grant's token is above it (acquire.lua) */
     e->provisional = 0;
     e->msg_grant = 0;
     e->passes = 0;
@@ -1131,14 +1136,15 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
         DLOCK_ASSERT(!e->has_owner && e->state == DLOCK_LEASE_NONE);
         e->state = DLOCK_LEASE_ACQUIRING;
         e->woken = 0; /* a wake-up from now on triggers another try */
+        uint64_t unconfirmed = e->unconfirmed;
         pthread_mutex_unlock(&e->mu);
         uint64_t token = 0;
         int64_t pttl = 0, sent_boot = 0;
         char nonce[24];
         next_number(c, nonce);
         /* A single try may wait for a connection by the pool's own bounds. */
-        int rc = redis_acquire(c, e, nonce, !once, once ? DLOCK_NEVER : deadline, &token, &pttl,
-                               &sent_boot);
+        int rc = redis_acquire(c, e, nonce, !once, unconfirmed, once ? DLOCK_NEVER : deadline,
+                               &token, &pttl, &sent_boot);
         if (rc == DLOCK_OK && dlock_boot_ns() >= sent_boot + (int64_t)c->lease_ms * DLOCK_NS_PER_MS -
                                                              c->drift_ns) {
             /* The answer came back after the lease could have expired. */
@@ -1447,6 +1453,11 @@ static int release_outermost(dlock_client *c, dlock_entry *e, const char *name)
         dlock_count(&c->ctr.leases_lost, 1);
         notify = !e->lost_notified;
         e->lost_notified = 1;
+    } else if (rc != DLOCK_OK) {
+        /* The lease may still be ours in Redis, until it expires: a later
+         * acquire that finds it so is granted above every token handed out
+         * under it. */
+        e->unconfirmed = token;
     }
     e->state = DLOCK_LEASE_NONE;
     /* One waiter becomes the poller; waking all of them (a thousand threads

@@ -68,6 +68,9 @@ typedef struct dlock_entry {
     unsigned passes;             /* consecutive local handoffs (cohort handoff) */
     int64_t grant_boot_ns;       /* when this client learned the grant (boot clock):
                                     Redis made it earlier, at server time grant_token */
+    uint64_t unconfirmed;        /* the last token handed out under a grant whose
+                                    release failed (it may still be in Redis, as this
+                                    client's), 0 if none: the next acquire tells Redis */
     unsigned waiters;            /* threads in acquire waiting for this name */
     dlock_waitq wq;              /* the waiting threads but the poller, longest first
                                     (park.h): each parks on its own node */

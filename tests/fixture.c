@@ -807,3 +807,24 @@ void fx_cluster_stop(fx_cluster *c)
         fx_redis_stop(&c->node[i]);
     c->n = 0;
 }
+
+long long fx_lease_ms(redisContext *c, const char *key)
+{
+    redisReply *r = redisCommand(c, "HGET %s exp", key);
+    if (!r || r->type != REDIS_REPLY_STRING) {
+        if (r)
+            freeReplyObject(r);
+        return -2;
+    }
+    long long exp = atoll(r->str);
+    freeReplyObject(r);
+    r = redisCommand(c, "TIME");
+    if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 2) {
+        if (r)
+            freeReplyObject(r);
+        return -2;
+    }
+    long long now = atoll(r->element[0]->str) * 1000 + atoll(r->element[1]->str) / 1000;
+    freeReplyObject(r);
+    return exp >= now ? exp - now : -2;
+}

@@ -142,6 +142,12 @@ long long fx_info_top_calls(const char *host, int port);
 /* used_cpu_sys + used_cpu_user of host:port in seconds, or -1 on error. */
 double fx_info_cpu(const char *host, int port);
 
+/* The time left of the grant in lease key `key`, in ms, by the server's
+ * clock: its exp field (server ms) less the server's TIME; -2 when there is
+ * no grant (no key, or the grant expired: the key outlives its grant by a
+ * lease time, as a fence). */
+long long fx_lease_ms(redisContext *c, const char *key);
+
 /* dlock_config_init, then points it at r with test-friendly timeouts
  * (connect 500 ms, command 1000 ms). */
 void fx_config(dlock_config *cfg, const fx_redis *r);

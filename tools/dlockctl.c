@@ -226,8 +226,11 @@ static void read_lock(redisContext *c, const char *name, lockinfo *li)
     memset(li, 0, sizeof *li);
     key_of(k, sizeof k, name, "");
     li->now_ms = server_ms(c);
-    redisReply *r = cmd(c, "HMGET %s owner token name since", k);
-    if (r->element[0]->type == REDIS_REPLY_STRING) {
+    redisReply *r = cmd(c, "HMGET %s owner token name since exp", k);
+    /* A grant past its exp (server ms) has expired: its key stays a lease
+     * time longer, as a fence, but nobody holds the name. */
+    long long exp = r->element[4]->type == REDIS_REPLY_STRING ? atoll(r->element[4]->str) : -1;
+    if (r->element[0]->type == REDIS_REPLY_STRING && (exp < 0 || exp >= li->now_ms)) {
         li->held = 1;
         snprintf(li->owner, sizeof li->owner, "%s", r->element[0]->str);
         snprintf(li->token, sizeof li->token, "%s",
@@ -240,7 +243,7 @@ static void read_lock(redisContext *c, const char *name, lockinfo *li)
     }
     freeReplyObject(r);
     r = cmd(c, "PTTL %s", k);
-    li->remaining_ms = li->held ? r->integer : -1;
+    li->remaining_ms = !li->held ? -1 : exp >= 0 ? exp - li->now_ms : r->integer;
     freeReplyObject(r);
     key_of(k, sizeof k, name, ":q");
     r = cmd(c, "ZCARD %s", k);

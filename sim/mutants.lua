@@ -1,0 +1,102 @@
+-- Mutants of the scripts: each one a small change that brings back a bug
+-- this project had, or could have. sim --mutant NAME runs the simulator on
+-- the mutated scripts; sim/test-mutants checks that every one is caught
+-- (a violation) within its budget. A mutant whose text no longer occurs in
+-- its script fails loudly: mend it here when the script changes.
+local M = {}
+
+M.list = {
+  {
+    name = 'late_attempt_displaces_grant',
+    why = 'an attempt older than one Redis recorded is granted (no stale check)',
+    file = 'acquire', find = 'if attempt < seen or attempt == tonumber(ratt) then',
+    replace = 'if false then',
+  },
+  {
+    name = 'release_without_owner_check',
+    why = 'a release deletes the lease whoever owns it',
+    file = 'release', find = "if lease[1] ~= me or id ~= ARGV[3] then",
+    replace = "if not lease[1] then",
+  },
+  {
+    name = 'token_ignores_fence',
+    why = 'a grant takes server time alone, not the fence a release left',
+    file = 'acquire', find = "local last = tonumber(got[2] or '0') or 0",
+    replace = 'local last = 0',
+  },
+  {
+    name = 'renewal_of_another_grant',
+    why = "a renewal extends a lease by the client's id alone, whatever its grant",
+    file = 'renew', find = 'if lease[1] == ARGV[1] and lease[2] == ARGV[i + 2] then',
+    replace = 'if lease[1] == ARGV[1] then',
+  },
+  {
+    name = 'direct_grant_reservation_in_fence',
+    why = "a direct grant puts the waiter's reservation in the fence (before 0.3): "
+      .. 'a dead waiter pushes the next token ahead of server time, a restart undercuts it',
+    file = 'release', find = "    redis.call('HSET', KEYS[1], 'owner', h, 'token', tok, 'nonce', att, 'pl', pl,",
+    replace = "    redis.call('SET', KEYS[2], string.format('%.0f', tonumber(tok) + tonumber(pl)), 'PX', "
+      .. "math.max(tonumber(ARGV[4]), math.floor((tonumber(tok) + tonumber(pl) - now_us) / 1000) + 2))\n"
+      .. "    redis.call('HSET', KEYS[1], 'owner', h, 'token', tok, 'nonce', att, 'pl', pl,",
+  },
+  {
+    name = 'direct_grant_ignores_last',
+    why = "a direct grant takes server time alone, not above the released grant's last token",
+    file = 'release', find = 'if now_us <= last then',
+    replace = 'if false then',
+  },
+  {
+    name = 'late_leave_frees_newer_grant',
+    why = 'a leave frees a lease the client holds under a newer attempt',
+    file = 'leave', find = 'if lease[1] == me and (tonumber(lease[2]) or 0) < n then',
+    replace = 'if lease[1] == me then',
+  },
+  {
+    name = 'grant_over_live_lease',
+    why = "an acquire grants a name whose lease another client holds",
+    file = 'acquire', find = 'if lease[1] and not mine then',
+    replace = 'if false then',
+  },
+  {
+    name = 'queue_without_expiry',
+    why = "the wait queue's keys are written without an expiry",
+    file = 'acquire', find = "    if redis.call('PTTL', KEYS[k]) < 2 * ttl then",
+    replace = '    if false then',
+  },
+  {
+    name = 'expired_grant_forgotten',
+    why = 'a grant that expired unreleased no longer bounds the next token (its key outlives '
+      .. 'it as a fence): a step back of the server clock lets tokens go back',
+    file = 'acquire',
+    find = 'gone = math.max(tk, math.min(tk + (tonumber(lease[4]) or 0), tonumber(lease[5]) * 1000))',
+    replace = 'gone = 0',
+  },
+  {
+    name = 'fence_forgets_handoffs',
+    why = "a release's fence keeps the grant's token, not the last token its holder handed out",
+    file = 'release', find = 'if handed > last then',
+    replace = 'if false then',
+  },
+}
+
+function M.find(name)
+  for _, m in ipairs(M.list) do
+    if m.name == name then return m end
+  end
+end
+
+-- Applies m to the scripts' texts (a table: script name -> text).
+function M.apply(m, texts)
+  local text = texts[m.file]
+  local i, j = string.find(text, m.find, 1, true)
+  if not i then
+    error(string.format('mutant %s: its text is no longer in lua/%s.lua: mend sim/mutants.lua',
+      m.name, m.file), 0)
+  end
+  if string.find(text, m.find, j + 1, true) then
+    error(string.format('mutant %s: its text occurs twice in lua/%s.lua', m.name, m.file), 0)
+  end
+  texts[m.file] = text:sub(1, i - 1) .. m.replace .. text:sub(j + 1)
+end
+
+return M
