@@ -71,8 +71,8 @@
 -- than server time passes (client.c, handoff_in_time). So no token in use
 -- is ahead of server time, and a restart or failover that loses the fence
 -- cannot undercut one: the next grant's server time is past it. After a
--- step back a grant is ahead (last + 1): it writes its reservation (token +
--- pass limit) to the fence, which lives until server time has passed it.
+-- step back a grant is ahead (last + 1), and the fences and expired keys
+-- (gone) keep the order for as long as the step: up to a lease time.
 -- Server time in us is below 2^53, so Lua's doubles hold it exactly.
 --
 -- Cost: the common case, a free name with nobody queued, runs 6 commands
@@ -82,7 +82,7 @@
 -- attempt, and the release writes the record (release.lua).
 local me = ARGV[1]
 local attempt = tonumber(ARGV[3])
-local lease = redis.call('HMGET', KEYS[1], 'owner', 'token', 'nonce', 'pl', 'exp')
+local lease = redis.call('HMGET', KEYS[1], 'owner', 'token', 'nonce', 'pl', 'exp', 'since')
 local t = redis.call('TIME')
 local us6 = string.rep('0', 6 - #t[2]) .. t[2] -- microseconds, 6 digits
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -90,14 +90,15 @@ local now_ms = math.floor(now_us / 1000)
 -- A grant ends at exp (server ms); its key lives a lease time longer, so
 -- that after it expired unreleased its tokens still bound the next grant's
 -- if the server's clock steps back by up to a lease time. Its holder
--- handed out tokens up to token + pass limit, none of them past exp
--- (client.c, handoff_in_time), unless the grant itself was ahead of server
--- time; then the fence keeps token + pass limit.
+-- handed out tokens up to token + pass limit, and no faster than time
+-- passed from its grant (since, server ms) to exp (client.c,
+-- handoff_in_time).
 local gone = 0
 if lease[1] and lease[5] and now_ms > tonumber(lease[5]) then
   local tk = tonumber(lease[2]) or 0
-  gone = math.max(tk, math.min(tk + (tonumber(lease[4]) or 0), tonumber(lease[5]) * 1000))
-  lease = {false, false, false, false, false}
+  local lasted = (tonumber(lease[5]) - (tonumber(lease[6]) or 0)) * 1000
+  gone = tk + math.max(0, math.min(tonumber(lease[4]) or 0, lasted))
+  lease = {false, false, false, false, false, false}
 end
 local mine = lease[1] == me
 local got = redis.call('MGET', KEYS[6], KEYS[2]) -- the record, the fence
@@ -212,13 +213,12 @@ end
 local tok = t[1] .. us6
 local token = now_us
 if token <= last then
+  -- Ahead of server time (after a step back of its clock): the holder's
+  -- handoffs follow at most as fast as time passes, and whatever it hands
+  -- out stays bounded by the fence its release writes, or by its key once
+  -- the grant expired unreleased (gone, above).
   token = last + 1
   tok = string.format('%.0f', token)
-  -- Ahead of server time: the lease may expire before server time passes
-  -- token + pl, so the fence keeps the reservation until it has.
-  local res = token + tonumber(ARGV[4])
-  redis.call('SET', KEYS[2], string.format('%.0f', res), 'PX',
-    math.max(tonumber(ARGV[2]), math.floor((res - now_us) / 1000) + 2))
 end
 redis.call('HSET', KEYS[1], 'owner', me, 'token', tok, 'nonce', ARGV[3], 'pl', ARGV[4],
   'since', t[1] .. string.sub(us6, 1, 3), 'name', ARGV[8],

@@ -43,8 +43,7 @@ local live = lease[1] and not (lease[4] and now_ms > tonumber(lease[4]))
 if live and lease[1] == me and (tonumber(lease[2]) or 0) < n then
   -- Nobody used it, but its token was handed out: the fence keeps it (as a
   -- release's fence does), so that no later grant goes below it even if
-  -- the server's clock steps back; a token ahead of server time (after a
-  -- step back) is in the fence already, with its reservation (release.lua).
+  -- the server's clock steps back.
   local tok = tonumber(lease[3]) or 0
   if tok > (tonumber(redis.call('GET', KEYS[2]) or '0') or 0) then
     redis.call('SET', KEYS[2], lease[3], 'PX', ARGV[6])

@@ -154,18 +154,13 @@ while true do
     redis.call('DEL', KEYS[5])
     local tok = t[1] .. us6
     if now_us <= last then
-      -- Ahead of server time (after a step back of the server's clock):
-      -- the lease lasts only the waiter's ttl, so the fence keeps the
-      -- reservation (token + pass limit) until server time has passed it.
-      local res = last + 1 + tonumber(pl)
-      tok = string.format('%.0f', last + 1)
-      redis.call('SET', KEYS[2], string.format('%.0f', res), 'PX',
-        math.max(tonumber(ARGV[4]), math.floor((res - now_us) / 1000) + 2))
+      tok = string.format('%.0f', last + 1) -- after a step back of the clock
     end
-    -- Otherwise the token is server time, and the waiter's local handoffs
-    -- follow server time (client.c, handoff_in_time): once the lease is
-    -- gone, server time alone is past every token of this grant, and a
-    -- waiter that never took it leaves nothing ahead of the clock.
+    -- The waiter's local handoffs follow no faster than time passes
+    -- (client.c, handoff_in_time): a waiter that never took the grant
+    -- leaves nothing ahead of the clock, and one that did is bounded by
+    -- its release's fence, or by its key once the grant expired
+    -- (acquire.lua, gone).
     redis.call('HSET', KEYS[1], 'owner', h, 'token', tok, 'nonce', att, 'pl', pl,
       'since', t[1] .. string.sub(us6, 1, 3), 'name', nm,
       'exp', string.format('%.0f', now_ms + tonumber(ttl)))

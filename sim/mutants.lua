@@ -1,37 +1,42 @@
 -- Mutants of the scripts: each one a small change that brings back a bug
 -- this project had, or could have. sim --mutant NAME runs the simulator on
 -- the mutated scripts; sim/test-mutants checks that every one is caught
--- (a violation) within its budget. A mutant whose text no longer occurs in
+-- (a violation) within its budget of schedules from seed 1 (or `seed`). A mutant whose text no longer occurs in
 -- its script fails loudly: mend it here when the script changes.
 local M = {}
 
 M.list = {
   {
     name = 'late_attempt_displaces_grant',
+    schedules = 200,
     why = 'an attempt older than one Redis recorded is granted (no stale check)',
     file = 'acquire', find = 'if attempt < seen or attempt == tonumber(ratt) then',
     replace = 'if false then',
   },
   {
     name = 'release_without_owner_check',
+    schedules = 200,
     why = 'a release deletes the lease whoever owns it',
     file = 'release', find = "if lease[1] ~= me or id ~= ARGV[3] then",
     replace = "if not lease[1] then",
   },
   {
     name = 'token_ignores_fence',
+    schedules = 200,
     why = 'a grant takes server time alone, not the fence a release left',
     file = 'acquire', find = "local last = tonumber(got[2] or '0') or 0",
     replace = 'local last = 0',
   },
   {
     name = 'renewal_of_another_grant',
+    schedules = 400,
     why = "a renewal extends a lease by the client's id alone, whatever its grant",
-    file = 'renew', find = 'if lease[1] == ARGV[1] and lease[2] == ARGV[i + 2] then',
-    replace = 'if lease[1] == ARGV[1] then',
+    file = 'renew', find = 'if lease[1] == ARGV[1] and lease[2] == ARGV[i + 2] and',
+    replace = 'if lease[1] == ARGV[1] and',
   },
   {
     name = 'direct_grant_reservation_in_fence',
+    schedules = 500,
     why = "a direct grant puts the waiter's reservation in the fence (before 0.3): "
       .. 'a dead waiter pushes the next token ahead of server time, a restart undercuts it',
     file = 'release', find = "    redis.call('HSET', KEYS[1], 'owner', h, 'token', tok, 'nonce', att, 'pl', pl,",
@@ -41,38 +46,44 @@ M.list = {
   },
   {
     name = 'direct_grant_ignores_last',
+    schedules = 200,
     why = "a direct grant takes server time alone, not above the released grant's last token",
     file = 'release', find = 'if now_us <= last then',
     replace = 'if false then',
   },
   {
     name = 'late_leave_frees_newer_grant',
+    schedules = 200,
     why = 'a leave frees a lease the client holds under a newer attempt',
-    file = 'leave', find = 'if lease[1] == me and (tonumber(lease[2]) or 0) < n then',
-    replace = 'if lease[1] == me then',
+    file = 'leave', find = 'if live and lease[1] == me and (tonumber(lease[2]) or 0) < n then',
+    replace = 'if live and lease[1] == me then',
   },
   {
     name = 'grant_over_live_lease',
+    schedules = 200,
     why = "an acquire grants a name whose lease another client holds",
     file = 'acquire', find = 'if lease[1] and not mine then',
     replace = 'if false then',
   },
   {
     name = 'queue_without_expiry',
+    schedules = 200,
     why = "the wait queue's keys are written without an expiry",
     file = 'acquire', find = "    if redis.call('PTTL', KEYS[k]) < 2 * ttl then",
     replace = '    if false then',
   },
   {
     name = 'expired_grant_forgotten',
+    schedules = 25000,
     why = 'a grant that expired unreleased no longer bounds the next token (its key outlives '
       .. 'it as a fence): a step back of the server clock lets tokens go back',
     file = 'acquire',
-    find = 'gone = math.max(tk, math.min(tk + (tonumber(lease[4]) or 0), tonumber(lease[5]) * 1000))',
+    find = 'gone = tk + math.max(0, math.min(tonumber(lease[4]) or 0, lasted))',
     replace = 'gone = 0',
   },
   {
     name = 'fence_forgets_handoffs',
+    schedules = 200,
     why = "a release's fence keeps the grant's token, not the last token its holder handed out",
     file = 'release', find = 'if handed > last then',
     replace = 'if false then',

@@ -210,11 +210,13 @@ function cmd.ZADD(s, a)
     nx = true
     i = 3
   end
+  for j = i, #a, 2 do -- the arguments first, then the key's type (as Redis)
+    if not tonumber(a[j]) then err('ERR value is not a valid float') end
+  end
   local o = typed(s, a[1], 'zset')
   local n = 0
   for j = i, #a, 2 do
     local sc = tonumber(a[j])
-    if not sc then err('ERR value is not a valid float') end
     if not o then
       o = {type = 'zset', v = {}}
       s.db[a[1]] = o
@@ -230,9 +232,9 @@ function cmd.ZADD(s, a)
 end
 
 function cmd.ZRANGE(s, a)
-  local o = typed(s, a[1], 'zset')
   local from, to = toint(a[2]), toint(a[3])
   if not from or not to then err(NOTINT) end
+  local o = typed(s, a[1], 'zset')
   if not o then return {} end
   local list = zsorted(o.v)
   local len = #list

@@ -181,6 +181,7 @@ function W.new(seed, opts, scripts)
   self.srv_off = 1700000000 * 1000000 + self:rint(0, 999999) -- server clock - real time, us
   self.srv_last = 0
   self.srv_high = 0 -- the latest server time shown so far
+  self.behind_until = 0 -- after a step back: the server time the clock must pass
   self.up = true
   self.violations = {}
   self.steps = 0
@@ -326,6 +327,12 @@ function W:issue(name, token, who, stale)
   end
   tk.issued[token] = true
   if not stale and token > tk.max then tk.max = token end
+  -- while the server's clock is behind after a step back, tokens go on
+  -- above it: until it has caught up with them, a data loss is the double
+  -- fault that is not promised (fault_restart)
+  if self.now + self.srv_off <= self.behind_until and token > self.behind_until then
+    self.behind_until = token
+  end
 end
 
 -- After a script: what it changed, checked.
@@ -663,10 +670,7 @@ function W:fault_restart(kind)
   -- back): a fence lost then cannot be made up for by the clock, and tokens
   -- go back (README, "Fencing tokens": the two faults together are outside
   -- what is promised). It comes once the clock has caught up.
-  local top = 0
-  for _, n in ipairs(self.names) do
-    if self.tok[n].max > top then top = self.tok[n].max end
-  end
+  local top = self.behind_until
   local srv = self.now + self.srv_off
   if srv <= top then
     self:at(self.now + (top - srv) + 1000, function() self:fault_restart(kind) end)
@@ -684,7 +688,7 @@ function W:fault_restart(kind)
   self.aof = {}
   if self.tracing then self:trace('FAULT redis ' .. kind .. ' (down ' .. down .. ' us)') end
   self.srv.db = db
-  self.loss_t = self.now
+  self.loss_srv = self.now + self.srv_off -- the server's clock at the loss
   self:revoke_all(kind == 'failover' and 'failover' or 'restart')
   self:at(self.now + down, function()
     self.up = true
@@ -740,20 +744,22 @@ function W:fault_clock()
     -- step_back_ms below the latest time it has shown (steps back add
     -- up until the clock has caught up).
     local srv = self.now + self.srv_off
+    if srv > self.srv_high then self.srv_high = srv end -- the clock's own latest reading
     local room = self.cfg.step_back_ms * 1000 - math.max(0, self.srv_high - srv)
     if room < 1000 then return end
     d = -self:rint(self:rand() < 0.5 and 1000 or floor(room / 2), room)
-    -- Not within its own size after Redis lost its data: tokens issued
-    -- just before the loss are ahead of the stepped-back clock, and
+    -- Not back to before the time Redis lost its data: tokens issued
+    -- just before the loss would be ahead of the stepped-back clock, and
     -- their fences are gone (the two faults together are outside what
     -- is promised: README, "Fencing tokens"): skipped.
-    if self.loss_t and self.now - self.loss_t <= -d then
+    if self.loss_srv and srv + d <= self.loss_srv then
       self.faults.clock_back_later = (self.faults.clock_back_later or 0) + 1
       return
     end
     self.faults.clock_back = (self.faults.clock_back or 0) + 1
     self.stepped_back = true
     self.step_back_total = self.step_back_total - d
+    self.behind_until = math.max(self.behind_until, self.srv_high)
   end
   if self.tracing then self:trace(string.format('FAULT server clock steps %+.1f ms', d / 1000)) end
   self.srv_off = self.srv_off + d
