@@ -511,6 +511,33 @@ static void test_restart_never_undercuts(void **state)
     assert_true(td > tc);
 }
 
+/* A client whose release failed (Redis never heard of it) acquires again
+ * and finds the lease still its own: the new grant's token is above the
+ * last token it handed out under the old grant, which it passes as ARGV[9]
+ * (here far ahead of the grant, as after a step back of the server clock:
+ * before, the new token was the server time or the old token + 1). */
+static void test_regrant_above_unconfirmed_last(void **state)
+{
+    (void)state;
+    long long t1;
+    assert_int_equal(acquire("uc", X, 1, &t1), 1);
+    long long handed = t1 + 5000000; /* 5 s of handoffs, as after a step back */
+    char last[24];
+    snprintf(last, sizeof last, "%lld", handed);
+    keys k = keys_of("uc", X);
+    const char *argv[15];
+    for (int i = 0; i < 6; i++)
+        argv[i] = k.k[i];
+    const char *a[9] = {X, "10000", "2", "16", "2000", "1", "20000", "test-client", last};
+    memcpy(argv + 6, a, sizeof a);
+    redisReply *r = run(DLOCK_SCRIPT_ACQUIRE, argv, 9);
+    assert_int_equal(r->element[0]->integer, 1);
+    long long t2 = r->element[1]->integer;
+    freeReplyObject(r);
+    assert_true(t2 > handed);
+    assert_int_equal(release("uc", X, "token", t2), 1);
+}
+
 /* A single try (not queued) of a queued client is refused; a release then
  * grants the client the lease directly under the attempt of its queue
  * entry, which the client no longer waits in. A late copy of that older
@@ -553,6 +580,7 @@ int main(void)
         cmocka_unit_test(test_superseded_attempt_stays_stale),
         cmocka_unit_test(test_tokens_never_ahead_along_a_chain),
         cmocka_unit_test(test_late_copy_does_not_take_old_direct_grant),
+        cmocka_unit_test(test_regrant_above_unconfirmed_last),
         cmocka_unit_test(test_restart_never_undercuts),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
