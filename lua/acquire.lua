@@ -117,8 +117,11 @@ if mine then
     -- made for the waiter ttl only). Not if Redis saw a newer attempt of the
     -- client: a direct grant made under the attempt of an old queue entry
     -- (the client tried again without queueing) is not this copy's to take.
-    redis.call('HSET', KEYS[1], 'exp', string.format('%.0f', now_ms + tonumber(ARGV[2])))
-    redis.call('PEXPIRE', KEYS[1], 2 * tonumber(ARGV[2]))
+    local l = tonumber(ARGV[2])
+    local exp = math.max(tonumber(lease[5]) or 0, now_ms + l, (tonumber(lease[6]) or 0) + l)
+    redis.call('HSET', KEYS[1], 'exp', string.format('%.0f', exp))
+    redis.call('PEXPIRE', KEYS[1], math.max(exp - now_ms + l,
+      math.ceil(((tonumber(lease[2]) or 0) + (tonumber(lease[4]) or 0)) / 1000) - now_ms + l + 1))
     return {1, tonumber(lease[2])}
   end
   if held > seen then
@@ -152,7 +155,7 @@ end
 
 if lease[1] and not mine then
   if lease[5] then
-    return wait(tonumber(lease[5]) - now_ms)
+    return wait(tonumber(lease[5]) - now_ms + 1) -- it ends after this ms
   end
   return wait(redis.call('PTTL', KEYS[1])) -- a lease of an earlier version
 end
@@ -223,5 +226,10 @@ end
 redis.call('HSET', KEYS[1], 'owner', me, 'token', tok, 'nonce', ARGV[3], 'pl', ARGV[4],
   'since', t[1] .. string.sub(us6, 1, 3), 'name', ARGV[8],
   'exp', string.format('%.0f', now_ms + tonumber(ARGV[2])))
-redis.call('PEXPIRE', KEYS[1], 2 * tonumber(ARGV[2]))
+-- The key outlives the grant by a lease time, and the clock must have read
+-- a lease time past every token the grant bounds before it goes (a grant
+-- ahead of the clock, after a step back, lives that much longer).
+local l = tonumber(ARGV[2])
+redis.call('PEXPIRE', KEYS[1], math.max(2 * l,
+  math.ceil((token + tonumber(ARGV[4])) / 1000) - now_ms + l + 1))
 return {1, token}

@@ -46,7 +46,8 @@ if live and lease[1] == me and (tonumber(lease[2]) or 0) < n then
   -- the server's clock steps back.
   local tok = tonumber(lease[3]) or 0
   if tok > (tonumber(redis.call('GET', KEYS[2]) or '0') or 0) then
-    redis.call('SET', KEYS[2], lease[3], 'PX', ARGV[6])
+    redis.call('SET', KEYS[2], lease[3], 'PX', math.max(tonumber(ARGV[6]),
+      math.ceil(tok / 1000) - now_ms + math.floor(tonumber(ARGV[6]) / 2) + 1))
   end
   redis.call('DEL', KEYS[1])
   live = false

@@ -106,12 +106,12 @@ if handed > last then
   last, fence = handed, ARGV[5]
 end
 redis.call('DEL', KEYS[1])
--- The fence lives until server time passes it: the grant was made at
--- since (server ms), so now >= since.
+-- The fence lives a lease time, counted from when the server's clock has
+-- passed its token (it may be ahead, after a step back of the clock).
 local px = ARGV[4]
-local since = tonumber(lease[5] or '')
-if since and math.floor(last / 1000) - since + 2 > tonumber(px) then
-  px = string.format('%.0f', math.floor(last / 1000) - since + 2)
+local ahead = math.ceil(last / 1000) - now_ms + tonumber(ARGV[4]) + 1
+if ahead > tonumber(px) then
+  px = string.format('%.0f', ahead)
 end
 redis.call('SET', KEYS[2], fence, 'PX', px)
 -- Remember the release, so that a retry of it, or a late copy of the
@@ -165,8 +165,11 @@ while true do
       'since', t[1] .. string.sub(us6, 1, 3), 'name', nm,
       'exp', string.format('%.0f', now_ms + tonumber(ttl)))
     -- Its key outlives it by half the record lifetime (the larger of the
-    -- lease time and the waiter ttl), as a fence (acquire.lua).
-    redis.call('PEXPIRE', KEYS[1], tonumber(ttl) + math.floor(tonumber(ARGV[9]) / 2))
+    -- lease time and the waiter ttl), as a fence (acquire.lua), counted
+    -- from when the clock has passed token + pass limit.
+    local keep = math.floor(tonumber(ARGV[9]) / 2)
+    redis.call('PEXPIRE', KEYS[1], math.max(tonumber(ttl) + keep,
+      math.ceil((tonumber(tok) + tonumber(pl)) / 1000) - now_ms + keep + 1))
     redis.call('PUBLISH', ARGV[6] .. h, 'g ' .. att .. ' ' .. tok .. ' ' .. ARGV[7])
     return 2
   end

@@ -8,17 +8,23 @@
 -- key belongs to another grant). A grant is only ever renewed with its own
 -- token, so a renewal that races a release cannot extend the next owner's
 -- lease; an expired grant is never brought back.
+-- A renewal never moves exp back, nor below a lease time from the grant
+-- (since): after a step back of the server's clock, exp - since must still
+-- cover how long the holder handed out tokens (acquire.lua, gone). The key
+-- outlives exp by a lease time, and lives until the clock has read a lease
+-- time past token + pass limit.
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local exp = string.format('%.0f', now_ms + tonumber(ARGV[2]))
-local px = 2 * tonumber(ARGV[2]) -- the key outlives the grant by a lease time
+local l = tonumber(ARGV[2])
 local out = {}
 for i, key in ipairs(KEYS) do
-  local lease = redis.call('HMGET', key, 'owner', 'token', 'exp')
+  local lease = redis.call('HMGET', key, 'owner', 'token', 'exp', 'since', 'pl')
   if lease[1] == ARGV[1] and lease[2] == ARGV[i + 2] and
      (not lease[3] or tonumber(lease[3]) >= now_ms) then
-    redis.call('HSET', key, 'exp', exp)
-    redis.call('PEXPIRE', key, px)
+    local exp = math.max(tonumber(lease[3]) or 0, now_ms + l, (tonumber(lease[4]) or 0) + l)
+    redis.call('HSET', key, 'exp', string.format('%.0f', exp))
+    redis.call('PEXPIRE', key, math.max(exp - now_ms + l,
+      math.ceil((tonumber(lease[2]) + (tonumber(lease[5]) or 0)) / 1000) - now_ms + l + 1))
     out[i] = 1
   else
     out[i] = 0

@@ -343,8 +343,8 @@ function C.release(th)
   end
   local clock_ok = true
   if c.s.local_rule == 'clock' then
-    local elapsed = now - e.grant_at
-    clock_ok = e.passes + 1 <= floor(elapsed - elapsed / 100)
+    local us = floor(now - e.grant_at)
+    clock_ok = e.passes + 1 <= us - floor((us + 99) / 100)
   end
   if head and e.passes < c.s.pass_limit and now + margin < e.valid_until and clock_ok then
     -- Cohort handoff (rule 3): the next token, to the head of the queue.
@@ -362,7 +362,10 @@ function C.release(th)
       e.passing = false
       if not c.alive then return end
       if e.state ~= 'HELD' or cnow(c) >= e.valid_until then
-        if e.state == 'HELD' then e.registered = false end
+        if e.state == 'HELD' then
+          e.registered = false
+          e.unconfirmed = math.max(e.unconfirmed or 0, e.token) -- lost by validity alone
+        end
         e.state = 'NONE'
         e.owner = nil
         table.insert(e.queue, 1, head)
@@ -383,8 +386,10 @@ function C.release(th)
   trace(c, '%s releases %s (grant %.0f, last %.0f)', th.name, e.name, e.grant_token, e.token)
   W:request(c, 'release', e.name, e.keys, argv, {}, function(rep, how)
     if not c.alive then return end
-    if how ~= 'reply' or type(rep) ~= 'number' then
-      e.unconfirmed = e.token -- the lease may still be ours in Redis
+    if how ~= 'reply' or type(rep) ~= 'number' or rep < 1 then
+      -- the lease may still be ours in Redis, or ours again after a step
+      -- back of the server's clock (unconfirmed.h)
+      e.unconfirmed = math.max(e.unconfirmed or 0, e.token)
     end
     e.state = 'NONE'
     C.think(th)
@@ -504,6 +509,8 @@ function C.renew_round(c)
           e.provisional = false
         elseif v == 0 or now >= e.valid_until then
           trace(c, 'renewal finds %s lost (grant %.0f)', e.name, e.grant_token)
+          -- Redis may still have it, or have it again (unconfirmed.h)
+          e.unconfirmed = math.max(e.unconfirmed or 0, e.token)
           e.registered = false
           e.state = 'LOST'
           if not e.owner then

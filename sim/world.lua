@@ -876,7 +876,7 @@ function W:check_keys()
   local life = math.max(keep, 2 * cfg.waiter_ttl_ms, 2 * cfg.lease_ms, cfg.waiter_ttl_ms + cfg.lease_ms,
     3600000 * (self.faults.force and 1 or 0))
   local last = self.now
-  self.now = self.now + (life + 2) * 1000 + self.step_back_total
+  self.now = self.now + (life + 3) * 1000 + self.step_back_total
   self.srv.now_ms = floor((self.now + self.srv_off) / 1000)
   for k, o in pairs(self.srv.db) do
     if R.live(self.srv, k) then

@@ -102,6 +102,7 @@
 #include "sentinel.h"
 #include "sub.h"
 #include "table.h"
+#include "unconfirmed.h"
 
 /* The fairness bound of the local succession policy (I10; README, "Handoff"):
  * a waiter that has led the local queue this long is passed over by no one;
@@ -148,6 +149,7 @@ struct dlock_client {
     dlock_cluster *cluster; /* Cluster mode: the slot map and the nodes */
     dlock_renew *renew;
     dlock_sub *sub;
+    dlock_unconfirmed *unconfirmed; /* tokens of grants whose end Redis never confirmed */
 };
 
 /* fork(): the child gets a copy of the client without its threads or a
@@ -419,6 +421,7 @@ static void client_free(dlock_client *c)
     dlock_pool_destroy(c->pool);
     dlock_cluster_destroy(c->cluster);
     dlock_table_destroy(c->table);
+    dlock_unconfirmed_destroy(c->unconfirmed);
     free(c->conn.host);
     free(c->conn.password);
     free(c->conn.client_name);
@@ -675,6 +678,7 @@ int dlock_client_open(const dlock_config *cfg, dlock_client **out)
     c->args = (dlock_script_args){c->id, c->lease_str, c->pass_limit_str, c->waiter_ttl_str,
                                   c->wake_prefix, c->keep_str};
     c->table = dlock_table_create(c->prefix, c->id, &c->ctr);
+    c->unconfirmed = dlock_unconfirmed_create(c->keep_ms);
     if (cfg->cluster_nodes) {
         rc = dlock_cluster_create(&c->conn, cfg->cluster_nodes, cfg->pool_size,
                                   cfg->min_replicas, &c->ctr, &c->cluster);
@@ -689,7 +693,7 @@ int dlock_client_open(const dlock_config *cfg, dlock_client **out)
             c->batch = dlock_batch_create(c->pool, cfg->pool_size, cfg->command_timeout_ms,
                                           cfg->min_replicas, cfg->sentinels != NULL, &c->ctr);
     }
-    if (!c->table || (!c->cluster && (!c->pool || !c->batch))) {
+    if (!c->table || !c->unconfirmed || (!c->cluster && (!c->pool || !c->batch))) {
         client_free(c);
         return dlock_err_set(DLOCK_ENOMEM, "out of memory");
     }
@@ -1027,7 +1031,10 @@ static int take_grant(dlock_client *c, dlock_entry *e, uint64_t token, int64_t v
     e->epoch++;
     e->valid_until_ns = valid_until;
     e->grant_boot_ns = dlock_boot_ns(); /* after the reply or message: Redis granted before */
-    e->unconfirmed = 0; /* the grant's token is above it (acquire.lua) */
+    if (e->unconfirmed) {
+        e->unconfirmed = 0; /* the grant's token is above it (acquire.lua) */
+        dlock_unconfirmed_clear(c->unconfirmed, e->name);
+    }
     e->provisional = 0;
     e->msg_grant = 0;
     e->passes = 0;
@@ -1046,6 +1053,17 @@ static int take_grant(dlock_client *c, dlock_entry *e, uint64_t token, int64_t v
     return DLOCK_OK;
 }
 
+/* The grant of e ended without a release Redis confirmed (a failed release,
+ * a lost lease), after `last` was handed out under it:
+ * the next acquire of the name tells Redis (acquire.lua, ARGV[9]), also if
+ * e is freed meanwhile. Called with e->mu held (the set's mutex is a leaf). */
+static void unconfirmed_end(dlock_client *c, dlock_entry *e, uint64_t last)
+{
+    if (last > e->unconfirmed)
+        e->unconfirmed = last;
+    dlock_unconfirmed_put(c->unconfirmed, e->name, e->unconfirmed);
+}
+
 /* Takes a lease that its holder passed on (cohort handoff): no Redis command.
  * Called with e->mu held, e->handoff set. If the lease's validity ran out
  * while it was passed, it is lost and not taken (rule 4): the caller polls,
@@ -1056,6 +1074,8 @@ static int take_handoff(dlock_client *c, dlock_entry *e, int *drop)
     DLOCK_ASSERT(!e->has_owner && e->state == DLOCK_LEASE_HELD);
     e->handoff = 0;
     if (dlock_boot_ns() >= e->valid_until_ns) {
+        /* Lost by its validity alone: Redis may still have it as ours. */
+        unconfirmed_end(c, e, e->token);
         *drop += dlock_renew_mark_lost(c->renew, e);
         e->lost_notified = 1; /* no thread held it: nobody to tell */
         e->state = DLOCK_LEASE_NONE;
@@ -1138,6 +1158,9 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
         e->woken = 0; /* a wake-up from now on triggers another try */
         uint64_t unconfirmed = e->unconfirmed;
         pthread_mutex_unlock(&e->mu);
+        uint64_t kept = dlock_unconfirmed_get(c->unconfirmed, e->name);
+        if (kept > unconfirmed)
+            unconfirmed = kept; /* the entry was freed and made anew since */
         uint64_t token = 0;
         int64_t pttl = 0, sent_boot = 0;
         char nonce[24];
@@ -1237,6 +1260,8 @@ static int acquire(dlock_client *c, const char *name, int64_t wait_ms, uint64_t 
         }
         if (!e->has_owner && e->state == DLOCK_LEASE_LOST) {
             /* Lost while being passed between threads: nobody holds it. */
+            if (e->unconfirmed)
+                unconfirmed_end(c, e, e->unconfirmed);
             e->state = DLOCK_LEASE_NONE;
             e->handoff = 0;
         }
@@ -1383,7 +1408,7 @@ static int release(dlock_client *c, const char *name)
 static int handoff_in_time(const dlock_entry *e, int64_t now)
 {
     int64_t us = (now - e->grant_boot_ns) / 1000;
-    return (int64_t)e->passes + 1 <= us - us / 100;
+    return (int64_t)e->passes + 1 <= us - (us + 99) / 100;
 }
 
 /* The outermost release of e by the calling thread, which holds e->mu and
@@ -1394,6 +1419,8 @@ static int release_outermost(dlock_client *c, dlock_entry *e, const char *name)
     e->has_owner = 0;
     e->depth = 0;
     if (e->state == DLOCK_LEASE_LOST) {
+        if (e->unconfirmed)
+            unconfirmed_end(c, e, e->unconfirmed); /* found lost by validity */
         e->state = DLOCK_LEASE_NONE;
         kick_head(e); /* it polls */
         pthread_mutex_unlock(&e->mu);
@@ -1449,15 +1476,18 @@ static int release_outermost(dlock_client *c, dlock_entry *e, const char *name)
     int notify = 0;
     pthread_mutex_lock(&e->mu);
     dlock_count(&c->ctr.leases_held, (uint64_t)-1);
+    if (rc != DLOCK_OK) {
+        /* The lease may still be ours in Redis, until it expires (the
+         * release did not arrive), or be ours again (a step back of the
+         * server's clock brings an expired grant back): a later acquire
+         * that finds it so is granted above every token handed out under
+         * it. */
+        unconfirmed_end(c, e, token);
+    }
     if (rc == DLOCK_ELOST) {
         dlock_count(&c->ctr.leases_lost, 1);
         notify = !e->lost_notified;
         e->lost_notified = 1;
-    } else if (rc != DLOCK_OK) {
-        /* The lease may still be ours in Redis, until it expires: a later
-         * acquire that finds it so is granted above every token handed out
-         * under it. */
-        e->unconfirmed = token;
     }
     e->state = DLOCK_LEASE_NONE;
     /* One waiter becomes the poller; waking all of them (a thousand threads

@@ -522,6 +522,14 @@ static int64_t apply(dlock_renew *r, snap *s, size_t n, int64_t sent_boot)
                 e->valid_until_ns = valid;
                 e->provisional = 0; /* a whole lease now */
             } else if (s[i].verdict == 0 || now >= e->valid_until_ns) {
+                /* Redis may still have the grant as ours (the renewal went
+                 * unanswered but may have run; or a step back of the
+                 * server's clock brings an expired grant back), and the
+                 * next acquire must go above its tokens (unconfirmed.h; the
+                 * client records it when the holder or a waiter finds the
+                 * loss). */
+                if (e->token > e->unconfirmed)
+                    e->unconfirmed = e->token;
                 drop_registry_ref = dlock_renew_mark_lost(r, e);
                 s[i].lost_token = e->token;
                 if (!e->lost_notified) {

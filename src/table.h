@@ -68,9 +68,11 @@ typedef struct dlock_entry {
     unsigned passes;             /* consecutive local handoffs (cohort handoff) */
     int64_t grant_boot_ns;       /* when this client learned the grant (boot clock):
                                     Redis made it earlier, at server time grant_token */
-    uint64_t unconfirmed;        /* the last token handed out under a grant whose
-                                    release failed (it may still be in Redis, as this
-                                    client's), 0 if none: the next acquire tells Redis */
+    uint64_t unconfirmed;        /* the last token handed out under a grant that ended
+                                    other than by a confirmed release (it may still be, or
+                                    be again, this client's in Redis: unconfirmed.h), 0 if
+                                    none: the next acquire tells Redis; kept past the
+                                    entry's life in unconfirmed.h */
     unsigned waiters;            /* threads in acquire waiting for this name */
     dlock_waitq wq;              /* the waiting threads but the poller, longest first
                                     (park.h): each parks on its own node */

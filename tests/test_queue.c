@@ -581,11 +581,13 @@ static void wait_flag(int *flag)
     assert_true(__atomic_load_n(flag, __ATOMIC_SEQ_CST));
 }
 
-/* With lease_ms shorter than waiter_ttl_ms, a renewal resets a direct
- * grant's expiry in Redis to the shorter lease time: the holder's validity
- * must follow. b's network then stalls; once Redis has expired the lease
+/* With lease_ms shorter than waiter_ttl_ms, the holder of a renewed direct
+ * grant counts its validity from the renewal by the shorter lease time,
+ * while Redis keeps the grant at least the waiter ttl (a renewal never moves
+ * its end back). b's network then stalls; once Redis has expired the lease
  * and c took it, b must no longer believe it holds it. (Found by review:
- * the validity counted the waiter ttl and a renewal only ever raised it.) */
+ * the validity counted the waiter ttl while a renewal cut Redis's expiry to
+ * the lease time.) */
 static void test_direct_grant_validity_follows_renewal(void **state)
 {
     (void)state;
@@ -616,10 +618,11 @@ static void test_direct_grant_validity_follows_renewal(void **state)
         fx_sleep_ms(10);
     }
     assert_true(s1.renew_rounds >= s0.renew_rounds + 2);
-    assert_true(grant_ms("dlock:{dg5}") <= 300);
+    long long left = grant_ms("dlock:{dg5}");
+    assert_true(left > 0 && left <= 3000);
     fx_proxy_stall(px, 1);
     for (int i = 0; i < 1000 && grant_ms("dlock:{dg5}") != -2; i++)
-        fx_sleep_ms(10); /* b's grant expires in Redis */
+        fx_sleep_ms(10); /* b's grant expires in Redis (3 s at most) */
     assert_int_equal(dlock_acquire(c, "dg5", 0, NULL), DLOCK_OK);
     __atomic_store_n(&kb.check, 1, __ATOMIC_SEQ_CST);
     wait_flag(&kb.checked);

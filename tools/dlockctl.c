@@ -501,7 +501,7 @@ static int cmd_watch(const char *name)
  * number -N, having changed nothing, while the holder's reservation is ahead
  * of server time: the caller waits N ms and tries again. */
 static const char FORCE_HEAD[] =
-    "local lease = redis.call('HMGET', KEYS[1], 'owner', 'token', 'pl')\n"
+    "local lease = redis.call('HMGET', KEYS[1], 'owner', 'token', 'pl', 'exp')\n"
     "if lease[1] ~= ARGV[1] or lease[2] ~= ARGV[3] then return 0 end\n"
     /* the holder's reservation for its threads (token + pass limit): it may
      * go on handing them out until it learns of this release, so the fence
@@ -511,6 +511,8 @@ static const char FORCE_HEAD[] =
     "local res = tonumber(lease[2]) + (tonumber(lease[3]) or 0)\n"
     "local t = redis.call('TIME')\n"
     "local now = tonumber(t[1]) * 1000000 + tonumber(t[2])\n"
+    /* a grant past its exp has expired: nobody holds it (acquire.lua) */
+    "if lease[4] and math.floor(now / 1000) > tonumber(lease[4]) then return 0 end\n"
     "if res >= now then return -(math.floor((res - now) / 1000) + 1) end\n"
     "local fence = tonumber(redis.call('GET', KEYS[2]) or '0') or 0\n"
     "if fence > res then res = fence end\n"
@@ -611,8 +613,15 @@ static int cmd_release(const char *name)
         freeReplyObject(r);
         /* Negative: the holder's reservation is ahead of server time by up
          * to its pass limit in us (at most a lease time): wait, again. */
-        if (rc >= 0 || tries == 100)
+        if (rc >= 0)
             break;
+        if (tries == 100) {
+            free(script);
+            fprintf(stderr, "dlockctl: %s: the holder's reservation of tokens is still ahead of "
+                            "the server's clock after 100 tries; nothing released\n", name);
+            conn_done(c, node);
+            return 1;
+        }
         long long ms = -rc > 1000 ? 1000 : -rc;
         struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
         nanosleep(&ts, NULL);
