@@ -828,3 +828,13 @@ long long fx_lease_ms(redisContext *c, const char *key)
     freeReplyObject(r);
     return exp >= now ? exp - now : -2;
 }
+
+long long fx_server_lease_ms(const char *key)
+{
+    redisContext *k = fx_connect("127.0.0.1", fx_server.port);
+    if (!k)
+        return -2;
+    long long v = fx_lease_ms(k, key);
+    redisFree(k);
+    return v;
+}

@@ -148,6 +148,9 @@ double fx_info_cpu(const char *host, int port);
  * lease time, as a fence). */
 long long fx_lease_ms(redisContext *c, const char *key);
 
+/* fx_lease_ms on fx_server, over a connection of its own. */
+long long fx_server_lease_ms(const char *key);
+
 /* dlock_config_init, then points it at r with test-friendly timeouts
  * (connect 500 ms, command 1000 ms). */
 void fx_config(dlock_config *cfg, const fx_redis *r);

@@ -34,16 +34,6 @@
 
 /* ---------------------------------------------------------------- helpers */
 
-/* The time left of the grant in lease key `key` (fx_lease_ms), -2 if none. */
-static long long grant_ms(const char *key)
-{
-    redisContext *k = fx_connect("127.0.0.1", fx_server.port);
-    assert_non_null(k);
-    long long v = fx_lease_ms(k, key);
-    redisFree(k);
-    return v;
-}
-
 static long long key_pttl(const char *key)
 {
     redisReply *r = cmd("PTTL %b", key, strlen(key));
@@ -119,7 +109,7 @@ static void test_basic_lease_key(void **state)
     assert_string_equal(token, want);
     /* The grant lasts a lease time; its key a lease time more (a fence if
      * it expires unreleased). */
-    long long left = grant_ms(key);
+    long long left = fx_server_lease_ms(key);
     assert_true(left > 0);
     assert_true(left <= lease);
     long long pttl = key_pttl(key);

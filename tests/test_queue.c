@@ -72,16 +72,6 @@ static void wait_subscribed(long long n)
     assert_int_equal(wake_channels(), n);
 }
 
-/* The time left of the grant in lease key `key` (fx_lease_ms), -2 if none. */
-static long long grant_ms(const char *key)
-{
-    redisContext *k = fx_connect("127.0.0.1", fx_server.port);
-    assert_non_null(k);
-    long long v = fx_lease_ms(k, key);
-    redisFree(k);
-    return v;
-}
-
 typedef struct waiter {
     dlock_client *c;
     char name[32];
@@ -438,7 +428,7 @@ static void test_direct_grant_to_dead_waiter_lasts_its_ttl(void **state)
     assert_non_null(owner);
     assert_string_equal(owner, "ghost");
     free(owner);
-    long long left = grant_ms("dlock:{dg2}");
+    long long left = fx_server_lease_ms("dlock:{dg2}");
     assert_true(left > 0 && left <= 600);
     ghost_finish(&g, 600, "its grant");
 }
@@ -618,10 +608,10 @@ static void test_direct_grant_validity_follows_renewal(void **state)
         fx_sleep_ms(10);
     }
     assert_true(s1.renew_rounds >= s0.renew_rounds + 2);
-    long long left = grant_ms("dlock:{dg5}");
+    long long left = fx_server_lease_ms("dlock:{dg5}");
     assert_true(left > 0 && left <= 3000);
     fx_proxy_stall(px, 1);
-    for (int i = 0; i < 1000 && grant_ms("dlock:{dg5}") != -2; i++)
+    for (int i = 0; i < 1000 && fx_server_lease_ms("dlock:{dg5}") != -2; i++)
         fx_sleep_ms(10); /* b's grant expires in Redis (3 s at most) */
     assert_int_equal(dlock_acquire(c, "dg5", 0, NULL), DLOCK_OK);
     __atomic_store_n(&kb.check, 1, __ATOMIC_SEQ_CST);

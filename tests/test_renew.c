@@ -160,16 +160,6 @@ static long long cmd_int(const char *fmt, const char *key)
     return v;
 }
 
-/* The time left of the grant in lease key `key` (fx_lease_ms), -2 if none. */
-static long long grant_ms(const char *key)
-{
-    redisContext *k = fx_connect("127.0.0.1", fx_server.port);
-    assert_non_null(k);
-    long long v = fx_lease_ms(k, key);
-    redisFree(k);
-    return v;
-}
-
 static long long key_exists(const char *key) { return cmd_int("EXISTS %s", key); }
 static long long key_pttl(const char *key) { return cmd_int("PTTL %s", key); }
 
@@ -224,7 +214,7 @@ static void test_short_lease_kept(void **state)
     int samples = 0;
     while (fx_now_ns() < end) {
         assert_int_equal(dlock_held(c, "k"), 1);
-        long long pttl = grant_ms(key);
+        long long pttl = fx_server_lease_ms(key);
         if (pttl < 0)
             fail_msg("grant gone after %d samples (%lld)", samples, pttl);
         assert_true(pttl <= lease);
