@@ -327,10 +327,11 @@ function W:issue(name, token, who, stale)
   end
   tk.issued[token] = true
   if not stale and token > tk.max then tk.max = token end
-  -- while the server's clock is behind after a step back, tokens go on
-  -- above it: until it has caught up with them, a data loss is the double
-  -- fault that is not promised (fault_restart)
-  if self.now + self.srv_off <= self.behind_until and token > self.behind_until then
+  -- after a step back of the server's clock, tokens go on above it (last
+  -- + 1, and up to a pass limit above an expired grant's): until the clock
+  -- has caught up with them, a data loss is the double fault that is not
+  -- promised (fault_restart)
+  if self.stepped_ever and token > self.behind_until then
     self.behind_until = token
   end
 end
@@ -666,8 +667,8 @@ end
 function W:fault_restart(kind)
   -- kind: 'empty' (no persistence), 'aof' (loses the writes after a recent
   -- snapshot), 'failover' (a replica that missed the last writes).
-  -- Not while the server's clock is behind a token it issued (after a step
-  -- back): a fence lost then cannot be made up for by the clock, and tokens
+  -- Not while the server's clock is behind a token it issued after a step
+  -- back: a fence lost then cannot be made up for by the clock, and tokens
   -- go back (README, "Fencing tokens": the two faults together are outside
   -- what is promised). It comes once the clock has caught up.
   local top = self.behind_until
@@ -760,6 +761,7 @@ function W:fault_clock()
     self.stepped_back = true
     self.step_back_total = self.step_back_total - d
     self.behind_until = math.max(self.behind_until, self.srv_high)
+    self.stepped_ever = true
   end
   if self.tracing then self:trace(string.format('FAULT server clock steps %+.1f ms', d / 1000)) end
   self.srv_off = self.srv_off + d
