@@ -72,8 +72,8 @@
  * References: a thread inside a call holds one; the owner thread keeps the
  * one of its outermost acquire until its outermost release.
  *
- * Lock order: e->mu, then the renewal manager's mutex; the table, pool and
- * subscriber mutexes are leaves. No Redis I/O happens with e->mu held;
+ * Lock order: e->mu, then the renewal manager's mutex; the table, pool,
+ * subscriber and unconfirmed-set (unconfirmed.h) mutexes are leaves. No Redis I/O happens with e->mu held;
  * on_lost and the subscriber's callbacks run with no lock held (the latter
  * take e->mu only).
  *
