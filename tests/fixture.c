@@ -194,7 +194,7 @@ static int spawn(fx_redis *r, long wait_ms)
     char port[16], log[300], conf[300], mport[16];
     snprintf(port, sizeof port, "%d", r->port);
     snprintf(log, sizeof log, "%s/redis.log", r->dir);
-    char *argv[32] = {FX_REDIS_BIN};
+    char *argv[64] = {FX_REDIS_BIN};
     int n = 1;
     if (r->opts.sentinel_master) {
         /* A sentinel rewrites its configuration file: a fresh one per start. */
@@ -250,7 +250,31 @@ static int spawn(fx_redis *r, long wait_ms)
         argv[n++] = "--requirepass";
         argv[n++] = (char *)r->opts.requirepass;
     }
+    for (int i = 0; r->opts.args && r->opts.args[i] && n < 62; i++)
+        argv[n++] = (char *)r->opts.args[i];
     argv[n] = NULL;
+    /* The environment with opts.env added (built before fork: the child
+     * only execs). */
+    extern char **environ;
+    char *envbuf[256];
+    char **envp = environ;
+    if (r->opts.env) {
+        int e = 0;
+        for (int i = 0; r->opts.env[i] && e < 128; i++)
+            envbuf[e++] = (char *)r->opts.env[i];
+        int given = e;
+        for (int i = 0; environ[i] && e < 255; i++) {
+            const char *eq = strchr(environ[i], '=');
+            size_t len = eq ? (size_t)(eq - environ[i]) + 1 : strlen(environ[i]);
+            int dup = 0;
+            for (int j = 0; j < given && !dup; j++)
+                dup = strncmp(envbuf[j], environ[i], len) == 0;
+            if (!dup) /* one entry per name: ld.so takes the last LD_PRELOAD */
+                envbuf[e++] = environ[i];
+        }
+        envbuf[e] = NULL;
+        envp = envbuf;
+    }
     /* Decided before fork: syscall() is fine in the child, but keep it simple. */
     int main_thread = (pid_t)syscall(SYS_gettid) == getpid();
     pid_t parent = getpid();
@@ -268,7 +292,7 @@ static int spawn(fx_redis *r, long wait_ms)
             if (getppid() != parent)
                 _exit(127);
         }
-        execvp(FX_REDIS_BIN, argv);
+        execvpe(FX_REDIS_BIN, argv, envp);
         _exit(127);
     }
 

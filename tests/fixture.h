@@ -26,6 +26,13 @@ typedef struct fx_redis_opts {
                                  sentinel_down_ms (0: 1000 ms), failover timeout
                                  the larger of 5000 ms and sentinel_down_ms */
     int sentinel_down_ms;
+    const char *const *args;  /* more redis-server arguments, NULL-terminated,
+                                 after all others (so they override them);
+                                 NULL: none */
+    const char *const *env;   /* "NAME=value" strings, NULL-terminated, added
+                                 to the inherited environment (an inherited
+                                 entry of the same name is left out); NULL:
+                                 none */
 } fx_redis_opts;
 
 typedef struct fx_redis {
