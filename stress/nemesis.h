@@ -1,0 +1,132 @@
+/*
+ * nemesis.h: what the three files of the nemesis soak share.
+ *
+ *   nemesis.c        the runner: options, the Sentinel topology behind fault
+ *                    proxies, the fenced store, the worker processes, the
+ *                    nemesis that injects faults, the report
+ *   nemesis_worker.c a worker process: one dlock client, threads doing a
+ *                    fenced read-modify-write under the lock, the history
+ *   nemesis_check.c  the checker over the history, the store and the faults
+ *
+ * The runner maps one shared region (a memfd, inherited by the workers it
+ * starts with fork + exec): the parameters, per-worker counters and the
+ * history, one record per acquisition. Several processes write the region
+ * at once, each only its own proc slot and the records whose index it took
+ * with an atomic fetch-and-add on `next`; a record is complete once its
+ * `done` byte is 1 (a release store after every other field, so a worker
+ * killed while writing one leaves it incomplete and the checker skips it).
+ * The runner reads the history only after every worker has exited.
+ */
+#ifndef DLOCK_STRESS_NEMESIS_H
+#define DLOCK_STRESS_NEMESIS_H
+
+#include <stdint.h>
+#include <sys/types.h>
+
+#define NM_MAX_PROCS 16
+#define NM_MAX_NAMES 64
+#define NM_NERR 16            /* error counters indexed by -code */
+#define NM_MASTER "nemesis"   /* the master's name known to the sentinels */
+#define NM_PREFIX "nm:"       /* the clients' key_prefix */
+
+/* One acquisition. Times are CLOCK_MONOTONIC ns (one clock for every process
+ * of the machine). */
+typedef struct nm_rec {
+    uint64_t token;     /* the fencing token dlock_acquire gave */
+    int64_t t_acq;      /* when dlock_acquire returned DLOCK_OK */
+    int64_t t_end;      /* taken just before a dlock_held() that said 1 after
+                           the store calls; 0 if it said 0 (the holder knew
+                           it had lost the lease, e.g. after a pause) */
+    int64_t value;      /* the value the store's read gave (-1: refused) */
+    uint16_t name;      /* name index */
+    uint16_t proc;      /* worker slot */
+    uint8_t read_ok;    /* the store accepted the read */
+    uint8_t write_ok;   /* ... and the write */
+    uint8_t done;       /* 1 once every field above is written (release) */
+    uint8_t pad[5];
+} nm_rec;
+
+/* A worker slot (a killed worker's replacement takes its slot). */
+typedef struct nm_proc {
+    int pid;
+    int ready;                /* set once its client is open and threads run */
+    uint64_t acquired;        /* dlock_acquire DLOCK_OK */
+    uint64_t errors[NM_NERR]; /* dlock_acquire errors by -code */
+    uint64_t lost;            /* on_lost calls */
+    uint64_t release_lost;    /* dlock_release DLOCK_ELOST */
+    uint64_t store_errors;    /* the store did not answer (never expected) */
+} nm_proc;
+
+typedef struct nm_shared {
+    /* Parameters, written by the runner before any worker starts. */
+    int threads, names, lease_ms, min_replicas, command_ms, think_us;
+    int store_port;
+    int plant;                /* a planted bug, to show the checker catches it:
+                                 NM_PLANT_* (0: none) */
+    char sentinels[160];      /* "127.0.0.1:p,127.0.0.1:p,127.0.0.1:p" */
+    volatile int stop;        /* set by the runner: workers finish and exit */
+    uint64_t cap;             /* records that fit */
+    uint64_t next;            /* next record index (atomic fetch-and-add) */
+    nm_proc procs[NM_MAX_PROCS];
+    nm_rec recs[];
+} nm_shared;
+
+/* Planted bugs (--plant): NOLOCK, one thread iteration in 40 skips
+ * dlock_acquire and works under the token its thread last got for that name;
+ * UNFENCED, the store's write takes any token (checking the token only with
+ * the read, or only with the write, is the advice that lost updates). */
+enum { NM_PLANT_NONE, NM_PLANT_NOLOCK, NM_PLANT_UNFENCED };
+
+/* Kinds of fault, and what the checker needs to know of each injection. */
+enum nm_fault {
+    NM_PAUSE,      /* a worker SIGSTOPped past its lease, then SIGCONT */
+    NM_KILL,       /* a worker SIGKILLed and replaced */
+    NM_RESTART,    /* the master SIGKILLed and restarted from its AOF */
+    NM_WIPE,       /* the master SIGKILLed and restarted without its data */
+    NM_FAILOVER,   /* SENTINEL FAILOVER */
+    NM_DELAY,      /* the master's proxy delays traffic for a while */
+    NM_RESET,      /* the master's proxy resets every connection */
+    NM_HOLD,       /* the master's proxy holds back one script call */
+    NM_STALL,      /* the master's proxy forwards nothing for a moment */
+    NM_CLOCK_FWD,  /* the data servers' clocks step forward */
+    NM_CLOCK_BACK, /* ... and back (at most one lease, added up until caught up) */
+    NM_NFAULTS
+};
+
+typedef struct nm_event {
+    int kind;
+    int64_t t_start, t_heal;  /* CLOCK_MONOTONIC ns; heal: the fault is over */
+    long arg;                 /* ms of a pause, hold or step; a worker slot... */
+    uint64_t server_us;       /* a fault that may revoke grants: the master's
+                                 TIME (us) read just before it (0: unknown) */
+    int done;                 /* the fault was injected (not skipped) */
+} nm_event;
+
+extern const char *const nm_fault_names[NM_NFAULTS];
+
+/* nemesis_worker.c: a worker's main (never returns). */
+void nm_worker_main(nm_shared *sh, int slot) __attribute__((noreturn));
+
+/* The store's scripts (nemesis_worker.c): the fenced read and write. */
+extern const char nm_store_read_lua[];
+extern const char nm_store_write_lua[];
+extern const char nm_store_write_unfenced_lua[];
+
+/* nemesis_check.c: checks the history against the store and the faults, and
+ * prints the report's figures as JSON members (no braces) to `out`. Returns
+ * the number of violations. `store_port`: read each name's value and count.
+ * `excuse_failover`: failovers may lose grants (min_replicas 0). */
+typedef struct nm_check_in {
+    nm_shared *sh;
+    const nm_event *ev;
+    int nev;
+    int store_port;
+    int excuse_failover;
+    long lease_ms;
+    long recovery_bound_ms;
+} nm_check_in;
+int nm_check(const nm_check_in *in, char *out, size_t outsz);
+
+int64_t nm_now_ns(void);
+
+#endif

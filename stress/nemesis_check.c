@@ -1,0 +1,292 @@
+/*
+ * nemesis_check.c: the nemesis soak's checker (see nemesis.h). It runs in the
+ * runner after every worker has exited, over the complete records of the
+ * history, the store's final state and the list of injected faults, and
+ * checks:
+ *
+ *   overlap   no two holders of a name at once by their own clocks: the
+ *             intervals [t_acq, t_end] of records whose holder still saw its
+ *             lease valid (dlock_held said 1) after its store calls never
+ *             intersect, threads of one process included. An overlap is
+ *             excused only by a fault the README says may revoke a grant (a
+ *             restart that lost the data, a forward step of the server
+ *             clock, a failover when min_replicas is 0) that the older grant
+ *             predates and after which the later one came within a lease
+ *             time (excuse() below says exactly).
+ *             Pauses need no excuse: a holder paused past its lease finds it
+ *             lost (t_end 0), which is what the library promises.
+ *   order     tokens of those records strictly increase in grant order
+ *             (their t_acq order), across every fault injected, except
+ *             between two records whose overlap that rule excuses (a holder
+ *             whose lease was revoked hands on its own tokens until it
+ *             learns of the loss)
+ *   lost      no fenced update lost: per name, the store's value equals its
+ *             count of accepted writes (each accepted write stored the value
+ *             its holder read plus one)
+ *   recovery  after each fault heals, some acquisition completes within the
+ *             stated bound; and every name is acquired again after the last
+ *             fault healed
+ *
+ * Single-threaded; reads the shared region only after the workers exited.
+ */
+#define _GNU_SOURCE
+#include <hiredis/hiredis.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dlock.h"
+#include "nemesis.h"
+
+#define MS(ns) ((long long)((ns) / 1000000LL))
+
+static int by_name_then_acq(const void *a, const void *b)
+{
+    const nm_rec *x = *(const nm_rec *const *)a, *y = *(const nm_rec *const *)b;
+    if (x->name != y->name)
+        return x->name < y->name ? -1 : 1;
+    return (x->t_acq > y->t_acq) - (x->t_acq < y->t_acq);
+}
+
+static int cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/*
+ * A fault that may revoke a grant, excusing an overlap (or a token out of
+ * order) between records a and b (a acquired first), or NULL. The checker
+ * cannot tell a grant from Redis from a local handoff of one (both are
+ * dlock_acquire returning OK), and a client hands a grant to its threads
+ * until it learns of the loss, so a grant revoked by the fault lives on in
+ * its client for up to a lease time after the fault. So: the older of the
+ * two grants was issued before the fault (its token, a server time, is at
+ * most the master's TIME read just before the fault plus 20 ms, far below
+ * the smallest forward step or restart the nemesis makes), and the later
+ * one came after the fault began and within a lease time (+1 s for the
+ * holder's renewal round and scheduling) after it healed.
+ */
+static const nm_event *excuse(const nm_check_in *in, const nm_rec *a, const nm_rec *b)
+{
+    uint64_t older = a->token < b->token ? a->token : b->token;
+    for (int i = 0; i < in->nev; i++) {
+        const nm_event *e = &in->ev[i];
+        if (!e->done || !e->server_us)
+            continue;
+        int revokes = e->kind == NM_WIPE || e->kind == NM_CLOCK_FWD ||
+                      (e->kind == NM_FAILOVER && in->excuse_failover);
+        if (revokes && older <= e->server_us + 20000 && e->t_start <= b->t_acq &&
+            b->t_acq <= e->t_heal + (in->lease_ms + 1000) * 1000000LL)
+            return e;
+    }
+    return NULL;
+}
+
+/* Prints the faults active within lease + 1 s before t1 up to t2. */
+static void near(const nm_check_in *in, int64_t t1, int64_t t2)
+{
+    for (int i = 0; i < in->nev; i++) {
+        const nm_event *e = &in->ev[i];
+        if (e->done && e->t_heal >= t1 - (in->lease_ms + 1000) * 1000000LL && e->t_start <= t2)
+            fprintf(stderr, "nemesis:   near it: %s (%ld) from %lld to %lld ms\n",
+                    nm_fault_names[e->kind], e->arg, MS(e->t_start), MS(e->t_heal));
+    }
+}
+
+/* The first acquisition completed after t (sorted times), or -1. */
+static int64_t first_after(const int64_t *t, size_t n, int64_t at)
+{
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (t[mid] <= at)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < n ? t[lo] : -1;
+}
+
+int nm_check(const nm_check_in *in, char *out, size_t outsz)
+{
+    nm_shared *sh = in->sh;
+    uint64_t n = sh->next < sh->cap ? sh->next : sh->cap;
+    nm_rec **v = malloc((n ? n : 1) * sizeof *v);
+    int64_t *times = malloc((n ? n : 1) * sizeof *times);
+    if (!v || !times) {
+        free(v);
+        free(times);
+        snprintf(out, outsz, "\"error\": \"out of memory\"");
+        return 1;
+    }
+    size_t nv = 0, nt = 0, incomplete = 0, read_ok = 0, write_ok = 0, not_held = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        nm_rec *r = &sh->recs[i];
+        if (!__atomic_load_n(&r->done, __ATOMIC_ACQUIRE)) { /* pairs with the worker's release */
+            incomplete++;
+            continue;
+        }
+        times[nt++] = r->t_acq;
+        read_ok += r->read_ok;
+        write_ok += r->write_ok;
+        if (r->t_end)
+            v[nv++] = r;
+        else
+            not_held++;
+    }
+    qsort(v, nv, sizeof *v, by_name_then_acq);
+    qsort(times, nt, sizeof *times, cmp_i64);
+
+    long violations = 0, overlaps = 0, excused = 0, order = 0, order_excused = 0;
+    for (size_t i = 0; i < nv;) {
+        size_t j = i;
+        const nm_rec *maxend = v[i];
+        for (j = i + 1; j < nv && v[j]->name == v[i]->name; j++) {
+            const nm_rec *b = v[j], *prev = v[j - 1];
+            if (b->token <= prev->token && excuse(in, prev, b)) {
+                order_excused++;
+            } else if (b->token <= prev->token) {
+                order++;
+                if (order <= 5)
+                    fprintf(stderr, "nemesis: ORDER name n%u: token %" PRIu64 " (proc %u, at %lld ms) "
+                            "after %" PRIu64 " (proc %u, at %lld ms)\n", b->name, b->token, b->proc,
+                            MS(b->t_acq), prev->token, prev->proc, MS(prev->t_acq));
+            }
+            if (b->t_acq < maxend->t_end) {
+                const nm_event *e = excuse(in, maxend, b);
+                if (e) {
+                    excused++;
+                } else {
+                    overlaps++;
+                    if (overlaps <= 5) {
+                        fprintf(stderr, "nemesis: OVERLAP name n%u: proc %u held token %" PRIu64
+                                " [%lld, %lld] ms, proc %u got token %" PRIu64 " at %lld ms\n",
+                                b->name, maxend->proc, maxend->token, MS(maxend->t_acq),
+                                MS(maxend->t_end), b->proc, b->token, MS(b->t_acq));
+                        near(in, maxend->t_acq, b->t_acq);
+                    }
+                }
+            }
+            if (b->t_end > maxend->t_end)
+                maxend = b;
+        }
+        i = j;
+    }
+    violations += overlaps + order;
+
+    /* The store: value and accepted writes per name. */
+    long long fenced = 0, lost = 0;
+    int store_ok = 1;
+    struct timeval tv = {5, 0};
+    redisContext *rc = redisConnectWithTimeout("127.0.0.1", in->store_port, tv);
+    for (int k = 0; k < sh->names; k++) {
+        redisReply *r = rc && !rc->err ? redisCommand(rc, "HMGET store:n%d val n", k) : NULL;
+        if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 2) {
+            store_ok = 0;
+        } else {
+            long long val = r->element[0]->str ? atoll(r->element[0]->str) : 0;
+            long long cnt = r->element[1]->str ? atoll(r->element[1]->str) : 0;
+            fenced += cnt;
+            if (val != cnt) {
+                lost += cnt > val ? cnt - val : val - cnt;
+                fprintf(stderr, "nemesis: LOST name n%d: %lld writes accepted, value %lld\n", k,
+                        cnt, val);
+            }
+        }
+        if (r)
+            freeReplyObject(r);
+    }
+    if (rc)
+        redisFree(rc);
+    if (!store_ok) {
+        fprintf(stderr, "nemesis: could not read the store\n");
+        violations++;
+    }
+    violations += lost;
+
+    /* Recovery after each fault, and every name acquired after the last. */
+    long long worst[NM_NFAULTS];
+    int injected[NM_NFAULTS] = {0};
+    int64_t last_heal = 0;
+    long slow = 0;
+    for (int k = 0; k < NM_NFAULTS; k++)
+        worst[k] = -1;
+    for (int i = 0; i < in->nev; i++) {
+        const nm_event *e = &in->ev[i];
+        if (!e->done)
+            continue;
+        injected[e->kind]++;
+        if (e->t_heal > last_heal)
+            last_heal = e->t_heal;
+        int64_t t = first_after(times, nt, e->t_heal);
+        long long ms = t < 0 ? -1 : MS(t - e->t_heal);
+        if (t < 0 || ms > in->recovery_bound_ms) {
+            slow++;
+            fprintf(stderr, "nemesis: RECOVERY after %s healed at %lld ms: %s%lld ms\n",
+                    nm_fault_names[e->kind], MS(e->t_heal), t < 0 ? "none, run ended " : "",
+                    t < 0 ? 0 : ms);
+        }
+        if (ms > worst[e->kind])
+            worst[e->kind] = ms;
+    }
+    int64_t name_last[NM_MAX_NAMES] = {0};
+    for (uint64_t i = 0; i < n; i++) {
+        const nm_rec *r = &sh->recs[i];
+        if (r->done && r->name < NM_MAX_NAMES && r->t_acq > name_last[r->name])
+            name_last[r->name] = r->t_acq;
+    }
+    int stuck = 0;
+    for (int k = 0; k < sh->names && k < NM_MAX_NAMES; k++)
+        if (name_last[k] <= last_heal) {
+            stuck++;
+            fprintf(stderr, "nemesis: STUCK name n%d: not acquired after the last fault healed\n", k);
+        }
+    violations += slow + stuck;
+
+    uint64_t acquired = 0, lostcb = 0, rel_lost = 0, store_err = 0, errs[NM_NERR] = {0};
+    for (int p = 0; p < NM_MAX_PROCS; p++) {
+        acquired += sh->procs[p].acquired;
+        lostcb += sh->procs[p].lost;
+        rel_lost += sh->procs[p].release_lost;
+        store_err += sh->procs[p].store_errors;
+        for (int e = 0; e < NM_NERR; e++)
+            errs[e] += sh->procs[p].errors[e];
+    }
+
+    size_t o = 0;
+#define PUT(...) o += (size_t)snprintf(out + o, o < outsz ? outsz - o : 0, __VA_ARGS__)
+    PUT("\"acquisitions\": %" PRIu64 ", \"records\": %zu, \"records_incomplete\": %zu, ", acquired,
+        nt, incomplete);
+    PUT("\"fenced_writes\": %lld, \"stale_reads_refused\": %zu, \"stale_writes_refused\": %zu, ",
+        fenced, nt - read_ok, read_ok - write_ok);
+    PUT("\"lost_updates\": %lld, \"overlaps\": %ld, \"overlaps_excused\": %ld, ", lost, overlaps,
+        excused);
+    PUT("\"token_order_violations\": %ld, \"token_order_excused\": %ld, "
+        "\"held_lost_before_end\": %zu, ", order, order_excused, not_held);
+    PUT("\"on_lost_calls\": %" PRIu64 ", \"release_elost\": %" PRIu64 ", \"store_errors\": %" PRIu64
+        ", ", lostcb, rel_lost, store_err);
+    uint64_t other = 0;
+    for (int e = 0; e < NM_NERR; e++)
+        if (e != -DLOCK_EREDIS && e != -DLOCK_ETIMEDOUT)
+            other += errs[e];
+    PUT("\"acquire_errors\": {\"EREDIS\": %" PRIu64 ", \"ETIMEDOUT\": %" PRIu64
+        ", \"other\": %" PRIu64 "}, ", errs[-DLOCK_EREDIS], errs[-DLOCK_ETIMEDOUT], other);
+    PUT("\"faults\": {");
+    for (int k = 0; k < NM_NFAULTS; k++)
+        PUT("%s\"%s\": %d", k ? ", " : "", nm_fault_names[k], injected[k]);
+    PUT("}, \"max_recovery_ms\": {");
+    int first = 1;
+    for (int k = 0; k < NM_NFAULTS; k++)
+        if (injected[k]) {
+            PUT("%s\"%s\": %lld", first ? "" : ", ", nm_fault_names[k], worst[k]);
+            first = 0;
+        }
+    PUT("}, \"recovery_bound_ms\": %ld, \"slow_recoveries\": %ld, \"names_stuck\": %d, "
+        "\"check_violations\": %ld", in->recovery_bound_ms, slow, stuck, violations);
+#undef PUT
+    free(v);
+    free(times);
+    return violations > 0 ? (int)(violations > 1000000 ? 1000000 : violations) : 0;
+}
