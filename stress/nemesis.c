@@ -28,8 +28,9 @@
  * master's proxy holds back the next script call for 0.2-2.5 s: a request
  * delivered late), stall (the master's proxy forwards nothing for
  * 0.1-0.6 s), clockfwd and clockback (the data servers' clocks step forward
- * 0.5-3 s, or back by up to one lease time in all until they have caught
- * up: the bound the README states). A failover or wipe waits until the
+ * 0.5-3 s, staying within 10 s ahead of real time, or back by up to one
+ * lease time in all until they have caught up: the bound the README
+ * states). A failover or wipe waits until the
  * clocks have caught up with every step back (the README promises nothing
  * for both at once).
  *
@@ -49,7 +50,8 @@
  * when there are none, 1 otherwise, 2 on bad usage or a set-up failure.
  *
  * Bounds. Every wait is bounded; alarm(S + 240) is the last resort (it
- * SIGKILLs everything started and exits 2). Servers and workers get
+ * SIGKILLs everything started and exits 2). SIGINT or SIGTERM ends a run
+ * early and cleanly, without a verdict (exit 2). Servers and workers get
  * PR_SET_PDEATHSIG(SIGKILL): nothing outlives the runner.
  *
  * Threads: the proxies' threads (tests/proxy.c) and the main thread, which
@@ -316,6 +318,15 @@ static void stop_all(void)
         unlink(clock_path);
 }
 
+/* SIGINT, SIGTERM: the run ends early, cleanly (servers stopped, their
+ * directories removed), without a verdict. */
+static volatile sig_atomic_t interrupted;
+static void on_interrupt(int sig)
+{
+    (void)sig;
+    interrupted = 1;
+}
+
 static void on_alarm(int sig)
 {
     (void)sig;
@@ -529,8 +540,8 @@ static void inject(int kind, int *wiped)
     }
     case NM_CLOCK_FWD: {
         long ms = between(500, 3000);
-        if (!O.shim || !(e = begin(kind, ms)))
-            return;
+        if (!O.shim || clock_offset_ms + ms > 10000 || !(e = begin(kind, ms)))
+            return; /* the servers' clocks stay within 10 s of real time */
         e->server_us = server_time_us(m);
         if (clock_set(clock_offset_ms + ms) != 0) {
             nev--;
@@ -672,6 +683,8 @@ int main(int argc, char **argv)
     t0 = nm_now_ns();
     signal(SIGPIPE, SIG_IGN);
     signal(SIGALRM, on_alarm);
+    signal(SIGINT, on_interrupt);
+    signal(SIGTERM, on_interrupt);
     alarm((unsigned)O.seconds + 240);
 
     /* The history: about 3000 acquisitions a second fit (the machine this
@@ -771,9 +784,9 @@ int main(int argc, char **argv)
     int64_t next_report = nm_now_ns() + 10000000000LL;
     int wiped = !(O.faults & (1u << NM_WIPE));
     unsigned faults = O.faults;
-    while (nm_now_ns() < end) {
+    while (nm_now_ns() < end && !interrupted) {
         fx_sleep_ms(between(500, 2000));
-        if (nm_now_ns() >= end)
+        if (nm_now_ns() >= end || interrupted)
             break;
         if (faults) {
             int kind;
@@ -795,6 +808,10 @@ int main(int argc, char **argv)
             next_report += 10000000000LL;
             say("%" PRIu64 " acquisitions, %d faults", __atomic_load_n(&sh->next, __ATOMIC_RELAXED), nev);
         }
+    }
+    if (interrupted) {
+        fprintf(stderr, "nemesis: interrupted: no verdict\n");
+        goto out;
     }
     /* Heal: clocks back to real time only if that steps nothing back (a
      * step back stays within the bound); then run on for two lease times so
