@@ -189,7 +189,10 @@ function W.new(seed, opts, scripts)
   self.clients = {}
   self.by_channel = {}
   self.tok = {}    -- name -> {max =, issued = {token = true}}
-  self.era = {}    -- name -> count of revoking faults so far
+  self.era = {}    -- name -> its era: a value changed by each revoking fault
+  self.era_seq = 0 -- the eras handed out so far: each era value is used once,
+                   -- so a record written during a forced release that was
+                   -- then undone (fault_force) never matches a later era
   self.grant_era = {} -- name .. ' ' .. token -> {era =, idx =} at its issue
   self.grants_made = {} -- name -> grants issued so far
   self.recs = {}   -- record key -> {n =, exp = server ms, era =}
@@ -659,8 +662,13 @@ end
 ------------------------------------------------------------------------
 -- Faults.
 
+function W:new_era(name)
+  self.era_seq = self.era_seq + 1
+  self.era[name] = self.era_seq
+end
+
 function W:revoke_all(why)
-  for _, n in ipairs(self.names) do self.era[n] = self.era[n] + 1 end
+  for _, n in ipairs(self.names) do self:new_era(n) end
   self.faults[why] = (self.faults[why] or 0) + 1
 end
 
@@ -716,7 +724,7 @@ function W:fault_force(name, tries)
                 string.format('%.0f', l.token), 'dlock:wake:', name, '2000', '60000'}
   if self.tracing then self:trace('FAULT dlockctl release --force ' .. name) end
   local era = self.era[name]
-  self.era[name] = self.era[name] + 1
+  self:new_era(name)
   local rep = self:run_script(nil, 'force', {name}, keys, argv, {force = true})
   if type(rep) == 'number' and rep < 0 then
     self.era[name] = era -- nothing changed: wait as asked, then again

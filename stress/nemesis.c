@@ -28,9 +28,9 @@
  * master's proxy holds back the next script call for 0.2-2.5 s: a request
  * delivered late), stall (the master's proxy forwards nothing for
  * 0.1-0.6 s), clockfwd and clockback (the data servers' clocks step forward
- * 0.5-3 s, staying within 10 s ahead of real time, or back by up to one
- * lease time in all until they have caught up: the bound the README
- * states). A failover or wipe waits until the
+ * 0.5-2 s, a step that would put them more than 10 s ahead of real time
+ * being skipped, or back by up to one lease time in all until they have
+ * caught up: the bound the README states). A failover or wipe waits until the
  * clocks have caught up with every step back (the README promises nothing
  * for both at once).
  *
@@ -50,8 +50,10 @@
  * when there are none, 1 otherwise, 2 on bad usage or a set-up failure.
  *
  * Bounds. Every wait is bounded; alarm(S + 240) is the last resort (it
- * SIGKILLs everything started and exits 2). SIGINT or SIGTERM ends a run
- * early and cleanly, without a verdict (exit 2). Servers and workers get
+ * SIGKILLs everything started and exits 2, leaving the servers' temporary
+ * directories and the clock file behind). SIGINT or SIGTERM during the
+ * faults ends a run early and cleanly, without a verdict (exit 2); during
+ * set-up and the final checks they take effect when those are done. Servers and workers get
  * PR_SET_PDEATHSIG(SIGKILL): nothing outlives the runner.
  *
  * Threads: the proxies' threads (tests/proxy.c) and the main thread, which
@@ -60,6 +62,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <hiredis/hiredis.h>
 #include <inttypes.h>
@@ -144,16 +147,17 @@ static void spawn_worker(int slot)
     snprintf(s, sizeof s, "%d", slot);
     snprintf(f, sizeof f, "%d", shfd);
     pid_t parent = getpid();
+    __atomic_store_n(&sh->procs[slot].ready, 0, __ATOMIC_RELAXED);
     pid_t pid = fork();
     if (pid == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (getppid() != parent)
             _exit(1);
+        fcntl(shfd, F_SETFD, 0); /* the region, for this exec only (MFD_CLOEXEC) */
         execl("/proc/self/exe", "nemesis", "--worker", s, "--fd", f, (char *)NULL);
         _exit(127);
     }
     sh->procs[slot].pid = pid > 0 ? pid : 0;
-    __atomic_store_n(&sh->procs[slot].ready, 0, __ATOMIC_RELAXED);
 }
 
 static void kill_worker(int slot)
@@ -188,10 +192,12 @@ static redisReply *cmd(int port, const char *fmt, ...)
     return r;
 }
 
-/* The index of the server the sentinels name master (the first that answers),
- * or -1. */
+/* The index of the server that the sentinels name master: at least two
+ * answer and all that answer agree. -1 otherwise (a failover under way, a
+ * sentinel lagging behind). */
 static int master_index(void)
 {
+    int found = -1, answers = 0;
     for (int s = 0; s < 3; s++) {
         redisReply *r = cmd(sent[s].port, "SENTINEL get-master-addr-by-name %s", NM_MASTER);
         int port = -1;
@@ -199,11 +205,18 @@ static int master_index(void)
             port = atoi(r->element[1]->str);
         if (r)
             freeReplyObject(r);
+        if (port < 0)
+            continue;
+        int idx = -1;
         for (int i = 0; i < NSRV; i++)
             if (port == pxport[i])
-                return i;
+                idx = i;
+        if (idx < 0 || (found >= 0 && idx != found))
+            return -1;
+        found = idx;
+        answers++;
     }
-    return -1;
+    return answers >= 2 ? found : -1;
 }
 
 static int is_master(int i)
@@ -402,6 +415,45 @@ static uint64_t server_time_us(int m)
     return us;
 }
 
+/* The highest token the master may have issued by now: its clock, plus how
+ * far tokens may run ahead of it after a step back (they take last + 1 until
+ * the clock has caught up). 0 if the master does not answer. */
+static uint64_t issued_bound_us(int m)
+{
+    uint64_t us = server_time_us(m);
+    return us ? us + (uint64_t)clock_debt_ms() * 1000 : 0;
+}
+
+/* Failures of the harness itself (a fault that did not take effect, a
+ * worker that died by itself): each one a violation, printed. */
+static int harness_errors;
+static void harness_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void harness_error(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "nemesis: HARNESS ");
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    harness_errors++;
+}
+
+/* After a clock step: the master's clock is off real time by the offset
+ * (within 500 ms: the time of one TIME on a loaded machine), or the step did
+ * not take effect (libfaketime not loaded, the file not read). */
+static void check_clock(int m)
+{
+    uint64_t us = server_time_us(m);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    long long real = (long long)ts.tv_sec * 1000000LL + ts.tv_nsec / 1000;
+    long long off_ms = ((long long)us - real) / 1000;
+    if (us && llabs(off_ms - clock_offset_ms) > 500)
+        harness_error("the master's clock is %+lld ms off real time, the step set %+ld ms", off_ms,
+                      clock_offset_ms);
+}
+
 static void heal(nm_event *e)
 {
     e->t_heal = nm_now_ns();
@@ -423,7 +475,7 @@ static void restart_master(int m, int wipe)
     nm_event *e = begin(wipe ? NM_WIPE : NM_RESTART, m);
     if (!e)
         return;
-    e->server_us = server_time_us(m);
+    e->server_us = issued_bound_us(m);
     fx_redis_signal(&srv[m], SIGKILL);
     if (wipe) {
         char c[400];
@@ -441,6 +493,8 @@ static void restart_master(int m, int wipe)
 static void inject(int kind, int *wiped)
 {
     int m = master_index();
+    if (m >= 0 && !is_master(m))
+        m = -1; /* the sentinels' master does not say so (yet): no fault on it */
     nm_event *e;
     switch (kind) {
     case NM_PAUSE: {
@@ -476,7 +530,7 @@ static void inject(int kind, int *wiped)
     case NM_FAILOVER: {
         if (m < 0 || clock_debt_ms() > 0 || !(e = begin(kind, m)))
             return;
-        e->server_us = server_time_us(m);
+        e->server_us = issued_bound_us(m);
         redisReply *r = cmd(sent[between(0, 2)].port, "SENTINEL FAILOVER %s", NM_MASTER);
         int ok = r && r->type == REDIS_REPLY_STATUS;
         if (!ok)
@@ -510,7 +564,10 @@ static void inject(int kind, int *wiped)
     case NM_RESET:
         if (m < 0 || !(e = begin(kind, m)))
             return;
-        fx_proxy_reset_all(px[m]);
+        if (fx_proxy_reset_all(px[m]) == 0) {
+            nev--; /* no connection to reset: not counted */
+            return;
+        }
         heal(e);
         say("reset server %d's connections", m);
         return;
@@ -519,7 +576,11 @@ static void inject(int kind, int *wiped)
         if (m < 0 || !(e = begin(kind, ms)))
             return;
         fx_proxy_hold_next(px[m], "EVALSHA");
-        fx_proxy_wait_held(px[m], ms);
+        if (fx_proxy_wait_held(px[m], 2000) != 0) {
+            fx_proxy_release_held(px[m]); /* nothing came: disarmed, not counted */
+            nev--;
+            return;
+        }
         fx_sleep_ms(ms);
         fx_proxy_release_held(px[m]);
         fx_proxy_wait_released(px[m], 2000);
@@ -539,22 +600,24 @@ static void inject(int kind, int *wiped)
         return;
     }
     case NM_CLOCK_FWD: {
-        long ms = between(500, 3000);
-        if (!O.shim || clock_offset_ms + ms > 10000 || !(e = begin(kind, ms)))
-            return; /* the servers' clocks stay within 10 s of real time */
-        e->server_us = server_time_us(m);
-        if (clock_set(clock_offset_ms + ms) != 0) {
+        long ms = between(500, 2000);
+        /* The servers' clocks stay within 10 s ahead of real time. */
+        if (!O.shim || m < 0 || clock_offset_ms + ms > 10000 || !(e = begin(kind, ms)))
+            return;
+        e->server_us = issued_bound_us(m);
+        if (!e->server_us || clock_set(clock_offset_ms + ms) != 0) {
             nev--;
             return;
         }
         fx_sleep_ms(100); /* libfaketime reads the file on every clock read */
+        check_clock(m);
         heal(e);
         say("stepped the servers' clocks forward %ld ms (offset %+ld ms)", ms, clock_offset_ms);
         return;
     }
     case NM_CLOCK_BACK: {
         long room = O.lease_ms - clock_debt_ms();
-        if (!O.shim || room < 200)
+        if (!O.shim || m < 0 || room < 200)
             return;
         long ms = between(100, room);
         if (!(e = begin(kind, ms)))
@@ -566,6 +629,7 @@ static void inject(int kind, int *wiped)
         int64_t now = nm_now_ns();
         caught_up_at = (caught_up_at > now ? caught_up_at : now) + ms * 1000000LL;
         fx_sleep_ms(100);
+        check_clock(m);
         heal(e);
         say("stepped the servers' clocks back %ld ms (offset %+ld ms)", ms, clock_offset_ms);
         return;
@@ -623,7 +687,7 @@ static unsigned parse_faults(const char *s)
 
 int main(int argc, char **argv)
 {
-    int worker = -1, fd = -1;
+    int worker = -1, fd = -1, faults_given = 0;
     static const struct option lo[] = {
         {"seconds", 1, 0, 's'}, {"procs", 1, 0, 'p'}, {"threads", 1, 0, 't'},
         {"names", 1, 0, 'n'}, {"lease-ms", 1, 0, 'l'}, {"min-replicas", 1, 0, 'm'},
@@ -639,7 +703,7 @@ int main(int argc, char **argv)
         case 'n': O.names = (int)num("--names", optarg, 1, NM_MAX_NAMES); break;
         case 'l': O.lease_ms = (int)num("--lease-ms", optarg, 500, 60000); break;
         case 'm': O.min_replicas = (int)num("--min-replicas", optarg, 0, NSRV - 1); break;
-        case 'f': O.faults = parse_faults(optarg); break;
+        case 'f': O.faults = parse_faults(optarg); faults_given = 1; break;
         case 'S': O.seed = (uint64_t)num("--seed", optarg, 1, 2147483646); break;
         case 'r': O.recovery_bound_ms = num("--recovery-bound-ms", optarg, 100, 600000); break;
         case 'c': O.shim = optarg; break;
@@ -675,10 +739,18 @@ int main(int argc, char **argv)
             return 3;
         nm_worker_main(m, worker);
     }
-    if (!O.shim && (O.faults & ((1u << NM_CLOCK_FWD) | (1u << NM_CLOCK_BACK))))
-        O.faults &= ~((1u << NM_CLOCK_FWD) | (1u << NM_CLOCK_BACK));
+    unsigned clock_faults = (1u << NM_CLOCK_FWD) | (1u << NM_CLOCK_BACK);
+    if (!O.shim && (O.faults & clock_faults)) {
+        if (faults_given) {
+            fprintf(stderr, "nemesis: the clock faults need --clock-shim\n");
+            return 2;
+        }
+        O.faults &= ~clock_faults;
+        fprintf(stderr, "nemesis: no --clock-shim: the clocks are not stepped\n");
+    }
     if (!O.seed)
         O.seed = (uint64_t)(time(NULL) ^ getpid()) % 2147483646 + 1;
+    fprintf(stderr, "nemesis: seed %" PRIu64 "\n", O.seed);
     rs = O.seed * 0x9e3779b97f4a7c15ULL | 1;
     t0 = nm_now_ns();
     signal(SIGPIPE, SIG_IGN);
@@ -687,11 +759,11 @@ int main(int argc, char **argv)
     signal(SIGTERM, on_interrupt);
     alarm((unsigned)O.seconds + 240);
 
-    /* The history: about 3000 acquisitions a second fit (the machine this
-     * was written on makes about 1000). */
+    /* The history: 3000 acquisitions a second fit (runs here make 25 to
+     * 100 a second; 2000 without the long holds); more is a violation. */
     uint64_t cap = (uint64_t)(O.seconds + 60) * 3000;
     size_t len = sizeof(nm_shared) + cap * sizeof(nm_rec);
-    shfd = memfd_create("nemesis", 0); /* inherited by the workers' exec */
+    shfd = memfd_create("nemesis", MFD_CLOEXEC); /* cleared for workers only */
     if (shfd < 0 || ftruncate(shfd, (off_t)len) != 0 ||
         (sh = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, shfd, 0)) == MAP_FAILED) {
         perror("nemesis: shared memory");
@@ -716,8 +788,18 @@ int main(int argc, char **argv)
         }
         /* tests/clockshim.c says why each of these is needed; an inherited
          * FAKETIME would override the file. */
-        unsetenv("FAKETIME");
-        unsetenv("FAKETIME_SHARED");
+        extern char **environ;
+        for (int i = 0; environ[i];) { /* every FAKETIME* setting of ours */
+            char name[128];
+            size_t n = strcspn(environ[i], "=");
+            if (!strncmp(environ[i], "FAKETIME", 8) && n < sizeof name) {
+                memcpy(name, environ[i], n);
+                name[n] = '\0';
+                unsetenv(name);
+            } else {
+                i++;
+            }
+        }
         if (access(O.shim, R_OK) != 0 || access(O.faketime, R_OK) != 0) {
             fprintf(stderr, "nemesis: %s or %s is missing\n", O.shim, O.faketime);
             return 2;
@@ -799,7 +881,7 @@ int main(int argc, char **argv)
         for (int p = 0; p < O.procs; p++) {
             int st;
             if (sh->procs[p].pid > 0 && waitpid(sh->procs[p].pid, &st, WNOHANG) > 0) {
-                say("worker %d exited unexpectedly (status %d): replaced", p, st);
+                harness_error("worker %d died by itself (status %d): replaced", p, st);
                 sh->procs[p].pid = 0;
                 spawn_worker(p);
             }
@@ -822,11 +904,12 @@ int main(int argc, char **argv)
         if (off > O.lease_ms - clock_debt_ms())
             off = 0; /* a step back of more than the bound allows: leave it */
         if (e)
-            e->server_us = server_time_us(master_index());
+            e->server_us = issued_bound_us(master_index());
         if (e && off && clock_set(0) == 0) {
             if (off > 0)
                 caught_up_at = nm_now_ns() + off * 1000000LL;
             fx_sleep_ms(100);
+            check_clock(master_index());
             heal(e);
         } else if (e) {
             nev--;
@@ -835,7 +918,7 @@ int main(int argc, char **argv)
     int final_master = wait_settled(60000);
     if (final_master < 0)
         say("the topology did not settle after the faults");
-    fx_sleep_ms(2L * O.lease_ms + 1000);
+    fx_sleep_ms(3L * O.lease_ms + 3000);
     __atomic_store_n(&sh->stop, 1, __ATOMIC_RELAXED);
     int64_t stop_by = nm_now_ns() + (int64_t)(4 * O.lease_ms + 10000) * 1000000LL;
     int unclean = 0;
@@ -862,14 +945,15 @@ int main(int argc, char **argv)
     static char figures[8192];
     nm_check_in in = {.sh = sh, .ev = ev, .nev = nev, .store_port = store.port,
                       .excuse_failover = O.min_replicas == 0, .lease_ms = O.lease_ms,
-                      .recovery_bound_ms = O.recovery_bound_ms};
-    int violations = nm_check(&in, figures, sizeof figures) + unclean + (final_master < 0);
+                      .recovery_bound_ms = O.recovery_bound_ms, .asked = O.faults};
+    int violations = nm_check(&in, figures, sizeof figures) + unclean + (final_master < 0) +
+                     harness_errors;
     printf("{\"plant\": \"%s\", \"seconds\": %d, \"procs\": %d, \"threads\": %d, \"names\": %d, \"lease_ms\": %d, "
            "\"min_replicas\": %d, \"seed\": %" PRIu64 ", \"workers_unclean\": %d, "
-           "\"settled_at_end\": %s, %s, \"violations\": %d}\n",
+           "\"settled_at_end\": %s, \"harness_errors\": %d, %s, \"violations\": %d}\n",
            O.plant == NM_PLANT_NOLOCK ? "nolock" : O.plant == NM_PLANT_UNFENCED ? "unfenced" : "none",
            O.seconds, O.procs, O.threads, O.names, O.lease_ms, O.min_replicas, O.seed, unclean,
-           final_master >= 0 ? "true" : "false", figures, violations);
+           final_master >= 0 ? "true" : "false", harness_errors, figures, violations);
     fflush(stdout);
     rc = violations ? 1 : 0;
 out:

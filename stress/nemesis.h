@@ -34,16 +34,19 @@
 typedef struct nm_rec {
     uint64_t token;     /* the fencing token dlock_acquire gave */
     int64_t t_acq;      /* when dlock_acquire returned DLOCK_OK */
-    int64_t t_end;      /* taken just before a dlock_held() that said 1 after
-                           the store calls; 0 if it said 0 (the holder knew
-                           it had lost the lease, e.g. after a pause) */
-    int64_t value;      /* the value the store's read gave (-1: refused) */
+    int64_t t_end;      /* the holder's last moment of certainty: taken just
+                           before the last dlock_held() that said 1 (one
+                           after the store's read, one after its write); 0 if
+                           neither did (the holder knew it had lost the lease,
+                           e.g. after a pause) */
+    int64_t value;      /* the value the store's read gave (-1: none) */
     uint16_t name;      /* name index */
     uint16_t proc;      /* worker slot */
     uint8_t read_ok;    /* the store accepted the read */
     uint8_t write_ok;   /* ... and the write */
+    uint8_t store_error; /* the store did not answer one of them */
     uint8_t done;       /* 1 once every field above is written (release) */
-    uint8_t pad[5];
+    uint8_t pad[4];
 } nm_rec;
 
 /* A worker slot (a killed worker's replacement takes its slot). */
@@ -124,6 +127,7 @@ typedef struct nm_check_in {
     int excuse_failover;
     long lease_ms;
     long recovery_bound_ms;
+    unsigned asked;           /* the fault kinds asked for (bit per kind) */
 } nm_check_in;
 int nm_check(const nm_check_in *in, char *out, size_t outsz);
 

@@ -122,6 +122,7 @@ int nm_check(const nm_check_in *in, char *out, size_t outsz)
         return 1;
     }
     size_t nv = 0, nt = 0, incomplete = 0, read_ok = 0, write_ok = 0, not_held = 0;
+    size_t read_refused = 0, write_refused = 0;
     for (uint64_t i = 0; i < n; i++) {
         nm_rec *r = &sh->recs[i];
         if (!__atomic_load_n(&r->done, __ATOMIC_ACQUIRE)) { /* pairs with the worker's release */
@@ -131,6 +132,10 @@ int nm_check(const nm_check_in *in, char *out, size_t outsz)
         times[nt++] = r->t_acq;
         read_ok += r->read_ok;
         write_ok += r->write_ok;
+        if (!r->store_error) {
+            read_refused += !r->read_ok;
+            write_refused += r->read_ok && !r->write_ok;
+        }
         if (r->t_end)
             v[nv++] = r;
         else
@@ -140,40 +145,62 @@ int nm_check(const nm_check_in *in, char *out, size_t outsz)
     qsort(times, nt, sizeof *times, cmp_i64);
 
     long violations = 0, overlaps = 0, excused = 0, order = 0, order_excused = 0;
-    for (size_t i = 0; i < nv;) {
-        size_t j = i;
-        const nm_rec *maxend = v[i];
-        for (j = i + 1; j < nv && v[j]->name == v[i]->name; j++) {
-            const nm_rec *b = v[j], *prev = v[j - 1];
-            if (b->token <= prev->token && excuse(in, prev, b)) {
-                order_excused++;
-            } else if (b->token <= prev->token) {
-                order++;
-                if (order <= 5)
+    /* Per name, in grant (t_acq) order: each record against every earlier
+     * interval still open at its grant (overlap), and its token against the
+     * highest token of the earlier records whose order was not excused. */
+    size_t acap = 64, na = 0;
+    const nm_rec **act = malloc(acap * sizeof *act);
+    for (size_t i = 0; act && i < nv;) {
+        size_t j;
+        const nm_rec *top = NULL; /* the record with the highest token so far */
+        na = 0;
+        for (j = i; j < nv && v[j]->name == v[i]->name; j++) {
+            const nm_rec *b = v[j];
+            if (top && b->token <= top->token) {
+                if (excuse(in, top, b)) {
+                    order_excused++;
+                } else if (++order <= 5) {
                     fprintf(stderr, "nemesis: ORDER name n%u: token %" PRIu64 " (proc %u, at %lld ms) "
                             "after %" PRIu64 " (proc %u, at %lld ms)\n", b->name, b->token, b->proc,
-                            MS(b->t_acq), prev->token, prev->proc, MS(prev->t_acq));
+                            MS(b->t_acq), top->token, top->proc, MS(top->t_acq));
+                    near(in, top->t_acq, b->t_acq);
+                }
+            } else {
+                top = b;
             }
-            if (b->t_acq < maxend->t_end) {
-                const nm_event *e = excuse(in, maxend, b);
-                if (e) {
+            size_t k = 0;
+            for (size_t a = 0; a < na; a++) {
+                const nm_rec *o = act[a];
+                if (o->t_end <= b->t_acq)
+                    continue; /* closed before b's grant: drop it */
+                act[k++] = o;
+                if (excuse(in, o, b)) {
                     excused++;
-                } else {
-                    overlaps++;
-                    if (overlaps <= 5) {
-                        fprintf(stderr, "nemesis: OVERLAP name n%u: proc %u held token %" PRIu64
-                                " [%lld, %lld] ms, proc %u got token %" PRIu64 " at %lld ms\n",
-                                b->name, maxend->proc, maxend->token, MS(maxend->t_acq),
-                                MS(maxend->t_end), b->proc, b->token, MS(b->t_acq));
-                        near(in, maxend->t_acq, b->t_acq);
-                    }
+                } else if (++overlaps <= 5) {
+                    fprintf(stderr, "nemesis: OVERLAP name n%u: proc %u held token %" PRIu64
+                            " [%lld, %lld] ms, proc %u got token %" PRIu64 " at %lld ms\n",
+                            b->name, o->proc, o->token, MS(o->t_acq), MS(o->t_end), b->proc,
+                            b->token, MS(b->t_acq));
+                    near(in, o->t_acq, b->t_acq);
                 }
             }
-            if (b->t_end > maxend->t_end)
-                maxend = b;
+            na = k;
+            if (na == acap) {
+                const nm_rec **bigger = realloc(act, 2 * acap * sizeof *act);
+                if (!bigger)
+                    break;
+                act = bigger;
+                acap *= 2;
+            }
+            act[na++] = b;
         }
         i = j;
     }
+    if (!act) {
+        fprintf(stderr, "nemesis: out of memory\n");
+        violations++;
+    }
+    free(act);
     violations += overlaps + order;
 
     /* The store: value and accepted writes per name. */
@@ -181,6 +208,8 @@ int nm_check(const nm_check_in *in, char *out, size_t outsz)
     int store_ok = 1;
     struct timeval tv = {5, 0};
     redisContext *rc = redisConnectWithTimeout("127.0.0.1", in->store_port, tv);
+    if (rc && !rc->err)
+        redisSetTimeout(rc, tv);
     for (int k = 0; k < sh->names; k++) {
         redisReply *r = rc && !rc->err ? redisCommand(rc, "HMGET store:n%d val n", k) : NULL;
         if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 2) {
@@ -260,7 +289,7 @@ int nm_check(const nm_check_in *in, char *out, size_t outsz)
     PUT("\"acquisitions\": %" PRIu64 ", \"records\": %zu, \"records_incomplete\": %zu, ", acquired,
         nt, incomplete);
     PUT("\"fenced_writes\": %lld, \"stale_reads_refused\": %zu, \"stale_writes_refused\": %zu, ",
-        fenced, nt - read_ok, read_ok - write_ok);
+        fenced, read_refused, write_refused);
     PUT("\"lost_updates\": %lld, \"overlaps\": %ld, \"overlaps_excused\": %ld, ", lost, overlaps,
         excused);
     PUT("\"token_order_violations\": %ld, \"token_order_excused\": %ld, "
@@ -271,12 +300,30 @@ int nm_check(const nm_check_in *in, char *out, size_t outsz)
     for (int e = 0; e < NM_NERR; e++)
         if (e != -DLOCK_EREDIS && e != -DLOCK_ETIMEDOUT)
             other += errs[e];
+    /* Never expected: an acquire error other than Redis failing or the wait
+     * ending, the store not answering (no fault touches it), a history too
+     * small for the run (its records would be missing from every check). */
+    uint64_t overflow = sh->next > sh->cap ? sh->next - sh->cap : 0;
+    if (other)
+        fprintf(stderr, "nemesis: ERRORS %" PRIu64 " acquires failed with another error\n", other);
+    if (store_err)
+        fprintf(stderr, "nemesis: ERRORS %" PRIu64 " store calls failed\n", store_err);
+    if (overflow)
+        fprintf(stderr, "nemesis: ERRORS %" PRIu64 " records did not fit the history\n", overflow);
+    violations += (long)(other + store_err + overflow);
     PUT("\"acquire_errors\": {\"EREDIS\": %" PRIu64 ", \"ETIMEDOUT\": %" PRIu64
         ", \"other\": %" PRIu64 "}, ", errs[-DLOCK_EREDIS], errs[-DLOCK_ETIMEDOUT], other);
     PUT("\"faults\": {");
     for (int k = 0; k < NM_NFAULTS; k++)
         PUT("%s\"%s\": %d", k ? ", " : "", nm_fault_names[k], injected[k]);
-    PUT("}, \"max_recovery_ms\": {");
+    PUT("}, \"faults_not_injected\": [");
+    int firstm = 1;
+    for (int k = 0; k < NM_NFAULTS; k++)
+        if (!injected[k] && (in->asked & (1u << k))) {
+            PUT("%s\"%s\"", firstm ? "" : ", ", nm_fault_names[k]);
+            firstm = 0;
+        }
+    PUT("], \"history_overflow\": %" PRIu64 ", \"max_recovery_ms\": {", overflow);
     int first = 1;
     for (int k = 0; k < NM_NFAULTS; k++)
         if (injected[k]) {

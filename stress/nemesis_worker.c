@@ -154,6 +154,7 @@ static void *thread_main(void *arg)
         redisReply *r = store_call(&store, nm_store_read_lua, skey, tok, NULL);
         if (!r) {
             add(&P->store_errors, 1);
+            rec.store_error = 1;
         } else {
             if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
                 r->element[0]->type == REDIS_REPLY_INTEGER && r->element[0]->integer == 1 &&
@@ -163,6 +164,8 @@ static void *thread_main(void *arg)
             }
             freeReplyObject(r);
         }
+        int64_t t_mid = nm_now_ns();
+        int held_mid = planted || dlock_held(c, name) == 1;
         /* One holder in 16 takes its time (up to half a lease) between its
          * read and its write: a fault then finds holders inside. */
         if (rnd(&seed) % 16 == 0)
@@ -170,9 +173,10 @@ static void *thread_main(void *arg)
         if (rec.read_ok) {
             snprintf(val, sizeof val, "%lld", (long long)rec.value + 1);
             r = store_call(&store, write_lua, skey, tok, val);
-            if (!r)
+            if (!r) {
                 add(&P->store_errors, 1);
-            else {
+                rec.store_error = 1;
+            } else {
                 rec.write_ok = r->type == REDIS_REPLY_INTEGER && r->integer == 1;
                 freeReplyObject(r);
             }
@@ -180,6 +184,8 @@ static void *thread_main(void *arg)
         int64_t t_end = nm_now_ns();
         if (planted || dlock_held(c, name) == 1)
             rec.t_end = t_end;
+        else if (held_mid)
+            rec.t_end = t_mid;
         if (!planted && dlock_release(c, name) == DLOCK_ELOST)
             add(&P->release_lost, 1);
         uint64_t i = __atomic_fetch_add(&S->next, 1, __ATOMIC_RELAXED); /* only a slot number */

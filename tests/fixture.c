@@ -119,7 +119,8 @@ static void remove_dir(const char *dir)
             if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
                 continue;
             snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-            unlink(path);
+            if (unlink(path) != 0 && errno == EISDIR)
+                remove_dir(path); /* redis 7's appendonlydir */
         }
         closedir(d);
     }

@@ -27,12 +27,12 @@ typedef struct fx_redis_opts {
                                  the larger of 5000 ms and sentinel_down_ms */
     int sentinel_down_ms;
     const char *const *args;  /* more redis-server arguments, NULL-terminated,
-                                 after all others (so they override them);
-                                 NULL: none */
+                                 after all others (so they override them;
+                                 at most 62 arguments in all); NULL: none */
     const char *const *env;   /* "NAME=value" strings, NULL-terminated, added
                                  to the inherited environment (an inherited
-                                 entry of the same name is left out); NULL:
-                                 none */
+                                 entry of the same name is left out; at
+                                 most 128 given, 255 in all); NULL: none */
 } fx_redis_opts;
 
 typedef struct fx_redis {

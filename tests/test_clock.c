@@ -3,10 +3,13 @@
  * clock the test steps (tests/clockshim.c with libfaketime; only the server
  * sees the fake clock). README, Semantics, "Fencing tokens": a step back by
  * up to one lease time (added up over steps until the clock has caught up)
- * does not make tokens go back, whatever the name's state at the step
- * (just released, idle for a while, or a grant that expired unreleased);
- * a larger step can, on a name idle for longer than its fences live. Each
- * test checks one of those sentences.
+ * does not make tokens go back, whether the name was just released or has
+ * been idle for a while; a larger step can, on a name idle for longer than
+ * its fences live. Each test checks one of those sentences. (A grant that
+ * expired unreleased is left to sim: on a real server its holder's tokens,
+ * never ahead of the server clock, are below the stepped-back clock once
+ * the grant has expired, unless the holder handed the grant to its threads
+ * in the last moments before it died, which a test cannot time.)
  *
  * Every test starts with the server's clock at real time and puts it back
  * there at the end (a step forward, which makes no token go back). Leases
@@ -15,13 +18,11 @@
  */
 #define _GNU_SOURCE
 #include <setjmp.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -130,14 +131,16 @@ static void test_server_clock_steps(void **state)
     assert_true(o > -200 && o < 200);
 }
 
-/* A step back of one lease time, right after a release, after idle times
- * of half a lease, one and one and a half, and by two steps of half a lease
- * each: the next token is above the last. */
+/* A step back of one lease time, right after a release and after idle
+ * times of 0.3, 0.6 and 0.9 lease, and by two steps of half a lease each:
+ * the next token is above the last. Each idle time is below the step, so
+ * the stepped-back clock reads below the last token: only the name's fence
+ * (or its expired lease key) can keep the next token above it. */
 static void test_step_back_one_lease(void **state)
 {
     (void)state;
     dlock_client *c = client();
-    const long idle[] = {0, LEASE_MS / 2, LEASE_MS, LEASE_MS * 3 / 2};
+    const long idle[] = {0, LEASE_MS * 3 / 10, LEASE_MS * 6 / 10, LEASE_MS * 9 / 10};
     char name[32];
     for (size_t i = 0; i < sizeof idle / sizeof idle[0]; i++) {
         snprintf(name, sizeof name, "back%zu", i);
@@ -161,48 +164,6 @@ static void test_step_back_one_lease(void **state)
     uint64_t t4 = take(c, "twice");
     clock_offset(0);
     assert_true(t2 > t1 && t3 > t2 && t4 > t3);
-    dlock_client_close(c);
-}
-
-/* A grant that expired unreleased (its holder was SIGKILLed), then a step
- * back of one lease time: the next token is above the dead holder's. */
-static void test_step_back_after_expired_grant(void **state)
-{
-    (void)state;
-    int fd[2];
-    assert_int_equal(pipe(fd), 0);
-    pid_t pid = fork(); /* before this process opens a client: no threads */
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        close(fd[0]);
-        dlock_config cfg;
-        fx_config(&cfg, &srv);
-        cfg.key_prefix = PREFIX;
-        cfg.lease_ms = LEASE_MS;
-        dlock_client *k = NULL;
-        uint64_t t = 0;
-        if (dlock_client_open(&cfg, &k) != DLOCK_OK || dlock_acquire(k, "dead", 5000, &t) != DLOCK_OK)
-            t = 0;
-        if (write(fd[1], &t, sizeof t) != (ssize_t)sizeof t)
-            _exit(1);
-        pause();
-        _exit(0);
-    }
-    close(fd[1]);
-    uint64_t dead = 0;
-    assert_int_equal(read(fd[0], &dead, sizeof dead), (ssize_t)sizeof dead);
-    close(fd[0]);
-    kill(pid, SIGKILL);
-    waitpid(pid, NULL, 0);
-    assert_true(dead > 0);
-    fx_sleep_ms(LEASE_MS + 200); /* the grant expires unreleased */
-    clock_offset(-LEASE_MS);
-    dlock_client *c = client();
-    uint64_t t = take(c, "dead");
-    clock_offset(0);
-    if (t <= dead)
-        fail_msg("token %llu after the dead holder's %llu", (unsigned long long)t,
-                 (unsigned long long)dead);
     dlock_client_close(c);
 }
 
@@ -234,7 +195,6 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_server_clock_steps),
         cmocka_unit_test(test_step_back_one_lease),
-        cmocka_unit_test(test_step_back_after_expired_grant),
         cmocka_unit_test(test_step_back_beyond_bound),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
