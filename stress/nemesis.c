@@ -105,8 +105,7 @@ static fx_proxy *px[NSRV];
 static int pxport[NSRV];
 static const char *srv_args[NSRV][16];
 static char announce[NSRV][16];
-static const char *srv_env[8];
-static char env_preload[600], env_file[320], clock_path[280];
+static fx_fake_clock fake;      /* the data servers' clock (with --clock-shim) */
 static nm_event ev[MAX_EVENTS];
 static int nev;
 static int64_t t0;
@@ -174,24 +173,6 @@ static void kill_worker(int slot)
 /* ------------------------------------------------------------------ */
 /* The topology                                                         */
 
-static redisReply *cmd(int port, const char *fmt, ...)
-{
-    struct timeval tv = {1, 0};
-    redisContext *c = redisConnectWithTimeout("127.0.0.1", port, tv);
-    if (!c || c->err) {
-        if (c)
-            redisFree(c);
-        return NULL;
-    }
-    redisSetTimeout(c, tv);
-    va_list ap;
-    va_start(ap, fmt);
-    redisReply *r = redisvCommand(c, fmt, ap);
-    va_end(ap);
-    redisFree(c);
-    return r;
-}
-
 /* The index of the server that the sentinels name master: at least two
  * answer and all that answer agree. -1 otherwise (a failover under way, a
  * sentinel lagging behind). */
@@ -199,7 +180,7 @@ static int master_index(void)
 {
     int found = -1, answers = 0;
     for (int s = 0; s < 3; s++) {
-        redisReply *r = cmd(sent[s].port, "SENTINEL get-master-addr-by-name %s", NM_MASTER);
+        redisReply *r = fx_cmd_at(sent[s].port, "SENTINEL get-master-addr-by-name %s", NM_MASTER);
         int port = -1;
         if (r && r->type == REDIS_REPLY_ARRAY && r->elements == 2)
             port = atoi(r->element[1]->str);
@@ -232,7 +213,7 @@ static int topology_settled(int m)
     if (!is_master(m))
         return 0;
     for (int s = 0; s < 3; s++) {
-        redisReply *r = cmd(sent[s].port, "SENTINEL MASTER %s", NM_MASTER);
+        redisReply *r = fx_cmd_at(sent[s].port, "SENTINEL MASTER %s", NM_MASTER);
         int ok = r && r->type == REDIS_REPLY_ARRAY;
         int port = -1, slaves = -1, others = -1, flags_ok = 0;
         for (size_t k = 0; ok && k + 1 < r->elements; k += 2) {
@@ -253,7 +234,7 @@ static int topology_settled(int m)
         if (!ok || port != pxport[m] || slaves < NSRV - 1 || others < 2 || !flags_ok)
             return 0;
     }
-    redisReply *r = cmd(srv[m].port, "INFO replication");
+    redisReply *r = fx_cmd_at(srv[m].port, "INFO replication");
     int ok = r && r->type == REDIS_REPLY_STRING && strstr(r->str, "connected_slaves:2");
     if (r)
         freeReplyObject(r);
@@ -299,7 +280,7 @@ static int start_data_server(int i, int replica_of)
     o.replica_of = replica_of;
     set_args(i);
     o.args = srv_args[i];
-    o.env = O.shim ? srv_env : NULL;
+    o.env = O.shim ? fake.env : NULL;
     if (fx_redis_start_opts(&srv[i], &o) != 0)
         return -1;
     px[i] = fx_proxy_start(srv[i].port);
@@ -308,7 +289,7 @@ static int start_data_server(int i, int replica_of)
     pxport[i] = fx_proxy_port(px[i]);
     snprintf(announce[i], sizeof announce[i], "%d", pxport[i]);
     set_args(i); /* restarts announce the proxy's port from the start */
-    redisReply *r = cmd(srv[i].port, "CONFIG SET replica-announce-port %d", pxport[i]);
+    redisReply *r = fx_cmd_at(srv[i].port, "CONFIG SET replica-announce-port %d", pxport[i]);
     int ok = r && r->type == REDIS_REPLY_STATUS;
     if (r)
         freeReplyObject(r);
@@ -327,8 +308,7 @@ static void stop_all(void)
         fx_redis_stop(&srv[i]);
     }
     fx_redis_stop(&store);
-    if (clock_path[0])
-        unlink(clock_path);
+    fx_fake_clock_remove(&fake);
 }
 
 /* SIGINT, SIGTERM: the run ends early, cleanly (servers stopped, their
@@ -369,13 +349,7 @@ static int64_t caught_up_at;  /* when the servers' clock has passed every
 
 static int clock_set(long offset_ms)
 {
-    char tmp[300];
-    snprintf(tmp, sizeof tmp, "%s.tmp", clock_path);
-    FILE *f = fopen(tmp, "w");
-    if (!f)
-        return -1;
-    fprintf(f, "%+.3f\n", (double)offset_ms / 1000.0);
-    if (fclose(f) != 0 || rename(tmp, clock_path) != 0)
+    if (fx_fake_clock_set(&fake, offset_ms) != 0)
         return -1;
     clock_offset_ms = offset_ms;
     return 0;
@@ -405,7 +379,7 @@ static nm_event *begin(int kind, long arg)
 /* The master's TIME in us (direct, not through its proxy), or 0. */
 static uint64_t server_time_us(int m)
 {
-    redisReply *r = m >= 0 ? cmd(srv[m].port, "TIME") : NULL;
+    redisReply *r = m >= 0 ? fx_cmd_at(srv[m].port, "TIME") : NULL;
     uint64_t us = 0;
     if (r && r->type == REDIS_REPLY_ARRAY && r->elements == 2)
         us = strtoull(r->element[0]->str, NULL, 10) * 1000000ULL +
@@ -531,7 +505,7 @@ static void inject(int kind, int *wiped)
         if (m < 0 || clock_debt_ms() > 0 || !(e = begin(kind, m)))
             return;
         e->server_us = issued_bound_us(m);
-        redisReply *r = cmd(sent[between(0, 2)].port, "SENTINEL FAILOVER %s", NM_MASTER);
+        redisReply *r = fx_cmd_at(sent[between(0, 2)].port, "SENTINEL FAILOVER %s", NM_MASTER);
         int ok = r && r->type == REDIS_REPLY_STATUS;
         if (!ok)
             say("failover refused: %s", r && r->str ? r->str : "no answer");
@@ -778,43 +752,8 @@ int main(int argc, char **argv)
     sh->think_us = 2000;
     sh->plant = O.plant;
 
-    if (O.shim) {
-        const char *tmp = getenv("TMPDIR");
-        snprintf(clock_path, sizeof clock_path, "%s/dlock-nemesis-clock-%d",
-                 tmp && tmp[0] && strlen(tmp) < 200 ? tmp : "/tmp", (int)getpid());
-        if (clock_set(0) != 0) {
-            perror("nemesis: clock file");
-            return 2;
-        }
-        /* tests/clockshim.c says why each of these is needed; an inherited
-         * FAKETIME would override the file. */
-        extern char **environ;
-        for (int i = 0; environ[i];) { /* every FAKETIME* setting of ours */
-            char name[128];
-            size_t n = strcspn(environ[i], "=");
-            if (!strncmp(environ[i], "FAKETIME", 8) && n < sizeof name) {
-                memcpy(name, environ[i], n);
-                name[n] = '\0';
-                unsetenv(name);
-            } else {
-                i++;
-            }
-        }
-        if (access(O.shim, R_OK) != 0 || access(O.faketime, R_OK) != 0) {
-            fprintf(stderr, "nemesis: %s or %s is missing\n", O.shim, O.faketime);
-            return 2;
-        }
-        snprintf(env_preload, sizeof env_preload, "LD_PRELOAD=%s:%s", O.shim, O.faketime);
-        snprintf(env_file, sizeof env_file, "FAKETIME_TIMESTAMP_FILE=%s", clock_path);
-        int k = 0;
-        srv_env[k++] = env_preload;
-        srv_env[k++] = env_file;
-        srv_env[k++] = "FAKETIME_NO_CACHE=1";
-        srv_env[k++] = "FAKETIME_DONT_FAKE_MONOTONIC=1";
-        srv_env[k++] = "FAKETIME_DISABLE_SHM=1";
-        srv_env[k++] = "NO_FAKE_STAT=1";
-        srv_env[k] = NULL;
-    }
+    if (O.shim && fx_fake_clock_init(&fake, O.shim, O.faketime) != 0)
+        return 2;
 
     int rc = 2;
     /* The replicas follow the master's proxy once they announce their own
@@ -826,7 +765,7 @@ int main(int argc, char **argv)
     }
     for (int i = 1; i < NSRV; i++) {
         srv[i].opts.replica_of = pxport[0];
-        redisReply *r = cmd(srv[i].port, "REPLICAOF 127.0.0.1 %d", pxport[0]);
+        redisReply *r = fx_cmd_at(srv[i].port, "REPLICAOF 127.0.0.1 %d", pxport[0]);
         int ok = r && r->type == REDIS_REPLY_STATUS;
         if (r)
             freeReplyObject(r);

@@ -614,6 +614,63 @@ void fx_config(dlock_config *cfg, const fx_redis *r)
 }
 
 /* ------------------------------------------------------------------ */
+/* A fake server clock                                                  */
+
+int fx_fake_clock_init(fx_fake_clock *k, const char *shim, const char *faketime)
+{
+    memset(k, 0, sizeof *k);
+    if (access(shim, R_OK) != 0 || access(faketime, R_OK) != 0) {
+        fprintf(stderr, "fixture: %s or %s is missing\n", shim, faketime);
+        return -1;
+    }
+    const char *tmp = getenv("TMPDIR");
+    snprintf(k->path, sizeof k->path, "%s/dlock-fx-clock-%d-%p",
+             tmp && tmp[0] && strlen(tmp) < 200 ? tmp : "/tmp", (int)getpid(), (void *)k);
+    extern char **environ;
+    for (int i = 0; environ[i];) {
+        char name[128];
+        size_t n = strcspn(environ[i], "=");
+        if (!strncmp(environ[i], "FAKETIME", 8) && n < sizeof name) {
+            memcpy(name, environ[i], n);
+            name[n] = '\0';
+            unsetenv(name);
+        } else {
+            i++;
+        }
+    }
+    snprintf(k->preload, sizeof k->preload, "LD_PRELOAD=%s:%s", shim, faketime);
+    snprintf(k->file_env, sizeof k->file_env, "FAKETIME_TIMESTAMP_FILE=%s", k->path);
+    const char *env[] = {k->preload, k->file_env, "FAKETIME_NO_CACHE=1",
+                         "FAKETIME_DONT_FAKE_MONOTONIC=1", "FAKETIME_DISABLE_SHM=1",
+                         "NO_FAKE_STAT=1", NULL};
+    memcpy(k->env, env, sizeof env);
+    return fx_fake_clock_set(k, 0);
+}
+
+int fx_fake_clock_set(fx_fake_clock *k, long offset_ms)
+{
+    char tmp[320];
+    snprintf(tmp, sizeof tmp, "%s.tmp", k->path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) {
+        fprintf(stderr, "fixture: %s: %s\n", tmp, strerror(errno));
+        return -1;
+    }
+    fprintf(f, "%+.3f\n", (double)offset_ms / 1000.0);
+    if (fclose(f) != 0 || rename(tmp, k->path) != 0) {
+        fprintf(stderr, "fixture: %s: %s\n", k->path, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+void fx_fake_clock_remove(fx_fake_clock *k)
+{
+    if (k->path[0])
+        unlink(k->path);
+}
+
+/* ------------------------------------------------------------------ */
 /* Sentinel topology                                                    */
 
 redisReply *fx_cmd_at(int port, const char *fmt, ...)

@@ -119,6 +119,32 @@ typedef struct fx_cluster {
 int fx_cluster_start(fx_cluster *c, int masters, int replicas);
 void fx_cluster_stop(fx_cluster *c);
 
+/* A server wall clock that a test steps: redis-server started with
+ * fx_fake_clock.env in fx_redis_opts.env runs under libfaketime through
+ * the project's clock shim (tests/clockshim.c says why it is needed and
+ * what each setting does), reading its offset from real time from a file
+ * on every wall-clock read; its monotonic clock stays real. Several servers
+ * may share one. */
+typedef struct fx_fake_clock {
+    char path[300];        /* the offset file */
+    char preload[700];     /* storage of env's entries */
+    char file_env[340];
+    const char *env[8];    /* for fx_redis_opts.env */
+} fx_fake_clock;
+
+/* Creates the offset file (offset 0) in TMPDIR, fills k->env with the shim
+ * and libfaketimeMT at these paths, and clears this process's FAKETIME*
+ * settings (an inherited FAKETIME would override the file). 0, or -1 with a
+ * message on stderr (a path missing). */
+int fx_fake_clock_init(fx_fake_clock *k, const char *shim, const char *faketime);
+
+/* Sets the offset: the servers read real time + offset_ms from their next
+ * clock read on (the file is replaced whole). 0 or -1. */
+int fx_fake_clock_set(fx_fake_clock *k, long offset_ms);
+
+/* Removes the offset file. */
+void fx_fake_clock_remove(fx_fake_clock *k);
+
 /* The one server of a test process, and cmocka-shaped fixtures for it (they
  * take cmocka's state argument and ignore it). */
 extern fx_redis fx_server;

@@ -34,23 +34,12 @@
 #define PREFIX "tclk:"
 
 static fx_redis srv;
-static char clock_file[300];
-static char env_preload[700], env_file[340];
-static const char *env[] = {env_preload, env_file, "FAKETIME_NO_CACHE=1",
-                            "FAKETIME_DONT_FAKE_MONOTONIC=1", "FAKETIME_DISABLE_SHM=1",
-                            "NO_FAKE_STAT=1", NULL};
+static fx_fake_clock fake;
 
-/* The server's clock: real time + offset_ms (the file libfaketime reads on
- * every clock read, replaced whole). */
+/* The server's clock: real time + offset_ms. */
 static void clock_offset(long offset_ms)
 {
-    char tmp[320];
-    snprintf(tmp, sizeof tmp, "%s.tmp", clock_file);
-    FILE *f = fopen(tmp, "w");
-    assert_non_null(f);
-    fprintf(f, "%+.3f\n", (double)offset_ms / 1000.0);
-    assert_int_equal(fclose(f), 0);
-    assert_int_equal(rename(tmp, clock_file), 0);
+    assert_int_equal(fx_fake_clock_set(&fake, offset_ms), 0);
 }
 
 /* The server's TIME less this host's real time, in ms. */
@@ -70,21 +59,10 @@ static long long server_offset_ms(void)
 static int setup(void **state)
 {
     (void)state;
-    const char *tmp = getenv("TMPDIR");
-    snprintf(clock_file, sizeof clock_file, "%s/dlock-test-clock-%d",
-             tmp && tmp[0] && strlen(tmp) < 200 ? tmp : "/tmp", (int)getpid());
-    FILE *f = fopen(clock_file, "w");
-    if (!f)
+    if (fx_fake_clock_init(&fake, DLOCK_CLOCKSHIM_PATH, DLOCK_FAKETIME_PATH) != 0)
         return -1;
-    fputs("+0\n", f);
-    fclose(f);
-    snprintf(env_preload, sizeof env_preload, "LD_PRELOAD=%s:%s", DLOCK_CLOCKSHIM_PATH,
-             DLOCK_FAKETIME_PATH);
-    snprintf(env_file, sizeof env_file, "FAKETIME_TIMESTAMP_FILE=%s", clock_file);
-    unsetenv("FAKETIME");
-    unsetenv("FAKETIME_SHARED");
     fx_redis_opts o = {0};
-    o.env = env;
+    o.env = fake.env;
     return fx_redis_start_opts(&srv, &o) == 0 ? 0 : -1;
 }
 
@@ -92,7 +70,7 @@ static int teardown(void **state)
 {
     (void)state;
     fx_redis_stop(&srv);
-    unlink(clock_file);
+    fx_fake_clock_remove(&fake);
     return 0;
 }
 
