@@ -85,7 +85,6 @@ const char *const nm_fault_names[NM_NFAULTS] = {
     "reset", "hold", "stall", "clockfwd", "clockback",
 };
 
-#define NSRV 3
 #define MAX_EVENTS 4096
 
 static struct {
@@ -100,11 +99,7 @@ static struct {
 
 static nm_shared *sh;
 static int shfd = -1;
-static fx_redis srv[NSRV], store, sent[3];
-static fx_proxy *px[NSRV];
-static int pxport[NSRV];
-static const char *srv_args[NSRV][16];
-static char announce[NSRV][16];
+static fx_redis store;
 static fx_fake_clock fake;      /* the data servers' clock (with --clock-shim) */
 static nm_event ev[MAX_EVENTS];
 static int nev;
@@ -170,143 +165,11 @@ static void kill_worker(int slot)
     }
 }
 
-/* ------------------------------------------------------------------ */
-/* The topology                                                         */
-
-/* The index of the server that the sentinels name master: at least two
- * answer and all that answer agree. -1 otherwise (a failover under way, a
- * sentinel lagging behind). */
-static int master_index(void)
-{
-    int found = -1, answers = 0;
-    for (int s = 0; s < 3; s++) {
-        redisReply *r = fx_cmd_at(sent[s].port, "SENTINEL get-master-addr-by-name %s", NM_MASTER);
-        int port = -1;
-        if (r && r->type == REDIS_REPLY_ARRAY && r->elements == 2)
-            port = atoi(r->element[1]->str);
-        if (r)
-            freeReplyObject(r);
-        if (port < 0)
-            continue;
-        int idx = -1;
-        for (int i = 0; i < NSRV; i++)
-            if (port == pxport[i])
-                idx = i;
-        if (idx < 0 || (found >= 0 && idx != found))
-            return -1;
-        found = idx;
-        answers++;
-    }
-    return answers >= 2 ? found : -1;
-}
-
-static int is_master(int i)
-{
-    return srv[i].pid > 0 && fx_is_master(srv[i].port);
-}
-
-/* Every sentinel names server m master and knows its two replicas and the
- * other two sentinels; server m says it is master and the others are its
- * connected replicas. */
-static int topology_settled(int m)
-{
-    if (!is_master(m))
-        return 0;
-    for (int s = 0; s < 3; s++) {
-        redisReply *r = fx_cmd_at(sent[s].port, "SENTINEL MASTER %s", NM_MASTER);
-        int ok = r && r->type == REDIS_REPLY_ARRAY;
-        int port = -1, slaves = -1, others = -1, flags_ok = 0;
-        for (size_t k = 0; ok && k + 1 < r->elements; k += 2) {
-            const char *key = r->element[k]->str, *val = r->element[k + 1]->str;
-            if (!key || !val)
-                continue;
-            if (!strcmp(key, "port"))
-                port = atoi(val);
-            else if (!strcmp(key, "num-slaves"))
-                slaves = atoi(val);
-            else if (!strcmp(key, "num-other-sentinels"))
-                others = atoi(val);
-            else if (!strcmp(key, "flags"))
-                flags_ok = !strcmp(val, "master");
-        }
-        if (r)
-            freeReplyObject(r);
-        if (!ok || port != pxport[m] || slaves < NSRV - 1 || others < 2 || !flags_ok)
-            return 0;
-    }
-    redisReply *r = fx_cmd_at(srv[m].port, "INFO replication");
-    int ok = r && r->type == REDIS_REPLY_STRING && strstr(r->str, "connected_slaves:2");
-    if (r)
-        freeReplyObject(r);
-    return ok;
-}
-
-static int wait_settled(long ms)
-{
-    int64_t end = nm_now_ns() + ms * 1000000LL;
-    while (nm_now_ns() < end) {
-        int m = master_index();
-        if (m >= 0 && topology_settled(m))
-            return m;
-        fx_sleep_ms(100);
-    }
-    return -1;
-}
-
-/* The arguments of data server i; replica_of: the proxy port it follows
- * (0: a master). */
-static void set_args(int i)
-{
-    int a = 0;
-    const char **v = srv_args[i];
-    v[a++] = "--appendonly";
-    v[a++] = "yes";
-    v[a++] = "--appendfsync";
-    v[a++] = "always";
-    v[a++] = "--repl-diskless-sync-delay";
-    v[a++] = "0";
-    v[a++] = "--replica-announce-ip";
-    v[a++] = "127.0.0.1";
-    if (announce[i][0]) {
-        v[a++] = "--replica-announce-port";
-        v[a++] = announce[i];
-    }
-    v[a] = NULL;
-}
-
-static int start_data_server(int i, int replica_of)
-{
-    fx_redis_opts o = {0};
-    o.replica_of = replica_of;
-    set_args(i);
-    o.args = srv_args[i];
-    o.env = O.shim ? fake.env : NULL;
-    if (fx_redis_start_opts(&srv[i], &o) != 0)
-        return -1;
-    px[i] = fx_proxy_start(srv[i].port);
-    if (!px[i])
-        return -1;
-    pxport[i] = fx_proxy_port(px[i]);
-    snprintf(announce[i], sizeof announce[i], "%d", pxport[i]);
-    set_args(i); /* restarts announce the proxy's port from the start */
-    redisReply *r = fx_cmd_at(srv[i].port, "CONFIG SET replica-announce-port %d", pxport[i]);
-    int ok = r && r->type == REDIS_REPLY_STATUS;
-    if (r)
-        freeReplyObject(r);
-    return ok ? 0 : -1;
-}
-
 static void stop_all(void)
 {
     for (int p = 0; p < O.procs; p++)
         kill_worker(p);
-    for (int s = 0; s < 3; s++)
-        fx_redis_stop(&sent[s]);
-    for (int i = 0; i < NSRV; i++) {
-        fx_proxy_stop(px[i]);
-        px[i] = NULL;
-        fx_redis_stop(&srv[i]);
-    }
+    nm_topo_stop();
     fx_redis_stop(&store);
     fx_fake_clock_remove(&fake);
 }
@@ -376,25 +239,12 @@ static nm_event *begin(int kind, long arg)
     return e;
 }
 
-/* The master's TIME in us (direct, not through its proxy), or 0. */
-static uint64_t server_time_us(int m)
-{
-    redisReply *r = m >= 0 ? fx_cmd_at(srv[m].port, "TIME") : NULL;
-    uint64_t us = 0;
-    if (r && r->type == REDIS_REPLY_ARRAY && r->elements == 2)
-        us = strtoull(r->element[0]->str, NULL, 10) * 1000000ULL +
-             strtoull(r->element[1]->str, NULL, 10);
-    if (r)
-        freeReplyObject(r);
-    return us;
-}
-
 /* The highest token the master may have issued by now: its clock, plus how
  * far tokens may run ahead of it after a step back (they take last + 1 until
  * the clock has caught up). 0 if the master does not answer. */
 static uint64_t issued_bound_us(int m)
 {
-    uint64_t us = server_time_us(m);
+    uint64_t us = nm_server_time_us(m);
     return us ? us + (uint64_t)clock_debt_ms() * 1000 : 0;
 }
 
@@ -418,7 +268,7 @@ static void harness_error(const char *fmt, ...)
  * not take effect (libfaketime not loaded, the file not read). */
 static void check_clock(int m)
 {
-    uint64_t us = server_time_us(m);
+    uint64_t us = nm_server_time_us(m);
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     long long real = (long long)ts.tv_sec * 1000000LL + ts.tv_nsec / 1000;
@@ -466,8 +316,8 @@ static void restart_master(int m, int wipe)
 
 static void inject(int kind, int *wiped)
 {
-    int m = master_index();
-    if (m >= 0 && !is_master(m))
+    int m = nm_master_index();
+    if (m >= 0 && !nm_is_master(m))
         m = -1; /* the sentinels' master does not say so (yet): no fault on it */
     nm_event *e;
     switch (kind) {
@@ -518,7 +368,7 @@ static void inject(int kind, int *wiped)
         /* Done when the sentinels name another master and it says so. */
         int64_t end = nm_now_ns() + 30000 * 1000000LL;
         int n = m;
-        while (nm_now_ns() < end && ((n = master_index()) == m || n < 0 || !is_master(n)))
+        while (nm_now_ns() < end && ((n = nm_master_index()) == m || n < 0 || !nm_is_master(n)))
             fx_sleep_ms(50);
         heal(e);
         say("failover from server %d to %d", m, n);
@@ -754,42 +604,18 @@ int main(int argc, char **argv)
 
     if (O.shim && fx_fake_clock_init(&fake, O.shim, O.faketime) != 0)
         return 2;
+    nm_topo_env = O.shim ? fake.env : NULL;
 
     int rc = 2;
-    /* The replicas follow the master's proxy once they announce their own
-     * proxy's port (a replica tells its master its port when it connects). */
-    if (fx_redis_start(&store) != 0 || start_data_server(0, 0) != 0 ||
-        start_data_server(1, 0) != 0 || start_data_server(2, 0) != 0) {
-        fprintf(stderr, "nemesis: could not start the servers\n");
+    if (fx_redis_start(&store) != 0) {
+        fprintf(stderr, "nemesis: could not start the store\n");
         goto out;
-    }
-    for (int i = 1; i < NSRV; i++) {
-        srv[i].opts.replica_of = pxport[0];
-        redisReply *r = fx_cmd_at(srv[i].port, "REPLICAOF 127.0.0.1 %d", pxport[0]);
-        int ok = r && r->type == REDIS_REPLY_STATUS;
-        if (r)
-            freeReplyObject(r);
-        if (!ok) {
-            fprintf(stderr, "nemesis: REPLICAOF failed on server %d\n", i);
-            goto out;
-        }
     }
     sh->store_port = store.port;
-    for (int s = 0; s < 3; s++) {
-        fx_redis_opts so = {0};
-        so.sentinel_master = NM_MASTER;
-        so.sentinel_master_port = pxport[0];
-        if (fx_redis_start_opts(&sent[s], &so) != 0) {
-            fprintf(stderr, "nemesis: could not start the sentinels\n");
-            goto out;
-        }
-    }
+    if (nm_topo_start() != 0)
+        goto out;
     snprintf(sh->sentinels, sizeof sh->sentinels, "127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d",
              sent[0].port, sent[1].port, sent[2].port);
-    if (wait_settled(30000) != 0) {
-        fprintf(stderr, "nemesis: the Sentinel topology did not settle in 30 s\n");
-        goto out;
-    }
     say("topology up: servers %d %d %d behind proxies %d %d %d, store %d, seed %" PRIu64,
         srv[0].port, srv[1].port, srv[2].port, pxport[0], pxport[1], pxport[2], store.port,
         O.seed);
@@ -843,18 +669,18 @@ int main(int argc, char **argv)
         if (off > O.lease_ms - clock_debt_ms())
             off = 0; /* a step back of more than the bound allows: leave it */
         if (e)
-            e->server_us = issued_bound_us(master_index());
+            e->server_us = issued_bound_us(nm_master_index());
         if (e && off && clock_set(0) == 0) {
             if (off > 0)
                 caught_up_at = nm_now_ns() + off * 1000000LL;
             fx_sleep_ms(100);
-            check_clock(master_index());
+            check_clock(nm_master_index());
             heal(e);
         } else if (e) {
             nev--;
         }
     }
-    int final_master = wait_settled(60000);
+    int final_master = nm_wait_settled(60000);
     if (final_master < 0)
         say("the topology did not settle after the faults");
     fx_sleep_ms(3L * O.lease_ms + 3000);

@@ -1,9 +1,9 @@
 /*
- * nemesis.h: what the three files of the nemesis soak share.
+ * nemesis.h: what the four files of the nemesis soak share.
  *
- *   nemesis.c        the runner: options, the Sentinel topology behind fault
- *                    proxies, the fenced store, the worker processes, the
- *                    nemesis that injects faults, the report
+ *   nemesis.c        the runner: options, the fenced store, the worker
+ *                    processes, the nemesis that injects faults, the report
+ *   nemesis_topo.c   the Sentinel topology behind fault proxies
  *   nemesis_worker.c a worker process: one dlock client, threads doing a
  *                    fenced read-modify-write under the lock, the history
  *   nemesis_check.c  the checker over the history, the store and the faults
@@ -22,6 +22,9 @@
 
 #include <stdint.h>
 #include <sys/types.h>
+
+#include "fixture.h"
+#include "proxy.h"
 
 #define NM_MAX_PROCS 16
 #define NM_MAX_NAMES 64
@@ -132,5 +135,29 @@ typedef struct nm_check_in {
 int nm_check(const nm_check_in *in, char *out, size_t outsz);
 
 int64_t nm_now_ns(void);
+
+/* nemesis_topo.c: the Sentinel topology (runner only). srv: the data
+ * servers, each behind px (its port pxport); sent: the sentinels. */
+#define NSRV 3
+extern fx_redis srv[NSRV], sent[3];
+extern fx_proxy *px[NSRV];
+extern int pxport[NSRV];
+extern const char *const *nm_topo_env; /* the data servers' extra environment
+                                          (the fake clock's), set before start */
+/* Starts the servers, their proxies and the sentinels and waits (30 s) until
+ * the topology has settled with server 0 master. 0, or -1 with a message on
+ * stderr (nm_topo_stop stops what started). */
+int nm_topo_start(void);
+void nm_topo_stop(void);
+/* The server that the sentinels name master: at least two answer and all
+ * that answer agree; -1 otherwise. */
+int nm_master_index(void);
+/* Server i is running and says ROLE master. */
+int nm_is_master(int i);
+/* Waits at most ms until the sentinels agree on a master that says so and
+ * has both replicas connected: its index, or -1. */
+int nm_wait_settled(long ms);
+/* Server m's TIME in us (directly, not through its proxy), or 0. */
+uint64_t nm_server_time_us(int m);
 
 #endif
