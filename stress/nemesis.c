@@ -660,9 +660,10 @@ int main(int argc, char **argv)
         fprintf(stderr, "nemesis: interrupted: no verdict\n");
         goto out;
     }
-    /* Heal: clocks back to real time only if that steps nothing back (a
-     * step back stays within the bound); then run on for two lease times so
-     * that every name can be acquired after the last fault. */
+    /* Heal: clocks back to real time unless that is a step back beyond the
+     * bound; then, once the topology has settled, run on for three lease
+     * times and 3 s so that every name can be acquired after the last
+     * fault. */
     if (O.shim && clock_offset_ms != 0) {
         nm_event *e = begin(clock_offset_ms > 0 ? NM_CLOCK_BACK : NM_CLOCK_FWD, labs(clock_offset_ms));
         long off = clock_offset_ms;
