@@ -130,6 +130,9 @@ typedef struct nm_check_in {
     int excuse_failover;
     long lease_ms;
     long recovery_bound_ms;
+    const int64_t *quiet;     /* when each burst of faults ended (its last
+                                 fault healed) */
+    int nquiet;
     unsigned asked;           /* the fault kinds asked for (bit per kind) */
 } nm_check_in;
 int nm_check(const nm_check_in *in, char *out, size_t outsz);
