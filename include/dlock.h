@@ -9,8 +9,9 @@
  * Redis owned by the client, renewed in batches by one renewal thread.
  *
  * Thread safety: every function may be called concurrently from any number
- * of threads on the same client, except dlock_client_close, which must be the
- * last call on a client (no call may be running on it or start after it).
+ * of threads on the same client. dlock_client_close must be the last call
+ * on a client: no call may start after it; calls still running when it
+ * starts are woken (as by dlock_client_shutdown) and waited for.
  *
  * Errors: functions return DLOCK_OK (0) or a negative DLOCK_E* code;
  * dlock_strerror() names it and dlock_last_error() gives the calling thread's
@@ -45,8 +46,9 @@ extern "C" {
     XX(EREDIS, -6, "redis unreachable or failed")                                \
     XX(ENOMEM, -7, "out of memory")                                              \
     XX(EFORK, -8, "client used in a forked child; open a new client there")     \
-    XX(ECLOSED, -9, "client is closing (reserved: no call returns it)")         \
-    XX(ESERVER, -10, "redis server unsuitable for dlock (version, eviction policy or permissions)")
+    XX(ECLOSED, -9, "client is shutting down (dlock_client_shutdown)")          \
+    XX(ESERVER, -10, "redis server unsuitable for dlock (version, eviction policy or permissions)") \
+    XX(ECANCELED, -11, "acquire cancelled (dlock_cancel_fire)")
 
 enum {
 #define DLOCK_XX_(name, val, msg) DLOCK_##name = (val),
@@ -179,10 +181,32 @@ DLOCK_API void dlock_config_init(dlock_config *cfg);
  * out-of-range argument (the message says which), or DLOCK_ENOMEM. */
 DLOCK_API int dlock_client_open(const dlock_config *cfg, dlock_client **out);
 
-/* Stops the renewal thread, releases in Redis every lease the client holds,
- * and frees the client. Must be the last call on it. Threads that still held
- * locks must not use them afterwards. NULL is ignored. In a forked child the
- * parent's client is only forgotten: nothing is released or freed there. */
+/* Begins an orderly stop of the client, from any thread, while others are
+ * inside calls on it:
+ *   - every acquire waiting for a lock (dlock_acquire, dlock_acquire_ex,
+ *     dlock_acquire_handle...) returns DLOCK_ECLOSED: a waiting thread at
+ *     once, a thread inside a Redis call once that call returns (within the
+ *     command timeout); a grant that call brings back is given back to Redis
+ *     in the background. An acquire that was granted the lock before the
+ *     shutdown began returns DLOCK_OK;
+ *   - every later acquire returns DLOCK_ECLOSED at once, reentrant ones too;
+ *   - locks still held stay held and renewed until released; their releases
+ *     give the leases back to Redis (never to another thread of this client),
+ *     and dlock_held, the handles, stats and metrics work as before.
+ * Returns DLOCK_OK (also when called again), DLOCK_EINVAL for NULL,
+ * DLOCK_EFORK in a forked child. Then release what is held and call
+ * dlock_client_close. */
+DLOCK_API int dlock_client_shutdown(dlock_client *c);
+
+/* Stops the client and frees it. If threads are still inside calls on it,
+ * it first does what dlock_client_shutdown does and waits until they have
+ * returned (a waiting acquire returns DLOCK_ECLOSED within the command
+ * timeout; a release under way finishes). Then it stops the renewal thread,
+ * releases in Redis every lease the client still holds, and frees the
+ * client. No call on c may start after close has started, and threads that
+ * still held locks must not use them afterwards (their leases are released
+ * here). NULL is ignored. In a forked child the parent's client is only
+ * forgotten: nothing is released or freed there. */
 DLOCK_API void dlock_client_close(dlock_client *c);
 
 /* Acquires the lock `name` for the calling thread.
@@ -209,8 +233,54 @@ DLOCK_API void dlock_client_close(dlock_client *c);
  * or may evict keys: maxmemory set with a policy other than noeviction; or
  * it refused the credentials or an ACL user's permission: WRONGPASS,
  * NOPERM; dlock_last_error() says which; no retry cures it), DLOCK_ELOST (a nested acquire while the
- * held lease is lost), DLOCK_EFORK, DLOCK_ENOMEM. */
+ * held lease is lost), DLOCK_ECLOSED (dlock_client_shutdown was called), DLOCK_EFORK,
+ * DLOCK_ENOMEM. */
 DLOCK_API int dlock_acquire(dlock_client *c, const char *name, int64_t wait_ms, uint64_t *fence);
+
+/*
+ * Cancelling a waiting acquire from another thread (for request deadlines
+ * and event loops). A cancel token is fired once, from any thread; every
+ * acquire that uses it and has not returned yet returns DLOCK_ECANCELED:
+ * a waiting thread at once, a thread inside a Redis call once that call
+ * returns (within the command timeout; a grant it brings back is given back
+ * in the background). An acquire that was granted the lock before it saw the
+ * token fired returns DLOCK_OK (release it as usual). An acquire that
+ * starts with a fired token returns DLOCK_ECANCELED at once. One token may
+ * serve any number of acquires, at once or one after the other, on any
+ * clients.
+ */
+typedef struct dlock_cancel dlock_cancel;
+
+/* A new token, not fired. DLOCK_OK, DLOCK_EINVAL (NULL out), DLOCK_ENOMEM. */
+DLOCK_API int dlock_cancel_create(dlock_cancel **out);
+
+/* Fires the token: the acquires using it return DLOCK_ECANCELED (above).
+ * Any thread, any number of times; NULL is ignored. */
+DLOCK_API void dlock_cancel_fire(dlock_cancel *k);
+
+/* 1 if the token is fired, else 0 (also for NULL). */
+DLOCK_API int dlock_cancel_fired(dlock_cancel *k);
+
+/* Makes a fired token usable again (not fired). Call it only while no
+ * acquire uses it. NULL is ignored. */
+DLOCK_API void dlock_cancel_reset(dlock_cancel *k);
+
+/* Frees the token. No acquire may be using it. NULL is ignored. */
+DLOCK_API void dlock_cancel_destroy(dlock_cancel *k);
+
+/* Options of dlock_acquire_ex and dlock_acquire_handle_ex. */
+typedef struct dlock_acquire_opts {
+    dlock_cancel *cancel; /* fired: the acquire returns DLOCK_ECANCELED; NULL: none */
+} dlock_acquire_opts;
+
+/* Fills *o with the defaults (no cancel token). Always call it before
+ * setting fields, so that fields added later get their defaults. */
+DLOCK_API void dlock_acquire_opts_init(dlock_acquire_opts *o);
+
+/* dlock_acquire with options (NULL: the defaults, which is dlock_acquire).
+ * Errors: those of dlock_acquire, and DLOCK_ECANCELED. */
+DLOCK_API int dlock_acquire_ex(dlock_client *c, const char *name, int64_t wait_ms,
+                               uint64_t *fence, const dlock_acquire_opts *opts);
 
 /* Releases one level of the calling thread's hold on `name`; the outermost
  * release gives the lease back to Redis (or, with cohort handoff, to a waiting
@@ -251,6 +321,12 @@ typedef struct dlock_handle dlock_handle;
  * thread's hold). */
 DLOCK_API int dlock_acquire_handle(dlock_client *c, const char *name, int64_t wait_ms,
                                    uint64_t *fence, dlock_handle **out);
+
+/* dlock_acquire_handle with options (dlock_acquire_ex; NULL: the defaults).
+ * Errors: those of dlock_acquire_handle, and DLOCK_ECANCELED. */
+DLOCK_API int dlock_acquire_handle_ex(dlock_client *c, const char *name, int64_t wait_ms,
+                                      uint64_t *fence, dlock_handle **out,
+                                      const dlock_acquire_opts *opts);
 
 /* Releases the handle's lock, from any thread, and frees the handle (it must
  * not be used again). Returns as dlock_release: DLOCK_OK, DLOCK_ELOST (lost
@@ -353,6 +429,8 @@ typedef struct dlock_stats {
                                     failed or did not answer in time) */
     uint64_t forced_releases;    /* held leases an operator released (dlockctl
                                     release --force) */
+    uint64_t cancelled;          /* acquires that returned DLOCK_ECANCELED or DLOCK_ECLOSED
+                                    (not in errors) */
 } dlock_stats;
 
 /* The client's id: 32 hex digits (128 random bits, new at every open), the

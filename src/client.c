@@ -94,6 +94,7 @@
 
 #include "common.h"
 #include "batch.h"
+#include "cancel.h"
 #include "cluster.h"
 #include "conn.h"
 #include "error.h"
@@ -150,6 +151,8 @@ struct dlock_client {
     dlock_renew *renew;
     dlock_sub *sub;
     dlock_unconfirmed *unconfirmed; /* tokens of grants whose end Redis never confirmed */
+    int closing;       /* atomic: dlock_client_shutdown began (never reset) */
+    unsigned inside;   /* atomic: threads inside a public call on this client */
 };
 
 /* fork(): the child gets a copy of the client without its threads or a
@@ -747,6 +750,13 @@ void dlock_client_close(dlock_client *c)
         return;
     if (dlock_load_uint(&fork_generation) != c->fork_gen)
         return; /* a child: the parent's client is not ours to touch */
+    /* Threads still inside calls: wake them (waiting acquires return
+     * DLOCK_ECLOSED) and wait until they have left. */
+    (void)dlock_client_shutdown(c);
+    while (dlock_load_uint_acquire(&c->inside) != 0) { /* see leave */
+        struct timespec ts = {0, 1000000}; /* 1 ms */
+        nanosleep(&ts, NULL);
+    }
     client_free(c);
 }
 
@@ -768,6 +778,102 @@ static int check_call(dlock_client *c, const char *name, size_t *len)
     if (c->cluster && name[0] == '}')
         return dlock_err_set(DLOCK_EINVAL, "name \"%s\" starts with '}': in Cluster mode its "
                              "keys would have no hash tag and land in different slots", name);
+    return DLOCK_OK;
+}
+
+/*
+ * Shutdown and cancellation. A thread inside a public call counts itself in
+ * c->inside (enter ... leave), so that dlock_client_close can wait for it;
+ * leave is its last access to c. dlock_client_shutdown sets c->closing, then
+ * wakes every entry (shutdown_wake); a cancel token, when fired, wakes the
+ * entry of each acquire registered on it (cancel_wake). A waiter looks at
+ * both flags (stop_rc) under e->mu before it sleeps, and the wake-ups take
+ * e->mu, so none is missed (the poller on e->pcv, a parked waiter on its
+ * node). Order: closing is stored before the entries are visited; an entry
+ * made after the visit is made under the table mutex, which the visit took
+ * after the store, so its first waiter sees the flag.
+ */
+static void enter(dlock_client *c)
+{
+    ck_pr_inc_uint(&c->inside);
+}
+
+static void leave(dlock_client *c)
+{
+    /* Every access of the call to c comes before the decrement: close
+     * frees c once it reads 0 (release here, acquire there). */
+    dlock_dec_uint_release(&c->inside);
+}
+
+/* DLOCK_ECLOSED if c is shutting down, DLOCK_ECANCELED if k is fired, else
+ * DLOCK_OK. Any lock or none. */
+static int stop_rc(dlock_client *c, dlock_cancel *k)
+{
+    if (dlock_load_int(&c->closing))
+        return DLOCK_ECLOSED;
+    if (dlock_cancel_is_fired(k))
+        return DLOCK_ECANCELED;
+    return DLOCK_OK;
+}
+
+/* stop_rc's code with its message. */
+static int stop_err(int rc, const char *name)
+{
+    if (rc == DLOCK_ECLOSED)
+        return dlock_err_set(rc, "the client is shutting down (dlock_client_shutdown): no "
+                             "acquire of '%s'", name);
+    return dlock_err_set(rc, "the acquire of '%s' was cancelled (dlock_cancel_fire)", name);
+}
+
+/* Wakes whatever waits in e: the poller, and every parked waiter, which
+ * look at the stop flags again. Called with no lock held. */
+static void wake_waiters(dlock_entry *e, void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&e->mu);
+    pthread_cond_signal(&e->pcv); /* the poller only sleeps on it */
+    dlock_waitq_wake_all(&e->wq);
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* An acquire registered on a cancel token (cancel.h). */
+typedef struct cancel_reg {
+    dlock_cancel_reg base; /* first: cancel_wake casts back */
+    dlock_client *c;
+    const char *name;
+    size_t len;
+    dlock_waiter *w; /* the acquiring thread's node */
+} cancel_reg;
+
+/* The token of r's acquire was fired: wakes that thread, if it waits in
+ * r's entry. Called under the token's mutex (cancel.h: before the table and
+ * entry mutexes); the acquire is still inside its call, so c is alive. */
+static void cancel_wake(dlock_cancel_reg *base)
+{
+    cancel_reg *r = (cancel_reg *)base;
+    dlock_entry *e = dlock_table_find(r->c->table, r->name, r->len);
+    if (!e)
+        return; /* not in the entry yet: it looks at the flag when it is */
+    pthread_mutex_lock(&e->mu);
+    if (e->poller)
+        pthread_cond_signal(&e->pcv); /* the poller may be r's thread */
+    if (r->w->queued)
+        dlock_waitq_wake(r->w); /* a thread waits for one name at a time: in e */
+    pthread_mutex_unlock(&e->mu);
+    dlock_table_put(r->c->table, e);
+}
+
+int dlock_client_shutdown(dlock_client *c)
+{
+    dlock_err_clear();
+    if (!c)
+        return dlock_err_set(DLOCK_EINVAL, "client is NULL");
+    if (dlock_load_uint(&fork_generation) != c->fork_gen)
+        return dlock_err_set(DLOCK_EFORK, "this client was opened before fork()");
+    dlock_store_int(&c->closing, 1);
+    ck_pr_fence_memory(); /* the flag before the visit (the visit's table mutex orders it
+                             for entries made later) */
+    dlock_table_each_ref(c->table, wake_waiters, NULL);
     return DLOCK_OK;
 }
 
@@ -1146,9 +1252,11 @@ static void kick_head(dlock_entry *e)
  * place in the queue alive; sooner if the lease's remaining time is
  * shorter, for a holder that died), or its own deadline. A poller that gives
  * up while no other thread of this client waits takes the client out of the
- * queue.
+ * queue. A shutdown or a fired cancel token (stop_rc) ends the poll: a
+ * grant that its last try brought back is given back in the background.
  */
-static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int once)
+static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int once,
+                      dlock_cancel *k)
 {
     e->try_nonce = 0; /* a new wait: no direct grant yet */
     e->msg_grant = 0;
@@ -1177,6 +1285,14 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
         }
         pthread_mutex_lock(&e->mu);
         e->state = DLOCK_LEASE_NONE;
+        int stop = stop_rc(c, k);
+        if (stop != DLOCK_OK) {
+            if (rc == DLOCK_OK)
+                dlock_renew_orphan(c->renew, e, nonce);
+            else if (rc == DLOCK_EBUSY && !once)
+                e->queued = 1; /* the last waiter to go takes the client out */
+            return stop_err(stop, e->name);
+        }
         if (rc == DLOCK_OK) {
             rc = take_grant(c, e, token,
                             sent_boot + (int64_t)c->lease_ms * DLOCK_NS_PER_MS - c->drift_ns);
@@ -1203,10 +1319,12 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
          * many clients do not retry in step. */
         delay_ns -= (int64_t)(jitter_rand() % (uint64_t)(delay_ns / 4 + 1));
         int64_t wake = now + delay_ns < deadline ? now + delay_ns : deadline;
-        while (!e->woken && dlock_now_ns() < wake) {
+        while (!e->woken && (stop = stop_rc(c, k)) == DLOCK_OK && dlock_now_ns() < wake) {
             struct timespec ts = dlock_ts(wake);
             pthread_cond_timedwait(&e->pcv, &e->mu, &ts);
         }
+        if ((stop = stop_rc(c, k)) != DLOCK_OK)
+            return stop_err(stop, e->name); /* a direct grant is freed by the leave */
         if (e->msg_grant && (rc = take_direct_grant(c, e)) != DLOCK_EBUSY)
             return rc; /* granted by a release: no call needed */
         if (dlock_now_ns() >= deadline) /* no try after the deadline, woken or not */
@@ -1214,12 +1332,12 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
     }
 }
 
-static int acquire(dlock_client *c, const char *name, int64_t wait_ms, uint64_t *fence)
+/* acquire's work, once the arguments are checked and the cancel token, if
+ * any, has this call registered. */
+static int acquire_checked(dlock_client *c, const char *name, size_t len, int64_t wait_ms,
+                           uint64_t *fence, dlock_cancel *k)
 {
-    size_t len;
-    int rc = check_call(c, name, &len);
-    if (rc != DLOCK_OK)
-        return rc;
+    int rc = DLOCK_OK;
     int64_t now = dlock_now_ns();
     /* Waits beyond ~292 years are "forever". */
     int64_t deadline = wait_ms < 0 || wait_ms > (DLOCK_NEVER - now) / DLOCK_NS_PER_MS
@@ -1258,6 +1376,10 @@ static int acquire(dlock_client *c, const char *name, int64_t wait_ms, uint64_t 
             rc = DLOCK_OK;
             break;
         }
+        if ((rc = stop_rc(c, k)) != DLOCK_OK) {
+            rc = stop_err(rc, name); /* shutdown or cancelled: stop waiting */
+            break;
+        }
         if (!e->has_owner && e->state == DLOCK_LEASE_LOST) {
             /* Lost while being passed between threads: nobody holds it. */
             if (e->unconfirmed)
@@ -1289,9 +1411,10 @@ static int acquire(dlock_client *c, const char *name, int64_t wait_ms, uint64_t 
             /* The poller sleeps on e->pcv between tries, out of the queue. */
             dlock_waitq_remove(&e->wq, w);
             e->poller = 1;
-            rc = poll_redis(c, e, deadline, wait_ms == 0);
+            rc = poll_redis(c, e, deadline, wait_ms == 0, k);
             e->poller = 0;
-            if (rc != DLOCK_OK && rc != DLOCK_EBUSY && rc != DLOCK_ETIMEDOUT) {
+            if (rc != DLOCK_OK && rc != DLOCK_EBUSY && rc != DLOCK_ETIMEDOUT &&
+                rc != DLOCK_ECLOSED && rc != DLOCK_ECANCELED) {
                 /* Tell the threads that waited behind this poll: they fail
                  * too rather than each wait a timeout in turn. */
                 e->fail_seq++;
@@ -1335,8 +1458,10 @@ static int acquire(dlock_client *c, const char *name, int64_t wait_ms, uint64_t 
         char number[24];
         next_number(c, number);
         e->queued = 0;
-        if (rc != DLOCK_ETIMEDOUT && rc != DLOCK_EBUSY) {
-            /* Redis is failing: the renewal thread tells it when it can. */
+        if (rc != DLOCK_ETIMEDOUT && rc != DLOCK_EBUSY && rc != DLOCK_ECANCELED) {
+            /* Redis is failing, or the client shuts down (its waiters must
+             * return without a Redis call): the renewal thread tells it
+             * when it can (dlock_client_close makes it try once more). */
             dlock_renew_leave(c->renew, e, number);
         } else {
             /* As e's poller, so that nobody else talks to Redis for e
@@ -1366,6 +1491,28 @@ static int acquire(dlock_client *c, const char *name, int64_t wait_ms, uint64_t 
     if (fence)
         *fence = token;
     return DLOCK_OK;
+}
+
+/* The common path of the acquire calls: the arguments, the stop flags, and
+ * the call's registration on its cancel token k (NULL: none) around it. */
+static int acquire(dlock_client *c, const char *name, int64_t wait_ms, uint64_t *fence,
+                   dlock_cancel *k)
+{
+    size_t len;
+    int rc = check_call(c, name, &len);
+    if (rc != DLOCK_OK)
+        return rc;
+    if ((rc = stop_rc(c, k)) != DLOCK_OK)
+        return stop_err(rc, name);
+    if (!k)
+        return acquire_checked(c, name, len, wait_ms, fence, NULL);
+    cancel_reg reg = {.base.wake = cancel_wake, .c = c, .name = name, .len = len,
+                      .w = dlock_waiter_self()};
+    if (dlock_cancel_register(k, &reg.base) != 0)
+        return stop_err(DLOCK_ECANCELED, name);
+    rc = acquire_checked(c, name, len, wait_ms, fence, k);
+    dlock_cancel_unregister(k, &reg.base);
+    return rc;
 }
 
 static int release_outermost(dlock_client *c, dlock_entry *e, const char *name);
@@ -1430,7 +1577,7 @@ static int release_outermost(dlock_client *c, dlock_entry *e, const char *name)
     }
     DLOCK_ASSERT(e->state == DLOCK_LEASE_HELD);
     int64_t now = dlock_boot_ns();
-    if (e->waiters > 0 && e->passes < c->pass_limit &&
+    if (e->waiters > 0 && e->passes < c->pass_limit && !dlock_load_int(&c->closing) &&
         now + (e->provisional ? c->grant_margin_ns : c->handoff_margin_ns) < e->valid_until_ns &&
         handoff_in_time(e, now)) {
         /* Cohort handoff (rule 3): the lease stays with this client and
@@ -1503,25 +1650,45 @@ static int release_outermost(dlock_client *c, dlock_entry *e, const char *name)
     return rc;
 }
 
-int dlock_acquire(dlock_client *c, const char *name, int64_t wait_ms, uint64_t *fence)
+void dlock_acquire_opts_init(dlock_acquire_opts *o)
+{
+    if (o)
+        memset(o, 0, sizeof *o);
+}
+
+int dlock_acquire_ex(dlock_client *c, const char *name, int64_t wait_ms, uint64_t *fence,
+                     const dlock_acquire_opts *opts)
 {
     dlock_err_clear();
+    if (!c)
+        return dlock_err_set(DLOCK_EINVAL, "client is NULL");
+    enter(c);
     int64_t t0 = dlock_now_ns();
-    int rc = acquire(c, name, wait_ms, fence);
-    if (c && rc != DLOCK_EFORK) { /* a closed or forked client's counters are not ours */
+    int rc = acquire(c, name, wait_ms, fence, opts ? opts->cancel : NULL);
+    if (rc != DLOCK_EFORK) { /* a forked client's counters are not ours */
         dlock_count_rc(c->ctr.acquire_rc, rc);
         if (rc == DLOCK_OK)
             dlock_hist_add(&c->ctr.wait, dlock_now_ns() - t0);
     }
+    leave(c);
     return rc;
+}
+
+int dlock_acquire(dlock_client *c, const char *name, int64_t wait_ms, uint64_t *fence)
+{
+    return dlock_acquire_ex(c, name, wait_ms, fence, NULL);
 }
 
 int dlock_release(dlock_client *c, const char *name)
 {
     dlock_err_clear();
+    if (!c)
+        return dlock_err_set(DLOCK_EINVAL, "client is NULL");
+    enter(c);
     int rc = release(c, name);
-    if (c && rc != DLOCK_EFORK)
+    if (rc != DLOCK_EFORK)
         dlock_count_rc(c->ctr.release_rc, rc);
+    leave(c);
     return rc;
 }
 
@@ -1531,13 +1698,10 @@ struct dlock_handle {
     int64_t since_ns; /* the acquire: the hold time's start */
 };
 
-int dlock_acquire_handle(dlock_client *c, const char *name, int64_t wait_ms, uint64_t *fence,
-                         dlock_handle **out)
+/* dlock_acquire_handle_ex's work, inside the call (enter). */
+static int acquire_handle(dlock_client *c, const char *name, int64_t wait_ms, uint64_t *fence,
+                          dlock_handle **out, const dlock_acquire_opts *opts)
 {
-    dlock_err_clear();
-    if (!out)
-        return dlock_err_set(DLOCK_EINVAL, "out is NULL");
-    *out = NULL;
     size_t len;
     int rc = check_call(c, name, &len);
     if (rc != DLOCK_OK)
@@ -1557,7 +1721,7 @@ int dlock_acquire_handle(dlock_client *c, const char *name, int64_t wait_ms, uin
     dlock_handle *h = malloc(sizeof *h);
     if (!h)
         return dlock_err_set(DLOCK_ENOMEM, "out of memory");
-    rc = dlock_acquire(c, name, wait_ms, fence);
+    rc = dlock_acquire_ex(c, name, wait_ms, fence, opts);
     if (rc != DLOCK_OK) {
         free(h);
         return rc;
@@ -1579,6 +1743,27 @@ int dlock_acquire_handle(dlock_client *c, const char *name, int64_t wait_ms, uin
     return DLOCK_OK;
 }
 
+int dlock_acquire_handle_ex(dlock_client *c, const char *name, int64_t wait_ms, uint64_t *fence,
+                            dlock_handle **out, const dlock_acquire_opts *opts)
+{
+    dlock_err_clear();
+    if (!out)
+        return dlock_err_set(DLOCK_EINVAL, "out is NULL");
+    *out = NULL;
+    if (!c)
+        return dlock_err_set(DLOCK_EINVAL, "client is NULL");
+    enter(c);
+    int rc = acquire_handle(c, name, wait_ms, fence, out, opts);
+    leave(c);
+    return rc;
+}
+
+int dlock_acquire_handle(dlock_client *c, const char *name, int64_t wait_ms, uint64_t *fence,
+                         dlock_handle **out)
+{
+    return dlock_acquire_handle_ex(c, name, wait_ms, fence, out, NULL);
+}
+
 int dlock_handle_release(dlock_handle *h)
 {
     dlock_err_clear();
@@ -1590,6 +1775,7 @@ int dlock_handle_release(dlock_handle *h)
     dlock_entry *e = h->e;
     char name[DLOCK_NAME_MAX + 1]; /* for messages: e may be freed before they are made */
     memcpy(name, e->name, e->name_len + 1);
+    enter(c);
     dlock_table_ref(e); /* the lookup's, as release_outermost expects */
     pthread_mutex_lock(&e->mu);
     DLOCK_ASSERT(e->has_owner && e->by_handle && e->depth == 1);
@@ -1599,6 +1785,7 @@ int dlock_handle_release(dlock_handle *h)
     int rc = release_outermost(c, e, name);
     dlock_count_rc(c->ctr.release_rc, rc);
     free(h);
+    leave(c);
     return rc;
 }
 
@@ -1629,7 +1816,7 @@ int dlock_with(dlock_client *c, const char *name, int64_t wait_ms,
     return dlock_release(c, name);
 }
 
-int dlock_held(dlock_client *c, const char *name)
+static int held_check(dlock_client *c, const char *name)
 {
     size_t len;
     if (check_call(c, name, &len) != DLOCK_OK)
@@ -1645,6 +1832,16 @@ int dlock_held(dlock_client *c, const char *name)
     return yes;
 }
 
+int dlock_held(dlock_client *c, const char *name)
+{
+    if (!c)
+        return 0;
+    enter(c);
+    int yes = held_check(c, name);
+    leave(c);
+    return yes;
+}
+
 const char *dlock_client_id(dlock_client *c)
 {
     return c ? c->id : NULL;
@@ -1656,7 +1853,9 @@ char *dlock_client_metrics_prometheus(dlock_client *c)
         dlock_err_set(DLOCK_EINVAL, "client is NULL");
         return NULL;
     }
+    enter(c);
     char *text = dlock_metrics_prometheus(&c->ctr, &c->sub_ctr, c->conn.client_name);
+    leave(c);
     if (!text)
         dlock_err_set(DLOCK_ENOMEM, "out of memory");
     return text;
@@ -1666,6 +1865,7 @@ int dlock_client_stats(dlock_client *c, dlock_stats *out)
 {
     if (!c || !out)
         return dlock_err_set(DLOCK_EINVAL, "client or out is NULL");
+    enter(c);
     out->acquisitions = dlock_load_64(&c->ctr.acquisitions);
     out->grants = dlock_load_64(&c->ctr.grants);
     out->handoffs = dlock_load_64(&c->ctr.handoffs);
@@ -1683,11 +1883,15 @@ int dlock_client_stats(dlock_client *c, dlock_stats *out)
     out->busy = dlock_load_64(&c->ctr.acquire_rc[-DLOCK_EBUSY]);
     out->errors = 0;
     for (int i = 1; i < DLOCK_NCODES; i++)
-        if (i != -DLOCK_ETIMEDOUT && i != -DLOCK_EBUSY)
+        if (i != -DLOCK_ETIMEDOUT && i != -DLOCK_EBUSY && i != -DLOCK_ECANCELED &&
+            i != -DLOCK_ECLOSED)
             out->errors += dlock_load_64(&c->ctr.acquire_rc[i]) +
                            dlock_load_64(&c->ctr.release_rc[i]);
+    out->cancelled = dlock_load_64(&c->ctr.acquire_rc[-DLOCK_ECANCELED]) +
+                     dlock_load_64(&c->ctr.acquire_rc[-DLOCK_ECLOSED]);
     out->renewed = dlock_load_64(&c->ctr.renewed);
     out->renew_failures = dlock_load_64(&c->ctr.renew_failures);
     out->forced_releases = dlock_load_64(&c->ctr.forced_releases);
+    leave(c);
     return DLOCK_OK;
 }

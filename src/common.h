@@ -56,6 +56,14 @@ static inline void dlock_store_int_release(int *p, int v)
 {
     __atomic_store_n(p, v, __ATOMIC_RELEASE);
 }
+static inline unsigned dlock_load_uint_acquire(unsigned *p)
+{
+    return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+}
+static inline void dlock_dec_uint_release(unsigned *p)
+{
+    __atomic_fetch_sub(p, 1, __ATOMIC_RELEASE);
+}
 #else
 static inline unsigned dlock_load_uint(unsigned *p) { return ck_pr_load_uint(p); }
 static inline int dlock_load_int(int *p) { return ck_pr_load_int(p); }
@@ -73,6 +81,20 @@ static inline void dlock_store_int_release(int *p, int v)
 {
     ck_pr_fence_store();
     ck_pr_store_int(p, v);
+}
+/* A count dropped by a thread done with an object, read by the one that
+ * frees it at 0: every access before the decrement happens before the
+ * free (release/acquire). */
+static inline unsigned dlock_load_uint_acquire(unsigned *p)
+{
+    unsigned v = ck_pr_load_uint(p);
+    ck_pr_fence_acquire();
+    return v;
+}
+static inline void dlock_dec_uint_release(unsigned *p)
+{
+    ck_pr_fence_release();
+    ck_pr_dec_uint(p);
 }
 #endif
 
@@ -162,9 +184,10 @@ typedef struct dlock_hist {
     uint64_t sum_ns;
 } dlock_hist;
 
-/* The return codes counted per call: DLOCK_OK (0) down to DLOCK_ESERVER,
+/* The return codes counted per call: DLOCK_OK (0) down to DLOCK_ECANCELED,
  * indexed by -code. */
-#define DLOCK_NCODES 11
+#define DLOCK_NCODES 12
+_Static_assert(DLOCK_NCODES == 1 - DLOCK_ECANCELED, "a new error code: count it here");
 
 typedef struct dlock_counters {
     uint64_t acquisitions;
