@@ -103,6 +103,7 @@ end
 function C.want(th)
   local c, W = th.c, th.c.W
   if not c.alive or W.stopping then return end
+  if c.closing then return end -- DLOCK_ECLOSED at once: the thread stops
   local name = W.names[W:rint(1, #W.names)]
   local r = W:rand()
   local wait_ms
@@ -113,10 +114,19 @@ function C.want(th)
   th.once = wait_ms == 0
   th.deadline = wait_ms < 0 and NEVER or cnow(c) + wait_ms * 1000
   th.fail_seq = e.fail_seq or 0
+  th.stop = nil
+  th.want_seq = (th.want_seq or 0) + 1
   e.queue[#e.queue + 1] = th
   trace(c, '%s wants %s (wait %d ms)', th.name, name, wait_ms)
   if th.deadline ~= NEVER then
     W:at_client_clock(c, th.deadline, function() C.deadline(th) end)
+  end
+  if W.cfg.faults.cancel and W:rand() < 0.15 then
+    -- another thread fires this acquire's cancel token (dlock_cancel_fire)
+    local seq = th.want_seq
+    W:after_client(c, W:rint(0, 2 * W.cfg.max_wait_ms * 1000), function()
+      C.stop(th, 'ECANCELED', seq)
+    end)
   end
   C.progress(e, c)
 end
@@ -144,7 +154,7 @@ local function finish(th, rc, quiet)
     if e.queued and #e.queue == 0 and not e.poller and not e.owner and e.state == 'NONE' then
       local n = next_number(c)
       e.queued = false
-      if rc == 'ETIMEDOUT' or rc == 'EBUSY' then
+      if rc == 'ETIMEDOUT' or rc == 'EBUSY' or rc == 'ECANCELED' then
         C.leave(c, e, n, false)
       else
         C.job(c, e, 'leave', n, 2 * c.s.waiter_ttl_ms * 1000)
@@ -169,6 +179,36 @@ function C.deadline(th)
   finish(th, 'ETIMEDOUT')
 end
 
+-- A waiting acquire stops: its cancel token was fired (rc 'ECANCELED', seq
+-- its want) or its client shuts down ('ECLOSED'): client.c stop_rc, looked
+-- at by a waiting thread at once, by the poller between its tries (a call
+-- under way ends first).
+function C.stop(th, rc, seq)
+  if th.state ~= 'waiting' or (seq and th.want_seq ~= seq) then return end
+  local c, e = th.c, th.e
+  if not c.alive or e.owner == th then return end -- granted before: DLOCK_OK
+  trace(c, '%s: %s', th.name, rc)
+  if rc == 'ECANCELED' then c.W.faults.cancelled = (c.W.faults.cancelled or 0) + 1 end
+  if e.poller == th then
+    if e.sleeping then
+      e.sleeping = nil
+      return C.poll_done(c, e, rc) -- a direct grant message is left to the leave
+    end
+    th.stop = th.stop or rc -- inside its Redis call: when it returns
+    return
+  end
+  finish(th, rc)
+end
+
+-- dlock_client_shutdown: every waiting acquire stops, later ones too, and
+-- no lease passes to another thread any more (release_outermost).
+function C.shutdown(c)
+  c.closing = true
+  for _, th in ipairs(c.threads) do
+    if th.state == 'waiting' then C.stop(th, 'ECLOSED') end
+  end
+end
+
 -- Whenever e changes: a waiting thread may have something to do (kick_head).
 function C.progress(e, c)
   if not c.alive then return end
@@ -184,6 +224,7 @@ function C.progress(e, c)
     th = e.queue[1]
   end
   if not th then return end
+  if c.closing then return finish(th, 'ECLOSED') end -- stop_rc before polling
   if not th.once and cnow(c) >= th.deadline then
     return finish(th, 'ETIMEDOUT') -- no Redis call after the deadline
   end
@@ -202,7 +243,7 @@ local function poll_done(c, e, rc)
     return finish(th, 'OK')
   end
   local failing = {}
-  if rc ~= 'EBUSY' and rc ~= 'ETIMEDOUT' then
+  if rc ~= 'EBUSY' and rc ~= 'ETIMEDOUT' and rc ~= 'ECANCELED' and rc ~= 'ECLOSED' then
     for _, w in ipairs(e.queue) do
       if w.state == 'waiting' then failing[#failing + 1] = w end
     end
@@ -213,6 +254,8 @@ local function poll_done(c, e, rc)
   end
   C.progress(e, c)
 end
+
+C.poll_done = poll_done
 
 -- take_grant (client.c)
 local function take_grant(c, e, th, token, valid_until)
@@ -270,13 +313,22 @@ function C.try(c, e)
       -- call_script failed: if it reached Redis, the outcome is unknown,
       -- and the renewal thread releases this attempt's grant (orphan).
       if how ~= 'unsent' then C.job(c, e, 'orphan', nonce, c.s.keep_ms * 1000) end
-      return poll_done(c, e, 'EREDIS')
+      return poll_done(c, e, th.stop or 'EREDIS')
     end
     if type(rep) ~= 'table' or rep.err or rep.n ~= 2 then
       C.job(c, e, 'orphan', nonce, c.s.keep_ms * 1000)
-      return poll_done(c, e, 'EREDIS')
+      return poll_done(c, e, th.stop or 'EREDIS')
     end
     local granted, v = rep[1], rep[2]
+    if th.stop then
+      -- stopped during the call: a grant is given back in the background
+      if granted == 1 then
+        C.job(c, e, 'orphan', nonce, c.s.keep_ms * 1000)
+      elseif granted == 0 and not th.once then
+        e.queued = true -- the last waiter to go takes the client out
+      end
+      return poll_done(c, e, th.stop)
+    end
     if granted == 1 then
       if cnow(c) >= sent + c.s.lease_ms * 1000 - c.s.drift_us then
         C.job(c, e, 'orphan', nonce, c.s.keep_ms * 1000) -- answered too late
@@ -346,7 +398,8 @@ function C.release(th)
     local us = floor(now - e.grant_at)
     clock_ok = e.passes + 1 <= us - floor((us + 99) / 100)
   end
-  if head and e.passes < c.s.pass_limit and now + margin < e.valid_until and clock_ok then
+  if head and e.passes < c.s.pass_limit and now + margin < e.valid_until and clock_ok and
+     not c.closing then
     -- Cohort handoff (rule 3): the next token, to the head of the queue.
     e.passes = e.passes + 1
     e.token = e.token + 1

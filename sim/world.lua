@@ -163,7 +163,8 @@ end
 ------------------------------------------------------------------------
 -- A schedule's settings, drawn from its seed.
 
-local ALL_FAULTS = {'net', 'msg', 'crash', 'pause', 'restart', 'failover', 'clock', 'drift', 'force'}
+local ALL_FAULTS = {'net', 'msg', 'crash', 'pause', 'restart', 'failover', 'clock', 'drift', 'force',
+                    'cancel'}
 W.ALL_FAULTS = ALL_FAULTS
 
 function W.new(seed, opts, scripts)
@@ -823,6 +824,16 @@ function W:schedule_faults(horizon)
     for _ = 1, self:rint(1, 2) do
       self:at(when(), function() self:fault_force() end)
     end
+  end
+  if f.cancel then
+    -- (acquires are cancelled in client.lua, C.want) and a client shuts down
+    self:at(when(), function()
+      local c = self:pick(self.clients)
+      if not c.alive or c.closing then return end
+      if self.tracing then self:trace('FAULT ' .. c.name .. ' shuts down') end
+      self.faults.shutdown = (self.faults.shutdown or 0) + 1
+      C.shutdown(c)
+    end)
   end
 end
 
