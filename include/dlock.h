@@ -293,6 +293,44 @@ DLOCK_API int dlock_acquire_ex(dlock_client *c, const char *name, int64_t wait_m
  * expires in Redis after at most lease_ms); DLOCK_EINVAL, DLOCK_EFORK. */
 DLOCK_API int dlock_release(dlock_client *c, const char *name);
 
+/*
+ * Unclean ends. Like a robust mutex's EOWNERDEAD, a holder learns whether
+ * the hold before its own ended other than by its holder's release, so
+ * that it can check the data the lock protects:
+ *   DLOCK_UNCLEAN_ABANDONED  the holder's thread exited holding it (the
+ *                            library released it: see below), or its
+ *                            client was closed while a thread held it;
+ *   DLOCK_UNCLEAN_EXPIRED    the grant expired unreleased: its process died
+ *                            or stalled past the lease, its lease was lost,
+ *                            or its release never reached Redis (also a
+ *                            direct grant to a waiter that died unused);
+ *   DLOCK_UNCLEAN_FORCED     an operator released it (dlockctl release
+ *                            --force).
+ * Redis keeps the word for a lease time after such an end (an operator's
+ * release: an hour): a grant made later reports 0, as does any grant after
+ * Redis lost its data (a restart without persistence, a failover that lost
+ * the writes). A grant nobody used (an attempt of unknown outcome, a direct
+ * grant to a waiter that gave up) passes on the word it got.
+ *
+ * A thread that exits while it holds locks taken with dlock_acquire (a
+ * thread-exit hook, installed at its first acquire) has each of them
+ * released for it, through on_log (DLOCK_LOG_WARN, with the name and the
+ * thread's id) and dlock_stats.abandoned; the next holder is told
+ * DLOCK_UNCLEAN_ABANDONED. (A process that ends never runs the hook: its
+ * leases expire, DLOCK_UNCLEAN_EXPIRED.) Handles belong to no thread.
+ */
+#define DLOCK_UNCLEAN_ABANDONED 1
+#define DLOCK_UNCLEAN_EXPIRED 2
+#define DLOCK_UNCLEAN_FORCED 3
+
+/* For the calling thread's hold of `name`: 0 if the hold before it ended by
+ * its holder's release (or nothing is known of it), else one of
+ * DLOCK_UNCLEAN_*. The same for every reentrant acquire of one hold; a
+ * thread that gets the lock by a local handoff is told how the releasing
+ * thread's hold ended. No Redis command. Errors: DLOCK_ENOTHELD (the
+ * calling thread does not hold `name`), DLOCK_EINVAL, DLOCK_EFORK. */
+DLOCK_API int dlock_unclean(dlock_client *c, const char *name);
+
 /* 1 if the calling thread holds `name` and its lease is still valid (known
  * renewed in time, by the local clock with a drift margin), else 0. The local
  * clock is CLOCK_BOOTTIME, which keeps counting through a system suspend.
@@ -338,6 +376,10 @@ DLOCK_API int dlock_handle_release(dlock_handle *h);
 /* 1 if the handle's lease is still valid (as dlock_held), else 0; 0 for a
  * NULL handle. Any thread; no Redis command. */
 DLOCK_API int dlock_handle_held(dlock_handle *h);
+
+/* dlock_unclean for a handle's hold: 0, DLOCK_UNCLEAN_*, or DLOCK_EINVAL for
+ * a NULL handle. Any thread. */
+DLOCK_API int dlock_handle_unclean(dlock_handle *h);
 
 /* Acquires `name` (as dlock_acquire with wait_ms), runs fn(arg, fence)
  * holding it, and releases it. Returns dlock_acquire's error if it was not
@@ -431,6 +473,9 @@ typedef struct dlock_stats {
                                     release --force) */
     uint64_t cancelled;          /* acquires that returned DLOCK_ECANCELED or DLOCK_ECLOSED
                                     (not in errors) */
+    uint64_t unclean;            /* holds (grants and local handoffs) that followed an
+                                    unclean end of the hold before (dlock_unclean) */
+    uint64_t abandoned;          /* locks a thread held when it exited, released for it */
 } dlock_stats;
 
 /* The client's id: 32 hex digits (128 random bits, new at every open), the

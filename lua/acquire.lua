@@ -5,7 +5,8 @@
 --                     lease time longer, as a fence), and for operators since
 --                     (server ms of the grant), name (the owner's client_name)
 -- KEYS[2] fence key   <prefix>{<name>}:fence  the last token a released grant
---                     handed out: no later grant may reach it
+--                     handed out: no later grant may reach it; followed by
+--                     " <end>" when that grant ended uncleanly (release.lua)
 -- KEYS[3] wait queue  <prefix>{<name>}:q      zset: client id -> arrival (server us)
 -- KEYS[4] liveness    <prefix>{<name>}:qd     hash: client id -> "<deadline (server
 --                     ms)> <its newest attempt> <its pass limit> <its waiter ttl>
@@ -31,7 +32,7 @@
 -- ARGV[9] the last token the client handed out under a grant of this name
 --         whose release failed ('0' if none, or absent): if that grant is
 --         still the client's lease, this grant's token is above it
--- Returns {1, token} when granted, or {0, pttl} when the client must wait
+-- Returns {1, token, end} when granted, or {0, pttl} when the client must wait
 -- (pttl: the lease's remaining time, or -1 when the lease is free but another
 -- client's turn comes first); then, if it asked to, the client is in the
 -- wait queue, once, in arrival order, with its deadline refreshed.
@@ -75,6 +76,17 @@
 -- (gone) keep the order for as long as the step: up to a lease time.
 -- Server time in us is below 2^53, so Lua's doubles hold it exactly.
 --
+-- End: how the grant before this one ended, when not by its holder's
+-- release: 1 its holder thread exited or its client closed holding it (the
+-- library released it), 2 it expired unreleased (its process died or
+-- stalled, or its release never arrived: this script finds its key past
+-- exp), 3 an operator released it (dlockctl release --force); 0 otherwise.
+-- A release leaves it in the fence, an expired grant in its key, both for a
+-- lease time: a grant made later than that reports 0. A grant nobody used
+-- (an attempt of unknown outcome, a direct grant to a waiter that gave up)
+-- passes its own `end` on (lease field u). The grant keeps it in field u, so
+-- that the same attempt seen again reports it too.
+--
 -- Cost: the common case, a free name with nobody queued, runs 6 commands
 -- (HMGET, TIME, MGET of the record and the fence, EXISTS of the queue keys,
 -- HSET, PEXPIRE) and formats one number (exp): the token and the grant time
@@ -82,7 +94,7 @@
 -- attempt, and the release writes the record (release.lua).
 local me = ARGV[1]
 local attempt = tonumber(ARGV[3])
-local lease = redis.call('HMGET', KEYS[1], 'owner', 'token', 'nonce', 'pl', 'exp', 'since')
+local lease = redis.call('HMGET', KEYS[1], 'owner', 'token', 'nonce', 'pl', 'exp', 'since', 'u')
 local t = redis.call('TIME')
 local us6 = string.rep('0', 6 - #t[2]) .. t[2] -- microseconds, 6 digits
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -98,7 +110,7 @@ if lease[1] and lease[5] and now_ms > tonumber(lease[5]) then
   local tk = tonumber(lease[2]) or 0
   local lasted = (tonumber(lease[5]) - (tonumber(lease[6]) or 0)) * 1000
   gone = tk + math.max(0, math.min(tonumber(lease[4]) or 0, lasted))
-  lease = {false, false, false, false, false, false}
+  lease = {false, false, false, false, false, false, false}
 end
 local mine = lease[1] == me
 local got = redis.call('MGET', KEYS[6], KEYS[2]) -- the record, the fence
@@ -122,7 +134,7 @@ if mine then
     redis.call('HSET', KEYS[1], 'exp', string.format('%.0f', exp))
     redis.call('PEXPIRE', KEYS[1], math.max(exp - now_ms + l,
       math.ceil(((tonumber(lease[2]) or 0) + (tonumber(lease[4]) or 0)) / 1000) - now_ms + l + 1))
-    return {1, tonumber(lease[2])}
+    return {1, tonumber(lease[2]), tonumber(lease[7] or '0') or 0}
   end
   if held > seen then
     seen = held
@@ -200,9 +212,13 @@ if queued then
   redis.call('DEL', KEYS[5])
 end
 
-local last = tonumber(got[2] or '0') or 0
+local last = tonumber(string.match(got[2] or '0', '^%d+') or '0') or 0
+local ended = tonumber(string.match(got[2] or '', ' (%d)$') or '0')
 if gone > last then
   last = gone
+end
+if gone > 0 then
+  ended = 2
 end
 if mine then
   -- The caller's own grant, under an older attempt: one whose outcome it
@@ -212,6 +228,7 @@ if mine then
   if used > last then
     last = used
   end
+  ended = math.max(ended, tonumber(lease[7] or '0') or 0)
 end
 local tok = t[1] .. us6
 local token = now_us
@@ -226,10 +243,14 @@ end
 redis.call('HSET', KEYS[1], 'owner', me, 'token', tok, 'nonce', ARGV[3], 'pl', ARGV[4],
   'since', t[1] .. string.sub(us6, 1, 3), 'name', ARGV[8],
   'exp', string.format('%.0f', now_ms + tonumber(ARGV[2])))
+if ended > 0 then
+  -- (a key that held a u before is the caller's own, or expired: ended > 0)
+  redis.call('HSET', KEYS[1], 'u', tostring(ended))
+end
 -- The key outlives the grant by a lease time, and the clock must have read
 -- a lease time past every token the grant bounds before it goes (a grant
 -- ahead of the clock, after a step back, lives that much longer).
 local l = tonumber(ARGV[2])
 redis.call('PEXPIRE', KEYS[1], math.max(2 * l,
   math.ceil((token + tonumber(ARGV[4])) / 1000) - now_ms + l + 1))
-return {1, token}
+return {1, token, ended}

@@ -35,7 +35,7 @@ redis.call('HDEL', KEYS[4], me)
 -- A lease this client owns under an attempt older than this call is one it
 -- gave up waiting for. One granted under a newer attempt is held: a late
 -- copy of this leave, whose record has expired, must not touch it.
-local lease = redis.call('HMGET', KEYS[1], 'owner', 'nonce', 'token', 'exp')
+local lease = redis.call('HMGET', KEYS[1], 'owner', 'nonce', 'token', 'exp', 'u')
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 -- An expired grant (acquire.lua) is nobody's: its key stays, as a fence.
@@ -43,11 +43,26 @@ local live = lease[1] and not (lease[4] and now_ms > tonumber(lease[4]))
 if live and lease[1] == me and (tonumber(lease[2]) or 0) < n then
   -- Nobody used it, but its token was handed out: the fence keeps it (as a
   -- release's fence does), so that no later grant goes below it even if
-  -- the server's clock steps back.
+  -- the server's clock steps back; and it passes on how the grant before
+  -- it ended (its field u: acquire.lua, "End").
   local tok = tonumber(lease[3]) or 0
-  if tok > (tonumber(redis.call('GET', KEYS[2]) or '0') or 0) then
-    redis.call('SET', KEYS[2], lease[3], 'PX', math.max(tonumber(ARGV[6]),
-      math.ceil(tok / 1000) - now_ms + math.floor(tonumber(ARGV[6]) / 2) + 1))
+  local fv = redis.call('GET', KEYS[2])
+  local f = tonumber(string.match(fv or '0', '^%d+') or '0') or 0
+  local ended = tonumber(lease[5] or '0') or 0
+  if tok > f or ended > 0 then
+    local px = math.max(tonumber(ARGV[6]),
+      math.ceil(math.max(tok, f) / 1000) - now_ms + math.floor(tonumber(ARGV[6]) / 2) + 1)
+    if fv then
+      px = math.max(px, redis.call('PTTL', KEYS[2]))
+    end
+    local top = lease[3]
+    if tok <= f then
+      top = string.match(fv, '^%d+')
+    end
+    if ended > 0 then
+      top = top .. ' ' .. ended
+    end
+    redis.call('SET', KEYS[2], top, 'PX', px)
   end
   redis.call('DEL', KEYS[1])
   live = false

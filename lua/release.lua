@@ -30,6 +30,14 @@
 --         turn (a liveness value without the grant fields)
 -- ARGV[8] waiter ttl in ms: how long the turn waits for its client
 -- ARGV[9] record lifetime in ms
+-- ARGV[10] how this grant ends (acquire.lua, "End"): '0' (or absent) its
+--         holder released it; '1' the library released it for a holder
+--         thread that exited or a client that closed; '3' an operator
+--         (dlockctl release --force). A grant released by attempt number
+--         was never used: it passes on the end of the grant before it (its
+--         field u). The fence keeps it (" <end>") for the next grant, and a
+--         direct grant carries it (field u, message "u <end> <attempt>
+--         <token> <name>" instead of "g ...").
 -- Returns 1 when released (2 when the next waiter was granted it or woken),
 -- also when this very
 -- grant had already been released by an earlier call (a retry whose first
@@ -49,13 +57,13 @@
 -- of the fence, GET and SET of the record, EXISTS of the queue keys) and
 -- formats no number.
 local me = ARGV[1]
-local lease = redis.call('HMGET', KEYS[1], 'owner', 'token', 'nonce', 'pl', 'since', 'exp')
+local lease = redis.call('HMGET', KEYS[1], 'owner', 'token', 'nonce', 'pl', 'since', 'exp', 'u')
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 if lease[6] and now_ms > tonumber(lease[6]) then
   -- The grant expired (acquire.lua: its key stays a lease time longer, as a
   -- fence): it is nobody's, and stays as it is.
-  lease = {false, false, false, false, false, false}
+  lease = {false, false, false, false, false, false, false}
 end
 local id = lease[3]
 if ARGV[2] == 'token' then
@@ -104,6 +112,13 @@ local last, fence = tonumber(lease[2]), lease[2]
 local handed = tonumber(ARGV[5]) or 0
 if handed > last then
   last, fence = handed, ARGV[5]
+end
+local ended = tonumber(ARGV[10] or '0') or 0
+if ARGV[2] == 'nonce' then
+  ended = tonumber(lease[7] or '0') or 0
+end
+if ended > 0 then
+  fence = fence .. ' ' .. ended
 end
 redis.call('DEL', KEYS[1])
 -- The fence lives a lease time, counted from when the server's clock has
@@ -170,7 +185,12 @@ while true do
     local keep = math.floor(tonumber(ARGV[9]) / 2)
     redis.call('PEXPIRE', KEYS[1], math.max(tonumber(ttl) + keep,
       math.ceil((tonumber(tok) + tonumber(pl)) / 1000) - now_ms + keep + 1))
-    redis.call('PUBLISH', ARGV[6] .. h, 'g ' .. att .. ' ' .. tok .. ' ' .. ARGV[7])
+    if ended > 0 then
+      redis.call('HSET', KEYS[1], 'u', tostring(ended))
+      redis.call('PUBLISH', ARGV[6] .. h, 'u ' .. ended .. ' ' .. att .. ' ' .. tok .. ' ' .. ARGV[7])
+    else
+      redis.call('PUBLISH', ARGV[6] .. h, 'g ' .. att .. ' ' .. tok .. ' ' .. ARGV[7])
+    end
     return 2
   end
   redis.call('ZREM', KEYS[3], h)

@@ -121,7 +121,7 @@ function C.want(th)
   if th.deadline ~= NEVER then
     W:at_client_clock(c, th.deadline, function() C.deadline(th) end)
   end
-  if W.cfg.faults.cancel and W:rand() < 0.15 then
+  if W.cfg.faults.life and W:rand() < 0.15 then
     -- another thread fires this acquire's cancel token (dlock_cancel_fire)
     local seq = th.want_seq
     W:after_client(c, W:rint(0, 2 * W.cfg.max_wait_ms * 1000), function()
@@ -258,7 +258,7 @@ end
 C.poll_done = poll_done
 
 -- take_grant (client.c)
-local function take_grant(c, e, th, token, valid_until)
+local function take_grant(c, e, th, token, valid_until, unclean)
   e.state = 'HELD'
   e.grant_token = token
   e.token = token
@@ -272,6 +272,8 @@ local function take_grant(c, e, th, token, valid_until)
   e.revoked = nil
   e.grant_at = cnow(c)
   e.unconfirmed = 0
+  e.unclean = unclean or 0 -- acquire.lua "End", or the message's (dlock_unclean)
+  e.ending = nil
   e.owner = th
   c.W:acquired(c, e, th, token, false)
 end
@@ -285,7 +287,7 @@ local function take_direct_grant(c, e)
   local now = cnow(c)
   if now + c.s.grant_margin_us >= valid then return false end
   trace(c, 'takes the direct grant of %s (attempt %d, token %.0f)', e.name, m.nonce, m.token)
-  take_grant(c, e, e.poller, m.token, valid)
+  take_grant(c, e, e.poller, m.token, valid, m.unclean)
   e.provisional = true
   if #e.queue > 0 then
     C.renew_round(c)
@@ -315,7 +317,7 @@ function C.try(c, e)
       if how ~= 'unsent' then C.job(c, e, 'orphan', nonce, c.s.keep_ms * 1000) end
       return poll_done(c, e, th.stop or 'EREDIS')
     end
-    if type(rep) ~= 'table' or rep.err or rep.n ~= 2 then
+    if type(rep) ~= 'table' or rep.err or (rep.n ~= 2 and rep.n ~= 3) then
       C.job(c, e, 'orphan', nonce, c.s.keep_ms * 1000)
       return poll_done(c, e, th.stop or 'EREDIS')
     end
@@ -334,7 +336,7 @@ function C.try(c, e)
         C.job(c, e, 'orphan', nonce, c.s.keep_ms * 1000) -- answered too late
         return poll_done(c, e, 'EREDIS')
       end
-      take_grant(c, e, th, v, sent + c.s.lease_ms * 1000 - c.s.drift_us)
+      take_grant(c, e, th, v, sent + c.s.lease_ms * 1000 - c.s.drift_us, rep[3])
       return poll_done(c, e, 'OK')
     elseif granted == 0 then
       if th.once then return poll_done(c, e, 'EBUSY') end
@@ -378,6 +380,14 @@ end
 function C.release(th)
   local c, e, W = th.c, th.e, th.c.W
   if not c.alive then return end
+  -- The holder thread exits instead (the thread-exit hook releases for it:
+  -- on_thread_exit, abandon): its hold ends as DLOCK_UNCLEAN_ABANDONED.
+  local ending = 0
+  if W.cfg.faults.life and e.state ~= 'LOST' and W:rand() < 0.05 then
+    ending = 1
+    W.faults.abandoned = (W.faults.abandoned or 0) + 1
+    trace(c, '%s exits holding %s', th.name, e.name)
+  end
   e.owner = nil
   th.state = 'idle'
   if e.state == 'LOST' then
@@ -425,6 +435,7 @@ function C.release(th)
         return C.progress(e, c)
       end
       head.state = 'holding'
+      e.unclean = ending -- told how the hold before ended
       W:acquired(c, e, head, tok, true)
       finish(head, 'OK')
     end)
@@ -435,7 +446,8 @@ function C.release(th)
   e.state = 'RELEASING'
   W:released(c, e, th)
   local argv = {c.id, 'token', string.format('%.0f', e.grant_token), c.args.lease,
-                string.format('%.0f', e.token), c.args.wake, e.name, c.args.ttl, c.args.keep}
+                string.format('%.0f', e.token), c.args.wake, e.name, c.args.ttl, c.args.keep,
+                tostring(ending)}
   trace(c, '%s releases %s (grant %.0f, last %.0f)', th.name, e.name, e.grant_token, e.token)
   W:request(c, 'release', e.name, e.keys, argv, {}, function(rep, how)
     if not c.alive then return end
@@ -482,7 +494,7 @@ function C.run_job(c, j)
   else
     script = 'release'
     argv = {c.id, 'nonce', tostring(j.n), c.args.lease, '0', c.args.wake, e.name,
-            c.args.ttl, c.args.keep}
+            c.args.ttl, c.args.keep, '0'}
   end
   c.W:request(c, script, e.name, e.keys, argv, {nonce = j.n, background = true}, function(rep, how)
     if not c.alive then return end
@@ -600,17 +612,20 @@ function C.message(c, msg)
     end
     return
   end
-  local nonce, tok, name
+  local nonce, tok, name, unclean
   if kind == 'g' then
     nonce, tok, name = msg:match('^g (%d+) (%d+) (.+)$')
     nonce, tok = tonumber(nonce), tonumber(tok)
+  elseif kind == 'u' then
+    unclean, nonce, tok, name = msg:match('^u (%d) (%d+) (%d+) (.+)$')
+    unclean, nonce, tok = tonumber(unclean), tonumber(nonce), tonumber(tok)
   elseif kind == 'w' then
     name = msg:match('^w (.+)$')
   end
   trace(c, 'message "%s"', msg)
   local e = name and c.entries[name]
   if not e then return end
-  if nonce and e.poller then e.msg = {nonce = nonce, token = tok} end
+  if nonce and e.poller then e.msg = {nonce = nonce, token = tok, unclean = unclean} end
   e.woken = true
   if e.sleeping then C.wake_poller(c, e) end
 end

@@ -24,7 +24,7 @@ M.list = {
     name = 'token_ignores_fence',
     schedules = 200,
     why = 'a grant takes server time alone, not the fence a release left',
-    file = 'acquire', find = "local last = tonumber(got[2] or '0') or 0",
+    file = 'acquire', find = "local last = tonumber(string.match(got[2] or '0', '^%d+') or '0') or 0",
     replace = 'local last = 0',
   },
   {
@@ -76,12 +76,27 @@ M.list = {
     name = 'expired_grant_forgotten',
     seed = 4, -- a rare double fault (a grant that expired unreleased after local handoffs,
     schedules = 2000, -- then a step back): from seed 1 it came at schedule 19,420 before
-                      -- the cancel faults reshuffled the schedules, and not in 25,000 after
+                      -- the life faults reshuffled the schedules, and not in 25,000 after
     why = 'a grant that expired unreleased no longer bounds the next token (its key outlives '
       .. 'it as a fence): a step back of the server clock lets tokens go back',
     file = 'acquire',
     find = 'gone = tk + math.max(0, math.min(tonumber(lease[4]) or 0, lasted))',
     replace = 'gone = 0',
+  },
+  {
+    name = 'unclean_end_forgotten',
+    schedules = 400,
+    why = "a release for a thread that exited (or an operator's) leaves no word of it in the fence: "
+      .. 'the next holder is not told (dlock_unclean)',
+    file = 'acquire', find = "local ended = tonumber(string.match(got[2] or '', ' (%d)$') or '0')",
+    replace = 'local ended = 0',
+  },
+  {
+    name = 'direct_grant_unclean_forgotten',
+    schedules = 400,
+    why = 'a direct grant after a release for a thread that exited does not carry the word',
+    file = 'release', find = "      redis.call('HSET', KEYS[1], 'u', tostring(ended))",
+    replace = '',
   },
   {
     name = 'fence_forgets_handoffs',

@@ -28,6 +28,10 @@
 --           than a bound while a live client waits for it.
 --   keys    (at the end) no key outlives the last client's last call by more
 --           than its stated lifetime.
+--   unclean the first grant made after a release for a holder thread that
+--           exited (or its client closed) or an operator's forced release,
+--           within a lease time of it and with no data lost since, reports
+--           that end (field u, acquire.lua "End": dlock_unclean).
 local R = require('redis')
 local C = require('client')
 
@@ -164,7 +168,7 @@ end
 -- A schedule's settings, drawn from its seed.
 
 local ALL_FAULTS = {'net', 'msg', 'crash', 'pause', 'restart', 'failover', 'clock', 'drift', 'force',
-                    'cancel'}
+                    'life'}
 W.ALL_FAULTS = ALL_FAULTS
 
 function W.new(seed, opts, scripts)
@@ -198,6 +202,7 @@ function W.new(seed, opts, scripts)
   self.grants_made = {} -- name -> grants issued so far
   self.recs = {}   -- record key -> {n =, exp = server ms, era =}
   self.free_since = {}
+  self.pending_end = {} -- name -> {code, srv_ms, era}: an unclean end not yet told
   self.step_back_total = 0
   self.aof = {}    -- snapshots of the data, newest last, for restarts and failovers
 
@@ -302,7 +307,7 @@ local function lease_of(srv, key)
   if not o or o.type ~= 'hash' then return nil end
   local e = tonumber(o.v.exp)
   return {owner = o.v.owner, token = tonumber(o.v.token), nonce = tonumber(o.v.nonce), exp = o.exp,
-          live = not e or srv.now_ms <= e}
+          live = not e or srv.now_ms <= e, u = tonumber(o.v.u or '0') or 0}
 end
 
 -- The live grant of a name, or nil.
@@ -348,6 +353,14 @@ function W:after_script(c, script, names, keys, argv, before, rep, meta)
     local b = before[i]
     local a = lease_of(srv, k)
     local same = b and a and b.owner == a.owner and b.token == a.token and b.nonce == a.nonce
+    -- how a used grant ended (first: the same script may grant the next): a release by its holder, for a thread that
+    -- exited, or by an operator
+    if b and script == 'release' and argv[2] == 'token' and b.owner == argv[1]
+       and string.format('%.0f', b.token) == argv[3] and (rep == 1 or rep == 2) then
+      local code = meta.force and 3 or tonumber(argv[10] or '0') or 0
+      self.pending_end[name] = code > 0 and {code = code, srv_ms = srv.now_ms, era = self.era[name]}
+        or nil
+    end
     if a and not same and not (b and a.token == b.token) then
       -- a new grant: its token is issued now
       self.grants_made[name] = (self.grants_made[name] or 0) + 1
@@ -355,6 +368,17 @@ function W:after_script(c, script, names, keys, argv, before, rep, meta)
         {era = self.era[name], idx = self.grants_made[name]}
       self:issue(name, a.token, string.format('redis %s of %s (attempt %s)', script,
         (self.by_id[a.owner] or {name = a.owner}).name, describe(a.nonce)), false)
+      -- unclean: the first grant after a release for a thread that exited
+      -- or an operator's, within a lease time of it (the fence's life), on
+      -- the same data, is told (acquire.lua, "End")
+      local p = self.pending_end[name]
+      if p and p.era == self.era[name] and srv.now_ms <= p.srv_ms + self.cfg.lease_ms
+         and a.u ~= p.code then
+        self:violation('unclean', string.format('%s: the grant of %s (token %.0f) says end %d, '
+          .. 'after an end %d', name, (self.by_id[a.owner] or {name = a.owner}).name, a.token,
+          a.u, p.code))
+      end
+      self.pending_end[name] = nil
     end
     -- stale: a release, renewal or leave never changes another grant.
     if b and script ~= 'acquire' and meta.force == nil then
@@ -722,7 +746,7 @@ function W:fault_force(name, tries)
   if not l or not self.up then return end
   local keys = C.keys(name, l.owner)
   local argv = {l.owner, 'token', string.format('%.0f', l.token), '3600000',
-                string.format('%.0f', l.token), 'dlock:wake:', name, '2000', '60000'}
+                string.format('%.0f', l.token), 'dlock:wake:', name, '2000', '60000', '3'}
   if self.tracing then self:trace('FAULT dlockctl release --force ' .. name) end
   local era = self.era[name]
   self:new_era(name)
@@ -825,8 +849,9 @@ function W:schedule_faults(horizon)
       self:at(when(), function() self:fault_force() end)
     end
   end
-  if f.cancel then
-    -- (acquires are cancelled in client.lua, C.want) and a client shuts down
+  if f.life then
+    -- (acquires are cancelled and holder threads exit in client.lua, C.want
+    -- and C.release) and a client shuts down
     self:at(when(), function()
       local c = self:pick(self.clients)
       if not c.alive or c.closing then return end
@@ -902,7 +927,8 @@ function W:check_keys()
   for k, o in pairs(self.srv.db) do
     if R.live(self.srv, k) then
       -- a fence may live until server time has passed its token
-      local ahead = k:match(':fence$') and (tonumber(o.v) or 0) / 1000 + 2 >= self.srv.now_ms
+      local ahead = k:match(':fence$') and (tonumber(o.v:match('^%d+') or '0') or 0) / 1000 + 2
+        >= self.srv.now_ms
       if not ahead then
         self:violation('keys', string.format('%s outlived the last call (%.1f ms ago) by more than '
           .. '%d ms', k, (self.now - last) / 1000, life))

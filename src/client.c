@@ -153,7 +153,18 @@ struct dlock_client {
     dlock_unconfirmed *unconfirmed; /* tokens of grants whose end Redis never confirmed */
     int closing;       /* atomic: dlock_client_shutdown began (never reset) */
     unsigned inside;   /* atomic: threads inside a public call on this client */
+    dlock_client *open_prev, *open_next; /* the open clients (open_mu) */
 };
+
+/*
+ * The open clients of this process, for the thread-exit hook (on_thread_exit),
+ * which finds the client of a lock an exiting thread holds by its serial.
+ * open_mu is a leaf, but for the hook, which calls enter() under it: close
+ * unlinks the client under open_mu before it waits for the threads inside,
+ * so a client found here stays alive until the hook's leave().
+ */
+static pthread_mutex_t open_mu = PTHREAD_MUTEX_INITIALIZER;
+static dlock_client *open_clients;
 
 /* fork(): the child gets a copy of the client without its threads or a
  * consistent view of its locks. pthread_atfork's child handler bumps this
@@ -186,9 +197,12 @@ static __thread struct held_slot {
 } held[HELD_SLOTS];
 static __thread unsigned held_uncached;
 
+static void arm_exit_hook(void);
+
 /* The calling thread became the owner of e (outermost acquire). */
 static void held_remember(const dlock_client *c, dlock_entry *e)
 {
+    arm_exit_hook();
     for (int i = 0; i < HELD_SLOTS; i++)
         if (!held[i].e) {
             held[i].serial = c->serial;
@@ -241,6 +255,8 @@ static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 static void on_fork_child(void)
 {
     ck_pr_inc_uint(&fork_generation);
+    /* another thread of the parent may have held it: the child has one thread */
+    pthread_mutex_init(&open_mu, NULL);
 }
 
 static void install_atfork(void)
@@ -458,7 +474,8 @@ static uint64_t parse_u64(const char **p, const char *end)
  * "f <token> <name>", an operator released the lease by force; "w <name>",
  * the turn for name is this client's; or "g <attempt> <token> <name>", a
  * release granted this client the lease of name directly under that
- * attempt. Either way the poller of name, if this client still waits for
+ * attempt ("u <end> <attempt> <token> <name>" when the grant before ended
+ * uncleanly). Either way the poller of name, if this client still waits for
  * it, looks at once: it takes the grant if it still waits in that attempt
  * (poll_redis), else tries again. A payload of another form is ignored
  * (the poller's periodic retry covers it). On the subscriber thread. */
@@ -511,10 +528,19 @@ static void wake_one(void *arg, const char *payload, size_t len)
         dlock_renew_kick(c->renew);
         return;
     }
+    int unclean = 0;
     if (len > 2 && p[0] == 'w' && p[1] == ' ') {
         p += 2;
-    } else if (len > 2 && p[0] == 'g' && p[1] == ' ') {
+    } else if (len > 2 && (p[0] == 'g' || p[0] == 'u') && p[1] == ' ') {
+        /* "u <end> <attempt> <token> <name>": a direct grant after an
+         * unclean end (release.lua, ARGV[10]) */
         const char *q = p + 2;
+        if (p[0] == 'u') {
+            uint64_t u = parse_u64(&q, end);
+            if (u == 0 || u > DLOCK_UNCLEAN_FORCED)
+                return; /* malformed */
+            unclean = (int)u;
+        }
         nonce = parse_u64(&q, end);
         token = nonce ? parse_u64(&q, end) : 0;
         if (!token)
@@ -537,6 +563,7 @@ static void wake_one(void *arg, const char *payload, size_t len)
         e->msg_grant = 1;
         e->msg_nonce = nonce;
         e->msg_token = token;
+        e->msg_unclean = unclean;
     }
     e->woken = 1;
     pthread_cond_signal(&e->pcv); /* the poller only: the waiters have nothing to do */
@@ -740,6 +767,12 @@ int dlock_client_open(const dlock_config *cfg, dlock_client **out)
     else if (dlock_pool_get(c->pool, DLOCK_NEVER, &rc_conn) == DLOCK_OK)
         dlock_pool_put(c->pool, rc_conn, 0);
     dlock_err_clear();
+    pthread_mutex_lock(&open_mu);
+    c->open_next = open_clients;
+    if (open_clients)
+        open_clients->open_prev = c;
+    open_clients = c;
+    pthread_mutex_unlock(&open_mu);
     *out = c;
     return DLOCK_OK;
 }
@@ -750,6 +783,15 @@ void dlock_client_close(dlock_client *c)
         return;
     if (dlock_load_uint(&fork_generation) != c->fork_gen)
         return; /* a child: the parent's client is not ours to touch */
+    /* Out of the open clients first: no thread-exit hook enters it after. */
+    pthread_mutex_lock(&open_mu);
+    if (c->open_prev)
+        c->open_prev->open_next = c->open_next;
+    else
+        open_clients = c->open_next;
+    if (c->open_next)
+        c->open_next->open_prev = c->open_prev;
+    pthread_mutex_unlock(&open_mu);
     /* Threads still inside calls: wake them (waiting acquires return
      * DLOCK_ECLOSED) and wait until they have left. */
     (void)dlock_client_shutdown(c);
@@ -997,7 +1039,7 @@ static int call_script(dlock_client *c, dlock_script_id id, int nargs, const cha
  * *pttl_ms, or an error of call_script. */
 static int redis_acquire(dlock_client *c, dlock_entry *e, const char *nonce, int queue,
                          uint64_t unconfirmed_last, int64_t deadline, uint64_t *token,
-                         int64_t *pttl_ms, int64_t *sent_boot)
+                         int *unclean, int64_t *pttl_ms, int64_t *sent_boot)
 {
     const char *argv[DLOCK_SCRIPT_KEYS + DLOCK_ACQUIRE_ARGS];
     for (int k = 0; k < DLOCK_SCRIPT_KEYS; k++)
@@ -1027,7 +1069,7 @@ static int redis_acquire(dlock_client *c, dlock_entry *e, const char *nonce, int
             dlock_renew_orphan(c->renew, e, nonce);
         return rc;
     }
-    if (rep->type == REDIS_REPLY_ARRAY && rep->elements == 2 &&
+    if (rep->type == REDIS_REPLY_ARRAY && rep->elements >= 2 &&
         rep->element[0]->type == REDIS_REPLY_INTEGER &&
         rep->element[1]->type == REDIS_REPLY_INTEGER) {
         if (rep->element[0]->integer == 1 && c->min_replicas &&
@@ -1041,6 +1083,12 @@ static int redis_acquire(dlock_client *c, dlock_entry *e, const char *nonce, int
                                acked < 0 ? 0 : acked, c->min_replicas);
         } else if (rep->element[0]->integer == 1) {
             *token = (uint64_t)rep->element[1]->integer;
+            /* how the grant before ended (acquire.lua, "End") */
+            *unclean = rep->elements >= 3 && rep->element[2]->type == REDIS_REPLY_INTEGER &&
+                               rep->element[2]->integer > 0 &&
+                               rep->element[2]->integer <= DLOCK_UNCLEAN_FORCED
+                           ? (int)rep->element[2]->integer
+                           : 0;
             rc = DLOCK_OK;
         } else if (rep->element[0]->integer == 0) {
             *pttl_ms = rep->element[1]->integer;
@@ -1065,15 +1113,18 @@ static int redis_acquire(dlock_client *c, dlock_entry *e, const char *nonce, int
 }
 
 /* The release script for the grant with Redis token `grant`, whose last
- * token handed out was `last`. Without e->mu, as e's releaser.
+ * token handed out was `last`; `ending` DLOCK_UNCLEAN_ABANDONED for a holder
+ * thread that exited, else 0. Without e->mu, as e's releaser.
  * DLOCK_OK, DLOCK_ELOST (the grant was gone), or DLOCK_EREDIS. */
-static int redis_release(dlock_client *c, dlock_entry *e, uint64_t grant, uint64_t last)
+static int redis_release(dlock_client *c, dlock_entry *e, uint64_t grant, uint64_t last,
+                         int ending)
 {
     char tok[24], last_tok[24];
     snprintf(tok, sizeof tok, "%" PRIu64, grant);
     snprintf(last_tok, sizeof last_tok, "%" PRIu64, last);
     const char *argv[DLOCK_SCRIPT_KEYS + DLOCK_RELEASE_ARGS];
-    dlock_script_release_argv(&c->args, e->keys, e->name, "token", tok, last_tok, argv);
+    dlock_script_release_argv(&c->args, e->keys, e->name, "token", tok, last_tok,
+                              ending ? "1" : "0", argv);
     redisReply *rep;
     int sent;
     int rc = call_script(c, DLOCK_SCRIPT_RELEASE, DLOCK_RELEASE_ARGS, argv, "release", e->name,
@@ -1128,9 +1179,14 @@ static void redis_leave(dlock_client *c, dlock_entry *e, const char *number)
 
 /* Makes the calling thread e's owner for a new grant, valid until
  * valid_until (boot clock). Called with e->mu held. */
-static int take_grant(dlock_client *c, dlock_entry *e, uint64_t token, int64_t valid_until)
+static int take_grant(dlock_client *c, dlock_entry *e, uint64_t token, int unclean,
+                      int64_t valid_until)
 {
     e->state = DLOCK_LEASE_HELD;
+    e->unclean = unclean;
+    e->ending = 0;
+    if (unclean)
+        dlock_count(&c->ctr.unclean, 1);
     e->grant_token = token;
     e->token = token;
     e->handoff = 0;
@@ -1218,7 +1274,7 @@ static int take_direct_grant(dlock_client *c, dlock_entry *e)
         return DLOCK_EBUSY;
     char nonce[24];
     snprintf(nonce, sizeof nonce, "%" PRIu64, e->msg_nonce);
-    int rc = take_grant(c, e, e->msg_token, valid);
+    int rc = take_grant(c, e, e->msg_token, e->msg_unclean, valid);
     if (rc != DLOCK_OK) {
         dlock_renew_orphan(c->renew, e, nonce);
         return rc;
@@ -1270,12 +1326,13 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
         if (kept > unconfirmed)
             unconfirmed = kept; /* the entry was freed and made anew since */
         uint64_t token = 0;
+        int unclean = 0;
         int64_t pttl = 0, sent_boot = 0;
         char nonce[24];
         next_number(c, nonce);
         /* A single try may wait for a connection by the pool's own bounds. */
         int rc = redis_acquire(c, e, nonce, !once, unconfirmed, once ? DLOCK_NEVER : deadline,
-                               &token, &pttl, &sent_boot);
+                               &token, &unclean, &pttl, &sent_boot);
         if (rc == DLOCK_OK && dlock_boot_ns() >= sent_boot + (int64_t)c->lease_ms * DLOCK_NS_PER_MS -
                                                              c->drift_ns) {
             /* The answer came back after the lease could have expired. */
@@ -1294,7 +1351,7 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
             return stop_err(stop, e->name);
         }
         if (rc == DLOCK_OK) {
-            rc = take_grant(c, e, token,
+            rc = take_grant(c, e, token, unclean,
                             sent_boot + (int64_t)c->lease_ms * DLOCK_NS_PER_MS - c->drift_ns);
             if (rc != DLOCK_OK)
                 dlock_renew_orphan(c->renew, e, nonce);
@@ -1566,6 +1623,7 @@ static int release_outermost(dlock_client *c, dlock_entry *e, const char *name)
     e->has_owner = 0;
     e->depth = 0;
     if (e->state == DLOCK_LEASE_LOST) {
+        e->ending = 0; /* Redis took it back: the next grant learns that itself */
         if (e->unconfirmed)
             unconfirmed_end(c, e, e->unconfirmed); /* found lost by validity */
         e->state = DLOCK_LEASE_NONE;
@@ -1581,9 +1639,14 @@ static int release_outermost(dlock_client *c, dlock_entry *e, const char *name)
         now + (e->provisional ? c->grant_margin_ns : c->handoff_margin_ns) < e->valid_until_ns &&
         handoff_in_time(e, now)) {
         /* Cohort handoff (rule 3): the lease stays with this client and
-         * passes to a waiting thread, with the next token. */
+         * passes to a waiting thread, with the next token, and with word of
+         * how this hold ended (a thread that exited: dlock_unclean). */
         e->passes++;
         e->token++;
+        e->unclean = e->ending;
+        e->ending = 0;
+        if (e->unclean)
+            dlock_count(&c->ctr.unclean, 1);
         dlock_count(&c->ctr.handoffs, 1);
         dlock_waiter *h = e->wq.head, *wk = NULL;
         if (h && dlock_now_ns() - e->wq.head_since_ns >= DLOCK_FAIR_NS) {
@@ -1613,12 +1676,14 @@ static int release_outermost(dlock_client *c, dlock_entry *e, const char *name)
     int drop = dlock_renew_remove(c->renew, e); /* no renewal after this point */
     e->state = DLOCK_LEASE_RELEASING;
     uint64_t grant = e->grant_token, token = e->token;
+    int ending = e->ending;
+    e->ending = 0;
     pthread_mutex_unlock(&e->mu);
     if (drop)
         dlock_table_put(c->table, e); /* we still hold two references */
     dlock_renew_quiesce(c->renew); /* no renewal of this grant after the release */
 
-    rc = redis_release(c, e, grant, token);
+    rc = redis_release(c, e, grant, token, ending);
 
     int notify = 0;
     pthread_mutex_lock(&e->mu);
@@ -1647,6 +1712,177 @@ static int release_outermost(dlock_client *c, dlock_entry *e, const char *name)
         c->on_lost(e->name, token, c->on_lost_arg);
     dlock_table_put(c->table, e);
     dlock_table_put(c->table, e); /* the owner's reference */
+    return rc;
+}
+
+/*
+ * The thread-exit hook. A thread's first outermost acquire arms it (a
+ * pthread key whose destructor runs when the thread exits); at exit it
+ * releases every lock the thread still holds as owner, as its release
+ * would, but as DLOCK_UNCLEAN_ABANDONED (the next holder is told: dlock_unclean),
+ * logs each (on_log) and counts it. The locks are found in the thread's
+ * cache of held entries, and, if it held more than it caches, in the
+ * tables of the open clients. A slot of a client closed since is skipped:
+ * its leases were released by the close.
+ */
+static pthread_key_t exit_key;
+static pthread_once_t exit_once = PTHREAD_ONCE_INIT;
+static __thread int exit_armed;
+
+static void on_thread_exit(void *unused);
+
+static void exit_key_create(void)
+{
+    /* Without a key (none left) nothing is released at exit: the leases
+     * stay held and renewed until the client closes, as before. */
+    (void)pthread_key_create(&exit_key, on_thread_exit);
+}
+
+static void arm_exit_hook(void)
+{
+    if (exit_armed)
+        return;
+    exit_armed = 1;
+    pthread_once(&exit_once, exit_key_create);
+    (void)pthread_setspecific(exit_key, &exit_armed); /* non-NULL: the destructor runs */
+}
+
+/* The open client with this serial, entered (enter), or NULL. */
+static dlock_client *open_client_enter(uint64_t serial)
+{
+    pthread_mutex_lock(&open_mu);
+    dlock_client *c = open_clients;
+    while (c && c->serial != serial)
+        c = c->open_next;
+    if (c)
+        enter(c);
+    pthread_mutex_unlock(&open_mu);
+    return c;
+}
+
+/* Releases e, which the exiting calling thread owns in the entered client
+ * c, as an abandoned hold. Takes the lookup's reference itself. */
+static void abandon(dlock_client *c, dlock_entry *e)
+{
+    char name[DLOCK_NAME_MAX + 1];
+    memcpy(name, e->name, e->name_len + 1); /* e may be freed by the release */
+    dlock_table_ref(e); /* the lookup's: the owner's keeps e alive meanwhile */
+    pthread_mutex_lock(&e->mu);
+    DLOCK_ASSERT(e->has_owner && !e->by_handle && pthread_equal(e->owner, pthread_self()));
+    uint64_t token = e->token;
+    unsigned depth = e->depth;
+    e->depth = 1;
+    e->ending = DLOCK_UNCLEAN_ABANDONED;
+    held_forget(c, e);
+    int rc = release_outermost(c, e, name);
+    dlock_count(&c->ctr.abandoned, 1);
+    dlock_count_rc(c->ctr.release_rc, rc);
+    client_log(c, DLOCK_LOG_WARN, "thread %ld exited holding '%s' (token %" PRIu64 ", depth %u): "
+               "released for it (%s); the next holder is told (DLOCK_UNCLEAN_ABANDONED)",
+               (long)syscall(SYS_gettid), name, token, depth,
+               rc == DLOCK_OK ? "ok" : dlock_strerror(rc));
+}
+
+/* Adds e to the list in arg if the calling thread owns it (not through a
+ * handle) and its cache does not hold it; with a reference for the list.
+ * For dlock_table_each_ref. */
+typedef struct owned_list {
+    dlock_entry **v;
+    size_t n, cap;
+} owned_list;
+
+static void collect_owned(dlock_entry *e, void *arg)
+{
+    owned_list *l = arg;
+    for (int i = 0; i < HELD_SLOTS; i++)
+        if (held[i].e == e)
+            return;
+    pthread_mutex_lock(&e->mu);
+    int mine = e->has_owner && !e->by_handle && pthread_equal(e->owner, pthread_self());
+    pthread_mutex_unlock(&e->mu);
+    if (!mine)
+        return;
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? 2 * l->cap : 16;
+        dlock_entry **v = realloc(l->v, cap * sizeof *v);
+        if (!v)
+            return; /* out of memory: that lease stays until the client closes */
+        l->v = v;
+        l->cap = cap;
+    }
+    dlock_table_ref(e);
+    l->v[l->n++] = e;
+}
+
+static void on_thread_exit(void *unused)
+{
+    (void)unused;
+    for (int i = 0; i < HELD_SLOTS; i++) {
+        if (!held[i].e)
+            continue;
+        dlock_client *c = open_client_enter(held[i].serial);
+        if (!c || dlock_load_uint(&fork_generation) != c->fork_gen) {
+            held[i].e = NULL; /* its client closed (or is the parent's): nothing to do */
+            if (c)
+                leave(c);
+            continue;
+        }
+        abandon(c, held[i].e);
+        leave(c);
+    }
+    while (held_uncached > 0) {
+        /* More names than the cache holds: look in every open client's table. */
+        pthread_mutex_lock(&open_mu);
+        size_t n = 0;
+        for (dlock_client *c = open_clients; c; c = c->open_next)
+            n++;
+        dlock_client **cs = calloc(n ? n : 1, sizeof *cs);
+        n = 0;
+        for (dlock_client *c = open_clients; cs && c; c = c->open_next)
+            if (dlock_load_uint(&fork_generation) == c->fork_gen) {
+                enter(c);
+                cs[n++] = c;
+            }
+        pthread_mutex_unlock(&open_mu);
+        size_t found = 0;
+        for (size_t k = 0; k < n; k++) {
+            owned_list l = {NULL, 0, 0};
+            dlock_table_each_ref(cs[k]->table, collect_owned, &l);
+            for (size_t j = 0; j < l.n; j++) {
+                abandon(cs[k], l.v[j]);
+                dlock_table_put(cs[k]->table, l.v[j]); /* the list's */
+            }
+            found += l.n;
+            free(l.v);
+            leave(cs[k]);
+        }
+        free(cs);
+        if (found == 0)
+            break; /* held by clients closed since: nothing left to release */
+    }
+}
+
+int dlock_unclean(dlock_client *c, const char *name)
+{
+    dlock_err_clear();
+    if (!c)
+        return dlock_err_set(DLOCK_EINVAL, "client is NULL");
+    enter(c);
+    size_t len;
+    int rc = check_call(c, name, &len);
+    dlock_entry *e = rc == DLOCK_OK ? held_find(c, name, len) : NULL;
+    if (rc == DLOCK_OK && !e)
+        rc = dlock_err_set(DLOCK_ENOTHELD, "'%s' is not held by this thread", name);
+    if (e) {
+        pthread_mutex_lock(&e->mu);
+        if (e->has_owner && !e->by_handle && pthread_equal(e->owner, pthread_self()))
+            rc = e->unclean;
+        else
+            rc = dlock_err_set(DLOCK_ENOTHELD, "'%s' is not held by this thread", name);
+        pthread_mutex_unlock(&e->mu);
+        dlock_table_put(c->table, e);
+    }
+    leave(c);
     return rc;
 }
 
@@ -1801,6 +2037,17 @@ int dlock_handle_held(dlock_handle *h)
     return yes;
 }
 
+int dlock_handle_unclean(dlock_handle *h)
+{
+    if (!h)
+        return dlock_err_set(DLOCK_EINVAL, "handle is NULL");
+    dlock_entry *e = h->e;
+    pthread_mutex_lock(&e->mu);
+    int rc = e->unclean;
+    pthread_mutex_unlock(&e->mu);
+    return rc;
+}
+
 int dlock_with(dlock_client *c, const char *name, int64_t wait_ms,
                void (*fn)(void *arg, uint64_t fence), void *arg)
 {
@@ -1892,6 +2139,8 @@ int dlock_client_stats(dlock_client *c, dlock_stats *out)
     out->renewed = dlock_load_64(&c->ctr.renewed);
     out->renew_failures = dlock_load_64(&c->ctr.renew_failures);
     out->forced_releases = dlock_load_64(&c->ctr.forced_releases);
+    out->unclean = dlock_load_64(&c->ctr.unclean);
+    out->abandoned = dlock_load_64(&c->ctr.abandoned);
     leave(c);
     return DLOCK_OK;
 }

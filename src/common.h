@@ -210,6 +210,8 @@ typedef struct dlock_counters {
     uint64_t renew_failures;    /* renewal rounds that left some lease unconfirmed */
     uint64_t renewed;           /* leases renewed (Redis said so), over rounds */
     uint64_t forced_releases;   /* operators' releases of held leases (dlockctl) */
+    uint64_t unclean;           /* grants and handoffs that followed an unclean end */
+    uint64_t abandoned;         /* locks released for a holder thread that exited */
 } dlock_counters;
 
 static inline void dlock_count(uint64_t *counter, uint64_t n)

@@ -818,7 +818,7 @@ static int append_job(dlock_renew *r, redisContext *c, const orphan *o, int use_
         return dlock_conn_append_eval(c, r->cfg.ctr, DLOCK_SCRIPT_LEAVE, use_sha,
                                       DLOCK_SCRIPT_KEYS, DLOCK_LEAVE_ARGS, argv, NULL);
     }
-    dlock_script_release_argv(r->cfg.args, o->keys, o->name, "nonce", o->nonce, "0", argv);
+    dlock_script_release_argv(r->cfg.args, o->keys, o->name, "nonce", o->nonce, "0", "0", argv);
     return dlock_conn_append_eval(c, r->cfg.ctr, DLOCK_SCRIPT_RELEASE, use_sha,
                                   DLOCK_SCRIPT_KEYS, DLOCK_RELEASE_ARGS, argv, NULL);
 }
@@ -1058,8 +1058,9 @@ static void release_all(dlock_renew *r)
         x->lane = lane_of(r, it->e->keys[DLOCK_KEY_LEASE], &slot);
         redisContext *c = lane_open(r, x->lane);
         const char *argv[DLOCK_SCRIPT_KEYS + DLOCK_RELEASE_ARGS];
+        /* "1": the client closes while a thread holds it (acquire.lua, End) */
         dlock_script_release_argv(r->cfg.args, it->e->keys, it->e->name, "token", it->token,
-                                  x->last, argv);
+                                  x->last, "1", argv);
         x->sent = c && dlock_conn_append_eval(c, r->cfg.ctr, DLOCK_SCRIPT_RELEASE, 1,
                                               DLOCK_SCRIPT_KEYS, DLOCK_RELEASE_ARGS, argv,
                                               NULL) == 0;
@@ -1085,7 +1086,7 @@ static void release_all(dlock_renew *r)
             continue;
         const char *argv[DLOCK_SCRIPT_KEYS + DLOCK_RELEASE_ARGS];
         dlock_script_release_argv(r->cfg.args, v[i].it->e->keys, v[i].it->e->name, "token",
-                                  v[i].it->token, v[i].last, argv);
+                                  v[i].it->token, v[i].last, "1", argv);
         redisReply *rep = dlock_conn_eval(c, r->cfg.ctr, cmd_deadline(r), DLOCK_SCRIPT_RELEASE,
                                           DLOCK_SCRIPT_KEYS, DLOCK_RELEASE_ARGS, argv, NULL);
         if (rep)

@@ -28,7 +28,7 @@ static const char *const bodies[DLOCK_SCRIPT_COUNT] = {
 
 void dlock_script_release_argv(const dlock_script_args *a, char *const *keys, const char *name,
                                const char *field, const char *value, const char *last,
-                               const char **argv)
+                               const char *ended, const char **argv)
 {
     for (int k = 0; k < DLOCK_SCRIPT_KEYS; k++)
         argv[k] = keys[k];
@@ -42,6 +42,7 @@ void dlock_script_release_argv(const dlock_script_args *a, char *const *keys, co
     argv[6] = name;
     argv[7] = a->waiter_ttl_ms;
     argv[8] = a->keep_ms;
+    argv[9] = ended;
 }
 
 void dlock_script_leave_argv(const dlock_script_args *a, char *const *keys, const char *name,

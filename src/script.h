@@ -30,16 +30,19 @@ typedef struct dlock_script_args {
 enum {
     DLOCK_SCRIPT_KEYS = 6,
     DLOCK_ACQUIRE_ARGS = 9,
-    DLOCK_RELEASE_ARGS = 9,
+    DLOCK_RELEASE_ARGS = 10,
     DLOCK_LEAVE_ARGS = 6
 };
 
 /* Fills argv[0 .. DLOCK_SCRIPT_KEYS + DLOCK_RELEASE_ARGS) for the release
  * script: the lock's keys, then the grant's identity (field is "token" or
- * "nonce", with its value) and the last token handed out ("0" when none). */
+ * "nonce", with its value), the last token handed out ("0" when none), and
+ * how the grant ends (lua/release.lua ARGV[10]: "0" released by its holder,
+ * "1" for a holder thread that exited or a client that closed, "3" by an
+ * operator). */
 void dlock_script_release_argv(const dlock_script_args *a, char *const *keys, const char *name,
                                const char *field, const char *value, const char *last,
-                               const char **argv);
+                               const char *ended, const char **argv);
 
 /* Fills argv[0 .. DLOCK_SCRIPT_KEYS + DLOCK_LEAVE_ARGS) for the leave script,
  * numbered `number` (decimal, from the client's attempt sequence). */

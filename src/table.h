@@ -94,6 +94,13 @@ typedef struct dlock_entry {
      * not looked at yet: its attempt number and token. */
     int msg_grant;
     uint64_t msg_nonce, msg_token;
+    int unclean;                 /* how the hold before the owner's ended, when not by
+                                    its holder's release (DLOCK_UNCLEAN_*, dlock_unclean):
+                                    from the grant (acquire.lua, "End"), or from the
+                                    local handoff; 0 when it was released */
+    int ending;                  /* the owner's hold ends as DLOCK_UNCLEAN_ABANDONED: its
+                                    thread exited (set by the exit hook for its release) */
+    int msg_unclean;             /* the direct grant message's end (a "u" message) */
     int provisional;             /* HELD by a direct grant not renewed yet: valid for
                                     the waiter ttl only (handoffs use a shorter margin) */
 

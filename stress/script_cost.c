@@ -151,7 +151,7 @@ static void fill_acquire(int i)
 
 static int ok_acquire(int i, redisReply *r)
 {
-    if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 || r->element[0]->integer != 1)
+    if (r->type != REDIS_REPLY_ARRAY || r->elements != 3 || r->element[0]->integer != 1)
         return 0;
     tokens[i] = r->element[1]->integer;
     return 1;
@@ -163,9 +163,9 @@ static void fill_release(int i)
     keys_of(i, k);
     snprintf(tok, sizeof tok, "%lld", tokens[i]);
     snprintf(name, sizeof name, "n%d", i);
-    const char *argv[18] = {"EVALSHA", sha_release, "6", k[0], k[1], k[2], k[3], k[4], k[5],
-                            ID, "token", tok, "30000", "0", "sc:wake:", name, "2000", "60000"};
-    redisAppendCommandArgv(rc, 18, argv, NULL);
+    const char *argv[19] = {"EVALSHA", sha_release, "6", k[0], k[1], k[2], k[3], k[4], k[5],
+                            ID, "token", tok, "30000", "0", "sc:wake:", name, "2000", "60000", "0"};
+    redisAppendCommandArgv(rc, 19, argv, NULL);
 }
 
 static int ok_one(int i, redisReply *r)

@@ -54,7 +54,7 @@ static void call_init(dlock_call *call, acq_args *a, int64_t deadline)
 /* 1 if reply is a grant {1, token > 0}. */
 static int is_grant(const redisReply *r)
 {
-    return r && r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
+    return r && r->type == REDIS_REPLY_ARRAY && r->elements == 3 &&
            r->element[0]->type == REDIS_REPLY_INTEGER && r->element[0]->integer == 1 &&
            r->element[1]->integer > 0;
 }

@@ -385,7 +385,9 @@ static void test_close_releases(void **state)
     assert_int_equal(pthread_create(&th, NULL, hold_and_leave, c), 0);
     pthread_join(th, &ret);
     assert_int_equal((intptr_t)ret, DLOCK_OK);
-    assert_int_equal(stats(c).leases_held, 6);
+    /* the thread's exit released its lock (test_client_life) */
+    assert_int_equal(stats(c).leases_held, 5);
+    assert_int_equal(stats(c).abandoned, 1);
 
     char key[64];
     for (int i = 0; i < 5; i++) {
@@ -404,6 +406,8 @@ static void test_close_releases(void **state)
     dlock_client *c2 = open_client(prefix, lease);
     for (int i = 0; i < 5; i++) {
         assert_int_equal(dlock_acquire(c2, names[i], 0, NULL), DLOCK_OK);
+        /* their holders did not release them: the close did */
+        assert_int_equal(dlock_unclean(c2, names[i]), DLOCK_UNCLEAN_ABANDONED);
         assert_int_equal(dlock_release(c2, names[i]), DLOCK_OK);
     }
     assert_table_empty(c2);
@@ -532,7 +536,14 @@ static void test_holder_process_dies(void **state)
     if (rc != DLOCK_OK)
         fail_msg("name of a dead holder not free after %lld ms: %s", el, dlock_err_name(rc));
     assert_true(f > child_fence);
+    /* and this holder is told that the one before never released it */
+    assert_int_equal(dlock_unclean(c, "dead"), DLOCK_UNCLEAN_EXPIRED);
     assert_int_equal(dlock_release(c, "dead"), DLOCK_OK);
+    /* after a release, the next holder is told nothing */
+    assert_int_equal(dlock_acquire(c, "dead", 0, NULL), DLOCK_OK);
+    assert_int_equal(dlock_unclean(c, "dead"), 0);
+    assert_int_equal(dlock_release(c, "dead"), DLOCK_OK);
+    assert_int_equal(dlock_unclean(c, "dead"), DLOCK_ENOTHELD);
     assert_table_empty(c);
     dlock_client_close(c);
 }

@@ -391,6 +391,207 @@ static void test_cancel_local_and_handle(void **state)
     dlock_client_close(holder);
 }
 
+/* on_log lines, kept for the test to read. */
+static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
+static char log_text[16384];
+
+static void keep_log(int level, const char *message, void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&log_mu);
+    size_t n = strlen(log_text);
+    snprintf(log_text + n, sizeof log_text - n, "%d %s\n", level, message);
+    pthread_mutex_unlock(&log_mu);
+}
+
+static int logged(const char *what)
+{
+    pthread_mutex_lock(&log_mu);
+    int yes = strstr(log_text, what) != NULL;
+    pthread_mutex_unlock(&log_mu);
+    return yes;
+}
+
+static dlock_client *open_logged(const char *prefix, uint32_t lease_ms)
+{
+    dlock_config cfg;
+    fx_config(&cfg, &fx_server);
+    cfg.key_prefix = prefix;
+    if (lease_ms)
+        cfg.lease_ms = lease_ms;
+    cfg.on_log = keep_log;
+    dlock_client *c = NULL;
+    assert_int_equal(dlock_client_open(&cfg, &c), DLOCK_OK);
+    return c;
+}
+
+/* A thread that takes `n` names (the first twice, nested) and a handle,
+ * then exits holding all of them. */
+typedef struct exiter {
+    dlock_client *c;
+    int n;
+    const char *fmt;
+    dlock_handle *h;
+    int rc;
+} exiter;
+
+static void *exit_holding(void *arg)
+{
+    exiter *x = arg;
+    char name[32];
+    x->rc = DLOCK_OK;
+    for (int i = 0; i < x->n && x->rc == DLOCK_OK; i++) {
+        snprintf(name, sizeof name, x->fmt, i);
+        x->rc = dlock_acquire(x->c, name, 5000, NULL);
+        if (i == 0 && x->rc == DLOCK_OK)
+            x->rc = dlock_acquire(x->c, name, 0, NULL); /* depth 2 */
+    }
+    if (x->rc == DLOCK_OK)
+        x->rc = dlock_acquire_handle(x->c, "ex:handle", 0, NULL, &x->h);
+    return NULL; /* exits holding them */
+}
+
+/*
+ * A thread that exits holding locks (more names than a thread's cache, one
+ * nested) has them released for it: the leases are gone from Redis, on_log
+ * names each lock and the thread, dlock_stats.abandoned counts them; the
+ * next holder (another client) is told DLOCK_UNCLEAN_ABANDONED, and the one
+ * after a release is told nothing. A handle is no thread's: it stays held.
+ * (Before, the leases stayed held and renewed until the client closed.)
+ */
+static void test_thread_exit_releases(void **state)
+{
+    (void)state;
+    const char *px = "life6:";
+    log_text[0] = '\0';
+    dlock_client *c = open_logged(px, 0);
+    enum { N = 12 };
+    exiter x = {c, N, "ex:%d", NULL, 0};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, exit_holding, &x), 0);
+    pthread_join(th, NULL);
+    assert_int_equal(x.rc, DLOCK_OK);
+    char key[64], name[32];
+    for (int i = 0; i < N; i++) {
+        snprintf(name, sizeof name, "ex:%d", i);
+        lease_key(key, sizeof key, px, name);
+        assert_int_equal(fx_server_lease_ms(key), -2);
+        char line[64];
+        snprintf(line, sizeof line, "exited holding '%s'", name);
+        assert_true(logged(line));
+    }
+    assert_true(logged("(token "));
+    dlock_stats s = stats(c);
+    assert_int_equal(s.abandoned, N);
+    assert_int_equal(s.leases_held, 1); /* the handle's */
+    lease_key(key, sizeof key, px, "ex:handle");
+    assert_true(fx_server_lease_ms(key) > 0);
+    assert_int_equal(dlock_handle_unclean(x.h), 0);
+    assert_int_equal(dlock_handle_release(x.h), DLOCK_OK);
+
+    dlock_client *d = open_prefixed(px, 0);
+    assert_int_equal(dlock_acquire(d, "ex:0", 0, NULL), DLOCK_OK);
+    assert_int_equal(dlock_unclean(d, "ex:0"), DLOCK_UNCLEAN_ABANDONED);
+    assert_int_equal(dlock_acquire(d, "ex:0", 0, NULL), DLOCK_OK); /* reentrant: the same */
+    assert_int_equal(dlock_unclean(d, "ex:0"), DLOCK_UNCLEAN_ABANDONED);
+    assert_int_equal(dlock_release(d, "ex:0"), DLOCK_OK);
+    assert_int_equal(dlock_release(d, "ex:0"), DLOCK_OK);
+    assert_int_equal(dlock_acquire(d, "ex:0", 0, NULL), DLOCK_OK);
+    assert_int_equal(dlock_unclean(d, "ex:0"), 0);
+    assert_int_equal(dlock_release(d, "ex:0"), DLOCK_OK);
+    assert_int_equal(stats(d).unclean, 1);
+    assert_int_equal(dlock_unclean(d, "ex:0"), DLOCK_ENOTHELD);
+    assert_int_equal(dlock_unclean(NULL, "ex:0"), DLOCK_EINVAL);
+    assert_int_equal(dlock_handle_unclean(NULL), DLOCK_EINVAL);
+    assert_table_empty(c);
+    dlock_client_close(d);
+    dlock_client_close(c);
+}
+
+/* A waiter of the exiting thread's name: a thread of the same client (local
+ * handoff, no Redis command) or another client (a direct grant from the
+ * release, message "u"). Either is told DLOCK_UNCLEAN_ABANDONED. */
+typedef struct told {
+    dlock_client *c;
+    const char *name;
+    int rc, unclean;
+} told;
+
+static void *acquire_and_tell(void *arg)
+{
+    told *t = arg;
+    t->rc = dlock_acquire(t->c, t->name, 10000, NULL);
+    if (t->rc == DLOCK_OK) {
+        t->unclean = dlock_unclean(t->c, t->name);
+        dlock_release(t->c, t->name);
+    }
+    return NULL;
+}
+
+/* Holds "lw" and "rw" until told to go, then exits holding both. */
+struct gate {
+    dlock_client *c;
+    atomic_int held, go;
+};
+
+static void *hold_two_then_exit(void *arg)
+{
+    struct gate *g = arg;
+    if (dlock_acquire(g->c, "lw", 0, NULL) != DLOCK_OK || dlock_acquire(g->c, "rw", 0, NULL) != DLOCK_OK)
+        return NULL;
+    atomic_store(&g->held, 1);
+    while (!atomic_load(&g->go))
+        fx_sleep_ms(2);
+    return NULL;
+}
+
+static void test_thread_exit_tells_waiters(void **state)
+{
+    (void)state;
+    const char *px = "life7:";
+    log_text[0] = '\0';
+    dlock_client *c = open_logged(px, 0);
+    dlock_client *d = open_prefixed(px, 0);
+    /* the exiting thread holds "lx" (a waiter of c) and "rx" (a waiter of d) */
+    exiter x1 = {c, 1, "lx", NULL, 0};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, exit_holding, &x1), 0);
+    pthread_join(th, NULL); /* (released at once: nobody waited) */
+    assert_int_equal(x1.rc, DLOCK_OK);
+    assert_int_equal(dlock_handle_release(x1.h), DLOCK_OK);
+
+    /* Now with waiters: the exiting thread waits for a go before it exits. */
+    struct gate g = {c, 0, 0};
+    told local = {c, "lw", 1000, -1}, remote = {d, "rw", 1000, -1};
+    pthread_t holder;
+    assert_int_equal(pthread_create(&holder, NULL, hold_two_then_exit, &g), 0);
+    while (!atomic_load(&g.held))
+        fx_sleep_ms(2);
+    pthread_t tl, tr;
+    assert_int_equal(pthread_create(&tl, NULL, acquire_and_tell, &local), 0);
+    assert_int_equal(pthread_create(&tr, NULL, acquire_and_tell, &remote), 0);
+    wait_queued(px, "rw", 1); /* d waits in Redis */
+    wait_entries(c, 2);
+    fx_sleep_ms(100);
+    long long h0 = stats(c).handoffs;
+    atomic_store(&g.go, 1);
+    pthread_join(holder, NULL);
+    pthread_join(tl, NULL);
+    pthread_join(tr, NULL);
+    assert_int_equal(local.rc, DLOCK_OK);
+    assert_int_equal(local.unclean, DLOCK_UNCLEAN_ABANDONED);
+    assert_int_equal((long long)stats(c).handoffs - h0, 1); /* passed locally */
+    assert_int_equal(remote.rc, DLOCK_OK);
+    assert_int_equal(remote.unclean, DLOCK_UNCLEAN_ABANDONED);
+    assert_int_equal(stats(d).direct_grants, 1); /* from the release's message */
+    assert_true(logged("exited holding 'lw'"));
+    assert_true(logged("exited holding 'rw'"));
+    assert_table_empty(c);
+    assert_table_empty(d);
+    dlock_client_close(d);
+    dlock_client_close(c);
+}
+
 static void test_bad_arguments(void **state)
 {
     (void)state;
@@ -412,6 +613,8 @@ int main(void)
         cmocka_unit_test_teardown(test_shutdown_during_redis_call, fx_ensure_server),
         cmocka_unit_test(test_cancel),
         cmocka_unit_test(test_cancel_local_and_handle),
+        cmocka_unit_test(test_thread_exit_releases),
+        cmocka_unit_test(test_thread_exit_tells_waiters),
     };
     return cmocka_run_group_tests(tests, fx_group_setup, fx_group_teardown);
 }

@@ -91,14 +91,17 @@ typedef struct waiter {
     dlock_client *c;
     int rc;
     uint64_t token;
+    int unclean; /* dlock_unclean once acquired */
 } waiter;
 
 static void *wait_for(void *arg)
 {
     waiter *w = arg;
     w->rc = dlock_acquire(w->c, "order:1", 20000, &w->token);
-    if (w->rc == DLOCK_OK)
+    if (w->rc == DLOCK_OK) {
+        w->unclean = dlock_unclean(w->c, "order:1");
         w->rc = dlock_release(w->c, "order:1");
+    }
     return NULL;
 }
 
@@ -109,7 +112,7 @@ static void test_list_show_release(void **state)
     uint64_t t1;
     assert_int_equal(dlock_acquire(a, "order:1", 0, &t1), DLOCK_OK);
     assert_int_equal(dlock_acquire(a, "order:2", 0, NULL), DLOCK_OK);
-    waiter w = {b, -1, 0};
+    waiter w = {b, -1, 0, -1};
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, wait_for, &w), 0);
     char out[8192];
@@ -174,6 +177,7 @@ static void test_list_show_release(void **state)
     assert_true(dropped > 0 && dropped - t0 < 2000LL * 1000000);
     assert_int_equal(w.rc, DLOCK_OK);
     assert_true(w.token > t1);
+    assert_int_equal(w.unclean, DLOCK_UNCLEAN_FORCED); /* the waiter is told */
     pthread_mutex_lock(&mu);
     assert_int_equal(lost_calls, 1);
     assert_true(lost_fence == t1);

@@ -380,6 +380,7 @@ typedef struct waiter {
     int rc, held, rel;
     uint64_t fence;
     volatile int done;
+    int go; /* set by the test: the waiter releases and returns */
     pthread_mutex_t mu;
 } waiter;
 
@@ -395,7 +396,28 @@ static void *waiter_main(void *arg)
     w->held = held;
     w->done = 1;
     pthread_mutex_unlock(&w->mu);
+    /* It holds the lock until the test has looked (a thread that exits
+     * holding a lock has it released for it: test_client_life). */
+    for (;;) {
+        pthread_mutex_lock(&w->mu);
+        int go = w->go;
+        pthread_mutex_unlock(&w->mu);
+        if (go)
+            break;
+        fx_sleep_ms(2);
+    }
+    if (rc == DLOCK_OK)
+        w->rel = dlock_release(w->c, w->name);
     return NULL;
+}
+
+/* Lets w release and return, and joins it. */
+static void waiter_finish(waiter *w, pthread_t th)
+{
+    pthread_mutex_lock(&w->mu);
+    w->go = 1;
+    pthread_mutex_unlock(&w->mu);
+    pthread_join(th, NULL);
 }
 
 /* DESIGN.md 4, rule 4: a lost lease is never handed to a waiter. A thread of
@@ -443,7 +465,6 @@ static void test_lost_not_handed_off(void **state)
     }
     if (!done)
         fail_msg("waiter never returned");
-    pthread_join(th, NULL);
     assert_int_equal(w->rc, DLOCK_OK);
     assert_int_equal(w->held, 1);
     assert_true(w->fence > f);
@@ -455,7 +476,8 @@ static void test_lost_not_handed_off(void **state)
     assert_non_null(token);
     assert_string_equal(token, want);
     free(token);
-    /* The waiter thread has exited holding the lock; close releases it. */
+    waiter_finish(w, th);
+    assert_int_equal(w->rel, DLOCK_OK);
     dlock_client_close(c);
     assert_int_equal(key_exists(key), 0);
     assert_int_equal(lost_count(l), 1);
@@ -580,10 +602,10 @@ static void test_connections_dropped(void **state)
     }
     if (!done)
         fail_msg("waiter never returned");
-    pthread_join(th, NULL);
+    waiter_finish(w, th);
     assert_int_equal(w->rc, DLOCK_OK);
     assert_true(w->fence > f);
-    dlock_client_close(c2); /* releases the lease the waiter thread left held */
+    dlock_client_close(c2);
     assert_int_equal(key_exists("tr:drop:{w}"), 0);
     pthread_mutex_destroy(&w->mu);
     free(w);

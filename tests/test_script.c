@@ -130,6 +130,49 @@ static long long leave(const char *name, const char *id, long long n)
     return out;
 }
 
+/* An acquire of attempt n (lease `lease`, pass limit 16, ttl 2 s, queueing)
+ * that returns how the grant before ended (acquire.lua, "End"), or -1 when
+ * not granted. */
+static long long acquire_end(const char *name, const char *id, long long n, const char *lease)
+{
+    keys k = keys_of(name, id);
+    char nonce[24];
+    snprintf(nonce, sizeof nonce, "%lld", n);
+    const char *argv[14];
+    for (int i = 0; i < 6; i++)
+        argv[i] = k.k[i];
+    const char *a[8] = {id, lease, nonce, "16", "2000", "1", "20000", "test-client"};
+    memcpy(argv + 6, a, sizeof a);
+    redisReply *r = run(DLOCK_SCRIPT_ACQUIRE, argv, 8);
+    assert_int_equal(r->type, REDIS_REPLY_ARRAY);
+    long long out = -1;
+    if (r->element[0]->integer == 1) {
+        assert_int_equal(r->elements, 3);
+        out = r->element[2]->integer;
+    }
+    freeReplyObject(r);
+    return out;
+}
+
+/* A release (ARGV[10] = ended) of client id's grant of name. */
+static long long release_ended(const char *name, const char *id, const char *field,
+                               long long value, const char *ended)
+{
+    keys k = keys_of(name, id);
+    char v[24];
+    snprintf(v, sizeof v, "%lld", value);
+    const char *argv[16];
+    for (int i = 0; i < 6; i++)
+        argv[i] = k.k[i];
+    const char *a[10] = {id, field, v, "10000", "0", "ts:wake:", name, "2000", "20000", ended};
+    memcpy(argv + 6, a, sizeof a);
+    redisReply *r = run(DLOCK_SCRIPT_RELEASE, argv, 10);
+    assert_int_equal(r->type, REDIS_REPLY_INTEGER);
+    long long out = r->integer;
+    freeReplyObject(r);
+    return out;
+}
+
 /* HGET of the lease's field, as a number (-1: absent). */
 static long long lease_field(const char *name, const char *field)
 {
@@ -565,6 +608,54 @@ static void test_late_copy_does_not_take_old_direct_grant(void **state)
     assert_true(pttl > 0 && pttl <= 500); /* still the waiter ttl's grant */
 }
 
+/*
+ * How the grant before ended (acquire.lua, "End"; dlock_unclean): a
+ * release by the holder says nothing; a release for a thread that exited
+ * (1) or by an operator (3) says so to the next grant, also through a
+ * direct grant (field u); a grant that expired unreleased says 2; a grant
+ * nobody used (released by attempt number, or given up by a leave) passes
+ * on what it was told; the same attempt seen again is told again.
+ */
+static void test_unclean_ends(void **state)
+{
+    (void)state;
+    const char *n = "ue";
+    assert_int_equal(acquire_end(n, X, 1, "10000"), 0);
+    long long tx = lease_field(n, "token");
+    assert_int_equal(release_ended(n, X, "token", tx, "1"), 1); /* X's thread exited */
+    assert_int_equal(acquire_end(n, Y, 1, "10000"), 1);
+    assert_int_equal(lease_field(n, "u"), 1);
+    assert_int_equal(acquire_end(n, Y, 1, "10000"), 1); /* the same attempt: told again */
+    long long ty = lease_field(n, "token");
+    assert_int_equal(release_ended(n, Y, "token", ty, "0"), 1); /* released by Y */
+    assert_int_equal(acquire_end(n, X, 2, "1000"), 0);
+    assert_int_equal(lease_field(n, "u"), -1);
+    /* X's 1 s grant expires unreleased; its key stays another second, and
+     * the acquire comes in between (700 ms to spare on a loaded machine) */
+    fx_sleep_ms(1300);
+    assert_int_equal(acquire_end(n, Y, 2, "10000"), 2);
+
+    /* X waits; Y's release by an operator grants X directly, with u 3 */
+    assert_int_equal(acquire_end(n, X, 3, "10000"), -1); /* queued */
+    ty = lease_field(n, "token");
+    assert_int_equal(release_ended(n, Y, "token", ty, "3"), 2);
+    assert_int_equal(lease_field(n, "u"), 3);
+    /* X never took it (its attempt's outcome unknown): released by number,
+     * it passes the 3 on */
+    assert_int_equal(release_ended(n, X, "nonce", 3, "0"), 1);
+    assert_int_equal(acquire_end(n, Y, 3, "10000"), 3);
+
+    /* a direct grant that a leave gives up passes its word on too */
+    assert_int_equal(acquire_end(n, X, 4, "10000"), -1);
+    ty = lease_field(n, "token");
+    assert_int_equal(release_ended(n, Y, "token", ty, "1"), 2);
+    assert_int_equal(leave(n, X, 5), 1);
+    assert_int_equal(acquire_end(n, Y, 4, "10000"), 1);
+    ty = lease_field(n, "token");
+    assert_int_equal(release_ended(n, Y, "token", ty, "0"), 1);
+    assert_int_equal(acquire_end(n, X, 6, "10000"), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -582,6 +673,7 @@ int main(void)
         cmocka_unit_test(test_late_copy_does_not_take_old_direct_grant),
         cmocka_unit_test(test_regrant_above_unconfirmed_last),
         cmocka_unit_test(test_restart_never_undercuts),
+        cmocka_unit_test(test_unclean_ends),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

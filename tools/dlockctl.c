@@ -514,7 +514,7 @@ static const char FORCE_HEAD[] =
     /* a grant past its exp has expired: nobody holds it (acquire.lua) */
     "if lease[4] and math.floor(now / 1000) > tonumber(lease[4]) then return 0 end\n"
     "if res >= now then return -(math.floor((res - now) / 1000) + 1) end\n"
-    "local fence = tonumber(redis.call('GET', KEYS[2]) or '0') or 0\n"
+    "local fence = tonumber(string.match(redis.call('GET', KEYS[2]) or '0', '^%d+') or '0') or 0\n"
     "if fence > res then res = fence end\n"
     "if res > tonumber(ARGV[3]) then ARGV[5] = string.format('%.0f', res) end\n"
     /* the holder's record keeps a longer lifetime than ARGV[9] */
@@ -575,8 +575,9 @@ static int cmd_release(const char *name)
         li.token,   /* the last token handed out: the script takes the fence's */
         wake, name,
         "2000",     /* a turn waits this long for its client (the default waiter ttl) */
-        "60000"};   /* the holder's record of the name, at least (the script keeps a
+        "60000",    /* the holder's record of the name, at least (the script keeps a
                        longer lifetime it already has) */
+        "3"};       /* an operator's release: the next holder is told (dlock_unclean) */
     memcpy(argv + DLOCK_SCRIPT_KEYS, a, sizeof a);
     /* The library's release script, run as the holder inside a wrapper
      * (one script, so atomic): only the grant read above is released, the
