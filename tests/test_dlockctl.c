@@ -255,6 +255,50 @@ static void test_stale_force_message_ignored(void **state)
     dlock_client_close(a);
 }
 
+/* release --client ID --force: every lock one client holds, in one command
+ * (the on-call case of a process that died holding many names); another
+ * client's lock is untouched; the next holder is told DLOCK_UNCLEAN_FORCED. */
+static void test_release_client(void **state)
+{
+    (void)state;
+    dlock_client *dead = open_named("dead-1", 0), *other = open_named("other-2", 0);
+    char name[32], out[8192];
+    for (int i = 0; i < 5; i++) {
+        snprintf(name, sizeof name, "rc:%d", i);
+        assert_int_equal(dlock_acquire(dead, name, 0, NULL), DLOCK_OK);
+    }
+    assert_int_equal(dlock_acquire(other, "rc:other", 0, NULL), DLOCK_OK);
+    const char *id = dlock_client_id(dead);
+    assert_int_equal(ctl(out, sizeof out, "release --client %s", id), 2); /* no --force */
+    assert_int_equal(ctl(out, sizeof out, "release --client nothex --force"), 2);
+    assert_int_equal(ctl(out, sizeof out, "release rc:0 --client %s --force", id), 2);
+    assert_int_equal(ctl(out, sizeof out, "--json release --client %s --force", id), 0);
+    assert_true(out[0] == '[');
+    int objects = 0;
+    for (const char *p = out; (p = strstr(p, "\"released\":true")); p++)
+        objects++;
+    assert_int_equal(objects, 5);
+    for (int i = 0; i < 5; i++) {
+        char key[64];
+        snprintf(key, sizeof key, "tc:ctl:{rc:%d}", i);
+        assert_int_equal(fx_server_lease_ms(key), -2);
+    }
+    assert_true(fx_server_lease_ms("tc:ctl:{rc:other}") > 0);
+    assert_int_equal(dlock_acquire(other, "rc:3", 0, NULL), DLOCK_OK);
+    assert_int_equal(dlock_unclean(other, "rc:3"), DLOCK_UNCLEAN_FORCED);
+    assert_int_equal(dlock_release(other, "rc:3"), DLOCK_OK);
+    /* nothing left: exit 1, and says so */
+    assert_int_equal(ctl(out, sizeof out, "release --client %s --force", id), 1);
+    assert_non_null(strstr(out, "holds no lock"));
+    for (int i = 0; i < 5; i++) {
+        snprintf(name, sizeof name, "rc:%d", i);
+        assert_int_equal(dlock_release(dead, name), DLOCK_ELOST);
+    }
+    assert_int_equal(dlock_release(other, "rc:other"), DLOCK_OK);
+    dlock_client_close(dead);
+    dlock_client_close(other);
+}
+
 static void test_bad_usage(void **state)
 {
     (void)state;
@@ -273,6 +317,7 @@ int main(void)
         cmocka_unit_test(test_list_show_release),
         cmocka_unit_test(test_force_keeps_tokens_increasing),
         cmocka_unit_test(test_stale_force_message_ignored),
+        cmocka_unit_test(test_release_client),
         cmocka_unit_test(test_bad_usage),
     };
     return cmocka_run_group_tests(tests, fx_group_setup, fx_group_teardown);

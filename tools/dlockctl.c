@@ -5,6 +5,7 @@
  *   dlockctl [connection options] [--json] list [PATTERN]
  *   dlockctl [connection options] [--json] show NAME
  *   dlockctl [connection options] [--json] release NAME --force
+ *   dlockctl [connection options] [--json] release --client ID --force
  *   dlockctl [connection options] [--json] watch NAME [--interval MS] [--count N]
  *
  * It connects as the library does (host and port, a Unix socket, an ACL user
@@ -51,6 +52,7 @@ static struct {
     int port;
     const char *unix_path, *user, *password, *prefix, *cluster, *sentinels, *master;
     const char *sentinel_password;
+    const char *client; /* release --client ID */
     int db, json, force;
     long interval_ms, count;
 } O = {.host = "127.0.0.1", .port = 6379, .prefix = "dlock:", .interval_ms = 500, .count = -1};
@@ -74,7 +76,12 @@ static void usage(FILE *f)
 "                        client, name, time in the queue, alive or not)\n"
 "  release NAME --force  removes the lease now, tells the holder at once (its\n"
 "                        dlock_held() drops to 0, on_lost runs, its log says so)\n"
-"                        and hands the lock to the next live waiter\n"
+"                        and hands the lock to the next live waiter, which is told\n"
+"                        (dlock_unclean: DLOCK_UNCLEAN_FORCED)\n"
+"  release --client ID --force\n"
+"                        the same for every lock the client ID holds (a dead\n"
+"                        process's: its id is in list's HOLDER column and in\n"
+"                        dlock_client_id())\n"
 "  watch NAME            shows NAME again every --interval MS (default 500) until\n"
 "                        interrupted, or --count N times\n"
 "\n"
@@ -327,7 +334,9 @@ static void scan_pattern(char *out, size_t n, const char *pattern)
     snprintf(out + k, n - k, "{%s}", pattern);
 }
 
-static int list_on(redisContext *c, const char *pattern, int *first)
+/* Calls fn for every held lock of c whose name matches pattern. */
+static void scan_locks(redisContext *c, const char *pattern,
+                       void (*fn)(const char *name, const lockinfo *li, void *arg), void *arg)
 {
     char match[DLOCK_NAME_MAX + 256];
     scan_pattern(match, sizeof match, pattern);
@@ -351,17 +360,41 @@ static int list_on(redisContext *c, const char *pattern, int *first)
             read_lock(c, name, &li);
             if (!li.held)
                 continue; /* released since the scan saw it */
-            if (O.json) {
-                printf("%s", *first ? "" : ",");
-                print_lock_json(name, &li, 0);
-            } else {
-                print_row(name, &li);
-            }
-            *first = 0;
+            fn(name, &li, arg);
         }
         freeReplyObject(r);
     } while (strcmp(cursor, "0") != 0);
-    return 0;
+}
+
+/* scan_locks on every master (Cluster mode) or on the server. */
+static void scan_all(const char *pattern,
+                     void (*fn)(const char *name, const lockinfo *li, void *arg), void *arg)
+{
+    if (CL) {
+        dlock_cluster_node *m[DLOCK_CLUSTER_NODES_MAX];
+        unsigned n = dlock_cluster_masters(CL, m, DLOCK_CLUSTER_NODES_MAX);
+        for (unsigned i = 0; i < n; i++) {
+            redisContext *c = conn_for_node(m[i]);
+            scan_locks(c, pattern, fn, arg);
+            dlock_pool_put(m[i]->pool, c, c->err != 0);
+        }
+    } else {
+        dlock_cluster_node *node;
+        redisContext *c = conn_for("", &node);
+        scan_locks(c, pattern, fn, arg);
+    }
+}
+
+static void list_one(const char *name, const lockinfo *li, void *arg)
+{
+    int *first = arg;
+    if (O.json) {
+        printf("%s", *first ? "" : ",");
+        print_lock_json(name, li, 0);
+    } else {
+        print_row(name, li);
+    }
+    *first = 0;
 }
 
 static int cmd_list(const char *pattern)
@@ -371,19 +404,7 @@ static int cmd_list(const char *pattern)
         printf("[");
     else
         print_header();
-    if (CL) {
-        dlock_cluster_node *m[DLOCK_CLUSTER_NODES_MAX];
-        unsigned n = dlock_cluster_masters(CL, m, DLOCK_CLUSTER_NODES_MAX);
-        for (unsigned i = 0; i < n; i++) {
-            redisContext *c = conn_for_node(m[i]);
-            list_on(c, pattern, &first);
-            dlock_pool_put(m[i]->pool, c, c->err != 0);
-        }
-    } else {
-        dlock_cluster_node *node;
-        redisContext *c = conn_for("", &node);
-        list_on(c, pattern, &first);
-    }
+    scan_all(pattern, list_one, &first);
     if (O.json)
         printf("]\n");
     return 0;
@@ -533,6 +554,16 @@ static const char FORCE_TAIL[] =
     "end\n"
     "return rc\n";
 
+/* In release --client's JSON array: the separator before each object. */
+static int json_items = -1; /* -1: not in an array */
+static void json_item(void)
+{
+    if (json_items > 0)
+        printf(",");
+    if (json_items >= 0)
+        json_items++;
+}
+
 static int cmd_release(const char *name)
 {
     if (!O.force) {
@@ -548,6 +579,7 @@ static int cmd_release(const char *name)
     read_lock(c, name, &li);
     if (!li.held) {
         if (O.json) {
+            json_item();
             printf("{\"name\":");
             json_str(name);
             printf(",\"released\":false,\"reason\":\"not held\"}\n");
@@ -631,6 +663,7 @@ static int cmd_release(const char *name)
     if (rc != 1 && rc != 2) {
         /* 0: the grant changed between the read and the release */
         if (O.json) {
+            json_item();
             printf("{\"name\":");
             json_str(name);
             printf(",\"released\":false,\"reason\":\"the holder changed; look again\"}\n");
@@ -647,6 +680,7 @@ static int cmd_release(const char *name)
     long long told = r->integer;
     freeReplyObject(r);
     if (O.json) {
+        json_item();
         printf("{\"name\":");
         json_str(name);
         printf(",\"released\":true,\"owner\":");
@@ -666,10 +700,60 @@ static int cmd_release(const char *name)
     return 0;
 }
 
+/* The names a client holds, gathered by scan_all. */
+typedef struct names {
+    char (*v)[DLOCK_NAME_MAX + 1];
+    size_t n, cap;
+} names;
+
+static void held_by_client(const char *name, const lockinfo *li, void *arg)
+{
+    names *l = arg;
+    if (strcmp(li->owner, O.client) != 0)
+        return;
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? 2 * l->cap : 64;
+        void *v = realloc(l->v, cap * sizeof *l->v);
+        if (!v)
+            die("out of memory");
+        l->v = v;
+        l->cap = cap;
+    }
+    snprintf(l->v[l->n++], DLOCK_NAME_MAX + 1, "%s", name);
+}
+
+/* release --client ID --force: every lock the client holds, one by one
+ * (each as release NAME --force). 0 if one was released, else 1. */
+static int cmd_release_client(void)
+{
+    if (!O.force) {
+        fprintf(stderr, "dlockctl: release takes the leases from their holder while it may "
+                        "still be working: say --force\n");
+        return 2;
+    }
+    names l = {NULL, 0, 0};
+    scan_all("*", held_by_client, &l);
+    if (O.json) {
+        printf("[");
+        json_items = 0;
+    }
+    int released = 0;
+    for (size_t i = 0; i < l.n; i++)
+        released += cmd_release(l.v[i]) == 0;
+    if (O.json)
+        printf("]\n");
+    else if (l.n == 0)
+        printf("client %s holds no lock\n", O.client);
+    else
+        printf("%d of the %zu locks client %s held released\n", released, l.n, O.client);
+    free(l.v);
+    return released > 0 ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
     enum { O_CLUSTER = 256, O_SENTINELS, O_MASTER, O_SPW, O_JSON, O_FORCE, O_INTERVAL, O_COUNT,
-           O_HELP };
+           O_HELP, O_CLIENT };
     static const struct option lo[] = {
         {"host", required_argument, 0, 'h'},       {"socket", required_argument, 0, 's'},
         {"user", required_argument, 0, 'u'},       {"password", required_argument, 0, 'a'},
@@ -681,6 +765,7 @@ int main(int argc, char **argv)
         {"json", no_argument, 0, O_JSON},          {"force", no_argument, 0, O_FORCE},
         {"interval", required_argument, 0, O_INTERVAL},
         {"count", required_argument, 0, O_COUNT},  {"help", no_argument, 0, O_HELP},
+        {"client", required_argument, 0, O_CLIENT},
         {0, 0, 0, 0}};
     O.password = getenv("DLOCK_PASSWORD");
     int opt, where = 0;
@@ -708,6 +793,7 @@ int main(int argc, char **argv)
         case O_FORCE: O.force = 1; break;
         case O_INTERVAL: O.interval_ms = atol(optarg); break;
         case O_COUNT: O.count = atol(optarg); break;
+        case O_CLIENT: O.client = optarg; break;
         case O_HELP: usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -737,12 +823,20 @@ int main(int argc, char **argv)
             O.interval_ms = atol(argv[++optind]);
         else if (!strcmp(argv[optind], "--count") && optind + 1 < argc)
             O.count = atol(argv[++optind]);
+        else if (!strcmp(argv[optind], "--client") && optind + 1 < argc)
+            O.client = argv[++optind];
         else if (!arg)
             arg = argv[optind];
         else
             die_usage("unexpected argument '%s'", argv[optind]);
     }
-    int needs_name = strcmp(command, "list") != 0;
+    if (O.client && strcmp(command, "release") != 0)
+        die_usage("--client goes with release, not %s", command);
+    if (O.client && arg)
+        die_usage("release takes a name or --client ID, not both ('%s')", arg);
+    if (O.client && (strlen(O.client) != 32 || strspn(O.client, "0123456789abcdef") != 32))
+        die_usage("--client wants a client id, 32 hex digits, not '%s'", O.client);
+    int needs_name = strcmp(command, "list") != 0 && !O.client;
     if (needs_name && (!arg || !*arg))
         die_usage("%s needs a lock name", command);
     if (arg && strlen(arg) > DLOCK_NAME_MAX)
@@ -757,7 +851,7 @@ int main(int argc, char **argv)
     else if (!strcmp(command, "show"))
         rc = show_once(arg, 0) ? 0 : 1;
     else if (!strcmp(command, "release"))
-        rc = cmd_release(arg);
+        rc = O.client ? cmd_release_client() : cmd_release(arg);
     else
         rc = cmd_watch(arg);
     if (single_conn)
