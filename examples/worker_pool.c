@@ -1,14 +1,17 @@
 /*
  * A thread pool whose jobs update accounts, each under a per-account dlock.
  *
- * Every job locks "account:<k>", reads and writes the account in a "storage"
- * that stands for a database, and unlocks. The storage checks fencing
- * tokens, as a real one should: it refuses a write whose token is not above
- * the last one it accepted for that account, so a holder that lost its lease
- * (paused past it, cut off from Redis) cannot overwrite a newer holder's
- * work. Here the storage lives in the process; kept in a shared database,
- * the same check protects it across processes. No write is refused unless
- * a lease was really lost.
+ * Every job locks "account:<k>", reads the account's balance, adds to it and
+ * writes it back in a "storage" that stands for a database, and unlocks. The
+ * storage checks fencing tokens as the README's Fencing section says a real
+ * one must: the token goes with the read and with the write, the storage
+ * keeps the highest token that touched each account and refuses any read or
+ * write below it (an equal token passes: one holder reads, then writes). So
+ * a holder that lost its lease (paused past it, cut off from Redis) can
+ * neither overwrite nor act on what a newer holder did. Here the storage
+ * lives in the process; the README gives the same rule for a Redis store
+ * (dlock_fenced_script, examples/fenced_counter.c) and for SQL. No operation
+ * is refused unless a lease was really lost.
  *
  *   worker_pool [-h HOST:PORT | -s UNIX_SOCKET] [-t THREADS] [-j JOBS] [-a ACCOUNTS]
  *
@@ -24,33 +27,52 @@
 
 #define MAX_ACCOUNTS 1000
 
-/* The "storage": one row per account with the last fencing token accepted. */
+/* The "storage": one row per account with the highest fencing token that
+ * has read or written it. */
 static struct row {
     pthread_mutex_t mu; /* the storage's own latch, not the lock under test */
     long balance;
-    uint64_t last_token;
+    uint64_t fence;
 } rows[MAX_ACCOUNTS];
 
-static long refused; /* writes refused for a stale token (guarded by refused_mu) */
+static long refused; /* operations refused for a stale token (guarded by refused_mu) */
 static pthread_mutex_t refused_mu = PTHREAD_MUTEX_INITIALIZER;
 
-/* A write with its fencing token: refused (0) if an equal or newer token
- * was already seen for this row. */
-static int storage_add(int account, long amount, uint64_t token)
+/* Checks token against the row (called with r->mu): refused (0) if a higher
+ * one has touched it, else the row's highest becomes token. */
+static int storage_fence(struct row *r, uint64_t token)
 {
-    struct row *r = &rows[account];
-    pthread_mutex_lock(&r->mu);
-    int ok = token > r->last_token;
-    if (ok) {
-        r->last_token = token;
-        r->balance += amount;
-    }
-    pthread_mutex_unlock(&r->mu);
-    if (!ok) {
+    if (token < r->fence) {
         pthread_mutex_lock(&refused_mu);
         refused++;
         pthread_mutex_unlock(&refused_mu);
+        return 0;
     }
+    r->fence = token;
+    return 1;
+}
+
+/* A read with its fencing token: 1 and *balance, or 0 if refused. */
+static int storage_read(int account, uint64_t token, long *balance)
+{
+    struct row *r = &rows[account];
+    pthread_mutex_lock(&r->mu);
+    int ok = storage_fence(r, token);
+    if (ok)
+        *balance = r->balance;
+    pthread_mutex_unlock(&r->mu);
+    return ok;
+}
+
+/* A write with its fencing token: 1, or 0 if refused. */
+static int storage_write(int account, uint64_t token, long balance)
+{
+    struct row *r = &rows[account];
+    pthread_mutex_lock(&r->mu);
+    int ok = storage_fence(r, token);
+    if (ok)
+        r->balance = balance;
+    pthread_mutex_unlock(&r->mu);
     return ok;
 }
 
@@ -89,7 +111,9 @@ static void *worker(void *arg)
             pthread_mutex_unlock(&jobs_mu);
             continue;
         }
-        storage_add(account, 1, token); /* the protected work */
+        long balance; /* the protected work: a read-modify-write, fenced */
+        if (storage_read(account, token, &balance))
+            storage_write(account, token, balance + 1);
         rc = dlock_release(client, name);
         if (rc != DLOCK_OK) /* DLOCK_ELOST: the storage refused or will refuse */
             fprintf(stderr, "release %s: %s: %s\n", name, dlock_err_name(rc),
@@ -159,7 +183,7 @@ int main(int argc, char **argv)
     dlock_stats st;
     dlock_client_stats(client, &st);
     printf("dlock %s: %ld jobs on %d threads over %d accounts: %ld applied, %ld failed, "
-           "%ld writes refused for a stale token; %llu grants from Redis, %llu handoffs "
+           "%ld reads or writes refused for a stale token; %llu grants from Redis, %llu handoffs "
            "between threads, %llu Redis round trips\n",
            dlock_version(), jobs, threads, accounts, total, jobs_failed, refused,
            (unsigned long long)st.grants, (unsigned long long)st.handoffs,

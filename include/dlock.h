@@ -498,6 +498,22 @@ DLOCK_API char *dlock_client_metrics_prometheus(dlock_client *c);
 /* Fills *out with the client's counters. DLOCK_EINVAL for NULL arguments. */
 DLOCK_API int dlock_client_stats(dlock_client *c, dlock_stats *out);
 
+/*
+ * Fencing (README, "Fencing"). A token only protects data whose store
+ * checks it on every read and write: the store keeps the highest token that
+ * has touched each record and refuses any operation with a lower one (equal
+ * passes: one holder reads and writes many times). This is the text of a
+ * Lua script that does that for a record kept as a Redis hash (in the
+ * application's own Redis, or any): load it with SCRIPT LOAD, call it with
+ *   EVALSHA <sha> 1 <record key> <token> get <field> ...
+ *   EVALSHA <sha> 1 <record key> <token> set <field> <value> ...
+ * It returns {1, values...} / {1}, or {0, highest token} when refused (a
+ * later holder has touched the record: the caller's lease is gone, and
+ * nothing was read or written). lua/fenced.lua says more; the README gives
+ * the same rule for SQL. A static string, never NULL.
+ */
+DLOCK_API const char *dlock_fenced_script(void);
+
 /* The library's version, "MAJOR.MINOR.PATCH": the library linked in, which
  * may differ from the header's DLOCK_VERSION_STRING. */
 DLOCK_API const char *dlock_version(void);
