@@ -11,7 +11,12 @@
  * Thread safety: every function may be called concurrently from any number
  * of threads on the same client. dlock_client_close must be the last call
  * on a client: no call may start after it; calls still running when it
- * starts are woken (as by dlock_client_shutdown) and waited for.
+ * starts are woken (as by dlock_client_shutdown) and waited for. Do not
+ * call dlock_client_close from the on_lost or on_log callbacks (a call
+ * that runs them may still be inside), nor cancel (pthread_cancel) a thread
+ * inside a dlock call. The library installs a thread-exit hook (see
+ * dlock_unclean): a program that dlopen()s it must not dlclose() it while
+ * threads that took locks may still exit.
  *
  * Errors: functions return DLOCK_OK (0) or a negative DLOCK_E* code;
  * dlock_strerror() names it and dlock_last_error() gives the calling thread's
@@ -219,17 +224,28 @@ DLOCK_API void dlock_client_close(dlock_client *c);
  * before for this name, across all clients. Reentrant: a thread that holds
  * the lock acquires it again at once, with no Redis command, and gets the
  * same token; each acquire needs its own release.
- * A deadline is kept while waiting, for a connection too; no Redis call
- * starts after it, and a call already under way when it passes may overrun
- * it by up to the command timeout. Signals delivered to the calling thread
- * (interval timers, profilers) do not stretch any of these bounds.
+ * Bounds. The deadline (now + wait_ms; for a try, now + the command
+ * timeout, spent waiting for a connection at most) is kept while waiting,
+ * for a connection too, and no Redis exchange starts after it. An exchange
+ * under way when it passes takes at most one command timeout, or, when the
+ * call had to open a connection, the connect timeout plus one command
+ * timeout for the connection's whole setup and the exchange together. So an
+ * acquire returns within wait_ms + connect timeout + command timeout, a try
+ * within the connect timeout + command timeout, whatever the server does;
+ * a wait forever ends with the lock or an error. Measured (test_deadline,
+ * timeouts 1000 ms): a try on a frozen server fails after 1.0 s, 256 of them
+ * at once too (calls queued behind an exchange that timed out fail with
+ * it); an acquire with 100 ms to wait on a new connection to a server that
+ * answers 900 ms late, after 1.0 s. In Cluster mode TRYAGAIN and
+ * CLUSTERDOWN are retried until the deadline (a wait forever: for 10 command
+ * timeouts). Signals delivered to the calling thread (interval timers,
+ * profilers) do not stretch any of these bounds.
  * Errors: DLOCK_EINVAL (NULL client or name, empty name, name longer than
- * DLOCK_NAME_MAX), DLOCK_EREDIS (Redis unreachable or failed: within the
- * connect timeout plus two command timeouts, one of them spent waiting for a
- * free connection while all are stuck; if the outcome of the acquire is
- * unknown, the renewal thread releases that grant in the background, or it
- * expires after lease_ms; threads of this client that waited behind the
- * failed call fail with it), DLOCK_ESERVER (the server is older than Redis 5,
+ * DLOCK_NAME_MAX), DLOCK_EREDIS (Redis unreachable or failed, within the
+ * bounds above; if the outcome of the acquire is unknown, the renewal
+ * thread releases that grant in the background, or it expires after
+ * lease_ms; threads of this client that waited behind the failed call fail
+ * with it), DLOCK_ESERVER (the server is older than Redis 5,
  * or may evict keys: maxmemory set with a policy other than noeviction; or
  * it refused the credentials or an ACL user's permission: WRONGPASS,
  * NOPERM; dlock_last_error() says which; no retry cures it), DLOCK_ELOST (a nested acquire while the

@@ -32,6 +32,10 @@
 -- ARGV[9] the last token the client handed out under a grant of this name
 --         whose release failed ('0' if none, or absent): if that grant is
 --         still the client's lease, this grant's token is above it
+-- ARGV[10] how that grant ended (with ARGV[9] only; '0' or absent: its
+--         holder released it, '1' for a holder thread that exited, '2' it
+--         was lost): if it is still the client's lease, the new grant
+--         reports that end (see End)
 -- Returns {1, token, end} when granted, or {0, pttl} when the client must wait
 -- (pttl: the lease's remaining time, or -1 when the lease is free but another
 -- client's turn comes first); then, if it asked to, the client is in the
@@ -228,7 +232,17 @@ if mine then
   if used > last then
     last = used
   end
-  ended = math.max(ended, tonumber(lease[7] or '0') or 0)
+  -- How the hold before this grant ended is how the caller's own ended:
+  -- the grant whose release failed (ARGV[9], at or above its token), as the
+  -- caller says (ARGV[10]); a grant never used (an attempt of unknown
+  -- outcome, whose token is above any the caller used), what that grant
+  -- was told itself (its u). The fence is older than that grant: its word
+  -- was told to it already.
+  if (tonumber(lease[2]) or 0) <= (tonumber(ARGV[9] or '0') or 0) then
+    ended = tonumber(ARGV[10] or '0') or 0
+  else
+    ended = tonumber(lease[7] or '0') or 0
+  end
 end
 local tok = t[1] .. us6
 local token = now_us

@@ -15,6 +15,9 @@
 -- {0, highest} when refused: a later holder has read or written the record,
 -- so the caller no longer holds the lock and nothing was read or changed.
 --
+-- Never DEL or EXPIRE a record a holder may still write: its highest token
+-- goes with it. Mark a record deleted with a field instead.
+--
 -- The rule it keeps: the token travels with every read and write, the
 -- store refuses any operation whose token is below the highest it has seen,
 -- and equal tokens pass (one holder may read and write many times). A read

@@ -154,7 +154,7 @@ local function finish(th, rc, quiet)
     if e.queued and #e.queue == 0 and not e.poller and not e.owner and e.state == 'NONE' then
       local n = next_number(c)
       e.queued = false
-      if rc == 'ETIMEDOUT' or rc == 'EBUSY' or rc == 'ECANCELED' then
+      if rc == 'ETIMEDOUT' or rc == 'EBUSY' then
         C.leave(c, e, n, false)
       else
         C.job(c, e, 'leave', n, 2 * c.s.waiter_ttl_ms * 1000)
@@ -257,6 +257,15 @@ end
 
 C.poll_done = poll_done
 
+-- unconfirmed_end (client.c): the grant ended without a release Redis
+-- confirmed, after `tok`, as `how` (0 a release, 1 abandoned, 2 lost).
+local function unconfirmed_end(e, tok, how)
+  if tok >= (e.unconfirmed or 0) then
+    e.unconfirmed = tok
+    e.unconfirmed_end = how
+  end
+end
+
 -- take_grant (client.c)
 local function take_grant(c, e, th, token, valid_until, unclean)
   e.state = 'HELD'
@@ -272,6 +281,7 @@ local function take_grant(c, e, th, token, valid_until, unclean)
   e.revoked = nil
   e.grant_at = cnow(c)
   e.unconfirmed = 0
+  e.unconfirmed_end = 0
   e.unclean = unclean or 0 -- acquire.lua "End", or the message's (dlock_unclean)
   e.ending = nil
   e.owner = th
@@ -305,7 +315,8 @@ function C.try(c, e)
   local nonce = next_number(c)
   local a = c.args
   local argv = {c.id, a.lease, tostring(nonce), a.pl, a.ttl, th.once and '0' or '1', a.keep, c.name,
-                string.format('%.0f', e.unconfirmed or 0)}
+                string.format('%.0f', e.unconfirmed or 0),
+                tostring((e.unconfirmed or 0) > 0 and e.unconfirmed_end or 0)}
   local sent = cnow(c)
   trace(c, '%s polls %s: acquire attempt %d', th.name, e.name, nonce)
   c.W:request(c, 'acquire', e.name, e.keys, argv, {nonce = nonce}, function(rep, how)
@@ -427,7 +438,7 @@ function C.release(th)
       if e.state ~= 'HELD' or cnow(c) >= e.valid_until then
         if e.state == 'HELD' then
           e.registered = false
-          e.unconfirmed = math.max(e.unconfirmed or 0, e.token) -- lost by validity alone
+          unconfirmed_end(e, e.token, 2) -- lost by validity alone
         end
         e.state = 'NONE'
         e.owner = nil
@@ -454,7 +465,7 @@ function C.release(th)
     if how ~= 'reply' or type(rep) ~= 'number' or rep < 1 then
       -- the lease may still be ours in Redis, or ours again after a step
       -- back of the server's clock (unconfirmed.h)
-      e.unconfirmed = math.max(e.unconfirmed or 0, e.token)
+      unconfirmed_end(e, e.token, (how == 'reply' and rep == 0) and 2 or ending)
     end
     e.state = 'NONE'
     C.think(th)
@@ -575,7 +586,7 @@ function C.renew_round(c)
         elseif v == 0 or now >= e.valid_until then
           trace(c, 'renewal finds %s lost (grant %.0f)', e.name, e.grant_token)
           -- Redis may still have it, or have it again (unconfirmed.h)
-          e.unconfirmed = math.max(e.unconfirmed or 0, e.token)
+          unconfirmed_end(e, e.token, 2)
           e.registered = false
           e.state = 'LOST'
           if not e.owner then

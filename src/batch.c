@@ -19,12 +19,18 @@
  *      ceil(position / DLOCK_BATCH_MAX) batches.
  *   B4 a call's state moves PENDING -> INFLIGHT (taken into a batch),
  *      PENDING -> LEAD (promoted), LEAD -> INFLIGHT (taken by its own
- *      thread) or PENDING -> out of the FIFO (its deadline passed), all under
- *      b->mu; INFLIGHT -> DONE by its leader without b->mu (a leader's own
+ *      thread), PENDING -> out of the FIFO (its deadline passed) or
+ *      PENDING -> DONE (failed with a batch that found the server stuck:
+ *      B5), all under b->mu; INFLIGHT -> DONE by its leader without b->mu (a leader's own
  *      call needs no DONE: its thread reads its outputs itself),
  *      after every output field is written (release store). After DONE the
  *      leader touches the call no more but for the futex wake-up, which
  *      may reach reused memory (dlock_futex_wake says why that is harmless).
+ *   B5 a batch that found the server stuck (its exchange or the connection's
+ *      setup timed out or failed, other than a connection closed while idle)
+ *      fails every call still PENDING, unsent, with it: they would only wait
+ *      for the same stuck server in turn, each another command timeout.
+ *      Calls that arrive after that go to the server afresh.
  */
 #include <pthread.h>
 #include <inttypes.h>
@@ -244,8 +250,10 @@ static int exchange(dlock_batch *b, redisContext *conn, dlock_call **batch, unsi
 }
 
 /* Runs batch[0..n) on one pooled connection. Every call ends settled: a
- * reply, or rc and err set. Called without b->mu. */
-static void run_batch(dlock_batch *b, dlock_call **batch, unsigned n)
+ * reply, or rc and err set. Returns 1 if the server looks stuck (B5), with
+ * why in stuck_why, else 0. Called without b->mu. */
+static int run_batch(dlock_batch *b, dlock_call **batch, unsigned n, char *stuck_why,
+                     size_t why_len)
 {
     int64_t now = dlock_now_ns();
     unsigned live = 0;
@@ -257,17 +265,26 @@ static void run_batch(dlock_batch *b, dlock_call **batch, unsigned n)
             live++;
     }
     if (!live)
-        return;
+        return 0;
     redisContext *conn;
-    int rc = dlock_pool_get(b->pool, DLOCK_NEVER, &conn);
+    int64_t fresh;
+    int rc = dlock_pool_get_by(b->pool, DLOCK_NEVER, &conn, &fresh);
     if (rc != DLOCK_OK) {
         for (unsigned i = 0; i < n; i++)
             if (batch[i]->rc == DLOCK_OK)
                 call_fail(batch[i], rc, 0, dlock_last_error());
-        return;
+        snprintf(stuck_why, why_len, "%s", dlock_last_error());
+        return rc == DLOCK_EREDIS;
     }
-    int64_t deadline = dlock_conn_deadline(b->command_timeout_ms);
+    /* On a connection opened for this batch, the exchange shares the setup's
+     * command timeout (conn.h, dlock_conn_open_by): opening it and the calls
+     * that needed it take the connect timeout plus one command timeout. */
+    int64_t deadline = fresh != DLOCK_NEVER ? fresh : dlock_conn_deadline(b->command_timeout_ms);
     int ok = exchange(b, conn, batch, n, 1, deadline) == 0;
+    int stuck = !ok && conn->err && !conn_was_closed(conn) && conn->err != REDIS_ERR_OOM &&
+                conn->err != REDIS_ERR_OTHER; /* (OTHER: a replica or a WAIT shortfall) */
+    if (stuck)
+        snprintf(stuck_why, why_len, "%s", conn->errstr);
     /* A restarted or flushed server answers NOSCRIPT: those calls go again
      * as EVAL, which caches the scripts for the next EVALSHA; if the
      * connection failed meanwhile they fail as the calls after them did
@@ -287,6 +304,7 @@ static void run_batch(dlock_batch *b, dlock_call **batch, unsigned n)
     if (ok && again)
         exchange(b, conn, batch, n, 0, deadline);
     dlock_pool_put(b->pool, conn, conn->err != 0);
+    return stuck;
 }
 
 /* Waits until call is DONE (returns 0) or its thread is promoted to lead
@@ -316,6 +334,42 @@ static int await(dlock_batch *b, dlock_call *call)
             continue; /* taken or promoted meanwhile */
         }
         dlock_futex_wait(&call->state, s, deadline);
+    }
+}
+
+/* The server is stuck (B5): every call still PENDING fails now, unsent.
+ * Called without b->mu. */
+static void fail_pending(dlock_batch *b, const char *why)
+{
+    dlock_call *failed = NULL;
+    pthread_mutex_lock(&b->mu);
+    dlock_call *prev = NULL, *next;
+    for (dlock_call *x = b->head; x; x = next) {
+        next = x->next;
+        if (dlock_load_int(&x->state) != CALL_PENDING) {
+            prev = x;
+            continue;
+        }
+        if (prev)
+            prev->next = next;
+        else
+            b->head = next;
+        if (b->tail == x)
+            b->tail = prev;
+        x->next = failed; /* (a private list from here on) */
+        failed = x;
+        call_fail(x, DLOCK_EREDIS, 0, "");
+        snprintf(x->err, sizeof x->err, "the call ahead of it on this server failed: %.150s", why);
+        dlock_store_int(&x->state, CALL_INFLIGHT); /* out of the FIFO, not yet DONE */
+    }
+    pthread_mutex_unlock(&b->mu);
+    while (failed) {
+        dlock_call *x = failed;
+        failed = x->next;
+        x->next = NULL;
+        /* Release: the outputs before DONE (B4); then only the wake. */
+        dlock_store_int_release(&x->state, CALL_DONE);
+        dlock_futex_wake(&x->state, 1);
     }
 }
 
@@ -357,7 +411,9 @@ static void lead(dlock_batch *b, dlock_call *self)
             batch[n++] = x;
         }
         pthread_mutex_unlock(&b->mu);
-        run_batch(b, batch, n); /* n >= 1: self is in the FIFO until taken */
+        char why[160];
+        if (run_batch(b, batch, n, why, sizeof why)) /* n >= 1: self is in the FIFO until taken */
+            fail_pending(b, why);
         for (unsigned i = 0; i < n; i++) {
             dlock_call *call = batch[i];
             if (call == self) {

@@ -250,6 +250,7 @@ static dlock_entry *held_find(dlock_client *c, const char *name, size_t len)
 }
 
 uint64_t dlock_boot_skew_ns; /* common.h: tests only */
+uint64_t dlock_test_shutdown_delay_ns; /* common.h: tests only */
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 
 static void on_fork_child(void)
@@ -777,6 +778,8 @@ int dlock_client_open(const dlock_config *cfg, dlock_client **out)
     return DLOCK_OK;
 }
 
+static void shutdown_now(dlock_client *c);
+
 void dlock_client_close(dlock_client *c)
 {
     if (!c)
@@ -794,7 +797,7 @@ void dlock_client_close(dlock_client *c)
     pthread_mutex_unlock(&open_mu);
     /* Threads still inside calls: wake them (waiting acquires return
      * DLOCK_ECLOSED) and wait until they have left. */
-    (void)dlock_client_shutdown(c);
+    shutdown_now(c);
     while (dlock_load_uint_acquire(&c->inside) != 0) { /* see leave */
         struct timespec ts = {0, 1000000}; /* 1 ms */
         nanosleep(&ts, NULL);
@@ -905,6 +908,16 @@ static void cancel_wake(dlock_cancel_reg *base)
     dlock_table_put(r->c->table, e);
 }
 
+/* Sets the closing flag and wakes every entry's waiters (see above).
+ * Called inside a call (enter), or by close. */
+static void shutdown_now(dlock_client *c)
+{
+    dlock_store_int(&c->closing, 1);
+    ck_pr_fence_memory(); /* the flag before the visit (the visit's table mutex orders it
+                             for entries made later) */
+    dlock_table_each_ref(c->table, wake_waiters, NULL);
+}
+
 int dlock_client_shutdown(dlock_client *c)
 {
     dlock_err_clear();
@@ -912,10 +925,14 @@ int dlock_client_shutdown(dlock_client *c)
         return dlock_err_set(DLOCK_EINVAL, "client is NULL");
     if (dlock_load_uint(&fork_generation) != c->fork_gen)
         return dlock_err_set(DLOCK_EFORK, "this client was opened before fork()");
-    dlock_store_int(&c->closing, 1);
-    ck_pr_fence_memory(); /* the flag before the visit (the visit's table mutex orders it
-                             for entries made later) */
-    dlock_table_each_ref(c->table, wake_waiters, NULL);
+    enter(c); /* a close from another thread waits for the visit */
+    uint64_t hold = dlock_load_64(&dlock_test_shutdown_delay_ns);
+    if (hold) {
+        struct timespec ts = {(time_t)(hold / 1000000000u), (long)(hold % 1000000000u)};
+        nanosleep(&ts, NULL); /* tests only: a shutdown caught inside its call */
+    }
+    shutdown_now(c);
+    leave(c);
     return DLOCK_OK;
 }
 
@@ -964,6 +981,12 @@ static int call_script(dlock_client *c, dlock_script_id id, int nargs, const cha
     dlock_cluster_node *node = NULL;
     unsigned slot = 0, redirects = 0, busy = 0;
     int asking = 0;
+    /* TRYAGAIN and CLUSTERDOWN are retried until the caller's deadline; a
+     * call without one (a release, a wait forever) for 10 command timeouts. */
+    int64_t busy_until = deadline != DLOCK_NEVER
+                             ? deadline
+                             : dlock_now_ns() + 10 * (int64_t)c->conn.command_timeout_ms *
+                                                    DLOCK_NS_PER_MS;
     if (c->cluster) {
         slot = dlock_cluster_slot(argv[0], strlen(argv[0]));
         if (!(node = dlock_cluster_route(c->cluster, slot, deadline)))
@@ -995,14 +1018,15 @@ static int call_script(dlock_client *c, dlock_script_id id, int nargs, const cha
                     continue;
                 }
             }
-            if (dlock_cluster_is_busy(call.reply) && busy < 10) {
+            if (dlock_cluster_is_busy(call.reply)) {
                 /* TRYAGAIN (a migration under way) or CLUSTERDOWN (a
-                 * failover): 10, 20, 40 .. 100 ms pauses within the
-                 * caller's deadline, at most 10 */
+                 * failover): 10, 20, 40 .. 100 ms pauses until busy_until
+                 * (a call does not give up before its deadline while the
+                 * cluster says to retry) */
                 int64_t pause = (int64_t)(10 << (busy < 4 ? busy : 4)) * DLOCK_NS_PER_MS;
                 if (pause > 100 * DLOCK_NS_PER_MS)
                     pause = 100 * DLOCK_NS_PER_MS;
-                if (deadline == DLOCK_NEVER || dlock_now_ns() + pause < deadline) {
+                if (dlock_now_ns() + pause < busy_until) {
                     busy++;
                     freeReplyObject(call.reply);
                     struct timespec ts = {0, (long)pause};
@@ -1038,8 +1062,8 @@ static int call_script(dlock_client *c, dlock_script_id id, int nargs, const cha
  * *sent_boot (when it was sent, on the boot clock), DLOCK_EBUSY with
  * *pttl_ms, or an error of call_script. */
 static int redis_acquire(dlock_client *c, dlock_entry *e, const char *nonce, int queue,
-                         uint64_t unconfirmed_last, int64_t deadline, uint64_t *token,
-                         int *unclean, int64_t *pttl_ms, int64_t *sent_boot)
+                         uint64_t unconfirmed_last, int unconfirmed_end, int64_t deadline,
+                         uint64_t *token, int *unclean, int64_t *pttl_ms, int64_t *sent_boot)
 {
     const char *argv[DLOCK_SCRIPT_KEYS + DLOCK_ACQUIRE_ARGS];
     for (int k = 0; k < DLOCK_SCRIPT_KEYS; k++)
@@ -1056,6 +1080,9 @@ static int redis_acquire(dlock_client *c, dlock_entry *e, const char *nonce, int
     char unconfirmed[24];
     snprintf(unconfirmed, sizeof unconfirmed, "%" PRIu64, unconfirmed_last);
     a[8] = unconfirmed;
+    char how[4];
+    snprintf(how, sizeof how, "%d", unconfirmed_last ? unconfirmed_end : 0);
+    a[9] = how;
     redisReply *rep;
     int sent, acked;
     *sent_boot = dlock_boot_ns();
@@ -1195,6 +1222,7 @@ static int take_grant(dlock_client *c, dlock_entry *e, uint64_t token, int uncle
     e->grant_boot_ns = dlock_boot_ns(); /* after the reply or message: Redis granted before */
     if (e->unconfirmed) {
         e->unconfirmed = 0; /* the grant's token is above it (acquire.lua) */
+        e->unconfirmed_end = 0;
         dlock_unconfirmed_clear(c->unconfirmed, e->name);
     }
     e->provisional = 0;
@@ -1216,14 +1244,17 @@ static int take_grant(dlock_client *c, dlock_entry *e, uint64_t token, int uncle
 }
 
 /* The grant of e ended without a release Redis confirmed (a failed release,
- * a lost lease), after `last` was handed out under it:
- * the next acquire of the name tells Redis (acquire.lua, ARGV[9]), also if
- * e is freed meanwhile. Called with e->mu held (the set's mutex is a leaf). */
-static void unconfirmed_end(dlock_client *c, dlock_entry *e, uint64_t last)
+ * a lost lease), after `last` was handed out under it, as `end` (0 a
+ * release, DLOCK_UNCLEAN_ABANDONED, DLOCK_UNCLEAN_EXPIRED): the next acquire
+ * of the name tells Redis (acquire.lua, ARGV[9] and ARGV[10]), also if e is
+ * freed meanwhile. Called with e->mu held (the set's mutex is a leaf). */
+static void unconfirmed_end(dlock_client *c, dlock_entry *e, uint64_t last, int end)
 {
-    if (last > e->unconfirmed)
+    if (last >= e->unconfirmed) {
         e->unconfirmed = last;
-    dlock_unconfirmed_put(c->unconfirmed, e->name, e->unconfirmed);
+        e->unconfirmed_end = end;
+    }
+    dlock_unconfirmed_put(c->unconfirmed, e->name, e->unconfirmed, e->unconfirmed_end);
 }
 
 /* Takes a lease that its holder passed on (cohort handoff): no Redis command.
@@ -1237,7 +1268,7 @@ static int take_handoff(dlock_client *c, dlock_entry *e, int *drop)
     e->handoff = 0;
     if (dlock_boot_ns() >= e->valid_until_ns) {
         /* Lost by its validity alone: Redis may still have it as ours. */
-        unconfirmed_end(c, e, e->token);
+        unconfirmed_end(c, e, e->token, DLOCK_UNCLEAN_EXPIRED);
         *drop += dlock_renew_mark_lost(c->renew, e);
         e->lost_notified = 1; /* no thread held it: nobody to tell */
         e->state = DLOCK_LEASE_NONE;
@@ -1321,18 +1352,29 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
         e->state = DLOCK_LEASE_ACQUIRING;
         e->woken = 0; /* a wake-up from now on triggers another try */
         uint64_t unconfirmed = e->unconfirmed;
+        int unconfirmed_how = e->unconfirmed_end;
         pthread_mutex_unlock(&e->mu);
-        uint64_t kept = dlock_unconfirmed_get(c->unconfirmed, e->name);
-        if (kept > unconfirmed)
+        int kept_how;
+        uint64_t kept = dlock_unconfirmed_get(c->unconfirmed, e->name, &kept_how);
+        if (kept > unconfirmed) {
             unconfirmed = kept; /* the entry was freed and made anew since */
+            unconfirmed_how = kept_how;
+        }
         uint64_t token = 0;
         int unclean = 0;
         int64_t pttl = 0, sent_boot = 0;
         char nonce[24];
         next_number(c, nonce);
-        /* A single try may wait for a connection by the pool's own bounds. */
-        int rc = redis_acquire(c, e, nonce, !once, unconfirmed, once ? DLOCK_NEVER : deadline,
-                               &token, &unclean, &pttl, &sent_boot);
+        /* A single try waits for a connection (or a place in a batch) at
+         * most one command timeout: it has no deadline of its own. */
+        int64_t by = once ? dlock_now_ns() + (int64_t)c->conn.command_timeout_ms * DLOCK_NS_PER_MS
+                          : deadline;
+        int rc = redis_acquire(c, e, nonce, !once, unconfirmed, unconfirmed_how, by, &token,
+                               &unclean, &pttl, &sent_boot);
+        if (once && rc == DLOCK_ETIMEDOUT)
+            rc = dlock_err_set(DLOCK_EREDIS, "redis took no try of '%s' within the command "
+                               "timeout (%" PRIu32 " ms): every connection was busy or stuck",
+                               e->name, c->conn.command_timeout_ms);
         if (rc == DLOCK_OK && dlock_boot_ns() >= sent_boot + (int64_t)c->lease_ms * DLOCK_NS_PER_MS -
                                                              c->drift_ns) {
             /* The answer came back after the lease could have expired. */
@@ -1389,6 +1431,8 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
     }
 }
 
+static int release_outermost(dlock_client *c, dlock_entry *e, const char *name);
+
 /* acquire's work, once the arguments are checked and the cancel token, if
  * any, has this call registered. */
 static int acquire_checked(dlock_client *c, const char *name, size_t len, int64_t wait_ms,
@@ -1425,7 +1469,7 @@ static int acquire_checked(dlock_client *c, const char *name, size_t len, int64_
 
     e->waiters++;
     uint64_t fail_seq = e->fail_seq;
-    int drop_registry = 0;
+    int drop_registry = 0, give_back = 0;
     dlock_waiter *w = dlock_waiter_self();
     for (;;) {
         if (dlock_waiter_granted(w)) {
@@ -1433,16 +1477,23 @@ static int acquire_checked(dlock_client *c, const char *name, size_t len, int64_
             rc = DLOCK_OK;
             break;
         }
-        if ((rc = stop_rc(c, k)) != DLOCK_OK) {
-            rc = stop_err(rc, name); /* shutdown or cancelled: stop waiting */
-            break;
-        }
         if (!e->has_owner && e->state == DLOCK_LEASE_LOST) {
             /* Lost while being passed between threads: nobody holds it. */
             if (e->unconfirmed)
-                unconfirmed_end(c, e, e->unconfirmed);
+                unconfirmed_end(c, e, e->unconfirmed, e->unconfirmed_end);
             e->state = DLOCK_LEASE_NONE;
             e->handoff = 0;
+        }
+        if ((rc = stop_rc(c, k)) != DLOCK_OK) {
+            /* Shutdown or cancelled: stop waiting. A lease being passed to
+             * the waiters (an open handoff, I5) must not be left without
+             * anyone to take it: the last waiter takes it to give it back
+             * (below); otherwise the next one is woken on the way out. */
+            if (e->handoff && e->waiters == 1 &&
+                take_handoff(c, e, &drop_registry) == DLOCK_OK)
+                give_back = 1;
+            rc = stop_err(rc, name);
+            break;
         }
         if (e->handoff) {
             rc = take_handoff(c, e, &drop_registry);
@@ -1495,6 +1546,20 @@ static int acquire_checked(dlock_client *c, const char *name, size_t len, int64_
             dlock_waitq_push(&e->wq, w, now);
         dlock_waiter_park(w, &e->mu, deadline);
     }
+    if (give_back) {
+        /* A stopped waiter that took an open handoff nobody else waits for:
+         * it releases it as the releasing thread would have, with word of
+         * how the hold before ended (it used the lease for nothing). */
+        dlock_waitq_remove(&e->wq, w);
+        e->waiters--;
+        e->ending = e->unclean;
+        char keep[256];
+        snprintf(keep, sizeof keep, "%s", dlock_last_error());
+        dlock_table_ref(e); /* the owner's, which release_outermost drops with ours */
+        (void)release_outermost(c, e, name);
+        dlock_err_set(rc, "%s", keep);
+        return rc;
+    }
     if (dlock_waiter_granted(w)) {
         /* A direct handoff: the releaser made this thread the owner, took
          * it out of the queue and out of e->waiters (I10). */
@@ -1515,10 +1580,11 @@ static int acquire_checked(dlock_client *c, const char *name, size_t len, int64_
         char number[24];
         next_number(c, number);
         e->queued = 0;
-        if (rc != DLOCK_ETIMEDOUT && rc != DLOCK_EBUSY && rc != DLOCK_ECANCELED) {
-            /* Redis is failing, or the client shuts down (its waiters must
-             * return without a Redis call): the renewal thread tells it
-             * when it can (dlock_client_close makes it try once more). */
+        if (rc != DLOCK_ETIMEDOUT && rc != DLOCK_EBUSY) {
+            /* Redis is failing, or the acquire was cancelled or the client
+             * shuts down (the thread returns at once, without a Redis
+             * call): the renewal thread tells it when it can
+             * (dlock_client_close makes it try once more). */
             dlock_renew_leave(c->renew, e, number);
         } else {
             /* As e's poller, so that nobody else talks to Redis for e
@@ -1572,8 +1638,6 @@ static int acquire(dlock_client *c, const char *name, int64_t wait_ms, uint64_t 
     return rc;
 }
 
-static int release_outermost(dlock_client *c, dlock_entry *e, const char *name);
-
 static int release(dlock_client *c, const char *name)
 {
     size_t len;
@@ -1624,8 +1688,8 @@ static int release_outermost(dlock_client *c, dlock_entry *e, const char *name)
     e->depth = 0;
     if (e->state == DLOCK_LEASE_LOST) {
         e->ending = 0; /* Redis took it back: the next grant learns that itself */
-        if (e->unconfirmed)
-            unconfirmed_end(c, e, e->unconfirmed); /* found lost by validity */
+        if (e->unconfirmed) /* found lost by validity */
+            unconfirmed_end(c, e, e->unconfirmed, e->unconfirmed_end);
         e->state = DLOCK_LEASE_NONE;
         kick_head(e); /* it polls */
         pthread_mutex_unlock(&e->mu);
@@ -1694,7 +1758,7 @@ static int release_outermost(dlock_client *c, dlock_entry *e, const char *name)
          * server's clock brings an expired grant back): a later acquire
          * that finds it so is granted above every token handed out under
          * it. */
-        unconfirmed_end(c, e, token);
+        unconfirmed_end(c, e, token, rc == DLOCK_ELOST ? DLOCK_UNCLEAN_EXPIRED : ending);
     }
     if (rc == DLOCK_ELOST) {
         dlock_count(&c->ctr.leases_lost, 1);
@@ -2008,10 +2072,10 @@ int dlock_handle_release(dlock_handle *h)
     dlock_client *c = h->c;
     if (dlock_load_uint(&fork_generation) != c->fork_gen)
         return dlock_err_set(DLOCK_EFORK, "this handle's client was opened before fork()");
+    enter(c);
     dlock_entry *e = h->e;
     char name[DLOCK_NAME_MAX + 1]; /* for messages: e may be freed before they are made */
     memcpy(name, e->name, e->name_len + 1);
-    enter(c);
     dlock_table_ref(e); /* the lookup's, as release_outermost expects */
     pthread_mutex_lock(&e->mu);
     DLOCK_ASSERT(e->has_owner && e->by_handle && e->depth == 1);
@@ -2029,11 +2093,13 @@ int dlock_handle_held(dlock_handle *h)
 {
     if (!h)
         return 0;
+    enter(h->c);
     dlock_entry *e = h->e;
     pthread_mutex_lock(&e->mu);
     int yes = e->has_owner && e->by_handle && e->state == DLOCK_LEASE_HELD &&
               dlock_boot_ns() < e->valid_until_ns;
     pthread_mutex_unlock(&e->mu);
+    leave(h->c);
     return yes;
 }
 
@@ -2041,10 +2107,12 @@ int dlock_handle_unclean(dlock_handle *h)
 {
     if (!h)
         return dlock_err_set(DLOCK_EINVAL, "handle is NULL");
+    enter(h->c);
     dlock_entry *e = h->e;
     pthread_mutex_lock(&e->mu);
     int rc = e->unclean;
     pthread_mutex_unlock(&e->mu);
+    leave(h->c);
     return rc;
 }
 

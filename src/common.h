@@ -125,6 +125,11 @@ static inline int64_t dlock_now_ns(void)
  * only: 0 in every real use. Read as a relaxed atomic. */
 extern uint64_t dlock_boot_skew_ns;
 
+/* How long dlock_client_shutdown pauses inside its call, for tests only
+ * (a shutdown caught while a close starts): 0 in every real use. Read as a
+ * relaxed atomic. */
+extern uint64_t dlock_test_shutdown_delay_ns;
+
 /* CLOCK_BOOTTIME in ns: lease validity deadlines use it. Unlike
  * CLOCK_MONOTONIC it keeps counting while the system is suspended (and in
  * the VM pauses that the guest sees as a suspend), as Redis keeps expiring

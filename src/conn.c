@@ -228,26 +228,33 @@ static int fail_ctx(redisContext *c, const char *what)
     return rc;
 }
 
-redisReply *dlock_conn_command(redisContext *c, dlock_counters *ctr, uint32_t timeout_ms,
-                               int argc, const char **argv)
+/* Sends one command and reads its reply by deadline, counted in ctr. The
+ * reply, or NULL when the connection failed (c->err says why). */
+static redisReply *command_by(redisContext *c, dlock_counters *ctr, int64_t deadline, int argc,
+                              const char **argv)
 {
     if (redisAppendCommandArgv(c, argc, argv, NULL) != REDIS_OK)
         return NULL;
     dlock_count(&ctr->redis_commands, 1);
     dlock_count(&ctr->redis_round_trips, 1);
-    int64_t deadline = dlock_conn_deadline(timeout_ms);
     redisReply *r;
     if (dlock_conn_flush(c, deadline) != 0 || dlock_conn_read(c, deadline, &r) != 0)
         return NULL;
     return r;
 }
 
-/* Sends one command, reads its reply within the command timeout. NULL when
- * the connection failed. */
-static redisReply *command(redisContext *c, dlock_counters *ctr, const dlock_conn_cfg *cfg,
+redisReply *dlock_conn_command(redisContext *c, dlock_counters *ctr, uint32_t timeout_ms,
+                               int argc, const char **argv)
+{
+    return command_by(c, ctr, dlock_conn_deadline(timeout_ms), argc, argv);
+}
+
+/* A connection's setup commands share one deadline (dlock_conn_open_by): the
+ * setup as a whole takes at most one command timeout after the connect. */
+static redisReply *command(redisContext *c, dlock_counters *ctr, int64_t setup_deadline,
                            int argc, const char **argv)
 {
-    return dlock_conn_command(c, ctr, cfg->command_timeout_ms, argc, argv);
+    return command_by(c, ctr, setup_deadline, argc, argv);
 }
 
 static int is_config_error(const char *msg);
@@ -287,10 +294,10 @@ static int is_config_error(const char *msg)
 }
 
 /* Sends one simple command and checks that the reply is not an error. */
-static int simple_command(redisContext *c, dlock_counters *ctr, const dlock_conn_cfg *cfg,
+static int simple_command(redisContext *c, dlock_counters *ctr, int64_t deadline,
                           const char *what, int argc, const char **argv)
 {
-    redisReply *r = command(c, ctr, cfg, argc, argv);
+    redisReply *r = command(c, ctr, deadline, argc, argv);
     if (!r)
         return fail_ctx(c, what);
     int rc = DLOCK_OK;
@@ -305,11 +312,11 @@ static int simple_command(redisContext *c, dlock_counters *ctr, const dlock_conn
  * sentinels may still name the old one for a moment. *not_master is set
  * when the server answered that it is something else. */
 static int check_master(redisContext *c, dlock_counters *ctr, const dlock_conn_cfg *cfg,
-                        const char *where, int *not_master)
+                        int64_t deadline, const char *where, int *not_master)
 {
     *not_master = 0;
     const char *argv[1] = {"ROLE"};
-    redisReply *r = command(c, ctr, cfg, 1, argv);
+    redisReply *r = command(c, ctr, deadline, 1, argv);
     if (!r)
         return fail_ctx(c, "ROLE");
     int rc = DLOCK_OK;
@@ -365,10 +372,10 @@ int dlock_conn_check_info(const char *info)
 }
 
 /* INFO (default sections), checked by dlock_conn_check_info. */
-static int check_server(redisContext *c, dlock_counters *ctr, const dlock_conn_cfg *cfg)
+static int check_server(redisContext *c, dlock_counters *ctr, int64_t deadline)
 {
     const char *argv[1] = {"INFO"};
-    redisReply *r = command(c, ctr, cfg, 1, argv);
+    redisReply *r = command(c, ctr, deadline, 1, argv);
     if (!r)
         return fail_ctx(c, "INFO");
     int rc;
@@ -384,7 +391,7 @@ static int check_server(redisContext *c, dlock_counters *ctr, const dlock_conn_c
 }
 
 /* Loads every script whose digest is not known yet, pipelined. */
-static int load_scripts(redisContext *c, dlock_counters *ctr, const dlock_conn_cfg *cfg)
+static int load_scripts(redisContext *c, dlock_counters *ctr, int64_t deadline)
 {
     int sent[DLOCK_SCRIPT_COUNT] = {0}, n = 0;
     for (int id = 0; id < DLOCK_SCRIPT_COUNT; id++) {
@@ -400,7 +407,6 @@ static int load_scripts(redisContext *c, dlock_counters *ctr, const dlock_conn_c
         return DLOCK_OK;
     dlock_count(&ctr->redis_commands, n);
     dlock_count(&ctr->redis_round_trips, 1);
-    int64_t deadline = dlock_conn_deadline(cfg->command_timeout_ms);
     if (dlock_conn_flush(c, deadline) != 0)
         return fail_ctx(c, "SCRIPT LOAD");
     int rc = DLOCK_OK;
@@ -456,6 +462,12 @@ redisContext *dlock_conn_connect(const char *host, int port, const char *unix_pa
 
 int dlock_conn_open(const dlock_conn_cfg *cfg, dlock_counters *ctr, redisContext **out)
 {
+    return dlock_conn_open_by(cfg, ctr, out, NULL);
+}
+
+int dlock_conn_open_by(const dlock_conn_cfg *cfg, dlock_counters *ctr, redisContext **out,
+                       int64_t *setup_deadline)
+{
     *out = NULL;
     char where[300];
     const char *host = cfg->host;
@@ -484,16 +496,20 @@ int dlock_conn_open(const dlock_conn_cfg *cfg, dlock_counters *ctr, redisContext
         return rc;
     }
     int rc = DLOCK_OK;
+    /* Every setup command below shares this deadline. */
+    int64_t deadline = dlock_conn_deadline(cfg->command_timeout_ms);
+    if (setup_deadline)
+        *setup_deadline = deadline;
     if (cfg->password) {
         const char *argv[3] = {"AUTH", cfg->username ? cfg->username : cfg->password,
                                cfg->password};
-        rc = simple_command(c, ctr, cfg, "AUTH", cfg->username ? 3 : 2, argv);
+        rc = simple_command(c, ctr, deadline, "AUTH", cfg->username ? 3 : 2, argv);
     }
     if (rc == DLOCK_OK && cfg->client_name) {
         /* Best effort: a user without +client|setname (an ACL rule from
          * before names) still works, unnamed in CLIENT LIST. */
         const char *argv[3] = {"CLIENT", "SETNAME", cfg->client_name};
-        redisReply *r = command(c, ctr, cfg, 3, argv);
+        redisReply *r = command(c, ctr, deadline, 3, argv);
         if (!r)
             rc = fail_ctx(c, "CLIENT SETNAME");
         else
@@ -501,7 +517,7 @@ int dlock_conn_open(const dlock_conn_cfg *cfg, dlock_counters *ctr, redisContext
     }
     int not_master = 0;
     if (rc == DLOCK_OK && cfg->nsentinels) {
-        rc = check_master(c, ctr, cfg, where, &not_master);
+        rc = check_master(c, ctr, cfg, deadline, where, &not_master);
         if (not_master)
             dlock_sentinel_doubt(cfg, host, port); /* ask every sentinel next time */
     }
@@ -509,21 +525,24 @@ int dlock_conn_open(const dlock_conn_cfg *cfg, dlock_counters *ctr, redisContext
         char db[16];
         snprintf(db, sizeof db, "%d", cfg->db);
         const char *argv[2] = {"SELECT", db};
-        rc = simple_command(c, ctr, cfg, "SELECT", 2, argv);
+        rc = simple_command(c, ctr, deadline, "SELECT", 2, argv);
     }
     if (rc == DLOCK_OK)
-        rc = check_server(c, ctr, cfg);
+        rc = check_server(c, ctr, deadline);
     if (rc == DLOCK_OK && cfg->min_replicas && !cfg->cluster) {
         /* (not on a Cluster connection to any node, the subscriber's: a
          * replica refuses WAIT, and that connection writes nothing) */
         /* WAIT 0 0 answers at once: a user without +wait learns it here,
          * not as grants that seem to reach no replica. */
         const char *argv[3] = {"WAIT", "0", "0"};
-        rc = simple_command(c, ctr, cfg, "WAIT (min_replicas needs it)", 3, argv);
+        rc = simple_command(c, ctr, deadline, "WAIT (min_replicas needs it)", 3, argv);
     }
     if (rc == DLOCK_OK)
-        rc = load_scripts(c, ctr, cfg);
+        rc = load_scripts(c, ctr, deadline);
     if (rc != DLOCK_OK) {
+        char why[200];
+        snprintf(why, sizeof why, "%s", dlock_last_error());
+        dlock_err_set(rc, "%s (setting up a connection to %s)", why, where);
         redisFree(c);
         return rc;
     }
@@ -640,6 +659,13 @@ void dlock_pool_destroy(dlock_pool *p)
 
 int dlock_pool_get(dlock_pool *p, int64_t caller_deadline, redisContext **out)
 {
+    int64_t fresh;
+    return dlock_pool_get_by(p, caller_deadline, out, &fresh);
+}
+
+int dlock_pool_get_by(dlock_pool *p, int64_t caller_deadline, redisContext **out, int64_t *fresh)
+{
+    *fresh = DLOCK_NEVER;
     /* While other callers keep giving connections back, Redis is answering
      * and waiting is worth it; a command timeout without any coming back
      * means Redis is stuck. The hard limit keeps an unlucky waiter from
@@ -665,7 +691,7 @@ int dlock_pool_get(dlock_pool *p, int64_t caller_deadline, redisContext **out)
         if (p->open < p->size) {
             p->open++; /* reserve the slot, connect without the lock */
             pthread_mutex_unlock(&p->mu);
-            int rc = dlock_conn_open(p->cfg, p->ctr, out);
+            int rc = dlock_conn_open_by(p->cfg, p->ctr, out, fresh);
             if (rc != DLOCK_OK) {
                 pthread_mutex_lock(&p->mu);
                 p->open--;

@@ -528,8 +528,10 @@ static int64_t apply(dlock_renew *r, snap *s, size_t n, int64_t sent_boot)
                  * next acquire must go above its tokens (unconfirmed.h; the
                  * client records it when the holder or a waiter finds the
                  * loss). */
-                if (e->token > e->unconfirmed)
+                if (e->token >= e->unconfirmed) {
                     e->unconfirmed = e->token;
+                    e->unconfirmed_end = DLOCK_UNCLEAN_EXPIRED; /* a lost lease */
+                }
                 drop_registry_ref = dlock_renew_mark_lost(r, e);
                 s[i].lost_token = e->token;
                 if (!e->lost_notified) {

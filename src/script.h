@@ -29,7 +29,7 @@ typedef struct dlock_script_args {
  * argument counts of the scripts that take them. */
 enum {
     DLOCK_SCRIPT_KEYS = 6,
-    DLOCK_ACQUIRE_ARGS = 9,
+    DLOCK_ACQUIRE_ARGS = 10,
     DLOCK_RELEASE_ARGS = 10,
     DLOCK_LEAVE_ARGS = 6
 };

@@ -68,6 +68,7 @@ typedef struct dlock_entry {
     unsigned passes;             /* consecutive local handoffs (cohort handoff) */
     int64_t grant_boot_ns;       /* when this client learned the grant (boot clock):
                                     Redis made it earlier, at server time grant_token */
+    int unconfirmed_end;         /* how that grant ended (unconfirmed.h) */
     uint64_t unconfirmed;        /* the last token handed out under a grant that ended
                                     other than by a confirmed release (it may still be, or
                                     be again, this client's in Redis: unconfirmed.h), 0 if

@@ -19,6 +19,7 @@
 typedef struct rec {
     UT_hash_handle hh;
     uint64_t token;
+    int end;          /* how the grant of `token` ended */
     int64_t until_ns; /* monotonic */
     char name[];
 } rec;
@@ -66,7 +67,7 @@ static void sweep(dlock_unconfirmed *u, int64_t now)
     u->swept = HASH_COUNT(u->set);
 }
 
-void dlock_unconfirmed_put(dlock_unconfirmed *u, const char *name, uint64_t token)
+void dlock_unconfirmed_put(dlock_unconfirmed *u, const char *name, uint64_t token, int end)
 {
     if (!token)
         return;
@@ -85,22 +86,29 @@ void dlock_unconfirmed_put(dlock_unconfirmed *u, const char *name, uint64_t toke
         }
     }
     if (r) {
-        if (token > r->token || r->until_ns <= now)
+        if (token > r->token || r->until_ns <= now) {
             r->token = token;
+            r->end = end;
+        } else if (token == r->token && end > r->end) {
+            r->end = end;
+        }
         r->until_ns = now + u->keep_ns;
     }
     pthread_mutex_unlock(&u->mu);
 }
 
-uint64_t dlock_unconfirmed_get(dlock_unconfirmed *u, const char *name)
+uint64_t dlock_unconfirmed_get(dlock_unconfirmed *u, const char *name, int *end)
 {
     uint64_t token = 0;
+    *end = 0;
     pthread_mutex_lock(&u->mu);
     if (u->set) {
         rec *r;
         HASH_FIND(hh, u->set, name, strlen(name), r);
-        if (r && r->until_ns > dlock_now_ns())
+        if (r && r->until_ns > dlock_now_ns()) {
             token = r->token;
+            *end = r->end;
+        }
     }
     pthread_mutex_unlock(&u->mu);
     return token;

@@ -26,13 +26,17 @@ typedef struct dlock_unconfirmed dlock_unconfirmed;
 dlock_unconfirmed *dlock_unconfirmed_create(uint32_t keep_ms);
 void dlock_unconfirmed_destroy(dlock_unconfirmed *u);
 
-/* Records `token` for name (the highest one recorded wins), for keep_ms
- * from now. Out of memory: nothing is recorded (the acquire is then as
- * before this module: correct unless the server's clock stepped back). */
-void dlock_unconfirmed_put(dlock_unconfirmed *u, const char *name, uint64_t token);
+/* Records `token` for name, and how that grant ended (`end`: 0 its holder
+ * released it, DLOCK_UNCLEAN_ABANDONED, DLOCK_UNCLEAN_EXPIRED for a lost
+ * lease; acquire.lua ARGV[10]): the highest token recorded wins, with its
+ * end. For keep_ms from now. Out of memory: nothing is recorded (the
+ * acquire is then as before this module: correct unless the server's clock
+ * stepped back). */
+void dlock_unconfirmed_put(dlock_unconfirmed *u, const char *name, uint64_t token, int end);
 
-/* The token recorded for name, 0 if none (or it is older than keep_ms). */
-uint64_t dlock_unconfirmed_get(dlock_unconfirmed *u, const char *name);
+/* The token recorded for name, 0 if none (or it is older than keep_ms), and
+ * its end in *end. */
+uint64_t dlock_unconfirmed_get(dlock_unconfirmed *u, const char *name, int *end);
 
 /* Forgets name: a new grant's token is above what was recorded. */
 void dlock_unconfirmed_clear(dlock_unconfirmed *u, const char *name);

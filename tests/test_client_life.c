@@ -315,10 +315,10 @@ static void test_cancel(void **state)
     assert_false(atomic_load(&keep.done)); /* not its token */
     assert_false(atomic_load(&other.done));
 
-    dlock_cancel_fire(k2); /* d's only waiter: d leaves the queue at once */
+    dlock_cancel_fire(k2); /* d's only waiter: d leaves the queue (in the background) */
     waiter_join(&other, BOUND_MS);
     assert_int_equal(other.rc, DLOCK_ECANCELED);
-    assert_int_equal(queued(px, "x"), 1); /* c's, for `keep` */
+    wait_queued(px, "x", 1); /* c's, for `keep` */
 
     assert_int_equal(dlock_release(holder, "x"), DLOCK_OK);
     waiter_join(&keep, BOUND_MS);
@@ -382,7 +382,7 @@ static void test_cancel_local_and_handle(void **state)
     assert_int_equal(local.rc, DLOCK_ECANCELED);
     assert_int_equal(handle.rc, DLOCK_ECANCELED);
     assert_int_equal(dlock_held(c, "mine"), 1);
-    assert_int_equal(queued(px, "theirs"), 0);
+    wait_queued(px, "theirs", 0);
     assert_int_equal(dlock_release(c, "mine"), DLOCK_OK);
     assert_int_equal(dlock_release(holder, "theirs"), DLOCK_OK);
     dlock_cancel_destroy(k);
@@ -592,6 +592,159 @@ static void test_thread_exit_tells_waiters(void **state)
     dlock_client_close(c);
 }
 
+/*
+ * An acquire cancelled, or stopped by a shutdown, at the moment a release
+ * passes it the lease (an open handoff: the releasing thread leaves the
+ * lease for the first waiter to run) must not leave the lease held with no
+ * thread to release it: the last waiter to go gives it back to Redis. The
+ * race is made many times over (the release comes 0.1 to 0.9 ms after the
+ * waiter queued, so its handoff is open); after each round the client
+ * holds no lease and another client gets the name at once. Before, the
+ * lease stayed held and renewed with no owner on the first round.
+ */
+static dlock_cancel *strand_k;
+static dlock_client *strand_c;
+static int strand_rc;
+
+static void *strand_waiter(void *arg)
+{
+    (void)arg;
+    dlock_acquire_opts o;
+    dlock_acquire_opts_init(&o);
+    o.cancel = strand_k;
+    strand_rc = dlock_acquire_ex(strand_c, "strand", -1, NULL, &o);
+    if (strand_rc == DLOCK_OK)
+        dlock_release(strand_c, "strand");
+    return NULL;
+}
+
+static void test_stop_during_handoff(void **state)
+{
+    (void)state;
+    const char *px = "life8:";
+    dlock_client *other = open_prefixed(px, 0);
+    assert_int_equal(dlock_cancel_create(&strand_k), DLOCK_OK);
+    int cancelled = 0, closed = 0;
+    for (int round = 0; round < 300; round++) {
+        int shut = round % 6 == 5; /* a shutdown instead: the client is closed after it */
+        if (!strand_c)
+            strand_c = open_prefixed(px, 2000);
+        dlock_cancel_reset(strand_k);
+        assert_int_equal(dlock_acquire(strand_c, "strand", 5000, NULL), DLOCK_OK);
+        pthread_t th;
+        strand_rc = 1000;
+        assert_int_equal(pthread_create(&th, NULL, strand_waiter, NULL), 0);
+        struct timespec ts = {0, (100 + (round * 37) % 800) * 1000L}; /* 0.1 to 0.9 ms */
+        nanosleep(&ts, NULL);
+        assert_int_equal(dlock_release(strand_c, "strand"), DLOCK_OK);
+        if (shut)
+            assert_int_equal(dlock_client_shutdown(strand_c), DLOCK_OK);
+        else
+            dlock_cancel_fire(strand_k);
+        pthread_join(th, NULL);
+        assert_true(strand_rc == DLOCK_OK || strand_rc == DLOCK_ECANCELED ||
+                    strand_rc == DLOCK_ECLOSED);
+        cancelled += strand_rc == DLOCK_ECANCELED;
+        closed += strand_rc == DLOCK_ECLOSED;
+        if (stats(strand_c).leases_held != 0)
+            fail_msg("round %d: the waiter returned %s and the client still holds the lease",
+                     round, dlock_err_name(strand_rc));
+        int rc = dlock_acquire(other, "strand", 5000, NULL); /* at once: nobody holds it */
+        if (rc != DLOCK_OK)
+            fail_msg("round %d: another client could not take the name: %s", round,
+                     dlock_err_name(rc));
+        assert_int_equal(dlock_release(other, "strand"), DLOCK_OK);
+        if (shut) {
+            dlock_client_close(strand_c);
+            strand_c = NULL;
+        }
+    }
+    fprintf(stderr, "# 300 rounds: %d waiters cancelled, %d stopped by a shutdown\n", cancelled,
+            closed);
+    if (strand_c)
+        dlock_client_close(strand_c);
+    strand_c = NULL;
+    dlock_cancel_destroy(strand_k);
+    dlock_client_close(other);
+}
+
+/* dlock_client_shutdown running on one thread when dlock_client_close
+ * starts on another (the README's two-step stop, by a signal thread and
+ * main): close waits until the shutdown has left its visit of the entries,
+ * which used to read what close had freed. The shutdown is held inside its
+ * visit for 300 ms (dlock_test_shutdown_delay_ns, a hook for tests); close
+ * starts 50 ms into it, so it must take 250 ms or more (a lower bound: a
+ * loaded machine only makes it longer). */
+extern uint64_t dlock_test_shutdown_delay_ns;
+
+static void *shutdown_main(void *arg)
+{
+    dlock_client_shutdown(arg);
+    return NULL;
+}
+
+static void test_shutdown_and_close_at_once(void **state)
+{
+    (void)state;
+    const char *px = "life9:";
+    dlock_client *holder = open_prefixed(px, 0);
+    assert_int_equal(dlock_acquire(holder, "n", 0, NULL), DLOCK_OK);
+    dlock_client *c = open_prefixed(px, 0);
+    waiter w;
+    waiter_start(&w, c, "n", NULL);
+    wait_entries(c, 1);
+    __atomic_store_n(&dlock_test_shutdown_delay_ns, 300 * 1000000ULL, __ATOMIC_RELAXED);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, shutdown_main, c), 0);
+    fx_sleep_ms(50);
+    long long t0 = fx_now_ns();
+    dlock_client_close(c);
+    long long took = MS(fx_now_ns() - t0);
+    pthread_join(th, NULL);
+    __atomic_store_n(&dlock_test_shutdown_delay_ns, 0, __ATOMIC_RELAXED);
+    waiter_join(&w, 0);
+    assert_int_equal(w.rc, DLOCK_ECLOSED);
+    assert_true(took >= 250);
+    dlock_client_close(holder);
+}
+
+/* A cancelled acquire returns at once, also while Redis does not answer
+ * (CLIENT PAUSE for 2.5 s, command timeout 3 s): its client leaves the wait
+ * queue in the background. Before, the cancelled thread made that call
+ * itself and returned only when Redis answered, after the pause. The bound
+ * (1.5 s after the fire) is far from both. */
+static void test_cancel_returns_at_once(void **state)
+{
+    (void)state;
+    const char *px = "life10:";
+    dlock_client *holder = open_prefixed(px, 0);
+    dlock_config cfg;
+    fx_config(&cfg, &fx_server);
+    cfg.key_prefix = px;
+    cfg.command_timeout_ms = 3000;
+    dlock_client *c = NULL;
+    assert_int_equal(dlock_client_open(&cfg, &c), DLOCK_OK);
+    dlock_cancel *k;
+    assert_int_equal(dlock_cancel_create(&k), DLOCK_OK);
+    assert_int_equal(dlock_acquire(holder, "x", 0, NULL), DLOCK_OK);
+    waiter w;
+    waiter_start(&w, c, "x", k);
+    wait_queued(px, "x", 1);
+    fx_sleep_ms(100); /* the poller sleeps between its tries */
+    freeReplyObject(cmd("CLIENT PAUSE 2500 WRITE")); /* scripts wait; reads pass */
+    long long t0 = fx_now_ns();
+    dlock_cancel_fire(k);
+    waiter_join(&w, BOUND_MS);
+    long long took = MS(fx_now_ns() - t0);
+    assert_int_equal(w.rc, DLOCK_ECANCELED);
+    assert_true(took < 1500);
+    wait_queued(px, "x", 0); /* once Redis answers again */
+    assert_int_equal(dlock_release(holder, "x"), DLOCK_OK);
+    dlock_cancel_destroy(k);
+    dlock_client_close(c);
+    dlock_client_close(holder);
+}
+
 static void test_bad_arguments(void **state)
 {
     (void)state;
@@ -613,8 +766,11 @@ int main(void)
         cmocka_unit_test_teardown(test_shutdown_during_redis_call, fx_ensure_server),
         cmocka_unit_test(test_cancel),
         cmocka_unit_test(test_cancel_local_and_handle),
+        cmocka_unit_test(test_cancel_returns_at_once),
         cmocka_unit_test(test_thread_exit_releases),
         cmocka_unit_test(test_thread_exit_tells_waiters),
+        cmocka_unit_test(test_stop_during_handoff),
+        cmocka_unit_test(test_shutdown_and_close_at_once),
     };
     return cmocka_run_group_tests(tests, fx_group_setup, fx_group_teardown);
 }

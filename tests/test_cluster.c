@@ -861,6 +861,79 @@ static void test_ask_then_noscript(void **state)
     dlock_client_close(c);
 }
 
+/* An acquire with 3 s to wait meets TRYAGAIN for 1.5 s (a slow migration:
+ * the name's fence and record are still on the source, its other keys
+ * missing, so every script of it gets TRYAGAIN), then the migration ends.
+ * It must keep retrying until its deadline, not give up after a fixed ten
+ * retries (about 0.8 s: DLOCK_EREDIS before), and get the lock from the new
+ * master. The times are wide apart (1.5 s of TRYAGAIN against 3 s to wait
+ * and 0.8 s of retries before) so a loaded machine does not decide it. */
+typedef struct finisher {
+    unsigned slot;
+    int src, dst;
+    pthread_t th;
+} finisher;
+
+static void *finish_migration(void *arg)
+{
+    finisher *f = arg;
+    fx_sleep_ms(1500);
+    char dst_id[64];
+    node_id(f->dst, dst_id, sizeof dst_id);
+    redisReply *r = fx_cmd_at(f->src, "CLUSTER GETKEYSINSLOT %u 100", f->slot);
+    for (size_t i = 0; r && r->type == REDIS_REPLY_ARRAY && i < r->elements; i++) {
+        redisReply *m = fx_cmd_at(f->src, "MIGRATE 127.0.0.1 %d %s 0 5000", f->dst,
+                                  r->element[i]->str);
+        if (m)
+            freeReplyObject(m);
+    }
+    if (r)
+        freeReplyObject(r);
+    for (int i = 0; i < C.n; i++) {
+        if (!fx_is_master(C.node[i].port))
+            continue;
+        r = fx_cmd_at(C.node[i].port, "CLUSTER SETSLOT %u NODE %s", f->slot, dst_id);
+        if (r)
+            freeReplyObject(r);
+    }
+    return NULL;
+}
+
+static void test_tryagain_until_deadline(void **state)
+{
+    (void)state;
+    dlock_config cfg;
+    cluster_config(&cfg, "tc:ta:");
+    dlock_client *c;
+    assert_int_equal(dlock_client_open(&cfg, &c), DLOCK_OK);
+    /* a release leaves the fence and the client's record on the master */
+    assert_int_equal(dlock_acquire(c, "x", 0, NULL), DLOCK_OK);
+    assert_int_equal(dlock_release(c, "x"), DLOCK_OK);
+    finisher f = {dlock_cluster_slot("tc:ta:{x}", 9), 0, 0, 0};
+    f.src = master_of(f.slot);
+    f.dst = other_master(f.src);
+    char src_id[64], dst_id[64];
+    node_id(f.src, src_id, sizeof src_id);
+    node_id(f.dst, dst_id, sizeof dst_id);
+    redisReply *r = fx_cmd_at(f.dst, "CLUSTER SETSLOT %u IMPORTING %s", f.slot, src_id);
+    assert_true(r && r->type == REDIS_REPLY_STATUS);
+    freeReplyObject(r);
+    r = fx_cmd_at(f.src, "CLUSTER SETSLOT %u MIGRATING %s", f.slot, dst_id);
+    assert_true(r && r->type == REDIS_REPLY_STATUS);
+    freeReplyObject(r);
+    assert_int_equal(pthread_create(&f.th, NULL, finish_migration, &f), 0);
+    long long t0 = fx_now_ns();
+    int rc = dlock_acquire(c, "x", 3000, NULL);
+    long long took = (fx_now_ns() - t0) / 1000000;
+    pthread_join(f.th, NULL);
+    fprintf(stderr, "# acquire through 1.5 s of TRYAGAIN: %s after %lld ms (%s)\n",
+            dlock_err_name(rc), took, rc ? dlock_last_error() : "");
+    assert_int_equal(rc, DLOCK_OK);
+    assert_true(took >= 1000); /* it did meet the migration */
+    assert_int_equal(dlock_release(c, "x"), DLOCK_OK);
+    dlock_client_close(c);
+}
+
 /* A slot moved behind the client's back: its next call meets MOVED, follows
  * it at once and records the new master (no error, no wait for the next
  * refresh of the map). */
@@ -984,6 +1057,7 @@ int main(void)
         cmocka_unit_test(test_renew_10000),
         cmocka_unit_test(test_moved_followed),
         cmocka_unit_test(test_ask_then_noscript),
+        cmocka_unit_test(test_tryagain_until_deadline),
 #ifdef DLOCKCTL_PATH
         cmocka_unit_test(test_dlockctl_on_cluster),
 #endif

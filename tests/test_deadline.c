@@ -1,7 +1,9 @@
 /*
  * Deadlines and clocks of the lock calls, against a private redis-server:
  * a storm of signals cannot stretch a call to a frozen Redis; waiting for a
- * pooled connection ends at the caller's deadline; the threads that wait
+ * pooled connection ends at the caller's deadline; opening a connection to
+ * a slow server stays within the documented bound; single tries against a
+ * frozen server fail together instead of in rounds; the threads that wait
  * behind a poller fail with it instead of polling again in turn; lease
  * validity follows the boot clock, which keeps counting through a system
  * suspend.
@@ -26,6 +28,9 @@
 #include "common.h"
 #include "dlock.h"
 #include "fixture.h"
+#include "proxy.h"
+
+#define MS(ns) ((ns) / 1000000LL)
 
 static dlock_client *open_client(uint32_t command_timeout_ms, uint32_t pool_size)
 {
@@ -166,6 +171,96 @@ static void test_pool_wait_ends_at_caller_deadline(void **state)
     dlock_client_close(c);
 }
 
+/* --------------------------------------------- bounds with a setup to do */
+
+/* Redis answers every command 900 ms late (the proxy), below the 1000 ms
+ * command timeout, and the pooled connection was killed: the acquire
+ * (wait 100 ms) must open a connection (CLIENT SETNAME, SELECT, INFO) and
+ * then run its script. Each setup command used to get a command timeout of
+ * its own, and the acquire returned after about 3.6 s, past the documented
+ * bound (dlock.h: wait + connect timeout + command timeout = 2.1 s); now the
+ * setup and the script share one command timeout. The measured time is about
+ * 1.0 s; the bound has more than 1 s to spare for a loaded machine. */
+static void test_slow_setup_within_bound(void **state)
+{
+    (void)state;
+    fx_proxy *px = fx_proxy_start(fx_server.port);
+    assert_non_null(px);
+    dlock_config cfg;
+    fx_config(&cfg, &fx_server);
+    cfg.redis_port = fx_proxy_port(px);
+    cfg.key_prefix = "td:slow:";
+    cfg.connect_timeout_ms = 1000;
+    cfg.command_timeout_ms = 1000;
+    cfg.redis_db = 1; /* a SELECT in the setup */
+    cfg.pool_size = 1;
+    dlock_client *c = NULL;
+    assert_int_equal(dlock_client_open(&cfg, &c), DLOCK_OK);
+    assert_int_equal(dlock_acquire(c, "warm", 0, NULL), DLOCK_OK); /* scripts known */
+    assert_int_equal(dlock_release(c, "warm"), DLOCK_OK);
+    fx_proxy_set_delay(px, 0, 900 * 1000);
+    fx_proxy_reset_all(px); /* the pooled connection goes */
+    long long t0 = fx_now_ns();
+    int rc = dlock_acquire(c, "x", 100, NULL);
+    long long took = MS(fx_now_ns() - t0);
+    fprintf(stderr, "# acquire (wait 100 ms) on a new connection to a server 900 ms slow: %s "
+            "after %lld ms\n", dlock_err_name(rc), took);
+    assert_true(took < 100 + 1000 + 1000);
+    assert_true(rc == DLOCK_EREDIS || rc == DLOCK_OK);
+    fx_proxy_set_delay(px, 0, 0);
+    if (rc == DLOCK_OK)
+        assert_int_equal(dlock_release(c, "x"), DLOCK_OK);
+    dlock_client_close(c);
+    fx_proxy_stop(px);
+}
+
+/* 256 threads each try once (wait_ms 0) while Redis is frozen, with connect
+ * and command timeouts of 1000 ms and 4 connections: every try must fail
+ * with DLOCK_EREDIS within the connect timeout plus one command timeout
+ * (dlock.h). Before, tries had no deadline and waited in the batch queue,
+ * 128 of them per command timeout, the last after about 3 s; now the calls
+ * queued behind an exchange that timed out fail with it. Measured: the
+ * slowest after about 1.0 s; the bound (2 s) has 1 s to spare. */
+static void *try_main(void *arg)
+{
+    call *k = arg;
+    long long t0 = fx_now_ns();
+    k->rc = dlock_acquire(k->c, k->name, 0, NULL);
+    k->done_ns = fx_now_ns() - t0;
+    return NULL;
+}
+
+static void test_tries_on_frozen_server_fail_together(void **state)
+{
+    (void)state;
+    enum { N = 256 };
+    dlock_client *c = open_client(1000, 4);
+    assert_int_equal(dlock_acquire(c, "warm", 0, NULL), DLOCK_OK);
+    assert_int_equal(dlock_release(c, "warm"), DLOCK_OK);
+    assert_int_equal(fx_redis_signal(&fx_server, SIGSTOP), 0);
+    static call k[N];
+    static char names[N][16];
+    for (int i = 0; i < N; i++) {
+        snprintf(names[i], sizeof names[i], "try:%d", i);
+        k[i] = (call){.c = c, .name = names[i], .wait_ms = 0};
+        assert_int_equal(pthread_create(&k[i].thread, NULL, try_main, &k[i]), 0);
+    }
+    long long slowest = 0;
+    int eredis = 0;
+    for (int i = 0; i < N; i++) {
+        pthread_join(k[i].thread, NULL);
+        if (k[i].done_ns > slowest)
+            slowest = k[i].done_ns;
+        eredis += k[i].rc == DLOCK_EREDIS;
+    }
+    assert_int_equal(fx_redis_signal(&fx_server, SIGCONT), 0);
+    fprintf(stderr, "# %d tries on a frozen server: %d DLOCK_EREDIS, the slowest after %lld ms\n",
+            N, eredis, MS(slowest));
+    assert_int_equal(eredis, N);
+    assert_true(MS(slowest) < 1000 + 1000);
+    dlock_client_close(c);
+}
+
 /* ---------------------------------------------- waiters fail with poller */
 
 /* Four threads want one name while Redis is frozen: one polls, three wait
@@ -236,6 +331,8 @@ int main(void)
         cmocka_unit_test_teardown(test_signal_storm_cannot_stretch_calls, resume_server),
         cmocka_unit_test_teardown(test_pool_wait_ends_at_caller_deadline, resume_server),
         cmocka_unit_test_teardown(test_waiters_fail_with_their_poller, resume_server),
+        cmocka_unit_test_teardown(test_slow_setup_within_bound, resume_server),
+        cmocka_unit_test_teardown(test_tries_on_frozen_server_fail_together, resume_server),
         cmocka_unit_test(test_validity_counts_suspend),
     };
     return cmocka_run_group_tests(tests, fx_group_setup, fx_group_teardown);

@@ -295,6 +295,24 @@ static void test_release_client(void **state)
         assert_int_equal(dlock_release(dead, name), DLOCK_ELOST);
     }
     assert_int_equal(dlock_release(other, "rc:other"), DLOCK_OK);
+
+    /* A name that changes hands between dlockctl's scan and its release
+     * (a pause of 1.5 s there, DLOCKCTL_TEST_PAUSE_MS) is left to its new
+     * holder: only the client named is released. */
+    assert_int_equal(dlock_acquire(dead, "rc:moved", 0, NULL), DLOCK_OK);
+    char command[600];
+    snprintf(command, sizeof command, "DLOCKCTL_TEST_PAUSE_MS=1500 %s -h 127.0.0.1:%d -p tc:ctl: "
+             "release --client %s --force >/dev/null 2>&1", DLOCKCTL_PATH, fx_server.port, id);
+    FILE *f = popen(command, "r");
+    assert_non_null(f);
+    fx_sleep_ms(500); /* it has scanned (0.5 s is plenty on loopback) and now pauses */
+    assert_int_equal(dlock_release(dead, "rc:moved"), DLOCK_OK);
+    assert_int_equal(dlock_acquire(other, "rc:moved", 0, NULL), DLOCK_OK);
+    int st = pclose(f);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 1); /* nothing of `dead` released */
+    assert_true(fx_server_lease_ms("tc:ctl:{rc:moved}") > 0);
+    assert_int_equal(dlock_held(other, "rc:moved"), 1);
+    assert_int_equal(dlock_release(other, "rc:moved"), DLOCK_OK);
     dlock_client_close(dead);
     dlock_client_close(other);
 }

@@ -133,17 +133,19 @@ static long long leave(const char *name, const char *id, long long n)
 /* An acquire of attempt n (lease `lease`, pass limit 16, ttl 2 s, queueing)
  * that returns how the grant before ended (acquire.lua, "End"), or -1 when
  * not granted. */
-static long long acquire_end(const char *name, const char *id, long long n, const char *lease)
+static long long acquire_end_after(const char *name, const char *id, long long n,
+                                   const char *lease, long long unconfirmed, const char *how)
 {
     keys k = keys_of(name, id);
-    char nonce[24];
+    char nonce[24], last[24];
     snprintf(nonce, sizeof nonce, "%lld", n);
-    const char *argv[14];
+    snprintf(last, sizeof last, "%lld", unconfirmed);
+    const char *argv[16];
     for (int i = 0; i < 6; i++)
         argv[i] = k.k[i];
-    const char *a[8] = {id, lease, nonce, "16", "2000", "1", "20000", "test-client"};
+    const char *a[10] = {id, lease, nonce, "16", "2000", "1", "20000", "test-client", last, how};
     memcpy(argv + 6, a, sizeof a);
-    redisReply *r = run(DLOCK_SCRIPT_ACQUIRE, argv, 8);
+    redisReply *r = run(DLOCK_SCRIPT_ACQUIRE, argv, 10);
     assert_int_equal(r->type, REDIS_REPLY_ARRAY);
     long long out = -1;
     if (r->element[0]->integer == 1) {
@@ -152,6 +154,11 @@ static long long acquire_end(const char *name, const char *id, long long n, cons
     }
     freeReplyObject(r);
     return out;
+}
+
+static long long acquire_end(const char *name, const char *id, long long n, const char *lease)
+{
+    return acquire_end_after(name, id, n, lease, 0, "0");
 }
 
 /* A release (ARGV[10] = ended) of client id's grant of name. */
@@ -654,6 +661,23 @@ static void test_unclean_ends(void **state)
     ty = lease_field(n, "token");
     assert_int_equal(release_ended(n, Y, "token", ty, "0"), 1);
     assert_int_equal(acquire_end(n, X, 6, "10000"), 0);
+
+    /* A client's own grant whose release never arrived, acquired again by
+     * it: the new grant is told how that grant ended (ARGV[10]), not the
+     * word that grant itself was told. */
+    long long tx6 = lease_field(n, "token");
+    assert_int_equal(release_ended(n, X, "token", tx6, "1"), 1);   /* X's thread exits */
+    assert_int_equal(acquire_end(n, Y, 7, "10000"), 1);            /* Y is told */
+    long long ty7 = lease_field(n, "token");
+    /* Y released it, but the release never arrived: its next acquire says
+     * so (the last token, and 0: released by its holder) */
+    assert_int_equal(acquire_end_after(n, Y, 8, "10000", ty7, "0"), 0);
+    long long ty8 = lease_field(n, "token");
+    assert_true(ty8 > ty7);
+    /* this time Y's thread exits and the library's release never arrives */
+    assert_int_equal(acquire_end_after(n, Y, 9, "10000", ty8, "1"), 1);
+    /* an attempt of unknown outcome (never used) passes its word on */
+    assert_int_equal(acquire_end(n, Y, 10, "10000"), 1);
 }
 
 int main(void)
