@@ -159,7 +159,11 @@ typedef struct dlock_config {
                                       name must not start with '}' (DLOCK_EINVAL);
                                       default NULL */
     /* Called for events worth a line in the application's log: a lease
-     * lost, a lease released by an operator (dlockctl release --force).
+     * lost (however it was found: by the renewal, by its release, or while
+     * it was passed between threads), a lease released by an operator
+     * (dlockctl release --force), a thread that exited holding locks,
+     * renewals failing and working again, the subscriber reconnecting, the
+     * server found unfit for dlock (DLOCK_LOG_ERROR) and fit again.
      * level is one of DLOCK_LOG_*; message is one line without a newline,
      * valid during the call. It runs outside every library lock, on a
      * library thread (keep it short: it delays that thread's work) or on
@@ -241,14 +245,21 @@ DLOCK_API void dlock_client_close(dlock_client *c);
  * timeouts). Signals delivered to the calling thread (interval timers,
  * profilers) do not stretch any of these bounds.
  * Errors: DLOCK_EINVAL (NULL client or name, empty name, name longer than
- * DLOCK_NAME_MAX), DLOCK_EREDIS (Redis unreachable or failed, within the
- * bounds above; if the outcome of the acquire is unknown, the renewal
+ * DLOCK_NAME_MAX), DLOCK_ETIMEDOUT and DLOCK_EBUSY (dlock_last_error() names
+ * the holder's client_name, how long it has held the lease, when the lease
+ * ends and how many clients wait for it), DLOCK_EREDIS (Redis unreachable
+ * or failed, within the bounds above; dlock_last_error() starts with
+ * "unreachable:", "timed out:" or "refused by the server:" and names the
+ * step and the server's address; if the outcome of the acquire is unknown, the renewal
  * thread releases that grant in the background, or it expires after
  * lease_ms; threads of this client that waited behind the failed call fail
  * with it), DLOCK_ESERVER (the server is older than Redis 5,
  * or may evict keys: maxmemory set with a policy other than noeviction; or
  * it refused the credentials or an ACL user's permission: WRONGPASS,
- * NOPERM; dlock_last_error() says which; no retry cures it), DLOCK_ELOST (a nested acquire while the
+ * NOPERM; dlock_last_error() says which; no retry cures it; the renewal
+ * thread checks the server's version and eviction policy again every
+ * lease_ms/3, at least 1 s and at most 30 s apart, and while that check
+ * finds the server unfit every acquire fails so), DLOCK_ELOST (a nested acquire while the
  * held lease is lost), DLOCK_ECLOSED (dlock_client_shutdown was called), DLOCK_EFORK,
  * DLOCK_ENOMEM. */
 DLOCK_API int dlock_acquire(dlock_client *c, const char *name, int64_t wait_ms, uint64_t *fence);

@@ -36,10 +36,14 @@
 --         holder released it, '1' for a holder thread that exited, '2' it
 --         was lost): if it is still the client's lease, the new grant
 --         reports that end (see End)
--- Returns {1, token, end} when granted, or {0, pttl} when the client must wait
--- (pttl: the lease's remaining time, or -1 when the lease is free but another
--- client's turn comes first); then, if it asked to, the client is in the
--- wait queue, once, in arrival order, with its deadline refreshed.
+-- Returns {1, token, end} when granted, or {0, pttl, holder, held, waiting}
+-- when the client must wait (pttl: the lease's remaining time, or -1 when the
+-- lease is free but another client's turn comes first; for the caller's
+-- messages: the holder's client name ('' when none), how long it has held
+-- the lease in ms (-1 unknown), and the number of clients in the wait queue
+-- (-1 for a single try, which does not look)); then, if it asked to, the
+-- client is in the wait queue, once, in arrival order, with its deadline
+-- refreshed.
 -- Returns {-1, 0}, having changed nothing at all, for a stale attempt: one
 -- older than an attempt Redis remembers from this client for this name (the
 -- attempt of the grant it holds, one that was refused or queued, a leave,
@@ -98,7 +102,8 @@
 -- attempt, and the release writes the record (release.lua).
 local me = ARGV[1]
 local attempt = tonumber(ARGV[3])
-local lease = redis.call('HMGET', KEYS[1], 'owner', 'token', 'nonce', 'pl', 'exp', 'since', 'u')
+local lease = redis.call('HMGET', KEYS[1], 'owner', 'token', 'nonce', 'pl', 'exp', 'since', 'u',
+  'name')
 local t = redis.call('TIME')
 local us6 = string.rep('0', 6 - #t[2]) .. t[2] -- microseconds, 6 digits
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -114,7 +119,7 @@ if lease[1] and lease[5] and now_ms > tonumber(lease[5]) then
   local tk = tonumber(lease[2]) or 0
   local lasted = (tonumber(lease[5]) - (tonumber(lease[6]) or 0)) * 1000
   gone = tk + math.max(0, math.min(tonumber(lease[4]) or 0, lasted))
-  lease = {false, false, false, false, false, false, false}
+  lease = {false, false, false, false, false, false, false, false}
 end
 local mine = lease[1] == me
 local got = redis.call('MGET', KEYS[6], KEYS[2]) -- the record, the fence
@@ -152,8 +157,15 @@ end
 -- one is refused), and, if asked, queues the client.
 local function wait(pttl)
   redis.call('SET', KEYS[6], ARGV[3] .. ' ' .. rtok .. ' ' .. ratt, 'PX', ARGV[7])
+  local holder, held = '', -1
+  if pttl >= 0 and lease[1] then
+    holder = lease[8] or ''
+    if lease[6] then
+      held = now_ms - tonumber(lease[6])
+    end
+  end
   if ARGV[6] ~= '1' then
-    return {0, pttl}
+    return {0, pttl, holder, held, -1}
   end
   local ttl = tonumber(ARGV[5])
   redis.call('ZADD', KEYS[3], 'NX', t[1] .. us6, me)
@@ -166,7 +178,7 @@ local function wait(pttl)
       redis.call('PEXPIRE', KEYS[k], 2 * ttl)
     end
   end
-  return {0, pttl}
+  return {0, pttl, holder, held, redis.call('ZCARD', KEYS[3])}
 end
 
 if lease[1] and not mine then

@@ -328,7 +328,7 @@ function C.try(c, e)
       if how ~= 'unsent' then C.job(c, e, 'orphan', nonce, c.s.keep_ms * 1000) end
       return poll_done(c, e, th.stop or 'EREDIS')
     end
-    if type(rep) ~= 'table' or rep.err or (rep.n ~= 2 and rep.n ~= 3) then
+    if type(rep) ~= 'table' or rep.err or rep.n < 2 then
       C.job(c, e, 'orphan', nonce, c.s.keep_ms * 1000)
       return poll_done(c, e, th.stop or 'EREDIS')
     end

@@ -117,6 +117,7 @@ local gens = {
     return 'rec("ZRANGE", ' .. lit(key()) .. ', ' .. lit(a) .. ', ' .. lit(b) .. ')'
   end,
   function() return 'rec("ZREM", ' .. lit(key()) .. ', ' .. lit(val()) .. ')' end,
+  function() return 'rec("ZCARD", ' .. lit(key()) .. ')' end,
   function() return 'rec("PUBLISH", "sim-model-check", ' .. lit(val()) .. ')' end,
   function() return 'rec("TYPE", ' .. lit(key()) .. ')' end,
 }

@@ -10,7 +10,7 @@
 --     keeps it): a key is gone once the clock is past its expiry time, so a
 --     clock step forward expires keys early and a step back keeps them;
 --   - the commands GET SET(PX) MGET DEL EXISTS PTTL PEXPIRE HGET HMGET HSET
---     HDEL ZADD(NX) ZRANGE ZREM TIME PUBLISH, with Redis's replies;
+--     HDEL ZADD(NX) ZRANGE ZREM ZCARD TIME PUBLISH, with Redis's replies;
 --   - Redis's conversions between Lua and replies: a number becomes an
 --     integer reply (truncated), a table an array up to its first nil,
 --     false a nil reply, true the integer 1; a nil bulk becomes false in Lua;
@@ -244,6 +244,14 @@ function cmd.ZRANGE(s, a)
   local out = {}
   for j = from, math.min(to, len - 1) do out[#out + 1] = list[j + 1] end
   return out
+end
+
+function cmd.ZCARD(s, a)
+  local o = typed(s, a[1], 'zset')
+  if not o then return 0 end
+  local n = 0
+  for _ in pairs(o.v) do n = n + 1 end
+  return n
 end
 
 function cmd.ZREM(s, a)

@@ -152,6 +152,9 @@ struct dlock_client {
     dlock_sub *sub;
     dlock_unconfirmed *unconfirmed; /* tokens of grants whose end Redis never confirmed */
     int closing;       /* atomic: dlock_client_shutdown began (never reset) */
+    int server_bad;    /* atomic: the periodic check found the server unfit (server_check) */
+    pthread_mutex_t server_mu; /* a leaf: guards server_msg */
+    char server_msg[256];      /* why, for the acquires it refuses */
     unsigned inside;   /* atomic: threads inside a public call on this client */
     dlock_client *open_prev, *open_next; /* the open clients (open_mu) */
 };
@@ -451,6 +454,7 @@ static void client_free(dlock_client *c)
     free(c->conn.sentinel_master);
     free(c->conn.sentinel_password);
     dlock_master_destroy(&c->master);
+    pthread_mutex_destroy(&c->server_mu);
     free(c->prefix);
     free(c->wake_prefix);
     free(c->channel);
@@ -607,6 +611,27 @@ static void log_from_renewal(void *arg, int level, const char *message)
     client_log(arg, level, "%s", message);
 }
 
+/* The renewal thread's periodic check of the server's settings (renew.h):
+ * an unfit server (an eviction policy set, a downgrade) turns acquires into
+ * DLOCK_ESERVER until a check finds it fit again; each change is logged. On
+ * the renewal thread, no lock held. */
+static void server_check(void *arg, int rc, const char *message)
+{
+    dlock_client *c = arg;
+    int bad = rc != DLOCK_OK, was = dlock_load_int(&c->server_bad);
+    if (bad) {
+        pthread_mutex_lock(&c->server_mu);
+        snprintf(c->server_msg, sizeof c->server_msg, "%s", message);
+        pthread_mutex_unlock(&c->server_mu);
+    }
+    dlock_store_int_release(&c->server_bad, bad); /* the message before the flag */
+    if (bad && !was)
+        client_log(c, DLOCK_LOG_ERROR, "the server is no longer fit for dlock: %s; acquires "
+                   "fail with DLOCK_ESERVER until it is mended", message);
+    else if (!bad && was)
+        client_log(c, DLOCK_LOG_INFO, "the server is fit for dlock again: acquires resume");
+}
+
 static void lost_from_renewal(void *arg, const char *name, uint64_t token)
 {
     dlock_client *c = arg;
@@ -634,6 +659,7 @@ int dlock_client_open(const dlock_config *cfg, dlock_client **out)
         return dlock_err_set(DLOCK_ENOMEM, "out of memory");
     dlock_master_init(&c->master);
     c->conn.master = &c->master;
+    pthread_mutex_init(&c->server_mu, NULL);
     /* NULL copies as NULL; *oom is set when a non-NULL one could not be. */
     int oom = 0;
     c->conn.host = cfg->redis_host ? dup_or_flag(cfg->redis_host, &oom) : NULL;
@@ -740,6 +766,7 @@ int dlock_client_open(const dlock_config *cfg, dlock_client **out)
         .lost = lost_from_renewal,
         .lost_arg = c,
         .log = log_from_renewal,
+        .server = server_check,
     };
     rc = dlock_renew_start(&rc_cfg, &c->renew);
     if (rc != DLOCK_OK) {
@@ -962,6 +989,18 @@ static uint64_t jitter_rand(void)
  * the message set and *sent telling whether the command may have reached
  * Redis. Called without any lock held (the caller may lead a batch).
  */
+/* The kind of a failed exchange, for the start of a DLOCK_EREDIS message
+ * (unreachable, timed out, or refused by the server, which the callers of
+ * replies say themselves), from the connection's error text. */
+static const char *redis_failure(const char *err)
+{
+    if (strstr(err, "timed out") || strstr(err, "came free"))
+        return "timed out: ";
+    if (strstr(err, "the call ahead of it"))
+        return "";
+    return "unreachable: ";
+}
+
 /* Cluster mode: the node serving slot now, or `node` if none is known (no
  * refresh is waited for: the deadline is now). */
 static dlock_cluster_node *route_or(dlock_client *c, unsigned slot, dlock_cluster_node *node)
@@ -1047,9 +1086,11 @@ static int call_script(dlock_client *c, dlock_script_id id, int nargs, const cha
         if (node && rc == DLOCK_EREDIS)
             dlock_cluster_want_refresh(c->cluster); /* a failover? the subscriber asks */
         if (!call.sent)
-            return dlock_err_set(rc, "%s", call.err);
+            return dlock_err_set(rc, "%s%s", rc == DLOCK_EREDIS ? redis_failure(call.err) : "",
+                                 call.err);
         *sent = 1;
-        rc = dlock_err_set(rc, "redis %s of '%s': %s", what, name, call.err);
+        rc = dlock_err_set(rc, "%sredis %s of '%s': %s", redis_failure(call.err), what, name,
+                           call.err);
         if (!call.closed || ++attempt > c->pool_size)
             return rc;
         if (node && !asking)
@@ -1061,9 +1102,16 @@ static int call_script(dlock_client *c, dlock_script_id id, int nargs, const cha
  * waiting for a connection until `deadline`. Returns DLOCK_OK with *token and
  * *sent_boot (when it was sent, on the boot clock), DLOCK_EBUSY with
  * *pttl_ms, or an error of call_script. */
+/* What a refusal said of the holder (acquire.lua): see dlock_entry.busy_*. */
+typedef struct busy_info {
+    char holder[DLOCK_CLIENT_NAME_MAX + 1];
+    long long held_ms, queue;
+} busy_info;
+
 static int redis_acquire(dlock_client *c, dlock_entry *e, const char *nonce, int queue,
                          uint64_t unconfirmed_last, int unconfirmed_end, int64_t deadline,
-                         uint64_t *token, int *unclean, int64_t *pttl_ms, int64_t *sent_boot)
+                         uint64_t *token, int *unclean, int64_t *pttl_ms, busy_info *busy,
+                         int64_t *sent_boot)
 {
     const char *argv[DLOCK_SCRIPT_KEYS + DLOCK_ACQUIRE_ARGS];
     for (int k = 0; k < DLOCK_SCRIPT_KEYS; k++)
@@ -1119,6 +1167,15 @@ static int redis_acquire(dlock_client *c, dlock_entry *e, const char *nonce, int
             rc = DLOCK_OK;
         } else if (rep->element[0]->integer == 0) {
             *pttl_ms = rep->element[1]->integer;
+            busy->holder[0] = '\0';
+            busy->held_ms = busy->queue = -1;
+            if (rep->elements >= 5 && rep->element[2]->type == REDIS_REPLY_STRING &&
+                rep->element[3]->type == REDIS_REPLY_INTEGER &&
+                rep->element[4]->type == REDIS_REPLY_INTEGER) {
+                snprintf(busy->holder, sizeof busy->holder, "%s", rep->element[2]->str);
+                busy->held_ms = rep->element[3]->integer;
+                busy->queue = rep->element[4]->integer;
+            }
             rc = DLOCK_EBUSY;
         } else {
             /* Redis saw a newer attempt of ours for this name: impossible for
@@ -1128,7 +1185,8 @@ static int redis_acquire(dlock_client *c, dlock_entry *e, const char *nonce, int
                                e->name);
         }
     } else {
-        rc = dlock_err_set(dlock_conn_reply_code(rep), "redis acquire of '%s': %s", e->name,
+        rc = dlock_err_set(dlock_conn_reply_code(rep), "refused by the server: redis acquire of "
+                           "'%s': %s", e->name,
                            rep->type == REDIS_REPLY_ERROR ? rep->str : "unexpected reply");
         /* This try did not run, but an earlier one on a connection that
          * closed under it (call_script retried) may have: its grant, if
@@ -1168,7 +1226,8 @@ static int redis_release(dlock_client *c, dlock_entry *e, uint64_t grant, uint64
                                : dlock_err_set(DLOCK_ELOST, "the lease of '%s' was gone from "
                                                             "redis at release", e->name);
     else
-        rc = dlock_err_set(dlock_conn_reply_code(rep), "redis release of '%s': %s", e->name,
+        rc = dlock_err_set(dlock_conn_reply_code(rep), "refused by the server: redis release of "
+                           "'%s': %s", e->name,
                            rep->type == REDIS_REPLY_ERROR ? rep->str : "unexpected reply");
     freeReplyObject(rep);
     return rc;
@@ -1319,6 +1378,33 @@ static int take_direct_grant(dlock_client *c, dlock_entry *e)
     return DLOCK_OK;
 }
 
+/* The message of a timeout or a busy try on e: what the last refused try
+ * said of the holder (at 3 a.m., who holds it, since when, how many wait).
+ * Called with e->mu held. Returns rc. */
+static int busy_err(const dlock_entry *e, int rc)
+{
+    char holder[DLOCK_CLIENT_NAME_MAX + 64] = "", queue[64] = "";
+    double since = e->busy_known ? (dlock_now_ns() - e->busy_at_ns) / 1e9 : 0; /* the try's age */
+    double left = e->busy_left_ms / 1e3 - since;
+    if (e->has_owner || e->state == DLOCK_LEASE_HELD)
+        snprintf(holder, sizeof holder, ": held by another thread of this client");
+    else if (!e->busy_known)
+        ; /* no try of this wait was answered */
+    else if (e->busy_holder[0] && e->busy_held_ms >= 0)
+        snprintf(holder, sizeof holder, ": held by %s for %.1f s, its lease ends in %.1f s",
+                 e->busy_holder, e->busy_held_ms / 1e3 + since, left > 0 ? left : 0.0);
+    else if (e->busy_holder[0])
+        snprintf(holder, sizeof holder, ": held by %s", e->busy_holder);
+    else if (e->busy_left_ms < 0 && e->busy_queue >= 0)
+        snprintf(holder, sizeof holder, ": free, but another waiting client's turn");
+    if (e->busy_known && e->busy_queue >= 0)
+        snprintf(queue, sizeof queue, "; %lld client%s in its wait queue in Redis",
+                 e->busy_queue, e->busy_queue == 1 ? "" : "s");
+    if (rc == DLOCK_ETIMEDOUT)
+        return dlock_err_set(rc, "timed out waiting for '%s'%s%s", e->name, holder, queue);
+    return dlock_err_set(rc, "'%s' is held elsewhere%s%s", e->name, holder, queue);
+}
+
 /* Someone changed e's state: wakes the head of the local queue if there is
  * something for it to do: an open handoff to take, or no poller while the
  * lease is not here (it polls: I9). Called with e->mu held. */
@@ -1347,6 +1433,7 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
 {
     e->try_nonce = 0; /* a new wait: no direct grant yet */
     e->msg_grant = 0;
+    e->busy_known = 0;
     for (;;) {
         DLOCK_ASSERT(!e->has_owner && e->state == DLOCK_LEASE_NONE);
         e->state = DLOCK_LEASE_ACQUIRING;
@@ -1363,6 +1450,7 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
         uint64_t token = 0;
         int unclean = 0;
         int64_t pttl = 0, sent_boot = 0;
+        busy_info busy = {"", -1, -1};
         char nonce[24];
         next_number(c, nonce);
         /* A single try waits for a connection (or a place in a batch) at
@@ -1370,7 +1458,7 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
         int64_t by = once ? dlock_now_ns() + (int64_t)c->conn.command_timeout_ms * DLOCK_NS_PER_MS
                           : deadline;
         int rc = redis_acquire(c, e, nonce, !once, unconfirmed, unconfirmed_how, by, &token,
-                               &unclean, &pttl, &sent_boot);
+                               &unclean, &pttl, &busy, &sent_boot);
         if (once && rc == DLOCK_ETIMEDOUT)
             rc = dlock_err_set(DLOCK_EREDIS, "redis took no try of '%s' within the command "
                                "timeout (%" PRIu32 " ms): every connection was busy or stuck",
@@ -1401,8 +1489,14 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
         }
         if (rc != DLOCK_EBUSY)
             return rc;
+        snprintf(e->busy_holder, sizeof e->busy_holder, "%s", busy.holder);
+        e->busy_held_ms = busy.held_ms;
+        e->busy_left_ms = pttl;
+        e->busy_queue = busy.queue;
+        e->busy_known = 1;
+        e->busy_at_ns = dlock_now_ns() - (dlock_boot_ns() - sent_boot); /* the send */
         if (once)
-            return dlock_err_set(DLOCK_EBUSY, "'%s' is held by another client", e->name);
+            return busy_err(e, DLOCK_EBUSY);
         e->queued = 1;
         e->try_nonce = strtoull(nonce, NULL, 10);
         e->try_sent_boot = sent_boot;
@@ -1410,7 +1504,7 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
             return rc; /* it came before the refusal's answer */
         int64_t now = dlock_now_ns();
         if (now >= deadline)
-            return dlock_err_set(DLOCK_ETIMEDOUT, "timed out waiting for '%s'", e->name);
+            return busy_err(e, DLOCK_ETIMEDOUT);
         int64_t delay_ns = c->fallback_ns;
         if (pttl > 0 && pttl * DLOCK_NS_PER_MS < delay_ns)
             delay_ns = pttl * DLOCK_NS_PER_MS + DLOCK_NS_PER_MS / 2;
@@ -1427,11 +1521,21 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
         if (e->msg_grant && (rc = take_direct_grant(c, e)) != DLOCK_EBUSY)
             return rc; /* granted by a release: no call needed */
         if (dlock_now_ns() >= deadline) /* no try after the deadline, woken or not */
-            return dlock_err_set(DLOCK_ETIMEDOUT, "timed out waiting for '%s'", e->name);
+            return busy_err(e, DLOCK_ETIMEDOUT);
     }
 }
 
 static int release_outermost(dlock_client *c, dlock_entry *e, const char *name);
+
+/* A lease whose validity ran out while it was passed between threads:
+ * nobody held it, so on_lost has no holder to tell, but the log says so.
+ * Called with no lock held. */
+static void log_lost_in_passing(dlock_client *c, const char *name, uint64_t token)
+{
+    client_log(c, DLOCK_LOG_WARN, "the lease of '%s' (token %" PRIu64 ") ran out while it was "
+               "passed between threads (not renewed in time): it goes back to Redis", name,
+               token);
+}
 
 /* acquire's work, once the arguments are checked and the cancel token, if
  * any, has this call registered. */
@@ -1470,6 +1574,7 @@ static int acquire_checked(dlock_client *c, const char *name, size_t len, int64_
     e->waiters++;
     uint64_t fail_seq = e->fail_seq;
     int drop_registry = 0, give_back = 0;
+    uint64_t passed_lost = 0; /* a lease lost while being passed here: logged on the way out */
     dlock_waiter *w = dlock_waiter_self();
     for (;;) {
         if (dlock_waiter_granted(w)) {
@@ -1489,16 +1594,22 @@ static int acquire_checked(dlock_client *c, const char *name, size_t len, int64_
              * the waiters (an open handoff, I5) must not be left without
              * anyone to take it: the last waiter takes it to give it back
              * (below); otherwise the next one is woken on the way out. */
-            if (e->handoff && e->waiters == 1 &&
-                take_handoff(c, e, &drop_registry) == DLOCK_OK)
-                give_back = 1;
+            if (e->handoff && e->waiters == 1) {
+                uint64_t t = e->token;
+                if (take_handoff(c, e, &drop_registry) == DLOCK_OK)
+                    give_back = 1;
+                else
+                    passed_lost = t;
+            }
             rc = stop_err(rc, name);
             break;
         }
         if (e->handoff) {
+            uint64_t t = e->token;
             rc = take_handoff(c, e, &drop_registry);
             if (rc == DLOCK_OK)
                 break;
+            passed_lost = t;
             continue; /* it expired in passing: poll Redis again */
         }
         if (e->fail_seq != fail_seq) {
@@ -1513,7 +1624,7 @@ static int acquire_checked(dlock_client *c, const char *name, size_t len, int64_
                 /* No Redis call starts past the caller's deadline; the
                  * wake-up that may have been meant to make this thread the
                  * poller goes to the next waiter on the way out (I9). */
-                rc = dlock_err_set(DLOCK_ETIMEDOUT, "timed out waiting for '%s'", name);
+                rc = busy_err(e, DLOCK_ETIMEDOUT);
                 break;
             }
             /* The poller sleeps on e->pcv between tries, out of the queue. */
@@ -1539,7 +1650,7 @@ static int acquire_checked(dlock_client *c, const char *name, size_t len, int64_
         }
         int64_t now = dlock_now_ns();
         if (now >= deadline) {
-            rc = dlock_err_set(DLOCK_ETIMEDOUT, "timed out waiting for '%s'", name);
+            rc = busy_err(e, DLOCK_ETIMEDOUT);
             break;
         }
         if (!w->queued)
@@ -1564,6 +1675,8 @@ static int acquire_checked(dlock_client *c, const char *name, size_t len, int64_
         /* A direct handoff: the releaser made this thread the owner, took
          * it out of the queue and out of e->waiters (I10). */
         pthread_mutex_unlock(&e->mu);
+        if (passed_lost)
+            log_lost_in_passing(c, name, passed_lost);
         held_remember(c, e);
         dlock_count(&c->ctr.acquisitions, 1);
         if (fence)
@@ -1602,6 +1715,8 @@ static int acquire_checked(dlock_client *c, const char *name, size_t len, int64_
     e->waiters--;
     uint64_t token = e->token;
     pthread_mutex_unlock(&e->mu);
+    if (passed_lost)
+        log_lost_in_passing(c, name, passed_lost);
     while (drop_registry-- > 0)
         dlock_table_put(c->table, e); /* our own reference keeps e alive */
     if (rc != DLOCK_OK) {
@@ -1627,6 +1742,13 @@ static int acquire(dlock_client *c, const char *name, int64_t wait_ms, uint64_t 
         return rc;
     if ((rc = stop_rc(c, k)) != DLOCK_OK)
         return stop_err(rc, name);
+    if (dlock_load_int_acquire(&c->server_bad)) {
+        pthread_mutex_lock(&c->server_mu);
+        rc = dlock_err_set(DLOCK_ESERVER, "%s (found by the periodic check of the server; "
+                           "acquires fail until it is mended)", c->server_msg);
+        pthread_mutex_unlock(&c->server_mu);
+        return rc;
+    }
     if (!k)
         return acquire_checked(c, name, len, wait_ms, fence, NULL);
     cancel_reg reg = {.base.wake = cancel_wake, .c = c, .name = name, .len = len,
@@ -1772,8 +1894,14 @@ static int release_outermost(dlock_client *c, dlock_entry *e, const char *name)
      * instead passes the wake-up on (I9). */
     kick_head(e);
     pthread_mutex_unlock(&e->mu);
-    if (notify && c->on_lost)
-        c->on_lost(e->name, token, c->on_lost_arg);
+    if (notify) {
+        /* found at the release, before the renewal did: said here */
+        client_log(c, DLOCK_LOG_WARN, "the lease of '%s' (token %" PRIu64 ") was gone from Redis "
+                   "at its release: it was lost while held (it expired, or was taken or "
+                   "released by an operator)", e->name, token);
+        if (c->on_lost)
+            c->on_lost(e->name, token, c->on_lost_arg);
+    }
     dlock_table_put(c->table, e);
     dlock_table_put(c->table, e); /* the owner's reference */
     return rc;

@@ -114,7 +114,19 @@ struct dlock_renew {
                                 a kick, under mu: dlock_renew_stop runs after it) */
     int64_t period_ns, drift_ns;
     int failing;             /* the last round failed (manager thread only): log changes */
+    int64_t check_ns;        /* the server check's period (dlock_renew_check_ns) */
 };
+
+int64_t dlock_renew_check_ns(uint32_t lease_ms)
+{
+    int64_t p = (int64_t)lease_ms * DLOCK_NS_PER_MS / 3;
+    if (p < 1000 * DLOCK_NS_PER_MS)
+        p = 1000 * DLOCK_NS_PER_MS;
+    if (p > 30000 * DLOCK_NS_PER_MS)
+        p = 30000 * DLOCK_NS_PER_MS;
+    return p;
+}
+
 
 typedef struct snap {
     dlock_entry *e;
@@ -946,14 +958,70 @@ static int64_t release_orphans(dlock_renew *r)
     return next_due;
 }
 
+/* The periodic check of the server's settings (version, eviction policy:
+ * an operator may change them under running clients), with INFO on each
+ * open lane (every master in Cluster mode), or lane 0 opened for it. On the
+ * manager thread, without r->mu. */
+static void check_server(dlock_renew *r)
+{
+    if (!r->cfg.server)
+        return;
+    r->pass++; /* a pass of its own: lane_open may reconnect a failed lane */
+    unsigned n = r->nlanes ? r->nlanes : 1;
+    int asked = 0, rc = DLOCK_OK;
+    char why[256] = "";
+    for (unsigned i = 0; i < n && rc == DLOCK_OK; i++) {
+        /* the server's lane, reconnected if it failed; a cluster's masters
+         * whose lanes are open */
+        redisContext *c = cluster_of(r) ? lane_get(r, (int)i) : i == 0 ? lane_open(r, 0) : NULL;
+        redisContext *own = NULL;
+        if (!cluster_of(r) && !c) {
+            /* no lane (a failed open, or one in its backoff): a connection
+             * of its own, whose setup checks the server too */
+            int orc = dlock_conn_open(r->cfg.conn, r->cfg.ctr, &own);
+            if (orc == DLOCK_ESERVER) {
+                asked = 1;
+                rc = orc;
+                snprintf(why, sizeof why, "%s", dlock_last_error());
+                break;
+            }
+            c = own;
+        }
+        if (!c || c->err)
+            continue;
+        const char *argv[1] = {"INFO"};
+        redisReply *rep =
+            dlock_conn_command(c, r->cfg.ctr, r->cfg.conn->command_timeout_ms, 1, argv);
+        if (rep && (rep->type == REDIS_REPLY_STRING || rep->type == REDIS_REPLY_STATUS)) {
+            asked = 1;
+            rc = dlock_conn_check_info(rep->str);
+            if (rc != DLOCK_OK)
+                snprintf(why, sizeof why, "%s", dlock_last_error());
+        }
+        if (rep)
+            freeReplyObject(rep); /* (not answered: the renewals say so) */
+        if (own)
+            redisFree(own);
+    }
+    if (asked)
+        r->cfg.server(r->cfg.lost_arg, rc, why);
+}
+
 static void *manager_main(void *arg)
 {
     dlock_renew *r = arg;
     int64_t next = dlock_now_ns() + r->period_ns;
-    int64_t orphan_retry = 0;
+    int64_t orphan_retry = 0, next_check = dlock_now_ns() + r->check_ns;
     pthread_mutex_lock(&r->mu);
     while (!r->stop) {
         int64_t now = dlock_now_ns();
+        if (now >= next_check && r->cfg.server) {
+            next_check = now + r->check_ns;
+            pthread_mutex_unlock(&r->mu);
+            check_server(r);
+            pthread_mutex_lock(&r->mu);
+            continue;
+        }
         if (r->kick) {
             r->kick = 0;
             next = now;
@@ -979,10 +1047,17 @@ static void *manager_main(void *arg)
             int64_t wake = next;
             if (r->orphans && orphan_retry < wake)
                 wake = orphan_retry;
+            if (r->cfg.server && next_check < wake)
+                wake = next_check;
             /* With nothing registered, sleep until a lease or an orphan
-             * arrives; a first lease's renewal is due one period later. */
+             * arrives (or the server's check is due); a first lease's
+             * renewal is due one period later. */
             if (r->count == 0 && !r->orphans) {
-                pthread_cond_wait(&r->cv, &r->mu);
+                struct timespec ts = dlock_ts(r->cfg.server ? next_check : DLOCK_NEVER);
+                if (r->cfg.server)
+                    pthread_cond_timedwait(&r->cv, &r->mu, &ts);
+                else
+                    pthread_cond_wait(&r->cv, &r->mu);
                 if (r->count)
                     next = dlock_now_ns() + r->period_ns;
             } else {
@@ -1007,6 +1082,7 @@ int dlock_renew_start(const dlock_renew_cfg *cfg, dlock_renew **out)
         return DLOCK_ENOMEM;
     r->cfg = *cfg;
     r->period_ns = (int64_t)cfg->lease_ms * DLOCK_NS_PER_MS / 3;
+    r->check_ns = dlock_renew_check_ns(cfg->lease_ms);
     r->due = DLOCK_NEVER;
     r->drift_ns = dlock_renew_drift_ns(cfg->lease_ms);
     pthread_mutex_init(&r->mu, NULL);

@@ -35,7 +35,18 @@ typedef struct dlock_renew_cfg {
      * failing and when they work again: level DLOCK_LOG_*, one line. The
      * argument is lost_arg. NULL: none. */
     void (*log)(void *arg, int level, const char *message);
+    /* Called (on the manager thread, no lock held) after each periodic
+     * check of the server (dlock_conn_check_info on INFO, every
+     * dlock_renew_check_ns): rc DLOCK_OK, or DLOCK_ESERVER with the reason
+     * in message. Not called when the server could not be asked. The
+     * argument is lost_arg. NULL: no check. */
+    void (*server)(void *arg, int rc, const char *message);
 } dlock_renew_cfg;
+
+/* How often the manager checks the server's settings: every renewal period
+ * (lease_ms / 3), at least 1 s and at most 30 s apart, also while no lease
+ * is held. */
+int64_t dlock_renew_check_ns(uint32_t lease_ms);
 
 /* Starts the manager thread. DLOCK_OK, DLOCK_ENOMEM, or DLOCK_EINVAL if the
  * thread cannot be created. */

@@ -102,6 +102,15 @@ typedef struct dlock_entry {
     int ending;                  /* the owner's hold ends as DLOCK_UNCLEAN_ABANDONED: its
                                     thread exited (set by the exit hook for its release) */
     int msg_unclean;             /* the direct grant message's end (a "u" message) */
+    /* What the poller's last refused try said of the holder, for the
+     * messages of a timeout or a busy try (acquire.lua): its client name
+     * ("" unknown), since when (server ms before the try) it holds the
+     * lease, the lease's time left, and the clients in the wait queue (-1
+     * unknown). */
+    int busy_known;              /* the fields below are from the current wait */
+    int64_t busy_at_ns;          /* when the try was sent (monotonic): they age from then */
+    char busy_holder[DLOCK_CLIENT_NAME_MAX + 1];
+    long long busy_held_ms, busy_left_ms, busy_queue;
     int provisional;             /* HELD by a direct grant not renewed yet: valid for
                                     the waiter ttl only (handoffs use a shorter margin) */
 

@@ -269,6 +269,39 @@ static void test_timed_wait(void **state)
     dlock_client_close(c2);
 }
 
+/* A timeout's and a busy try's message say who holds the lock, for how
+ * long, when its lease ends and how many clients wait (issue: "timed out
+ * waiting for the lock" told nothing at 3 a.m.). */
+static void test_timeout_names_the_holder(void **state)
+{
+    (void)state;
+    dlock_config cfg;
+    fx_config(&cfg, &fx_server);
+    cfg.key_prefix = "tc:who:";
+    cfg.client_name = "billing-7";
+    dlock_client *holder = NULL, *c = open_client("tc:who:", 0);
+    assert_int_equal(dlock_client_open(&cfg, &holder), DLOCK_OK);
+    assert_int_equal(dlock_acquire(holder, "inv", 0, NULL), DLOCK_OK);
+    fx_sleep_ms(300);
+    assert_int_equal(dlock_acquire(c, "inv", 0, NULL), DLOCK_EBUSY);
+    const char *m = dlock_last_error();
+    fprintf(stderr, "# a busy try: %s\n", m);
+    assert_non_null(strstr(m, "'inv' is held elsewhere: held by billing-7 for "));
+    assert_non_null(strstr(m, "its lease ends in "));
+    assert_int_equal(dlock_acquire(c, "inv", 300, NULL), DLOCK_ETIMEDOUT);
+    m = dlock_last_error();
+    fprintf(stderr, "# a timeout: %s\n", m);
+    assert_non_null(strstr(m, "timed out waiting for 'inv': held by billing-7 for "));
+    assert_non_null(strstr(m, "; 1 client in its wait queue in Redis"));
+    /* the holder held it for the 0.6 s slept and waited, or more (a lower
+     * bound, less rounding: the time counts on to the message) */
+    const char *f = strstr(m, "billing-7 for ") + strlen("billing-7 for ");
+    assert_true(strtod(f, NULL) >= 0.55);
+    assert_int_equal(dlock_release(holder, "inv"), DLOCK_OK);
+    dlock_client_close(holder);
+    dlock_client_close(c);
+}
+
 static void test_waiter_gets_lock(void **state)
 {
     (void)state;
@@ -489,6 +522,7 @@ int main(void)
         cmocka_unit_test_teardown(test_release_not_held, fx_ensure_server),
         cmocka_unit_test_teardown(test_try_busy, fx_ensure_server),
         cmocka_unit_test_teardown(test_timed_wait, fx_ensure_server),
+        cmocka_unit_test_teardown(test_timeout_names_the_holder, fx_ensure_server),
         cmocka_unit_test_teardown(test_waiter_gets_lock, fx_ensure_server),
         cmocka_unit_test_teardown(test_reentrant, fx_ensure_server),
         cmocka_unit_test_teardown(test_many_names_held_by_one_thread, fx_ensure_server),

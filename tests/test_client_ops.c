@@ -236,13 +236,45 @@ static char renew_log[4][300];
 static int renew_logs;
 static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
 
+static char lost_log[300], fit_log[2][300];
+static int fit_logs;
+
 static void keep_log(int level, const char *message, void *arg)
 {
     (void)arg;
     pthread_mutex_lock(&log_mu);
     if (strncmp(message, "renewal", 7) == 0 && renew_logs < 4)
         snprintf(renew_log[renew_logs++], sizeof renew_log[0], "%d %s", level, message);
+    if (strstr(message, "lost"))
+        snprintf(lost_log, sizeof lost_log, "%d %s", level, message);
+    if (strstr(message, "fit for dlock") && fit_logs < 2)
+        snprintf(fit_log[fit_logs++], sizeof fit_log[0], "%d %s", level, message);
     pthread_mutex_unlock(&log_mu);
+}
+
+/* A lost lease that its release finds before the renewal does is logged
+ * too (it used to reach on_lost only): the key deleted behind the holder's
+ * back, released at once (the renewal comes every 10 s). */
+static void test_log_lost_at_release(void **state)
+{
+    (void)state;
+    dlock_config cfg;
+    fx_config(&cfg, &fx_server);
+    cfg.key_prefix = "tc:lrl:";
+    cfg.on_log = keep_log;
+    lost_log[0] = '\0';
+    dlock_client *c;
+    assert_int_equal(dlock_client_open(&cfg, &c), DLOCK_OK);
+    assert_int_equal(dlock_acquire(c, "g", 0, NULL), DLOCK_OK);
+    freeReplyObject(cmd("DEL tc:lrl:{g}"));
+    assert_int_equal(dlock_release(c, "g"), DLOCK_ELOST);
+    pthread_mutex_lock(&log_mu);
+    fprintf(stderr, "log: %s\n", lost_log);
+    assert_true(lost_log[0] == '0' + DLOCK_LOG_WARN);
+    assert_non_null(strstr(lost_log, "'g'"));
+    assert_non_null(strstr(lost_log, "gone from Redis at its release"));
+    pthread_mutex_unlock(&log_mu);
+    dlock_client_close(c);
 }
 
 /* Renewals that start failing (Redis frozen) are logged once, and once when
@@ -281,6 +313,61 @@ static void test_log_renewal_failing(void **state)
     assert_int_equal(dlock_held(c, "l"), 1);
     assert_int_equal(dlock_release(c, "l"), DLOCK_OK);
     dlock_client_close(c);
+}
+
+/* An eviction policy set on the server after the client connected: the
+ * renewal thread's periodic check (every second with a 300 ms lease) finds
+ * it, logs it, and acquires fail with DLOCK_ESERVER saying why, until the
+ * policy is mended. Polled with 10 s bounds (several periods). */
+static int restore_server(void **state)
+{
+    (void)state;
+    freeReplyObject(cmd("CONFIG SET maxmemory-policy noeviction"));
+    freeReplyObject(cmd("CONFIG SET maxmemory 0"));
+    return fx_ensure_server(state);
+}
+
+static void test_server_rechecked(void **state)
+{
+    (void)state;
+    dlock_config cfg;
+    fx_config(&cfg, &fx_server);
+    cfg.key_prefix = "tc:chk:";
+    cfg.lease_ms = 300;
+    cfg.on_log = keep_log;
+    fit_logs = 0;
+    dlock_client *c;
+    assert_int_equal(dlock_client_open(&cfg, &c), DLOCK_OK);
+    assert_int_equal(dlock_acquire(c, "k", 0, NULL), DLOCK_OK);
+    assert_int_equal(dlock_release(c, "k"), DLOCK_OK);
+    freeReplyObject(cmd("CONFIG SET maxmemory 1000000000"));
+    freeReplyObject(cmd("CONFIG SET maxmemory-policy allkeys-lru"));
+    int rc = DLOCK_OK;
+    for (int i = 0; i < 100 && rc == DLOCK_OK; i++) {
+        rc = dlock_acquire(c, "k", 0, NULL);
+        if (rc == DLOCK_OK) {
+            dlock_release(c, "k");
+            fx_sleep_ms(100);
+        }
+    }
+    assert_int_equal(rc, DLOCK_ESERVER);
+    fprintf(stderr, "# %s\n", dlock_last_error());
+    assert_non_null(strstr(dlock_last_error(), "allkeys-lru"));
+    freeReplyObject(cmd("CONFIG SET maxmemory-policy noeviction"));
+    for (int i = 0; i < 100 && rc != DLOCK_OK; i++) {
+        rc = dlock_acquire(c, "k", 0, NULL);
+        if (rc != DLOCK_OK)
+            fx_sleep_ms(100);
+    }
+    assert_int_equal(rc, DLOCK_OK);
+    assert_int_equal(dlock_release(c, "k"), DLOCK_OK);
+    dlock_client_close(c);
+    pthread_mutex_lock(&log_mu);
+    assert_int_equal(fit_logs, 2);
+    assert_true(fit_log[0][0] == '0' + DLOCK_LOG_ERROR);
+    assert_non_null(strstr(fit_log[0], "no longer fit"));
+    assert_true(fit_log[1][0] == '0' + DLOCK_LOG_INFO);
+    pthread_mutex_unlock(&log_mu);
 }
 
 typedef struct hop {
@@ -463,6 +550,8 @@ int main(void)
         cmocka_unit_test(test_handle_beyond_the_cache),
         cmocka_unit_test(test_with_and_guard),
         cmocka_unit_test_teardown(test_log_renewal_failing, fx_ensure_server),
+        cmocka_unit_test(test_log_lost_at_release),
+        cmocka_unit_test_teardown(test_server_rechecked, restore_server),
     };
     return cmocka_run_group_tests(tests, fx_group_setup, fx_group_teardown);
 }
