@@ -317,6 +317,66 @@ static void test_release_client(void **state)
     dlock_client_close(other);
 }
 
+/* The listing an operator trusts: sorted by name; a name with control
+ * characters printed escaped (it cannot forge a line or move the cursor);
+ * a waiter whose liveness deadline passed shown dead by the server's
+ * clock; each lock read in one step (one script call); --version; and
+ * doctor, which says what to change. */
+static long long calls_of(const char *command)
+{
+    return fx_info_calls("127.0.0.1", fx_server.port, command);
+}
+
+static void test_listing_and_doctor(void **state)
+{
+    (void)state;
+    dlock_client *a = open_named("gamma-3", 0);
+    const char *names[] = {"srt:zz", "srt:aa", "srt:mm", "srt:bad\nline\x1b[31m"};
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(dlock_acquire(a, names[i], 0, NULL), DLOCK_OK);
+    char out[8192];
+    assert_int_equal(ctl(out, sizeof out, "list 'srt:*'"), 0);
+    fprintf(stderr, "list: %s", out);
+    const char *pa = strstr(out, "srt:aa"), *pm = strstr(out, "srt:mm"), *pz = strstr(out, "srt:zz");
+    assert_true(pa && pm && pz && pa < pm && pm < pz);
+    assert_non_null(strstr(out, "srt:bad\\x0aline\\x1b[31m"));
+    assert_null(strchr(out, '\x1b'));
+    /* one step per lock: one script call (INFO counts the commands it runs
+     * too: one HMGET), and none of the reads of before (ZCARD, TIME apart) */
+    long long ev0 = calls_of("eval"), hm0 = calls_of("hmget"), zc0 = calls_of("zcard");
+    assert_int_equal(ctl(out, sizeof out, "show srt:aa"), 0);
+    assert_int_equal(calls_of("eval") - ev0, 1);
+    assert_int_equal(calls_of("hmget") - hm0, 1);
+    assert_int_equal(calls_of("zcard") - zc0, 0);
+    /* a dead waiter (its deadline 1 ms after the epoch), as the server sees it */
+    freeReplyObject(fx_cmd_at(fx_server.port, "ZADD tc:ctl:{srt:aa}:q 1 deadbeef"));
+    freeReplyObject(fx_cmd_at(fx_server.port, "HSET tc:ctl:{srt:aa}:qd deadbeef %s",
+                              "1 7 128 2000 ghost-1"));
+    freeReplyObject(fx_cmd_at(fx_server.port, "PEXPIRE tc:ctl:{srt:aa}:q 60000"));
+    freeReplyObject(fx_cmd_at(fx_server.port, "PEXPIRE tc:ctl:{srt:aa}:qd 60000"));
+    assert_int_equal(ctl(out, sizeof out, "show srt:aa"), 0);
+    assert_non_null(strstr(out, "ghost-1 (deadbeef) waiting"));
+    assert_non_null(strstr(out, "dead (skipped at the next release)"));
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(dlock_release(a, names[i]), DLOCK_OK);
+
+    assert_int_equal(ctl(out, sizeof out, "--version"), 0);
+    assert_non_null(strstr(out, "dlockctl " DLOCK_VERSION_STRING));
+    assert_int_equal(ctl(out, sizeof out, "doctor"), 0);
+    assert_non_null(strstr(out, "ok    version"));
+    assert_non_null(strstr(out, "ok    eviction"));
+    assert_non_null(strstr(out, "fit for dlock"));
+    freeReplyObject(fx_cmd_at(fx_server.port, "CONFIG SET maxmemory 1000000000"));
+    freeReplyObject(fx_cmd_at(fx_server.port, "CONFIG SET maxmemory-policy volatile-lru"));
+    assert_int_equal(ctl(out, sizeof out, "--json doctor"), 1);
+    freeReplyObject(fx_cmd_at(fx_server.port, "CONFIG SET maxmemory-policy noeviction"));
+    freeReplyObject(fx_cmd_at(fx_server.port, "CONFIG SET maxmemory 0"));
+    fprintf(stderr, "doctor: %s", out);
+    assert_non_null(strstr(out, "\"check\":\"eviction\",\"status\":\"FAIL\""));
+    assert_non_null(strstr(out, "maxmemory-policy noeviction"));
+    dlock_client_close(a);
+}
+
 static void test_bad_usage(void **state)
 {
     (void)state;
@@ -336,6 +396,7 @@ int main(void)
         cmocka_unit_test(test_force_keeps_tokens_increasing),
         cmocka_unit_test(test_stale_force_message_ignored),
         cmocka_unit_test(test_release_client),
+        cmocka_unit_test(test_listing_and_doctor),
         cmocka_unit_test(test_bad_usage),
     };
     return cmocka_run_group_tests(tests, fx_group_setup, fx_group_teardown);

@@ -84,6 +84,13 @@ static void usage(FILE *f)
 "                        dlock_client_id())\n"
 "  watch NAME            shows NAME again every --interval MS (default 500) until\n"
 "                        interrupted, or --count N times\n"
+"  doctor                checks the server (every master of a cluster) against\n"
+"                        what dlock needs: version, eviction policy, role,\n"
+"                        persistence, replicas; says what to change\n"
+"\n"
+"Each lock is read in one step (a script: a consistent snapshot); a waiter is\n"
+"alive by the server's clock; names are printed with control characters\n"
+"escaped (\\xNN); list is sorted by name.\n"
 "\n"
 "connection (as the library's dlock_config):\n"
 "  -h, --host HOST:PORT   the server (default 127.0.0.1:6379)\n"
@@ -98,7 +105,9 @@ static void usage(FILE *f)
 "      --json             JSON instead of text (list: an array; show, release: an\n"
 "                         object; watch: one object per line)\n"
 "      --help             this text\n"
-"Exit status: 0 done; 1 not held (show, release) or a Redis failure; 2 bad usage.\n");
+"      --version          dlockctl's version (the library's)\n"
+"Exit status: 0 done; 1 not held (show, release), nothing released (release\n"
+"--client), something to change (doctor), or a Redis failure; 2 bad usage.\n");
 }
 
 static void die_usage(const char *fmt, const char *arg)
@@ -206,12 +215,21 @@ static void setup(void)
 /* ------------------------------------------------------------------ */
 /* Reading a lock                                                       */
 
+/* A waiting client, as the read script saw it. */
+typedef struct waiter {
+    char id[64], name[DLOCK_CLIENT_NAME_MAX + 1];
+    long long waited_ms;
+    int alive; /* the server's verdict: its liveness deadline is ahead of server time */
+} waiter;
+
 typedef struct lockinfo {
     int held;
     char owner[64], holder[DLOCK_CLIENT_NAME_MAX + 1];
     char token[32];
+    char turn[64];             /* the client whose turn it is, "" if none */
     long long remaining_ms, held_for_ms, since_ms, now_ms;
     long long waiting;
+    waiter *queue;             /* the wait queue in order (free with lock_free) */
 } lockinfo;
 
 static void key_of(char *out, size_t n, const char *name, const char *suffix)
@@ -219,43 +237,109 @@ static void key_of(char *out, size_t n, const char *name, const char *suffix)
     snprintf(out, n, "%s{%s}%s", O.prefix, name, suffix);
 }
 
-static long long server_ms(redisContext *c)
+/* One lock read in one step (a script runs alone: a consistent snapshot),
+ * with the server's clock: the lease, its time left, the turn, and the
+ * queue with each waiter's liveness value and the server's verdict on it. */
+static const char READ_LUA[] =
+    "local t = redis.call('TIME')\n"
+    "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
+    "local l = redis.call('HMGET', KEYS[1], 'owner', 'token', 'name', 'since', 'exp')\n"
+    "local out = {now, l[1], l[2], l[3], l[4], l[5], redis.call('PTTL', KEYS[1]),\n"
+    "  redis.call('GET', KEYS[4])}\n"
+    "local q = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')\n"
+    "for i = 1, #q, 2 do\n"
+    "  local d = redis.call('HGET', KEYS[3], q[i]) or ''\n"
+    "  local deadline = tonumber(string.match(d, '^%d+')) or 0\n"
+    "  out[#out + 1] = q[i]\n"
+    "  out[#out + 1] = q[i + 1]\n"
+    "  out[#out + 1] = d\n"
+    "  out[#out + 1] = deadline > now and 1 or 0\n"
+    "end\n"
+    "return out\n";
+
+static const char *str_or(const redisReply *r, const char *dflt)
 {
-    redisReply *t = cmd(c, "TIME");
-    long long ms = atoll(t->element[0]->str) * 1000 + atoll(t->element[1]->str) / 1000;
-    freeReplyObject(t);
-    return ms;
+    return r->type == REDIS_REPLY_STRING ? r->str : dflt;
+}
+
+static void lock_free(lockinfo *li)
+{
+    free(li->queue);
+    li->queue = NULL;
 }
 
 static void read_lock(redisContext *c, const char *name, lockinfo *li)
 {
-    char k[DLOCK_NAME_MAX + 128];
+    char k[4][DLOCK_NAME_MAX + 128];
     memset(li, 0, sizeof *li);
-    key_of(k, sizeof k, name, "");
-    li->now_ms = server_ms(c);
-    redisReply *r = cmd(c, "HMGET %s owner token name since exp", k);
+    key_of(k[0], sizeof k[0], name, "");
+    key_of(k[1], sizeof k[1], name, ":q");
+    key_of(k[2], sizeof k[2], name, ":qd");
+    key_of(k[3], sizeof k[3], name, ":turn");
+    redisReply *r = cmd(c, "EVAL %s 4 %s %s %s %s", READ_LUA, k[0], k[1], k[2], k[3]);
+    if (r->type != REDIS_REPLY_ARRAY || r->elements < 8) {
+        fprintf(stderr, "dlockctl: redis: unexpected reply reading %s\n", name);
+        exit(1);
+    }
+    redisReply **e = r->element;
+    li->now_ms = e[0]->integer;
     /* A grant past its exp (server ms) has expired: its key stays a lease
      * time longer, as a fence, but nobody holds the name. */
-    long long exp = r->element[4]->type == REDIS_REPLY_STRING ? atoll(r->element[4]->str) : -1;
-    if (r->element[0]->type == REDIS_REPLY_STRING && (exp < 0 || exp >= li->now_ms)) {
+    long long exp = e[5]->type == REDIS_REPLY_STRING ? atoll(e[5]->str) : -1;
+    if (e[1]->type == REDIS_REPLY_STRING && (exp < 0 || exp >= li->now_ms)) {
         li->held = 1;
-        snprintf(li->owner, sizeof li->owner, "%s", r->element[0]->str);
-        snprintf(li->token, sizeof li->token, "%s",
-                 r->element[1]->type == REDIS_REPLY_STRING ? r->element[1]->str : "");
-        snprintf(li->holder, sizeof li->holder, "%s",
-                 r->element[2]->type == REDIS_REPLY_STRING ? r->element[2]->str : "");
-        li->since_ms =
-            r->element[3]->type == REDIS_REPLY_STRING ? atoll(r->element[3]->str) : 0;
+        snprintf(li->owner, sizeof li->owner, "%s", e[1]->str);
+        snprintf(li->token, sizeof li->token, "%s", str_or(e[2], ""));
+        snprintf(li->holder, sizeof li->holder, "%s", str_or(e[3], ""));
+        li->since_ms = e[4]->type == REDIS_REPLY_STRING ? atoll(e[4]->str) : 0;
         li->held_for_ms = li->since_ms ? li->now_ms - li->since_ms : -1;
+        li->remaining_ms = exp >= 0 ? exp - li->now_ms : e[6]->integer;
+    } else {
+        li->remaining_ms = li->held_for_ms = -1;
+    }
+    snprintf(li->turn, sizeof li->turn, "%s", str_or(e[7], ""));
+    size_t n = (r->elements - 8) / 4;
+    li->waiting = (long long)n;
+    li->queue = calloc(n ? n : 1, sizeof *li->queue);
+    if (!li->queue)
+        die("out of memory");
+    for (size_t i = 0; i < n; i++) {
+        redisReply **w = e + 8 + 4 * i;
+        waiter *x = &li->queue[i];
+        snprintf(x->id, sizeof x->id, "%s", str_or(w[0], ""));
+        x->waited_ms = li->now_ms - atoll(str_or(w[1], "0")) / 1000;
+        /* "<deadline> <attempt> <pass limit> <ttl> <name>" */
+        const char *p = str_or(w[2], "");
+        for (int f = 0; f < 4 && p; f++) {
+            p = strchr(p, ' ');
+            if (p)
+                p++;
+        }
+        snprintf(x->name, sizeof x->name, "%s", p ? p : "");
+        x->alive = w[3]->type == REDIS_REPLY_INTEGER && w[3]->integer == 1;
     }
     freeReplyObject(r);
-    r = cmd(c, "PTTL %s", k);
-    li->remaining_ms = !li->held ? -1 : exp >= 0 ? exp - li->now_ms : r->integer;
-    freeReplyObject(r);
-    key_of(k, sizeof k, name, ":q");
-    r = cmd(c, "ZCARD %s", k);
-    li->waiting = r->integer;
-    freeReplyObject(r);
+}
+
+/* s for a terminal: control characters, backslashes and bytes above 126
+ * escaped (\n, \xNN), so that a name cannot move the cursor or forge a
+ * line. Into out (n bytes; cut short if it does not fit). */
+static const char *esc(const char *s, char *out, size_t n)
+{
+    size_t k = 0;
+    for (; *s && k + 5 < n; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '\\') {
+            out[k++] = '\\';
+            out[k++] = '\\';
+        } else if (ch < 0x20 || ch > 0x7e) {
+            k += (size_t)snprintf(out + k, n - k, "\\x%02x", ch);
+        } else {
+            out[k++] = (char)ch;
+        }
+    }
+    out[k] = '\0';
+    return out;
 }
 
 /* s as a JSON string (quotes and escapes). */
@@ -305,11 +389,14 @@ static void fmt_ms(char *out, size_t n, long long ms)
 
 static void print_row(const char *name, const lockinfo *li)
 {
-    char rem[32], held[32], who[DLOCK_CLIENT_NAME_MAX + 20];
+    char rem[32], held[32], who[4 * DLOCK_CLIENT_NAME_MAX + 20], e1[4 * DLOCK_NAME_MAX + 8],
+        e2[4 * DLOCK_CLIENT_NAME_MAX + 8];
     fmt_ms(rem, sizeof rem, li->remaining_ms);
     fmt_ms(held, sizeof held, li->held_for_ms);
-    snprintf(who, sizeof who, "%s (%.8s)", li->holder[0] ? li->holder : "?", li->owner);
-    printf("%-30s %-40s %-18s %10s %10s %7lld\n", name, who, li->token, rem, held, li->waiting);
+    snprintf(who, sizeof who, "%s (%.8s)", li->holder[0] ? esc(li->holder, e2, sizeof e2) : "?",
+             li->owner);
+    printf("%-30s %-40s %-18s %10s %10s %7lld\n", esc(name, e1, sizeof e1), who, li->token, rem,
+           held, li->waiting);
 }
 
 static void print_header(void)
@@ -358,9 +445,9 @@ static void scan_locks(redisContext *c, const char *pattern,
             snprintf(name, sizeof name, "%.*s", (int)(klen - plen - 2), key + plen + 1);
             lockinfo li;
             read_lock(c, name, &li);
-            if (!li.held)
-                continue; /* released since the scan saw it */
-            fn(name, &li, arg);
+            if (li.held)
+                fn(name, &li, arg); /* (else released since the scan saw it) */
+            lock_free(&li);
         }
         freeReplyObject(r);
     } while (strcmp(cursor, "0") != 0);
@@ -385,28 +472,60 @@ static void scan_all(const char *pattern,
     }
 }
 
+/* The held locks list gathers, to print them sorted by name. */
+typedef struct listed {
+    char name[DLOCK_NAME_MAX + 1];
+    lockinfo li; /* (its queue freed) */
+} listed;
+
+typedef struct list_acc {
+    listed *v;
+    size_t n, cap;
+} list_acc;
+
 static void list_one(const char *name, const lockinfo *li, void *arg)
 {
-    int *first = arg;
-    if (O.json) {
-        printf("%s", *first ? "" : ",");
-        print_lock_json(name, li, 0);
-    } else {
-        print_row(name, li);
+    list_acc *a = arg;
+    if (a->n == a->cap) {
+        size_t cap = a->cap ? 2 * a->cap : 64;
+        listed *v = realloc(a->v, cap * sizeof *v);
+        if (!v)
+            die("out of memory");
+        a->v = v;
+        a->cap = cap;
     }
-    *first = 0;
+    snprintf(a->v[a->n].name, sizeof a->v[0].name, "%s", name);
+    a->v[a->n].li = *li;
+    a->v[a->n].li.queue = NULL; /* the caller frees it */
+    a->n++;
+}
+
+static int by_name(const void *x, const void *y)
+{
+    return strcmp(((const listed *)x)->name, ((const listed *)y)->name);
 }
 
 static int cmd_list(const char *pattern)
 {
-    int first = 1;
+    list_acc a = {NULL, 0, 0};
+    scan_all(pattern, list_one, &a);
+    if (a.n)
+        qsort(a.v, a.n, sizeof *a.v, by_name);
     if (O.json)
         printf("[");
     else
         print_header();
-    scan_all(pattern, list_one, &first);
+    for (size_t i = 0; i < a.n; i++) {
+        if (O.json) {
+            printf("%s", i ? "," : "");
+            print_lock_json(a.v[i].name, &a.v[i].li, 0);
+        } else {
+            print_row(a.v[i].name, &a.v[i].li);
+        }
+    }
     if (O.json)
         printf("]\n");
+    free(a.v);
     return 0;
 }
 
@@ -418,16 +537,12 @@ static int show_once(const char *name, int watch)
     redisContext *c = conn_for(k, &node);
     lockinfo li;
     read_lock(c, name, &li);
-    key_of(k, sizeof k, name, ":q");
-    redisReply *q = cmd(c, "ZRANGE %s 0 -1 WITHSCORES", k);
-    key_of(k, sizeof k, name, ":turn");
-    redisReply *turn = cmd(c, "GET %s", k);
-    key_of(k, sizeof k, name, ":qd");
+    char e1[4 * DLOCK_NAME_MAX + 8], e2[4 * DLOCK_CLIENT_NAME_MAX + 8];
     if (O.json) {
         print_lock_json(name, &li, 1);
         printf(",\"turn\":");
-        if (turn->type == REDIS_REPLY_STRING)
-            json_str(turn->str);
+        if (li.turn[0])
+            json_str(li.turn);
         else
             printf("null");
         printf(",\"queue\":[");
@@ -443,55 +558,39 @@ static int show_once(const char *name, int watch)
             fmt_ms(rem, sizeof rem, li.remaining_ms);
             fmt_ms(held, sizeof held, li.held_for_ms);
             printf("%s: held by %s (client id %s), token %s, held for %s, %s of lease left\n",
-                   name, li.holder[0] ? li.holder : "?", li.owner, li.token, held, rem);
+                   esc(name, e1, sizeof e1), li.holder[0] ? esc(li.holder, e2, sizeof e2) : "?",
+                   li.owner, li.token, held, rem);
         } else {
-            printf("%s: free\n", name);
+            printf("%s: free\n", esc(name, e1, sizeof e1));
         }
-        if (turn->type == REDIS_REPLY_STRING)
-            printf("  turn: %s\n", turn->str);
+        if (li.turn[0])
+            printf("  turn: %s\n", li.turn);
         printf("  %lld waiting\n", li.waiting);
     }
-    for (size_t i = 0; i + 1 < q->elements; i += 2) {
-        const char *id = q->element[i]->str;
-        long long arrived_us = atoll(q->element[i + 1]->str);
-        redisReply *d = cmd(c, "HGET %s %s", k, id);
-        long long deadline = 0;
-        char wname[DLOCK_CLIENT_NAME_MAX + 1] = "";
-        if (d->type == REDIS_REPLY_STRING) {
-            deadline = atoll(d->str);
-            /* "<deadline> <attempt> <pass limit> <ttl> <name>" */
-            const char *p = d->str;
-            for (int f = 0; f < 4 && p; f++) {
-                p = strchr(p, ' ');
-                if (p)
-                    p++;
-            }
-            if (p)
-                snprintf(wname, sizeof wname, "%s", p);
-        }
-        freeReplyObject(d);
-        long long waited = li.now_ms - arrived_us / 1000;
-        int alive = deadline > li.now_ms;
+    for (long long i = 0; i < li.waiting; i++) {
+        const waiter *w = &li.queue[i];
         if (O.json) {
             printf("%s{\"client\":", i ? "," : "");
-            json_str(id);
+            json_str(w->id);
             printf(",\"name\":");
-            json_str(wname);
-            printf(",\"waiting_ms\":%lld,\"alive\":%s}", waited, alive ? "true" : "false");
+            json_str(w->name);
+            printf(",\"waiting_ms\":%lld,\"alive\":%s}", w->waited_ms,
+                   w->alive ? "true" : "false");
         } else {
-            char w[32];
-            fmt_ms(w, sizeof w, waited);
-            printf("  %2zu. %s (%.8s) waiting %s, %s\n", i / 2 + 1, wname[0] ? wname : "?", id, w,
-                   alive ? "alive" : "dead (skipped at the next release)");
+            char t[32];
+            fmt_ms(t, sizeof t, w->waited_ms);
+            printf("  %2lld. %s (%.8s) waiting %s, %s\n", i + 1,
+                   w->name[0] ? esc(w->name, e2, sizeof e2) : "?", w->id, t,
+                   w->alive ? "alive" : "dead (skipped at the next release)");
         }
     }
     if (O.json)
         printf("]}\n");
-    freeReplyObject(q);
-    freeReplyObject(turn);
+    int held = li.held;
+    lock_free(&li);
     conn_done(c, node);
     fflush(stdout);
-    return li.held;
+    return held;
 }
 
 static volatile sig_atomic_t interrupted;
@@ -579,6 +678,7 @@ static int cmd_release(const char *name)
     redisContext *c = conn_for(k[0], &node);
     lockinfo li;
     read_lock(c, name, &li);
+    lock_free(&li); /* (its queue is not needed here) */
     int other = li.held && O.client && strcmp(li.owner, O.client) != 0;
     if (!li.held || other) {
         if (O.json) {
@@ -763,10 +863,171 @@ static int cmd_release_client(void)
     return released > 0 ? 0 : 1;
 }
 
+/* ------------------------------------------------------------------ */
+/* doctor: the server's settings against what dlock needs               */
+
+/* The value of "field:" in INFO's text into out ("" if absent). */
+static void info_get(const char *info, const char *field, char *out, size_t n)
+{
+    out[0] = '\0';
+    size_t fl = strlen(field);
+    for (const char *p = info; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
+        if (!strncmp(p, field, fl) && p[fl] == ':') {
+            size_t k = strcspn(p + fl + 1, "\r\n");
+            snprintf(out, n, "%.*s", (int)(k < n ? k : n - 1), p + fl + 1);
+            return;
+        }
+}
+
+static int doctor_fails, doctor_first = 1;
+
+/* One finding: status "ok", "warn" or "FAIL". */
+static void finding(const char *server, const char *status, const char *check, const char *fmt,
+                    ...) __attribute__((format(printf, 4, 5)));
+static void finding(const char *server, const char *status, const char *check, const char *fmt,
+                    ...)
+{
+    char detail[600];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(detail, sizeof detail, fmt, ap);
+    va_end(ap);
+    doctor_fails += !strcmp(status, "FAIL");
+    if (O.json) {
+        printf("%s{\"server\":", doctor_first ? "" : ",");
+        json_str(server);
+        printf(",\"check\":");
+        json_str(check);
+        printf(",\"status\":\"%s\",\"detail\":", status);
+        json_str(detail);
+        printf("}");
+        doctor_first = 0;
+    } else {
+        printf("%-4s  %-12s %s\n", status, check, detail);
+    }
+}
+
+/* Checks one server (a connection without dlock's own setup check, which
+ * would refuse an unfit server before it could be looked at). */
+static void doctor_one(const char *host, int port, const char *unix_path)
+{
+    char where[300];
+    if (unix_path)
+        snprintf(where, sizeof where, "unix:%s", unix_path);
+    else
+        snprintf(where, sizeof where, "%s:%d", host, port);
+    if (!O.json)
+        printf("%s\n", where);
+    redisContext *c = dlock_conn_connect(host, port, unix_path, CFG.connect_timeout_ms,
+                                         CFG.command_timeout_ms);
+    if (!c || c->err) {
+        finding(where, "FAIL", "connect", "cannot connect: %s", c ? c->errstr : "out of memory");
+        if (c)
+            redisFree(c);
+        return;
+    }
+    if (CFG.password) {
+        redisReply *r = CFG.username ? redisCommand(c, "AUTH %s %s", CFG.username, CFG.password)
+                                     : redisCommand(c, "AUTH %s", CFG.password);
+        int bad = !r || r->type == REDIS_REPLY_ERROR;
+        if (bad)
+            finding(where, "FAIL", "auth", "AUTH refused: %s", r ? r->str : c->errstr);
+        if (r)
+            freeReplyObject(r);
+        if (bad) {
+            redisFree(c);
+            return;
+        }
+    }
+    redisReply *r = redisCommand(c, "INFO");
+    if (!r || r->type == REDIS_REPLY_ERROR) {
+        finding(where, "FAIL", "info", "INFO refused (dlock reads it on every connection; an ACL "
+                "user needs +info): %s", r ? r->str : c->errstr);
+        if (r)
+            freeReplyObject(r);
+        redisFree(c);
+        return;
+    }
+    const char *info = r->str;
+    char v[128], mm[64], pol[64], aof[16], role[32], slaves[16], cluster[16], minrep[16];
+    info_get(info, "redis_version", v, sizeof v);
+    info_get(info, "maxmemory", mm, sizeof mm);
+    info_get(info, "maxmemory_policy", pol, sizeof pol);
+    info_get(info, "aof_enabled", aof, sizeof aof);
+    info_get(info, "role", role, sizeof role);
+    info_get(info, "connected_slaves", slaves, sizeof slaves);
+    info_get(info, "cluster_enabled", cluster, sizeof cluster);
+    if (atoi(v) >= 5)
+        finding(where, "ok", "version", "Redis %s (dlock needs 5 or later)", v);
+    else
+        finding(where, "FAIL", "version", "Redis %s: dlock needs Redis 5 or later (its scripts "
+                "read TIME before writing); upgrade the server", v[0] ? v : "(unknown)");
+    if (!mm[0] || strtoull(mm, NULL, 10) == 0 || !strcmp(pol, "noeviction"))
+        finding(where, "ok", "eviction", "maxmemory %s, maxmemory-policy %s: no lease is evicted",
+                mm[0] ? mm : "0", pol[0] ? pol : "(unknown)");
+    else
+        finding(where, "FAIL", "eviction", "maxmemory %s with maxmemory-policy %s may evict a "
+                "live lease and grant it again: CONFIG SET maxmemory-policy noeviction (or "
+                "maxmemory 0), and put it in redis.conf", mm, pol);
+    if (!strcmp(role, "master"))
+        finding(where, "ok", "role", "a master");
+    else
+        finding(where, "FAIL", "role", "a %s: the clients must talk to the master (Sentinel "
+                "mode finds it: --sentinels)", role[0] ? role : "server of unknown role");
+    if (!strcmp(aof, "1"))
+        finding(where, "ok", "persistence", "AOF on: a restart keeps the leases written before "
+                "its last fsync");
+    else
+        finding(where, "warn", "persistence", "no AOF: a restart loses every lease, and a second "
+                "holder may run while the first still works (fencing tokens keep stale writes "
+                "out; README: Semantics); appendonly yes keeps them");
+    int n = atoi(slaves);
+    snprintf(minrep, sizeof minrep, "%d", n);
+    if (n > 0)
+        finding(where, "warn", "replicas", "%d replica%s: a failover may promote one that missed "
+                "a grant; set min_replicas %s in the clients (README: Deployments)", n,
+                n == 1 ? "" : "s", minrep);
+    else if (!strcmp(cluster, "1"))
+        finding(where, "warn", "replicas", "a cluster master without replicas: its slots are "
+                "down while it is (no failover)");
+    else
+        finding(where, "ok", "replicas", "none: nothing to wait for");
+    freeReplyObject(r);
+    redisFree(c);
+}
+
+/* doctor: every server the clients would use. 0 if nothing failed, 1 if
+ * something must change. */
+static int cmd_doctor(void)
+{
+    if (O.json)
+        printf("[");
+    if (CL) {
+        dlock_cluster_node *m[DLOCK_CLUSTER_NODES_MAX];
+        unsigned n = dlock_cluster_masters(CL, m, DLOCK_CLUSTER_NODES_MAX);
+        for (unsigned i = 0; i < n; i++)
+            doctor_one(m[i]->cfg.host, m[i]->cfg.port, NULL);
+    } else if (CFG.nsentinels) {
+        char host[256];
+        int port;
+        if (dlock_sentinel_master(&CFG, &CTR, host, sizeof host, &port) != DLOCK_OK)
+            die("sentinels");
+        doctor_one(host, port, NULL);
+    } else {
+        doctor_one(CFG.host, CFG.port, CFG.unix_path);
+    }
+    if (O.json)
+        printf("]\n");
+    else
+        printf("%s\n", doctor_fails ? "something must change (FAIL above)"
+                                     : "fit for dlock (see any warn above)");
+    return doctor_fails ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
     enum { O_CLUSTER = 256, O_SENTINELS, O_MASTER, O_SPW, O_JSON, O_FORCE, O_INTERVAL, O_COUNT,
-           O_HELP, O_CLIENT };
+           O_HELP, O_CLIENT, O_VERSION };
     static const struct option lo[] = {
         {"host", required_argument, 0, 'h'},       {"socket", required_argument, 0, 's'},
         {"user", required_argument, 0, 'u'},       {"password", required_argument, 0, 'a'},
@@ -779,6 +1040,7 @@ int main(int argc, char **argv)
         {"interval", required_argument, 0, O_INTERVAL},
         {"count", required_argument, 0, O_COUNT},  {"help", no_argument, 0, O_HELP},
         {"client", required_argument, 0, O_CLIENT},
+        {"version", no_argument, 0, O_VERSION},
         {0, 0, 0, 0}};
     O.password = getenv("DLOCK_PASSWORD");
     int opt, where = 0;
@@ -807,6 +1069,7 @@ int main(int argc, char **argv)
         case O_INTERVAL: O.interval_ms = atol(optarg); break;
         case O_COUNT: O.count = atol(optarg); break;
         case O_CLIENT: O.client = optarg; break;
+        case O_VERSION: printf("dlockctl %s\n", dlock_version()); return 0;
         case O_HELP: usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -849,18 +1112,21 @@ int main(int argc, char **argv)
         die_usage("release takes a name or --client ID, not both ('%s')", arg);
     if (O.client && (strlen(O.client) != 32 || strspn(O.client, "0123456789abcdef") != 32))
         die_usage("--client wants a client id, 32 hex digits, not '%s'", O.client);
-    int needs_name = strcmp(command, "list") != 0 && !O.client;
+    int needs_name = strcmp(command, "list") != 0 && strcmp(command, "doctor") != 0 && !O.client;
     if (needs_name && (!arg || !*arg))
         die_usage("%s needs a lock name", command);
     if (arg && strlen(arg) > DLOCK_NAME_MAX)
         die_usage("the name is longer than %s bytes", "DLOCK_NAME_MAX");
     if (strcmp(command, "list") && strcmp(command, "show") && strcmp(command, "release") &&
+        strcmp(command, "doctor") &&
         strcmp(command, "watch"))
         die_usage("unknown command '%s'", command);
     setup();
     int rc;
     if (!strcmp(command, "list"))
         rc = cmd_list(arg ? arg : "*");
+    else if (!strcmp(command, "doctor"))
+        rc = cmd_doctor();
     else if (!strcmp(command, "show"))
         rc = show_once(arg, 0) ? 0 : 1;
     else if (!strcmp(command, "release"))
