@@ -92,6 +92,19 @@ static void fifo_push(dlock_batch *b, dlock_call *call)
     b->tail = call;
 }
 
+/* Takes x, whose predecessor in the FIFO is prev (NULL: x is the head), out
+ * of the FIFO while walking it. b->mu held. */
+static void fifo_unlink(dlock_batch *b, dlock_call *prev, dlock_call *x)
+{
+    if (prev)
+        prev->next = x->next;
+    else
+        b->head = x->next;
+    if (b->tail == x)
+        b->tail = prev;
+    x->next = NULL;
+}
+
 /* Takes call out of the FIFO (it is in it). b->mu held. */
 static void fifo_remove(dlock_batch *b, dlock_call *call)
 {
@@ -350,12 +363,7 @@ static void fail_pending(dlock_batch *b, const char *why)
             prev = x;
             continue;
         }
-        if (prev)
-            prev->next = next;
-        else
-            b->head = next;
-        if (b->tail == x)
-            b->tail = prev;
+        fifo_unlink(b, prev, x);
         x->next = failed; /* (a private list from here on) */
         failed = x;
         call_fail(x, DLOCK_EREDIS, 0, "");
@@ -400,13 +408,7 @@ static void lead(dlock_batch *b, dlock_call *self)
                 prev = x; /* its own thread takes it, with the calls behind it */
                 continue;
             }
-            if (prev)
-                prev->next = next;
-            else
-                b->head = next;
-            if (b->tail == x)
-                b->tail = prev;
-            x->next = NULL;
+            fifo_unlink(b, prev, x);
             dlock_store_int(&x->state, CALL_INFLIGHT);
             batch[n++] = x;
         }
