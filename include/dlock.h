@@ -230,27 +230,31 @@ DLOCK_API void dlock_client_close(dlock_client *c);
  * same token; each acquire needs its own release.
  * Bounds. The deadline (now + wait_ms; for a try, now + the command
  * timeout, spent waiting for a connection at most) is kept while waiting,
- * for a connection too, and no Redis exchange starts after it. An exchange
- * under way when it passes takes at most one command timeout, or, when the
- * call had to open a connection, the connect timeout plus one command
- * timeout for the connection's whole setup and the exchange together. So an
- * acquire returns within wait_ms + connect timeout + command timeout, a try
- * within the connect timeout + command timeout, whatever the server does;
- * a wait forever ends with the lock or an error. Measured (test_deadline,
- * timeouts 1000 ms): a try on a frozen server fails after 1.0 s, 256 of them
- * at once too (calls queued behind an exchange that timed out fail with
- * it); an acquire with 100 ms to wait on a new connection to a server that
- * answers 900 ms late, after 1.0 s. In Cluster mode TRYAGAIN and
- * CLUSTERDOWN are retried until the deadline (a wait forever: for 10 command
- * timeouts). Signals delivered to the calling thread (interval timers,
- * profilers) do not stretch any of these bounds.
+ * for a connection too: no Redis exchange starts after it. An exchange takes
+ * at most one command timeout, and a call that must first open a connection
+ * the connect timeout plus one command timeout more (its whole setup, AUTH
+ * to SCRIPT LOAD, is one pipelined exchange). So an acquire returns within
+ * wait_ms + the connect timeout + two command timeouts, a try within the
+ * connect timeout + three command timeouts, whatever the server does; a
+ * wait forever ends with the lock or an error. A server that leaves an
+ * exchange unanswered for a command timeout is taken for stuck: the calls
+ * waiting for a connection to it fail with that exchange (DLOCK_EREDIS),
+ * whatever their own deadlines, instead of each waiting another timeout.
+ * Measured (test_deadline, timeouts 1000 ms): 256 tries on a frozen server
+ * all fail within 1.0 s; an acquire with 100 ms to wait that must open a
+ * connection to a server answering 900 ms late gets the lock after 1.8 s.
+ * In Cluster mode TRYAGAIN and CLUSTERDOWN are retried until the deadline
+ * (a wait forever: for 10 command timeouts); a shutdown or a fired cancel
+ * token ends the retries. Signals delivered to the calling thread (interval
+ * timers, profilers) do not stretch any of these bounds.
  * Errors: DLOCK_EINVAL (NULL client or name, empty name, name longer than
  * DLOCK_NAME_MAX), DLOCK_ETIMEDOUT and DLOCK_EBUSY (dlock_last_error() names
  * the holder's client_name, how long it has held the lease, when the lease
  * ends and how many clients wait for it), DLOCK_EREDIS (Redis unreachable
- * or failed, within the bounds above; dlock_last_error() starts with
- * "unreachable:", "timed out:" or "refused by the server:" and names the
- * step and the server's address; if the outcome of the acquire is unknown, the renewal
+ * or failed, within the bounds above; when Redis could not be reached, did
+ * not answer in time or answered with an error, dlock_last_error() starts
+ * with "unreachable:", "timed out:" or "refused by the server:" and names
+ * the step and, for a connection's setup, the server's address; if the outcome of the acquire is unknown, the renewal
  * thread releases that grant in the background, or it expires after
  * lease_ms; threads of this client that waited behind the failed call fail
  * with it), DLOCK_ESERVER (the server is older than Redis 5,
@@ -258,8 +262,10 @@ DLOCK_API void dlock_client_close(dlock_client *c);
  * it refused the credentials or an ACL user's permission: WRONGPASS,
  * NOPERM; dlock_last_error() says which; no retry cures it; the renewal
  * thread checks the server's version and eviction policy again every
- * lease_ms/3, at least 1 s and at most 30 s apart, and while that check
- * finds the server unfit every acquire fails so), DLOCK_ELOST (a nested acquire while the
+ * lease_ms/3, at least 1 s and at most 30 s apart (in Cluster mode, the
+ * masters it renews leases on), and while that check finds the server
+ * unfit every acquire that asks Redis fails so; a held lock stays held and
+ * reentrant), DLOCK_ELOST (a nested acquire while the
  * held lease is lost), DLOCK_ECLOSED (dlock_client_shutdown was called), DLOCK_EFORK,
  * DLOCK_ENOMEM. */
 DLOCK_API int dlock_acquire(dlock_client *c, const char *name, int64_t wait_ms, uint64_t *fence);

@@ -280,8 +280,7 @@ static int run_batch(dlock_batch *b, dlock_call **batch, unsigned n, char *stuck
     if (!live)
         return 0;
     redisContext *conn;
-    int64_t fresh;
-    int rc = dlock_pool_get_by(b->pool, DLOCK_NEVER, &conn, &fresh);
+    int rc = dlock_pool_get(b->pool, DLOCK_NEVER, &conn);
     if (rc != DLOCK_OK) {
         for (unsigned i = 0; i < n; i++)
             if (batch[i]->rc == DLOCK_OK)
@@ -289,10 +288,7 @@ static int run_batch(dlock_batch *b, dlock_call **batch, unsigned n, char *stuck
         snprintf(stuck_why, why_len, "%s", dlock_last_error());
         return rc == DLOCK_EREDIS;
     }
-    /* On a connection opened for this batch, the exchange shares the setup's
-     * command timeout (conn.h, dlock_conn_open_by): opening it and the calls
-     * that needed it take the connect timeout plus one command timeout. */
-    int64_t deadline = fresh != DLOCK_NEVER ? fresh : dlock_conn_deadline(b->command_timeout_ms);
+    int64_t deadline = dlock_conn_deadline(b->command_timeout_ms);
     int ok = exchange(b, conn, batch, n, 1, deadline) == 0;
     int stuck = !ok && conn->err && !conn_was_closed(conn) && conn->err != REDIS_ERR_OOM &&
                 conn->err != REDIS_ERR_OTHER; /* (OTHER: a replica or a WAIT shortfall) */

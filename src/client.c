@@ -154,7 +154,7 @@ struct dlock_client {
     int closing;       /* atomic: dlock_client_shutdown began (never reset) */
     int server_bad;    /* atomic: the periodic check found the server unfit (server_check) */
     pthread_mutex_t server_mu; /* a leaf: guards server_msg */
-    char server_msg[256];      /* why, for the acquires it refuses */
+    char server_msg[400];      /* why, for the acquires it refuses */
     unsigned inside;   /* atomic: threads inside a public call on this client */
     dlock_client *open_prev, *open_next; /* the open clients (open_mu) */
 };
@@ -994,10 +994,10 @@ static uint64_t jitter_rand(void)
  * replies say themselves), from the connection's error text. */
 static const char *redis_failure(const char *err)
 {
+    if (strstr(err, "refused by the server"))
+        return ""; /* it says so itself (conn.c: a setup step the server refused) */
     if (strstr(err, "timed out") || strstr(err, "came free"))
         return "timed out: ";
-    if (strstr(err, "the call ahead of it"))
-        return "";
     return "unreachable: ";
 }
 
@@ -1009,9 +1009,16 @@ static dlock_cluster_node *route_or(dlock_client *c, unsigned slot, dlock_cluste
     return n ? n : node;
 }
 
+/* The stop flags a waiting acquire's call looks at between TRYAGAIN
+ * retries (stop_rc): none for releases and leaves. */
+typedef struct stop_on {
+    int acquire;        /* a waiting acquire: a shutdown stops it */
+    dlock_cancel *k;    /* its cancel token, or NULL */
+} stop_on;
+
 static int call_script(dlock_client *c, dlock_script_id id, int nargs, const char **argv,
                        const char *what, const char *name, int64_t deadline, redisReply **out,
-                       int *sent, int *acked)
+                       int *sent, int *acked, stop_on stop)
 {
     *sent = 0;
     if (acked)
@@ -1065,7 +1072,10 @@ static int call_script(dlock_client *c, dlock_script_id id, int nargs, const cha
                 int64_t pause = (int64_t)(10 << (busy < 4 ? busy : 4)) * DLOCK_NS_PER_MS;
                 if (pause > 100 * DLOCK_NS_PER_MS)
                     pause = 100 * DLOCK_NS_PER_MS;
-                if (dlock_now_ns() + pause < busy_until) {
+                /* (a waiting acquire stops on a shutdown or its cancel
+                 * token: the caller returns ECLOSED or ECANCELED) */
+                if (dlock_now_ns() + pause < busy_until &&
+                    !(stop.acquire && stop_rc(c, stop.k) != DLOCK_OK)) {
                     busy++;
                     freeReplyObject(call.reply);
                     struct timespec ts = {0, (long)pause};
@@ -1110,8 +1120,8 @@ typedef struct busy_info {
 
 static int redis_acquire(dlock_client *c, dlock_entry *e, const char *nonce, int queue,
                          uint64_t unconfirmed_last, int unconfirmed_end, int64_t deadline,
-                         uint64_t *token, int *unclean, int64_t *pttl_ms, busy_info *busy,
-                         int64_t *sent_boot)
+                         dlock_cancel *k, uint64_t *token, int *unclean, int64_t *pttl_ms,
+                         busy_info *busy, int64_t *sent_boot)
 {
     const char *argv[DLOCK_SCRIPT_KEYS + DLOCK_ACQUIRE_ARGS];
     for (int k = 0; k < DLOCK_SCRIPT_KEYS; k++)
@@ -1135,7 +1145,7 @@ static int redis_acquire(dlock_client *c, dlock_entry *e, const char *nonce, int
     int sent, acked;
     *sent_boot = dlock_boot_ns();
     int rc = call_script(c, DLOCK_SCRIPT_ACQUIRE, DLOCK_ACQUIRE_ARGS, argv, "acquire", e->name,
-                         deadline, &rep, &sent, &acked);
+                         deadline, &rep, &sent, &acked, (stop_on){1, k});
     if (rc != DLOCK_OK) {
         /* If it reached Redis the outcome is unknown: the renewal thread
          * releases exactly this attempt's grant, if there is one, without
@@ -1213,7 +1223,7 @@ static int redis_release(dlock_client *c, dlock_entry *e, uint64_t grant, uint64
     redisReply *rep;
     int sent;
     int rc = call_script(c, DLOCK_SCRIPT_RELEASE, DLOCK_RELEASE_ARGS, argv, "release", e->name,
-                         DLOCK_NEVER, &rep, &sent, NULL);
+                         DLOCK_NEVER, &rep, &sent, NULL, (stop_on){0, NULL});
     if (rc != DLOCK_OK) {
         char why[200];
         snprintf(why, sizeof why, "%s", dlock_last_error());
@@ -1253,7 +1263,7 @@ static void redis_leave(dlock_client *c, dlock_entry *e, const char *number)
     char keep[256]; /* the caller's own error message stays the one reported */
     snprintf(keep, sizeof keep, "%s", dlock_last_error());
     if (call_script(c, DLOCK_SCRIPT_LEAVE, DLOCK_LEAVE_ARGS, argv, "leave", e->name, DLOCK_NEVER,
-                    &rep, &sent, NULL) == DLOCK_OK) {
+                    &rep, &sent, NULL, (stop_on){0, NULL}) == DLOCK_OK) {
         if (rep->type != REDIS_REPLY_INTEGER)
             dlock_renew_leave(c->renew, e, number);
         freeReplyObject(rep);
@@ -1383,7 +1393,7 @@ static int take_direct_grant(dlock_client *c, dlock_entry *e)
  * Called with e->mu held. Returns rc. */
 static int busy_err(const dlock_entry *e, int rc)
 {
-    char holder[DLOCK_CLIENT_NAME_MAX + 64] = "", queue[64] = "";
+    char holder[DLOCK_CLIENT_NAME_MAX + 64] = "", queue[128] = "";
     double since = e->busy_known ? (dlock_now_ns() - e->busy_at_ns) / 1e9 : 0; /* the try's age */
     double left = e->busy_left_ms / 1e3 - since;
     if (e->has_owner || e->state == DLOCK_LEASE_HELD)
@@ -1395,14 +1405,14 @@ static int busy_err(const dlock_entry *e, int rc)
                  e->busy_holder, e->busy_held_ms / 1e3 + since, left > 0 ? left : 0.0);
     else if (e->busy_holder[0])
         snprintf(holder, sizeof holder, ": held by %s", e->busy_holder);
-    else if (e->busy_left_ms < 0 && e->busy_queue >= 0)
-        snprintf(holder, sizeof holder, ": free, but another waiting client's turn");
+    else if (e->busy_left_ms < 0)
+        snprintf(holder, sizeof holder, ": free, but it is another waiting client's turn");
     if (e->busy_known && e->busy_queue >= 0)
-        snprintf(queue, sizeof queue, "; %lld client%s in its wait queue in Redis",
-                 e->busy_queue, e->busy_queue == 1 ? "" : "s");
+        snprintf(queue, sizeof queue, "; %lld client%s in its wait queue in Redis, this one "
+                 "included", e->busy_queue, e->busy_queue == 1 ? "" : "s");
     if (rc == DLOCK_ETIMEDOUT)
         return dlock_err_set(rc, "timed out waiting for '%s'%s%s", e->name, holder, queue);
-    return dlock_err_set(rc, "'%s' is held elsewhere%s%s", e->name, holder, queue);
+    return dlock_err_set(rc, "'%s' is not free%s%s", e->name, holder, queue);
 }
 
 /* Someone changed e's state: wakes the head of the local queue if there is
@@ -1451,24 +1461,36 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
         int unclean = 0;
         int64_t pttl = 0, sent_boot = 0;
         busy_info busy = {"", -1, -1};
+        if (dlock_load_int_acquire(&c->server_bad)) {
+            /* no new grant from a server the periodic check found unfit (a
+             * held lease, reentrancy and local handoffs need no Redis call) */
+            pthread_mutex_lock(&c->server_mu);
+            int rc = dlock_err_set(DLOCK_ESERVER, "%s (found by the periodic check of the "
+                                   "server; acquires that ask Redis fail until it is mended)",
+                                   c->server_msg);
+            pthread_mutex_unlock(&c->server_mu);
+            pthread_mutex_lock(&e->mu);
+            e->state = DLOCK_LEASE_NONE;
+            return rc;
+        }
         char nonce[24];
         next_number(c, nonce);
         /* A single try waits for a connection (or a place in a batch) at
          * most one command timeout: it has no deadline of its own. */
         int64_t by = once ? dlock_now_ns() + (int64_t)c->conn.command_timeout_ms * DLOCK_NS_PER_MS
                           : deadline;
-        int rc = redis_acquire(c, e, nonce, !once, unconfirmed, unconfirmed_how, by, &token,
+        int rc = redis_acquire(c, e, nonce, !once, unconfirmed, unconfirmed_how, by, k, &token,
                                &unclean, &pttl, &busy, &sent_boot);
         if (once && rc == DLOCK_ETIMEDOUT)
-            rc = dlock_err_set(DLOCK_EREDIS, "redis took no try of '%s' within the command "
-                               "timeout (%" PRIu32 " ms): every connection was busy or stuck",
-                               e->name, c->conn.command_timeout_ms);
+            rc = dlock_err_set(DLOCK_EREDIS, "timed out: redis took no try of '%s' within the "
+                               "command timeout (%" PRIu32 " ms): every connection was busy or "
+                               "stuck", e->name, c->conn.command_timeout_ms);
         if (rc == DLOCK_OK && dlock_boot_ns() >= sent_boot + (int64_t)c->lease_ms * DLOCK_NS_PER_MS -
                                                              c->drift_ns) {
             /* The answer came back after the lease could have expired. */
             dlock_renew_orphan(c->renew, e, nonce);
-            rc = dlock_err_set(DLOCK_EREDIS, "redis answered the acquire of '%s' too late",
-                               e->name);
+            rc = dlock_err_set(DLOCK_EREDIS, "timed out: redis answered the acquire of '%s' "
+                               "after the lease could have expired", e->name);
         }
         pthread_mutex_lock(&e->mu);
         e->state = DLOCK_LEASE_NONE;
@@ -1742,13 +1764,6 @@ static int acquire(dlock_client *c, const char *name, int64_t wait_ms, uint64_t 
         return rc;
     if ((rc = stop_rc(c, k)) != DLOCK_OK)
         return stop_err(rc, name);
-    if (dlock_load_int_acquire(&c->server_bad)) {
-        pthread_mutex_lock(&c->server_mu);
-        rc = dlock_err_set(DLOCK_ESERVER, "%s (found by the periodic check of the server; "
-                           "acquires fail until it is mended)", c->server_msg);
-        pthread_mutex_unlock(&c->server_mu);
-        return rc;
-    }
     if (!k)
         return acquire_checked(c, name, len, wait_ms, fence, NULL);
     cancel_reg reg = {.base.wake = cancel_wake, .c = c, .name = name, .len = len,

@@ -249,14 +249,6 @@ redisReply *dlock_conn_command(redisContext *c, dlock_counters *ctr, uint32_t ti
     return command_by(c, ctr, dlock_conn_deadline(timeout_ms), argc, argv);
 }
 
-/* A connection's setup commands share one deadline (dlock_conn_open_by): the
- * setup as a whole takes at most one command timeout after the connect. */
-static redisReply *command(redisContext *c, dlock_counters *ctr, int64_t setup_deadline,
-                           int argc, const char **argv)
-{
-    return command_by(c, ctr, setup_deadline, argc, argv);
-}
-
 static int is_config_error(const char *msg);
 
 int dlock_conn_is_not_master(const redisReply *r)
@@ -291,47 +283,6 @@ static int is_config_error(const char *msg)
     return strncmp(msg, "WRONGPASS", 9) == 0 || strncmp(msg, "NOPERM", 6) == 0 ||
            strncmp(msg, "NOAUTH", 6) == 0 || strstr(msg, "AUTH <password> called without") ||
            strstr(msg, "invalid password") || strstr(msg, "invalid username");
-}
-
-/* Sends one simple command and checks that the reply is not an error. */
-static int simple_command(redisContext *c, dlock_counters *ctr, int64_t deadline,
-                          const char *what, int argc, const char **argv)
-{
-    redisReply *r = command(c, ctr, deadline, argc, argv);
-    if (!r)
-        return fail_ctx(c, what);
-    int rc = DLOCK_OK;
-    if (r->type == REDIS_REPLY_ERROR)
-        rc = dlock_err_set(is_config_error(r->str) ? DLOCK_ESERVER : DLOCK_EREDIS,
-                           "redis %s: %s", what, r->str);
-    freeReplyObject(r);
-    return rc;
-}
-
-/* Sentinel mode: ROLE must say "master"; right after a failover the
- * sentinels may still name the old one for a moment. *not_master is set
- * when the server answered that it is something else. */
-static int check_master(redisContext *c, dlock_counters *ctr, const dlock_conn_cfg *cfg,
-                        int64_t deadline, const char *where, int *not_master)
-{
-    *not_master = 0;
-    const char *argv[1] = {"ROLE"};
-    redisReply *r = command(c, ctr, deadline, 1, argv);
-    if (!r)
-        return fail_ctx(c, "ROLE");
-    int rc = DLOCK_OK;
-    if (r->type == REDIS_REPLY_ERROR)
-        rc = dlock_err_set(is_config_error(r->str) ? DLOCK_ESERVER : DLOCK_EREDIS,
-                           "redis ROLE: %s", r->str);
-    else if (r->type != REDIS_REPLY_ARRAY || r->elements < 1 ||
-             r->element[0]->type != REDIS_REPLY_STRING)
-        rc = dlock_err_set(DLOCK_EREDIS, "redis ROLE: unexpected reply");
-    else if ((*not_master = strcmp(r->element[0]->str, "master") != 0))
-        rc = dlock_err_set(DLOCK_EREDIS, "%s, the master '%s' last named by the sentinels, is "
-                           "a %s (a failover under way?)", where, cfg->sentinel_master,
-                           r->element[0]->str);
-    freeReplyObject(r);
-    return rc;
 }
 
 /* The value of "field:" in INFO's text, copied into out (empty if absent). */
@@ -371,63 +322,6 @@ int dlock_conn_check_info(const char *info)
     return DLOCK_OK;
 }
 
-/* INFO (default sections), checked by dlock_conn_check_info. */
-static int check_server(redisContext *c, dlock_counters *ctr, int64_t deadline)
-{
-    const char *argv[1] = {"INFO"};
-    redisReply *r = command(c, ctr, deadline, 1, argv);
-    if (!r)
-        return fail_ctx(c, "INFO");
-    int rc;
-    if (r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS)
-        rc = dlock_conn_check_info(r->str);
-    else
-        rc = dlock_err_set(r->type == REDIS_REPLY_ERROR ? DLOCK_ESERVER : DLOCK_EREDIS,
-                           "redis INFO: %s (dlock reads INFO to check the server's version and "
-                           "eviction policy; an ACL user needs +info)",
-                           r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply");
-    freeReplyObject(r);
-    return rc;
-}
-
-/* Loads every script whose digest is not known yet, pipelined. */
-static int load_scripts(redisContext *c, dlock_counters *ctr, int64_t deadline)
-{
-    int sent[DLOCK_SCRIPT_COUNT] = {0}, n = 0;
-    for (int id = 0; id < DLOCK_SCRIPT_COUNT; id++) {
-        if (dlock_script_sha(id))
-            continue;
-        const char *argv[3] = {"SCRIPT", "LOAD", dlock_script_body(id)};
-        if (redisAppendCommandArgv(c, 3, argv, NULL) != REDIS_OK)
-            return fail_ctx(c, "SCRIPT LOAD");
-        sent[id] = 1;
-        n++;
-    }
-    if (!n)
-        return DLOCK_OK;
-    dlock_count(&ctr->redis_commands, n);
-    dlock_count(&ctr->redis_round_trips, 1);
-    if (dlock_conn_flush(c, deadline) != 0)
-        return fail_ctx(c, "SCRIPT LOAD");
-    int rc = DLOCK_OK;
-    for (int id = 0; id < DLOCK_SCRIPT_COUNT; id++) {
-        if (!sent[id])
-            continue;
-        redisReply *r = NULL;
-        if (dlock_conn_read(c, deadline, &r) != 0)
-            return fail_ctx(c, "SCRIPT LOAD");
-        if (r->type == REDIS_REPLY_STRING)
-            dlock_script_set_sha(id, r->str, r->len);
-        else if (rc == DLOCK_OK)
-            rc = dlock_err_set(r->type == REDIS_REPLY_ERROR && is_config_error(r->str)
-                                   ? DLOCK_ESERVER : DLOCK_EREDIS,
-                               "redis SCRIPT LOAD: %s",
-                               r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply");
-        freeReplyObject(r);
-    }
-    return rc;
-}
-
 /* Waits for the connection with wait_fd (hiredis' own wait fails on the
  * first signal). */
 redisContext *dlock_conn_connect(const char *host, int port, const char *unix_path,
@@ -460,13 +354,110 @@ redisContext *dlock_conn_connect(const char *host, int port, const char *unix_pa
     return c;
 }
 
-int dlock_conn_open(const dlock_conn_cfg *cfg, dlock_counters *ctr, redisContext **out)
+/* The steps of a connection's setup, sent as one pipeline (setup). */
+enum { ST_AUTH, ST_NAME, ST_ROLE, ST_SELECT, ST_INFO, ST_WAIT, ST_SCRIPT };
+
+/* One setup reply: DLOCK_OK, or the step's failure with the message set. */
+static int setup_reply(int kind, const char *what, const redisReply *r, const dlock_conn_cfg *cfg,
+                       const char *where, int *not_master)
 {
-    return dlock_conn_open_by(cfg, ctr, out, NULL);
+    if (r->type == REDIS_REPLY_ERROR && kind != ST_NAME)
+        /* an ACL user without a command, wrong credentials, LOADING, a bad
+         * database index...: the server refused it */
+        return dlock_err_set(is_config_error(r->str) ? DLOCK_ESERVER : DLOCK_EREDIS,
+                             "refused by the server: redis %s: %s%s", what, r->str,
+                             kind == ST_INFO ? " (dlock reads INFO to check the server's version "
+                                               "and eviction policy; an ACL user needs +info)"
+                                             : "");
+    switch (kind) {
+    case ST_NAME: /* best effort: a user without +client|setname still works, unnamed */
+        return DLOCK_OK;
+    case ST_ROLE:
+        if (r->type != REDIS_REPLY_ARRAY || r->elements < 1 ||
+            r->element[0]->type != REDIS_REPLY_STRING)
+            return dlock_err_set(DLOCK_EREDIS, "redis ROLE: unexpected reply");
+        if ((*not_master = strcmp(r->element[0]->str, "master") != 0))
+            return dlock_err_set(DLOCK_EREDIS, "%s, the master '%s' last named by the sentinels, "
+                                 "is a %s (a failover under way?)", where, cfg->sentinel_master,
+                                 r->element[0]->str);
+        return DLOCK_OK;
+    case ST_INFO:
+        if (r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS)
+            return dlock_conn_check_info(r->str);
+        return dlock_err_set(DLOCK_EREDIS, "redis INFO: unexpected reply");
+    default:
+        return DLOCK_OK;
+    }
 }
 
-int dlock_conn_open_by(const dlock_conn_cfg *cfg, dlock_counters *ctr, redisContext **out,
-                       int64_t *setup_deadline)
+/* Sets a new connection up in one round trip: AUTH, CLIENT SETNAME, ROLE
+ * (Sentinel mode), SELECT, INFO (dlock_conn_check_info), WAIT 0 0 (with
+ * min_replicas: a user without +wait learns it here, not as grants that
+ * seem to reach no replica; not on a Cluster connection to any node, the
+ * subscriber's, which writes nothing), and SCRIPT LOAD of every script whose
+ * digest is not known yet, all pipelined and read within one command
+ * timeout. The first failing step (in that order) is reported. */
+static int setup(redisContext *c, const dlock_conn_cfg *cfg, dlock_counters *ctr,
+                 const char *where, int *not_master)
+{
+    struct {
+        int kind, id;
+        const char *what;
+    } st[8 + DLOCK_SCRIPT_COUNT];
+    int n = 0, ok = 1;
+#define STEP(k, w, argc, ...)                                                                  \
+    do {                                                                                       \
+        const char *argv_[] = {__VA_ARGS__};                                                   \
+        ok = ok && redisAppendCommandArgv(c, (argc), argv_, NULL) == REDIS_OK;                 \
+        st[n].kind = (k);                                                                      \
+        st[n].id = -1;                                                                         \
+        st[n++].what = (w);                                                                    \
+    } while (0)
+    if (cfg->password) {
+        if (cfg->username)
+            STEP(ST_AUTH, "AUTH", 3, "AUTH", cfg->username, cfg->password);
+        else
+            STEP(ST_AUTH, "AUTH", 2, "AUTH", cfg->password);
+    }
+    if (cfg->client_name)
+        STEP(ST_NAME, "CLIENT SETNAME", 3, "CLIENT", "SETNAME", cfg->client_name);
+    if (cfg->nsentinels)
+        STEP(ST_ROLE, "ROLE", 1, "ROLE");
+    char db[16];
+    snprintf(db, sizeof db, "%d", cfg->db);
+    if (cfg->db != 0)
+        STEP(ST_SELECT, "SELECT", 2, "SELECT", db);
+    STEP(ST_INFO, "INFO", 1, "INFO");
+    if (cfg->min_replicas && !cfg->cluster)
+        STEP(ST_WAIT, "WAIT (min_replicas needs it)", 3, "WAIT", "0", "0");
+    for (int id = 0; id < DLOCK_SCRIPT_COUNT; id++)
+        if (!dlock_script_sha(id)) {
+            STEP(ST_SCRIPT, "SCRIPT LOAD", 3, "SCRIPT", "LOAD", dlock_script_body(id));
+            st[n - 1].id = id;
+        }
+#undef STEP
+    if (!ok)
+        return fail_ctx(c, "setup");
+    dlock_count(&ctr->redis_commands, (uint64_t)n);
+    dlock_count(&ctr->redis_round_trips, 1);
+    int64_t deadline = dlock_conn_deadline(cfg->command_timeout_ms);
+    if (dlock_conn_flush(c, deadline) != 0)
+        return fail_ctx(c, st[0].what);
+    for (int i = 0; i < n; i++) {
+        redisReply *r = NULL;
+        if (dlock_conn_read(c, deadline, &r) != 0)
+            return fail_ctx(c, st[i].what);
+        int rc = setup_reply(st[i].kind, st[i].what, r, cfg, where, not_master);
+        if (rc == DLOCK_OK && st[i].kind == ST_SCRIPT && r->type == REDIS_REPLY_STRING)
+            dlock_script_set_sha(st[i].id, r->str, r->len);
+        freeReplyObject(r);
+        if (rc != DLOCK_OK)
+            return rc; /* (the connection is dropped: the replies after it do not matter) */
+    }
+    return DLOCK_OK;
+}
+
+int dlock_conn_open(const dlock_conn_cfg *cfg, dlock_counters *ctr, redisContext **out)
 {
     *out = NULL;
     char where[300];
@@ -495,50 +486,10 @@ int dlock_conn_open_by(const dlock_conn_cfg *cfg, dlock_counters *ctr, redisCont
             redisFree(c);
         return rc;
     }
-    int rc = DLOCK_OK;
-    /* Every setup command below shares this deadline. */
-    int64_t deadline = dlock_conn_deadline(cfg->command_timeout_ms);
-    if (setup_deadline)
-        *setup_deadline = deadline;
-    if (cfg->password) {
-        const char *argv[3] = {"AUTH", cfg->username ? cfg->username : cfg->password,
-                               cfg->password};
-        rc = simple_command(c, ctr, deadline, "AUTH", cfg->username ? 3 : 2, argv);
-    }
-    if (rc == DLOCK_OK && cfg->client_name) {
-        /* Best effort: a user without +client|setname (an ACL rule from
-         * before names) still works, unnamed in CLIENT LIST. */
-        const char *argv[3] = {"CLIENT", "SETNAME", cfg->client_name};
-        redisReply *r = command(c, ctr, deadline, 3, argv);
-        if (!r)
-            rc = fail_ctx(c, "CLIENT SETNAME");
-        else
-            freeReplyObject(r);
-    }
     int not_master = 0;
-    if (rc == DLOCK_OK && cfg->nsentinels) {
-        rc = check_master(c, ctr, cfg, deadline, where, &not_master);
-        if (not_master)
-            dlock_sentinel_doubt(cfg, host, port); /* ask every sentinel next time */
-    }
-    if (rc == DLOCK_OK && cfg->db != 0) {
-        char db[16];
-        snprintf(db, sizeof db, "%d", cfg->db);
-        const char *argv[2] = {"SELECT", db};
-        rc = simple_command(c, ctr, deadline, "SELECT", 2, argv);
-    }
-    if (rc == DLOCK_OK)
-        rc = check_server(c, ctr, deadline);
-    if (rc == DLOCK_OK && cfg->min_replicas && !cfg->cluster) {
-        /* (not on a Cluster connection to any node, the subscriber's: a
-         * replica refuses WAIT, and that connection writes nothing) */
-        /* WAIT 0 0 answers at once: a user without +wait learns it here,
-         * not as grants that seem to reach no replica. */
-        const char *argv[3] = {"WAIT", "0", "0"};
-        rc = simple_command(c, ctr, deadline, "WAIT (min_replicas needs it)", 3, argv);
-    }
-    if (rc == DLOCK_OK)
-        rc = load_scripts(c, ctr, deadline);
+    int rc = setup(c, cfg, ctr, where, &not_master);
+    if (not_master)
+        dlock_sentinel_doubt(cfg, host, port); /* ask every sentinel next time */
     if (rc != DLOCK_OK) {
         char why[200];
         snprintf(why, sizeof why, "%s", dlock_last_error());
@@ -659,13 +610,6 @@ void dlock_pool_destroy(dlock_pool *p)
 
 int dlock_pool_get(dlock_pool *p, int64_t caller_deadline, redisContext **out)
 {
-    int64_t fresh;
-    return dlock_pool_get_by(p, caller_deadline, out, &fresh);
-}
-
-int dlock_pool_get_by(dlock_pool *p, int64_t caller_deadline, redisContext **out, int64_t *fresh)
-{
-    *fresh = DLOCK_NEVER;
     /* While other callers keep giving connections back, Redis is answering
      * and waiting is worth it; a command timeout without any coming back
      * means Redis is stuck. The hard limit keeps an unlucky waiter from
@@ -691,7 +635,7 @@ int dlock_pool_get_by(dlock_pool *p, int64_t caller_deadline, redisContext **out
         if (p->open < p->size) {
             p->open++; /* reserve the slot, connect without the lock */
             pthread_mutex_unlock(&p->mu);
-            int rc = dlock_conn_open_by(p->cfg, p->ctr, out, fresh);
+            int rc = dlock_conn_open(p->cfg, p->ctr, out);
             if (rc != DLOCK_OK) {
                 pthread_mutex_lock(&p->mu);
                 p->open--;

@@ -98,20 +98,12 @@ int dlock_conn_check_master(redisContext *c, const redisReply *reply);
  * node in turn (dlock_cluster_any); connected within the connect
  * timeout, then authenticated, in Sentinel mode checked with ROLE to be a
  * master, database selected, the server checked (dlock_conn_check_info)
- * and scripts loaded if their digests are not known yet, all of that within
- * one command timeout. DLOCK_OK, DLOCK_ESERVER (a server dlock must not use:
+ * and scripts loaded if their digests are not known yet, all of that in
+ * one pipelined exchange within one command timeout. DLOCK_OK, DLOCK_ESERVER (a server dlock must not use:
  * the message says why), or DLOCK_EREDIS with the message set (naming the
  * step that failed and the server's address). */
 int dlock_conn_open(const dlock_conn_cfg *cfg, dlock_counters *ctr, redisContext **out);
 
-/* dlock_conn_open, which also tells when the setup's time ran out: every
- * setup command shares one deadline, one command timeout after the connect,
- * set in *setup_deadline (if not NULL) once connected. The first exchange on
- * the new connection may be held to it too (batch.c), so that opening a
- * connection and the call that needed it take at most the connect timeout
- * plus one command timeout. */
-int dlock_conn_open_by(const dlock_conn_cfg *cfg, dlock_counters *ctr, redisContext **out,
-                       int64_t *setup_deadline);
 
 /* Checks INFO's text: Redis >= 5 (scripts call TIME before writing, which
  * needs script effects replication) and no eviction policy that could evict
@@ -171,10 +163,6 @@ void dlock_pool_destroy(dlock_pool *p);
  * connect, or none came back in time) or DLOCK_ESERVER (dlock_conn_open). */
 int dlock_pool_get(dlock_pool *p, int64_t deadline, redisContext **out);
 
-/* dlock_pool_get that also tells, in *fresh, the setup deadline of a
- * connection it opened for this call (dlock_conn_open_by), or DLOCK_NEVER
- * for one that was open already. */
-int dlock_pool_get_by(dlock_pool *p, int64_t deadline, redisContext **out, int64_t *fresh);
 
 /* Returns a checked-out connection; a failed one (c->err set) or broken != 0
  * is closed instead, so the next dlock_pool_get reconnects. */

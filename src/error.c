@@ -5,7 +5,7 @@
 #include "error.h"
 #include "dlock.h"
 
-static __thread char last_error[256];
+static __thread char last_error[512];
 
 const char *dlock_strerror(int code)
 {

@@ -90,6 +90,8 @@ typedef struct lane {
                            connection: it is opened at most once per pass */
     int64_t retry_ns;   /* after a failed open: no new try before then */
     int64_t backoff_ns; /* the pause after the next failed open */
+    int open_rc;        /* the last open's result (DLOCK_ESERVER: the server unfit) */
+    char open_err[256]; /* and its message */
 } lane;
 
 struct dlock_renew {
@@ -290,7 +292,9 @@ static redisContext *lane_open(dlock_renew *r, int i)
             const dlock_conn_cfg *cfg =
                 cluster_of(r) ? &dlock_cluster_node_get(cluster_of(r), (unsigned)i)->cfg
                               : r->cfg.conn;
-            if (dlock_conn_open(cfg, r->cfg.ctr, &l->conn) != DLOCK_OK) {
+            l->open_rc = dlock_conn_open(cfg, r->cfg.ctr, &l->conn);
+            if (l->open_rc != DLOCK_OK) {
+                snprintf(l->open_err, sizeof l->open_err, "%s", dlock_last_error());
                 l->conn = NULL;
                 /* 100 ms, doubling up to 500 ms, before the next try: short
                  * enough that a server back from a restart is found well
@@ -971,24 +975,17 @@ static void check_server(dlock_renew *r)
     int asked = 0, rc = DLOCK_OK;
     char why[256] = "";
     for (unsigned i = 0; i < n && rc == DLOCK_OK; i++) {
-        /* the server's lane, reconnected if it failed; a cluster's masters
-         * whose lanes are open */
+        /* the server's lane, reconnected if it failed (its setup checks the
+         * server too); a cluster's masters whose lanes are open */
         redisContext *c = cluster_of(r) ? lane_get(r, (int)i) : i == 0 ? lane_open(r, 0) : NULL;
-        redisContext *own = NULL;
-        if (!cluster_of(r) && !c) {
-            /* no lane (a failed open, or one in its backoff): a connection
-             * of its own, whose setup checks the server too */
-            int orc = dlock_conn_open(r->cfg.conn, r->cfg.ctr, &own);
-            if (orc == DLOCK_ESERVER) {
-                asked = 1;
-                rc = orc;
-                snprintf(why, sizeof why, "%s", dlock_last_error());
-                break;
-            }
-            c = own;
+        if (!c && !cluster_of(r) && i == 0 && r->nlanes && r->lanes[0].open_rc == DLOCK_ESERVER) {
+            asked = 1;
+            rc = DLOCK_ESERVER;
+            snprintf(why, sizeof why, "%s", r->lanes[0].open_err);
+            break;
         }
         if (!c || c->err)
-            continue;
+            continue; /* not answered: the renewals say so */
         const char *argv[1] = {"INFO"};
         redisReply *rep =
             dlock_conn_command(c, r->cfg.ctr, r->cfg.conn->command_timeout_ms, 1, argv);
@@ -999,9 +996,7 @@ static void check_server(dlock_renew *r)
                 snprintf(why, sizeof why, "%s", dlock_last_error());
         }
         if (rep)
-            freeReplyObject(rep); /* (not answered: the renewals say so) */
-        if (own)
-            redisFree(own);
+            freeReplyObject(rep);
     }
     if (asked)
         r->cfg.server(r->cfg.lost_arg, rc, why);
@@ -1015,7 +1010,7 @@ static void *manager_main(void *arg)
     pthread_mutex_lock(&r->mu);
     while (!r->stop) {
         int64_t now = dlock_now_ns();
-        if (now >= next_check && r->cfg.server) {
+        if (now >= next_check && now < next && r->cfg.server) { /* (a due round goes first) */
             next_check = now + r->check_ns;
             pthread_mutex_unlock(&r->mu);
             check_server(r);

@@ -340,6 +340,9 @@ static void test_server_rechecked(void **state)
     assert_int_equal(dlock_client_open(&cfg, &c), DLOCK_OK);
     assert_int_equal(dlock_acquire(c, "k", 0, NULL), DLOCK_OK);
     assert_int_equal(dlock_release(c, "k"), DLOCK_OK);
+    assert_int_equal(dlock_acquire(c, "held", 0, NULL), DLOCK_OK); /* held throughout */
+    fx_sleep_ms(400); /* renewed on its connection by now (every 100 ms): a renewal
+                         connection opened to an unfit server is refused too */
     freeReplyObject(cmd("CONFIG SET maxmemory 1000000000"));
     freeReplyObject(cmd("CONFIG SET maxmemory-policy allkeys-lru"));
     int rc = DLOCK_OK;
@@ -353,6 +356,11 @@ static void test_server_rechecked(void **state)
     assert_int_equal(rc, DLOCK_ESERVER);
     fprintf(stderr, "# %s\n", dlock_last_error());
     assert_non_null(strstr(dlock_last_error(), "allkeys-lru"));
+    assert_non_null(strstr(dlock_last_error(), "until it is mended"));
+    /* a held lock stays held and reentrant: no Redis call needed */
+    assert_int_equal(dlock_acquire(c, "held", 0, NULL), DLOCK_OK);
+    assert_int_equal(dlock_release(c, "held"), DLOCK_OK);
+    assert_int_equal(dlock_held(c, "held"), 1);
     freeReplyObject(cmd("CONFIG SET maxmemory-policy noeviction"));
     for (int i = 0; i < 100 && rc != DLOCK_OK; i++) {
         rc = dlock_acquire(c, "k", 0, NULL);
@@ -361,6 +369,7 @@ static void test_server_rechecked(void **state)
     }
     assert_int_equal(rc, DLOCK_OK);
     assert_int_equal(dlock_release(c, "k"), DLOCK_OK);
+    assert_int_equal(dlock_release(c, "held"), DLOCK_OK);
     dlock_client_close(c);
     pthread_mutex_lock(&log_mu);
     assert_int_equal(fit_logs, 2);

@@ -874,10 +874,18 @@ typedef struct finisher {
     pthread_t th;
 } finisher;
 
+static void finish_migration_now(finisher *f);
+
 static void *finish_migration(void *arg)
 {
-    finisher *f = arg;
     fx_sleep_ms(1500);
+    finish_migration_now(arg);
+    return NULL;
+}
+
+/* Moves the slot's keys and gives the slot to f->dst on every master. */
+static void finish_migration_now(finisher *f)
+{
     char dst_id[64];
     node_id(f->dst, dst_id, sizeof dst_id);
     redisReply *r = fx_cmd_at(f->src, "CLUSTER GETKEYSINSLOT %u 100", f->slot);
@@ -896,7 +904,6 @@ static void *finish_migration(void *arg)
         if (r)
             freeReplyObject(r);
     }
-    return NULL;
 }
 
 static void test_tryagain_until_deadline(void **state)
@@ -931,6 +938,63 @@ static void test_tryagain_until_deadline(void **state)
     assert_int_equal(rc, DLOCK_OK);
     assert_true(took >= 1000); /* it did meet the migration */
     assert_int_equal(dlock_release(c, "x"), DLOCK_OK);
+    dlock_client_close(c);
+}
+
+/* A cancel token fired while the acquire waits out TRYAGAIN (a migration
+ * that does not end while it waits, 8 s to wait) ends it at once, not at
+ * its deadline; the slot is moved on afterwards. Bound: 3 s after the fire
+ * (the retries pause 100 ms at most); before, it returned at the deadline. */
+typedef struct canceller {
+    dlock_cancel *k;
+    pthread_t th;
+} canceller;
+
+static void *fire_later(void *arg)
+{
+    canceller *x = arg;
+    fx_sleep_ms(300);
+    dlock_cancel_fire(x->k);
+    return NULL;
+}
+
+static void test_tryagain_cancelled(void **state)
+{
+    (void)state;
+    dlock_config cfg;
+    cluster_config(&cfg, "tc:tc:");
+    dlock_client *c;
+    assert_int_equal(dlock_client_open(&cfg, &c), DLOCK_OK);
+    assert_int_equal(dlock_acquire(c, "x", 0, NULL), DLOCK_OK);
+    assert_int_equal(dlock_release(c, "x"), DLOCK_OK);
+    finisher f = {dlock_cluster_slot("tc:tc:{x}", 9), 0, 0, 0};
+    f.src = master_of(f.slot);
+    f.dst = other_master(f.src);
+    char src_id[64], dst_id[64];
+    node_id(f.src, src_id, sizeof src_id);
+    node_id(f.dst, dst_id, sizeof dst_id);
+    redisReply *r = fx_cmd_at(f.dst, "CLUSTER SETSLOT %u IMPORTING %s", f.slot, src_id);
+    assert_true(r && r->type == REDIS_REPLY_STATUS);
+    freeReplyObject(r);
+    r = fx_cmd_at(f.src, "CLUSTER SETSLOT %u MIGRATING %s", f.slot, dst_id);
+    assert_true(r && r->type == REDIS_REPLY_STATUS);
+    freeReplyObject(r);
+    canceller x;
+    assert_int_equal(dlock_cancel_create(&x.k), DLOCK_OK);
+    dlock_acquire_opts o;
+    dlock_acquire_opts_init(&o);
+    o.cancel = x.k;
+    assert_int_equal(pthread_create(&x.th, NULL, fire_later, &x), 0);
+    long long t0 = fx_now_ns();
+    int rc = dlock_acquire_ex(c, "x", 8000, NULL, &o);
+    long long took = (fx_now_ns() - t0) / 1000000;
+    pthread_join(x.th, NULL);
+    fprintf(stderr, "# acquire cancelled during TRYAGAIN: %s after %lld ms\n", dlock_err_name(rc),
+            took);
+    finish_migration_now(&f);
+    assert_int_equal(rc, DLOCK_ECANCELED);
+    assert_true(took < 300 + 3000);
+    dlock_cancel_destroy(x.k);
     dlock_client_close(c);
 }
 
@@ -1058,6 +1122,7 @@ int main(void)
         cmocka_unit_test(test_moved_followed),
         cmocka_unit_test(test_ask_then_noscript),
         cmocka_unit_test(test_tryagain_until_deadline),
+        cmocka_unit_test(test_tryagain_cancelled),
 #ifdef DLOCKCTL_PATH
         cmocka_unit_test(test_dlockctl_on_cluster),
 #endif

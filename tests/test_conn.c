@@ -459,7 +459,7 @@ static void test_unix_socket(void **state)
 #define ACL_RULE(P)                                                                      \
     "resetkeys ~" P "* resetchannels &" P "wake:* -@all +evalsha +eval +script|load "   \
     "+info +ping +role +wait +select +subscribe +client|setname +hmget +hget +hset +hdel " \
-    "+get +mget +set +del +exists +pexpire +pttl +time +zadd +zrange +zrem +publish"
+    "+get +mget +set +del +exists +pexpire +pttl +time +zadd +zrange +zrem +zcard +publish"
 
 /* ACL SETUSER name on >pw <rule>, split into words. */
 static void acl_setuser(const char *name, const char *pw, const char *rule)
@@ -523,7 +523,9 @@ static void test_acl_user(void **state)
     dlock_client *b = acl_client("dlock_t", "pw-t", 300, 0);
     assert_int_equal(wait_channels(fx_server.port, "tc:acl:wake:*", 2), 0);
     uint64_t fa, f2;
-    assert_int_equal(dlock_acquire(a, "x", 0, &fa), DLOCK_OK);
+    int arc = dlock_acquire(a, "x", 0, &fa);
+    if (arc != DLOCK_OK)
+        fail_msg("acquire as the ACL user: %s: %s", dlock_err_name(arc), dlock_last_error());
     assert_int_equal(dlock_acquire(a, "x", 0, &f2), DLOCK_OK); /* reentrant */
     assert_int_equal(f2, fa);
     /* held past two renewal periods (lease 300 ms: renewed every 100 ms) */

@@ -350,8 +350,9 @@ static void json_str(const char *s)
         unsigned char ch = (unsigned char)*s;
         if (ch == '"' || ch == '\\')
             printf("\\%c", ch);
-        else if (ch < 0x20)
-            printf("\\u%04x", ch);
+        else if (ch < 0x20 || ch > 0x7e)
+            printf("\\u%04x", ch); /* (a byte above 126 as the code point of that value:
+                                      the output stays valid JSON, UTF-8 or not) */
         else
             putchar(ch);
     }
@@ -667,6 +668,7 @@ static void json_item(void)
  * (the lease may have changed hands since the scan). */
 static int cmd_release(const char *name)
 {
+    char en[4 * DLOCK_NAME_MAX + 8], eh[4 * DLOCK_CLIENT_NAME_MAX + 8];
     if (!O.force) {
         fprintf(stderr, "dlockctl: release takes the lease from its holder while it may still "
                         "be working: say --force\n");
@@ -688,9 +690,10 @@ static int cmd_release(const char *name)
             printf(",\"released\":false,\"reason\":\"%s\"}\n",
                    other ? "held by another client now" : "not held");
         } else if (other) {
-            printf("%s is held by another client now (%s): left alone\n", name, li.owner);
+            printf("%s is held by another client now (%s): left alone\n",
+                   esc(name, en, sizeof en), li.owner);
         } else {
-            printf("%s is not held\n", name);
+            printf("%s is not held\n", esc(name, en, sizeof en));
         }
         conn_done(c, node);
         return 1;
@@ -774,7 +777,8 @@ static int cmd_release(const char *name)
             json_str(name);
             printf(",\"released\":false,\"reason\":\"the holder changed; look again\"}\n");
         } else {
-            printf("%s changed hands meanwhile: nothing released; look again\n", name);
+            printf("%s changed hands meanwhile: nothing released; look again\n",
+                   esc(name, en, sizeof en));
         }
         conn_done(c, node);
         return 1;
@@ -798,7 +802,8 @@ static int cmd_release(const char *name)
     } else {
         printf("%s released by force: it was held by %s (client id %s, token %s); the holder "
                "%s; %s\n",
-               name, li.holder[0] ? li.holder : "?", li.owner, li.token,
+               esc(name, en, sizeof en), li.holder[0] ? esc(li.holder, eh, sizeof eh) : "?",
+               li.owner, li.token,
                told > 0 ? "was told" : "was not listening (it finds out at its next renewal)",
                rc == 2 ? "the next waiter has it" : "nobody was waiting");
     }
@@ -974,19 +979,37 @@ static void doctor_one(const char *host, int port, const char *unix_path)
     else
         finding(where, "FAIL", "role", "a %s: the clients must talk to the master (Sentinel "
                 "mode finds it: --sentinels)", role[0] ? role : "server of unknown role");
+    /* RDB snapshots: the "save" setting, if CONFIG may be read */
+    char save[128] = "";
+    int save_known = 0;
+    redisReply *cs = redisCommand(c, "CONFIG GET save");
+    if (cs && cs->type == REDIS_REPLY_ARRAY && cs->elements == 2 &&
+        cs->element[1]->type == REDIS_REPLY_STRING) {
+        snprintf(save, sizeof save, "%s", cs->element[1]->str);
+        save_known = 1;
+    }
+    if (cs)
+        freeReplyObject(cs);
     if (!strcmp(aof, "1"))
         finding(where, "ok", "persistence", "AOF on: a restart keeps the leases written before "
                 "its last fsync");
+    else if (save[0])
+        finding(where, "warn", "persistence", "RDB snapshots only (save %s): a restart loses the "
+                "leases granted since the last snapshot, and a second holder may run while "
+                "the first still works (fencing tokens keep its writes out; README: Semantics); "
+                "appendonly yes keeps them", save);
     else
-        finding(where, "warn", "persistence", "no AOF: a restart loses every lease, and a second "
-                "holder may run while the first still works (fencing tokens keep stale writes "
-                "out; README: Semantics); appendonly yes keeps them");
+        finding(where, "warn", "persistence", "no AOF%s: a restart loses every lease, and a "
+                "second holder may run while the first still works (fencing tokens keep its "
+                "writes out; README: Semantics); appendonly yes keeps them",
+                save_known ? " and no RDB snapshots" : "");
     int n = atoi(slaves);
     snprintf(minrep, sizeof minrep, "%d", n);
     if (n > 0)
         finding(where, "warn", "replicas", "%d replica%s: a failover may promote one that missed "
-                "a grant; set min_replicas %s in the clients (README: Deployments)", n,
-                n == 1 ? "" : "s", minrep);
+                "a grant, and two clients hold the name; min_replicas %s in the clients keeps "
+                "every lease across a failover, at a cost in availability while a replica is "
+                "down (README: Deployments)", n, n == 1 ? "" : "s", minrep);
     else if (!strcmp(cluster, "1"))
         finding(where, "warn", "replicas", "a cluster master without replicas: its slots are "
                 "down while it is (no failover)");
@@ -1011,8 +1034,10 @@ static int cmd_doctor(void)
         char host[256];
         int port;
         if (dlock_sentinel_master(&CFG, &CTR, host, sizeof host, &port) != DLOCK_OK)
-            die("sentinels");
-        doctor_one(host, port, NULL);
+            finding("sentinels", "FAIL", "sentinels", "no master from the sentinels: %s",
+                    dlock_last_error());
+        else
+            doctor_one(host, port, NULL);
     } else {
         doctor_one(CFG.host, CFG.port, CFG.unix_path);
     }
