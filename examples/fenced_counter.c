@@ -1,6 +1,6 @@
 /*
  * Counters kept in Redis, each incremented under a dlock lock through the
- * fenced store script (dlock_fenced_script; README, "Fencing"): the lock's
+ * fenced store script (dlock_fenced_script; docs/guide.md, "Fencing"): the lock's
  * token goes with the read and with the write, and the store refuses either
  * when a later holder has touched the counter. A holder whose lease was
  * lost (paused past it, or the lock's Redis restarted without its data)

@@ -3,13 +3,13 @@
  *
  * Every job locks "account:<k>", reads the account's balance, adds to it and
  * writes it back in a "storage" that stands for a database, and unlocks. The
- * storage checks fencing tokens as the README's Fencing section says a real
+ * storage checks fencing tokens as the user guide's Fencing section says a real
  * one must: the token goes with the read and with the write, the storage
  * keeps the highest token that touched each account and refuses any read or
  * write below it (an equal token passes: one holder reads, then writes). So
  * a holder that lost its lease (paused past it, cut off from Redis) can
  * neither overwrite nor act on what a newer holder did. Here the storage
- * lives in the process; the README gives the same rule for a Redis store
+ * lives in the process; the user guide gives the same rule for a Redis store
  * (dlock_fenced_script, examples/fenced_counter.c) and for SQL. No operation
  * is refused unless a lease was really lost.
  *

@@ -102,8 +102,9 @@ typedef struct dlock_config {
                                    threads of this client before it goes back to
                                    Redis for other clients; 0: no handoff;
                                    below lease_ms * 1000 and at most
-                                   DLOCK_PASS_LIMIT_MAX; default 128 (README:
-                                   the measured trade-off) */
+                                   DLOCK_PASS_LIMIT_MAX; default 128
+                                   (docs/performance.md: the measured
+                                   trade-off) */
     /* Called once for each held lease that is lost (found gone in Redis, or
      * its validity ran out while Redis was unreachable), with the holder's
      * token. It runs outside every library lock, on the renewal thread (then
@@ -130,7 +131,7 @@ typedef struct dlock_config {
     const char *redis_unix_path;   /* connect over this Unix socket; default NULL */
     const char *sentinels;         /* "host:port,host:port,...": Sentinel mode; the
                                       master named sentinel_master is asked of them
-                                      on every connect (README: Deployments);
+                                      on every connect (docs/deployments.md);
                                       default NULL */
     const char *sentinel_master;   /* the master's name known to the sentinels;
                                       required with sentinels */
@@ -145,8 +146,8 @@ typedef struct dlock_config {
                                       a renewal counts as not made. A lease is then
                                       on that many replicas before its holder runs,
                                       and a failover that promotes one of them (or
-                                      one further ahead) keeps it; README:
-                                      Deployments says when that holds. A release
+                                      one further ahead) keeps it;
+                                      docs/deployments.md says when that holds. A release
                                       in another client then gives the lease with
                                       a wake-up, not a direct grant (one acquire
                                       more per crossing). 0..DLOCK_MIN_REPLICAS_MAX;
@@ -154,7 +155,7 @@ typedef struct dlock_config {
     const char *cluster_nodes;     /* "host:port,host:port,...": Redis Cluster mode;
                                       these seed nodes are asked for the slot map,
                                       and each lock name goes to the master of its
-                                      slot (README: Deployments). key_prefix must
+                                      slot (docs/deployments.md). key_prefix must
                                       hold no brace, redis_db must be 0, and a
                                       name must not start with '}' (DLOCK_EINVAL);
                                       default NULL */
@@ -532,7 +533,7 @@ DLOCK_API char *dlock_client_metrics_prometheus(dlock_client *c);
 DLOCK_API int dlock_client_stats(dlock_client *c, dlock_stats *out);
 
 /*
- * Fencing (README, "Fencing"). A token only protects data whose store
+ * Fencing (docs/guide.md, "Fencing"). A token only protects data whose store
  * checks it on every read and write: the store keeps the highest token that
  * has touched each record and refuses any operation with a lower one (equal
  * passes: one holder reads and writes many times). This is the text of a
@@ -542,7 +543,7 @@ DLOCK_API int dlock_client_stats(dlock_client *c, dlock_stats *out);
  *   EVALSHA <sha> 1 <record key> <token> set <field> <value> ...
  * It returns {1, values...} / {1}, or {0, highest token} when refused (a
  * later holder has touched the record: the caller's lease is gone, and
- * nothing was read or written). lua/fenced.lua says more; the README gives
+ * nothing was read or written). lua/fenced.lua says more; the user guide gives
  * the same rule for SQL. A static string, never NULL.
  */
 DLOCK_API const char *dlock_fenced_script(void);

@@ -1,4 +1,4 @@
--- The fenced store: data a dlock lock protects, kept in Redis (README,
+-- The fenced store: data a dlock lock protects, kept in Redis (docs/guide.md,
 -- "Fencing"), read and written only with the holder's fencing token, so
 -- that a holder whose lease was lost (paused past it, cut off, or a Redis
 -- restart that lost it) cannot overwrite or act on what a later holder did.

@@ -702,7 +702,7 @@ function W:fault_restart(kind)
   -- snapshot), 'failover' (a replica that missed the last writes).
   -- Not while the server's clock is behind a token it issued after a step
   -- back: a fence lost then cannot be made up for by the clock, and tokens
-  -- go back (README, "Fencing tokens": the two faults together are outside
+  -- go back (docs/guide.md, "Fencing tokens": the two faults together are outside
   -- what is promised). It comes once the clock has caught up.
   local top = self.behind_until
   local srv = self.now + self.srv_off
@@ -785,7 +785,7 @@ function W:fault_clock()
     -- Not back to before the time Redis lost its data: tokens issued
     -- just before the loss would be ahead of the stepped-back clock, and
     -- their fences are gone (the two faults together are outside what
-    -- is promised: README, "Fencing tokens"): skipped.
+    -- is promised: docs/guide.md, "Fencing tokens"): skipped.
     if self.loss_srv and srv + d <= self.loss_srv then
       self.faults.clock_back_later = (self.faults.clock_back_later or 0) + 1
       return

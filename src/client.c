@@ -105,10 +105,10 @@
 #include "table.h"
 #include "unconfirmed.h"
 
-/* The fairness bound of the local succession policy (I10; README, "Handoff"):
+/* The fairness bound of the local succession policy (I10; docs/guide.md, "Handoff"):
  * a waiter that has led the local queue this long is passed over by no one;
  * the next local release hands it the lease directly. Chosen by measurement
- * (README, "Many threads on one name"): 0.5 to 2 ms give the same throughput
+ * (docs/performance.md, "Many threads on one name"): 0.5 to 2 ms give the same throughput
  * as no bound at all, within the noise of this machine. */
 #define DLOCK_FAIR_NS (1 * DLOCK_NS_PER_MS)
 
@@ -1803,7 +1803,7 @@ static int release(dlock_client *c, const char *name)
 
 /* The k-th local handoff of a grant takes token grant_token + k: only once
  * k us have passed since the grant on the server's clock, so that no token
- * is ever ahead of it (README, "Fencing tokens": a restart or failover that
+ * is ever ahead of it (docs/guide.md, "Fencing tokens": a restart or failover that
  * loses the fence cannot undercut a token in use). Redis made the grant at
  * server time grant_token (a grant is never ahead of server time but after a
  * clock step back), before this client learned it at grant_boot_ns; this

@@ -10,7 +10,7 @@
  * passes, replication and the sentinels' included (each server announces
  * its proxy's port); three sentinels (quorum 2, down after 1 s); P worker
  * processes, each one dlock client in Sentinel mode with min_replicas M
- * (default 2: every replica, the setting the README recommends for
+ * (default 2: every replica, the setting the docs recommend for
  * failovers; with 1, forced failovers give overlapping holders, issue 18) and
  * T threads (nemesis_worker.c); and a fenced store, a separate
  * redis-server no fault touches, on which the workers do a read-modify-write
@@ -24,7 +24,7 @@
  * at random (default all): pause (a worker SIGSTOPped for 1-2 lease times, then SIGCONT),
  * kill (a worker SIGKILLed and replaced), restart (the master SIGKILLed and
  * restarted from its AOF at once), wipe (the same without its data: once per
- * run, the README's "restart without persistence"), failover (SENTINEL
+ * run, the guide's "restart without persistence"), failover (SENTINEL
  * FAILOVER, waited for), delay (the master's proxy delays traffic 1-100 ms
  * for 1-3 s), reset (the master's proxy resets every connection), hold (the
  * master's proxy holds back the next script call for 0.2-2.5 s: a request
@@ -32,8 +32,8 @@
  * 0.1-0.6 s), clockfwd and clockback (the data servers' clocks step forward
  * 0.5-2 s, a step that would put them more than 10 s ahead of real time
  * being skipped, or back by up to one lease time in all until they have
- * caught up: the bound the README states). A failover or wipe waits until the
- * clocks have caught up with every step back (the README promises nothing
+ * caught up: the bound the docs state). A failover or wipe waits until the
+ * clocks have caught up with every step back (the docs promise nothing
  * for both at once).
  *
  * --plant nolock|unfenced plants a bug (nemesis.h) that the checker must

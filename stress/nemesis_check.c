@@ -8,7 +8,7 @@
  *             intervals [t_acq, t_end] of records whose holder still saw its
  *             lease valid (dlock_held said 1) after its store calls never
  *             intersect, threads of one process included. An overlap is
- *             excused only by a fault the README says may revoke a grant (a
+ *             excused only by a fault the docs say may revoke a grant (a
  *             restart that lost the data, a forward step of the server
  *             clock, a failover when min_replicas is 0) that the older grant
  *             predates and after which the later one came within a lease

@@ -6,7 +6,7 @@
  * name's counter in the fenced store (one in 16 holders waits up to half a
  * lease between the read and the write, so that faults find holders inside) (a separate redis-server the nemesis
  * never touches), then dlock_held, then dlock_release, and one history
- * record. The store is built as the README tells users to build one:
+ * record. The store is built as the user guide tells users to build one:
  *
  *   read(name, token):  refused if token < the highest token seen for name;
  *                       else records token as the highest and returns the

@@ -669,7 +669,7 @@ static void test_stop_during_handoff(void **state)
 }
 
 /* dlock_client_shutdown running on one thread when dlock_client_close
- * starts on another (the README's two-step stop, by a signal thread and
+ * starts on another (the user guide's two-step stop, by a signal thread and
  * main): close waits until the shutdown has left its visit of the entries,
  * which used to read what close had freed. The shutdown is held inside its
  * visit for 300 ms (dlock_test_shutdown_delay_ns, a hook for tests); close

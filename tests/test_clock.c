@@ -1,7 +1,7 @@
 /*
  * The Redis server's clock stepping back, on a real redis-server whose wall
  * clock the test steps (tests/clockshim.c with libfaketime; only the server
- * sees the fake clock). README, Semantics, "Fencing tokens": a step back by
+ * sees the fake clock). docs/guide.md, Semantics, "Fencing tokens": a step back by
  * up to one lease time (added up over steps until the clock has caught up)
  * does not make tokens go back, whether the name was just released or has
  * been idle for a while; a larger step can, on a name idle for longer than
@@ -147,7 +147,7 @@ static void test_step_back_one_lease(void **state)
 
 /* Beyond the bound: a step back of six lease times on a name idle for
  * longer than its fences live (2.5 leases) gives a token below the last
- * (the README says so; this shows the bound is not loose). The margin,
+ * (the docs say so; this shows the bound is not loose). The margin,
  * 3.5 s, is for the idle sleep overrunning on a loaded machine. */
 static void test_step_back_beyond_bound(void **state)
 {

@@ -117,7 +117,7 @@ static void test_slots_match_a_real_cluster(void **state)
     fx_cluster_stop(&cl);
     /* A name that starts with '}' makes "<prefix>{}..." an empty tag: its
      * keys hash whole and scatter. Cluster mode will have to refuse or
-     * escape such names (README: Limits). */
+     * escape such names (docs/guide.md: Limits). */
     fprintf(stderr, "%d of the names start with '}' and scatter their keys\n", split_names);
     assert_int_equal(mismatches, 0);
 }

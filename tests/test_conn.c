@@ -5,7 +5,7 @@
  * connections dropped, waits bounded by the command timeout). Where the
  * server is: the checks of host/port, Unix socket and sentinels in the
  * config, "host:port" lists, a server on a Unix socket, and an ACL user
- * with exactly the README's rule (and without parts of it).
+ * with exactly the rule of docs/deployments.md (and without parts of it).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -454,7 +454,7 @@ static void test_unix_socket(void **state)
     fx_redis_stop(&r);
 }
 
-/* The ACL rule of the README (Deployments: ACL user) for key_prefix
+/* The ACL rule of docs/deployments.md (Deployments: ACL user) for key_prefix
  * "tc:acl:", without the user's name and password. */
 #define ACL_RULE(P)                                                                      \
     "resetkeys ~" P "* resetchannels &" P "wake:* -@all +evalsha +eval +script|load "   \
@@ -511,7 +511,7 @@ static dlock_client *acl_client(const char *user, const char *pw, uint32_t lease
     return c;
 }
 
-/* A user with exactly the README's rule can do everything dlock does: its
+/* A user with exactly the rule of docs/deployments.md can do everything dlock does: its
  * scripts, the wake-up channel (a direct grant), renewals; credentials or
  * permissions it lacks are DLOCK_ESERVER at the first call, with Redis'
  * reason. */

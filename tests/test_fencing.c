@@ -1,5 +1,5 @@
 /*
- * Fencing recipes (README, "Fencing") against real servers: a lock server
+ * Fencing recipes (docs/guide.md, "Fencing") against real servers: a lock server
  * (fx_server) and a store, a second redis-server that keeps the protected
  * data, or an SQLite database for the SQL recipe.
  *
@@ -11,11 +11,11 @@
  * on purpose: A reads, B acquires and reads, A writes, B writes. Each store
  * reports whether a write went in; an update is lost when a write went in
  * and the counter does not show it.
- *   - the recipe (dlock_fenced_script, and the SQL statements of the README):
+ *   - the recipe (dlock_fenced_script, and the SQL statements of the user guide):
  *     the token goes with the read too, and any operation below the highest
  *     token seen is refused: A's write is refused, nothing is lost, and B may
  *     write twice under its grant;
- *   - the advice the README gave before (check the token at write time
+ *   - the advice the docs gave before (check the token at write time
  *     only, with '>'): A's write goes in between B's read and B's write, and
  *     one update is lost; B's second write under the same grant is refused.
  * The counts are exact: the interleaving is fixed, no timing decides it.
@@ -42,7 +42,7 @@
 
 static fx_redis store_srv; /* the application's Redis, never restarted */
 
-/* The README's earlier advice: the token checked when writing only, and
+/* The docs' earlier advice: the token checked when writing only, and
  * with '>', in the same shape as the recipe's script. */
 static const char OLD_ADVICE[] =
     "if ARGV[2] == 'get' then return {1, redis.call('HGET', KEYS[1], ARGV[3]) or false} end\n"
@@ -217,7 +217,7 @@ static void test_redis_store_across_restart(void **state)
     redisFree(k);
 }
 
-/* The SQL recipe of the README (SQLite here), and the earlier advice. */
+/* The SQL recipe of the user guide (SQLite here), and the earlier advice. */
 static void test_sql_store_across_restart(void **state)
 {
     (void)state;

@@ -384,7 +384,7 @@ static void test_failover_in_storm(void **state)
      * the promotion until the sentinels turn the old master into the new
      * one's replica: the storm stalls (errors only) for that long. It goes
      * on until 200 acquisitions succeeded after the old master stepped down
-     * (at most 60 s: the sentinels take about 10 s, see the README). */
+     * (at most 60 s: the sentinels take about 10 s, see docs/deployments.md). */
     long long promoted_ns = 0, demoted_ns = 0, resumed_ns = 0, ok_at_demotion = 0;
     for (int i = 0; i < 6000 && !resumed_ns; i++) {
         fx_sleep_ms(10);

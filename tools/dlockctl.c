@@ -10,7 +10,7 @@
  *
  * It connects as the library does (host and port, a Unix socket, an ACL user
  * and password, Sentinel, Cluster; the same key prefix) and reads the data
- * the library keeps per lock name (README: How it works): the lease hash
+ * the library keeps per lock name (docs/design.md: How it works): the lease hash
  * <prefix>{<name>} (owner id, token, name of the owner's client, time of
  * the grant), its remaining time, the wait queue <prefix>{<name>}:q and the
  * waiters' liveness <prefix>{<name>}:qd. `list` walks the keys with SCAN
@@ -996,12 +996,12 @@ static void doctor_one(const char *host, int port, const char *unix_path)
     else if (save[0])
         finding(where, "warn", "persistence", "RDB snapshots only (save %s): a restart loses the "
                 "leases granted since the last snapshot, and a second holder may run while "
-                "the first still works (fencing tokens keep its writes out; README: Semantics); "
+                "the first still works (fencing tokens keep its writes out; docs/guide.md: Semantics); "
                 "appendonly yes keeps them", save);
     else
         finding(where, "warn", "persistence", "no AOF%s: a restart loses every lease, and a "
                 "second holder may run while the first still works (fencing tokens keep its "
-                "writes out; README: Semantics); appendonly yes keeps them",
+                "writes out; docs/guide.md: Semantics); appendonly yes keeps them",
                 save_known ? " and no RDB snapshots" : "");
     int n = atoi(slaves);
     snprintf(minrep, sizeof minrep, "%d", n);
@@ -1009,7 +1009,7 @@ static void doctor_one(const char *host, int port, const char *unix_path)
         finding(where, "warn", "replicas", "%d replica%s: a failover may promote one that missed "
                 "a grant, and two clients hold the name; min_replicas %s in the clients keeps "
                 "every lease across a failover, at a cost in availability while a replica is "
-                "down (README: Deployments)", n, n == 1 ? "" : "s", minrep);
+                "down (docs/deployments.md)", n, n == 1 ? "" : "s", minrep);
     else if (!strcmp(cluster, "1"))
         finding(where, "warn", "replicas", "a cluster master without replicas: its slots are "
                 "down while it is (no failover)");
