@@ -718,6 +718,7 @@ int dlock_client_open(const dlock_config *cfg, dlock_client **out)
             client_free(c);
             return rc;
         }
+        c->conn.route = &dlock_sentinel_route; /* connections go to the master they name */
     }
     if (random_id(c->id) != 0) {
         client_free(c);
@@ -744,6 +745,7 @@ int dlock_client_open(const dlock_config *cfg, dlock_client **out)
             return rc;
         }
         c->conn.cluster = c->cluster; /* the subscriber connects to any node */
+        c->conn.route = &dlock_cluster_any_route;
     } else {
         c->pool = dlock_pool_create(&c->conn, cfg->pool_size, &c->ctr);
         if (c->pool)

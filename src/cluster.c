@@ -104,6 +104,7 @@ dlock_cluster_node *dlock_cluster_node_at(dlock_cluster *cl, const char *host, i
         n->index = cl->nnodes;
         n->cfg = *cl->base;
         n->cfg.cluster = NULL; /* this node's own address */
+        n->cfg.route = NULL;
         n->cfg.host = strdup(host);
         n->cfg.port = port;
         n->pool = n->cfg.host ? dlock_pool_create(&n->cfg, cl->pool_size, cl->ctr) : NULL;
@@ -481,3 +482,19 @@ int dlock_cluster_is_busy(const redisReply *r)
     return r && r->type == REDIS_REPLY_ERROR &&
            (strncmp(r->str, "TRYAGAIN", 8) == 0 || strncmp(r->str, "CLUSTERDOWN", 11) == 0);
 }
+
+static int any_node(const dlock_conn_cfg *cfg, dlock_counters *ctr, char *host, size_t n,
+                    int *port)
+{
+    (void)ctr;
+    dlock_cluster_any(cfg->cluster, host, n, port);
+    return DLOCK_OK;
+}
+
+const dlock_conn_route dlock_cluster_any_route = {
+    .where = any_node,
+    .doubt = NULL,
+    .stale = NULL,
+    .check_role = 0,
+    .any_node = 1,
+};

@@ -123,6 +123,10 @@ unsigned dlock_cluster_masters(dlock_cluster *cl, dlock_cluster_node **out, unsi
  * into host[size] and sets *port. */
 void dlock_cluster_any(dlock_cluster *cl, char *host, size_t size, int *port);
 
+/* The route of a connection to any node of the cluster cfg->cluster names
+ * (conn.h): the subscriber's. */
+extern const dlock_conn_route dlock_cluster_any_route;
+
 enum { DLOCK_REDIRECT_NONE = 0, DLOCK_REDIRECT_MOVED = 1, DLOCK_REDIRECT_ASK = 2 };
 
 /* If reply is a MOVED or ASK error, parses its slot and address (an empty

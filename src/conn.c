@@ -24,8 +24,6 @@
 
 #include "conn.h"
 #include "error.h"
-#include "cluster.h"
-#include "sentinel.h"
 
 void dlock_block_signals(sigset_t *old)
 {
@@ -421,14 +419,14 @@ static int setup(redisContext *c, const dlock_conn_cfg *cfg, dlock_counters *ctr
     }
     if (cfg->client_name)
         STEP(ST_NAME, "CLIENT SETNAME", 3, "CLIENT", "SETNAME", cfg->client_name);
-    if (cfg->nsentinels)
+    if (cfg->route && cfg->route->check_role)
         STEP(ST_ROLE, "ROLE", 1, "ROLE");
     char db[16];
     snprintf(db, sizeof db, "%d", cfg->db);
     if (cfg->db != 0)
         STEP(ST_SELECT, "SELECT", 2, "SELECT", db);
     STEP(ST_INFO, "INFO", 1, "INFO");
-    if (cfg->min_replicas && !cfg->cluster)
+    if (cfg->min_replicas && !(cfg->route && cfg->route->any_node))
         STEP(ST_WAIT, "WAIT (min_replicas needs it)", 3, "WAIT", "0", "0");
     for (int id = 0; id < DLOCK_SCRIPT_COUNT; id++)
         if (!dlock_script_sha(id)) {
@@ -464,13 +462,10 @@ int dlock_conn_open(const dlock_conn_cfg *cfg, dlock_counters *ctr, redisContext
     const char *host = cfg->host;
     int port = cfg->port;
     char master[256];
-    if (cfg->nsentinels) {
-        int rc = dlock_sentinel_master(cfg, ctr, master, sizeof master, &port);
+    if (cfg->route) {
+        int rc = cfg->route->where(cfg, ctr, master, sizeof master, &port);
         if (rc != DLOCK_OK)
             return rc;
-        host = master;
-    } else if (cfg->cluster) {
-        dlock_cluster_any(cfg->cluster, master, sizeof master, &port);
         host = master;
     }
     if (cfg->unix_path)
@@ -489,7 +484,8 @@ int dlock_conn_open(const dlock_conn_cfg *cfg, dlock_counters *ctr, redisContext
     int not_master = 0;
     int rc = setup(c, cfg, ctr, where, &not_master);
     if (not_master)
-        dlock_sentinel_doubt(cfg, host, port); /* ask every sentinel next time */
+        if (cfg->route && cfg->route->doubt)
+            cfg->route->doubt(cfg, host, port); /* ask every sentinel next time */
     if (rc != DLOCK_OK) {
         char why[200];
         snprintf(why, sizeof why, "%s", dlock_last_error());
@@ -569,6 +565,12 @@ redisReply *dlock_conn_eval(redisContext *c, dlock_counters *ctr, int64_t deadli
     }
 }
 
+/* 1 if the route says c goes to a server no longer to use. */
+static int conn_stale(const dlock_conn_cfg *cfg, const redisContext *c)
+{
+    return cfg->route && cfg->route->stale && cfg->route->stale(cfg, c);
+}
+
 struct dlock_pool {
     pthread_mutex_t mu;
     pthread_cond_t cv; /* signalled when a slot or an idle connection frees */
@@ -622,7 +624,7 @@ int dlock_pool_get(dlock_pool *p, int64_t caller_deadline, redisContext **out)
     for (;;) {
         if (p->nidle) {
             redisContext *c = p->idle[--p->nidle];
-            if (dlock_sentinel_stale(p->cfg, c)) {
+            if (conn_stale(p->cfg, c)) {
                 /* the master moved: this one goes to the old one */
                 redisFree(c);
                 p->open--;
@@ -673,7 +675,7 @@ void dlock_pool_put(dlock_pool *p, redisContext *c, int broken)
 {
     if (!c)
         return;
-    if (broken || c->err || dlock_sentinel_stale(p->cfg, c)) {
+    if (broken || c->err || conn_stale(p->cfg, c)) {
         redisFree(c);
         c = NULL;
     }

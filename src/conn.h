@@ -21,10 +21,29 @@ typedef struct dlock_addr {
 
 typedef struct dlock_master dlock_master; /* sentinel.h */
 typedef struct dlock_cluster dlock_cluster; /* cluster.h */
+typedef struct dlock_conn_cfg dlock_conn_cfg;
+
+/* Where a connection goes when the configuration does not name one server:
+ * the routing layer above (sentinel.c: the master the sentinels name;
+ * cluster.c: any node of a cluster, for the subscriber) gives it, so that
+ * connections never call up into it. */
+typedef struct dlock_conn_route {
+    /* The address to connect to now, into host (size n) and *port.
+     * DLOCK_OK, or an error with the message set. */
+    int (*where)(const dlock_conn_cfg *cfg, dlock_counters *ctr, char *host, size_t n, int *port);
+    /* The server at host:port said it is not the master: ask anew next
+     * time. NULL: nothing to do. */
+    void (*doubt)(const dlock_conn_cfg *cfg, const char *host, int port);
+    /* 1 if c goes to a server that is no longer the one to use (the master
+     * moved), else 0. NULL: never. */
+    int (*stale)(const dlock_conn_cfg *cfg, const redisContext *c);
+    int check_role; /* a new connection checks with ROLE that it reached a master */
+    int any_node;   /* a connection to any node, which writes nothing: no WAIT check */
+} dlock_conn_route;
 
 /* Where and how to connect: exactly one of host/port, unix_path,
  * sentinels and cluster names the server (dlock_client_open checks it). */
-typedef struct dlock_conn_cfg {
+struct dlock_conn_cfg {
     char *host;
     int port;
     char *unix_path;       /* non-NULL: connect over this Unix socket */
@@ -42,7 +61,8 @@ typedef struct dlock_conn_cfg {
     uint32_t min_replicas; /* > 0: a new connection checks that WAIT is allowed */
     uint32_t connect_timeout_ms;
     uint32_t command_timeout_ms;
-} dlock_conn_cfg;
+    const dlock_conn_route *route; /* NULL: host/port or unix_path is the server */
+};
 
 /* Parses "host:port,host:port,..." (an IPv6 host in brackets: "[::1]:6379";
  * spaces around items are ignored) into a new array *out of *n entries

@@ -227,3 +227,11 @@ int dlock_sentinel_stale(const dlock_conn_cfg *cfg, const redisContext *c)
     pthread_mutex_unlock(&m->mu);
     return stale;
 }
+
+const dlock_conn_route dlock_sentinel_route = {
+    .where = dlock_sentinel_master,
+    .doubt = dlock_sentinel_doubt,
+    .stale = dlock_sentinel_stale,
+    .check_role = 1,
+    .any_node = 0,
+};

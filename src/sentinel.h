@@ -65,4 +65,9 @@ void dlock_sentinel_doubt(const dlock_conn_cfg *cfg, const char *host, int port)
  * the recorded master: a failover moved the master, drop c. */
 int dlock_sentinel_stale(const dlock_conn_cfg *cfg, const redisContext *c);
 
+/* The route of a client in Sentinel mode (conn.h): connections go to the
+ * master the sentinels name (dlock_sentinel_master), check it with ROLE,
+ * put it in doubt when it is none, and are dropped when the master moved. */
+extern const dlock_conn_route dlock_sentinel_route;
+
 #endif

@@ -203,6 +203,7 @@ static void setup(void)
             die("--sentinels");
         CFG.sentinel_master = (char *)O.master;
         CFG.sentinel_password = (char *)O.sentinel_password;
+        CFG.route = &dlock_sentinel_route;
     }
     if (O.cluster) {
         if (dlock_cluster_create(&CFG, O.cluster, 1, 0, &CTR, &CL) != DLOCK_OK)
