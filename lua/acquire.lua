@@ -77,7 +77,7 @@
 -- token its holder used), or, for the grant the caller already owns, its
 -- token or the last one the caller handed out under it (ARGV[9]). A grant's token is server time, except after a step back of the
 -- server's clock; a client's local handoffs take the next tokens no faster
--- than server time passes (client.c, handoff_in_time). So no token in use
+-- than server time passes (release.c, handoff_in_time). So no token in use
 -- is ahead of server time, and a restart or failover that loses the fence
 -- cannot undercut one: the next grant's server time is past it. After a
 -- step back a grant is ahead (last + 1), and the fences and expired keys
@@ -112,7 +112,7 @@ local now_ms = math.floor(now_us / 1000)
 -- that after it expired unreleased its tokens still bound the next grant's
 -- if the server's clock steps back by up to a lease time. Its holder
 -- handed out tokens up to token + pass limit, and no faster than time
--- passed from its grant (since, server ms) to exp (client.c,
+-- passed from its grant (since, server ms) to exp (release.c,
 -- handoff_in_time).
 local gone = 0
 if lease[1] and lease[5] and now_ms > tonumber(lease[5]) then

@@ -172,7 +172,7 @@ while true do
       tok = string.format('%.0f', last + 1) -- after a step back of the clock
     end
     -- The waiter's local handoffs follow no faster than time passes
-    -- (client.c, handoff_in_time): a waiter that never took the grant
+    -- (release.c, handoff_in_time): a waiter that never took the grant
     -- leaves nothing ahead of the clock, and one that did is bounded by
     -- its release's fence, or by its key once the grant expired
     -- (acquire.lua, gone).

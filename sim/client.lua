@@ -1,4 +1,5 @@
--- The client side of dlock's protocol, as src/client.c and src/renew.c
+-- The client side of dlock's protocol, as src/ (client.c, api.c, acquire.c,
+-- release.c, rpc.c) and src/renew.c
 -- follow it, written as event handlers over the simulated world
 -- (sim/world.lua). One table per client process: its threads, its entries
 -- (the local tier, one per lock name), its renewal manager's registry and
@@ -30,7 +31,7 @@ function C.settings(cfg)
   s.period_us = cfg.lease_ms * 1000 / 3
   s.retry_us = 100000 -- RETRY_MS: a failed renewal round is tried again this soon
   s.pool_size = cfg.pool_size
-  s.local_rule = cfg.local_rule -- see release_outermost below
+  s.local_rule = cfg.local_rule -- see dlock_release_outermost below
   return s
 end
 
@@ -71,7 +72,7 @@ local function entry(c, name)
   return e
 end
 
--- next_number (client.c): the client's attempt sequence.
+-- dlock_rpc_number (rpc.c): the client's attempt sequence.
 local function next_number(c)
   c.attempts = c.attempts + 1
   return c.attempts
@@ -99,7 +100,7 @@ function C.think(th)
   W:after_client(c, W:rint(0, W.cfg.think_us), function() C.want(th) end)
 end
 
--- dlock_acquire (client.c: acquire): a thread wants a name.
+-- dlock_acquire (api.c: acquire; acquire.c: dlock_acquire_run): a thread wants a name.
 function C.want(th)
   local c, W = th.c, th.c.W
   if not c.alive or W.stopping then return end
@@ -148,7 +149,7 @@ local function finish(th, rc, quiet)
   trace(c, '%s acquire of %s: %s', th.name, e.name, rc)
   if rc ~= 'OK' then
     th.state = 'done'
-    -- client.c acquire: the last thread here that gives up takes the
+    -- dlock_acquire_run: the last thread here that gives up takes the
     -- client out of the queue in Redis.
     dequeue(e, th)
     if e.queued and #e.queue == 0 and not e.poller and not e.owner and e.state == 'NONE' then
@@ -180,7 +181,7 @@ function C.deadline(th)
 end
 
 -- A waiting acquire stops: its cancel token was fired (rc 'ECANCELED', seq
--- its want) or its client shuts down ('ECLOSED'): client.c stop_rc, looked
+-- its want) or its client shuts down ('ECLOSED'): client.c dlock_client_stop_rc, looked
 -- at by a waiting thread at once, by the poller between its tries (a call
 -- under way ends first).
 function C.stop(th, rc, seq)
@@ -201,7 +202,7 @@ function C.stop(th, rc, seq)
 end
 
 -- dlock_client_shutdown: every waiting acquire stops, later ones too, and
--- no lease passes to another thread any more (release_outermost).
+-- no lease passes to another thread any more (dlock_release_outermost).
 function C.shutdown(c)
   c.closing = true
   for _, th in ipairs(c.threads) do
@@ -209,7 +210,7 @@ function C.shutdown(c)
   end
 end
 
--- Whenever e changes: a waiting thread may have something to do (kick_head).
+-- Whenever e changes: a waiting thread may have something to do (dlock_entry_kick_head).
 function C.progress(e, c)
   if not c.alive then return end
   if e.owner or e.poller or e.state ~= 'NONE' then return end
@@ -257,7 +258,7 @@ end
 
 C.poll_done = poll_done
 
--- unconfirmed_end (client.c): the grant ended without a release Redis
+-- dlock_client_unconfirmed_end (client.c): the grant ended without a release Redis
 -- confirmed, after `tok`, as `how` (0 a release, 1 abandoned, 2 lost).
 local function unconfirmed_end(e, tok, how)
   if tok >= (e.unconfirmed or 0) then
@@ -266,7 +267,7 @@ local function unconfirmed_end(e, tok, how)
   end
 end
 
--- take_grant (client.c)
+-- take_grant (acquire.c)
 local function take_grant(c, e, th, token, valid_until, unclean)
   e.state = 'HELD'
   e.grant_token = token
@@ -288,7 +289,7 @@ local function take_grant(c, e, th, token, valid_until, unclean)
   c.W:acquired(c, e, th, token, false)
 end
 
--- take_direct_grant (client.c): the poller looks at a grant message.
+-- take_direct_grant (acquire.c): the poller looks at a grant message.
 local function take_direct_grant(c, e)
   local m = e.msg
   e.msg = nil
@@ -307,7 +308,7 @@ local function take_direct_grant(c, e)
   return true
 end
 
--- One try of the poller (poll_redis, redis_acquire).
+-- One try of the poller (poll_redis, dlock_rpc_acquire).
 function C.try(c, e)
   local th = e.poller
   e.state = 'ACQUIRING'
@@ -382,8 +383,8 @@ function C.wake_poller(c, e)
   C.try(c, e)
 end
 
--- dlock_release (client.c: release_outermost). The rule for local handoffs
--- is cfg.local_rule: 'clock' (client.c, handoff_in_time: the k-th handoff of
+-- dlock_release (release.c: dlock_release_outermost). The rule for local handoffs
+-- is cfg.local_rule: 'clock' (release.c, handoff_in_time: the k-th handoff of
 -- a grant only once k us have passed on the client's clock since it took
 -- the grant, less 1% for drift, so that its token is never ahead of the
 -- server's clock), or 'passes' (the pass limit alone, as before 0.3: sim
@@ -474,7 +475,7 @@ function C.release(th)
 end
 
 ------------------------------------------------------------------------
--- redis_leave (client.c), and the renewal thread's background jobs:
+-- dlock_rpc_leave (rpc.c), and the renewal thread's background jobs:
 -- orphan releases (dlock_renew_orphan) and leaves (dlock_renew_leave).
 
 function C.leave(c, e, n, background)

@@ -2,10 +2,10 @@
  * Cancel tokens (dlock_cancel, public in dlock.h): a flag fired once from
  * any thread, and the list of the waits that use it, each with a function
  * that wakes it. The token knows nothing of what a wait is: the lock logic
- * (client.c) registers its acquires with a wake function of its own.
+ * (api.c) registers its acquires with a wake function of its own.
  *
  * Lock order: the token's mutex is taken before whatever a registration's
- * wake function takes (client.c: the table mutex, then an entry mutex). So
+ * wake function takes (api.c: the table mutex, then an entry mutex). So
  * a waiting thread must never register, unregister or fire while it holds
  * an entry mutex; it reads the flag (dlock_cancel_is_fired) anywhere.
  */

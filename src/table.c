@@ -224,3 +224,13 @@ void dlock_table_each_ref(dlock_table *t, void (*fn)(dlock_entry *e, void *arg),
     }
     free(v);
 }
+
+/* Someone changed e's state: wakes the head of the local queue if there is
+ * something for it to do: an open handoff to take, or no poller while the
+ * lease is not here (it polls: I9). Called with e->mu held. */
+void dlock_entry_kick_head(dlock_entry *e)
+{
+    if (e->wq.head &&
+        (e->handoff || (!e->has_owner && e->state == DLOCK_LEASE_NONE && !e->poller)))
+        dlock_waitq_wake(e->wq.head);
+}

@@ -150,6 +150,10 @@ unsigned dlock_table_count(dlock_table *t);
  * mutex (so fn may lock the entry); entries closing meanwhile are skipped. */
 void dlock_table_each_ref(dlock_table *t, void (*fn)(dlock_entry *e, void *arg), void *arg);
 
+/* Someone changed e's state: wakes the head of e's local queue if there is
+ * something for it to do (client.h, I9). Called with e->mu held. */
+void dlock_entry_kick_head(dlock_entry *e);
+
 /* Calls fn on every entry, under the table mutex (fn must not lock entries
  * or call back into the table). For close and tests. */
 void dlock_table_foreach(dlock_table *t, void (*fn)(dlock_entry *e, void *arg), void *arg);

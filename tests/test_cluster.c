@@ -1,5 +1,5 @@
 /*
- * Redis Cluster mode (src/cluster.c, and the routing in client.c and
+ * Redis Cluster mode (src/cluster.c, and the routing in rpc.c and
  * renew.c), on a real 3-master cluster started here (fixture.h:
  * fx_cluster_start):
  *   - the hash slot of a key, checked against the specification's vector
