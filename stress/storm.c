@@ -41,13 +41,22 @@
  * DLOCK_EBUSY with --wait-ms 0, is the scenario's, not an error) and at most
  * as many acquisitions timed out as succeeded; 1 otherwise; 2 on bad usage.
  */
+/*
+ * This file is the parent: the private servers and the delaying proxy,
+ * INFO, forking and watching the workers, progress, the report of a stuck
+ * run, the JSON line and the summary. storm_opts.c has the options,
+ * storm_worker.c the shared region, the lock modes and the workers;
+ * storm.h what they share and its rules. The parent writes O, names,
+ * key_prefix, client_port, unix_path, sentinel_set, cluster_set and
+ * parent_pid before it forks, never after; of the shared region, it writes
+ * H's start_ns, deadline_ns and go once, stop (and a worker's setup_done
+ * when its fork fails), and reads the rest: live counters with atomic
+ * loads, everything else once the workers have exited.
+ */
 #define _GNU_SOURCE
 #include <errno.h>
-#include <getopt.h>
 #include <inttypes.h>
-#include <pthread.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -65,616 +74,41 @@
 #include "dlock.h"
 #include "fixture.h"
 #include "proxy.h"
+#include "storm.h"
 #include <hiredis/hiredis.h>
-#ifdef DLOCK_LOCKSTAT
-#include "lockstat.h"
-#endif
 
-#if defined(__SANITIZE_ADDRESS__)
-#define STORM_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define STORM_ASAN 1
-#endif
-#endif
-#ifdef STORM_ASAN
-#include <sanitizer/lsan_interface.h>
-#endif
-
-/* ------------------------------------------------------------------ */
-/* Options                                                              */
-
-#define MAX_PROCS 64
-#define MAX_REPLICAS 4   /* --min-replicas */
-#define MAX_THREADS 4096
-#define MAX_TOTAL_THREADS 16384
-#define MAX_LOCKS 1000000
-#define MAX_US 10000000L        /* 10 s for cs/think */
 #define SETUP_TIMEOUT_NS (20LL * 1000000000LL)
 #define OVERRUN_NS (30LL * 1000000000LL)
 
-typedef struct opts {
-    int procs, threads, locks;
-    double seconds;
-    long cs_us, think_us;
-    int cs_sleep;
-    long pass_limit;          /* -1: library default */
-    long lease_ms;
-    long wait_ms;
-    long pool_size;           /* -1: library default (1 with --client-per-thread) */
-    int client_per_thread;
-    int mutex;                /* process-shared pthread mutexes instead of dlock */
-    int naive;                /* the simplest Redis lock instead of dlock */
-    long rtt_us;              /* > 0: clients reach Redis through a delaying proxy */
-    char host[256];
-    int port;                 /* 0: private redis-server */
-    int unix_socket;          /* --unix: clients reach the private server over a Unix socket */
-    int min_replicas;         /* --min-replicas: replicas of the private server, and
-                                 dlock's min_replicas */
-    int sentinel;             /* --sentinel: a private master, replica and three
-                                 sentinels; clients in Sentinel mode */
-    int cluster;              /* --cluster: a private 3-master Redis Cluster;
-                                 clients in Cluster mode */
-    int cluster_replicas;     /* --cluster-replicas: replicas per master (0..1) */
-    int cluster_replicas_set; /* --cluster-replicas given */
-    long stack_kb;
-    int quiet;
-    const char *metrics_path; /* --metrics: worker 0's client's Prometheus text */
-} opts;
+/* Declared in storm.h: set before the fork. */
+char *names;       /* locks x NAME_LEN, private copy per process */
+char key_prefix[64];
+int client_port;   /* where the workers' clients connect: Redis, or the proxy */
+pid_t parent_pid;
 
-static opts O = {
-    .procs = 2, .threads = 16, .locks = 1, .seconds = 5.0, .cs_us = 100,
-    .think_us = 1000, .cs_sleep = 0, .pass_limit = -1, .lease_ms = 30000,
-    .wait_ms = 2000, .pool_size = -1, .client_per_thread = 0, .host = "127.0.0.1",
-    .port = 0,
-#ifdef STORM_ASAN
-    .stack_kb = 256,
-#else
-    .stack_kb = 64,
-#endif
-    .quiet = 0,
-};
-
-static void usage(FILE *f)
-{
-    fprintf(f,
-"usage: storm [options]\n"
-"A thread storm against dlock: N processes x T threads acquire L lock names,\n"
-"check exclusion and fencing tokens in every critical section, and measure\n"
-"throughput, wait times, fairness and what Redis pays per acquisition.\n"
-"Prints one JSON line on stdout, progress and a summary on stderr.\n"
-"\n"
-"  --procs N            worker processes (1..%d, default 2)\n"
-"  --threads T          threads per process (1..%d, default 16; N*T <= %d)\n"
-"  --locks L            lock names, picked at random per acquisition\n"
-"                       (1..%d, default 1)\n"
-"  --seconds S          run length, fractional allowed (default 5, max 86400)\n"
-"  --cs-us X            critical section length in us (0..%ld, default 100)\n"
-"  --cs-sleep           sleep (nanosleep) in the critical section instead of\n"
-"                       busy-waiting\n"
-"  --think-us Y         pause between two acquisitions in us (0..%ld,\n"
-"                       default 1000)\n"
-"  --pass-limit K       dlock pass_limit (local handoffs before the lease goes\n"
-"                       back to Redis; default: the library's)\n"
-"  --lease-ms M         lease time (%u..%u, default 30000)\n"
-"  --wait-ms W          acquire wait: -1 forever, 0 try once (EBUSY counted\n"
-"                       as busy), >0 bounded (default 2000; timeouts counted)\n"
-"  --pool-size P        dlock pool_size (default: the library's, or 1 with\n"
-"                       --client-per-thread)\n"
-"  --client-per-thread  every thread opens its own dlock_client (no local\n"
-"                       tier: for comparison)\n"
-"  --mutex              no dlock and no Redis: every name is a process-shared\n"
-"                       pthread mutex in shared memory (the ideal to compare\n"
-"                       with; the token is a per-name counter bumped in the\n"
-"                       critical section; --wait-ms: >0 timedlock, 0 trylock,\n"
-"                       -1 lock). No redis-server is started; with --redis its\n"
-"                       INFO is read, else the Redis fields are null\n"
-"  --naive              no dlock: the simplest Redis lock, as written in ten\n"
-"                       lines: SET <prefix>{name} <unique token> NX PX\n"
-"                       <lease-ms>, retried every 1 ms until --wait-ms, and a\n"
-"                       Lua compare-and-delete (EVAL) to release, on one\n"
-"                       connection per thread; the token checked is a per-name\n"
-"                       counter bumped in the critical section, as with --mutex\n"
-"  --rtt-us N           clients reach Redis through the project's fault proxy\n"
-"                       (tests/proxy.c, in a process of its own) that delays\n"
-"                       each direction by N/2 us: a data-center round trip\n"
-"                       instead of loopback's ~30 us (0..1000000, default 0:\n"
-"                       direct). INFO is still read from Redis directly\n"
-"  --unix               clients (dlock and --naive) reach the private redis-server\n"
-"                       over a Unix socket (INFO is still read over TCP)\n"
-"  --min-replicas N     the private redis-server gets N replicas (0..4) and dlock\n"
-"                       WAITs for N after each grant and renewal (min_replicas)\n"
-"  --sentinel           a private master, one replica and three sentinels; the\n"
-"                       clients find the master through the sentinels (with\n"
-"                       --min-replicas 1 they WAIT for the replica)\n"
-"  --cluster            a private Redis Cluster of 3 masters (all 16384 slots\n"
-"                       assigned); the clients run in Cluster mode with every\n"
-"                       node as a seed (cluster_nodes). The Redis figures\n"
-"                       (round trips, commands, CPU) are summed over the nodes\n"
-"                       that say ROLE master when INFO is read. Not with\n"
-"                       --naive, --mutex, --redis, --unix, --sentinel, --rtt-us\n"
-"                       or --min-replicas\n"
-"  --cluster-replicas R with --cluster: R replicas per master (0..1, default 0;\n"
-"                       dlock does not WAIT for them)\n"
-"  --redis HOST:PORT    use this loopback Redis (127.x.x.x or localhost)\n"
-"                       instead of starting a private redis-server\n"
-"  --stack-kb K         stack of the storm's threads in KiB (16..65536,\n"
-"                       default %ld)\n"
-"  --metrics FILE       worker process 0 writes its (first) client's metrics in\n"
-"                       the Prometheus text format to FILE before it closes it\n"
-"  --quiet              no progress lines and no summary on stderr\n"
-"  --help               this text\n"
-"\n"
-"Exit status: 0 all checks passed; 1 violation, token regression, counter\n"
-"mismatch, failed worker, an acquire or release that failed with an error\n"
-"(not a timeout, nor DLOCK_EBUSY with --wait-ms 0), or more acquisitions\n"
-"timed out than succeeded; 2 bad usage.\n",
-        MAX_PROCS, MAX_THREADS, MAX_TOTAL_THREADS, MAX_LOCKS, MAX_US, MAX_US,
-        DLOCK_LEASE_MIN_MS, DLOCK_LEASE_MAX_MS, O.stack_kb);
-}
-
-static void bad_usage(const char *fmt, ...)
-{
-    va_list ap;
-    fprintf(stderr, "storm: ");
-    va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fprintf(stderr, "\n(try storm --help)\n");
-    exit(2);
-}
-
-static long parse_long(const char *opt, const char *s, long lo, long hi)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end != '\0')
-        bad_usage("%s: '%s' is not an integer", opt, s);
-    if (v < lo || v > hi)
-        bad_usage("%s: %ld is out of range [%ld, %ld]", opt, v, lo, hi);
-    return v;
-}
-
-static double parse_double(const char *opt, const char *s, double lo, double hi)
-{
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end != '\0' || v != v)
-        bad_usage("%s: '%s' is not a number", opt, s);
-    if (v < lo || v > hi)
-        bad_usage("%s: %g is out of range [%g, %g]", opt, v, lo, hi);
-    return v;
-}
-
-static int is_loopback(const char *h)
-{
-    if (strcmp(h, "localhost") == 0)
-        return 1;
-    unsigned a, b, c, d;
-    char extra;
-    if (sscanf(h, "%u.%u.%u.%u%c", &a, &b, &c, &d, &extra) == 4)
-        return a == 127 && b < 256 && c < 256 && d < 256;
-    return 0;
-}
-
-static void parse_opts(int argc, char **argv)
-{
-    enum { O_PROCS = 256, O_THREADS, O_LOCKS, O_SECONDS, O_CS, O_CS_SLEEP, O_THINK,
-           O_PASS, O_LEASE, O_WAIT, O_POOL, O_CPT, O_MUTEX, O_NAIVE, O_RTT, O_REDIS, O_STACK,
-           O_QUIET, O_UNIX, O_MINREP, O_SENTINEL, O_CLUSTER, O_CLUSTER_REPLICAS, O_METRICS,
-           O_HELP };
-    static const struct option lo[] = {
-        {"procs", required_argument, 0, O_PROCS},
-        {"threads", required_argument, 0, O_THREADS},
-        {"locks", required_argument, 0, O_LOCKS},
-        {"seconds", required_argument, 0, O_SECONDS},
-        {"cs-us", required_argument, 0, O_CS},
-        {"cs-sleep", no_argument, 0, O_CS_SLEEP},
-        {"think-us", required_argument, 0, O_THINK},
-        {"pass-limit", required_argument, 0, O_PASS},
-        {"lease-ms", required_argument, 0, O_LEASE},
-        {"wait-ms", required_argument, 0, O_WAIT},
-        {"pool-size", required_argument, 0, O_POOL},
-        {"client-per-thread", no_argument, 0, O_CPT},
-        {"mutex", no_argument, 0, O_MUTEX},
-        {"naive", no_argument, 0, O_NAIVE},
-        {"rtt-us", required_argument, 0, O_RTT},
-        {"redis", required_argument, 0, O_REDIS},
-        {"unix", no_argument, 0, O_UNIX},
-        {"sentinel", no_argument, 0, O_SENTINEL},
-        {"cluster", no_argument, 0, O_CLUSTER},
-        {"cluster-replicas", required_argument, 0, O_CLUSTER_REPLICAS},
-        {"min-replicas", required_argument, 0, O_MINREP},
-        {"stack-kb", required_argument, 0, O_STACK},
-        {"quiet", no_argument, 0, O_QUIET},
-        {"metrics", required_argument, 0, O_METRICS},
-        {"help", no_argument, 0, O_HELP},
-        {0, 0, 0, 0},
-    };
-    opterr = 0;
-    for (;;) {
-        int idx = 0;
-        int c = getopt_long(argc, argv, ":", lo, &idx);
-        if (c == -1)
-            break;
-        switch (c) {
-        case O_PROCS: O.procs = (int)parse_long("--procs", optarg, 1, MAX_PROCS); break;
-        case O_THREADS: O.threads = (int)parse_long("--threads", optarg, 1, MAX_THREADS); break;
-        case O_LOCKS: O.locks = (int)parse_long("--locks", optarg, 1, MAX_LOCKS); break;
-        case O_SECONDS: O.seconds = parse_double("--seconds", optarg, 0.001, 86400); break;
-        case O_CS: O.cs_us = parse_long("--cs-us", optarg, 0, MAX_US); break;
-        case O_CS_SLEEP: O.cs_sleep = 1; break;
-        case O_THINK: O.think_us = parse_long("--think-us", optarg, 0, MAX_US); break;
-        case O_PASS: O.pass_limit = parse_long("--pass-limit", optarg, 0, UINT32_MAX); break;
-        case O_LEASE:
-            O.lease_ms = parse_long("--lease-ms", optarg, DLOCK_LEASE_MIN_MS, DLOCK_LEASE_MAX_MS);
-            break;
-        case O_WAIT: O.wait_ms = parse_long("--wait-ms", optarg, -1, 3600000); break;
-        case O_POOL: O.pool_size = parse_long("--pool-size", optarg, 1, 1024); break;
-        case O_CPT: O.client_per_thread = 1; break;
-        case O_MUTEX: O.mutex = 1; break;
-        case O_NAIVE: O.naive = 1; break;
-        case O_RTT: O.rtt_us = parse_long("--rtt-us", optarg, 0, 1000000); break;
-        case O_REDIS: {
-            const char *colon = strrchr(optarg, ':');
-            if (!colon || colon == optarg)
-                bad_usage("--redis: expected HOST:PORT, got '%s'", optarg);
-            size_t hl = (size_t)(colon - optarg);
-            if (hl >= sizeof O.host)
-                bad_usage("--redis: host too long");
-            memcpy(O.host, optarg, hl);
-            O.host[hl] = '\0';
-            O.port = (int)parse_long("--redis port", colon + 1, 1, 65535);
-            if (!is_loopback(O.host))
-                bad_usage("--redis: '%s' is not a loopback address (127.x.x.x or localhost);"
-                          " storm only talks to this machine", O.host);
-            break;
-        }
-        case O_STACK: O.stack_kb = parse_long("--stack-kb", optarg, 16, 65536); break;
-        case O_UNIX: O.unix_socket = 1; break;
-        case O_SENTINEL: O.sentinel = 1; break;
-        case O_CLUSTER: O.cluster = 1; break;
-        case O_CLUSTER_REPLICAS:
-            O.cluster_replicas = (int)parse_long("--cluster-replicas", optarg, 0, 1);
-            O.cluster_replicas_set = 1;
-            break;
-        case O_MINREP: O.min_replicas = (int)parse_long("--min-replicas", optarg, 0, MAX_REPLICAS); break;
-        case O_QUIET: O.quiet = 1; break;
-        case O_METRICS: O.metrics_path = optarg; break;
-        case O_HELP: usage(stdout); exit(0);
-        case ':':
-            bad_usage("option '%s' needs a value", argv[optind - 1]);
-            break;
-        default:
-            bad_usage("unknown option '%s'", argv[optind - 1]);
-        }
-    }
-    if (optind < argc)
-        bad_usage("unexpected argument '%s'", argv[optind]);
-    if ((long)O.procs * O.threads > MAX_TOTAL_THREADS)
-        bad_usage("--procs x --threads = %ld exceeds %d", (long)O.procs * O.threads,
-                  MAX_TOTAL_THREADS);
-    if (O.mutex + O.naive + O.client_per_thread > 1)
-        bad_usage("--mutex, --naive and --client-per-thread are mutually exclusive");
-    if (O.cluster_replicas_set && !O.cluster)
-        bad_usage("--cluster-replicas needs --cluster");
-    if (O.cluster && (O.naive || O.mutex || O.port || O.unix_socket || O.sentinel ||
-                      O.rtt_us > 0 || O.min_replicas))
-        bad_usage("--cluster starts a private Redis Cluster for dlock's Cluster mode: not with"
-                  " --naive, --mutex, --redis, --unix, --sentinel, --rtt-us or --min-replicas");
-    if (O.mutex && O.rtt_us > 0)
-        bad_usage("--rtt-us needs Redis: not with --mutex");
-    if ((O.unix_socket || O.min_replicas || O.sentinel) && (O.mutex || O.port))
-        bad_usage("--unix, --min-replicas and --sentinel start a private redis-server: not with"
-                  " --mutex or --redis");
-    if (O.sentinel && (O.unix_socket || O.rtt_us > 0 || O.min_replicas > 1))
-        bad_usage("--sentinel: not with --unix or --rtt-us, and its one replica allows"
-                  " --min-replicas 1 at most");
-    if (O.unix_socket && O.rtt_us > 0)
-        bad_usage("--unix and --rtt-us: the delaying proxy speaks TCP only");
-    if (O.naive && O.min_replicas)
-        fprintf(stderr, "storm: note: --naive does not WAIT for replicas\n");
-    if (O.naive && (O.pass_limit >= 0 || O.pool_size > 0))
-        fprintf(stderr, "storm: note: --pass-limit and --pool-size have no effect with --naive\n");
-    if (O.mutex && (O.pass_limit >= 0 || O.pool_size > 0 || O.lease_ms != 30000))
-        fprintf(stderr, "storm: note: --pass-limit, --pool-size and --lease-ms have no effect"
-                        " with --mutex\n");
-    if (O.client_per_thread && O.pass_limit >= 0)
-        fprintf(stderr, "storm: note: --pass-limit has no effect with --client-per-thread"
-                        " (one thread per client)\n");
-}
-
-/* ------------------------------------------------------------------ */
-/* Shared memory                                                        */
-
-#define NB 312       /* histogram buckets: exact 0..7 us, then 8 per octave up to 2^40 us */
-#define NERR 16      /* per error code, index -code (0: code outside the list) */
-#define NAME_LEN 24
-#define LOG_MAX 20   /* detailed lines about failures, over all processes */
-
-typedef struct name_state {
-    uint64_t counter;    /* read at CS start, written +1 at CS end (non-atomic RMW) */
-    uint64_t last_token; /* highest fencing token seen for this name */
-    int32_t occupancy;   /* threads inside the CS right now */
-    int32_t last_proc;   /* worker process of the last holder + 1 (0: none yet);
-                            read and written by the holder only */
-} __attribute__((aligned(64))) name_state;
-
-/* --mutex only: the lock of a name and its token counter. */
-typedef struct mutex_state {
-    pthread_mutex_t m;   /* PTHREAD_PROCESS_SHARED */
-    uint64_t token;      /* last token handed out: read and written +1 under m */
-} __attribute__((aligned(64))) mutex_state;
-
-typedef struct thread_res {
-    /* read live by the parent: updated with atomic stores */
-    uint64_t acq, timeouts, errors_total, violations, regressions;
-    int phase;            /* PH_*: where the thread is, for diagnosing a hang */
-    int name_idx;         /* the name it is acquiring, holding or releasing */
-    /* read only after the run */
-    uint64_t busy, not_held;
-    uint64_t crossings;   /* acquisitions whose previous holder was another process */
-    uint64_t errors[NERR];
-    uint64_t rel_errors[NERR];
-    uint64_t wait_sum_us, wait_max_us;
-    uint64_t hist[NB];
-} __attribute__((aligned(64))) thread_res;
-
-typedef struct proc_res {
-    int setup_done;       /* 1 when the worker's threads are created (or it gave up) */
-    int failed;           /* setup failure */
-    int threads_started;
-    int clients_opened;
-    int closing;          /* 1 while closing its clients, 2 after */
-    dlock_stats stats;    /* summed over the worker's clients before closing */
-    char msg[256];
-} __attribute__((aligned(64))) proc_res;
-
-typedef struct shm_hdr {
-    int stop;             /* set by SIGINT/SIGTERM or by the parent */
-    int go;
-    int64_t start_ns, deadline_ns;
-    int64_t last_end_ns;  /* latest time a thread left its loop */
-    int log_lines;
-} __attribute__((aligned(64))) shm_hdr;
-
-static shm_hdr *H;
-static proc_res *PR;
-static name_state *NS;
-static thread_res *TR;
-static mutex_state *MX;   /* --mutex only, else NULL */
-static void *shm_base;
-static size_t shm_size;
-static char *names;       /* locks x NAME_LEN, private copy per process */
-static char key_prefix[64];
-static int client_port;   /* where the workers' clients connect: Redis, or the proxy */
 static pid_t proxy_pid;   /* --rtt-us: the proxy process */
+static pid_t *pids;       /* parent: worker pids, liveness, exit statuses */
+static int *alive, *wstatus;
 
-static size_t align64(size_t x) { return (x + 63) & ~(size_t)63; }
-
-static void shm_create(void)
-{
-    size_t total = (size_t)O.procs * O.threads;
-    size_t off_pr = align64(sizeof(shm_hdr));
-    size_t off_ns = off_pr + align64(sizeof(proc_res) * O.procs);
-    size_t off_tr = off_ns + align64(sizeof(name_state) * O.locks);
-    size_t off_mx = off_tr + align64(sizeof(thread_res) * total);
-    shm_size = off_mx + (O.mutex || O.naive ? align64(sizeof(mutex_state) * O.locks) : 0);
-    shm_base = mmap(NULL, shm_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    if (shm_base == MAP_FAILED) {
-        fprintf(stderr, "storm: mmap of %zu bytes failed: %s\n", shm_size, strerror(errno));
-        exit(1);
-    }
-    H = (shm_hdr *)shm_base;
-    PR = (proc_res *)((char *)shm_base + off_pr);
-    NS = (name_state *)((char *)shm_base + off_ns);
-    TR = (thread_res *)((char *)shm_base + off_tr);
-    if (!O.mutex && !O.naive)
-        return; /* --naive uses the token counters only */
-    MX = (mutex_state *)((char *)shm_base + off_mx);
-    pthread_mutexattr_t ma;
-    int e = pthread_mutexattr_init(&ma);
-    if (!e)
-        e = pthread_mutexattr_setpshared(&ma, PTHREAD_PROCESS_SHARED);
-    for (int i = 0; !e && i < O.locks; i++)
-        e = pthread_mutex_init(&MX[i].m, &ma);
-    if (e) {
-        fprintf(stderr, "storm: process-shared mutex setup failed: %s\n", strerror(e));
-        exit(1);
-    }
-    pthread_mutexattr_destroy(&ma);
-}
-
-/* Destroyed by the parent once every worker is gone (none holds a mutex). */
-static void shm_destroy_mutexes(void)
-{
-    if (!MX)
-        return;
-    for (int i = 0; i < O.locks; i++)
-        pthread_mutex_destroy(&MX[i].m);
-}
-
-/* ------------------------------------------------------------------ */
-/* Time and helpers                                                     */
-
-static int64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
-static void sleep_ns(int64_t ns)
-{
-    if (ns <= 0)
-        return;
-    struct timespec ts = { .tv_sec = ns / 1000000000LL, .tv_nsec = ns % 1000000000LL };
-    while (nanosleep(&ts, &ts) == -1 && errno == EINTR)
-        ;
-}
-
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#else
-    __asm__ __volatile__("" ::: "memory");
-#endif
-}
-
-static void critical_section(long us)
-{
-    if (us <= 0) {
-        for (int i = 0; i < 64; i++)
-            cpu_relax();
-        return;
-    }
-    if (O.cs_sleep) {
-        sleep_ns((int64_t)us * 1000);
-        return;
-    }
-    int64_t end = now_ns() + (int64_t)us * 1000;
-    while (now_ns() < end)
-        cpu_relax();
-}
-
-static int bucket_of(uint64_t v)
-{
-    if (v < 8)
-        return (int)v;
-    int e = 63 - __builtin_clzll(v);
-    int sub = (int)((v >> (e - 3)) & 7);
-    int b = 8 + (e - 3) * 8 + sub;
-    return b < NB ? b : NB - 1;
-}
-
-/* A representative value of bucket b: its exact value below 8, else the middle. */
-static uint64_t bucket_value(int b)
-{
-    if (b < 8)
-        return (uint64_t)b;
-    int e = (b - 8) / 8 + 3, sub = (b - 8) % 8;
-    uint64_t lo = (uint64_t)(8 + sub) << (e - 3);
-    uint64_t hi = (uint64_t)(9 + sub) << (e - 3);
-    return (lo + hi - 1) / 2;
-}
-
-static int err_index(int code)
-{
-    int i = -code;
-    return (i >= 1 && i < NERR) ? i : 0;
-}
-
-static const char *err_index_name(int i)
-{
-    if (i == 0)
-        return "other";
-    return dlock_err_name(-i);
-}
-
-static void logf_limited(const char *fmt, ...)
-{
-    if (__atomic_add_fetch(&H->log_lines, 1, __ATOMIC_RELAXED) > LOG_MAX)
-        return;
-    char buf[512];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    if (n < 0)
-        return;
-    if ((size_t)n >= sizeof buf)
-        n = sizeof buf - 1;
-    /* one write() per line so that lines of several processes do not mix */
-    char line[560];
-    int m = snprintf(line, sizeof line, "storm[%d]: %.*s\n", (int)getpid(), n, buf);
-    if (m > 0)
-        (void)!write(2, line, (size_t)(m < (int)sizeof line ? m : (int)sizeof line - 1));
-}
-
-enum { PH_START, PH_THINK, PH_ACQUIRE, PH_CS, PH_RELEASE, PH_DONE, PH_N };
 static const char *const phase_name[PH_N] = {
     "not started", "thinking", "acquiring", "in critical section",
     "releasing", "done",
 };
-#define SET_PHASE(r, ph) __atomic_store_n(&(r)->phase, (ph), __ATOMIC_RELAXED)
-
-#define LIVE_INC(x) __atomic_store_n(&(x), (x) + 1, __ATOMIC_RELAXED)
 
 /* ------------------------------------------------------------------ */
-/* Worker threads                                                       */
+/* Private servers                                                      */
 
-typedef struct targ {
-    int proc, idx;
-    dlock_client *c;
-    thread_res *r;
-    pthread_t tid;
-} targ;
-
-/* Per-thread text of the last mutex failure (dlock_last_error's analogue). */
-static __thread char mx_err[128];
-
-/* --mutex: lock name li as dlock_acquire would, with the same return codes
- * (DLOCK_EBUSY, DLOCK_ETIMEDOUT, other failures as DLOCK_EINVAL with the
- * reason in mx_err). The token is the name's counter + 1, written back
- * inside the critical section: overlapping holders would see equal tokens. */
-static int mutex_acquire(int li, uint64_t *fence)
-{
-    mutex_state *mx = &MX[li];
-    int e;
-    if (O.wait_ms < 0) {
-        e = pthread_mutex_lock(&mx->m);
-    } else if (O.wait_ms == 0) {
-        e = pthread_mutex_trylock(&mx->m);
-    } else {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_sec += O.wait_ms / 1000;
-        ts.tv_nsec += (O.wait_ms % 1000) * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
-        e = pthread_mutex_timedlock(&mx->m, &ts);
-    }
-    if (e == 0) {
-        uint64_t t = __atomic_load_n(&mx->token, __ATOMIC_RELAXED) + 1;
-        __atomic_store_n(&mx->token, t, __ATOMIC_RELAXED);
-        *fence = t;
-        return DLOCK_OK;
-    }
-    if (e == EBUSY)
-        return DLOCK_EBUSY;
-    if (e == ETIMEDOUT)
-        return DLOCK_ETIMEDOUT;
-    snprintf(mx_err, sizeof mx_err, "pthread mutex lock: %s", strerror(e));
-    return DLOCK_EINVAL;
-}
-
-static int mutex_release(int li)
-{
-    int e = pthread_mutex_unlock(&MX[li].m);
-    if (e == 0)
-        return DLOCK_OK;
-    snprintf(mx_err, sizeof mx_err, "pthread_mutex_unlock: %s", strerror(e));
-    return DLOCK_EINVAL;
-}
-
-/* --naive: the simplest Redis lock, one connection per thread. */
-static char unix_path[300]; /* --unix: the private server's socket */
+char unix_path[300]; /* --unix: the private server's socket */
 
 /* --min-replicas: the private server's replicas (stopped with it). */
 static fx_redis replicas[MAX_REPLICAS];
 static int nreplicas;
 
 /* --sentinel: the private topology. */
-static fx_sentinel_set sentinel_set;
-#define SENTINEL_MASTER "storm"
+fx_sentinel_set sentinel_set;
 
 /* --cluster: the private Redis Cluster. */
-static fx_cluster cluster_set;
+fx_cluster cluster_set;
 #define CLUSTER_MASTERS 3
 
 /* Stops the private server's replicas, then the server (or the whole
@@ -710,358 +144,6 @@ static int wait_replica(int port)
         sleep_ns(10000000);
     }
     return -1;
-}
-static __thread redisContext *naive_conn;
-static __thread char naive_token[64];
-static __thread uint64_t naive_seq;
-static const char naive_unlock[] =
-    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) "
-    "else return 0 end";
-
-static int naive_connect(void)
-{
-    if (naive_conn && !naive_conn->err)
-        return 0;
-    if (naive_conn)
-        redisFree(naive_conn);
-    struct timeval tv = {1, 0};
-    naive_conn = unix_path[0] ? redisConnectUnixWithTimeout(unix_path, tv)
-                              : redisConnectWithTimeout(O.host, client_port, tv);
-    if (!naive_conn || naive_conn->err) {
-        snprintf(mx_err, sizeof mx_err, "%s",
-                 naive_conn ? naive_conn->errstr : "connect: out of memory");
-        if (naive_conn)
-            redisFree(naive_conn);
-        naive_conn = NULL;
-        return -1;
-    }
-    redisSetTimeout(naive_conn, tv);
-    return 0;
-}
-
-/* Sends one command; the reply, or NULL with mx_err set and the connection
- * dropped (the next call reconnects). */
-static redisReply *naive_command(const char *fmt, ...)
-{
-    if (naive_connect() != 0)
-        return NULL;
-    va_list ap;
-    va_start(ap, fmt);
-    redisReply *r = redisvCommand(naive_conn, fmt, ap);
-    va_end(ap);
-    if (!r) {
-        snprintf(mx_err, sizeof mx_err, "%s", naive_conn->errstr);
-        redisFree(naive_conn);
-        naive_conn = NULL;
-    } else if (r->type == REDIS_REPLY_ERROR) {
-        snprintf(mx_err, sizeof mx_err, "%s", r->str);
-        freeReplyObject(r);
-        r = NULL;
-    }
-    return r;
-}
-
-/* --naive acquire, with dlock_acquire's return codes. */
-static int naive_acquire(int li, const char *name, uint64_t *fence)
-{
-    int64_t deadline = O.wait_ms < 0 ? INT64_MAX : now_ns() + O.wait_ms * 1000000LL;
-    snprintf(naive_token, sizeof naive_token, "%d:%lx:%" PRIu64, (int)getpid(),
-             (unsigned long)pthread_self(), ++naive_seq);
-    for (;;) {
-        redisReply *r = naive_command("SET %s{%s} %s NX PX %ld", key_prefix, name, naive_token,
-                                      O.lease_ms);
-        if (!r)
-            return DLOCK_EREDIS;
-        int got = r->type == REDIS_REPLY_STATUS;
-        freeReplyObject(r);
-        if (got) {
-            mutex_state *mx = &MX[li];
-            uint64_t t = __atomic_load_n(&mx->token, __ATOMIC_RELAXED) + 1;
-            __atomic_store_n(&mx->token, t, __ATOMIC_RELAXED);
-            *fence = t;
-            return DLOCK_OK;
-        }
-        if (O.wait_ms == 0)
-            return DLOCK_EBUSY;
-        if (now_ns() >= deadline)
-            return DLOCK_ETIMEDOUT;
-        sleep_ns(1000000);
-    }
-}
-
-static int naive_release(const char *name)
-{
-    redisReply *r = naive_command("EVAL %s 1 %s{%s} %s", naive_unlock, key_prefix, name,
-                                  naive_token);
-    if (!r)
-        return DLOCK_EREDIS;
-    int ok = r->type == REDIS_REPLY_INTEGER && r->integer == 1;
-    freeReplyObject(r);
-    if (!ok)
-        snprintf(mx_err, sizeof mx_err, "the key was gone or another token's");
-    return ok ? DLOCK_OK : DLOCK_ELOST;
-}
-
-static const char *last_error(void)
-{
-    return O.mutex || O.naive ? mx_err : dlock_last_error();
-}
-
-static void *thread_main(void *arg)
-{
-    targ *a = arg;
-    thread_res *r = a->r;
-    dlock_client *c = a->c;
-    uint64_t rng = 0x9E3779B97F4A7C15ULL ^ ((uint64_t)a->proc << 32) ^ (uint64_t)(a->idx + 1);
-    rng ^= (uint64_t)getpid() * 0xBF58476D1CE4E5B9ULL;
-
-    /* Sleep on the go flag itself (a futex in the shared region) rather than
-     * poll it: a thousand threads polling every 5 ms kept a 2-core machine
-     * so busy that 2 x 1024 threads sometimes took over 20 s to start. The
-     * timeout only bounds how late a stop request is seen. */
-    while (!__atomic_load_n(&H->go, __ATOMIC_ACQUIRE) &&
-           !__atomic_load_n(&H->stop, __ATOMIC_RELAXED)) {
-        struct timespec ts = {0, 50000000};
-        syscall(SYS_futex, &H->go, FUTEX_WAIT, 0, &ts, NULL, 0);
-    }
-    int64_t deadline = __atomic_load_n(&H->deadline_ns, __ATOMIC_ACQUIRE);
-
-    for (;;) {
-        if (__atomic_load_n(&H->stop, __ATOMIC_RELAXED) || now_ns() >= deadline)
-            break;
-        int li = 0;
-        if (O.locks > 1) {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            li = (int)(rng % (uint64_t)O.locks);
-        }
-        const char *name = names + (size_t)li * NAME_LEN;
-        uint64_t fence = 0;
-        __atomic_store_n(&r->name_idx, li, __ATOMIC_RELAXED);
-        SET_PHASE(r, PH_ACQUIRE);
-        int64_t t0 = now_ns();
-        int rc = O.mutex   ? mutex_acquire(li, &fence)
-                 : O.naive ? naive_acquire(li, name, &fence)
-                           : dlock_acquire(c, name, O.wait_ms, &fence);
-        int64_t t1 = now_ns();
-        if (rc == DLOCK_OK) {
-            SET_PHASE(r, PH_CS);
-            name_state *ns = &NS[li];
-            int occ = __atomic_add_fetch(&ns->occupancy, 1, __ATOMIC_ACQ_REL);
-            if (occ != 1) {
-                LIVE_INC(r->violations);
-                logf_limited("VIOLATION: %d threads inside '%s' (proc %d thread %d, token %" PRIu64 ")",
-                             occ, name, a->proc, a->idx, fence);
-            }
-            uint64_t last = __atomic_load_n(&ns->last_token, __ATOMIC_ACQUIRE);
-            if (fence <= last) {
-                LIVE_INC(r->regressions);
-                logf_limited("TOKEN REGRESSION on '%s': got %" PRIu64 ", last seen %" PRIu64
-                             " (proc %d thread %d)", name, fence, last, a->proc, a->idx);
-            } else {
-                __atomic_store_n(&ns->last_token, fence, __ATOMIC_RELEASE);
-            }
-            if (c && !dlock_held(c, name))
-                r->not_held++;
-            /* ordered by the lock under test, like the counter below */
-            int lp = __atomic_load_n(&ns->last_proc, __ATOMIC_ACQUIRE);
-            if (lp != 0 && lp != a->proc + 1)
-                r->crossings++;
-            __atomic_store_n(&ns->last_proc, a->proc + 1, __ATOMIC_RELEASE);
-            uint64_t v = __atomic_load_n(&ns->counter, __ATOMIC_ACQUIRE);
-            critical_section(O.cs_us);
-            __atomic_store_n(&ns->counter, v + 1, __ATOMIC_RELEASE);
-            __atomic_sub_fetch(&ns->occupancy, 1, __ATOMIC_ACQ_REL);
-            SET_PHASE(r, PH_RELEASE);
-            int rr = O.mutex ? mutex_release(li) : O.naive ? naive_release(name)
-                                                           : dlock_release(c, name);
-            if (rr != DLOCK_OK) {
-                r->rel_errors[err_index(rr)]++;
-                logf_limited("release of '%s' returned %s: %s", name, dlock_err_name(rr),
-                             last_error());
-            }
-            LIVE_INC(r->acq);
-            uint64_t w = (uint64_t)(t1 - t0) / 1000;
-            r->wait_sum_us += w;
-            if (w > r->wait_max_us)
-                r->wait_max_us = w;
-            r->hist[bucket_of(w)]++;
-        } else if (rc == DLOCK_ETIMEDOUT) {
-            LIVE_INC(r->timeouts);
-        } else if (rc == DLOCK_EBUSY && O.wait_ms == 0) {
-            r->busy++;
-        } else {
-            LIVE_INC(r->errors_total);
-            r->errors[err_index(rc)]++;
-            logf_limited("acquire of '%s' returned %d %s: %s", name, rc, dlock_err_name(rc),
-                         last_error());
-            sleep_ns(1000000); /* do not spin on a persistent failure */
-        }
-        SET_PHASE(r, PH_THINK);
-        if (O.think_us > 0)
-            sleep_ns((int64_t)O.think_us * 1000);
-    }
-    SET_PHASE(r, PH_DONE);
-    if (naive_conn) {
-        redisFree(naive_conn);
-        naive_conn = NULL;
-    }
-
-    int64_t end = now_ns();
-    int64_t prev = __atomic_load_n(&H->last_end_ns, __ATOMIC_RELAXED);
-    while (end > prev &&
-           !__atomic_compare_exchange_n(&H->last_end_ns, &prev, end, 0, __ATOMIC_RELAXED,
-                                        __ATOMIC_RELAXED))
-        ;
-    return NULL;
-}
-
-/* ------------------------------------------------------------------ */
-/* Worker process                                                       */
-
-static pid_t parent_pid;
-static pid_t *pids;       /* parent: worker pids, liveness, exit statuses */
-static int *alive, *wstatus;
-
-static int open_client(dlock_client **out, proc_res *pr)
-{
-    dlock_config cfg;
-    dlock_config_init(&cfg);
-    if (unix_path[0]) {
-        cfg.redis_host = NULL;
-        cfg.redis_unix_path = unix_path;
-    } else if (O.sentinel) {
-        cfg.redis_host = NULL;
-        cfg.sentinels = sentinel_set.addrs;
-        cfg.sentinel_master = SENTINEL_MASTER;
-    } else if (O.cluster) {
-        cfg.redis_host = NULL;
-        cfg.cluster_nodes = cluster_set.addrs;
-    } else {
-        cfg.redis_host = O.host;
-        cfg.redis_port = client_port;
-    }
-    cfg.min_replicas = (uint32_t)O.min_replicas;
-    cfg.key_prefix = key_prefix;
-    cfg.lease_ms = (uint32_t)O.lease_ms;
-    if (O.pass_limit >= 0)
-        cfg.pass_limit = (uint32_t)O.pass_limit;
-    if (O.pool_size > 0)
-        cfg.pool_size = (uint32_t)O.pool_size;
-    else if (O.client_per_thread)
-        cfg.pool_size = 1;
-    int rc = dlock_client_open(&cfg, out);
-    if (rc != DLOCK_OK)
-        snprintf(pr->msg, sizeof pr->msg, "dlock_client_open: %s: %s", dlock_err_name(rc),
-                 dlock_last_error());
-    return rc;
-}
-
-static void worker_main(int p) __attribute__((noreturn));
-static void worker_main(int p)
-{
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent_pid)
-        _exit(3);
-    proc_res *pr = &PR[p];
-    int T = O.threads;
-    int nclients = O.mutex || O.naive ? 0 : O.client_per_thread ? T : 1;
-    dlock_client **clients = calloc((size_t)(nclients ? nclients : 1), sizeof *clients);
-    targ *args = calloc((size_t)T, sizeof *args);
-    int failed = 0, opened = 0, started = 0;
-    if (!clients || !args) {
-        snprintf(pr->msg, sizeof pr->msg, "out of memory");
-        failed = 1;
-    }
-    for (int i = 0; !failed && i < nclients; i++) {
-        if (open_client(&clients[i], pr) != DLOCK_OK)
-            failed = 1;
-        else
-            opened++;
-    }
-    if (!failed) {
-        pthread_attr_t attr;
-        pthread_attr_init(&attr);
-        int e = pthread_attr_setstacksize(&attr, (size_t)O.stack_kb * 1024);
-        if (e) {
-            snprintf(pr->msg, sizeof pr->msg, "pthread_attr_setstacksize(%ld KiB): %s",
-                     O.stack_kb, strerror(e));
-            failed = 1;
-        }
-        for (int i = 0; !failed && i < T; i++) {
-            args[i].proc = p;
-            args[i].idx = i;
-            args[i].c = O.mutex || O.naive ? NULL : clients[O.client_per_thread ? i : 0];
-            args[i].r = &TR[(size_t)p * T + i];
-            e = pthread_create(&args[i].tid, &attr, thread_main, &args[i]);
-            if (e) {
-                snprintf(pr->msg, sizeof pr->msg, "pthread_create (thread %d of %d): %s", i, T,
-                         strerror(e));
-                failed = 1;
-                break;
-            }
-            started++;
-        }
-        pthread_attr_destroy(&attr);
-    }
-    pr->clients_opened = opened;
-    pr->threads_started = started;
-    pr->failed = failed;
-    __atomic_store_n(&pr->setup_done, 1, __ATOMIC_RELEASE);
-
-    for (int i = 0; i < started; i++)
-        pthread_join(args[i].tid, NULL);
-
-    dlock_stats sum;
-    memset(&sum, 0, sizeof sum);
-    for (int i = 0; i < opened; i++) {
-        dlock_stats s;
-        if (dlock_client_stats(clients[i], &s) == DLOCK_OK) {
-            sum.acquisitions += s.acquisitions;
-            sum.redis_commands += s.redis_commands;
-            sum.redis_round_trips += s.redis_round_trips;
-            sum.renew_rounds += s.renew_rounds;
-            sum.renew_round_trips += s.renew_round_trips;
-            sum.renew_keys += s.renew_keys;
-            sum.leases_held += s.leases_held;
-            sum.leases_lost += s.leases_lost;
-            sum.entries += s.entries;
-        }
-    }
-    pr->stats = sum;
-    if (O.metrics_path && p == 0 && opened) {
-        char *text = dlock_client_metrics_prometheus(clients[0]);
-        FILE *f = text ? fopen(O.metrics_path, "w") : NULL;
-        if (f) {
-            fputs(text, f);
-            fclose(f);
-        } else {
-            fprintf(stderr, "storm: --metrics %s: %s\n", O.metrics_path,
-                    text ? strerror(errno) : dlock_last_error());
-        }
-        free(text);
-    }
-#ifdef DLOCK_LOCKSTAT
-    if (opened)
-        dlock_lockstat_report(stderr, p, sum.acquisitions, O.seconds);
-#endif
-    __atomic_store_n(&pr->closing, 1, __ATOMIC_RELAXED);
-    for (int i = 0; i < opened; i++)
-        dlock_client_close(clients[i]);
-    __atomic_store_n(&pr->closing, 2, __ATOMIC_RELAXED);
-    free(clients);
-    free(args);
-    free(names);
-    int status = failed ? 3 : 0;
-#ifdef STORM_ASAN
-    if (__lsan_do_recoverable_leak_check()) {
-        fprintf(stderr, "storm: worker %d: LeakSanitizer found leaks\n", p);
-        status = 4;
-    }
-#endif
-    /* _exit: never run the parent's atexit handlers in a worker */
-    _exit(status);
 }
 
 /* ------------------------------------------------------------------ */
@@ -1224,7 +306,8 @@ static void report_stuck(int P, int T, const int *alive, const pid_t *pids)
         }
         int cl = __atomic_load_n(&PR[p].closing, __ATOMIC_RELAXED);
         fprintf(stderr, "storm:   worker %d (pid %d)%s:", p, (int)pids[p],
-                cl == 1 ? " stuck in dlock_client_close" : cl == 2 ? " past dlock_client_close" : "");
+                cl == 1 ? " stuck in dlock_client_close"
+                        : cl == 2 ? " past dlock_client_close" : "");
         for (int ph = 0; ph < PH_N; ph++)
             if (count[ph]) {
                 thread_res *t = &TR[(size_t)p * T + example[ph]];
@@ -1245,26 +328,6 @@ static void json_num(FILE *f, const char *key, double v, int valid, int last)
         fprintf(f, "\"%s\":%.6g%s", key, v, last ? "" : ",");
     else
         fprintf(f, "\"%s\":null%s", key, last ? "" : ",");
-}
-
-static uint64_t hist_percentile(const uint64_t *hist, uint64_t n, double p, uint64_t max)
-{
-    if (n == 0)
-        return 0;
-    uint64_t rank = (uint64_t)(p * (double)n);
-    if ((double)rank < p * (double)n)
-        rank++;
-    if (rank < 1)
-        rank = 1;
-    uint64_t cum = 0;
-    for (int b = 0; b < NB; b++) {
-        cum += hist[b];
-        if (cum >= rank) {
-            uint64_t v = bucket_value(b);
-            return v > max ? max : v;
-        }
-    }
-    return max;
 }
 
 static void raise_nofile(void)
@@ -1526,8 +589,10 @@ int main(int argc, char **argv)
     int64_t end_all = now_ns();
     getrusage(RUSAGE_CHILDREN, &ru1);
     double workers_cpu_us =
-        (double)(ru1.ru_utime.tv_sec - ru0.ru_utime.tv_sec + ru1.ru_stime.tv_sec - ru0.ru_stime.tv_sec) * 1e6 +
-        (double)(ru1.ru_utime.tv_usec - ru0.ru_utime.tv_usec + ru1.ru_stime.tv_usec - ru0.ru_stime.tv_usec);
+        (double)(ru1.ru_utime.tv_sec - ru0.ru_utime.tv_sec + ru1.ru_stime.tv_sec -
+                 ru0.ru_stime.tv_sec) * 1e6 +
+        (double)(ru1.ru_utime.tv_usec - ru0.ru_utime.tv_usec + ru1.ru_stime.tv_usec -
+                 ru0.ru_stime.tv_usec);
 
     info_snap after = { .ok = 0 };
     if (have_redis)
@@ -1714,13 +779,15 @@ int main(int argc, char **argv)
                         ", other acquire errors %" PRIu64 ", release errors %" PRIu64 "\n",
                 acq, acq_per_sec, timeouts, err_total, rel_err_total);
         if (info_ok)
-            fprintf(stderr, "  redis          %lld round trips (%.3f per acquisition), %lld commands "
-                            "with those inside scripts, %.1f us of redis cpu per acquisition%s\n",
+            fprintf(stderr,
+                    "  redis          %lld round trips (%.3f per acquisition), %lld commands "
+                    "with those inside scripts, %.1f us of redis cpu per acquisition%s\n",
                     d_top, acq ? (double)d_top / (double)acq : 0.0, d_cmds,
                     acq ? d_cpu_us / (double)acq : 0.0,
                     O.cluster ? " (summed over the cluster's masters)" : "");
         else
-            fprintf(stderr, "  redis          %s\n", have_redis ? "INFO unavailable" : "none (--mutex)");
+            fprintf(stderr, "  redis          %s\n",
+                    have_redis ? "INFO unavailable" : "none (--mutex)");
         fprintf(stderr, "  client cpu     %.1f us per acquisition (the worker processes, user +"
                         " system, critical sections included); %.3f of acquisitions took the"
                         " name from another process\n",
@@ -1731,8 +798,9 @@ int main(int argc, char **argv)
                 p50, p99, wait_max);
         fprintf(stderr, "  fairness       Jain %.3f over %zu threads, %" PRIu64 " starved\n", jain,
                 total, zero);
-        fprintf(stderr, "  exclusion      %" PRIu64 " violations, counter %s (%" PRIu64 " vs %" PRIu64
-                        "), %" PRIu64 " token regressions, %" PRIu64 " not-held-in-cs\n",
+        fprintf(stderr, "  exclusion      %" PRIu64 " violations, counter %s (%" PRIu64
+                        " vs %" PRIu64 "), %" PRIu64 " token regressions, %" PRIu64
+                        " not-held-in-cs\n",
                 viol, counter_ok ? "ok" : "MISMATCH", counter_sum, acq, regr, not_held);
         fprintf(stderr, "  verdict        %s%s%s%s\n", ok ? "PASS" : "FAIL",
                 errors_ok ? "" : " (calls failed with errors)",
