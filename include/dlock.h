@@ -52,7 +52,8 @@ extern "C" {
     XX(ENOMEM, -7, "out of memory")                                              \
     XX(EFORK, -8, "client used in a forked child; open a new client there")     \
     XX(ECLOSED, -9, "client is shutting down (dlock_client_shutdown)")          \
-    XX(ESERVER, -10, "redis server unsuitable for dlock (version, eviction policy or permissions)") \
+    XX(ESERVER, -10, "redis server unsuitable for dlock (version, eviction policy, "    \
+                     "permissions or protocol)")                                 \
     XX(ECANCELED, -11, "acquire cancelled (dlock_cancel_fire)")
 
 enum {
@@ -75,6 +76,15 @@ enum {
 /* MAJOR * 10000 + MINOR * 100 + PATCH, for #if comparisons */
 #define DLOCK_VERSION_NUMBER                                                   \
     (DLOCK_VERSION_MAJOR * 10000 + DLOCK_VERSION_MINOR * 100 + DLOCK_VERSION_PATCH)
+
+/* The protocol this release speaks with Redis: the layout of its keys and
+ * messages and what its scripts expect (docs/design.md, "Protocol
+ * versions"). Clients of releases that speak the same protocol share one
+ * Redis and one key prefix, whatever their versions. Data of another
+ * protocol (a later release marks it in the lease hash) is refused with
+ * DLOCK_ESERVER, naming both protocols, and left as it was: never misread
+ * (docs/operations.md, "Upgrades"). */
+#define DLOCK_PROTOCOL_VERSION 1
 
 /* Limits, checked by every call that takes such an argument. */
 #define DLOCK_NAME_MAX 512            /* bytes in a lock name, without the NUL */
@@ -261,7 +271,9 @@ DLOCK_API void dlock_client_close(dlock_client *c);
  * with it), DLOCK_ESERVER (the server is older than Redis 5,
  * or may evict keys: maxmemory set with a policy other than noeviction; or
  * it refused the credentials or an ACL user's permission: WRONGPASS,
- * NOPERM; dlock_last_error() says which; no retry cures it; the renewal
+ * NOPERM; or the name holds data of another protocol than
+ * DLOCK_PROTOCOL_VERSION, which is left as it was; dlock_last_error() says
+ * which; no retry cures it; the renewal
  * thread checks the server's version and eviction policy again every
  * lease_ms/3, at least 1 s and at most 30 s apart (in Cluster mode, the
  * masters it renews leases on), and while that check finds the server

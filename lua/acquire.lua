@@ -95,6 +95,14 @@
 -- passes its own `end` on (lease field u). The grant keeps it in field u, so
 -- that the same attempt seen again reports it too.
 --
+-- Protocol: this script speaks dlock protocol 1 (DLOCK_PROTOCOL_VERSION in
+-- dlock.h). A lease hash whose field pv names another protocol holds data of
+-- a later release (which keeps that field for as long as any of its data of
+-- the name lives: docs/design.md, "Protocol versions"): the script refuses
+-- it, changing nothing, with an error that names both protocols.
+-- A grant writes pv = 1 into the lease; a hash without pv is read as
+-- protocol 1's.
+--
 -- Cost: the common case, a free name with nobody queued, runs 6 commands
 -- (HMGET, TIME, MGET of the record and the fence, EXISTS of the queue keys,
 -- HSET, PEXPIRE) and formats one number (exp): the token and the grant time
@@ -103,7 +111,11 @@
 local me = ARGV[1]
 local attempt = tonumber(ARGV[3])
 local lease = redis.call('HMGET', KEYS[1], 'owner', 'token', 'nonce', 'pl', 'exp', 'since', 'u',
-  'name')
+  'name', 'pv')
+if lease[9] and lease[9] ~= '1' then -- another protocol's data (Protocol, above)
+  return redis.error_reply('DLOCKPROTOCOL the data of this name is dlock protocol ' ..
+    lease[9] .. '; this client speaks protocol 1: upgrade it')
+end
 local t = redis.call('TIME')
 local us6 = string.rep('0', 6 - #t[2]) .. t[2] -- microseconds, 6 digits
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -119,7 +131,7 @@ if lease[1] and lease[5] and now_ms > tonumber(lease[5]) then
   local tk = tonumber(lease[2]) or 0
   local lasted = (tonumber(lease[5]) - (tonumber(lease[6]) or 0)) * 1000
   gone = tk + math.max(0, math.min(tonumber(lease[4]) or 0, lasted))
-  lease = {false, false, false, false, false, false, false, false}
+  lease = {false, false, false, false, false, false, false, false, false}
 end
 local mine = lease[1] == me
 local got = redis.call('MGET', KEYS[6], KEYS[2]) -- the record, the fence
@@ -268,7 +280,7 @@ if token <= last then
 end
 redis.call('HSET', KEYS[1], 'owner', me, 'token', tok, 'nonce', ARGV[3], 'pl', ARGV[4],
   'since', t[1] .. string.sub(us6, 1, 3), 'name', ARGV[8],
-  'exp', string.format('%.0f', now_ms + tonumber(ARGV[2])))
+  'exp', string.format('%.0f', now_ms + tonumber(ARGV[2])), 'pv', '1')
 if ended > 0 then
   -- (a key that held a u before is the caller's own, or expired: ended > 0)
   redis.call('HSET', KEYS[1], 'u', tostring(ended))

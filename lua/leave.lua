@@ -16,7 +16,18 @@
 -- Redis has already seen from this client for this name (a retry sent late
 -- by the background thread) changes nothing and returns 0: it must not take
 -- out a client that has queued again since.
+--
+-- Protocol: this script speaks dlock protocol 1 (DLOCK_PROTOCOL_VERSION in
+-- dlock.h). A lease hash whose field pv names another protocol holds data of
+-- a later release (which keeps that field for as long as any of its data of
+-- the name lives: docs/design.md, "Protocol versions"): the script refuses
+-- it, changing nothing, with an error that names both protocols.
 local me = ARGV[1]
+local pv = redis.call('HGET', KEYS[1], 'pv')
+if pv and pv ~= '1' then -- another protocol's data (Protocol, above)
+  return redis.error_reply('DLOCKPROTOCOL the data of this name is dlock protocol ' ..
+    pv .. '; this client speaks protocol 1: upgrade it')
+end
 local n = tonumber(ARGV[5])
 local rec = redis.call('GET', KEYS[6])
 local rtok, ratt = '0', '0'

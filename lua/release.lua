@@ -53,17 +53,30 @@
 -- A grant that expires unreleased leaves its key behind for a lease time to
 -- the same end (acquire.lua).
 --
+-- Protocol: this script speaks dlock protocol 1 (DLOCK_PROTOCOL_VERSION in
+-- dlock.h). A lease hash whose field pv names another protocol holds data of
+-- a later release (which keeps that field for as long as any of its data of
+-- the name lives: docs/design.md, "Protocol versions"): the script refuses
+-- it, changing nothing, with an error that names both protocols.
+-- A grant writes pv = 1 into the lease; a hash without pv is read as
+-- protocol 1's.
+--
 -- Cost: a release with nobody queued runs 7 commands (HMGET, TIME, DEL, SET
 -- of the fence, GET and SET of the record, EXISTS of the queue keys) and
 -- formats no number.
 local me = ARGV[1]
-local lease = redis.call('HMGET', KEYS[1], 'owner', 'token', 'nonce', 'pl', 'since', 'exp', 'u')
+local lease = redis.call('HMGET', KEYS[1], 'owner', 'token', 'nonce', 'pl', 'since', 'exp', 'u',
+  'pv')
+if lease[8] and lease[8] ~= '1' then -- another protocol's data (Protocol, above)
+  return redis.error_reply('DLOCKPROTOCOL the data of this name is dlock protocol ' ..
+    lease[8] .. '; this client speaks protocol 1: upgrade it')
+end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 if lease[6] and now_ms > tonumber(lease[6]) then
   -- The grant expired (acquire.lua: its key stays a lease time longer, as a
   -- fence): it is nobody's, and stays as it is.
-  lease = {false, false, false, false, false, false, false}
+  lease = {false, false, false, false, false, false, false, false}
 end
 local id = lease[3]
 if ARGV[2] == 'token' then
@@ -178,7 +191,7 @@ while true do
     -- (acquire.lua, gone).
     redis.call('HSET', KEYS[1], 'owner', h, 'token', tok, 'nonce', att, 'pl', pl,
       'since', t[1] .. string.sub(us6, 1, 3), 'name', nm,
-      'exp', string.format('%.0f', now_ms + tonumber(ttl)))
+      'exp', string.format('%.0f', now_ms + tonumber(ttl)), 'pv', '1')
     -- Its key outlives it by half the record lifetime (the larger of the
     -- lease time and the waiter ttl), as a fence (acquire.lua), counted
     -- from when the clock has passed token + pass limit.

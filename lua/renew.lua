@@ -13,14 +13,17 @@
 -- cover how long the holder handed out tokens (acquire.lua, gone). The key
 -- outlives exp by a lease time, and lives until the clock has read a lease
 -- time past token + pass limit.
+-- A lease hash that another protocol marked (field pv other than 1:
+-- acquire.lua, "Protocol") is not renewed: 0, and nothing written to it
+-- (that protocol keeps the hash as long as its own data lives).
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local l = tonumber(ARGV[2])
 local out = {}
 for i, key in ipairs(KEYS) do
-  local lease = redis.call('HMGET', key, 'owner', 'token', 'exp', 'since', 'pl')
+  local lease = redis.call('HMGET', key, 'owner', 'token', 'exp', 'since', 'pl', 'pv')
   if lease[1] == ARGV[1] and lease[2] == ARGV[i + 2] and
-     (not lease[3] or tonumber(lease[3]) >= now_ms) then
+     (not lease[3] or tonumber(lease[3]) >= now_ms) and (not lease[6] or lease[6] == '1') then
     local exp = math.max(tonumber(lease[3]) or 0, now_ms + l, (tonumber(lease[4]) or 0) + l)
     redis.call('HSET', key, 'exp', string.format('%.0f', exp))
     redis.call('PEXPIRE', key, math.max(exp - now_ms + l,

@@ -265,6 +265,11 @@ int dlock_conn_reply_code(const redisReply *r)
                                                                          : DLOCK_EREDIS;
 }
 
+int dlock_conn_is_other_protocol(const redisReply *r)
+{
+    return r && r->type == REDIS_REPLY_ERROR && strncmp(r->str, "DLOCKPROTOCOL", 13) == 0;
+}
+
 int dlock_conn_check_master(redisContext *c, const redisReply *r)
 {
     if (!dlock_conn_is_not_master(r))
@@ -275,10 +280,12 @@ int dlock_conn_check_master(redisContext *c, const redisReply *r)
 }
 
 /* A refusal that no retry cures: wrong credentials, a user without the
- * permission, or AUTH that the server does not expect. */
+ * permission, AUTH that the server does not expect, or a script's refusal
+ * of data of another protocol (lua/acquire.lua, "Protocol"). */
 static int is_config_error(const char *msg)
 {
     return strncmp(msg, "WRONGPASS", 9) == 0 || strncmp(msg, "NOPERM", 6) == 0 ||
+           strncmp(msg, "DLOCKPROTOCOL", 13) == 0 || /* dlock_conn_is_other_protocol */
            strncmp(msg, "NOAUTH", 6) == 0 || strstr(msg, "AUTH <password> called without") ||
            strstr(msg, "invalid password") || strstr(msg, "invalid username");
 }

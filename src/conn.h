@@ -92,8 +92,13 @@ int dlock_conn_is_not_master(const redisReply *reply);
 
 /* The error code for an error reply: DLOCK_ESERVER for a refusal that no
  * retry cures (WRONGPASS, NOPERM, NOAUTH: credentials or an ACL user's
- * permissions), else DLOCK_EREDIS. */
+ * permissions; DLOCKPROTOCOL: data of another protocol), else DLOCK_EREDIS. */
 int dlock_conn_reply_code(const redisReply *reply);
+
+/* Whether reply is a script's refusal of another protocol's data
+ * (DLOCKPROTOCOL: lua/acquire.lua, "Protocol"): nothing was written, and a
+ * try again is refused again while that data lives. */
+int dlock_conn_is_other_protocol(const redisReply *reply);
 
 /* If reply is such an error, marks c failed (err set, the error as its
  * message) so that whoever holds it drops it and reconnects. Returns 1 if

@@ -64,11 +64,17 @@ static void abandon(dlock_client *c, dlock_entry *e)
     int rc = dlock_release_outermost(c, e, name);
     dlock_count(&c->ctr.abandoned, 1);
     dlock_count_rc(c->ctr.release_rc, rc);
-    dlock_client_log(c, DLOCK_LOG_WARN, "thread %ld exited holding '%s' (token %" PRIu64
-                     ", depth %u): released for it (%s); the next holder is told "
-                     "(DLOCK_UNCLEAN_ABANDONED)",
-                     (long)syscall(SYS_gettid), name, token, depth,
-                     rc == DLOCK_OK ? "ok" : dlock_strerror(rc));
+    if (rc == DLOCK_OK)
+        dlock_client_log(c, DLOCK_LOG_WARN, "thread %ld exited holding '%s' (token %" PRIu64
+                         ", depth %u): released for it; the next holder is told "
+                         "(DLOCK_UNCLEAN_ABANDONED)",
+                         (long)syscall(SYS_gettid), name, token, depth);
+    else
+        dlock_client_log(c, DLOCK_LOG_WARN, "thread %ld exited holding '%s' (token %" PRIu64
+                         ", depth %u): its release failed (%s: %s); the lease ends by "
+                         "itself within its lease time",
+                         (long)syscall(SYS_gettid), name, token, depth, dlock_err_name(rc),
+                         dlock_last_error());
 }
 
 /* Adds e to the list in arg if the calling thread owns it (not through a

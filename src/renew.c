@@ -845,6 +845,9 @@ static int append_job(dlock_renew *r, redisContext *c, const orphan *o, int use_
 static int job_result(const orphan *o, const redisReply *rep)
 {
     enum { UNKNOWN = -1, NOT_OWNED = 0, DONE = 1 };
+    if (dlock_conn_is_other_protocol(rep))
+        return DONE; /* refused, and refused again while that data lives: a grant
+                        of ours under it, if any, expires by itself */
     if (!rep || rep->type != REDIS_REPLY_INTEGER)
         return UNKNOWN;
     if (o->leave)

@@ -235,8 +235,11 @@ int dlock_rpc_acquire(dlock_client *c, dlock_entry *e, const char *nonce, int qu
                            rep->type == REDIS_REPLY_ERROR ? rep->str : "unexpected reply");
         /* This try did not run, but an earlier one on a connection that
          * closed under it (call_script retried) may have: its grant, if
-         * any, is given back in the background. */
-        dlock_renew_orphan(c->renew, e, nonce);
+         * any, is given back in the background. Not after a refusal of
+         * another protocol's data: a release would be refused the same
+         * way while that data lives, and a grant under it expires. */
+        if (!dlock_conn_is_other_protocol(rep))
+            dlock_renew_orphan(c->renew, e, nonce);
     }
     freeReplyObject(rep);
     return rc;

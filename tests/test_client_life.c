@@ -592,6 +592,36 @@ static void test_thread_exit_tells_waiters(void **state)
     dlock_client_close(c);
 }
 
+static void *exit_holding_marked(void *arg)
+{
+    exiter *x = arg;
+    x->rc = dlock_acquire(x->c, "ex:marked", 0, NULL);
+    if (x->rc == DLOCK_OK) /* another protocol's mark (lua/acquire.lua, "Protocol") */
+        freeReplyObject(fx_cmd_at(fx_server.port, "HSET tc:exm:{ex:marked} pv 2"));
+    return NULL;
+}
+
+/* A thread that exits holding a lock whose release then fails (here: the
+ * lease hash gained another protocol's mark) is logged as such, with the
+ * reason, not as released. */
+static void test_thread_exit_release_fails(void **state)
+{
+    (void)state;
+    log_text[0] = '\0';
+    dlock_client *c = open_logged("tc:exm:", 0);
+    exiter x = {.c = c};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, exit_holding_marked, &x), 0);
+    pthread_join(t, NULL);
+    assert_int_equal(x.rc, DLOCK_OK);
+    assert_true(logged("exited holding 'ex:marked'"));
+    assert_true(logged("its release failed (DLOCK_ESERVER"));
+    assert_true(logged("dlock protocol 2"));
+    assert_false(logged("released for it"));
+    assert_int_equal(stats(c).abandoned, 1);
+    dlock_client_close(c);
+}
+
 /*
  * An acquire cancelled, or stopped by a shutdown, at the moment a release
  * passes it the lease (an open handoff: the releasing thread leaves the
@@ -769,6 +799,7 @@ int main(void)
         cmocka_unit_test(test_cancel_returns_at_once),
         cmocka_unit_test(test_thread_exit_releases),
         cmocka_unit_test(test_thread_exit_tells_waiters),
+        cmocka_unit_test(test_thread_exit_release_fails),
         cmocka_unit_test(test_stop_during_handoff),
         cmocka_unit_test(test_shutdown_and_close_at_once),
     };

@@ -3,8 +3,9 @@
  * (tests/fixture.h): what operators see and the other ways to hold a lock.
  * Who holds a lease (client id, name, since; connection names), the
  * Prometheus metrics, on_log reporting renewals that fail and work again,
- * handles that move between threads, dlock_with, and DLOCK_GUARD. Helpers
- * shared with the other test_client*.c files are in client_helpers.h.
+ * handles that move between threads, dlock_with, DLOCK_GUARD, and data of
+ * another protocol refused. Helpers shared with the other test_client*.c
+ * files are in client_helpers.h.
  *
  * One server per executable (group setup/teardown). Tests that stop or kill
  * it restore it in their per-test teardown even when an assertion fails.
@@ -379,6 +380,58 @@ static void test_server_rechecked(void **state)
     pthread_mutex_unlock(&log_mu);
 }
 
+/* Data of another protocol (a later release marks it with the lease
+ * hash's field pv: lua/acquire.lua, "Protocol") is refused, not misread:
+ * an acquire, waiting or not, fails with DLOCK_ESERVER naming both
+ * protocols and leaves the data as it was; so does the release of a lease
+ * this client holds if its hash gains the mark (released locally all the
+ * same). pv 1, this protocol's own, changes nothing. */
+static void test_other_protocol_refused(void **state)
+{
+    (void)state;
+    dlock_client *c = open_client("tc:pv:", 2000);
+    char mine[48];
+    snprintf(mine, sizeof mine, "speaks protocol %d", DLOCK_PROTOCOL_VERSION);
+    freeReplyObject(cmd("HSET tc:pv:{p} pv 2"));
+    long long scripts0 = fx_info_calls("127.0.0.1", fx_server.port, "evalsha") +
+                         fx_info_calls("127.0.0.1", fx_server.port, "eval");
+    for (int wait = 0; wait <= 1; wait++) {
+        assert_int_equal(dlock_acquire(c, "p", wait ? 200 : 0, NULL), DLOCK_ESERVER);
+        fprintf(stderr, "# %s\n", dlock_last_error());
+        assert_non_null(strstr(dlock_last_error(), "refused by the server"));
+        assert_non_null(strstr(dlock_last_error(), "'p'"));
+        assert_non_null(strstr(dlock_last_error(), "dlock protocol 2"));
+        assert_non_null(strstr(dlock_last_error(), mine));
+    }
+    /* two script calls, the two acquires: no background release of their
+     * attempts follows (a refusal comes again while the mark stays; before,
+     * seven tries each over the next 6 s). 0.5 s covers three of them. */
+    fx_sleep_ms(500);
+    assert_int_equal(fx_info_calls("127.0.0.1", fx_server.port, "evalsha") +
+                         fx_info_calls("127.0.0.1", fx_server.port, "eval") - scripts0,
+                     2);
+    assert_int_equal(key_exists("tc:pv:{p}:q"), 0); /* not queued */
+    char *owner = key_hget("tc:pv:{p}", "owner");
+    assert_null(owner);
+    char *pv = key_hget("tc:pv:{p}", "pv");
+    assert_string_equal(pv, "2");
+    free(pv);
+
+    assert_int_equal(dlock_acquire(c, "q", 0, NULL), DLOCK_OK);
+    freeReplyObject(cmd("HSET tc:pv:{q} pv 2"));
+    assert_int_equal(dlock_release(c, "q"), DLOCK_ESERVER);
+    assert_non_null(strstr(dlock_last_error(), "dlock protocol 2"));
+    assert_int_equal(dlock_held(c, "q"), 0);
+
+    freeReplyObject(cmd("DEL tc:pv:{q}"));
+    freeReplyObject(cmd("HSET tc:pv:{p} pv 1"));
+    assert_int_equal(dlock_acquire(c, "p", 0, NULL), DLOCK_OK);
+    assert_int_equal(dlock_release(c, "p"), DLOCK_OK);
+    assert_int_equal(dlock_acquire(c, "q", 0, NULL), DLOCK_OK);
+    assert_int_equal(dlock_release(c, "q"), DLOCK_OK);
+    dlock_client_close(c);
+}
+
 typedef struct hop {
     dlock_handle *h;
     int rc, held;
@@ -561,6 +614,7 @@ int main(void)
         cmocka_unit_test_teardown(test_log_renewal_failing, fx_ensure_server),
         cmocka_unit_test(test_log_lost_at_release),
         cmocka_unit_test_teardown(test_server_rechecked, restore_server),
+        cmocka_unit_test(test_other_protocol_refused),
     };
     return cmocka_run_group_tests(tests, fx_group_setup, fx_group_teardown);
 }

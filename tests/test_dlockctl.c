@@ -23,22 +23,38 @@
 #endif
 
 /* Runs dlockctl with the server and prefix options, then args; returns its
- * exit status and its stdout in out (truncated to n). */
-static int ctl(char *out, size_t n, const char *fmt, ...)
+ * exit status and its stdout (with its stderr too if with_err) in out
+ * (truncated to n). */
+static int vctl(int with_err, char *out, size_t n, const char *fmt, va_list ap)
 {
     char args[600], command[900];
-    va_list ap;
-    va_start(ap, fmt);
     vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    snprintf(command, sizeof command, "%s -h 127.0.0.1:%d -p tc:ctl: %s 2>/dev/null",
-             DLOCKCTL_PATH, fx_server.port, args);
+    snprintf(command, sizeof command, "%s -h 127.0.0.1:%d -p tc:ctl: %s %s", DLOCKCTL_PATH,
+             fx_server.port, args, with_err ? "2>&1" : "2>/dev/null");
     FILE *f = popen(command, "r");
     assert_non_null(f);
     size_t got = fread(out, 1, n - 1, f);
     out[got] = '\0';
     int st = pclose(f);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static int ctl(char *out, size_t n, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = vctl(0, out, n, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+static int ctl_err(char *out, size_t n, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = vctl(1, out, n, fmt, ap);
+    va_end(ap);
+    return rc;
 }
 
 static int lost_calls;
@@ -361,7 +377,7 @@ static void test_listing_and_doctor(void **state)
         assert_int_equal(dlock_release(a, names[i]), DLOCK_OK);
 
     assert_int_equal(ctl(out, sizeof out, "--version"), 0);
-    assert_non_null(strstr(out, "dlockctl " DLOCK_VERSION_STRING));
+    assert_non_null(strstr(out, "dlockctl " DLOCK_VERSION_STRING " (protocol 1)"));
     assert_int_equal(ctl(out, sizeof out, "doctor"), 0);
     assert_non_null(strstr(out, "ok    version"));
     assert_non_null(strstr(out, "ok    eviction"));
@@ -389,6 +405,97 @@ static void test_bad_usage(void **state)
     assert_non_null(strstr(out, "release NAME --force"));
 }
 
+/* A lock's lease, fence and client c's record of it, as one string: what
+ * a refusal must leave as it was. */
+static void data_of(dlock_client *c, const char *name, char *out, size_t n)
+{
+    redisReply *h = fx_cmd_at(fx_server.port, "HGETALL tc:ctl:{%s}", name);
+    redisReply *f = fx_cmd_at(fx_server.port, "GET tc:ctl:{%s}:fence", name);
+    redisReply *r = fx_cmd_at(fx_server.port, "GET tc:ctl:{%s}:c:%s", name, dlock_client_id(c));
+    size_t used = 0;
+    for (size_t i = 0; i < h->elements; i++)
+        used += (size_t)snprintf(out + used, n - used, "%s ", h->element[i]->str);
+    snprintf(out + used, n - used, "| %s | %s", f->type == REDIS_REPLY_STRING ? f->str : "-",
+             r->type == REDIS_REPLY_STRING ? r->str : "-");
+    freeReplyObject(h);
+    freeReplyObject(f);
+    freeReplyObject(r);
+}
+
+/* Data of another protocol (a later release's: lua/acquire.lua,
+ * "Protocol") is refused by show, list and release --force, naming both
+ * protocols, exit status 1, and left as it was; also when it is marked
+ * after dlockctl read the lock, before it releases it. */
+static void test_other_protocol_refused(void **state)
+{
+    (void)state;
+    /* A lease of 60 s: renewal rounds 20 s apart, far from the few seconds
+     * this takes even on a loaded machine (a round would find a marked
+     * lease not renewed, and the client's release would then say ELOST). */
+    dlock_config cfg;
+    fx_config(&cfg, &fx_server);
+    cfg.key_prefix = "tc:ctl:";
+    cfg.client_name = "delta-4";
+    cfg.lease_ms = 60000;
+    dlock_client *a;
+    assert_int_equal(dlock_client_open(&cfg, &a), DLOCK_OK);
+    assert_int_equal(dlock_acquire(a, "pv2", 0, NULL), DLOCK_OK);
+    freeReplyObject(fx_cmd_at(fx_server.port, "HSET tc:ctl:{pv2} pv 2"));
+    char before[1024], after[1024], out[4096];
+    data_of(a, "pv2", before, sizeof before);
+    assert_int_equal(dlock_release(a, "pv2"), DLOCK_ESERVER); /* the client refuses too */
+    const char *cmds[] = {"show pv2", "release pv2 --force"};
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(ctl_err(out, sizeof out, "%s", cmds[i]), 1);
+        fprintf(stderr, "%s: %s", cmds[i], out);
+        assert_non_null(strstr(out, "dlockctl: tc:ctl:{pv2}: the data of this name is dlock "
+                                    "protocol 2; this dlockctl speaks protocol 1: use the "
+                                    "dlockctl of the release that wrote it"));
+    }
+    /* a listing and a client's release go on past such a name: one lock of
+     * another protocol does not stop an operator freeing the others */
+    assert_int_equal(dlock_acquire(a, "pvok", 0, NULL), DLOCK_OK);
+    assert_int_equal(ctl_err(out, sizeof out, "list 'pv*'"), 0);
+    fprintf(stderr, "list: %s", out);
+    assert_non_null(strstr(out, "tc:ctl:{pv2}: the data of this name is dlock protocol 2"));
+    assert_non_null(strstr(out, "pvok "));
+    assert_int_equal(ctl_err(out, sizeof out, "release --client %s --force", dlock_client_id(a)),
+                     0);
+    fprintf(stderr, "release --client: %s", out);
+    assert_non_null(strstr(out, "tc:ctl:{pv2}: the data of this name is dlock protocol 2"));
+    assert_non_null(strstr(out, "1 of the 1 locks client"));
+    assert_int_equal(dlock_release(a, "pvok"), DLOCK_ELOST); /* taken by the operator */
+    data_of(a, "pv2", after, sizeof after);
+    assert_string_equal(before, after);
+
+    /* Marked between the read and the forced release (a pause of 1.5 s
+     * there, DLOCKCTL_TEST_FORCE_PAUSE_MS): the release script refuses it,
+     * atomically, and writes nothing. */
+    assert_int_equal(dlock_acquire(a, "pv3", 0, NULL), DLOCK_OK);
+    assert_int_equal(dlock_release(a, "pv3"), DLOCK_OK); /* the client's record of it */
+    assert_int_equal(dlock_acquire(a, "pv3", 0, NULL), DLOCK_OK);
+    char command[600];
+    snprintf(command, sizeof command, "DLOCKCTL_TEST_FORCE_PAUSE_MS=1500 %s -h 127.0.0.1:%d "
+             "-p tc:ctl: release pv3 --force 2>&1", DLOCKCTL_PATH, fx_server.port);
+    FILE *f = popen(command, "r");
+    assert_non_null(f);
+    fx_sleep_ms(500); /* it has read the lock (0.5 s is plenty on loopback) and now pauses */
+    freeReplyObject(fx_cmd_at(fx_server.port, "HSET tc:ctl:{pv3} pv 2"));
+    data_of(a, "pv3", before, sizeof before);
+    size_t got = fread(out, 1, sizeof out - 1, f);
+    out[got] = '\0';
+    int st = pclose(f);
+    fprintf(stderr, "release pv3 --force: %s", out);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 1);
+    assert_non_null(strstr(out, "dlockctl: tc:ctl:{pv3}: the data of this name is dlock "
+                                "protocol 2; this dlockctl speaks protocol 1: use the dlockctl "
+                                "of the release that wrote it"));
+    data_of(a, "pv3", after, sizeof after);
+    assert_string_equal(before, after);
+    assert_int_equal(dlock_release(a, "pv3"), DLOCK_ESERVER);
+    dlock_client_close(a);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -398,6 +505,7 @@ int main(void)
         cmocka_unit_test(test_release_client),
         cmocka_unit_test(test_listing_and_doctor),
         cmocka_unit_test(test_bad_usage),
+        cmocka_unit_test(test_other_protocol_refused),
     };
     return cmocka_run_group_tests(tests, fx_group_setup, fx_group_teardown);
 }

@@ -5,7 +5,7 @@
  * same client for the same name changes nothing at all; a release retried
  * after its first try ran reports released; a late leave cannot take out a
  * client that queued again; an orphan release reports when its attempt is
- * superseded.
+ * superseded; data of another protocol is refused and left as it was.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -250,6 +250,103 @@ static int teardown(void **state)
     redisFree(conn);
     redisFree(raw);
     return fx_group_teardown(state);
+}
+
+/* The DUMP of every key of name (the six of client id, and Y's record),
+ * concatenated as hex, with each key's presence: what a refused script must
+ * leave exactly as it was. */
+static void dump_keys(const char *name, const char *id, char *out, size_t n)
+{
+    keys k = keys_of(name, id);
+    char rec_y[96];
+    snprintf(rec_y, sizeof rec_y, "ts:{%s}:c:" Y, name);
+    const char *all[7] = {k.k[0], k.k[1], k.k[2], k.k[3], k.k[4], k.k[5], rec_y};
+    size_t used = 0;
+    out[0] = '\0';
+    for (int i = 0; i < 7; i++) {
+        redisReply *r = redisCommand(raw, "DUMP %s", all[i]);
+        assert_non_null(r);
+        used += (size_t)snprintf(out + used, n - used, "%d:", i);
+        if (r->type == REDIS_REPLY_STRING)
+            for (size_t j = 0; j < r->len && used + 3 < n; j++)
+                used += (size_t)snprintf(out + used, n - used, "%02x",
+                                         (unsigned char)r->str[j]);
+        else
+            used += (size_t)snprintf(out + used, n - used, "none");
+        assert_true(used + 8 < n);
+        freeReplyObject(r);
+    }
+}
+
+/* Asserts that script id with argv (nargs after the six keys) is refused as
+ * data of protocol 2, naming both protocols. */
+static void assert_refused(dlock_script_id id, const char **argv, int nargs)
+{
+    redisReply *r = dlock_conn_eval(conn, &ctr, dlock_conn_deadline(2000), id, 6, nargs, argv,
+                                    NULL);
+    assert_non_null(r);
+    assert_int_equal(r->type, REDIS_REPLY_ERROR);
+    assert_int_equal(dlock_conn_reply_code(r), DLOCK_ESERVER);
+    assert_non_null(strstr(r->str, "DLOCKPROTOCOL"));
+    assert_non_null(strstr(r->str, "dlock protocol 2"));
+    char mine[48];
+    snprintf(mine, sizeof mine, "speaks protocol %d", DLOCK_PROTOCOL_VERSION);
+    assert_non_null(strstr(r->str, mine));
+    freeReplyObject(r);
+}
+
+/* Data of another protocol: a later release marks a name's data with the
+ * lease hash's field pv (lua/acquire.lua, "Protocol"). This release's
+ * acquire, release and leave scripts refuse it with an error naming both
+ * protocols, and change nothing at all (every key's DUMP is the same);
+ * pv 1 is this protocol's own and works as usual. */
+static void test_other_protocol_refused(void **state)
+{
+    (void)state;
+    long long ty;
+    assert_int_equal(acquire("pv", Y, 1, &ty), 1);
+    assert_int_equal(lease_field("pv", "pv"), 1); /* a grant writes its protocol */
+    assert_int_equal(acquire("pv", X, 5, NULL), 0); /* queued, with a record */
+    freeReplyObject(redisCommand(raw, "HSET ts:{pv} pv 2"));
+    static char before[16384], after[16384];
+    dump_keys("pv", X, before, sizeof before);
+
+    keys kx = keys_of("pv", X), ky = keys_of("pv", Y);
+    const char *argv[16];
+    for (int i = 0; i < 6; i++)
+        argv[i] = kx.k[i];
+    const char *acq[10] = {X, "10000", "6", "16", "2000", "1", "20000", "test-client", "0", "0"};
+    memcpy(argv + 6, acq, sizeof acq);
+    assert_refused(DLOCK_SCRIPT_ACQUIRE, argv, 10);
+    const char *lv[6] = {X, "ts:wake:", "pv", "2000", "7", "20000"};
+    memcpy(argv + 6, lv, sizeof lv);
+    assert_refused(DLOCK_SCRIPT_LEAVE, argv, 6);
+    for (int i = 0; i < 6; i++)
+        argv[i] = ky.k[i];
+    char tok[24];
+    snprintf(tok, sizeof tok, "%lld", ty);
+    const char *rel[10] = {Y, "token", tok, "10000", "0", "ts:wake:", "pv", "2000", "20000", "0"};
+    memcpy(argv + 6, rel, sizeof rel);
+    assert_refused(DLOCK_SCRIPT_RELEASE, argv, 10);
+    /* the holder's renewal of it: not renewed, and nothing written (its
+     * DUMP, and its time to live not reset) */
+    long long pttl = fx_lease_ms(raw, "ts:{pv}");
+    const char *rn[4] = {ky.k[0], Y, "10000", tok};
+    redisReply *r = dlock_conn_eval(conn, &ctr, dlock_conn_deadline(2000), DLOCK_SCRIPT_RENEW,
+                                    1, 3, rn, NULL);
+    assert_non_null(r);
+    assert_int_equal(r->type, REDIS_REPLY_ARRAY);
+    assert_int_equal(r->element[0]->integer, 0);
+    freeReplyObject(r);
+    assert_true(fx_lease_ms(raw, "ts:{pv}") <= pttl);
+    dump_keys("pv", X, after, sizeof after);
+    assert_string_equal(before, after);
+
+    /* pv 1: this protocol's own mark */
+    freeReplyObject(redisCommand(raw, "HSET ts:{pv} pv 1"));
+    assert_int_equal(release("pv", Y, "token", ty), 2); /* X, queued, gets it */
+    assert_int_equal(lease_field("pv", "pv"), 1);          /* a direct grant too */
+    assert_int_equal(leave("pv", X, 8), 1);
 }
 
 /* The critical case: attempt 5 of X is granted; attempt 3 of X, sent
@@ -698,6 +795,7 @@ int main(void)
         cmocka_unit_test(test_regrant_above_unconfirmed_last),
         cmocka_unit_test(test_restart_never_undercuts),
         cmocka_unit_test(test_unclean_ends),
+        cmocka_unit_test(test_other_protocol_refused),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -105,7 +105,7 @@ static void usage(FILE *f)
 "      --json             JSON instead of text (list: an array; show, release: an\n"
 "                         object; watch: one object per line)\n"
 "      --help             this text\n"
-"      --version          dlockctl's version (the library's)\n"
+"      --version          dlockctl's version (the library's) and protocol\n"
 "Exit status: 0 done; 1 not held (show, release), nothing released (release\n"
 "--client), something to change (doctor), or a Redis failure; 2 bad usage.\n");
 }
@@ -163,6 +163,21 @@ static void conn_done(redisContext *c, dlock_cluster_node *node)
         fprintf(stderr, "dlockctl: redis: %s\n", c->errstr);
         exit(1);
     }
+}
+
+static const char *esc(const char *s, char *out, size_t n);
+
+/* If r is a script's refusal of another protocol's data (READ_LUA,
+ * FORCE_HEAD: lua/acquire.lua, "Protocol"), says so on stderr and returns
+ * 1; else 0. */
+static int refused_protocol(const redisReply *r)
+{
+    if (!dlock_conn_is_other_protocol(r))
+        return 0;
+    char e[4 * (DLOCK_NAME_MAX + DLOCK_PREFIX_MAX) + 512];
+    fprintf(stderr, "dlockctl: %s: use the dlockctl of the release that wrote it\n",
+            esc(r->str + strlen("DLOCKPROTOCOL "), e, sizeof e));
+    return 1;
 }
 
 static redisReply *cmd(redisContext *c, const char *fmt, ...)
@@ -240,11 +255,17 @@ static void key_of(char *out, size_t n, const char *name, const char *suffix)
 
 /* One lock read in one step (a script runs alone: a consistent snapshot),
  * with the server's clock: the lease, its time left, the turn, and the
- * queue with each waiter's liveness value and the server's verdict on it. */
+ * queue with each waiter's liveness value and the server's verdict on it.
+ * Data of another protocol is refused, not misread (lua/acquire.lua,
+ * "Protocol"). */
 static const char READ_LUA[] =
+    "local l = redis.call('HMGET', KEYS[1], 'owner', 'token', 'name', 'since', 'exp', 'pv')\n"
+    "if l[6] and l[6] ~= '1' then\n"
+    "  return redis.error_reply('DLOCKPROTOCOL ' .. KEYS[1] .. ': the data of this name is '\n"
+    "    .. 'dlock protocol ' .. l[6] .. '; this dlockctl speaks protocol 1')\n"
+    "end\n"
     "local t = redis.call('TIME')\n"
     "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
-    "local l = redis.call('HMGET', KEYS[1], 'owner', 'token', 'name', 'since', 'exp')\n"
     "local out = {now, l[1], l[2], l[3], l[4], l[5], redis.call('PTTL', KEYS[1]),\n"
     "  redis.call('GET', KEYS[4])}\n"
     "local q = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')\n"
@@ -269,7 +290,9 @@ static void lock_free(lockinfo *li)
     li->queue = NULL;
 }
 
-static void read_lock(redisContext *c, const char *name, lockinfo *li)
+/* Reads lock `name` into li. Returns 0, or 1 if its data is another
+ * protocol's: refused (said on stderr), li then holds nothing. */
+static int read_lock(redisContext *c, const char *name, lockinfo *li)
 {
     char k[4][DLOCK_NAME_MAX + 128];
     memset(li, 0, sizeof *li);
@@ -277,7 +300,20 @@ static void read_lock(redisContext *c, const char *name, lockinfo *li)
     key_of(k[1], sizeof k[1], name, ":q");
     key_of(k[2], sizeof k[2], name, ":qd");
     key_of(k[3], sizeof k[3], name, ":turn");
-    redisReply *r = cmd(c, "EVAL %s 4 %s %s %s %s", READ_LUA, k[0], k[1], k[2], k[3]);
+    redisReply *r = redisCommand(c, "EVAL %s 4 %s %s %s %s", READ_LUA, k[0], k[1], k[2], k[3]);
+    if (!r) {
+        fprintf(stderr, "dlockctl: redis: %s\n", c->errstr);
+        exit(1);
+    }
+    if (refused_protocol(r)) {
+        freeReplyObject(r);
+        li->remaining_ms = li->held_for_ms = -1;
+        return 1;
+    }
+    if (r->type == REDIS_REPLY_ERROR) {
+        fprintf(stderr, "dlockctl: redis: %s\n", r->str);
+        exit(1);
+    }
     if (r->type != REDIS_REPLY_ARRAY || r->elements < 8) {
         fprintf(stderr, "dlockctl: redis: unexpected reply reading %s\n", name);
         exit(1);
@@ -320,6 +356,7 @@ static void read_lock(redisContext *c, const char *name, lockinfo *li)
         x->alive = w[3]->type == REDIS_REPLY_INTEGER && w[3]->integer == 1;
     }
     freeReplyObject(r);
+    return 0;
 }
 
 /* s for a terminal: control characters, backslashes and bytes above 126
@@ -538,7 +575,10 @@ static int show_once(const char *name, int watch)
     dlock_cluster_node *node;
     redisContext *c = conn_for(k, &node);
     lockinfo li;
-    read_lock(c, name, &li);
+    if (read_lock(c, name, &li) != 0) {
+        conn_done(c, node);
+        return 0; /* (not held, for this dlockctl: exit status 1) */
+    }
     char e1[4 * DLOCK_NAME_MAX + 8], e2[4 * DLOCK_CLIENT_NAME_MAX + 8];
     if (O.json) {
         print_lock_json(name, &li, 1);
@@ -623,7 +663,11 @@ static int cmd_watch(const char *name)
  * number -N, having changed nothing, while the holder's reservation is ahead
  * of server time: the caller waits N ms and tries again. */
 static const char FORCE_HEAD[] =
-    "local lease = redis.call('HMGET', KEYS[1], 'owner', 'token', 'pl', 'exp')\n"
+    "local lease = redis.call('HMGET', KEYS[1], 'owner', 'token', 'pl', 'exp', 'pv')\n"
+    "if lease[5] and lease[5] ~= '1' then\n"
+    "  return redis.error_reply('DLOCKPROTOCOL ' .. KEYS[1] .. ': the data of this name is '\n"
+    "    .. 'dlock protocol ' .. lease[5] .. '; this dlockctl speaks protocol 1')\n"
+    "end\n"
     "if lease[1] ~= ARGV[1] or lease[2] ~= ARGV[3] then return 0 end\n"
     /* the holder's reservation for its threads (token + pass limit): it may
      * go on handing them out until it learns of this release, so the fence
@@ -646,6 +690,10 @@ static const char FORCE_HEAD[] =
 static const char FORCE_TAIL[] =
     "\nend\n"
     "local rc = release_as_holder()\n"
+    /* refused (another protocol's data: release.lua, Protocol): nothing
+     * written, here neither (no double quotes in these comments: sim/world.lua
+     * reads the literals) */
+    "if type(rc) == 'table' and rc.err then return rc end\n"
     /* taken, not released: the holder's release of this token finds no
      * record of it (DLOCK_ELOST); its attempts stay ordered */
     "local rec = redis.call('GET', KEYS[6])\n"
@@ -680,7 +728,16 @@ static int cmd_release(const char *name)
     dlock_cluster_node *node;
     redisContext *c = conn_for(k[0], &node);
     lockinfo li;
-    read_lock(c, name, &li);
+    if (read_lock(c, name, &li) != 0) {
+        if (O.json) {
+            json_item();
+            printf("{\"name\":");
+            json_str(name);
+            printf(",\"released\":false,\"reason\":\"data of another protocol\"}\n");
+        }
+        conn_done(c, node);
+        return 1;
+    }
     lock_free(&li); /* (its queue is not needed here) */
     int other = li.held && O.client && strcmp(li.owner, O.client) != 0;
     if (!li.held || other) {
@@ -735,6 +792,13 @@ static int cmd_release(const char *name)
     }
     snprintf(script, slen, "%s%s%s", FORCE_HEAD, dlock_script_body(DLOCK_SCRIPT_RELEASE),
              FORCE_TAIL);
+    /* tests only: a pause between the read and the release, in which the
+     * data may change (test_dlockctl) */
+    const char *pause = getenv("DLOCKCTL_TEST_FORCE_PAUSE_MS");
+    if (pause && atol(pause) > 0) {
+        struct timespec ts = {atol(pause) / 1000, (atol(pause) % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+    }
     const char *ev[3 + DLOCK_SCRIPT_KEYS + DLOCK_RELEASE_ARGS] = {"EVAL", script, "6"};
     memcpy(ev + 3, argv, sizeof argv);
     long long rc;
@@ -747,7 +811,8 @@ static int cmd_release(const char *name)
         }
         if (r->type == REDIS_REPLY_ERROR) {
             free(script);
-            fprintf(stderr, "dlockctl: redis: %s\n", r->str);
+            if (!refused_protocol(r))
+                fprintf(stderr, "dlockctl: redis: %s\n", r->str);
             freeReplyObject(r);
             conn_done(c, node);
             return 1;
@@ -1095,7 +1160,9 @@ int main(int argc, char **argv)
         case O_INTERVAL: O.interval_ms = atol(optarg); break;
         case O_COUNT: O.count = atol(optarg); break;
         case O_CLIENT: O.client = optarg; break;
-        case O_VERSION: printf("dlockctl %s\n", dlock_version()); return 0;
+        case O_VERSION:
+            printf("dlockctl %s (protocol %d)\n", dlock_version(), DLOCK_PROTOCOL_VERSION);
+            return 0;
         case O_HELP: usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
