@@ -70,9 +70,9 @@ enum {
 
 /* The version of this header; dlock_version() gives the library's. */
 #define DLOCK_VERSION_MAJOR 0
-#define DLOCK_VERSION_MINOR 2
+#define DLOCK_VERSION_MINOR 3
 #define DLOCK_VERSION_PATCH 0
-#define DLOCK_VERSION_STRING "0.2.0"
+#define DLOCK_VERSION_STRING "0.3.0"
 /* MAJOR * 10000 + MINOR * 100 + PATCH, for #if comparisons */
 #define DLOCK_VERSION_NUMBER                                                   \
     (DLOCK_VERSION_MAJOR * 10000 + DLOCK_VERSION_MINOR * 100 + DLOCK_VERSION_PATCH)
