@@ -1,5 +1,6 @@
 -- The client side of dlock's protocol, as src/ (client.c, api.c, acquire.c,
--- release.c, rpc.c) and src/renew.c
+-- release.c, rpc.c) and the renewal manager (src/renew_round.c,
+-- renew_jobs.c, renew_thread.c)
 -- follow it, written as event handlers over the simulated world
 -- (sim/world.lua). One table per client process: its threads, its entries
 -- (the local tier, one per lock name), its renewal manager's registry and
@@ -512,7 +513,7 @@ function C.run_job(c, j)
     if not c.alive then return end
     local done
     if how == 'reply' and type(rep) == 'number' then
-      done = j.kind == 'leave' or rep >= 1 -- job_result (renew.c)
+      done = j.kind == 'leave' or rep >= 1 -- job_result (renew_jobs.c)
     end
     if done or cnow(c) >= j.until_t then return end
     local wait = j.backoff
@@ -522,7 +523,7 @@ function C.run_job(c, j)
 end
 
 ------------------------------------------------------------------------
--- The renewal manager (renew.c): one round renews every registered grant.
+-- The renewal manager (renew_round.c, renew_thread.c): one round renews every registered grant.
 
 function C.start_renewal(c)
   C.schedule_round(c, cnow(c) + c.s.period_us)

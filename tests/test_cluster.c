@@ -1,6 +1,6 @@
 /*
  * Redis Cluster mode (src/cluster.c, and the routing in rpc.c and
- * renew.c), on a real 3-master cluster started here (fixture.h:
+ * lanes.c), on a real 3-master cluster started here (fixture.h:
  * fx_cluster_start):
  *   - the hash slot of a key, checked against the specification's vector
  *     and hash tag rules and against CLUSTER KEYSLOT on thousands of keys of
