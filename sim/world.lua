@@ -146,13 +146,13 @@ local function c_literal(text, name)
 end
 
 -- The scripts' texts: lua/*.lua, and dlockctl's forced release, which wraps
--- release.lua (tools/dlockctl.c). mutate(name, text) may change a text.
+-- release.lua (tools/dlockctl_release.c). mutate(name, text) may change a text.
 function W.load_scripts(root, mutate)
   local texts = {}
   for _, n in ipairs({'acquire', 'release', 'renew', 'leave'}) do
     texts[n] = read(root .. '/lua/' .. n .. '.lua')
   end
-  local ctl = read(root .. '/tools/dlockctl.c')
+  local ctl = read(root .. '/tools/dlockctl_release.c')
   texts.force_head = c_literal(ctl, 'FORCE_HEAD')
   texts.force_tail = c_literal(ctl, 'FORCE_TAIL')
   if mutate then mutate(texts) end

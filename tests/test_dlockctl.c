@@ -1,5 +1,5 @@
 /*
- * dlockctl, the operators' tool (tools/dlockctl.c), run as a program against
+ * dlockctl, the operators' tool (tools/dlockctl*.c), run as a program against
  * the test's redis-server while clients of this process hold and wait for
  * locks: list, show, watch, and release --force, whose holder must learn at
  * once (dlock_held 0, on_lost, on_log) and whose next waiter gets the lock.

@@ -1,0 +1,130 @@
+/*
+ * dlockctl's files share this: the options, the connection settings, what
+ * a lock read says, and the helpers every command uses. dlockctl.c parses
+ * the command line and runs one command; dlockctl_redis.c connects, reads
+ * a lock in one script and prints it; dlockctl_list.c has list, show and
+ * watch; dlockctl_release.c the forced releases; dlockctl_doctor.c doctor.
+ *
+ * One thread: no locks. The globals are set by main (O) and ctl_setup
+ * (CFG, MASTER, CL, CTR) before a command runs, and only read after.
+ * Every helper that meets a Redis failure prints it and exits 1
+ * (ctl_die); bad usage exits 2 (ctl_die_usage).
+ */
+#ifndef DLOCKCTL_H
+#define DLOCKCTL_H
+
+#include <stddef.h>
+
+#include <hiredis/hiredis.h>
+
+#include "cluster.h"
+#include "conn.h"
+#include "dlock.h"
+#include "sentinel.h"
+
+/* The command line's options (dlockctl.c). */
+typedef struct ctl_options {
+    char host[256];
+    int port;
+    const char *unix_path, *user, *password, *prefix, *cluster, *sentinels, *master;
+    const char *sentinel_password;
+    const char *client; /* release --client ID */
+    int db, json, force;
+    long interval_ms, count;
+} ctl_options;
+
+extern ctl_options O;
+extern dlock_conn_cfg CFG;  /* the connection, as the library's (ctl_setup) */
+extern dlock_master MASTER; /* Sentinel mode: the master's address */
+extern dlock_cluster *CL;   /* Cluster mode: the slot map; else NULL */
+extern dlock_counters CTR;
+
+/* A waiting client, as the read script saw it. */
+typedef struct waiter {
+    char id[64], name[DLOCK_CLIENT_NAME_MAX + 1];
+    long long waited_ms;
+    int alive; /* the server's verdict: its liveness deadline is ahead of server time */
+} waiter;
+
+typedef struct lockinfo {
+    int held;
+    char owner[64], holder[DLOCK_CLIENT_NAME_MAX + 1];
+    char token[32];
+    char turn[64];             /* the client whose turn it is, "" if none */
+    long long remaining_ms, held_for_ms, since_ms, now_ms;
+    long long waiting;
+    waiter *queue;             /* the wait queue in order (free with ctl_lock_free) */
+} lockinfo;
+
+
+/* dlockctl.c: print "dlockctl: " fmt (with arg) and exit 2 (bad usage);
+ * print what failed with dlock_last_error() and exit 1. */
+void ctl_die_usage(const char *fmt, const char *arg);
+void ctl_die(const char *what);
+
+/* dlockctl_redis.c: the connection settings from O (and the cluster's slot
+ * map); exits on a bad setting. */
+void ctl_setup(void);
+
+/* A pooled connection to node n (Cluster mode). */
+redisContext *ctl_conn_for_node(dlock_cluster_node *n);
+
+/* A connection to the server that serves key: in Cluster mode its slot's
+ * master (*node set: give it back with ctl_conn_done), else the one server. */
+redisContext *ctl_conn_for(const char *key, dlock_cluster_node **node);
+
+/* Gives back a connection of ctl_conn_for (or ctl_conn_for_node); exits 1
+ * if the one server's connection failed. */
+void ctl_conn_done(redisContext *c, dlock_cluster_node *node);
+
+/* Closes the one server's connection, if open. */
+void ctl_teardown(void);
+
+/* A command; exits 1 on a failure or an error reply. */
+redisReply *ctl_cmd(redisContext *c, const char *fmt, ...);
+
+/* If r is a script's refusal of another protocol's data (the read script,
+ * FORCE_HEAD: lua/acquire.lua, "Protocol"), says so on stderr and returns
+ * 1; else 0. */
+int ctl_refused_protocol(const redisReply *r);
+
+/* The key <prefix>{name}<suffix>. */
+void ctl_key_of(char *out, size_t n, const char *name, const char *suffix);
+
+/* Reads lock `name` into li, in one script. Returns 0, or 1 if its data is
+ * another protocol's: refused (said on stderr), li then holds nothing. */
+int ctl_read_lock(redisContext *c, const char *name, lockinfo *li);
+void ctl_lock_free(lockinfo *li);
+
+/* s for a terminal: control characters, backslashes and bytes above 126
+ * escaped (\n, \xNN), so that a name cannot move the cursor or forge a
+ * line. Into out (n bytes; cut short if it does not fit). */
+const char *ctl_esc(const char *s, char *out, size_t n);
+
+/* s as a JSON string (quotes and escapes), on stdout. */
+void ctl_json_str(const char *s);
+
+/* The lock as a JSON object; left open (no closing brace) with `open`. */
+void ctl_print_lock_json(const char *name, const lockinfo *li, int open);
+
+/* A duration for list's columns ("-" if negative). */
+void ctl_fmt_ms(char *out, size_t n, long long ms);
+
+/* list's text: its header line, and one row per lock. */
+void ctl_print_header(void);
+void ctl_print_row(const char *name, const lockinfo *li);
+
+/* dlockctl_list.c: calls fn for every held lock whose name matches pattern,
+ * on every master (Cluster mode) or on the server. */
+void ctl_scan_all(const char *pattern,
+                  void (*fn)(const char *name, const lockinfo *li, void *arg), void *arg);
+
+/* The commands; each returns dlockctl's exit status (dlockctl --help). */
+int ctl_list(const char *pattern);
+int ctl_show(const char *name, int watch); /* 1 if held, 0 if not */
+int ctl_watch(const char *name);
+int ctl_release(const char *name);          /* dlockctl_release.c */
+int ctl_release_client(void);
+int ctl_doctor(void);                       /* dlockctl_doctor.c */
+
+#endif

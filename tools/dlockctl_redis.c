@@ -1,0 +1,321 @@
+/*
+ * dlockctl: connections, reading a lock in one script, printing it
+ * (dlockctl.h).
+ */
+#define _GNU_SOURCE
+#include <getopt.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "dlockctl.h"
+#include "error.h"
+#include "script.h"
+
+/* A pooled connection to node n (Cluster mode). */
+redisContext *ctl_conn_for_node(dlock_cluster_node *n)
+{
+    redisContext *c;
+    if (dlock_pool_get(n->pool, DLOCK_NEVER, &c) != DLOCK_OK)
+        ctl_die("connect");
+    return c;
+}
+
+static redisContext *single_conn;
+
+/* A connection to the server that serves key: in Cluster mode its slot's
+ * master (*node set: give it back with conn_done), else the one server. */
+redisContext *ctl_conn_for(const char *key, dlock_cluster_node **node)
+{
+    *node = NULL;
+    if (CL) {
+        unsigned slot = dlock_cluster_slot(key, strlen(key));
+        *node = dlock_cluster_route(CL, slot, DLOCK_NEVER);
+        if (!*node)
+            ctl_die("cluster");
+        return ctl_conn_for_node(*node);
+    }
+    if (!single_conn && dlock_conn_open(&CFG, &CTR, &single_conn) != DLOCK_OK)
+        ctl_die("connect");
+    return single_conn;
+}
+
+void ctl_conn_done(redisContext *c, dlock_cluster_node *node)
+{
+    if (node)
+        dlock_pool_put(node->pool, c, c->err != 0);
+    else if (c->err) {
+        fprintf(stderr, "dlockctl: redis: %s\n", c->errstr);
+        exit(1);
+    }
+}
+
+/* If r is a script's refusal of another protocol's data (READ_LUA,
+ * FORCE_HEAD: lua/acquire.lua, "Protocol"), says so on stderr and returns
+ * 1; else 0. */
+int ctl_refused_protocol(const redisReply *r)
+{
+    if (!dlock_conn_is_other_protocol(r))
+        return 0;
+    char e[4 * (DLOCK_NAME_MAX + DLOCK_PREFIX_MAX) + 512];
+    fprintf(stderr, "dlockctl: %s: use the dlockctl of the release that wrote it\n",
+            ctl_esc(r->str + strlen("DLOCKPROTOCOL "), e, sizeof e));
+    return 1;
+}
+
+redisReply *ctl_cmd(redisContext *c, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    redisReply *r = redisvCommand(c, fmt, ap);
+    va_end(ap);
+    if (!r) {
+        fprintf(stderr, "dlockctl: redis: %s\n", c->errstr);
+        exit(1);
+    }
+    if (r->type == REDIS_REPLY_ERROR) {
+        fprintf(stderr, "dlockctl: redis: %s\n", r->str);
+        exit(1);
+    }
+    return r;
+}
+
+void ctl_setup(void)
+{
+    CFG.host = O.unix_path || O.sentinels || O.cluster ? NULL : O.host;
+    CFG.port = O.port;
+    CFG.unix_path = (char *)O.unix_path;
+    CFG.username = (char *)O.user;
+    CFG.password = (char *)O.password;
+    CFG.db = O.db;
+    CFG.connect_timeout_ms = 1000;
+    CFG.command_timeout_ms = 2000;
+    CFG.client_name = "dlockctl";
+    dlock_master_init(&MASTER);
+    CFG.master = &MASTER;
+    if (O.sentinels) {
+        if (!O.master)
+            ctl_die_usage("%s", "--sentinels needs --master");
+        if (dlock_addrs_parse(O.sentinels, "--sentinels", &CFG.sentinels, &CFG.nsentinels) !=
+            DLOCK_OK)
+            ctl_die("--sentinels");
+        CFG.sentinel_master = (char *)O.master;
+        CFG.sentinel_password = (char *)O.sentinel_password;
+        CFG.route = &dlock_sentinel_route;
+    }
+    if (O.cluster) {
+        if (dlock_cluster_create(&CFG, O.cluster, 1, 0, &CTR, &CL) != DLOCK_OK)
+            ctl_die("--cluster");
+        if (dlock_cluster_refresh(CL, 1, DLOCK_NEVER) != DLOCK_OK)
+            ctl_die("cluster map");
+    }
+}
+
+/* ------------------------------------------------------------------ */
+
+void ctl_key_of(char *out, size_t n, const char *name, const char *suffix)
+{
+    snprintf(out, n, "%s{%s}%s", O.prefix, name, suffix);
+}
+
+/* One lock read in one step (a script runs alone: a consistent snapshot),
+ * with the server's clock: the lease, its time left, the turn, and the
+ * queue with each waiter's liveness value and the server's verdict on it.
+ * Data of another protocol is refused, not misread (lua/acquire.lua,
+ * "Protocol"). */
+static const char READ_LUA[] =
+    "local l = redis.call('HMGET', KEYS[1], 'owner', 'token', 'name', 'since', 'exp', 'pv')\n"
+    "if l[6] and l[6] ~= '1' then\n"
+    "  return redis.error_reply('DLOCKPROTOCOL ' .. KEYS[1] .. ': the data of this name is '\n"
+    "    .. 'dlock protocol ' .. l[6] .. '; this dlockctl speaks protocol 1')\n"
+    "end\n"
+    "local t = redis.call('TIME')\n"
+    "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
+    "local out = {now, l[1], l[2], l[3], l[4], l[5], redis.call('PTTL', KEYS[1]),\n"
+    "  redis.call('GET', KEYS[4])}\n"
+    "local q = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')\n"
+    "for i = 1, #q, 2 do\n"
+    "  local d = redis.call('HGET', KEYS[3], q[i]) or ''\n"
+    "  local deadline = tonumber(string.match(d, '^%d+')) or 0\n"
+    "  out[#out + 1] = q[i]\n"
+    "  out[#out + 1] = q[i + 1]\n"
+    "  out[#out + 1] = d\n"
+    "  out[#out + 1] = deadline > now and 1 or 0\n"
+    "end\n"
+    "return out\n";
+
+static const char *str_or(const redisReply *r, const char *dflt)
+{
+    return r->type == REDIS_REPLY_STRING ? r->str : dflt;
+}
+
+void ctl_lock_free(lockinfo *li)
+{
+    free(li->queue);
+    li->queue = NULL;
+}
+
+/* Reads lock `name` into li. Returns 0, or 1 if its data is another
+ * protocol's: refused (said on stderr), li then holds nothing. */
+int ctl_read_lock(redisContext *c, const char *name, lockinfo *li)
+{
+    char k[4][DLOCK_NAME_MAX + 128];
+    memset(li, 0, sizeof *li);
+    ctl_key_of(k[0], sizeof k[0], name, "");
+    ctl_key_of(k[1], sizeof k[1], name, ":q");
+    ctl_key_of(k[2], sizeof k[2], name, ":qd");
+    ctl_key_of(k[3], sizeof k[3], name, ":turn");
+    redisReply *r = redisCommand(c, "EVAL %s 4 %s %s %s %s", READ_LUA, k[0], k[1], k[2], k[3]);
+    if (!r) {
+        fprintf(stderr, "dlockctl: redis: %s\n", c->errstr);
+        exit(1);
+    }
+    if (ctl_refused_protocol(r)) {
+        freeReplyObject(r);
+        li->remaining_ms = li->held_for_ms = -1;
+        return 1;
+    }
+    if (r->type == REDIS_REPLY_ERROR) {
+        fprintf(stderr, "dlockctl: redis: %s\n", r->str);
+        exit(1);
+    }
+    if (r->type != REDIS_REPLY_ARRAY || r->elements < 8) {
+        fprintf(stderr, "dlockctl: redis: unexpected reply reading %s\n", name);
+        exit(1);
+    }
+    redisReply **e = r->element;
+    li->now_ms = e[0]->integer;
+    /* A grant past its exp (server ms) has expired: its key stays a lease
+     * time longer, as a fence, but nobody holds the name. */
+    long long exp = e[5]->type == REDIS_REPLY_STRING ? atoll(e[5]->str) : -1;
+    if (e[1]->type == REDIS_REPLY_STRING && (exp < 0 || exp >= li->now_ms)) {
+        li->held = 1;
+        snprintf(li->owner, sizeof li->owner, "%s", e[1]->str);
+        snprintf(li->token, sizeof li->token, "%s", str_or(e[2], ""));
+        snprintf(li->holder, sizeof li->holder, "%s", str_or(e[3], ""));
+        li->since_ms = e[4]->type == REDIS_REPLY_STRING ? atoll(e[4]->str) : 0;
+        li->held_for_ms = li->since_ms ? li->now_ms - li->since_ms : -1;
+        li->remaining_ms = exp >= 0 ? exp - li->now_ms : e[6]->integer;
+    } else {
+        li->remaining_ms = li->held_for_ms = -1;
+    }
+    snprintf(li->turn, sizeof li->turn, "%s", str_or(e[7], ""));
+    size_t n = (r->elements - 8) / 4;
+    li->waiting = (long long)n;
+    li->queue = calloc(n ? n : 1, sizeof *li->queue);
+    if (!li->queue)
+        ctl_die("out of memory");
+    for (size_t i = 0; i < n; i++) {
+        redisReply **w = e + 8 + 4 * i;
+        waiter *x = &li->queue[i];
+        snprintf(x->id, sizeof x->id, "%s", str_or(w[0], ""));
+        x->waited_ms = li->now_ms - atoll(str_or(w[1], "0")) / 1000;
+        /* "<deadline> <attempt> <pass limit> <ttl> <name>" */
+        const char *p = str_or(w[2], "");
+        for (int f = 0; f < 4 && p; f++) {
+            p = strchr(p, ' ');
+            if (p)
+                p++;
+        }
+        snprintf(x->name, sizeof x->name, "%s", p ? p : "");
+        x->alive = w[3]->type == REDIS_REPLY_INTEGER && w[3]->integer == 1;
+    }
+    freeReplyObject(r);
+    return 0;
+}
+
+/* s for a terminal: control characters, backslashes and bytes above 126
+ * escaped (\n, \xNN), so that a name cannot move the cursor or forge a
+ * line. Into out (n bytes; cut short if it does not fit). */
+const char *ctl_esc(const char *s, char *out, size_t n)
+{
+    size_t k = 0;
+    for (; *s && k + 5 < n; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '\\') {
+            out[k++] = '\\';
+            out[k++] = '\\';
+        } else if (ch < 0x20 || ch > 0x7e) {
+            k += (size_t)snprintf(out + k, n - k, "\\x%02x", ch);
+        } else {
+            out[k++] = (char)ch;
+        }
+    }
+    out[k] = '\0';
+    return out;
+}
+
+/* s as a JSON string (quotes and escapes). */
+void ctl_json_str(const char *s)
+{
+    putchar('"');
+    for (; *s; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\')
+            printf("\\%c", ch);
+        else if (ch < 0x20 || ch > 0x7e)
+            printf("\\u%04x", ch); /* (a byte above 126 as the code point of that value:
+                                      the output stays valid JSON, UTF-8 or not) */
+        else
+            putchar(ch);
+    }
+    putchar('"');
+}
+
+/* The lock as a JSON object; left open (no closing brace) with `open`. */
+void ctl_print_lock_json(const char *name, const lockinfo *li, int open)
+{
+    printf("{\"name\":");
+    ctl_json_str(name);
+    printf(",\"held\":%s", li->held ? "true" : "false");
+    if (li->held) {
+        printf(",\"owner\":");
+        ctl_json_str(li->owner);
+        printf(",\"holder_name\":");
+        ctl_json_str(li->holder);
+        printf(",\"token\":%s,\"remaining_ms\":%lld,\"held_for_ms\":%lld", li->token[0] ? li->token : "null",
+               li->remaining_ms, li->held_for_ms);
+    }
+    printf(",\"waiting\":%lld%s", li->waiting, open ? "" : "}");
+}
+
+void ctl_fmt_ms(char *out, size_t n, long long ms)
+{
+    if (ms < 0)
+        snprintf(out, n, "-");
+    else if (ms < 10000)
+        snprintf(out, n, "%lld ms", ms);
+    else if (ms < 600000)
+        snprintf(out, n, "%.1f s", ms / 1e3);
+    else
+        snprintf(out, n, "%.1f min", ms / 6e4);
+}
+
+void ctl_print_row(const char *name, const lockinfo *li)
+{
+    char rem[32], held[32], who[4 * DLOCK_CLIENT_NAME_MAX + 20], e1[4 * DLOCK_NAME_MAX + 8],
+        e2[4 * DLOCK_CLIENT_NAME_MAX + 8];
+    ctl_fmt_ms(rem, sizeof rem, li->remaining_ms);
+    ctl_fmt_ms(held, sizeof held, li->held_for_ms);
+    snprintf(who, sizeof who, "%s (%.8s)",
+             li->holder[0] ? ctl_esc(li->holder, e2, sizeof e2) : "?", li->owner);
+    printf("%-30s %-40s %-18s %10s %10s %7lld\n", ctl_esc(name, e1, sizeof e1), who, li->token,
+           rem, held, li->waiting);
+}
+
+void ctl_print_header(void)
+{
+    printf("%-30s %-40s %-18s %10s %10s %7s\n", "NAME", "HOLDER (ID)", "TOKEN", "REMAINING",
+           "HELD FOR", "WAITING");
+}
+
+void ctl_teardown(void)
+{
+    if (single_conn)
+        redisFree(single_conn);
+}

@@ -1,0 +1,295 @@
+/*
+ * dlockctl release NAME --force and release --client ID --force
+ * (dlockctl.h; how a forced release works: dlockctl.c's head).
+ */
+#define _GNU_SOURCE
+#include <getopt.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "dlockctl.h"
+#include "error.h"
+#include "script.h"
+
+/* The wrapper around release.lua for a forced release (KEYS and ARGV as
+ * release.lua's; ARGV[5] and ARGV[9] adjusted here). It answers a negative
+ * number -N, having changed nothing, while the holder's reservation is ahead
+ * of server time: the caller waits N ms and tries again. */
+static const char FORCE_HEAD[] =
+    "local lease = redis.call('HMGET', KEYS[1], 'owner', 'token', 'pl', 'exp', 'pv')\n"
+    "if lease[5] and lease[5] ~= '1' then\n"
+    "  return redis.error_reply('DLOCKPROTOCOL ' .. KEYS[1] .. ': the data of this name is '\n"
+    "    .. 'dlock protocol ' .. lease[5] .. '; this dlockctl speaks protocol 1')\n"
+    "end\n"
+    "if lease[1] ~= ARGV[1] or lease[2] ~= ARGV[3] then return 0 end\n"
+    /* the holder's reservation for its threads (token + pass limit): it may
+     * go on handing them out until it learns of this release, so the fence
+     * keeps it as the last token; and it waits until server time has passed
+     * it, so that the fence is not ahead of the server's clock (a restart
+     * that lost it could not undercut the holder's tokens then) */
+    "local res = tonumber(lease[2]) + (tonumber(lease[3]) or 0)\n"
+    "local t = redis.call('TIME')\n"
+    "local now = tonumber(t[1]) * 1000000 + tonumber(t[2])\n"
+    /* a grant past its exp has expired: nobody holds it (acquire.lua) */
+    "if lease[4] and math.floor(now / 1000) > tonumber(lease[4]) then return 0 end\n"
+    "if res >= now then return -(math.floor((res - now) / 1000) + 1) end\n"
+    "local fence = tonumber(string.match(redis.call('GET', KEYS[2]) or '0', '^%d+') or '0') or 0\n"
+    "if fence > res then res = fence end\n"
+    "if res > tonumber(ARGV[3]) then ARGV[5] = string.format('%.0f', res) end\n"
+    /* the holder's record keeps a longer lifetime than ARGV[9] */
+    "local kt = redis.call('PTTL', KEYS[6])\n"
+    "if kt > tonumber(ARGV[9]) then ARGV[9] = tostring(kt) end\n"
+    "local function release_as_holder()\n";
+static const char FORCE_TAIL[] =
+    "\nend\n"
+    "local rc = release_as_holder()\n"
+    /* refused (another protocol's data: release.lua, Protocol): nothing
+     * written, here neither (no double quotes in these comments: sim/world.lua
+     * reads the literals) */
+    "if type(rc) == 'table' and rc.err then return rc end\n"
+    /* taken, not released: the holder's release of this token finds no
+     * record of it (DLOCK_ELOST); its attempts stay ordered */
+    "local rec = redis.call('GET', KEYS[6])\n"
+    "local a, _, r = string.match(rec or '', '^(%d+) (%d+) (%d+)$')\n"
+    "if a then\n"
+    "  redis.call('SET', KEYS[6], a .. ' 0 ' .. r, 'PX', math.max(redis.call('PTTL', KEYS[6]), 1))\n"
+    "end\n"
+    "return rc\n";
+
+/* In release --client's JSON array: the separator before each object. */
+static int json_items = -1; /* -1: not in an array */
+static void json_item(void)
+{
+    if (json_items > 0)
+        printf(",");
+    if (json_items >= 0)
+        json_items++;
+}
+
+/* release NAME --force; with O.client set, only if that client holds it
+ * (the lease may have changed hands since the scan). */
+int ctl_release(const char *name)
+{
+    char en[4 * DLOCK_NAME_MAX + 8], eh[4 * DLOCK_CLIENT_NAME_MAX + 8];
+    if (!O.force) {
+        fprintf(stderr, "dlockctl: release takes the lease from its holder while it may still "
+                        "be working: say --force\n");
+        return 2;
+    }
+    char k[DLOCK_SCRIPT_KEYS][DLOCK_NAME_MAX + 128];
+    ctl_key_of(k[0], sizeof k[0], name, "");
+    dlock_cluster_node *node;
+    redisContext *c = ctl_conn_for(k[0], &node);
+    lockinfo li;
+    if (ctl_read_lock(c, name, &li) != 0) {
+        if (O.json) {
+            json_item();
+            printf("{\"name\":");
+            ctl_json_str(name);
+            printf(",\"released\":false,\"reason\":\"data of another protocol\"}\n");
+        }
+        ctl_conn_done(c, node);
+        return 1;
+    }
+    ctl_lock_free(&li); /* (its queue is not needed here) */
+    int other = li.held && O.client && strcmp(li.owner, O.client) != 0;
+    if (!li.held || other) {
+        if (O.json) {
+            json_item();
+            printf("{\"name\":");
+            ctl_json_str(name);
+            printf(",\"released\":false,\"reason\":\"%s\"}\n",
+                   other ? "held by another client now" : "not held");
+        } else if (other) {
+            printf("%s is held by another client now (%s): left alone\n",
+                   ctl_esc(name, en, sizeof en), li.owner);
+        } else {
+            printf("%s is not held\n", ctl_esc(name, en, sizeof en));
+        }
+        ctl_conn_done(c, node);
+        return 1;
+    }
+    const char *suffix[DLOCK_SCRIPT_KEYS - 1] = {":fence", ":q", ":qd", ":turn"};
+    for (int i = 1; i < DLOCK_SCRIPT_KEYS - 1; i++)
+        ctl_key_of(k[i], sizeof k[i], name, suffix[i - 1]);
+    char rec[80];
+    snprintf(rec, sizeof rec, ":c:%s", li.owner);
+    ctl_key_of(k[DLOCK_SCRIPT_KEYS - 1], sizeof k[0], name, rec);
+    char wake[DLOCK_PREFIX_MAX + 8];
+    snprintf(wake, sizeof wake, "%swake:", O.prefix);
+    const char *argv[DLOCK_SCRIPT_KEYS + DLOCK_RELEASE_ARGS];
+    for (int i = 0; i < DLOCK_SCRIPT_KEYS; i++)
+        argv[i] = k[i];
+    const char *a[DLOCK_RELEASE_ARGS] = {
+        li.owner, "token", li.token,
+        "3600000",  /* the fence's lifetime: an hour, as no lease time of the holder
+                       is known (a longer fence only keeps tokens higher) */
+        li.token,   /* the last token handed out: the script takes the fence's */
+        wake, name,
+        "2000",     /* a turn waits this long for its client (the default waiter ttl) */
+        "60000",    /* the holder's record of the name, at least (the script keeps a
+                       longer lifetime it already has) */
+        "3"};       /* an operator's release: the next holder is told (dlock_unclean) */
+    memcpy(argv + DLOCK_SCRIPT_KEYS, a, sizeof a);
+    /* The library's release script, run as the holder inside a wrapper
+     * (one script, so atomic): only the grant read above is released, the
+     * holder's reservation of tokens for its threads (the fence) is kept as
+     * the last token, and the holder's record says the grant was taken, not
+     * released, so that its own release then returns DLOCK_ELOST. */
+    size_t blen = strlen(dlock_script_body(DLOCK_SCRIPT_RELEASE));
+    size_t slen = blen + sizeof FORCE_HEAD + sizeof FORCE_TAIL;
+    char *script = malloc(slen);
+    if (!script) {
+        fprintf(stderr, "dlockctl: out of memory\n");
+        return 1;
+    }
+    snprintf(script, slen, "%s%s%s", FORCE_HEAD, dlock_script_body(DLOCK_SCRIPT_RELEASE),
+             FORCE_TAIL);
+    /* tests only: a pause between the read and the release, in which the
+     * data may change (test_dlockctl) */
+    const char *pause = getenv("DLOCKCTL_TEST_FORCE_PAUSE_MS");
+    if (pause && atol(pause) > 0) {
+        struct timespec ts = {atol(pause) / 1000, (atol(pause) % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    const char *ev[3 + DLOCK_SCRIPT_KEYS + DLOCK_RELEASE_ARGS] = {"EVAL", script, "6"};
+    memcpy(ev + 3, argv, sizeof argv);
+    long long rc;
+    for (int tries = 0;; tries++) {
+        redisReply *r = redisCommandArgv(c, 3 + DLOCK_SCRIPT_KEYS + DLOCK_RELEASE_ARGS, ev, NULL);
+        if (!r) {
+            free(script);
+            fprintf(stderr, "dlockctl: redis: %s\n", c->errstr);
+            return 1;
+        }
+        if (r->type == REDIS_REPLY_ERROR) {
+            free(script);
+            if (!ctl_refused_protocol(r))
+                fprintf(stderr, "dlockctl: redis: %s\n", r->str);
+            freeReplyObject(r);
+            ctl_conn_done(c, node);
+            return 1;
+        }
+        rc = r->type == REDIS_REPLY_INTEGER ? r->integer : 0;
+        freeReplyObject(r);
+        /* Negative: the holder's reservation is ahead of server time by up
+         * to its pass limit in us (at most a lease time): wait, again. */
+        if (rc >= 0)
+            break;
+        if (tries == 100) {
+            free(script);
+            fprintf(stderr, "dlockctl: %s: the holder's reservation of tokens is still ahead of "
+                            "the server's clock after 100 tries; nothing released\n", name);
+            ctl_conn_done(c, node);
+            return 1;
+        }
+        long long ms = -rc > 1000 ? 1000 : -rc;
+        struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    free(script);
+    if (rc != 1 && rc != 2) {
+        /* 0: the grant changed between the read and the release */
+        if (O.json) {
+            json_item();
+            printf("{\"name\":");
+            ctl_json_str(name);
+            printf(",\"released\":false,\"reason\":\"the holder changed; look again\"}\n");
+        } else {
+            printf("%s changed hands meanwhile: nothing released; look again\n",
+                   ctl_esc(name, en, sizeof en));
+        }
+        ctl_conn_done(c, node);
+        return 1;
+    }
+    /* tell the holder (PUBLISH reaches every node of a cluster) */
+    char msg[DLOCK_NAME_MAX + 64];
+    snprintf(msg, sizeof msg, "f %s %s", li.token, name);
+    redisReply *r = ctl_cmd(c, "PUBLISH %s%s %s", wake, li.owner, msg);
+    long long told = r->integer;
+    freeReplyObject(r);
+    if (O.json) {
+        json_item();
+        printf("{\"name\":");
+        ctl_json_str(name);
+        printf(",\"released\":true,\"owner\":");
+        ctl_json_str(li.owner);
+        printf(",\"holder_name\":");
+        ctl_json_str(li.holder);
+        printf(",\"token\":%s,\"holder_told\":%s,\"next_waiter_granted\":%s}\n", li.token,
+               told > 0 ? "true" : "false", rc == 2 ? "true" : "false");
+    } else {
+        printf("%s released by force: it was held by %s (client id %s, token %s); the holder "
+               "%s; %s\n",
+               ctl_esc(name, en, sizeof en),
+               li.holder[0] ? ctl_esc(li.holder, eh, sizeof eh) : "?", li.owner, li.token,
+               told > 0 ? "was told" : "was not listening (it finds out at its next renewal)",
+               rc == 2 ? "the next waiter has it" : "nobody was waiting");
+    }
+    ctl_conn_done(c, node);
+    return 0;
+}
+
+/* The names a client holds, gathered by scan_all. */
+typedef struct names {
+    char (*v)[DLOCK_NAME_MAX + 1];
+    size_t n, cap;
+} names;
+
+static void held_by_client(const char *name, const lockinfo *li, void *arg)
+{
+    names *l = arg;
+    if (strcmp(li->owner, O.client) != 0)
+        return;
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? 2 * l->cap : 64;
+        void *v = realloc(l->v, cap * sizeof *l->v);
+        if (!v)
+            ctl_die("out of memory");
+        l->v = v;
+        l->cap = cap;
+    }
+    snprintf(l->v[l->n++], DLOCK_NAME_MAX + 1, "%s", name);
+}
+
+/* release --client ID --force: every lock the client holds, one by one
+ * (each as release NAME --force). 0 if one was released, else 1. */
+int ctl_release_client(void)
+{
+    if (!O.force) {
+        fprintf(stderr, "dlockctl: release takes the leases from their holder while it may "
+                        "still be working: say --force\n");
+        return 2;
+    }
+    names l = {NULL, 0, 0};
+    ctl_scan_all("*", held_by_client, &l);
+    /* tests only: a pause between the scan and the releases, in which a
+     * name may change hands (test_dlockctl) */
+    const char *pause = getenv("DLOCKCTL_TEST_PAUSE_MS");
+    if (pause && atol(pause) > 0) {
+        struct timespec ts = {atol(pause) / 1000, (atol(pause) % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    if (O.json) {
+        printf("[");
+        json_items = 0;
+    }
+    int released = 0;
+    for (size_t i = 0; i < l.n; i++)
+        released += ctl_release(l.v[i]) == 0;
+    if (O.json)
+        printf("]\n");
+    else if (l.n == 0)
+        printf("client %s holds no lock\n", O.client);
+    else
+        printf("%d of the %zu locks client %s held released\n", released, l.n, O.client);
+    free(l.v);
+    return released > 0 ? 0 : 1;
+}
+
