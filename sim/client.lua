@@ -1,5 +1,5 @@
 -- The client side of dlock's protocol, as src/ (client.c, api.c, acquire.c,
--- release.c, rpc.c) and the renewal manager (src/renew_round.c,
+-- release.c, rpc.c) and the renewal manager (src/global/renew_round.c,
 -- renew_jobs.c, renew_thread.c)
 -- follow it, written as event handlers over the simulated world
 -- (sim/world.lua). One table per client process: its threads, its entries

@@ -40,7 +40,7 @@
  * Structure. The main process never opens a dlock client, starts no thread
  * and no redis-server: it forks one runner process per scenario and bounds
  * it (SCENARIO_TIMEOUT_S + RUNNER_GRACE_S). The runner starts the scenario's
- * private redis-server or topology (tests/fixture.h), maps a shared anonymous region,
+ * private redis-server or topology (tests/support/fixture.h), maps a shared anonymous region,
  * forks the scenario's child processes (it never opens a dlock client
  * either: every child opens its own after the fork), drives them through
  * flags in the shared region and checks what they report there. Every wait

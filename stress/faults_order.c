@@ -2,7 +2,7 @@
  * faults scenario on the order of a client's acquire attempts in Redis
  * (not with --sentinel or --cluster: it proxies the one redis-server):
  *   late_acquire   an acquire attempt delivered late by the fault proxy
- *                  (tests/proxy.h) never displaces the same client's
+ *                  (tests/support/proxy.h) never displaces the same client's
  *                  newer grant
  * The runner, its watchdog and the helpers are in faults.c (faults.h).
  */
@@ -19,7 +19,7 @@
 /* 8. late_acquire                                                      */
 
 /*
- * Client X reaches Redis through the fault proxy (tests/proxy.h), which runs
+ * Client X reaches Redis through the fault proxy (tests/support/proxy.h), which runs
  * in a process of its own (a runner with a proxy thread could not fork
  * children that start threads under ThreadSanitizer) and is driven through
  * shared memory. Client Y connects directly.

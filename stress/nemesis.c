@@ -6,7 +6,7 @@
  *           [--recovery-bound-ms B] [--quiet]
  *
  * The system: a master and two replicas (AOF, appendfsync always), each
- * behind a fault proxy of this process (tests/proxy.h) that all its traffic
+ * behind a fault proxy of this process (tests/support/proxy.h) that all its traffic
  * passes, replication and the sentinels' included (each server announces
  * its proxy's port); three sentinels (quorum 2, down after 1 s); P worker
  * processes, each one dlock client in Sentinel mode with min_replicas M
@@ -15,7 +15,7 @@
  * T threads (nemesis_worker.c); and a fenced store, a separate
  * redis-server no fault touches, on which the workers do a read-modify-write
  * under the lock. Every data server runs under libfaketime through the
- * project's clock shim (tests/clockshim.c), so that the nemesis can step the
+ * project's clock shim (tests/support/clockshim.c), so that the nemesis can step the
  * servers' wall clocks and nothing else's.
  *
  * The nemesis injects faults in bursts of 20 s, each followed by a quiet
@@ -61,7 +61,7 @@
  * set-up and the final checks they take effect when those are done. Servers and workers get
  * PR_SET_PDEATHSIG(SIGKILL): nothing outlives the runner.
  *
- * Threads: the proxies' threads (tests/proxy.c) and the main thread, which
+ * Threads: the proxies' threads (tests/support/proxy.c) and the main thread, which
  * does everything else; the workers are started with fork + exec, so no
  * child inherits a proxy thread's state.
  */

@@ -5,7 +5,7 @@
  * which server is master now, and whether the topology has settled.
  *
  * Used by the runner's main thread only (the proxies run their own threads,
- * tests/proxy.c); no lock.
+ * tests/support/proxy.c); no lock.
  */
 #define _GNU_SOURCE
 #include <hiredis/hiredis.h>

@@ -27,7 +27,7 @@
 #include <string.h>
 
 #include "fixture.h"
-#include "script.h"
+#include "conn/script.h"
 
 #define ID "0123456789abcdef0123456789abcdef"
 

@@ -235,7 +235,7 @@ static info_snap read_info_at(const char *host, int port)
     return s;
 }
 
-/* --rtt-us: forks a process that runs the fault proxy (tests/proxy.c) in
+/* --rtt-us: forks a process that runs the fault proxy (tests/support/proxy.c) in
  * front of Redis with the delay set, and returns the port it listens on, or
  * 0 on failure. The process lives until stop_proxy (or the parent's death). */
 static int start_proxy(void)

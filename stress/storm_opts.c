@@ -73,7 +73,7 @@ static void usage(FILE *f)
 "                       connection per thread; the token checked is a per-name\n"
 "                       counter bumped in the critical section, as with --mutex\n"
 "  --rtt-us N           clients reach Redis through the project's fault proxy\n"
-"                       (tests/proxy.c, in a process of its own) that delays\n"
+"                       (tests/support/proxy.c, in a process of its own) that delays\n"
 "                       each direction by N/2 us: a data-center round trip\n"
 "                       instead of loopback's ~30 us (0..1000000, default 0:\n"
 "                       direct). INFO is still read from Redis directly\n"

@@ -42,8 +42,8 @@
 #include <unistd.h>
 
 #include "dlockctl.h"
-#include "error.h"
-#include "script.h"
+#include "common/error.h"
+#include "conn/script.h"
 
 ctl_options O = {.host = "127.0.0.1", .port = 6379, .prefix = "dlock:", .interval_ms = 500,
                  .count = -1};

@@ -17,10 +17,10 @@
 
 #include <hiredis/hiredis.h>
 
-#include "cluster.h"
-#include "conn.h"
+#include "route/cluster.h"
+#include "conn/conn.h"
 #include "dlock.h"
-#include "sentinel.h"
+#include "route/sentinel.h"
 
 /* The command line's options (dlockctl.c). */
 typedef struct ctl_options {

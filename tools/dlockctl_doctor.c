@@ -14,8 +14,8 @@
 #include <unistd.h>
 
 #include "dlockctl.h"
-#include "error.h"
-#include "script.h"
+#include "common/error.h"
+#include "conn/script.h"
 
 /* The value of "field:" in INFO's text into out ("" if absent). */
 static void info_get(const char *info, const char *field, char *out, size_t n)

@@ -14,8 +14,8 @@
 #include <unistd.h>
 
 #include "dlockctl.h"
-#include "error.h"
-#include "script.h"
+#include "common/error.h"
+#include "conn/script.h"
 
 /* The SCAN pattern for the lease keys of names matching pattern: the
  * prefix with glob characters escaped, then {pattern}. */

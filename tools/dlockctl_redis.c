@@ -14,8 +14,8 @@
 #include <unistd.h>
 
 #include "dlockctl.h"
-#include "error.h"
-#include "script.h"
+#include "common/error.h"
+#include "conn/script.h"
 
 /* A pooled connection to node n (Cluster mode). */
 redisContext *ctl_conn_for_node(dlock_cluster_node *n)

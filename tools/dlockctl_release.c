@@ -14,8 +14,8 @@
 #include <unistd.h>
 
 #include "dlockctl.h"
-#include "error.h"
-#include "script.h"
+#include "common/error.h"
+#include "conn/script.h"
 
 /* The wrapper around release.lua for a forced release (KEYS and ARGV as
  * release.lua's; ARGV[5] and ARGV[9] adjusted here). It answers a negative

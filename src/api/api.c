@@ -1,0 +1,323 @@
+/*
+ * The public lock calls (dlock.h): their argument checks, the count of
+ * threads inside a call (client.h: dlock_client_enter), cancel tokens, and
+ * handles. The work is acquire.c's and release.c's; no state of its own but
+ * a handle, which only its holder uses.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "local/acquire.h"
+#include "local/client.h"
+#include "common/error.h"
+#include "local/release.h"
+
+/* An acquire registered on a cancel token (cancel.h). */
+typedef struct cancel_reg {
+    dlock_cancel_reg base; /* first: cancel_wake casts back */
+    dlock_client *c;
+    const char *name;
+    size_t len;
+    dlock_waiter *w; /* the acquiring thread's node */
+} cancel_reg;
+
+/* The token of r's acquire was fired: wakes that thread, if it waits in
+ * r's entry. Called under the token's mutex (cancel.h: before the table and
+ * entry mutexes); the acquire is still inside its call, so c is alive. */
+static void cancel_wake(dlock_cancel_reg *base)
+{
+    cancel_reg *r = (cancel_reg *)base;
+    dlock_entry *e = dlock_table_find(r->c->table, r->name, r->len);
+    if (!e)
+        return; /* not in the entry yet: it looks at the flag when it is */
+    pthread_mutex_lock(&e->mu);
+    if (e->poller)
+        pthread_cond_signal(&e->pcv); /* the poller may be r's thread */
+    if (r->w->queued)
+        dlock_waitq_wake(r->w); /* a thread waits for one name at a time: in e */
+    pthread_mutex_unlock(&e->mu);
+    dlock_table_put(r->c->table, e);
+}
+
+/* The common path of the acquire calls: the arguments, the stop flags, and
+ * the call's registration on its cancel token k (NULL: none) around it. */
+static int acquire(dlock_client *c, const char *name, int64_t wait_ms, uint64_t *fence,
+                   dlock_cancel *k)
+{
+    size_t len;
+    int rc = dlock_client_check(c, name, &len);
+    if (rc != DLOCK_OK)
+        return rc;
+    if ((rc = dlock_client_stop_rc(c, k)) != DLOCK_OK)
+        return dlock_client_stop_err(rc, name);
+    if (!k)
+        return dlock_acquire_run(c, name, len, wait_ms, fence, NULL);
+    cancel_reg reg = {.base.wake = cancel_wake, .c = c, .name = name, .len = len,
+                      .w = dlock_waiter_self()};
+    if (dlock_cancel_register(k, &reg.base) != 0)
+        return dlock_client_stop_err(DLOCK_ECANCELED, name);
+    rc = dlock_acquire_run(c, name, len, wait_ms, fence, k);
+    dlock_cancel_unregister(k, &reg.base);
+    return rc;
+}
+
+static int release(dlock_client *c, const char *name)
+{
+    size_t len;
+    int rc = dlock_client_check(c, name, &len);
+    if (rc != DLOCK_OK)
+        return rc;
+    dlock_entry *e = dlock_held_find(c, name, len);
+    if (!e)
+        return dlock_err_set(DLOCK_ENOTHELD, "'%s' is not held by this thread", name);
+
+    pthread_mutex_lock(&e->mu);
+    if (!e->has_owner || e->by_handle || !pthread_equal(e->owner, pthread_self())) {
+        pthread_mutex_unlock(&e->mu);
+        dlock_table_put(c->table, e);
+        return dlock_err_set(DLOCK_ENOTHELD, "'%s' is not held by this thread", name);
+    }
+    if (e->depth > 1) {
+        e->depth--;
+        pthread_mutex_unlock(&e->mu);
+        dlock_table_put(c->table, e);
+        return DLOCK_OK;
+    }
+    dlock_held_forget(c, e);
+    return dlock_release_outermost(c, e, name);
+}
+
+int dlock_unclean(dlock_client *c, const char *name)
+{
+    dlock_err_clear();
+    if (!c)
+        return dlock_err_set(DLOCK_EINVAL, "client is NULL");
+    dlock_client_enter(c);
+    size_t len;
+    int rc = dlock_client_check(c, name, &len);
+    dlock_entry *e = rc == DLOCK_OK ? dlock_held_find(c, name, len) : NULL;
+    if (rc == DLOCK_OK && !e)
+        rc = dlock_err_set(DLOCK_ENOTHELD, "'%s' is not held by this thread", name);
+    if (e) {
+        pthread_mutex_lock(&e->mu);
+        if (e->has_owner && !e->by_handle && pthread_equal(e->owner, pthread_self()))
+            rc = e->unclean;
+        else
+            rc = dlock_err_set(DLOCK_ENOTHELD, "'%s' is not held by this thread", name);
+        pthread_mutex_unlock(&e->mu);
+        dlock_table_put(c->table, e);
+    }
+    dlock_client_leave(c);
+    return rc;
+}
+
+void dlock_acquire_opts_init(dlock_acquire_opts *o)
+{
+    if (o)
+        memset(o, 0, sizeof *o);
+}
+
+int dlock_acquire_ex(dlock_client *c, const char *name, int64_t wait_ms, uint64_t *fence,
+                     const dlock_acquire_opts *opts)
+{
+    dlock_err_clear();
+    if (!c)
+        return dlock_err_set(DLOCK_EINVAL, "client is NULL");
+    dlock_client_enter(c);
+    int64_t t0 = dlock_now_ns();
+    int rc = acquire(c, name, wait_ms, fence, opts ? opts->cancel : NULL);
+    if (rc != DLOCK_EFORK) { /* a forked client's counters are not ours */
+        dlock_count_rc(c->ctr.acquire_rc, rc);
+        if (rc == DLOCK_OK)
+            dlock_hist_add(&c->ctr.wait, dlock_now_ns() - t0);
+    }
+    dlock_client_leave(c);
+    return rc;
+}
+
+int dlock_acquire(dlock_client *c, const char *name, int64_t wait_ms, uint64_t *fence)
+{
+    return dlock_acquire_ex(c, name, wait_ms, fence, NULL);
+}
+
+int dlock_release(dlock_client *c, const char *name)
+{
+    dlock_err_clear();
+    if (!c)
+        return dlock_err_set(DLOCK_EINVAL, "client is NULL");
+    dlock_client_enter(c);
+    int rc = release(c, name);
+    if (rc != DLOCK_EFORK)
+        dlock_count_rc(c->ctr.release_rc, rc);
+    dlock_client_leave(c);
+    return rc;
+}
+
+struct dlock_handle {
+    dlock_client *c;
+    dlock_entry *e;   /* the owner's reference, held by the handle */
+    int64_t since_ns; /* the acquire: the hold time's start */
+};
+
+/* dlock_acquire_handle_ex's work, inside the call (enter). */
+static int acquire_handle(dlock_client *c, const char *name, int64_t wait_ms, uint64_t *fence,
+                          dlock_handle **out, const dlock_acquire_opts *opts)
+{
+    size_t len;
+    int rc = dlock_client_check(c, name, &len);
+    if (rc != DLOCK_OK)
+        return rc;
+    dlock_entry *e = dlock_held_find(c, name, len);
+    if (e) {
+        /* (dlock_held_find may return an entry another thread holds or waits for,
+         * when this one holds more names than it caches) */
+        pthread_mutex_lock(&e->mu);
+        int mine = e->has_owner && !e->by_handle && pthread_equal(e->owner, pthread_self());
+        pthread_mutex_unlock(&e->mu);
+        dlock_table_put(c->table, e);
+        if (mine)
+            return dlock_err_set(DLOCK_EINVAL, "'%s' is held by the calling thread already: a "
+                                 "handle takes a hold of its own", name);
+    }
+    dlock_handle *h = malloc(sizeof *h);
+    if (!h)
+        return dlock_err_set(DLOCK_ENOMEM, "out of memory");
+    rc = dlock_acquire_ex(c, name, wait_ms, fence, opts);
+    if (rc != DLOCK_OK) {
+        free(h);
+        return rc;
+    }
+    int64_t t0 = dlock_now_ns(); /* the hold starts now, not with the wait */
+    /* The thread's hold becomes the handle's: out of the thread's cache,
+     * flagged on the entry so that no thread takes it for its own. */
+    e = dlock_held_find(c, name, len);
+    DLOCK_ASSERT(e);
+    pthread_mutex_lock(&e->mu);
+    e->by_handle = 1;
+    dlock_held_forget(c, e);
+    pthread_mutex_unlock(&e->mu);
+    dlock_table_put(c->table, e); /* the lookup's; the owner's stays, the handle's now */
+    h->c = c;
+    h->e = e;
+    h->since_ns = t0;
+    *out = h;
+    return DLOCK_OK;
+}
+
+int dlock_acquire_handle_ex(dlock_client *c, const char *name, int64_t wait_ms, uint64_t *fence,
+                            dlock_handle **out, const dlock_acquire_opts *opts)
+{
+    dlock_err_clear();
+    if (!out)
+        return dlock_err_set(DLOCK_EINVAL, "out is NULL");
+    *out = NULL;
+    if (!c)
+        return dlock_err_set(DLOCK_EINVAL, "client is NULL");
+    dlock_client_enter(c);
+    int rc = acquire_handle(c, name, wait_ms, fence, out, opts);
+    dlock_client_leave(c);
+    return rc;
+}
+
+int dlock_acquire_handle(dlock_client *c, const char *name, int64_t wait_ms, uint64_t *fence,
+                         dlock_handle **out)
+{
+    return dlock_acquire_handle_ex(c, name, wait_ms, fence, out, NULL);
+}
+
+int dlock_handle_release(dlock_handle *h)
+{
+    dlock_err_clear();
+    if (!h)
+        return dlock_err_set(DLOCK_EINVAL, "handle is NULL");
+    dlock_client *c = h->c;
+    if (dlock_client_forked(c))
+        return dlock_err_set(DLOCK_EFORK, "this handle's client was opened before fork()");
+    dlock_client_enter(c);
+    dlock_entry *e = h->e;
+    char name[DLOCK_NAME_MAX + 1]; /* for messages: e may be freed before they are made */
+    memcpy(name, e->name, e->name_len + 1);
+    dlock_table_ref(e); /* the lookup's, as dlock_release_outermost expects */
+    pthread_mutex_lock(&e->mu);
+    DLOCK_ASSERT(e->has_owner && e->by_handle && e->depth == 1);
+    e->by_handle = 0;
+    e->owner = pthread_self(); /* the calling thread releases it */
+    dlock_hist_add(&c->ctr.hold, dlock_now_ns() - h->since_ns);
+    int rc = dlock_release_outermost(c, e, name);
+    dlock_count_rc(c->ctr.release_rc, rc);
+    free(h);
+    dlock_client_leave(c);
+    return rc;
+}
+
+int dlock_handle_held(dlock_handle *h)
+{
+    if (!h)
+        return 0;
+    dlock_client_enter(h->c);
+    dlock_entry *e = h->e;
+    pthread_mutex_lock(&e->mu);
+    int yes = e->has_owner && e->by_handle && e->state == DLOCK_LEASE_HELD &&
+              dlock_boot_ns() < e->valid_until_ns;
+    pthread_mutex_unlock(&e->mu);
+    dlock_client_leave(h->c);
+    return yes;
+}
+
+int dlock_handle_unclean(dlock_handle *h)
+{
+    if (!h)
+        return dlock_err_set(DLOCK_EINVAL, "handle is NULL");
+    dlock_client_enter(h->c);
+    dlock_entry *e = h->e;
+    pthread_mutex_lock(&e->mu);
+    int rc = e->unclean;
+    pthread_mutex_unlock(&e->mu);
+    dlock_client_leave(h->c);
+    return rc;
+}
+
+int dlock_with(dlock_client *c, const char *name, int64_t wait_ms,
+               void (*fn)(void *arg, uint64_t fence), void *arg)
+{
+    if (!fn) {
+        dlock_err_clear();
+        return dlock_err_set(DLOCK_EINVAL, "fn is NULL");
+    }
+    uint64_t fence;
+    int rc = dlock_acquire(c, name, wait_ms, &fence);
+    if (rc != DLOCK_OK)
+        return rc;
+    fn(arg, fence);
+    return dlock_release(c, name);
+}
+
+static int held_check(dlock_client *c, const char *name)
+{
+    size_t len;
+    if (dlock_client_check(c, name, &len) != DLOCK_OK)
+        return 0;
+    dlock_entry *e = dlock_held_find(c, name, len);
+    if (!e)
+        return 0;
+    pthread_mutex_lock(&e->mu);
+    int yes = e->has_owner && !e->by_handle && pthread_equal(e->owner, pthread_self()) &&
+              e->state == DLOCK_LEASE_HELD && dlock_boot_ns() < e->valid_until_ns;
+    pthread_mutex_unlock(&e->mu);
+    dlock_table_put(c->table, e);
+    return yes;
+}
+
+int dlock_held(dlock_client *c, const char *name)
+{
+    if (!c)
+        return 0;
+    dlock_client_enter(c);
+    int yes = held_check(c, name);
+    dlock_client_leave(c);
+    return yes;
+}

@@ -1,0 +1,161 @@
+/*
+ * The local tier: one entry per lock name that some thread of this client
+ * holds or waits for, in a reference-counted table.
+ *
+ * Lock order (outermost first): entry->mu, then the renewal manager's mutex.
+ * The table mutex is a leaf: it is never held while taking another lock, and
+ * dlock_table_put must never be called with entry->mu held (it may free it).
+ */
+#ifndef DLOCK_TABLE_H
+#define DLOCK_TABLE_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include <uthash.h>
+
+#include "common/common.h"
+#include "entry/park.h"
+
+typedef enum dlock_lease_state {
+    DLOCK_LEASE_NONE,      /* this client does not own the lease */
+    DLOCK_LEASE_ACQUIRING, /* the poller is asking Redis for it */
+    DLOCK_LEASE_HELD,      /* owned and, as far as we know, valid */
+    DLOCK_LEASE_RELEASING, /* the releaser is giving it back to Redis */
+    DLOCK_LEASE_LOST       /* found gone, or expired unrenewed; the holder must release */
+} dlock_lease_state;
+
+typedef struct dlock_renew_item dlock_renew_item;
+
+/* The Redis keys of one lock name, in the order the scripts take them. All
+ * share the hash tag {<name>}. */
+enum {
+    DLOCK_KEY_LEASE, /* "<prefix>{<name>}": hash owner, token, nonce, since, name */
+    DLOCK_KEY_FENCE, /* "<prefix>{<name>}:fence": token floor for the next grant */
+    DLOCK_KEY_QUEUE, /* "<prefix>{<name>}:q": zset of waiting clients by arrival */
+    DLOCK_KEY_LIVE,  /* "<prefix>{<name>}:qd": hash client -> liveness deadline */
+    DLOCK_KEY_TURN,  /* "<prefix>{<name>}:turn": the client whose turn it is */
+    DLOCK_KEY_CLIENT, /* "<prefix>{<name>}:c:<client id>": what Redis remembers of this
+                         client for this name (lua/acquire.lua) */
+    DLOCK_KEYS
+};
+
+typedef struct dlock_entry {
+    UT_hash_handle hh; /* guarded by the table mutex */
+
+    /* References: one per thread inside acquire/release/held for this
+     * name, one for the owner thread while it holds the lock, one for the
+     * renewal manager while the lease is registered with it. Atomic
+     * (ck_pr); 0 means closing: never revived. */
+    unsigned refs;
+
+    pthread_mutex_t mu;
+    pthread_cond_t pcv; /* CLOCK_MONOTONIC; the poller alone sleeps on it, between tries */
+
+    /* Guarded by mu. */
+    int has_owner;               /* a thread of this client holds the lock */
+    pthread_t owner;             /* that thread, when has_owner */
+    int by_handle;               /* with has_owner: the holder is a dlock_handle, which
+                                    any thread may release; owner is then meaningless */
+    unsigned depth;              /* its reentrancy depth, >= 1 when has_owner */
+    dlock_lease_state state;
+    int poller;                  /* a thread is the designated poller (rule 1) */
+    uint64_t grant_token;        /* token Redis gave the current grant */
+    uint64_t token;              /* the holder's token: grant_token + local passes */
+    int handoff;                 /* the holder passed the lease on: a waiter takes it */
+    uint64_t epoch;              /* grants of this entry so far; renewals carry it */
+    int64_t valid_until_ns;      /* lease validity on the boot clock (dlock_boot_ns) */
+    unsigned passes;             /* consecutive local handoffs (cohort handoff) */
+    int64_t grant_boot_ns;       /* when this client learned the grant (boot clock):
+                                    Redis made it earlier, at server time grant_token */
+    int unconfirmed_end;         /* how that grant ended (unconfirmed.h) */
+    uint64_t unconfirmed;        /* the last token handed out under a grant that ended
+                                    other than by a confirmed release (it may still be, or
+                                    be again, this client's in Redis: unconfirmed.h), 0 if
+                                    none: the next acquire tells Redis; kept past the
+                                    entry's life in unconfirmed.h */
+    unsigned waiters;            /* threads in acquire waiting for this name */
+    dlock_waitq wq;              /* the waiting threads but the poller, longest first
+                                    (park.h): each parks on its own node */
+    int lost_notified;           /* on_lost already ran for this grant */
+    uint64_t fail_seq;           /* polls of this entry that failed with an error of
+                                    Redis (not EBUSY or ETIMEDOUT) */
+    int fail_rc;                 /* the last such failure's code */
+    char fail_msg[160];          /* and its message */
+    dlock_renew_item *renew;     /* registration with the renewal manager, or NULL */
+
+    int woken;                   /* a wake-up came for this name since the poller's last try */
+    int queued;                  /* this client may be in the name's wait queue in Redis */
+    /* The poller's last refused try of its current wait (0: none), and when
+     * it was sent (boot clock): a direct grant names the try it was made
+     * under, and its validity counts from that send. */
+    uint64_t try_nonce;
+    int64_t try_sent_boot;
+    /* A direct grant message for this name (release.lua) that the poller has
+     * not looked at yet: its attempt number and token. */
+    int msg_grant;
+    uint64_t msg_nonce, msg_token;
+    int unclean;                 /* how the hold before the owner's ended, when not by
+                                    its holder's release (DLOCK_UNCLEAN_*, dlock_unclean):
+                                    from the grant (acquire.lua, "End"), or from the
+                                    local handoff; 0 when it was released */
+    int ending;                  /* the owner's hold ends as DLOCK_UNCLEAN_ABANDONED: its
+                                    thread exited (set by the exit hook for its release) */
+    int msg_unclean;             /* the direct grant message's end (a "u" message) */
+    /* What the poller's last refused try said of the holder, for the
+     * messages of a timeout or a busy try (acquire.lua): its client name
+     * ("" unknown), since when (server ms before the try) it holds the
+     * lease, the lease's time left, and the clients in the wait queue (-1
+     * unknown). */
+    int busy_known;              /* the fields below are from the current wait */
+    int64_t busy_at_ns;          /* when the try was sent (monotonic): they age from then */
+    char busy_holder[DLOCK_CLIENT_NAME_MAX + 1];
+    long long busy_held_ms, busy_left_ms, busy_queue;
+    int provisional;             /* HELD by a direct grant not renewed yet: valid for
+                                    the waiter ttl only (handoffs use a shorter margin) */
+
+    /* Immutable after creation. */
+    size_t name_len;
+    char *keys[DLOCK_KEYS]; /* the Redis keys of this name, see DLOCK_KEY_* */
+    char name[];            /* NUL-terminated */
+} dlock_entry;
+
+typedef struct dlock_table dlock_table;
+
+/* A table whose entries' keys start with prefix, for the client client_id
+ * (both copied). NULL on ENOMEM. */
+dlock_table *dlock_table_create(const char *prefix, const char *client_id, dlock_counters *ctr);
+
+/* Frees the table and every entry still in it, whatever its count. */
+void dlock_table_destroy(dlock_table *t);
+
+/* The entry for name, created if absent, with one reference for the caller.
+ * NULL when out of memory. */
+dlock_entry *dlock_table_get(dlock_table *t, const char *name, size_t len);
+
+/* The entry for name with one reference for the caller, or NULL if absent. */
+dlock_entry *dlock_table_find(dlock_table *t, const char *name, size_t len);
+
+/* Adds a reference; the caller must already hold one (so refs > 0). */
+void dlock_table_ref(dlock_entry *e);
+
+/* Drops a reference; the last one unlinks and frees the entry. Must not be
+ * called with e->mu held. */
+void dlock_table_put(dlock_table *t, dlock_entry *e);
+
+/* Number of entries in the table now. */
+unsigned dlock_table_count(dlock_table *t);
+
+/* Calls fn on every live entry holding a reference on it, without the table
+ * mutex (so fn may lock the entry); entries closing meanwhile are skipped. */
+void dlock_table_each_ref(dlock_table *t, void (*fn)(dlock_entry *e, void *arg), void *arg);
+
+/* Someone changed e's state: wakes the head of e's local queue if there is
+ * something for it to do (client.h, I9). Called with e->mu held. */
+void dlock_entry_kick_head(dlock_entry *e);
+
+/* Calls fn on every entry, under the table mutex (fn must not lock entries
+ * or call back into the table). For close and tests. */
+void dlock_table_foreach(dlock_table *t, void (*fn)(dlock_entry *e, void *arg), void *arg);
+
+#endif

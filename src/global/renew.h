@@ -1,0 +1,182 @@
+/*
+ * The renewal manager: one thread per client that renews every held lease,
+ * one batched script call per chunk of keys, all chunks pipelined, so one
+ * round trip per period whatever the number of leases. It marks a lease lost
+ * when Redis says it is gone, or when its validity deadline passes without a
+ * successful renewal, and then calls the lost callback outside every lock.
+ *
+ * Lock order: entry->mu, then the manager's mutex (never the reverse).
+ */
+#ifndef DLOCK_RENEW_H
+#define DLOCK_RENEW_H
+
+#include <pthread.h>
+
+#include "conn/conn.h"
+#include "global/lanes.h"
+#include "entry/table.h"
+
+typedef struct dlock_renew dlock_renew;
+
+/* Called for each lease found lost, on the manager thread, with no library
+ * lock held. name stays valid during the call. */
+typedef void (*dlock_renew_lost_fn)(void *arg, const char *name, uint64_t token);
+
+typedef struct dlock_renew_cfg {
+    const dlock_conn_cfg *conn; /* must outlive the manager */
+    dlock_counters *ctr;
+    dlock_table *table;
+    const dlock_script_args *args; /* the client's script arguments; must outlive the manager */
+    uint32_t lease_ms;
+    uint32_t keep_ms;       /* how long Redis keeps the client's record of a name */
+    uint32_t waiter_ttl_ms;
+    uint32_t min_replicas;  /* > 0: a round counts only if WAIT says this many
+                               replicas have its writes */
+    dlock_renew_lost_fn lost;
+    void *lost_arg;
+    /* Called (on the manager thread, no lock held) when renewals start
+     * failing and when they work again: level DLOCK_LOG_*, one line. The
+     * argument is lost_arg. NULL: none. */
+    void (*log)(void *arg, int level, const char *message);
+    /* Called (on the manager thread, no lock held) after each periodic
+     * check of the server (dlock_conn_check_info on INFO, every
+     * dlock_renew_check_ns): rc DLOCK_OK, or DLOCK_ESERVER with the reason
+     * in message. Not called when the server could not be asked. The
+     * argument is lost_arg. NULL: no check. */
+    void (*server)(void *arg, int rc, const char *message);
+} dlock_renew_cfg;
+
+/* How often the manager checks the server's settings: every renewal period
+ * (lease_ms / 3), at least 1 s and at most 30 s apart, also while no lease
+ * is held. */
+int64_t dlock_renew_check_ns(uint32_t lease_ms);
+
+/* Starts the manager thread. DLOCK_OK, DLOCK_ENOMEM, or DLOCK_EINVAL if the
+ * thread cannot be created. */
+int dlock_renew_start(const dlock_renew_cfg *cfg, dlock_renew **out);
+
+/* Stops and joins the thread, gives back to Redis every lease still
+ * registered (one pipelined round trip, best effort within the timeouts),
+ * drops the registry's references and frees the manager. */
+void dlock_renew_stop(dlock_renew *r);
+
+/* Registers e's current grant (e->token, e->epoch) for renewal and takes a
+ * reference on e for the registry. Called with e->mu held, e->state HELD and
+ * e->renew NULL. Returns DLOCK_OK or DLOCK_ENOMEM. */
+int dlock_renew_add(dlock_renew *r, dlock_entry *e);
+
+/* Unregisters e's grant: after this returns no renewal of it is sent.
+ * Called with e->mu held. Returns 1 if it was registered: the caller must
+ * then drop the registry's reference with dlock_table_put after unlocking
+ * e->mu; 0 if it was not. */
+int dlock_renew_remove(dlock_renew *r, dlock_entry *e);
+
+/* Waits until no renewal write is in progress. A releaser calls it after
+ * dlock_renew_remove and before sending its release, without e->mu: then no
+ * renewal of the released grant can reach Redis after the release. */
+void dlock_renew_quiesce(dlock_renew *r);
+
+/* Makes the manager run a renewal round now. Used when the subscriber
+ * reconnects: Redis may have restarted empty, and the round finds the leases
+ * it lost at once instead of up to a period later. No lock needed. */
+void dlock_renew_kick(dlock_renew *r);
+
+/* Makes the next round start by when_ns (monotonic) at the latest: for a
+ * lease registered with a validity shorter than a period (a direct grant,
+ * valid for the waiter ttl until renewed). No lock needed. */
+void dlock_renew_by(dlock_renew *r, int64_t when_ns);
+
+/* Hands over an acquire attempt of e whose outcome is unknown: the manager
+ * thread releases the grant of attempt `nonce`, if Redis made one, as soon
+ * as it can, retrying while Redis may still see that attempt (keep_ms) and
+ * until Redis reports it released or superseded. Returns at once; no lock
+ * needed. */
+void dlock_renew_orphan(dlock_renew *r, const dlock_entry *e, const char *nonce);
+
+/* Hands over the leave of e's wait queue, numbered `number` from the
+ * client's attempt sequence, when the caller cannot make it (Redis failing):
+ * the manager thread runs it as soon as it can, retrying for two waiter
+ * ttls (after that the queue entry is dead). Redis ignores it if a newer
+ * attempt of the client for e was seen meanwhile. No lock needed. */
+void dlock_renew_leave(dlock_renew *r, const dlock_entry *e, const char *number);
+
+/* The drift margin subtracted from a lease's validity, in ns. */
+int64_t dlock_renew_drift_ns(uint32_t lease_ms);
+
+/* Marks e's grant lost: state LOST, unregistered, counters updated. Called
+ * with e->mu held and e->state HELD. Returns as dlock_renew_remove. Whether
+ * the lost callback is due is e->lost_notified's business (the caller's). */
+int dlock_renew_mark_lost(dlock_renew *r, dlock_entry *e);
+
+/*
+ * The manager's state, for its own files only: renew.c (the registry:
+ * dlock_renew_add to dlock_renew_kick), renew_round.c (a round),
+ * renew_jobs.c (dlock_renew_orphan, dlock_renew_leave and the release of
+ * every lease at stop) and renew_thread.c (the thread: dlock_renew_start,
+ * dlock_renew_stop, the periodic check of the server). Everyone else sees
+ * a dlock_renew only through the calls above.
+ *
+ * Shared state and its guards:
+ *   r->mu guards the registry (items, count), the orphan list, r->stop and
+ *   r->writing. It is never held during Redis I/O.
+ *   Each item stands for one grant (entry, epoch, token) and holds one
+ *   reference on its entry. e->renew points at e's item; it is written only
+ *   with both e->mu and r->mu held, so either lock suffices to read it. Items
+ *   are freed only under r->mu, so an item seen in the registry under r->mu
+ *   can be read then.
+   r->lanes belongs to the manager thread (and to dlock_renew_stop once it
+ *   has joined that thread): no lock.
+ * Lock order: e->mu, then r->mu. The manager thread never takes e->mu while
+ * holding r->mu, and never calls dlock_table_put with any lock held.
+ */
+enum {
+    DLOCK_RENEW_RETRY_MS = 100, /* pause after a failed round, at most; a failed
+                                   background job's first pause */
+};
+
+struct dlock_renew_item {
+    dlock_renew_item *prev, *next;
+    dlock_entry *e;
+    uint64_t epoch;
+    char token[24]; /* decimal, as the scripts store it */
+};
+
+typedef struct dlock_renew_job {
+    struct dlock_renew_job *next;
+    int leave;              /* 0: release the grant of attempt `nonce`; 1: leave
+                               the wait queue, as call number `nonce` */
+    int64_t until_ns;       /* give up then: the lease has expired */
+    int64_t next_try_ns;    /* when the next release try is due */
+    int64_t backoff_ns;     /* pause before the try after that */
+    int result;             /* of the last try (dlock_renew_jobs_run) */
+    int lane, sent, redo;   /* dlock_renew_jobs_run's bookkeeping for the try: where, */
+    int eval, asking;       /* sent or not, to run again (as EVAL, after ASKING) */
+    char nonce[24];         /* decimal */
+    char *keys[DLOCK_KEYS]; /* copies of the entry's keys, in buf */
+    char *name;             /* in buf */
+    char buf[];
+} dlock_renew_job;
+
+struct dlock_renew {
+    dlock_renew_cfg cfg;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;       /* CLOCK_MONOTONIC: stop, a first item, or an orphan */
+    pthread_cond_t wrote;    /* r->writing went back to 0 */
+    dlock_renew_item *items; /* list head, guarded by mu */
+    size_t count;            /* guarded by mu */
+    dlock_renew_job *orphans; /* guarded by mu: background jobs (renew_jobs.c) */
+    int orphan_new;          /* guarded by mu: a job arrived, due at once */
+    int kick;                /* guarded by mu: renew now, not at the period's end */
+    int64_t due;             /* guarded by mu: start a round by then (monotonic), at
+                                the latest; DLOCK_NEVER: at the period's end */
+    int writing;             /* guarded by mu: a renewal write is in progress */
+    int stop;                /* guarded by mu */
+    dlock_lanes lanes;       /* the manager thread's connections (lanes.h): only that
+                                thread touches them, and dlock_renew_stop after it */
+    int64_t period_ns, drift_ns;
+    int failing;             /* the last round failed (manager thread only): log changes */
+    int64_t check_ns;        /* the server check's period (dlock_renew_check_ns) */
+};
+
+#endif

@@ -1,0 +1,269 @@
+/*
+ * Background jobs of the renewal manager (renew_jobs.h), under the rules of
+ * renew.h: the job list (r->orphans) is guarded by r->mu; a job taken
+ * off it belongs to the thread that runs it.
+ *
+ * Orphans: a caller whose acquire has an unknown outcome hands the attempt's
+ * nonce here (dlock_renew_orphan) instead of waiting for another round trip;
+ * the thread wakes, releases exactly that grant if it exists, and keeps
+ * trying for one lease time while Redis fails (after that it expired).
+ */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/error.h"
+#include "global/renew_jobs.h"
+
+/* Queues a background job for e (see dlock_renew_orphan and
+ * dlock_renew_leave), given up after for_ms. */
+static void add_job(dlock_renew *r, const dlock_entry *e, int leave, const char *number,
+                    uint32_t for_ms)
+{
+    size_t len[DLOCK_KEYS], total = e->name_len + 1;
+    for (int k = 0; k < DLOCK_KEYS; k++)
+        total += (len[k] = strlen(e->keys[k]) + 1);
+    dlock_renew_job *o = malloc(sizeof *o + total);
+    if (!o)
+        return; /* the lease, if granted, expires after lease_ms; a queue
+                   entry after the waiter ttl */
+    char *p = o->buf;
+    for (int k = 0; k < DLOCK_KEYS; k++) {
+        o->keys[k] = memcpy(p, e->keys[k], len[k]);
+        p += len[k];
+    }
+    o->name = memcpy(p, e->name, e->name_len + 1);
+    o->leave = leave;
+    snprintf(o->nonce, sizeof o->nonce, "%s", number);
+    o->until_ns = dlock_now_ns() + (int64_t)for_ms * DLOCK_NS_PER_MS;
+    o->next_try_ns = 0; /* at once */
+    o->backoff_ns = DLOCK_RENEW_RETRY_MS * DLOCK_NS_PER_MS;
+    pthread_mutex_lock(&r->mu);
+    o->next = r->orphans;
+    r->orphans = o;
+    r->orphan_new = 1;
+    pthread_cond_signal(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+}
+
+void dlock_renew_orphan(dlock_renew *r, const dlock_entry *e, const char *nonce)
+{
+    /* As long as Redis remembers the client's attempts for this name: a
+     * later copy of the attempt is refused by Redis itself. */
+    add_job(r, e, 0, nonce, r->cfg.keep_ms);
+}
+
+void dlock_renew_leave(dlock_renew *r, const dlock_entry *e, const char *number)
+{
+    /* After twice the waiter ttl the client's queue entry is dead anyway. */
+    add_job(r, e, 1, number, 2 * r->cfg.waiter_ttl_ms);
+}
+
+/* Appends o's script call to c (after ASKING after an ASK redirect). 0 or
+ * -1 (out of memory). */
+static int append_job(dlock_renew *r, redisContext *c, const dlock_renew_job *o, int use_sha,
+                      int asking)
+{
+    if (asking && dlock_lanes_append_asking(&r->lanes, c) != 0)
+        return -1;
+    const char *argv[DLOCK_SCRIPT_KEYS + DLOCK_RELEASE_ARGS];
+    if (o->leave) {
+        dlock_script_leave_argv(r->cfg.args, o->keys, o->name, o->nonce, argv);
+        return dlock_conn_append_eval(c, r->cfg.ctr, DLOCK_SCRIPT_LEAVE, use_sha,
+                                      DLOCK_SCRIPT_KEYS, DLOCK_LEAVE_ARGS, argv, NULL);
+    }
+    dlock_script_release_argv(r->cfg.args, o->keys, o->name, "nonce", o->nonce, "0", "0", argv);
+    return dlock_conn_append_eval(c, r->cfg.ctr, DLOCK_SCRIPT_RELEASE, use_sha,
+                                  DLOCK_SCRIPT_KEYS, DLOCK_RELEASE_ARGS, argv, NULL);
+}
+
+/* What a job's reply means: done, or to be tried again later. */
+static int job_result(const dlock_renew_job *o, const redisReply *rep)
+{
+    enum { UNKNOWN = -1, NOT_OWNED = 0, DONE = 1 };
+    if (dlock_conn_is_other_protocol(rep))
+        return DONE; /* refused, and refused again while that data lives: a grant
+                        of ours under it, if any, expires by itself */
+    if (!rep || rep->type != REDIS_REPLY_INTEGER)
+        return UNKNOWN;
+    if (o->leave)
+        return DONE; /* it ran: whatever it found, the queue entry is gone */
+    /* 1, 2: released (now or before); 3: a newer attempt was seen, so no
+     * grant of this one exists or can appear; 0: not (yet) granted. */
+    return rep->integer >= 1 ? DONE : NOT_OWNED;
+}
+
+/* One release try for each orphan due now, in one pipeline per lane, all
+ * lanes in flight at once. An orphan is done when Redis released its grant.
+ * One that Redis says it does not own stays a while: its acquire may still
+ * be on its way to Redis (another connection, served later), so it is
+ * tried again with a doubling pause until its lease time is over; so is one
+ * Redis did not answer. A NOSCRIPT or a redirect is run again at once, on
+ * its own. Called without locks. Returns when the next try is due
+ * (DLOCK_NEVER: none left). */
+int64_t dlock_renew_jobs_run(dlock_renew *r)
+{
+    pthread_mutex_lock(&r->mu);
+    dlock_renew_job *list = r->orphans;
+    r->orphans = NULL;
+    pthread_mutex_unlock(&r->mu);
+    int64_t now = dlock_now_ns();
+    dlock_renew_job *due = NULL, *later = NULL, *next;
+    for (dlock_renew_job *o = list; o; o = next) { /* split: due now, or later */
+        next = o->next;
+        dlock_renew_job **to = o->next_try_ns <= now ? &due : &later;
+        o->next = *to;
+        *to = o;
+    }
+    enum { UNKNOWN = -1, RELEASED = 1 };
+    dlock_lanes_pass(&r->lanes); /* each lane is opened at most once for these tries */
+    for (dlock_renew_job *o = due; o; o = o->next) {
+        unsigned slot;
+        o->result = UNKNOWN;
+        o->redo = o->eval = o->asking = 0;
+        o->lane = dlock_lanes_route(&r->lanes, o->keys[0], &slot);
+        redisContext *c = dlock_lanes_open(&r->lanes, o->lane);
+        o->sent = c && append_job(r, c, o, 1, 0) == 0;
+        if (o->sent)
+            r->lanes.v[o->lane].wrote = 1;
+        else if (c)
+            dlock_lanes_oom(c);
+    }
+    int64_t deadline = dlock_lanes_deadline(&r->lanes);
+    unsigned trips = dlock_lanes_flush(&r->lanes, deadline);
+    dlock_count(&r->cfg.ctr->redis_round_trips, trips);
+    /* Read every reply of the pipelines before running anything again. */
+    for (dlock_renew_job *o = due; o; o = o->next) {
+        redisContext *c = o->sent ? dlock_lanes_get(&r->lanes, o->lane) : NULL;
+        redisReply *rep = NULL;
+        if (!c || c->err || dlock_conn_read(c, deadline, &rep) != 0)
+            continue;
+        int lane = o->lane, kind;
+        if (dlock_conn_is_noscript(rep)) {
+            o->redo = o->eval = 1;
+        } else if ((kind = dlock_lanes_redirect(&r->lanes, rep, o->lane, &lane)) !=
+                   DLOCK_REDO_NONE) {
+            o->redo = 1;
+            o->asking = kind == DLOCK_REDO_ASK;
+            o->lane = lane;
+        } else {
+            o->result = job_result(o, rep);
+        }
+        dlock_conn_check_master(c, rep); /* then dropped below */
+        freeReplyObject(rep);
+    }
+    /* A restarted server answered NOSCRIPT (again with EVAL), or the slot
+     * moved (again on its master; after ASKING for an ASK): one at a time. */
+    for (dlock_renew_job *o = due; o; o = o->next) {
+        if (!o->redo)
+            continue;
+        redisContext *c = dlock_lanes_open(&r->lanes, o->lane);
+        redisReply *rep = NULL;
+        deadline = dlock_lanes_deadline(&r->lanes);
+        if (!c)
+            continue;
+        if (append_job(r, c, o, !o->eval, o->asking) != 0) {
+            dlock_lanes_oom(c);
+            continue;
+        }
+        if (dlock_conn_flush(c, deadline) == 0 &&
+            dlock_lanes_read_reply(c, o->asking, deadline, &rep) == 0) {
+            dlock_count(&r->cfg.ctr->redis_round_trips, 1);
+            o->result = job_result(o, rep);
+            dlock_conn_check_master(c, rep);
+            freeReplyObject(rep);
+        }
+    }
+    dlock_lanes_drop_failed(&r->lanes);
+    now = dlock_now_ns();
+    for (dlock_renew_job *o = due; o; o = next) {
+        next = o->next;
+        if (o->result == RELEASED || now >= o->until_ns) {
+            free(o);
+            continue;
+        }
+        o->next_try_ns = now + o->backoff_ns;
+        o->backoff_ns *= 2;
+        o->next = later;
+        later = o;
+    }
+    int64_t next_due = DLOCK_NEVER;
+    for (dlock_renew_job *o = later; o; o = o->next)
+        if (o->next_try_ns < next_due)
+            next_due = o->next_try_ns;
+    if (later) {
+        pthread_mutex_lock(&r->mu);
+        dlock_renew_job **tail = &later;
+        while (*tail)
+            tail = &(*tail)->next;
+        *tail = r->orphans;
+        r->orphans = later;
+        pthread_mutex_unlock(&r->mu);
+    }
+    return next_due;
+}
+
+void dlock_renew_release_all(dlock_renew *r)
+{
+    if (!r->items)
+        return;
+    typedef struct rel {
+        dlock_renew_item *it;
+        char last[24];
+        int lane, sent, done;
+    } rel;
+    rel *v = malloc(sizeof *v * r->count);
+    if (!v)
+        return;
+    size_t n = 0;
+    dlock_lanes_pass(&r->lanes); /* each lane is opened at most once */
+    for (dlock_renew_item *it = r->items; it; it = it->next, n++) {
+        rel *x = &v[n];
+        unsigned slot;
+        x->it = it;
+        x->done = 0;
+        pthread_mutex_lock(&it->e->mu);
+        snprintf(x->last, sizeof x->last, "%" PRIu64, it->e->token);
+        pthread_mutex_unlock(&it->e->mu);
+        x->lane = dlock_lanes_route(&r->lanes, it->e->keys[DLOCK_KEY_LEASE], &slot);
+        redisContext *c = dlock_lanes_open(&r->lanes, x->lane);
+        const char *argv[DLOCK_SCRIPT_KEYS + DLOCK_RELEASE_ARGS];
+        /* "1": the client closes while a thread holds it (acquire.lua, End) */
+        dlock_script_release_argv(r->cfg.args, it->e->keys, it->e->name, "token", it->token,
+                                  x->last, "1", argv);
+        x->sent = c && dlock_conn_append_eval(c, r->cfg.ctr, DLOCK_SCRIPT_RELEASE, 1,
+                                              DLOCK_SCRIPT_KEYS, DLOCK_RELEASE_ARGS, argv,
+                                              NULL) == 0;
+        if (x->sent)
+            r->lanes.v[x->lane].wrote = 1;
+        else if (c)
+            dlock_lanes_oom(c);
+    }
+    int64_t deadline = dlock_lanes_deadline(&r->lanes);
+    dlock_count(&r->cfg.ctr->redis_round_trips, dlock_lanes_flush(&r->lanes, deadline));
+    for (size_t i = 0; i < n; i++) {
+        redisContext *c = v[i].sent ? dlock_lanes_get(&r->lanes, v[i].lane) : NULL;
+        redisReply *rep = NULL;
+        if (!c || c->err || dlock_conn_read(c, deadline, &rep) != 0)
+            continue;
+        v[i].done = !dlock_conn_is_noscript(rep);
+        freeReplyObject(rep);
+    }
+    /* A restarted server answered NOSCRIPT: run those again with EVAL. */
+    for (size_t i = 0; i < n; i++) {
+        redisContext *c = v[i].sent && !v[i].done ? dlock_lanes_get(&r->lanes, v[i].lane) : NULL;
+        if (!c || c->err)
+            continue;
+        const char *argv[DLOCK_SCRIPT_KEYS + DLOCK_RELEASE_ARGS];
+        dlock_script_release_argv(r->cfg.args, v[i].it->e->keys, v[i].it->e->name, "token",
+                                  v[i].it->token, v[i].last, "1", argv);
+        redisReply *rep =
+            dlock_conn_eval(c, r->cfg.ctr, dlock_lanes_deadline(&r->lanes), DLOCK_SCRIPT_RELEASE,
+                            DLOCK_SCRIPT_KEYS, DLOCK_RELEASE_ARGS, argv, NULL);
+        if (rep)
+            freeReplyObject(rep);
+    }
+    free(v);
+}

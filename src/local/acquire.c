@@ -1,0 +1,487 @@
+/*
+ * Acquiring (acquire.h). Shared state: the entry, under client.h's rules
+ * (I1 to I11), with e->mu held except around the Redis calls (rpc.h).
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "local/acquire.h"
+#include "local/client.h"
+#include "common/error.h"
+#include "local/orphan.h"
+#include "local/release.h"
+#include "local/rpc.h"
+
+/* A small per-thread generator for retry jitter (xorshift64*). */
+static uint64_t jitter_rand(void)
+{
+    static __thread uint64_t s;
+    if (!s)
+        s = (uint64_t)dlock_now_ns() ^ ((uint64_t)(uintptr_t)&s << 17) ^ 0x9e3779b97f4a7c15ULL;
+    s ^= s >> 12;
+    s ^= s << 25;
+    s ^= s >> 27;
+    return s * 2685821657736338717ULL;
+}
+
+/* Makes the calling thread e's owner for a new grant, valid until
+ * valid_until (boot clock). Called with e->mu held. */
+static int take_grant(dlock_client *c, dlock_entry *e, uint64_t token, int unclean,
+                      int64_t valid_until)
+{
+    e->state = DLOCK_LEASE_HELD;
+    e->unclean = unclean;
+    e->ending = 0;
+    if (unclean)
+        dlock_count(&c->ctr.unclean, 1);
+    e->grant_token = token;
+    e->token = token;
+    e->handoff = 0;
+    e->epoch++;
+    e->valid_until_ns = valid_until;
+    e->grant_boot_ns = dlock_boot_ns(); /* after the reply or message: Redis granted before */
+    if (e->unconfirmed) {
+        e->unconfirmed = 0; /* the grant's token is above it (acquire.lua) */
+        e->unconfirmed_end = 0;
+        dlock_unconfirmed_clear(c->unconfirmed, e->name);
+    }
+    e->provisional = 0;
+    e->msg_grant = 0;
+    e->passes = 0;
+    e->lost_notified = 0;
+    e->queued = 0; /* the acquire script took this client out of the queue */
+    int rc = dlock_renew_add(c->renew, e);
+    if (rc != DLOCK_OK) {
+        e->state = DLOCK_LEASE_NONE;
+        return dlock_err_set(rc, "out of memory registering the lease of '%s'", e->name);
+    }
+    e->has_owner = 1;
+    e->owner = pthread_self();
+    e->depth = 1;
+    dlock_count(&c->ctr.leases_held, 1);
+    dlock_count(&c->ctr.grants, 1);
+    return DLOCK_OK;
+}
+
+/* Takes a lease that its holder passed on (cohort handoff): no Redis command.
+ * Called with e->mu held, e->handoff set. If the lease's validity ran out
+ * while it was passed, it is lost and not taken (rule 4): the caller polls,
+ * and drops the registry's reference after unlocking if *drop was set.
+ * DLOCK_OK or DLOCK_ELOST. */
+static int take_handoff(dlock_client *c, dlock_entry *e, int *drop)
+{
+    DLOCK_ASSERT(!e->has_owner && e->state == DLOCK_LEASE_HELD);
+    e->handoff = 0;
+    if (dlock_boot_ns() >= e->valid_until_ns) {
+        /* Lost by its validity alone: Redis may still have it as ours. */
+        dlock_client_unconfirmed_end(c, e, e->token, DLOCK_UNCLEAN_EXPIRED);
+        *drop += dlock_renew_mark_lost(c->renew, e);
+        e->lost_notified = 1; /* no thread held it: nobody to tell */
+        e->state = DLOCK_LEASE_NONE;
+        return DLOCK_ELOST;
+    }
+    e->has_owner = 1;
+    e->owner = pthread_self();
+    e->depth = 1;
+    return DLOCK_OK;
+}
+
+/* The direct grant message of e (wake_one), looked at by e's poller between
+ * tries, with e->mu held. It is taken if it names the poller's last refused
+ * try and enough of its validity is left, counted from when that try was
+ * sent: the release that made the grant ran after Redis had seen the try,
+ * and granted the lease for the waiter ttl from then (a renewal or a late
+ * copy of the try resets that to the lease time: the validity counts the
+ * smaller). A grant under an earlier try is never taken: that try's
+ * successor was refused, so when it ran the lease was not this client's,
+ * and the earlier grant was gone. A message dropped here (stale, or late)
+ * costs time only: the next try finds the lease this client's own, if it
+ * still is. DLOCK_OK (e is HELD by the calling
+ * thread, provisionally: the renewal makes it a whole lease, at once if
+ * other threads wait for it, else by half its validity), DLOCK_EBUSY
+ * (dropped), or DLOCK_ENOMEM. */
+static int take_direct_grant(dlock_client *c, dlock_entry *e)
+{
+    e->msg_grant = 0;
+    if (e->msg_nonce == 0 || e->msg_nonce != e->try_nonce)
+        return DLOCK_EBUSY;
+    int64_t valid = e->try_sent_boot + (int64_t)c->grant_ms * DLOCK_NS_PER_MS - c->grant_drift_ns;
+    int64_t now = dlock_boot_ns();
+    if (now + c->grant_margin_ns >= valid)
+        return DLOCK_EBUSY;
+    char nonce[24];
+    snprintf(nonce, sizeof nonce, "%" PRIu64, e->msg_nonce);
+    int rc = take_grant(c, e, e->msg_token, e->msg_unclean, valid);
+    if (rc != DLOCK_OK) {
+        dlock_renew_orphan(c->renew, e, nonce);
+        return rc;
+    }
+    e->provisional = 1;
+    dlock_count(&c->ctr.direct_grants, 1);
+    if (e->waiters > 1)
+        dlock_renew_kick(c->renew); /* so that local handoffs can follow */
+    else
+        dlock_renew_by(c->renew, dlock_now_ns() + (valid - now) / 2);
+    return DLOCK_OK;
+}
+
+/* The message of a timeout or a busy try on e: what the last refused try
+ * said of the holder (at 3 a.m., who holds it, since when, how many wait).
+ * Called with e->mu held. Returns rc. */
+static int busy_err(const dlock_entry *e, int rc)
+{
+    char holder[DLOCK_CLIENT_NAME_MAX + 64] = "", queue[128] = "";
+    double since = e->busy_known ? (dlock_now_ns() - e->busy_at_ns) / 1e9 : 0; /* the try's age */
+    double left = e->busy_left_ms / 1e3 - since;
+    if (e->has_owner || e->state == DLOCK_LEASE_HELD)
+        snprintf(holder, sizeof holder, ": held by another thread of this client");
+    else if (!e->busy_known)
+        ; /* no try of this wait was answered */
+    else if (e->busy_holder[0] && e->busy_held_ms >= 0)
+        snprintf(holder, sizeof holder, ": held by %s for %.1f s, its lease ends in %.1f s",
+                 e->busy_holder, e->busy_held_ms / 1e3 + since, left > 0 ? left : 0.0);
+    else if (e->busy_holder[0])
+        snprintf(holder, sizeof holder, ": held by %s", e->busy_holder);
+    else if (e->busy_left_ms < 0)
+        snprintf(holder, sizeof holder, ": free, but it is another waiting client's turn");
+    if (e->busy_known && e->busy_queue >= 0)
+        snprintf(queue, sizeof queue, "; %lld client%s in its wait queue in Redis, this one "
+                 "included", e->busy_queue, e->busy_queue == 1 ? "" : "s");
+    if (rc == DLOCK_ETIMEDOUT)
+        return dlock_err_set(rc, "timed out waiting for '%s'%s%s", e->name, holder, queue);
+    return dlock_err_set(rc, "'%s' is not free%s%s", e->name, holder, queue);
+}
+
+/*
+ * The poller's loop. Called with e->mu held, as e's designated poller
+ * (e->poller == 1, !has_owner, state NONE); returns with e->mu held. Talks
+ * to Redis without e->mu. A refused try leaves the client in the lock's wait
+ * queue in Redis (unless `once`); the poller then sleeps on e->cv until a
+ * wake-up (e->woken, set by the subscriber when a release gives this client
+ * the turn), the fallback retry time (waiter_ttl/4, which also keeps its
+ * place in the queue alive; sooner if the lease's remaining time is
+ * shorter, for a holder that died), or its own deadline. A poller that gives
+ * up while no other thread of this client waits takes the client out of the
+ * queue. A shutdown or a fired cancel token (dlock_client_stop_rc) ends the poll: a
+ * grant that its last try brought back is given back in the background.
+ */
+static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int once,
+                      dlock_cancel *k)
+{
+    e->try_nonce = 0; /* a new wait: no direct grant yet */
+    e->msg_grant = 0;
+    e->busy_known = 0;
+    for (;;) {
+        DLOCK_ASSERT(!e->has_owner && e->state == DLOCK_LEASE_NONE);
+        e->state = DLOCK_LEASE_ACQUIRING;
+        e->woken = 0; /* a wake-up from now on triggers another try */
+        uint64_t unconfirmed = e->unconfirmed;
+        int unconfirmed_how = e->unconfirmed_end;
+        pthread_mutex_unlock(&e->mu);
+        int kept_how;
+        uint64_t kept = dlock_unconfirmed_get(c->unconfirmed, e->name, &kept_how);
+        if (kept > unconfirmed) {
+            unconfirmed = kept; /* the entry was freed and made anew since */
+            unconfirmed_how = kept_how;
+        }
+        uint64_t token = 0;
+        int unclean = 0;
+        int64_t pttl = 0, sent_boot = 0;
+        busy_info busy = {"", -1, -1};
+        if (dlock_load_int_acquire(&c->server_bad)) {
+            /* no new grant from a server the periodic check found unfit (a
+             * held lease, reentrancy and local handoffs need no Redis call) */
+            pthread_mutex_lock(&c->server_mu);
+            int rc = dlock_err_set(DLOCK_ESERVER, "%s (found by the periodic check of the "
+                                   "server; acquires that ask Redis fail until it is mended)",
+                                   c->server_msg);
+            pthread_mutex_unlock(&c->server_mu);
+            pthread_mutex_lock(&e->mu);
+            e->state = DLOCK_LEASE_NONE;
+            return rc;
+        }
+        char nonce[24];
+        dlock_rpc_number(c, nonce);
+        /* A single try waits for a connection (or a place in a batch) at
+         * most one command timeout: it has no deadline of its own. */
+        int64_t by = once ? dlock_now_ns() + (int64_t)c->conn.command_timeout_ms * DLOCK_NS_PER_MS
+                          : deadline;
+        int rc = dlock_rpc_acquire(c, e, nonce, !once, unconfirmed, unconfirmed_how, by, k, &token,
+                                   &unclean, &pttl, &busy, &sent_boot);
+        if (once && rc == DLOCK_ETIMEDOUT)
+            rc = dlock_err_set(DLOCK_EREDIS, "timed out: redis took no try of '%s' within the "
+                               "command timeout (%" PRIu32 " ms): every connection was busy or "
+                               "stuck", e->name, c->conn.command_timeout_ms);
+        if (rc == DLOCK_OK &&
+            dlock_boot_ns() >= sent_boot + (int64_t)c->lease_ms * DLOCK_NS_PER_MS - c->drift_ns) {
+            /* The answer came back after the lease could have expired. */
+            dlock_renew_orphan(c->renew, e, nonce);
+            rc = dlock_err_set(DLOCK_EREDIS, "timed out: redis answered the acquire of '%s' "
+                               "after the lease could have expired", e->name);
+        }
+        pthread_mutex_lock(&e->mu);
+        e->state = DLOCK_LEASE_NONE;
+        int stop = dlock_client_stop_rc(c, k);
+        if (stop != DLOCK_OK) {
+            if (rc == DLOCK_OK)
+                dlock_renew_orphan(c->renew, e, nonce);
+            else if (rc == DLOCK_EBUSY && !once)
+                e->queued = 1; /* the last waiter to go takes the client out */
+            return dlock_client_stop_err(stop, e->name);
+        }
+        if (rc == DLOCK_OK) {
+            rc = take_grant(c, e, token, unclean,
+                            sent_boot + (int64_t)c->lease_ms * DLOCK_NS_PER_MS - c->drift_ns);
+            if (rc != DLOCK_OK)
+                dlock_renew_orphan(c->renew, e, nonce);
+            return rc;
+        }
+        if (rc != DLOCK_EBUSY)
+            return rc;
+        snprintf(e->busy_holder, sizeof e->busy_holder, "%s", busy.holder);
+        e->busy_held_ms = busy.held_ms;
+        e->busy_left_ms = pttl;
+        e->busy_queue = busy.queue;
+        e->busy_known = 1;
+        e->busy_at_ns = dlock_now_ns() - (dlock_boot_ns() - sent_boot); /* the send */
+        if (once)
+            return busy_err(e, DLOCK_EBUSY);
+        e->queued = 1;
+        e->try_nonce = strtoull(nonce, NULL, 10);
+        e->try_sent_boot = sent_boot;
+        if (e->msg_grant && (rc = take_direct_grant(c, e)) != DLOCK_EBUSY)
+            return rc; /* it came before the refusal's answer */
+        int64_t now = dlock_now_ns();
+        if (now >= deadline)
+            return busy_err(e, DLOCK_ETIMEDOUT);
+        int64_t delay_ns = c->fallback_ns;
+        if (pttl > 0 && pttl * DLOCK_NS_PER_MS < delay_ns)
+            delay_ns = pttl * DLOCK_NS_PER_MS + DLOCK_NS_PER_MS / 2;
+        /* Jitter: a uniform time in [3/4, 1] of the delay, so that pollers of
+         * many clients do not retry in step. */
+        delay_ns -= (int64_t)(jitter_rand() % (uint64_t)(delay_ns / 4 + 1));
+        int64_t wake = now + delay_ns < deadline ? now + delay_ns : deadline;
+        while (!e->woken && (stop = dlock_client_stop_rc(c, k)) == DLOCK_OK &&
+               dlock_now_ns() < wake) {
+            struct timespec ts = dlock_ts(wake);
+            pthread_cond_timedwait(&e->pcv, &e->mu, &ts);
+        }
+        if ((stop = dlock_client_stop_rc(c, k)) != DLOCK_OK)
+            return dlock_client_stop_err(stop, e->name); /* a direct grant is freed by the leave */
+        if (e->msg_grant && (rc = take_direct_grant(c, e)) != DLOCK_EBUSY)
+            return rc; /* granted by a release: no call needed */
+        if (dlock_now_ns() >= deadline) /* no try after the deadline, woken or not */
+            return busy_err(e, DLOCK_ETIMEDOUT);
+    }
+}
+
+/* A lease whose validity ran out while it was passed between threads:
+ * nobody held it, so on_lost has no holder to tell, but the log says so.
+ * Called with no lock held. */
+static void log_lost_in_passing(dlock_client *c, const char *name, uint64_t token)
+{
+    dlock_client_log(c, DLOCK_LOG_WARN, "the lease of '%s' (token %" PRIu64 ") ran out while it "
+                     "was passed between threads (not renewed in time): it goes back to Redis",
+                     name, token);
+}
+
+/* acquire's work, once the arguments are checked and the cancel token, if
+ * any, has this call registered. */
+int dlock_acquire_run(dlock_client *c, const char *name, size_t len, int64_t wait_ms,
+                      uint64_t *fence, dlock_cancel *k)
+{
+    int rc = DLOCK_OK;
+    int64_t now = dlock_now_ns();
+    /* Waits beyond ~292 years are "forever". */
+    int64_t deadline = wait_ms < 0 || wait_ms > (DLOCK_NEVER - now) / DLOCK_NS_PER_MS
+                           ? DLOCK_NEVER
+                           : now + wait_ms * DLOCK_NS_PER_MS;
+    dlock_entry *e = dlock_held_find(c, name, len); /* a reentrant acquire, without the table */
+    if (!e)
+        e = dlock_table_get(c->table, name, len);
+    if (!e)
+        return dlock_err_set(DLOCK_ENOMEM, "out of memory");
+
+    pthread_mutex_lock(&e->mu);
+    if (e->has_owner && !e->by_handle && pthread_equal(e->owner, pthread_self())) {
+        /* Reentrant acquire: depth only, no Redis command. */
+        if (e->state != DLOCK_LEASE_HELD || dlock_boot_ns() >= e->valid_until_ns) {
+            rc = dlock_err_set(DLOCK_ELOST, "the lease of '%s' is lost; release it", name);
+        } else {
+            e->depth++;
+            if (fence)
+                *fence = e->token;
+        }
+        pthread_mutex_unlock(&e->mu);
+        dlock_table_put(c->table, e); /* the owner keeps its outermost reference */
+        if (rc == DLOCK_OK)
+            dlock_count(&c->ctr.acquisitions, 1);
+        return rc;
+    }
+
+    e->waiters++;
+    uint64_t fail_seq = e->fail_seq;
+    int drop_registry = 0, give_back = 0;
+    uint64_t passed_lost = 0; /* a lease lost while being passed here: logged on the way out */
+    dlock_waiter *w = dlock_waiter_self();
+    for (;;) {
+        if (dlock_waiter_granted(w)) {
+            /* Passed to this thread alone while it was parked (I10). */
+            rc = DLOCK_OK;
+            break;
+        }
+        if (!e->has_owner && e->state == DLOCK_LEASE_LOST) {
+            /* Lost while being passed between threads: nobody holds it. */
+            if (e->unconfirmed)
+                dlock_client_unconfirmed_end(c, e, e->unconfirmed, e->unconfirmed_end);
+            e->state = DLOCK_LEASE_NONE;
+            e->handoff = 0;
+        }
+        if ((rc = dlock_client_stop_rc(c, k)) != DLOCK_OK) {
+            /* Shutdown or cancelled: stop waiting. A lease being passed to
+             * the waiters (an open handoff, I5) must not be left without
+             * anyone to take it: the last waiter takes it to give it back
+             * (below); otherwise the next one is woken on the way out. */
+            if (e->handoff && e->waiters == 1) {
+                uint64_t t = e->token;
+                if (take_handoff(c, e, &drop_registry) == DLOCK_OK)
+                    give_back = 1;
+                else
+                    passed_lost = t;
+            }
+            rc = dlock_client_stop_err(rc, name);
+            break;
+        }
+        if (e->handoff) {
+            uint64_t t = e->token;
+            rc = take_handoff(c, e, &drop_registry);
+            if (rc == DLOCK_OK)
+                break;
+            passed_lost = t;
+            continue; /* it expired in passing: poll Redis again */
+        }
+        if (e->fail_seq != fail_seq) {
+            /* The poll this thread waited behind failed: so does this call,
+             * rather than poll again and wait another timeout (rule: waiters
+             * fail with their poller). */
+            rc = dlock_err_set(e->fail_rc, "%s", e->fail_msg);
+            break;
+        }
+        if (!e->has_owner && e->state == DLOCK_LEASE_NONE && !e->poller) {
+            if (wait_ms != 0 && dlock_now_ns() >= deadline) {
+                /* No Redis call starts past the caller's deadline; the
+                 * wake-up that may have been meant to make this thread the
+                 * poller goes to the next waiter on the way out (I9). */
+                rc = busy_err(e, DLOCK_ETIMEDOUT);
+                break;
+            }
+            /* The poller sleeps on e->pcv between tries, out of the queue. */
+            dlock_waitq_remove(&e->wq, w);
+            e->poller = 1;
+            rc = poll_redis(c, e, deadline, wait_ms == 0, k);
+            e->poller = 0;
+            if (rc != DLOCK_OK && rc != DLOCK_EBUSY && rc != DLOCK_ETIMEDOUT &&
+                rc != DLOCK_ECLOSED && rc != DLOCK_ECANCELED) {
+                /* Tell the threads that waited behind this poll: they fail
+                 * too rather than each wait a timeout in turn. */
+                e->fail_seq++;
+                e->fail_rc = rc;
+                snprintf(e->fail_msg, sizeof e->fail_msg, "%s", dlock_last_error());
+                dlock_waitq_wake_all(&e->wq);
+            }
+            break;
+        }
+        if (wait_ms == 0) {
+            rc = dlock_err_set(DLOCK_EBUSY, "'%s' is held or being acquired by another thread",
+                               name);
+            break;
+        }
+        int64_t now = dlock_now_ns();
+        if (now >= deadline) {
+            rc = busy_err(e, DLOCK_ETIMEDOUT);
+            break;
+        }
+        if (!w->queued)
+            dlock_waitq_push(&e->wq, w, now);
+        dlock_waiter_park(w, &e->mu, deadline);
+    }
+    if (give_back) {
+        /* A stopped waiter that took an open handoff nobody else waits for:
+         * it releases it as the releasing thread would have, with word of
+         * how the hold before ended (it used the lease for nothing). */
+        dlock_waitq_remove(&e->wq, w);
+        e->waiters--;
+        e->ending = e->unclean;
+        char keep[256];
+        snprintf(keep, sizeof keep, "%s", dlock_last_error());
+        dlock_table_ref(e); /* the owner's, which dlock_release_outermost drops with ours */
+        (void)dlock_release_outermost(c, e, name);
+        dlock_err_set(rc, "%s", keep);
+        return rc;
+    }
+    if (dlock_waiter_granted(w)) {
+        /* A direct handoff: the releaser made this thread the owner, took
+         * it out of the queue and out of e->waiters (I10). */
+        pthread_mutex_unlock(&e->mu);
+        if (passed_lost)
+            log_lost_in_passing(c, name, passed_lost);
+        dlock_orphan_arm(); /* a thread that exits holding it releases it */
+        dlock_held_remember(c, e);
+        dlock_count(&c->ctr.acquisitions, 1);
+        if (fence)
+            *fence = w->token;
+        return DLOCK_OK;
+    }
+    dlock_waitq_remove(&e->wq, w);
+    if (rc != DLOCK_OK && e->queued && e->waiters == 1 && !e->poller && !e->has_owner &&
+        e->state == DLOCK_LEASE_NONE && !e->handoff) {
+        /* The last thread here that wanted the name gives up: take the
+         * client out of the queue (passing its turn on, if it had it). The
+         * call is numbered now, before any later attempt of this client, so
+         * Redis ignores it if it arrives after one. */
+        char number[24];
+        dlock_rpc_number(c, number);
+        e->queued = 0;
+        if (rc != DLOCK_ETIMEDOUT && rc != DLOCK_EBUSY) {
+            /* Redis is failing, or the acquire was cancelled or the client
+             * shuts down (the thread returns at once, without a Redis
+             * call): the renewal thread tells it when it can
+             * (dlock_client_close makes it try once more). */
+            dlock_renew_leave(c->renew, e, number);
+        } else {
+            /* As e's poller, so that nobody else talks to Redis for e
+             * meanwhile. */
+            e->poller = 1;
+            pthread_mutex_unlock(&e->mu);
+            dlock_rpc_leave(c, e, number);
+            pthread_mutex_lock(&e->mu);
+            e->poller = 0;
+        }
+    }
+    /* A thread that came meanwhile may poll; a wake-up this thread received
+     * and did not use goes on (I9). */
+    dlock_entry_kick_head(e);
+    e->waiters--;
+    uint64_t token = e->token;
+    pthread_mutex_unlock(&e->mu);
+    if (passed_lost)
+        log_lost_in_passing(c, name, passed_lost);
+    while (drop_registry-- > 0)
+        dlock_table_put(c->table, e); /* our own reference keeps e alive */
+    if (rc != DLOCK_OK) {
+        dlock_table_put(c->table, e);
+        return rc;
+    }
+    /* Our reference becomes the owner's, dropped by the outermost release. */
+    dlock_orphan_arm(); /* a thread that exits holding it releases it */
+    dlock_held_remember(c, e);
+    dlock_count(&c->ctr.acquisitions, 1);
+    if (fence)
+        *fence = token;
+    return DLOCK_OK;
+}

@@ -1,0 +1,16 @@
+/*
+ * Releasing: the outermost release of a lease by its owner thread, which
+ * either hands it to another thread of this client (no Redis command) or
+ * gives it back to Redis (client.h, I5 and I10).
+ */
+#ifndef DLOCK_RELEASE_H
+#define DLOCK_RELEASE_H
+
+#include "local/client.h"
+
+/* The outermost release of e by the calling thread, which holds e->mu and
+ * two references (its lookup's and the owner's, both dropped here): returns
+ * with e->mu released. DLOCK_OK, DLOCK_ELOST, or an error of Redis. */
+int dlock_release_outermost(dlock_client *c, dlock_entry *e, const char *name);
+
+#endif
