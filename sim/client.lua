@@ -432,8 +432,8 @@ function C.release(th)
     W:released(c, e, th)
     local tok = e.token
     trace(c, '%s passes %s to %s (token %.0f)', th.name, e.name, head.name, tok)
-    -- It runs a moment later (take_handoff): if the validity ran out
-    -- meanwhile the lease is lost and it polls.
+    -- It runs a moment later (take_handoff, take_direct_handoff): if the
+    -- validity ran out meanwhile the lease is lost and it polls.
     W:after_client(c, W:rint(0, W.cfg.pass_us), function()
       e.passing = false
       if not c.alive then return end

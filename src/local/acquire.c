@@ -91,6 +91,37 @@ static int take_handoff(dlock_client *c, dlock_entry *e, int *drop)
     return DLOCK_OK;
 }
 
+/* A lease passed to the calling thread alone while it was parked (I10, a
+ * direct handoff): the releaser made it the owner while the lease was valid,
+ * but the thread runs later, maybe much later. It is taken only if it is
+ * still HELD and valid now, as an open handoff is (take_handoff); otherwise
+ * it was lost in passing and the thread is a waiter again (the caller
+ * polls), having told nobody (it never held it). Called with e->mu held, w
+ * granted. DLOCK_OK or DLOCK_ELOST; after unlocking, the caller drops the
+ * registry's reference if *drop was set. */
+static int take_direct_handoff(dlock_client *c, dlock_entry *e, dlock_waiter *w, int *drop)
+{
+    DLOCK_ASSERT(dlock_waiter_granted(w) && e->has_owner && !e->by_handle &&
+                 pthread_equal(e->owner, pthread_self()));
+    if (e->state == DLOCK_LEASE_HELD && dlock_boot_ns() < e->valid_until_ns)
+        return DLOCK_OK;
+    e->has_owner = 0;
+    e->depth = 0;
+    e->waiters++; /* the releaser counted it out */
+    if (e->state == DLOCK_LEASE_HELD) {
+        /* Lost by its validity alone: Redis may still have it as ours. */
+        dlock_client_unconfirmed_end(c, e, e->token, DLOCK_UNCLEAN_EXPIRED);
+        *drop += dlock_renew_mark_lost(c->renew, e);
+    } else if (e->unconfirmed) {
+        /* LOST: the renewal found it gone (and recorded it) */
+        dlock_client_unconfirmed_end(c, e, e->unconfirmed, e->unconfirmed_end);
+    }
+    e->lost_notified = 1;
+    e->state = DLOCK_LEASE_NONE;
+    (void)dlock_waiter_self(); /* w, not granted any more: a new wait */
+    return DLOCK_ELOST;
+}
+
 /* The direct grant message of e (wake_one), looked at by e's poller between
  * tries, with e->mu held. It is taken if it names the poller's last refused
  * try and enough of its validity is left, counted from when that try was
@@ -332,8 +363,12 @@ int dlock_acquire_run(dlock_client *c, const char *name, size_t len, int64_t wai
     for (;;) {
         if (dlock_waiter_granted(w)) {
             /* Passed to this thread alone while it was parked (I10). */
-            rc = DLOCK_OK;
-            break;
+            uint64_t t = w->token;
+            rc = take_direct_handoff(c, e, w, &drop_registry);
+            if (rc == DLOCK_OK)
+                break;
+            passed_lost = t;
+            continue; /* it ran out in passing: poll Redis again */
         }
         if (!e->has_owner && e->state == DLOCK_LEASE_LOST) {
             /* Lost while being passed between threads: nobody holds it. */

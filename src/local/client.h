@@ -46,7 +46,9 @@
  *         - hands it directly to the head, if the head has been the head
  *           for DLOCK_FAIR_NS or more: the releaser makes it the owner (has_owner,
  *           owner, depth, token, waiters--) under e->mu and sets its node's
- *           `granted`; no other thread can take it; or
+ *           `granted`; no other thread can take it (the head, when it
+ *           runs, keeps it only if it is still HELD and valid: else it was
+ *           lost in passing and the head polls, take_direct_handoff); or
  *         - opens it (handoff = 1) and wakes the head: whichever thread of
  *           this client runs first takes it, a newcomer that has not queued
  *           (barging) or the head.

@@ -13,6 +13,7 @@
 
 #include <cmocka.h>
 
+#include "entry/park.h"
 #include "fixture.h"
 
 
@@ -29,6 +30,7 @@ typedef struct waiter {
     dlock_client *c;
     const char *name;
     int rc, release_rc;
+    int held; /* dlock_held right after the acquire returned */
     uint64_t fence;
     int got, go_release;
     pthread_mutex_t mu;
@@ -40,8 +42,10 @@ static void *waiter_main(void *arg)
 {
     waiter *w = arg;
     int rc = dlock_acquire(w->c, w->name, -1, &w->fence);
+    int held = dlock_held(w->c, w->name);
     pthread_mutex_lock(&w->mu);
     w->rc = rc;
+    w->held = held;
     w->got = 1;
     pthread_cond_broadcast(&w->cv);
     while (!w->go_release)
@@ -365,6 +369,114 @@ static void test_stale_lease_not_passed(void **state)
     dlock_client_close(c);
 }
 
+/*
+ * A direct handoff (I10: the head has led the local queue past the fairness
+ * bound, so the release makes it the owner) happens while the lease is
+ * valid, but the thread it is passed to may run much later. Here it runs
+ * only after the lease was lost meanwhile: the test wraps the library's
+ * parking (linked with --wrap=dlock_waiter_park, tests/CMakeLists.txt) so
+ * that the granted thread, once woken, first waits for `hold_woken` to
+ * run. Before the fix the thread returned DLOCK_OK holding a lost lease
+ * (dlock_held 0 at once, its release DLOCK_ELOST).
+ */
+void __real_dlock_waiter_park(dlock_waiter *w, pthread_mutex_t *mu, int64_t deadline_ns);
+static void (*hold_woken)(void); /* run once by the next granted thread, without mu */
+static pthread_mutex_t hold_mu = PTHREAD_MUTEX_INITIALIZER;
+
+void __wrap_dlock_waiter_park(dlock_waiter *w, pthread_mutex_t *mu, int64_t deadline_ns);
+void __wrap_dlock_waiter_park(dlock_waiter *w, pthread_mutex_t *mu, int64_t deadline_ns)
+{
+    __real_dlock_waiter_park(w, mu, deadline_ns);
+    if (!dlock_waiter_granted(w))
+        return;
+    pthread_mutex_lock(&hold_mu);
+    void (*fn)(void) = hold_woken;
+    hold_woken = NULL;
+    pthread_mutex_unlock(&hold_mu);
+    if (fn) {
+        /* The caller looks at the entry again after a park, whatever woke
+         * it: letting go of its mutex meanwhile is what a slow wake-up does. */
+        pthread_mutex_unlock(mu);
+        fn();
+        pthread_mutex_lock(mu);
+    }
+}
+
+static const char *hold_key;
+
+/* The lease is deleted behind the client's back and the renewal finds it
+ * gone (it marks the entry LOST). A period is 100 ms; 10 s is generous. */
+static void lose_by_renewal(void)
+{
+    int lost0 = lost_count();
+    redisContext *rc = fx_connect("127.0.0.1", fx_server.port);
+    freeReplyObject(redisCommand(rc, "DEL %s", hold_key));
+    redisFree(rc);
+    for (int i = 0; i < 1000 && lost_count() == lost0; i++)
+        fx_sleep_ms(10);
+}
+
+/* Redis is frozen past the lease's validity (300 ms from the last renewal,
+ * which came before the freeze): renewals fail, the lease runs out. Frozen
+ * for three lease times, so that the key has expired in Redis too (its time
+ * to live is two lease times): no renewal after the thaw can bring the lease
+ * back before the woken thread looks at it. */
+static void lose_by_validity(void)
+{
+    fx_redis_signal(&fx_server, SIGSTOP);
+    fx_sleep_ms(900);
+    fx_redis_signal(&fx_server, SIGCONT);
+}
+
+static void direct_handoff_lost(const char *name, const char *key, void (*lose)(void))
+{
+    dlock_config cfg;
+    fx_config(&cfg, &fx_server);
+    cfg.lease_ms = 300;
+    cfg.command_timeout_ms = 200;
+    cfg.on_lost = on_lost;
+    dlock_client *c;
+    assert_int_equal(dlock_client_open(&cfg, &c), DLOCK_OK);
+    uint64_t f0;
+    assert_int_equal(dlock_acquire(c, name, -1, &f0), DLOCK_OK);
+    waiter w;
+    waiter_start(&w, c, name);
+    let_it_wait(); /* 200 ms: past the fairness bound, the release hands it directly */
+    hold_key = key;
+    pthread_mutex_lock(&hold_mu);
+    hold_woken = lose;
+    pthread_mutex_unlock(&hold_mu);
+    dlock_stats s0 = stats(c);
+    assert_int_equal(dlock_release(c, name), DLOCK_OK);
+    waiter_wait_got(&w);
+    dlock_stats s1 = stats(c);
+    pthread_mutex_lock(&hold_mu);
+    assert_null(hold_woken); /* the hook ran: the lease was passed directly */
+    pthread_mutex_unlock(&hold_mu);
+    assert_int_equal(s1.handoffs - s0.handoffs, 1);
+    /* Whatever the acquire returns, it never returns a lease it does not
+     * hold: here it polled Redis again and got a new grant. */
+    assert_int_equal(w.rc, DLOCK_OK);
+    assert_int_equal(w.held, 1);
+    assert_int_equal(s1.grants - s0.grants, 1);
+    assert_true(w.fence > f0 + 1);
+    waiter_finish(&w);
+    assert_int_equal(w.release_rc, DLOCK_OK);
+    dlock_client_close(c);
+}
+
+static void test_direct_handoff_lost_by_renewal(void **state)
+{
+    (void)state;
+    direct_handoff_lost("h4", "dlock:{h4}", lose_by_renewal);
+}
+
+static void test_direct_handoff_lost_by_validity(void **state)
+{
+    (void)state;
+    direct_handoff_lost("h5", "dlock:{h5}", lose_by_validity);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -373,6 +485,8 @@ int main(void)
         cmocka_unit_test(test_pass_limit_respected),
         cmocka_unit_test(test_lost_lease_not_passed),
         cmocka_unit_test(test_stale_lease_not_passed),
+        cmocka_unit_test(test_direct_handoff_lost_by_renewal),
+        cmocka_unit_test(test_direct_handoff_lost_by_validity),
     };
     return cmocka_run_group_tests(tests, fx_group_setup, fx_group_teardown);
 }
