@@ -17,23 +17,90 @@ local floor = math.floor
 local NEVER = math.huge
 
 -- Derived settings, as dlock_client_open computes them (client.c,
--- dlock_renew_drift_ns in renew.c). Times on the client's boot clock in us.
+-- dlock_renew_drift_ns in renew.c), in whole nanoseconds as C's integer
+-- division gives them. Times on the client's boot clock in us.
 function C.settings(cfg)
   local s = {}
   s.lease_ms, s.pass_limit, s.waiter_ttl_ms = cfg.lease_ms, cfg.pass_limit, cfg.waiter_ttl_ms
-  local function drift(ms) return ms * 1000 / 100 + 2000 end -- 1% + 2 ms
+  local function ns(ms, div) return floor(ms * 1000000 / div) / 1000 end -- ms / div, in us
+  local function drift(ms) return ns(ms, 100) + 2000 end -- 1% + 2 ms
   s.keep_ms = 2 * math.max(cfg.lease_ms, cfg.waiter_ttl_ms)
-  s.fallback_us = cfg.waiter_ttl_ms * 1000 / 4
+  s.fallback_us = ns(cfg.waiter_ttl_ms, 4)
   s.drift_us = drift(cfg.lease_ms)
-  s.handoff_margin_us = cfg.lease_ms * 1000 / 3
+  s.handoff_margin_us = ns(cfg.lease_ms, 3)
   s.grant_ms = math.min(cfg.waiter_ttl_ms, cfg.lease_ms)
   s.grant_drift_us = drift(s.grant_ms)
-  s.grant_margin_us = s.grant_ms * 1000 / 4
+  s.grant_margin_us = ns(s.grant_ms, 4)
   s.period_us = cfg.lease_ms * 1000 / 3
   s.retry_us = 100000 -- RETRY_MS: a failed renewal round is tried again this soon
   s.pool_size = cfg.pool_size
   s.local_rule = cfg.local_rule -- see dlock_release_outermost below
   return s
+end
+
+------------------------------------------------------------------------
+-- The model's rules: the decisions of the C client, as functions of its
+-- state and clock readings. The simulator's handlers below take every
+-- decision through them, and so does the trace checker (sim/trace.lua),
+-- which replays the C client's own traces through them. Times are on the
+-- client's boot clock, in us.
+
+-- poll_redis: a grant is valid from its acquire's send for the lease less
+-- the drift margin; an answer that comes after that is too late.
+function C.grant_valid(s, sent) return sent + s.lease_ms * 1000 - s.drift_us end
+function C.too_late(s, sent, now) return now >= C.grant_valid(s, sent) end
+
+-- take_direct_grant: a direct grant counts from the send of the refused
+-- try it names, and is taken only if it names the poller's last refused
+-- try and enough of its validity is left.
+function C.direct_valid(s, try_sent) return try_sent + s.grant_ms * 1000 - s.grant_drift_us end
+function C.direct_takes(s, msg_nonce, try_nonce, try_sent, now)
+  return msg_nonce ~= 0 and msg_nonce == try_nonce
+    and now + s.grant_margin_us < C.direct_valid(s, try_sent)
+end
+
+-- handoff_in_time (release.c): the k-th local handoff of a grant only once
+-- k us have passed since the client learned it, less 1% for drift.
+function C.in_time(passes, since_grant_us)
+  local us = floor(since_grant_us)
+  return passes + 1 <= us - floor((us + 99) / 100)
+end
+
+-- dlock_release_outermost: a release passes the lease to a waiting thread
+-- of its client (rule 3) only below the pass limit, with enough validity
+-- left, in time by the clock rule, and while the client is not closing.
+function C.may_pass(s, e, now, waiting, closing)
+  local margin = e.provisional and s.grant_margin_us or s.handoff_margin_us
+  local clock_ok = s.local_rule ~= 'clock' or C.in_time(e.passes, now - e.grant_at)
+  return waiting and e.passes < s.pass_limit and now + margin < e.valid_until and clock_ok
+    and not closing
+end
+
+-- take_handoff, take_direct_handoff: a passed lease is taken only while it
+-- is held and valid.
+function C.takes(e, now) return e.state == 'HELD' and now < e.valid_until end
+
+-- renew_round.c, apply: a renewal's verdict on a grant it renewed:
+-- 'renewed' with the new validity, 'lost', or 'kept' (unknown, still valid).
+function C.verdict(s, e, v, sent, now)
+  if v == 1 then return 'renewed', sent + s.lease_ms * 1000 - s.drift_us end
+  if v == 0 or now >= e.valid_until then return 'lost' end
+  return 'kept'
+end
+
+-- dlock_rpc_acquire: the acquire script's ARGV for attempt `nonce`.
+function C.acquire_argv(c, e, nonce, once)
+  local a = c.args
+  return {c.id, a.lease, tostring(nonce), a.pl, a.ttl, once and '0' or '1', a.keep, c.name,
+          string.format('%.0f', e.unconfirmed or 0),
+          tostring((e.unconfirmed or 0) > 0 and e.unconfirmed_end or 0)}
+end
+
+-- dlock_rpc_release: the release script's ARGV for e's grant.
+function C.release_argv(c, e, ending)
+  return {c.id, 'token', string.format('%.0f', e.grant_token), c.args.lease,
+          string.format('%.0f', e.token), c.args.wake, e.name, c.args.ttl, c.args.keep,
+          tostring(ending)}
 end
 
 -- A new client (dlock_client_open). W is the world; id 32 hex digits.
@@ -261,7 +328,7 @@ C.poll_done = poll_done
 
 -- dlock_client_unconfirmed_end (client.c): the grant ended without a release Redis
 -- confirmed, after `tok`, as `how` (0 a release, 1 abandoned, 2 lost).
-local function unconfirmed_end(e, tok, how)
+function C.unconfirmed_end(e, tok, how)
   if tok >= (e.unconfirmed or 0) then
     e.unconfirmed = tok
     e.unconfirmed_end = how
@@ -294,10 +361,9 @@ end
 local function take_direct_grant(c, e)
   local m = e.msg
   e.msg = nil
-  if not m or m.nonce == 0 or m.nonce ~= e.try_nonce then return false end
-  local valid = e.try_sent + c.s.grant_ms * 1000 - c.s.grant_drift_us
   local now = cnow(c)
-  if now + c.s.grant_margin_us >= valid then return false end
+  if not m or not C.direct_takes(c.s, m.nonce, e.try_nonce, e.try_sent, now) then return false end
+  local valid = C.direct_valid(c.s, e.try_sent)
   trace(c, 'takes the direct grant of %s (attempt %d, token %.0f)', e.name, m.nonce, m.token)
   take_grant(c, e, e.poller, m.token, valid, m.unclean)
   e.provisional = true
@@ -315,10 +381,7 @@ function C.try(c, e)
   e.state = 'ACQUIRING'
   e.woken = false
   local nonce = next_number(c)
-  local a = c.args
-  local argv = {c.id, a.lease, tostring(nonce), a.pl, a.ttl, th.once and '0' or '1', a.keep, c.name,
-                string.format('%.0f', e.unconfirmed or 0),
-                tostring((e.unconfirmed or 0) > 0 and e.unconfirmed_end or 0)}
+  local argv = C.acquire_argv(c, e, nonce, th.once)
   local sent = cnow(c)
   trace(c, '%s polls %s: acquire attempt %d', th.name, e.name, nonce)
   c.W:request(c, 'acquire', e.name, e.keys, argv, {nonce = nonce}, function(rep, how)
@@ -345,11 +408,11 @@ function C.try(c, e)
       return poll_done(c, e, th.stop)
     end
     if granted == 1 then
-      if cnow(c) >= sent + c.s.lease_ms * 1000 - c.s.drift_us then
+      if C.too_late(c.s, sent, cnow(c)) then
         C.job(c, e, 'orphan', nonce, c.s.keep_ms * 1000) -- answered too late
         return poll_done(c, e, 'EREDIS')
       end
-      take_grant(c, e, th, v, sent + c.s.lease_ms * 1000 - c.s.drift_us, rep[3])
+      take_grant(c, e, th, v, C.grant_valid(c.s, sent), rep[3])
       return poll_done(c, e, 'OK')
     elseif granted == 0 then
       if th.once then return poll_done(c, e, 'EBUSY') end
@@ -411,18 +474,11 @@ function C.release(th)
     return C.progress(e, c)
   end
   local now = cnow(c)
-  local margin = e.provisional and c.s.grant_margin_us or c.s.handoff_margin_us
   local head
   for _, w in ipairs(e.queue) do
     if w.state == 'waiting' then head = w break end
   end
-  local clock_ok = true
-  if c.s.local_rule == 'clock' then
-    local us = floor(now - e.grant_at)
-    clock_ok = e.passes + 1 <= us - floor((us + 99) / 100)
-  end
-  if head and e.passes < c.s.pass_limit and now + margin < e.valid_until and clock_ok and
-     not c.closing then
+  if C.may_pass(c.s, e, now, head ~= nil, c.closing) then
     -- Cohort handoff (rule 3): the next token, to the head of the queue.
     e.passes = e.passes + 1
     e.token = e.token + 1
@@ -434,13 +490,13 @@ function C.release(th)
     trace(c, '%s passes %s to %s (token %.0f)', th.name, e.name, head.name, tok)
     -- It runs a moment later (take_handoff, take_direct_handoff): if the
     -- validity ran out meanwhile the lease is lost and it polls.
-    W:after_client(c, W:rint(0, W.cfg.pass_us), function()
+    W:after_client(c, W:thread_delay(c, W:rint(0, W.cfg.pass_us)), function()
       e.passing = false
       if not c.alive then return end
-      if e.state ~= 'HELD' or cnow(c) >= e.valid_until then
+      if not C.takes(e, cnow(c)) then
         if e.state == 'HELD' then
           e.registered = false
-          unconfirmed_end(e, e.token, 2) -- lost by validity alone
+          C.unconfirmed_end(e, e.token, 2) -- lost by validity alone
         end
         e.state = 'NONE'
         e.owner = nil
@@ -458,16 +514,14 @@ function C.release(th)
   e.registered = false -- dlock_renew_remove: no renewal after this point
   e.state = 'RELEASING'
   W:released(c, e, th)
-  local argv = {c.id, 'token', string.format('%.0f', e.grant_token), c.args.lease,
-                string.format('%.0f', e.token), c.args.wake, e.name, c.args.ttl, c.args.keep,
-                tostring(ending)}
+  local argv = C.release_argv(c, e, ending)
   trace(c, '%s releases %s (grant %.0f, last %.0f)', th.name, e.name, e.grant_token, e.token)
   W:request(c, 'release', e.name, e.keys, argv, {}, function(rep, how)
     if not c.alive then return end
     if how ~= 'reply' or type(rep) ~= 'number' or rep < 1 then
       -- the lease may still be ours in Redis, or ours again after a step
       -- back of the server's clock (unconfirmed.h)
-      unconfirmed_end(e, e.token, (how == 'reply' and rep == 0) and 2 or ending)
+      C.unconfirmed_end(e, e.token, (how == 'reply' and rep == 0) and 2 or ending)
     end
     e.state = 'NONE'
     C.think(th)
@@ -533,7 +587,7 @@ function C.schedule_round(c, at)
   c.round_gen = (c.round_gen or 0) + 1
   local gen = c.round_gen
   c.round_at = at
-  c.W:at_client_clock(c, at, function()
+  c.W:at_client_clock(c, at + c.W:thread_delay(c, 0), function()
     if c.round_gen == gen then C.renew_round(c) end
   end)
 end
@@ -574,7 +628,6 @@ function C.renew_round(c)
   c.W:request(c, 'renew', names[1], ks, argv, {renew = snap}, function(rep, how)
     c.renewing = false
     if not c.alive then return end
-    local valid = sent + c.s.lease_ms * 1000 - c.s.drift_us
     local now = cnow(c)
     local ok = how == 'reply' and type(rep) == 'table' and not rep.err and rep.n == #snap
     local earliest = NEVER
@@ -582,13 +635,14 @@ function C.renew_round(c)
       local e = sn.e
       if e.state == 'HELD' and e.epoch == sn.epoch and e.registered then
         local v = ok and rep[i] or -1
-        if v == 1 then
+        local verdict, valid = C.verdict(c.s, e, v, sent, now)
+        if verdict == 'renewed' then
           e.valid_until = valid
           e.provisional = false
-        elseif v == 0 or now >= e.valid_until then
+        elseif verdict == 'lost' then
           trace(c, 'renewal finds %s lost (grant %.0f)', e.name, e.grant_token)
           -- Redis may still have it, or have it again (unconfirmed.h)
-          unconfirmed_end(e, e.token, 2)
+          C.unconfirmed_end(e, e.token, 2)
           e.registered = false
           e.state = 'LOST'
           if not e.owner then

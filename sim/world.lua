@@ -5,6 +5,15 @@
 --
 -- Invariants, checked after every event (docs/simulation.md says why each
 -- holds and under which assumptions):
+--   valid   an acquire returns a lease, or a thread takes a lease passed to
+--           it, only while it is valid by the holder's clock.
+--   bound   when it does, the holder's validity ends before the grant ends
+--           in Redis (its exp), unless a clock stepped or the data was lost
+--           or forced since the grant.
+--   reserve a local handoff's token stays within its grant's reservation
+--           (grant token + pass limit).
+--   ahead   a local handoff's token is no further above its grant's than
+--           server time has run since the grant, unless a clock stepped.
 --   excl    at most one client holds a name with a grant that is valid by its
 --           own clock (a thread holding it, before its validity deadline),
 --           unless the other holder's grant was revoked: Redis lost it in a
@@ -64,6 +73,20 @@ end
 
 function W:pick(list) return list[self:rint(1, #list)] end
 
+-- A second stream, for the faults added after the first (`stall`): a
+-- schedule that draws none of them is the same event for event as before
+-- they came, so seeds found earlier (sim/replays.txt, the mutants' budgets)
+-- keep their meaning.
+function W:rand2()
+  self.rs2 = (self.rs2 * 16807) % M31
+  return self.rs2 / M31
+end
+
+function W:rint2(a, b)
+  if b <= a then return a end
+  return a + floor(self:rand2() * (b - a + 1))
+end
+
 ------------------------------------------------------------------------
 -- Events: a binary heap on (time, sequence).
 
@@ -106,6 +129,19 @@ end
 -- A client's event: dropped if the client died, put off while it is paused.
 function W:after_client(c, dt, fn)
   self:at(self.now + dt / c.rate, fn, c)
+end
+
+-- How long a thread of client c takes to run once woken (a lease passed to
+-- it, a renewal round due): `us` at most, or, under the `stall` fault, now
+-- and then much longer (that thread alone descheduled: up to 2 leases).
+function W:thread_delay(c, us)
+  if self.cfg.faults.stall and self:rand2() < 0.02 then
+    self.faults.stall = (self.faults.stall or 0) + 1
+    local d = self:rint2(1000, 2 * self.cfg.lease_ms * 1000)
+    if self.tracing then self:trace(string.format('FAULT a thread of %s stalls %.1f ms', c.name, d / 1000)) end
+    return d
+  end
+  return us
 end
 
 -- At time t of the client's boot clock.
@@ -168,13 +204,14 @@ end
 -- A schedule's settings, drawn from its seed.
 
 local ALL_FAULTS = {'net', 'msg', 'crash', 'pause', 'restart', 'failover', 'clock', 'drift', 'force',
-                    'life'}
+                    'life', 'stall', 'fast'}
 W.ALL_FAULTS = ALL_FAULTS
 
 function W.new(seed, opts, scripts)
   local self = setmetatable({}, W)
   self.seed = seed
   self.rs = new_rng(seed)
+  self.rs2 = new_rng(seed + 7777777)
   self.opts = opts
   self.fns = scripts
   self.tracing = opts.trace
@@ -204,6 +241,7 @@ function W.new(seed, opts, scripts)
   self.free_since = {}
   self.pending_end = {} -- name -> {code, srv_ms, era}: an unclean end not yet told
   self.step_back_total = 0
+  self.backs, self.fwds = 0, 0 -- server clock steps back and forward so far
   self.aof = {}    -- snapshots of the data, newest last, for restarts and failovers
 
   local cfg = {}
@@ -228,9 +266,18 @@ function W.new(seed, opts, scripts)
   local on = {}
   local nofault = self:rand() < 0.2
   for _, f in ipairs(opts.faults or ALL_FAULTS) do
-    if not nofault and self:rand() < 0.5 then on[f] = true end
+    if f == 'stall' or f == 'fast' then
+      if not nofault and self:rand2() < 0.5 then on[f] = true end -- the second stream
+    elseif not nofault and self:rand() < 0.5 then
+      on[f] = true
+    end
   end
   cfg.faults = on
+  if on.fast then
+    -- threads that hold and think for no time at all: local handoffs
+    -- as fast as the clock rule lets them go (release.c, handoff_in_time)
+    cfg.hold_us, cfg.think_us, cfg.pass_us = 0, 0, 0
+  end
   cfg.nofault = next(on) == nil
   self.cfg = cfg
   self.names = {}
@@ -365,7 +412,8 @@ function W:after_script(c, script, names, keys, argv, before, rep, meta)
       -- a new grant: its token is issued now
       self.grants_made[name] = (self.grants_made[name] or 0) + 1
       self.grant_era[name .. ' ' .. string.format('%.0f', a.token)] =
-        {era = self.era[name], idx = self.grants_made[name]}
+        {era = self.era[name], idx = self.grants_made[name], backs = self.backs, fwds = self.fwds,
+         srv = srv.now_us}
       self:issue(name, a.token, string.format('redis %s of %s (attempt %s)', script,
         (self.by_id[a.owner] or {name = a.owner}).name, describe(a.nonce)), false)
       -- unclean: the first grant after a release for a thread that exited
@@ -488,9 +536,22 @@ function W:publish(channel, msg)
     end
     return
   end
+  if self.cfg.faults.stall and self:rand2() < 0.03 then
+    -- the subscriber thread stalls alone (descheduled, swapped out): this
+    -- message and every later one wait behind it, in order, up to 3 leases
+    local d = self:rint2(1000, 3 * self.cfg.lease_ms * 1000)
+    c.sub_last = math.max(c.sub_last, self.now) + d
+    self.faults.stall = (self.faults.stall or 0) + 1
+    if self.tracing then self:trace(string.format('FAULT %s subscriber stalls %.1f ms', c.name, d / 1000)) end
+  end
   local t = math.max(self.now + self:rint(20, 300), c.sub_last + 1)
   c.sub_last = t
   self:at(t, function() C.message(c, msg) end, c)
+  if self.cfg.faults.stall and self:rand2() < 0.02 then
+    -- delivered twice (a resubscription that replays what it had)
+    c.sub_last = c.sub_last + 1
+    self:at(c.sub_last, function() C.message(c, msg) end, c)
+  end
 end
 
 -- A script call from client c. cb(reply, how) once: how is 'reply',
@@ -623,8 +684,47 @@ function W:acquired(c, e, th, token, handoff)
       handoff and ' (local handoff)' or ''))
   end
   self.acquisitions = (self.acquisitions or 0) + 1
+  -- valid: an acquire returns a lease, or a thread takes one passed to it,
+  -- only while the holder's own clock says it is valid
+  if self:clock(c) >= e.valid_until then
+    self:violation('valid', string.format('%s: %s got %s (token %.0f) %.3f ms after its validity '
+      .. 'ran out', e.name, th.name, handoff and 'a local handoff' or 'a grant', token,
+      (self:clock(c) - e.valid_until) / 1000))
+  end
+  local revoked = self:revoked(c, e)
   if handoff then
-    self:issue(e.name, token, th.name .. ' (local handoff)', self:revoked(c, e))
+    self:issue(e.name, token, th.name .. ' (local handoff)', revoked)
+  end
+  local g = self.grant_era[e.name .. ' ' .. string.format('%.0f', e.grant_token)]
+  if g and not revoked then
+    -- reserve: a grant reserves its tokens up to its pass limit (the
+    -- scripts bound the next token by them: acquire.lua, an expired grant)
+    if token - e.grant_token > self.cfg.pass_limit then
+      self:violation('reserve', string.format('%s: %s got token %.0f, %d above its grant\'s '
+        .. '(pass limit %d)', e.name, th.name, token, token - e.grant_token, self.cfg.pass_limit))
+    end
+    -- ahead: a local handoff's token runs no further above its grant's
+    -- than server time has since the grant (so that it is never ahead of
+    -- the clock where the grant was not: a data loss would undercut it),
+    -- the clock unstepped since
+    local since = self.now + self.srv_off - g.srv
+    if handoff and g.backs == self.backs and g.fwds == self.fwds and
+       token - e.grant_token > since then
+      self:violation('ahead', string.format('%s: %s got token %.0f, %.0f above its grant\'s, '
+        .. '%.0f us of server time after it', e.name, th.name, token, token - e.grant_token, since))
+    end
+    -- bound: the holder's validity ends before its grant ends in Redis
+    -- (the lease's exp, server time), clocks unstepped since the grant
+    if g.backs == self.backs and g.fwds == self.fwds and g.era == self.era[e.name] then
+      local o = R.live(self.srv, 'dlock:{' .. e.name .. '}')
+      local exp = o and o.type == 'hash' and o.v.owner == c.id and
+        o.v.token == string.format('%.0f', e.grant_token) and tonumber(o.v.exp)
+      local ends = c.t0 + (e.valid_until - c.coff) / c.rate + self.srv_off
+      if exp and ends > exp * 1000 + 1000 then
+        self:violation('bound', string.format('%s: %s holds until server time %.3f ms, %.3f ms '
+          .. 'after the grant ends in Redis', e.name, th.name, ends / 1000, ends / 1000 - exp))
+      end
+    end
   end
 end
 
@@ -773,6 +873,7 @@ function W:fault_clock()
   if fwd then
     d = self:rint(1000, 2 * lease)
     self:revoke_all('clock_forward')
+    self.fwds = self.fwds + 1
   else
     -- The assumption: the server's clock never reads more than
     -- step_back_ms below the latest time it has shown (steps back add
@@ -791,6 +892,7 @@ function W:fault_clock()
       return
     end
     self.faults.clock_back = (self.faults.clock_back or 0) + 1
+    self.backs = self.backs + 1
     self.stepped_back = true
     self.step_back_total = self.step_back_total - d
     self.behind_until = math.max(self.behind_until, self.srv_high)
