@@ -12,6 +12,7 @@
 
 #include <pthread.h>
 
+#include "common/trace.h"
 #include "conn/conn.h"
 #include "global/lanes.h"
 #include "entry/table.h"
@@ -44,6 +45,7 @@ typedef struct dlock_renew_cfg {
      * in message. Not called when the server could not be asked. The
      * argument is lost_arg. NULL: no check. */
     void (*server)(void *arg, int rc, const char *message);
+    dlock_trace *trace;     /* the client's trace (trace.h), or NULL */
 } dlock_renew_cfg;
 
 /* How often the manager checks the server's settings: every renewal period

@@ -52,12 +52,14 @@ void dlock_renew_orphan(dlock_renew *r, const dlock_entry *e, const char *nonce)
 {
     /* As long as Redis remembers the client's attempts for this name: a
      * later copy of the attempt is refused by Redis itself. */
+    dlock_trace_event(r->cfg.trace, "orphan", e->name, "%s", nonce);
     add_job(r, e, 0, nonce, r->cfg.keep_ms);
 }
 
 void dlock_renew_leave(dlock_renew *r, const dlock_entry *e, const char *number)
 {
     /* After twice the waiter ttl the client's queue entry is dead anyway. */
+    dlock_trace_event(r->cfg.trace, "leavebg", e->name, "%s", number);
     add_job(r, e, 1, number, 2 * r->cfg.waiter_ttl_ms);
 }
 

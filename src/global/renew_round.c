@@ -173,6 +173,9 @@ static int64_t apply(dlock_renew *r, snap *s, size_t n, int64_t sent_boot)
         int drop_registry_ref = 0, lost = 0;
         pthread_mutex_lock(&e->mu);
         if (e->state == DLOCK_LEASE_HELD && e->epoch == s[i].epoch && e->renew == s[i].item) {
+            dlock_trace_event(r->cfg.trace, "verdict", e->name,
+                              "%" PRIu64 " %d %" PRId64 " %" PRId64 " %" PRId64, e->epoch,
+                              s[i].verdict, sent_boot, now, e->valid_until_ns);
             if (s[i].verdict == 1) {
                 /* Set, not raised: the renewal reset the expiry in Redis to
                  * the lease time from this round, which may be sooner than a

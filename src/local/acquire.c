@@ -65,6 +65,8 @@ static int take_grant(dlock_client *c, dlock_entry *e, uint64_t token, int uncle
     e->depth = 1;
     dlock_count(&c->ctr.leases_held, 1);
     dlock_count(&c->ctr.grants, 1);
+    dlock_trace_event(c->trace, "grant", e->name, "%" PRIu64 " %d %" PRId64 " %" PRId64 " %" PRIu64,
+                      token, unclean, valid_until, e->grant_boot_ns, e->epoch);
     return DLOCK_OK;
 }
 
@@ -77,7 +79,10 @@ static int take_handoff(dlock_client *c, dlock_entry *e, int *drop)
 {
     DLOCK_ASSERT(!e->has_owner && e->state == DLOCK_LEASE_HELD);
     e->handoff = 0;
-    if (dlock_boot_ns() >= e->valid_until_ns) {
+    int64_t now = dlock_boot_ns();
+    dlock_trace_event(c->trace, "take", e->name, "%" PRIu64 " %" PRId64 " %d", e->token, now,
+                      now < e->valid_until_ns);
+    if (now >= e->valid_until_ns) {
         /* Lost by its validity alone: Redis may still have it as ours. */
         dlock_client_unconfirmed_end(c, e, e->token, DLOCK_UNCLEAN_EXPIRED);
         *drop += dlock_renew_mark_lost(c->renew, e);
@@ -103,7 +108,11 @@ static int take_direct_handoff(dlock_client *c, dlock_entry *e, dlock_waiter *w,
 {
     DLOCK_ASSERT(dlock_waiter_granted(w) && e->has_owner && !e->by_handle &&
                  pthread_equal(e->owner, pthread_self()));
-    if (e->state == DLOCK_LEASE_HELD && dlock_boot_ns() < e->valid_until_ns)
+    int64_t now = dlock_boot_ns();
+    int valid = e->state == DLOCK_LEASE_HELD && now < e->valid_until_ns;
+    dlock_trace_event(c->trace, "dtake", e->name, "%" PRIu64 " %" PRId64 " %d", e->token, now,
+                      valid);
+    if (valid)
         return DLOCK_OK;
     e->has_owner = 0;
     e->depth = 0;
@@ -139,11 +148,14 @@ static int take_direct_handoff(dlock_client *c, dlock_entry *e, dlock_waiter *w,
 static int take_direct_grant(dlock_client *c, dlock_entry *e)
 {
     e->msg_grant = 0;
-    if (e->msg_nonce == 0 || e->msg_nonce != e->try_nonce)
-        return DLOCK_EBUSY;
     int64_t valid = e->try_sent_boot + (int64_t)c->grant_ms * DLOCK_NS_PER_MS - c->grant_drift_ns;
     int64_t now = dlock_boot_ns();
-    if (now + c->grant_margin_ns >= valid)
+    int take = e->msg_nonce != 0 && e->msg_nonce == e->try_nonce &&
+               now + c->grant_margin_ns < valid;
+    dlock_trace_event(c->trace, "dgrant", e->name,
+                      "%" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRId64 " %" PRId64 " %d",
+                      e->msg_nonce, e->msg_token, e->try_nonce, e->try_sent_boot, now, take);
+    if (!take)
         return DLOCK_EBUSY;
     char nonce[24];
     snprintf(nonce, sizeof nonce, "%" PRIu64, e->msg_nonce);
@@ -207,6 +219,7 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
     e->try_nonce = 0; /* a new wait: no direct grant yet */
     e->msg_grant = 0;
     e->busy_known = 0;
+    dlock_trace_event(c->trace, "poll", e->name, "%d", once);
     for (;;) {
         DLOCK_ASSERT(!e->has_owner && e->state == DLOCK_LEASE_NONE);
         e->state = DLOCK_LEASE_ACQUIRING;
@@ -248,8 +261,9 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
             rc = dlock_err_set(DLOCK_EREDIS, "timed out: redis took no try of '%s' within the "
                                "command timeout (%" PRIu32 " ms): every connection was busy or "
                                "stuck", e->name, c->conn.command_timeout_ms);
+        int64_t answered = dlock_boot_ns();
         if (rc == DLOCK_OK &&
-            dlock_boot_ns() >= sent_boot + (int64_t)c->lease_ms * DLOCK_NS_PER_MS - c->drift_ns) {
+            answered >= sent_boot + (int64_t)c->lease_ms * DLOCK_NS_PER_MS - c->drift_ns) {
             /* The answer came back after the lease could have expired. */
             dlock_renew_orphan(c->renew, e, nonce);
             rc = dlock_err_set(DLOCK_EREDIS, "timed out: redis answered the acquire of '%s' "
@@ -257,7 +271,15 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
         }
         pthread_mutex_lock(&e->mu);
         e->state = DLOCK_LEASE_NONE;
+        if (unconfirmed > e->unconfirmed) {
+            /* the set's (the entry was made anew): kept here too, so that
+             * a grant, which goes above it, clears both (take_grant) */
+            e->unconfirmed = unconfirmed;
+            e->unconfirmed_end = unconfirmed_how;
+        }
         int stop = dlock_client_stop_rc(c, k);
+        dlock_trace_event(c->trace, "tried", e->name, "%s %d %" PRId64 " %" PRId64 " %d", nonce, rc,
+                          sent_boot, answered, stop);
         if (stop != DLOCK_OK) {
             if (rc == DLOCK_OK)
                 dlock_renew_orphan(c->renew, e, nonce);
@@ -341,7 +363,10 @@ int dlock_acquire_run(dlock_client *c, const char *name, size_t len, int64_t wai
     pthread_mutex_lock(&e->mu);
     if (e->has_owner && !e->by_handle && pthread_equal(e->owner, pthread_self())) {
         /* Reentrant acquire: depth only, no Redis command. */
-        if (e->state != DLOCK_LEASE_HELD || dlock_boot_ns() >= e->valid_until_ns) {
+        int64_t at = dlock_boot_ns();
+        dlock_trace_event(c->trace, "reent", e->name, "%" PRIu64 " %" PRId64 " %d", e->token, at,
+                          e->state == DLOCK_LEASE_HELD && at < e->valid_until_ns);
+        if (e->state != DLOCK_LEASE_HELD || at >= e->valid_until_ns) {
             rc = dlock_err_set(DLOCK_ELOST, "the lease of '%s' is lost; release it", name);
         } else {
             e->depth++;
@@ -462,6 +487,7 @@ int dlock_acquire_run(dlock_client *c, const char *name, size_t len, int64_t wai
     if (dlock_waiter_granted(w)) {
         /* A direct handoff: the releaser made this thread the owner, took
          * it out of the queue and out of e->waiters (I10). */
+        dlock_trace_event(c->trace, "ok", e->name, "%" PRIu64, w->token);
         pthread_mutex_unlock(&e->mu);
         if (passed_lost)
             log_lost_in_passing(c, name, passed_lost);
@@ -503,6 +529,8 @@ int dlock_acquire_run(dlock_client *c, const char *name, size_t len, int64_t wai
     dlock_entry_kick_head(e);
     e->waiters--;
     uint64_t token = e->token;
+    if (rc == DLOCK_OK)
+        dlock_trace_event(c->trace, "ok", e->name, "%" PRIu64, token);
     pthread_mutex_unlock(&e->mu);
     if (passed_lost)
         log_lost_in_passing(c, name, passed_lost);

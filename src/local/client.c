@@ -190,6 +190,7 @@ static void client_free(dlock_client *c)
 {
     dlock_sub_stop(c->sub);
     dlock_renew_stop(c->renew);
+    dlock_trace_close(c->trace); /* after the threads that write it */
     dlock_batch_destroy(c->batch);
     dlock_pool_destroy(c->pool);
     dlock_cluster_destroy(c->cluster);
@@ -312,12 +313,15 @@ static void wake_one(void *arg, const char *payload, size_t len)
     /* With min_replicas a grant counts only once WAIT confirmed it: the
      * releaser's WAIT is not the taker's, so the poller's next try (which
      * finds the lease its own and confirms it) takes it instead. */
-    if (nonce && e->poller && !c->min_replicas) {
+    int stored = nonce && e->poller && !c->min_replicas;
+    if (stored) {
         e->msg_grant = 1;
         e->msg_nonce = nonce;
         e->msg_token = token;
         e->msg_unclean = unclean;
     }
+    dlock_trace_event(c->trace, "msg", e->name, "%" PRIu64 " %" PRIu64 " %d %d", nonce, token,
+                      unclean, stored);
     e->woken = 1;
     pthread_cond_signal(&e->pcv); /* the poller only: the waiters have nothing to do */
     pthread_mutex_unlock(&e->mu);
@@ -486,6 +490,17 @@ int dlock_client_open(const dlock_config *cfg, dlock_client **out)
                                   c->wake_prefix, c->keep_str};
     c->table = dlock_table_create(c->prefix, c->id, &c->ctr);
     c->unconfirmed = dlock_unconfirmed_create(c->keep_ms);
+    c->trace = dlock_trace_open(c->id);
+    if (c->trace) {
+        const char *names[3] = {c->prefix, c->conn.client_name, c->wake_prefix};
+        dlock_trace_argv(c->trace, "names", c->id, NULL, 3, names);
+    }
+    dlock_trace_event(c->trace, "open", c->id,
+                      "%" PRIu32 " %" PRIu32 " %" PRIu32 " %" PRIu32 " %" PRIu32 " %" PRId64
+                      " %" PRId64 " %" PRIu32 " %" PRId64 " %" PRId64 " %" PRId64,
+                      c->lease_ms, c->pass_limit, c->waiter_ttl_ms, c->keep_ms, cfg->min_replicas,
+                      c->drift_ns, c->handoff_margin_ns, c->grant_ms, c->grant_drift_ns,
+                      c->grant_margin_ns, c->fallback_ns);
     if (cfg->cluster_nodes) {
         rc = dlock_cluster_create(&c->conn, cfg->cluster_nodes, cfg->pool_size,
                                   cfg->min_replicas, &c->ctr, &c->cluster);
@@ -518,6 +533,7 @@ int dlock_client_open(const dlock_config *cfg, dlock_client **out)
         .lost_arg = c,
         .log = log_from_renewal,
         .server = server_check,
+        .trace = c->trace,
     };
     rc = dlock_renew_start(&rc_cfg, &c->renew);
     if (rc != DLOCK_OK) {
@@ -699,6 +715,7 @@ void dlock_client_unconfirmed_end(dlock_client *c, dlock_entry *e, uint64_t last
         e->unconfirmed = last;
         e->unconfirmed_end = end;
     }
+    dlock_trace_event(c->trace, "unconf", e->name, "%" PRIu64 " %d", last, end);
     dlock_unconfirmed_put(c->unconfirmed, e->name, e->unconfirmed, e->unconfirmed_end);
 }
 

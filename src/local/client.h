@@ -96,6 +96,7 @@
 #include "route/cluster.h"
 #include "conn/conn.h"
 #include "common/metrics.h"
+#include "common/trace.h"
 #include "global/renew.h"
 #include "route/sentinel.h"
 #include "global/sub.h"
@@ -148,6 +149,7 @@ struct dlock_client {
     dlock_renew *renew;
     dlock_sub *sub;
     dlock_unconfirmed *unconfirmed; /* tokens of grants whose end Redis never confirmed */
+    dlock_trace *trace; /* the protocol's decisions, for sim/check-trace; NULL: none (trace.h) */
     int closing;       /* atomic: dlock_client_shutdown began (never reset) */
     int server_bad;    /* atomic: the periodic check found the server unfit (server_check) */
     pthread_mutex_t server_mu; /* a leaf: guards server_msg */

@@ -38,6 +38,7 @@ int dlock_release_outermost(dlock_client *c, dlock_entry *e, const char *name)
     e->has_owner = 0;
     e->depth = 0;
     if (e->state == DLOCK_LEASE_LOST) {
+        dlock_trace_event(c->trace, "rlost", e->name, NULL);
         e->ending = 0; /* Redis took it back: the next grant learns that itself */
         if (e->unconfirmed) /* found lost by validity */
             dlock_client_unconfirmed_end(c, e, e->unconfirmed, e->unconfirmed_end);
@@ -50,9 +51,16 @@ int dlock_release_outermost(dlock_client *c, dlock_entry *e, const char *name)
     }
     DLOCK_ASSERT(e->state == DLOCK_LEASE_HELD);
     int64_t now = dlock_boot_ns();
-    if (e->waiters > 0 && e->passes < c->pass_limit && !dlock_load_int(&c->closing) &&
-        now + (e->provisional ? c->grant_margin_ns : c->handoff_margin_ns) < e->valid_until_ns &&
-        handoff_in_time(e, now)) {
+    int closing = dlock_load_int(&c->closing);
+    int pass = e->waiters > 0 && e->passes < c->pass_limit && !closing &&
+               now + (e->provisional ? c->grant_margin_ns : c->handoff_margin_ns) <
+                   e->valid_until_ns &&
+               handoff_in_time(e, now);
+    dlock_trace_event(c->trace, "rdec", e->name,
+                      "%d %" PRId64 " %u %u %" PRIu64 " %" PRId64 " %d %d %d", pass, now,
+                      e->waiters, e->passes, e->token, e->valid_until_ns, e->provisional, closing,
+                      e->ending);
+    if (pass) {
         /* Cohort handoff (rule 3): the lease stays with this client and
          * passes to a waiting thread, with the next token, and with word of
          * how this hold ended (a thread that exited: dlock_unclean). */
@@ -102,6 +110,7 @@ int dlock_release_outermost(dlock_client *c, dlock_entry *e, const char *name)
 
     int notify = 0;
     pthread_mutex_lock(&e->mu);
+    dlock_trace_event(c->trace, "released", e->name, "%d", rc);
     dlock_count(&c->ctr.leases_held, (uint64_t)-1);
     if (rc != DLOCK_OK) {
         /* The lease may still be ours in Redis, until it expires (the

@@ -179,19 +179,29 @@ int dlock_rpc_acquire(dlock_client *c, dlock_entry *e, const char *nonce, int qu
     redisReply *rep;
     int sent, acked;
     *sent_boot = dlock_boot_ns();
+    if (c->trace) {
+        char at[24];
+        snprintf(at, sizeof at, "%" PRId64, *sent_boot);
+        dlock_trace_argv(c->trace, "acq", e->name, at, DLOCK_SCRIPT_KEYS + DLOCK_ACQUIRE_ARGS,
+                         argv);
+    }
     int rc = call_script(c, DLOCK_SCRIPT_ACQUIRE, DLOCK_ACQUIRE_ARGS, argv, "acquire", e->name,
                          deadline, &rep, &sent, &acked, (stop_on){1, k});
     if (rc != DLOCK_OK) {
         /* If it reached Redis the outcome is unknown: the renewal thread
          * releases exactly this attempt's grant, if there is one, without
          * delaying the caller. */
+        dlock_trace_event(c->trace, "rep", e->name, "%s %d -9 0 -1 %d", nonce, sent, rc);
         if (sent)
             dlock_renew_orphan(c->renew, e, nonce);
         return rc;
     }
+    long long granted = -9, value = 0; /* for the trace: the reply's first two integers */
     if (rep->type == REDIS_REPLY_ARRAY && rep->elements >= 2 &&
         rep->element[0]->type == REDIS_REPLY_INTEGER &&
         rep->element[1]->type == REDIS_REPLY_INTEGER) {
+        granted = rep->element[0]->integer;
+        value = rep->element[1]->integer;
         if (rep->element[0]->integer == 1 && c->min_replicas &&
             (acked < 0 || (uint32_t)acked < c->min_replicas)) {
             /* A failover now could lose the grant and give the name to
@@ -241,6 +251,8 @@ int dlock_rpc_acquire(dlock_client *c, dlock_entry *e, const char *nonce, int qu
         if (!dlock_conn_is_other_protocol(rep))
             dlock_renew_orphan(c->renew, e, nonce);
     }
+    dlock_trace_event(c->trace, "rep", e->name, "%s 1 %lld %lld %d %d", nonce, granted, value,
+                      acked, rc);
     freeReplyObject(rep);
     return rc;
 }
@@ -258,6 +270,7 @@ int dlock_rpc_release(dlock_client *c, dlock_entry *e, uint64_t grant, uint64_t 
     const char *argv[DLOCK_SCRIPT_KEYS + DLOCK_RELEASE_ARGS];
     dlock_script_release_argv(&c->args, e->keys, e->name, "token", tok, last_tok,
                               ending ? "1" : "0", argv);
+    dlock_trace_argv(c->trace, "rel", e->name, NULL, DLOCK_SCRIPT_KEYS + DLOCK_RELEASE_ARGS, argv);
     redisReply *rep;
     int sent;
     int rc = call_script(c, DLOCK_SCRIPT_RELEASE, DLOCK_RELEASE_ARGS, argv, "release", e->name,
@@ -296,6 +309,7 @@ void dlock_rpc_leave(dlock_client *c, dlock_entry *e, const char *number)
 {
     const char *argv[DLOCK_SCRIPT_KEYS + DLOCK_LEAVE_ARGS];
     dlock_script_leave_argv(&c->args, e->keys, e->name, number, argv);
+    dlock_trace_argv(c->trace, "leave", e->name, NULL, DLOCK_SCRIPT_KEYS + DLOCK_LEAVE_ARGS, argv);
     redisReply *rep;
     int sent;
     char keep[256]; /* the caller's own error message stays the one reported */

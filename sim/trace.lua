@@ -1,0 +1,431 @@
+-- Trace conformance: replays a trace the C client recorded (a build with
+-- DLOCK_TRACE, src/common/trace.h) through the model's rules
+-- (sim/client.lua, "The model's rules") and reports the first step the
+-- model would not take. Per client, per lock name, it keeps the model's
+-- view of the entry (the lease's state, grant, token, passes, validity,
+-- the poller's last refused try, the tokens of unconfirmed ends) and
+-- checks every decision the C client recorded against it: the scripts'
+-- arguments, a grant's validity and the answered-too-late rule, the take
+-- rule of direct grants, every local handoff against the pass limit, the
+-- validity margin and the clock rule, a passed lease taken only while
+-- valid, the renewal's verdicts, releases, background releases of grants
+-- of unknown outcome, and WAIT's acknowledgements.
+--
+-- The lines, "<boot ns> <thread> <kind> <fields>" (strings escaped as
+-- \xHH; the empty string as \x00), by kind:
+--   names  ID PREFIX CLIENT_NAME WAKE_PREFIX
+--   open   ID LEASE_MS PASS_LIMIT WAITER_TTL_MS KEEP_MS MIN_REPLICAS DRIFT_NS
+--          HANDOFF_MARGIN_NS GRANT_MS GRANT_DRIFT_NS GRANT_MARGIN_NS FALLBACK_NS
+--   poll   NAME ONCE                          a poll starts (poll_redis)
+--   acq    NAME SENT KEYS(6) ARGV(10)         the acquire script sent (dlock_rpc_acquire)
+--   rep    NAME NONCE SENT GRANTED VALUE ACKED RC   its reply, as read
+--   tried  NAME NONCE RC SENT ANSWERED STOP  the try's outcome for the poller
+--   grant  NAME TOKEN UNCLEAN VALID_UNTIL GRANT_AT EPOCH   take_grant
+--   msg    NAME NONCE TOKEN UNCLEAN STORED    a wake-up message (wake_one)
+--   dgrant NAME MSG_NONCE MSG_TOKEN TRY_NONCE TRY_SENT NOW TAKEN   take_direct_grant
+--   rdec   NAME PASS NOW WAITERS PASSES TOKEN VALID_UNTIL PROVISIONAL CLOSING ENDING
+--                                             an outermost release decides
+--   take   NAME TOKEN NOW OK                  an open handoff taken (take_handoff)
+--   dtake  NAME TOKEN NOW OK                  a direct handoff taken (take_direct_handoff)
+--   reent  NAME TOKEN NOW OK                  a reentrant acquire
+--   ok     NAME TOKEN                         an acquire returns DLOCK_OK
+--   rlost  NAME                               an outermost release of a lost lease
+--   rel    NAME KEYS(6) ARGV(10)              the release script sent
+--   released NAME RC                          its outcome, for the releaser
+--   verdict NAME EPOCH V SENT NOW VALID_UNTIL a renewal's verdict applied
+--   unconf NAME LAST END                      dlock_client_unconfirmed_end
+--   orphan NAME NONCE                         a background release of an attempt
+--   leave, leavebg NAME ...                   leaves (not checked)
+local C = require('client')
+
+local T = {}
+
+-- The error codes of include/dlock.h.
+local E = {OK = 0, EINVAL = -1, EBUSY = -2, ETIMEDOUT = -3, ENOTHELD = -4, ELOST = -5,
+           EREDIS = -6, ENOMEM = -7, EFORK = -8, ECLOSED = -9, ESERVER = -10, ECANCELED = -11}
+T.E = E
+
+local function unesc(s)
+  if s == '\\x00' then return '' end
+  return (s:gsub('\\x(%x%x)', function(h) return string.char(tonumber(h, 16)) end))
+end
+
+local function split(line)
+  local f = {}
+  for w in line:gmatch('%S+') do f[#f + 1] = w end
+  return f
+end
+
+local function num(s) return tonumber(s) end
+local function us(ns) return tonumber(ns) / 1000 end
+
+-- One trace file. Returns nil if it conforms, else a message naming the
+-- line; and counts of what was checked.
+function T.check_file(path)
+  local fh, err = io.open(path, 'r')
+  if not fh then return 'cannot read ' .. path .. ': ' .. err, {} end
+  local stats = {lines = 0, grants = 0, passes = 0, takes = 0, verdicts = 0, tries = 0,
+                 direct = 0, releases = 0}
+  local c -- the model's client
+  local entries = {}
+  local numbers = {} -- attempt numbers used by this client
+  local lineno, fail = 0, nil
+  local ev, f
+
+  local function bad(fmt, ...)
+    if not fail then
+      fail = string.format('%s:%d: %s: ', path, lineno, f and f[3] or '?')
+        .. string.format(fmt, ...)
+    end
+  end
+
+  local function entry(name)
+    local e = entries[name]
+    if not e then
+      e = {name = name, state = 'NONE', grant_token = 0, token = 0, passes = 0, valid_until = 0,
+           grant_at = 0, provisional = false, epoch = 0, try_nonce = 0, try_sent = 0,
+           unconfirmed = 0, unconfirmed_end = 0, last_nonce = 0, orphans = {}, msg = nil}
+      entries[name] = e
+    end
+    return e
+  end
+
+  -- the entry's keys, as dlock_table_create builds them
+  local function keys(name)
+    local k = c.prefix .. '{' .. name .. '}'
+    return {k, k .. ':fence', k .. ':q', k .. ':qd', k .. ':turn', k .. ':c:' .. c.id}
+  end
+
+  local function same_list(want, got, first, what)
+    for i, w in ipairs(want) do
+      if got[first + i - 1] ~= w then
+        bad('%s %d is %q, the model sends %q', what, i, tostring(got[first + i - 1]), w)
+        return false
+      end
+    end
+    return true
+  end
+
+  -- C times are integer ns; the model's in us: equal within a nanosecond.
+  local function same_time(a_us, b_ns) return math.abs(a_us * 1000 - b_ns) < 1.5 end
+
+  -- The unconfirmed set (src/local/unconfirmed.c): records per name, kept
+  -- keep_ms from their last write.
+  local uset = {}
+  local function set_value(name, now)
+    local r = uset[name]
+    if r and r.until_ns > now then return r.token, r.end_ end
+    return 0, 0
+  end
+
+  -- Deferred checks: an orphan due for an attempt, checked at the entry's
+  -- next event (the C client records it right after).
+  local function settle(e)
+    if e.orphan_due and not e.orphans[e.orphan_due] then
+      bad('attempt %d of %s needed a background release (its grant, if any, would stay '
+        .. 'until it expires) and none was started', e.orphan_due, e.name)
+    end
+    e.orphan_due = nil
+  end
+
+  local function need_orphan(e, nonce) e.orphan_due = nonce end
+
+  for line in fh:lines() do
+    lineno = lineno + 1
+    if fail then break end
+    f = split(line)
+    if #f < 3 then break end -- a cut line at the end of a trace whose process died
+    if #f < 4 then bad('a line without its fields') break end
+    stats.lines = stats.lines + 1
+    local stamp, tid, kind = num(f[1]), f[2], f[3]
+    if kind == 'names' then
+      c = c or {}
+      c.id = unesc(f[4])
+      c.prefix, c.name, c.wake = unesc(f[5]), unesc(f[6]), unesc(f[7])
+    elseif kind == 'open' then
+      if not c then bad('open before names') break end
+      local cfg = {lease_ms = num(f[5]), pass_limit = num(f[6]), waiter_ttl_ms = num(f[7]),
+                   local_rule = 'clock'}
+      c.s = C.settings(cfg)
+      c.min_replicas = num(f[9])
+      local s = c.s
+      local want = {{'keep_ms', num(f[8]), s.keep_ms}, {'drift', num(f[10]), s.drift_us * 1000},
+        {'handoff margin', num(f[11]), s.handoff_margin_us * 1000}, {'grant_ms', num(f[12]), s.grant_ms},
+        {'grant drift', num(f[13]), s.grant_drift_us * 1000},
+        {'grant margin', num(f[14]), s.grant_margin_us * 1000},
+        {'fallback', num(f[15]), s.fallback_us * 1000}}
+      for _, w in ipairs(want) do
+        if math.abs(w[2] - w[3]) > 0.5 then
+          bad('the client derives %s %.0f from its settings; the model %.0f', w[1], w[2], w[3])
+        end
+      end
+      c.args = {lease = f[5], pl = f[6], ttl = f[7], keep = f[8], wake = c.wake}
+    elseif not c or not c.s then
+      bad('an event before the client opened')
+    else
+      local e = entry(unesc(f[4]))
+      local s = c.s
+      if kind ~= 'orphan' and kind ~= 'unconf' and kind ~= 'msg' and kind ~= 'rep' then settle(e) end
+      if kind == 'poll' then
+        if e.state ~= 'NONE' and e.state ~= 'LOST' then
+          bad('a poll of %s while its lease is %s', e.name, e.state)
+        end
+        e.state = 'NONE'
+        e.try_nonce, e.try_sent, e.msg = 0, 0, nil -- a new wait
+        e.once = f[5] == '1'
+        e.polling = true
+      elseif kind == 'acq' then
+        stats.tries = stats.tries + 1
+        local sent = num(f[5])
+        local nonce = num(f[14])
+        if not e.polling then bad('an acquire of %s outside a poll', e.name) end
+        if e.pending then bad('attempt %d of %s sent while attempt %d is unanswered', nonce,
+          e.name, e.pending.nonce) end
+        if numbers[nonce] then bad('attempt number %d used twice', nonce) end
+        numbers[nonce] = true
+        if nonce <= e.last_nonce then
+          bad('attempt %d of %s after attempt %d: Redis would refuse it as stale', nonce, e.name,
+            e.last_nonce)
+        end
+        e.last_nonce = nonce
+        if sent > stamp then bad('sent at %.0f, after it was recorded (%.0f)', sent, stamp) end
+        local k = {}
+        for i = 5 + 1, 5 + 6 do k[#k + 1] = unesc(f[i]) end
+        local a = {}
+        for i = 12, 21 do a[#a + 1] = unesc(f[i]) end
+        same_list(keys(e.name), k, 1, 'key')
+        -- what the client knows of unconfirmed ends: the entry's, or the
+        -- set's when the entry was freed and made anew meanwhile
+        local sv, se = set_value(e.name, stamp)
+        local got = tonumber(a[9])
+        local model = {unconfirmed = math.max(e.unconfirmed, sv),
+                       unconfirmed_end = e.unconfirmed >= sv and e.unconfirmed_end or se}
+        if got ~= model.unconfirmed and got == sv and sv > 0 then
+          model = {unconfirmed = sv, unconfirmed_end = se} -- the entry was made anew
+        end
+        same_list(C.acquire_argv(c, model, nonce, a[6] == '0'), a, 1, 'acquire argument')
+        if (a[6] == '0') ~= e.once then bad('a single try sent as a waiting one, or back') end
+        e.pending = {nonce = nonce, sent = sent}
+        e.state = 'ACQ'
+      elseif kind == 'rep' then
+        local nonce = num(f[5])
+        if not e.pending or e.pending.nonce ~= nonce then
+          bad('a reply to attempt %d of %s, which is not the one sent', nonce, e.name)
+        else
+          e.pending.rep = {sent = f[6] == '1', granted = num(f[7]), value = num(f[8]),
+                           acked = num(f[9]), rc = num(f[10])}
+          local r = e.pending.rep
+          if r.granted == 1 and c.min_replicas > 0 and r.acked < c.min_replicas then
+            if r.rc == E.OK then
+              bad('attempt %d granted with %d of the %d replicas WAIT asks for: taken', nonce,
+                r.acked, c.min_replicas)
+            elseif not e.orphans[nonce] then
+              bad('attempt %d granted short of replicas and not given back', nonce)
+            end
+          elseif r.granted == 1 and r.rc ~= E.OK then
+            bad('attempt %d granted but reported %d', nonce, r.rc)
+          end
+        end
+      elseif kind == 'tried' then
+        local nonce, rc, sent, answered, stop = num(f[5]), num(f[6]), num(f[7]), num(f[8]), num(f[9])
+        local p = e.pending
+        e.pending = nil
+        e.state = 'NONE'
+        if not p or p.nonce ~= nonce or not p.rep then
+          bad('the outcome of attempt %d of %s, which was not sent or not answered', nonce, e.name)
+        elseif sent ~= p.sent then
+          bad('attempt %d: send time %.0f, recorded %.0f', nonce, sent, p.sent)
+        else
+          local r = p.rep
+          if r.rc == E.OK and C.too_late(s, us(sent), us(answered)) then
+            if rc == E.OK then
+              bad('attempt %d answered %.3f ms after its send, past its validity (%.3f ms): '
+                .. 'taken', nonce, (answered - sent) / 1e6, (C.grant_valid(s, 0)) / 1000)
+            end
+            need_orphan(e, nonce)
+          elseif r.rc == E.OK and rc ~= E.OK and stop == 0 then
+            bad('attempt %d granted in time but not taken (rc %d)', nonce, rc)
+          elseif r.rc ~= E.OK and rc == E.OK then
+            bad('attempt %d failed (rc %d) but taken', nonce, r.rc)
+          end
+          if r.rc ~= E.OK and r.sent and r.granted ~= 0 and r.granted ~= -1 and
+             rc ~= E.ESERVER then
+            need_orphan(e, nonce) -- outcome unknown
+          end
+          if rc == E.OK and stop ~= 0 then need_orphan(e, nonce) end
+          if rc == E.OK and stop == 0 then
+            e.expect = {token = r.value, valid = C.grant_valid(s, us(sent)), direct = false,
+                        tid = tid}
+          end
+          if r.granted == 0 and not e.once then
+            e.try_nonce, e.try_sent = nonce, us(sent)
+          end
+        end
+      elseif kind == 'msg' then
+        if f[8] == '1' then
+          e.msg = {nonce = num(f[5]), token = num(f[6]), unclean = num(f[7])}
+        end
+      elseif kind == 'dgrant' then
+        stats.direct = stats.direct + 1
+        local mn, mt, tn, ts, now, taken = num(f[5]), num(f[6]), num(f[7]), us(f[8]), us(f[9]),
+          f[10] == '1'
+        if tn ~= e.try_nonce or (tn ~= 0 and math.abs(ts - e.try_sent) > 0.0015) then
+          bad('the poller of %s remembers try %d sent at %.0f; the model %d at %.0f', e.name, tn,
+            ts * 1000, e.try_nonce, e.try_sent * 1000)
+        elseif not e.msg or e.msg.nonce ~= mn or e.msg.token ~= mt then
+          bad('a direct grant (attempt %d, token %.0f) that no stored message carried', mn, mt)
+        end
+        local want = C.direct_takes(s, mn, e.try_nonce, e.try_sent, now)
+        if want ~= taken then
+          bad('direct grant under attempt %d (last refused try %d): %s, the model %s', mn,
+            e.try_nonce, taken and 'taken' or 'dropped', want and 'takes it' or 'drops it')
+        end
+        e.msg = nil
+        if taken then
+          e.expect = {token = mt, valid = C.direct_valid(s, e.try_sent), direct = true, tid = tid}
+        end
+      elseif kind == 'grant' then
+        stats.grants = stats.grants + 1
+        local token, valid, at, epoch = num(f[5]), num(f[7]), num(f[8]), num(f[9])
+        local x = e.expect
+        e.expect = nil
+        if not x then
+          bad('a grant of %s (token %.0f) that no answer or message made', e.name, token)
+        elseif x.token ~= token then
+          bad('a grant of %s with token %.0f; Redis gave %.0f', e.name, token, x.token)
+        elseif not same_time(x.valid, valid) then
+          bad('a grant of %s valid until %.0f; the model: %.0f (%s)', e.name, valid, x.valid * 1000,
+            x.direct and 'the named try\'s send + min(waiter ttl, lease) - drift'
+              or 'the send + lease - drift')
+        end
+        if epoch ~= e.epoch + 1 and epoch ~= 1 then
+          bad('grant epoch %d after %d', epoch, e.epoch)
+        end
+        e.state, e.grant_token, e.token, e.passes = 'HELD', token, token, 0
+        e.valid_until, e.grant_at, e.provisional, e.epoch = us(valid), us(at), x and x.direct, epoch
+        e.unconfirmed, e.unconfirmed_end = 0, 0
+        uset[e.name] = nil
+        e.owner, e.polling = tid, false
+      elseif kind == 'rdec' then
+        local pass, now, waiters, passes, token, valid, prov, closing, ending =
+          f[5] == '1', us(f[6]), num(f[7]), num(f[8]), num(f[9]), num(f[10]), f[11] == '1',
+          f[12] == '1', num(f[13])
+        if e.state ~= 'HELD' then
+          bad('a release of %s whose lease is %s', e.name, e.state)
+        elseif passes ~= e.passes or token ~= e.token then
+          bad('a release of %s after %d passes at token %.0f; the model: %d at %.0f', e.name,
+            passes, token, e.passes, e.token)
+        elseif not same_time(e.valid_until, valid) then
+          bad('%s valid until %.0f; the model: %.0f', e.name, valid, e.valid_until * 1000)
+        elseif prov ~= (e.provisional and true or false) then
+          bad('%s provisional %s; the model %s', e.name, tostring(prov), tostring(e.provisional))
+        end
+        local want = C.may_pass(s, e, now, waiters > 0, closing)
+        if want ~= pass then
+          bad('a release of %s with %d waiting, %d passes, %.3f ms of validity left, %.3f ms '
+            .. 'after its grant: %s; the model %s', e.name, waiters, passes,
+            (e.valid_until - now) / 1000, (now - e.grant_at) / 1000,
+            pass and 'passed on' or 'given back', want and 'passes it on' or 'gives it back')
+        end
+        e.owner = nil
+        if pass then
+          stats.passes = stats.passes + 1
+          e.passes, e.token = e.passes + 1, e.token + 1
+        else
+          e.state, e.ending = 'RELEASING', ending
+        end
+      elseif kind == 'take' or kind == 'dtake' then
+        stats.takes = stats.takes + 1
+        local token, now, ok = num(f[5]), us(f[6]), f[7] == '1'
+        local lost = e.state == 'LOST'
+        if e.state ~= 'HELD' and not lost then
+          bad('%s of %s, whose lease is %s', kind, e.name, e.state)
+        elseif token ~= e.token then
+          bad('%s of %s at token %.0f; the model passed %.0f', kind, e.name, token, e.token)
+        end
+        local want = C.takes(e, now)
+        if want ~= ok then
+          bad('%s of %s with %.3f ms of validity left (%s): %s; the model %s', kind, e.name,
+            (e.valid_until - now) / 1000, e.state, ok and 'taken' or 'refused',
+            want and 'takes it' or 'refuses it')
+        end
+        if ok then
+          e.owner = tid
+        else
+          if not lost then C.unconfirmed_end(e, e.token, 2) end
+          e.state = 'NONE'
+        end
+      elseif kind == 'reent' then
+        local token, now, ok = num(f[5]), us(f[6]), f[7] == '1'
+        if e.owner ~= tid then bad('a reentrant acquire of %s by a thread that does not own it', e.name) end
+        local want = C.takes(e, now)
+        if want ~= ok then
+          bad('a reentrant acquire of %s with %.3f ms of validity left: %s; the model %s', e.name,
+            (e.valid_until - now) / 1000, ok and 'granted' or 'refused', want and 'grants' or 'refuses')
+        end
+      elseif kind == 'ok' then
+        local token = num(f[5])
+        if e.owner ~= tid then
+          bad('DLOCK_OK for %s returned to a thread the model did not make its owner', e.name)
+        elseif token ~= e.token then
+          bad('DLOCK_OK for %s with token %.0f; the holder\'s token is %.0f', e.name, token, e.token)
+        end
+      elseif kind == 'rlost' then
+        if e.state ~= 'LOST' then bad('a release of %s reported lost, which is %s', e.name, e.state) end
+        e.state, e.owner = 'NONE', nil
+      elseif kind == 'rel' then
+        stats.releases = stats.releases + 1
+        if e.state ~= 'RELEASING' then bad('a release script for %s, which is %s', e.name, e.state) end
+        local k, a = {}, {}
+        for i = 5, 10 do k[#k + 1] = unesc(f[i]) end
+        for i = 11, 20 do a[#a + 1] = unesc(f[i]) end
+        same_list(keys(e.name), k, 1, 'key')
+        same_list(C.release_argv(c, e, (e.ending or 0) > 0 and 1 or 0), a, 1, 'release argument')
+      elseif kind == 'released' then
+        local rc = num(f[5])
+        if e.state ~= 'RELEASING' then bad('a release of %s ended, which is %s', e.name, e.state) end
+        if rc ~= E.OK then
+          e.expect_unconf = {e.token, rc == E.ELOST and 2 or (e.ending or 0)}
+        end
+        e.state = 'NONE'
+      elseif kind == 'verdict' then
+        stats.verdicts = stats.verdicts + 1
+        local epoch, v, sent, now, valid = num(f[5]), num(f[6]), us(f[7]), us(f[8]), num(f[9])
+        if e.state ~= 'HELD' or epoch ~= e.epoch then
+          bad('a renewal verdict on %s for grant epoch %d; the model has epoch %d, %s', e.name,
+            epoch, e.epoch, e.state)
+        elseif not same_time(e.valid_until, valid) then
+          bad('%s valid until %.0f before its renewal; the model: %.0f', e.name, valid,
+            e.valid_until * 1000)
+        end
+        local verdict, nv = C.verdict(s, e, v, sent, now)
+        if verdict == 'renewed' then
+          e.valid_until, e.provisional = nv, false
+        elseif verdict == 'lost' then
+          C.unconfirmed_end(e, e.token, 2)
+          e.state = 'LOST'
+        end
+      elseif kind == 'unconf' then
+        local last, end_ = num(f[5]), num(f[6])
+        local x = e.expect_unconf
+        e.expect_unconf = nil
+        if x and (x[1] ~= last or x[2] ~= end_) then
+          bad('the failed release of %s recorded as token %.0f end %d; the model: %.0f end %d',
+            e.name, last, end_, x[1], x[2])
+        end
+        C.unconfirmed_end(e, last, end_)
+        uset[e.name] = {token = e.unconfirmed, end_ = e.unconfirmed_end,
+                        until_ns = stamp + c.s.keep_ms * 1e6}
+      elseif kind == 'orphan' then
+        e.orphans[num(f[5])] = true
+      end
+      if e.expect_unconf and kind ~= 'released' and kind ~= 'unconf' then
+        bad('the failed release of %s left no record of its tokens (unconfirmed.h)', e.name)
+      end
+    end
+  end
+  fh:close()
+  return fail, stats
+end
+
+return T
