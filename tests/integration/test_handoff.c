@@ -9,12 +9,14 @@
 #include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
 
 #include "entry/park.h"
 #include "fixture.h"
+#include "local/client.h"
 
 
 static dlock_stats stats(dlock_client *c)
@@ -380,18 +382,18 @@ static void test_stale_lease_not_passed(void **state)
  * (dlock_held 0 at once, its release DLOCK_ELOST).
  */
 void __real_dlock_waiter_park(dlock_waiter *w, pthread_mutex_t *mu, int64_t deadline_ns);
-static void (*hold_woken)(void); /* run once by the next granted thread, without mu */
+static void (*hold_woken)(void);      /* run once by the next granted thread, without mu */
+static void (*hold_woken_open)(void); /* run once by the next thread woken, not granted */
 static pthread_mutex_t hold_mu = PTHREAD_MUTEX_INITIALIZER;
 
 void __wrap_dlock_waiter_park(dlock_waiter *w, pthread_mutex_t *mu, int64_t deadline_ns);
 void __wrap_dlock_waiter_park(dlock_waiter *w, pthread_mutex_t *mu, int64_t deadline_ns)
 {
     __real_dlock_waiter_park(w, mu, deadline_ns);
-    if (!dlock_waiter_granted(w))
-        return;
     pthread_mutex_lock(&hold_mu);
-    void (*fn)(void) = hold_woken;
-    hold_woken = NULL;
+    void (**hook)(void) = dlock_waiter_granted(w) ? &hold_woken : &hold_woken_open;
+    void (*fn)(void) = *hook;
+    *hook = NULL;
     pthread_mutex_unlock(&hold_mu);
     if (fn) {
         /* The caller looks at the entry again after a park, whatever woke
@@ -465,6 +467,54 @@ static void direct_handoff_lost(const char *name, const char *key, void (*lose)(
     dlock_client_close(c);
 }
 
+/*
+ * The clock rule (release.c, handoff_in_time): the k-th local handoff of a
+ * grant only once k us have passed since the client learned it, so that no
+ * token is ahead of the server's clock. A handoff here takes microseconds,
+ * so the rule never binds on its own; the test moves the moment the client
+ * learned the grant 10 s ahead (white-box: the entry's grant_boot_ns), as
+ * if it had just been granted on a much faster machine. The release must
+ * then give the lease back to Redis rather than pass it on. (The client
+ * records no trace, src/common/trace.h: its state is changed behind the
+ * model's back.)
+ */
+static void test_handoff_waits_for_the_clock(void **state)
+{
+    (void)state;
+    dlock_config cfg;
+    fx_config(&cfg, &fx_server);
+    dlock_client *c;
+    char *trace = getenv("DLOCK_TRACE_DIR") ? strdup(getenv("DLOCK_TRACE_DIR")) : NULL;
+    unsetenv("DLOCK_TRACE_DIR");
+    assert_int_equal(dlock_client_open(&cfg, &c), DLOCK_OK);
+    if (trace) {
+        setenv("DLOCK_TRACE_DIR", trace, 1);
+        free(trace);
+    }
+    uint64_t f0;
+    assert_int_equal(dlock_acquire(c, "clk", -1, &f0), DLOCK_OK);
+    waiter w;
+    waiter_start(&w, c, "clk");
+    let_it_wait();
+    dlock_entry *e = dlock_table_find(c->table, "clk", 3);
+    assert_non_null(e);
+    pthread_mutex_lock(&e->mu);
+    e->grant_boot_ns = dlock_boot_ns() + 10000 * DLOCK_NS_PER_MS;
+    pthread_mutex_unlock(&e->mu);
+    dlock_table_put(c->table, e);
+    dlock_stats s0 = stats(c);
+    assert_int_equal(dlock_release(c, "clk"), DLOCK_OK);
+    waiter_wait_got(&w);
+    dlock_stats s1 = stats(c);
+    assert_int_equal(w.rc, DLOCK_OK);
+    assert_int_equal(s1.handoffs - s0.handoffs, 0); /* not passed */
+    assert_int_equal(s1.grants - s0.grants, 1);     /* granted anew by Redis */
+    assert_true(w.fence > f0);
+    waiter_finish(&w);
+    assert_int_equal(w.release_rc, DLOCK_OK);
+    dlock_client_close(c);
+}
+
 static void test_direct_handoff_lost_by_renewal(void **state)
 {
     (void)state;
@@ -477,6 +527,54 @@ static void test_direct_handoff_lost_by_validity(void **state)
     direct_handoff_lost("h5", "dlock:{h5}", lose_by_validity);
 }
 
+/* The same for an open handoff (I10: the head has not led the local queue
+ * for the fairness bound, so the release leaves the lease to whichever
+ * thread runs first and wakes the head): the head runs only after the
+ * lease's validity ran out. The renewal's command timeout (5 s) outlasts the
+ * freeze, so no verdict marks the lease lost first: the woken thread finds
+ * it HELD but past its validity, and must not take it (take_handoff). */
+static void test_open_handoff_past_validity(void **state)
+{
+    (void)state;
+    dlock_config cfg;
+    fx_config(&cfg, &fx_server);
+    cfg.lease_ms = 300;
+    cfg.command_timeout_ms = 5000;
+    dlock_client *c;
+    assert_int_equal(dlock_client_open(&cfg, &c), DLOCK_OK);
+    uint64_t f0;
+    assert_int_equal(dlock_acquire(c, "h6", -1, &f0), DLOCK_OK);
+    waiter w;
+    waiter_start(&w, c, "h6");
+    let_it_wait();
+    /* The head is new to the queue (white-box: it became the head "in 10
+     * s"), so the release opens the handoff instead of handing it directly. */
+    dlock_entry *e = dlock_table_find(c->table, "h6", 2);
+    assert_non_null(e);
+    pthread_mutex_lock(&e->mu);
+    e->wq.head_since_ns = dlock_now_ns() + 10000 * DLOCK_NS_PER_MS;
+    pthread_mutex_unlock(&e->mu);
+    dlock_table_put(c->table, e);
+    pthread_mutex_lock(&hold_mu);
+    hold_woken_open = lose_by_validity;
+    pthread_mutex_unlock(&hold_mu);
+    dlock_stats s0 = stats(c);
+    assert_int_equal(dlock_release(c, "h6"), DLOCK_OK);
+    waiter_wait_got(&w);
+    dlock_stats s1 = stats(c);
+    pthread_mutex_lock(&hold_mu);
+    assert_null(hold_woken_open); /* the hook ran */
+    pthread_mutex_unlock(&hold_mu);
+    assert_int_equal(s1.handoffs - s0.handoffs, 1); /* it was passed (opened) */
+    assert_int_equal(w.rc, DLOCK_OK);
+    assert_int_equal(w.held, 1);                /* but not taken: polled anew */
+    assert_int_equal(s1.grants - s0.grants, 1);
+    assert_true(w.fence > f0 + 1);
+    waiter_finish(&w);
+    assert_int_equal(w.release_rc, DLOCK_OK);
+    dlock_client_close(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -485,8 +583,10 @@ int main(void)
         cmocka_unit_test(test_pass_limit_respected),
         cmocka_unit_test(test_lost_lease_not_passed),
         cmocka_unit_test(test_stale_lease_not_passed),
+        cmocka_unit_test(test_handoff_waits_for_the_clock),
         cmocka_unit_test(test_direct_handoff_lost_by_renewal),
         cmocka_unit_test(test_direct_handoff_lost_by_validity),
+        cmocka_unit_test(test_open_handoff_past_validity),
     };
     return cmocka_run_group_tests(tests, fx_group_setup, fx_group_teardown);
 }

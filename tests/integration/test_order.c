@@ -14,6 +14,8 @@
  *   - A waiter whose poll fails (stalled network): the client leaves the
  *     wait queue in the background once Redis answers, so the next release
  *     does not hand the turn to a client that stopped waiting.
+ *   - A grant answered after the lease could have expired (a slow network)
+ *     is not taken: the acquire fails.
  *
  * Timing: waits are bounded polls with bounds several times what they
  * guard; the assertions compare orders of events and Redis state.
@@ -242,12 +244,35 @@ static void test_failed_waiter_leaves_the_queue(void **state)
     dlock_client_close(z);
 }
 
+/* ------------------------------------------------ answered too late */
+
+static void test_answer_after_validity_not_taken(void **state)
+{
+    (void)state;
+    /* lease 200 ms (valid 196 ms from the send, less the drift margin);
+     * every answer comes 400 ms late, within the command timeout (2 s) */
+    dlock_client *x = open_client(1, 200, 2000, 2000);
+    fx_proxy_set_delay(proxy, 0, 400000);
+    int rc = dlock_acquire(x, "slow", 0, NULL);
+    char msg[256];
+    snprintf(msg, sizeof msg, "%s", dlock_last_error());
+    int held = dlock_held(x, "slow");
+    fx_proxy_set_delay(proxy, 0, 0);
+    if (rc == DLOCK_OK)
+        dlock_release(x, "slow");
+    assert_int_equal(rc, DLOCK_EREDIS);
+    assert_non_null(strstr(msg, "after the lease could have expired"));
+    assert_int_equal(held, 0);
+    dlock_client_close(x);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_late_acquire_never_displaces_a_live_grant),
         cmocka_unit_test(test_release_whose_answer_is_lost),
         cmocka_unit_test(test_failed_waiter_leaves_the_queue),
+        cmocka_unit_test(test_answer_after_validity_not_taken),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

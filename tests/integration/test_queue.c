@@ -670,6 +670,61 @@ static void test_late_leave_spares_newer_grant(void **state)
     trio_close(&t);
 }
 
+/* A direct grant message (release.lua: "g <attempt> <token> <name>") is
+ * taken only if it names the poller's last refused try (I11). Here B waits
+ * behind A, retrying every 50 ms (waiter ttl 200 ms); the test then sends B
+ * a message naming one of its earlier tries, as a late message from a
+ * release that ran before B's newer tries would. B must drop it and go on
+ * waiting: A still holds the lease in Redis. Taken, it would return
+ * DLOCK_OK beside A. */
+static void test_direct_grant_of_an_older_try_dropped(void **state)
+{
+    (void)state;
+    dlock_client *a = open_client(200), *b = open_client(200);
+    char channel[64];
+    snprintf(channel, sizeof channel, "dlock:wake:%s", dlock_client_id(b));
+    assert_int_equal(fx_wait_channel(&fx_server, channel), 0);
+    assert_int_equal(dlock_acquire(a, "old", 0, NULL), DLOCK_OK);
+    waiter wb;
+    waiter_start(&wb, b, "old", 3000);
+    wait_queued("old", 1);
+    /* B's newest attempt, as Redis recorded it (its record: "<attempt> ..."),
+     * then at least two tries more (a fallback retry every <= 50 ms). */
+    char rec[128];
+    snprintf(rec, sizeof rec, "dlock:{old}:c:%s", dlock_client_id(b));
+    redisContext *rc = fx_connect("127.0.0.1", fx_server.port);
+    redisReply *r = redisCommand(rc, "GET %s", rec);
+    assert_int_equal(r->type, REDIS_REPLY_STRING);
+    unsigned long long old_try = strtoull(r->str, NULL, 10);
+    freeReplyObject(r);
+    assert_true(old_try > 0);
+    unsigned long long now_try = old_try;
+    for (int i = 0; i < 1000 && now_try < old_try + 2; i++) {
+        fx_sleep_ms(10);
+        r = redisCommand(rc, "GET %s", rec);
+        now_try = r->type == REDIS_REPLY_STRING ? strtoull(r->str, NULL, 10) : 0;
+        freeReplyObject(r);
+    }
+    assert_true(now_try >= old_try + 2);
+    char msg[64];
+    snprintf(msg, sizeof msg, "g %llu 12345 old", old_try);
+    r = redisCommand(rc, "PUBLISH dlock:wake:%s %s", dlock_client_id(b), msg);
+    assert_int_equal(r->type, REDIS_REPLY_INTEGER);
+    assert_int_equal(r->integer, 1);
+    freeReplyObject(r);
+    redisFree(rc);
+    /* B is still waiting half a second later (its wait lasts 3 s). */
+    fx_sleep_ms(500);
+    int done = wb.got_ns != 0;
+    assert_int_equal(dlock_release(a, "old"), DLOCK_OK);
+    pthread_join(wb.th, NULL);
+    assert_false(done);
+    assert_int_equal(wb.rc, DLOCK_OK); /* and gets the lock once A releases it */
+    assert_true(wb.fence != 12345);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -687,6 +742,7 @@ int main(void)
         cmocka_unit_test(test_direct_grant_racing_a_leave),
         cmocka_unit_test(test_direct_grant_validity_follows_renewal),
         cmocka_unit_test(test_late_leave_spares_newer_grant),
+        cmocka_unit_test(test_direct_grant_of_an_older_try_dropped),
     };
     return cmocka_run_group_tests(tests, fx_group_setup, fx_group_teardown);
 }

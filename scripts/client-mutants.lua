@@ -1,0 +1,106 @@
+-- Mutants of the C client: each a small change to src/ that brings back a
+-- bug the client had or could have. scripts/check-client builds the tree
+-- with each one and fails unless its checks observe wrong behaviour (a
+-- trace the model refuses, a failed test, a storm's violation). A mutant
+-- whose text no longer occurs in its file fails loudly: mend it here when
+-- the file changes. `find` must occur exactly once.
+return {
+  {
+    name = 'validity_from_answer',
+    why = "a grant's validity counted from when its answer came, not from the acquire's send",
+    file = 'src/local/acquire.c',
+    find = 'rc = take_grant(c, e, token, unclean,\n                            sent_boot +',
+    replace = 'rc = take_grant(c, e, token, unclean,\n                            answered +',
+  },
+  {
+    name = 'handoff_in_time_skipped',
+    why = 'local handoffs faster than the clock rule allows (tokens ahead of server time)',
+    file = 'src/local/release.c',
+    find = '               handoff_in_time(e, now);',
+    replace = '               (handoff_in_time(e, now) || 1);',
+  },
+  {
+    name = 'answered_too_late_taken',
+    why = 'a grant whose answer came after its validity ran out is taken',
+    file = 'src/local/acquire.c',
+    find = 'if (rc == DLOCK_OK &&\n            answered >=',
+    replace = 'if (0 && rc == DLOCK_OK &&\n            answered >=',
+  },
+  {
+    name = 'pass_limit_off_by_one',
+    why = 'one local handoff more than pass_limit',
+    file = 'src/local/release.c',
+    find = 'e->passes < c->pass_limit',
+    replace = 'e->passes <= c->pass_limit',
+  },
+  {
+    name = 'direct_handoff_not_rechecked',
+    why = 'a lease handed directly to a parked thread is taken when it runs, valid or not',
+    file = 'src/local/acquire.c',
+    find = 'int valid = e->state == DLOCK_LEASE_HELD && now < e->valid_until_ns;',
+    replace = 'int valid = 1;',
+  },
+  {
+    name = 'open_handoff_not_rechecked',
+    why = 'an open handoff is taken after its validity ran out',
+    file = 'src/local/acquire.c',
+    find = '    if (now >= e->valid_until_ns) {\n        /* Lost by its validity alone',
+    replace = '    if (0) {\n        /* Lost by its validity alone',
+  },
+  {
+    name = 'unconfirmed_set_ignored',
+    why = 'the tokens of a grant whose end Redis never confirmed are forgotten with its entry',
+    file = 'src/local/acquire.c',
+    find = 'if (kept > unconfirmed) {',
+    replace = 'if (0) {',
+  },
+  {
+    name = 'wait_ignored',
+    why = 'a grant that WAIT did not confirm on min_replicas replicas is taken',
+    file = 'src/local/rpc.c',
+    find = 'if (rep->element[0]->integer == 1 && c->min_replicas &&',
+    replace = 'if (rep->element[0]->integer == 1 && 0 &&',
+  },
+  {
+    name = 'renewal_trusts_partial_reply',
+    why = 'a renewal chunk whose reply is short of its grants renews them all',
+    file = 'src/global/renew_round.c',
+    find = '            p[ch->at + i]->verdict = rep->element[i]->type == REDIS_REPLY_INTEGER &&\n                                     rep->element[i]->integer == 1;',
+    replace = '            p[ch->at + i]->verdict = 1;',
+  },
+  {
+    name = 'lost_by_validity_never',
+    why = 'a lease whose renewals go unanswered is never found lost by its validity',
+    file = 'src/global/renew_round.c',
+    find = '} else if (s[i].verdict == 0 || now >= e->valid_until_ns) {',
+    replace = '} else if (s[i].verdict == 0) {',
+  },
+  {
+    name = 'direct_grant_any_try',
+    why = 'a direct grant is taken whichever try of the poller it names',
+    file = 'src/local/acquire.c',
+    find = 'int take = e->msg_nonce != 0 && e->msg_nonce == e->try_nonce &&',
+    replace = 'int take = e->msg_nonce != 0 &&',
+  },
+  {
+    name = 'drift_margin_tenth',
+    why = 'the drift margin a tenth of what the promises assume (0.1% of the lease)',
+    file = 'src/global/renew.c',
+    find = 'return (int64_t)lease_ms * DLOCK_NS_PER_MS / 100 + 2 * DLOCK_NS_PER_MS;',
+    replace = 'return (int64_t)lease_ms * DLOCK_NS_PER_MS / 1000 + 2 * DLOCK_NS_PER_MS;',
+  },
+  {
+    name = 'release_last_token_is_grant',
+    why = "a release tells Redis the grant's token, not the last one its handoffs handed out",
+    file = 'src/local/release.c',
+    find = 'rc = dlock_rpc_release(c, e, grant, token, ending);',
+    replace = 'rc = dlock_rpc_release(c, e, grant, grant, ending);',
+  },
+  {
+    name = 'no_orphan_after_unknown_outcome',
+    why = 'an acquire whose outcome is unknown (sent, no answer) leaves its grant to expire',
+    file = 'src/local/rpc.c',
+    find = '        if (sent)\n            dlock_renew_orphan(c->renew, e, nonce);\n        return rc;',
+    replace = '        return rc;',
+  },
+}
