@@ -292,7 +292,7 @@ function C.progress(e, c)
     end
     th = e.queue[1]
   end
-  if not th then return end
+  if not th then return C.maybe_free(c, e) end
   if c.closing then return finish(th, 'ECLOSED') end -- stop_rc before polling
   if not th.once and cnow(c) >= th.deadline then
     return finish(th, 'ETIMEDOUT') -- no Redis call after the deadline
@@ -335,6 +335,40 @@ function C.unconfirmed_end(e, tok, how)
   end
 end
 
+-- The client's unconfirmed set (unconfirmed.c): what dlock_client_unconfirmed_end
+-- records (the entry's, and here, for keep_ms from now, so that it outlives
+-- the entry), and dlock_unconfirmed_get.
+function C.unconfirmed_record(c, e, tok, how)
+  C.unconfirmed_end(e, tok, how)
+  c.uset = c.uset or {}
+  local r = c.uset[e.name]
+  local now = cnow(c)
+  if not r or e.unconfirmed > r.token or r.until_t <= now then
+    r = {token = e.unconfirmed, end_ = e.unconfirmed_end}
+  elseif e.unconfirmed == r.token and e.unconfirmed_end > r.end_ then
+    r.end_ = e.unconfirmed_end
+  end
+  r.until_t = now + c.s.keep_ms * 1000
+  c.uset[e.name] = r
+end
+
+local function unconfirmed_get(c, name)
+  local r = c.uset and c.uset[name]
+  if r and r.until_t > cnow(c) then return r.token, r.end_ end
+  return 0, 0
+end
+
+-- An entry no thread uses any more is freed (dlock_table_put: its last
+-- reference), or stays a while (a reference held a moment longer): the
+-- model frees it or not, drawn from the world's second stream. What it
+-- knew of unconfirmed ends lives on in the set above.
+function C.maybe_free(c, e)
+  if e.state == 'NONE' and not e.owner and not e.poller and #e.queue == 0 and not e.registered
+     and not e.passing and not e.sleeping and c.entries[e.name] == e and c.W:frees(c) then
+    c.entries[e.name] = nil
+  end
+end
+
 -- take_grant (acquire.c)
 local function take_grant(c, e, th, token, valid_until, unclean)
   e.state = 'HELD'
@@ -349,6 +383,7 @@ local function take_grant(c, e, th, token, valid_until, unclean)
   e.registered = true
   e.revoked = nil
   e.grant_at = cnow(c)
+  if (e.unconfirmed or 0) > 0 and c.uset then c.uset[e.name] = nil end
   e.unconfirmed = 0
   e.unconfirmed_end = 0
   e.unclean = unclean or 0 -- acquire.lua "End", or the message's (dlock_unclean)
@@ -381,6 +416,11 @@ function C.try(c, e)
   e.state = 'ACQUIRING'
   e.woken = false
   local nonce = next_number(c)
+  local kept, kept_end = unconfirmed_get(c, e.name)
+  if kept > (e.unconfirmed or 0) then
+    -- the set's (the entry was freed and made anew): poll_redis keeps it
+    e.unconfirmed, e.unconfirmed_end = kept, kept_end
+  end
   local argv = C.acquire_argv(c, e, nonce, th.once)
   local sent = cnow(c)
   trace(c, '%s polls %s: acquire attempt %d', th.name, e.name, nonce)
@@ -468,6 +508,9 @@ function C.release(th)
   th.state = 'idle'
   if e.state == 'LOST' then
     trace(c, '%s releases %s: ELOST (found lost before)', th.name, e.name)
+    if (e.unconfirmed or 0) > 0 then -- found lost by the renewal: recorded now
+      C.unconfirmed_record(c, e, e.unconfirmed, e.unconfirmed_end)
+    end
     e.state = 'NONE'
     W:released(c, e, th)
     C.think(th)
@@ -496,7 +539,7 @@ function C.release(th)
       if not C.takes(e, cnow(c)) then
         if e.state == 'HELD' then
           e.registered = false
-          C.unconfirmed_end(e, e.token, 2) -- lost by validity alone
+          C.unconfirmed_record(c, e, e.token, 2) -- lost by validity alone
         end
         e.state = 'NONE'
         e.owner = nil
@@ -521,7 +564,7 @@ function C.release(th)
     if how ~= 'reply' or type(rep) ~= 'number' or rep < 1 then
       -- the lease may still be ours in Redis, or ours again after a step
       -- back of the server's clock (unconfirmed.h)
-      C.unconfirmed_end(e, e.token, (how == 'reply' and rep == 0) and 2 or ending)
+      C.unconfirmed_record(c, e, e.token, (how == 'reply' and rep == 0) and 2 or ending)
     end
     e.state = 'NONE'
     C.think(th)
@@ -639,6 +682,7 @@ function C.renew_round(c)
         if verdict == 'renewed' then
           e.valid_until = valid
           e.provisional = false
+          c.W:touch(e.name)
         elseif verdict == 'lost' then
           trace(c, 'renewal finds %s lost (grant %.0f)', e.name, e.grant_token)
           -- Redis may still have it, or have it again (unconfirmed.h)
@@ -646,7 +690,10 @@ function C.renew_round(c)
           e.registered = false
           e.state = 'LOST'
           if not e.owner then
-            e.state = 'NONE' -- nobody holds it: nobody to tell (take_handoff)
+            -- nobody holds it: nobody to tell (take_handoff); the waiter
+            -- that finds it records the end (dlock_acquire_run)
+            C.unconfirmed_record(c, e, e.unconfirmed, e.unconfirmed_end)
+            e.state = 'NONE'
             C.progress(e, c)
           end
         elseif e.valid_until < earliest then

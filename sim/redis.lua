@@ -27,6 +27,7 @@ local floor = math.floor
 local function numstr(n)
   -- How Redis turns a Lua number passed to redis.call into an argument.
   if n == floor(n) and n > -1e15 and n < 1e15 then
+    if n > -1e14 and n < 1e14 then return tostring(n) end -- the same digits, sooner
     return string.format('%.0f', n)
   end
   return string.format('%.17g', n)
@@ -349,25 +350,35 @@ end
 function M.run(s, f, keys, argv, now_us)
   s.now_us = now_us
   s.now_ms = floor(now_us / 1000)
-  local redis = {
-    call = function(...) return M.call(s, ...) end,
-    pcall = function(...)
-      local ok, r = pcall(M.call, s, ...)
-      if ok then return r end
-      if type(r) == 'table' then return r end
-      return {err = tostring(r)}
-    end,
-    error_reply = function(m) return {err = m} end,
-    status_reply = function(m) return {ok = m} end,
-  }
-  local env = setmetatable({KEYS = keys, ARGV = argv, redis = redis}, {
-    __index = base,
-    __newindex = function(_, k)
-      error('Script attempted to create global variable ' .. tostring(k), 2)
-    end,
-  })
+  local env = s.env
+  if not env then
+    -- made once per server: only KEYS and ARGV change from one run to the next
+    local redis = {
+      call = function(...) return M.call(s, ...) end,
+      pcall = function(...)
+        local ok, r = pcall(M.call, s, ...)
+        if ok then return r end
+        if type(r) == 'table' then return r end
+        return {err = tostring(r)}
+      end,
+      error_reply = function(m) return {err = m} end,
+      status_reply = function(m) return {ok = m} end,
+    }
+    env = setmetatable({KEYS = false, ARGV = false, redis = redis}, {
+      __index = base,
+      __newindex = function(_, k)
+        error('Script attempted to create global variable ' .. tostring(k), 2)
+      end,
+    })
+    s.env = env
+  end
+  rawset(env, 'KEYS', keys)
+  rawset(env, 'ARGV', argv)
   setfenv(f, env)
+  local hook = M.line_hook -- sim --coverage: only while a script runs
+  if hook then debug.sethook(hook, 'l') end
   local ok, r = pcall(f)
+  if hook then debug.sethook() end
   if not ok then
     if type(r) == 'table' and r.err then return {err = r.err} end
     return {err = 'ERR user_script: ' .. tostring(r)}

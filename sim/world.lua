@@ -7,9 +7,9 @@
 -- holds and under which assumptions):
 --   valid   an acquire returns a lease, or a thread takes a lease passed to
 --           it, only while it is valid by the holder's clock.
---   bound   when it does, the holder's validity ends before the grant ends
---           in Redis (its exp), unless a clock stepped or the data was lost
---           or forced since the grant.
+--   bound   when it does, Redis has the grant, and the holder's validity ends
+--           before the grant ends there (its exp), unless a clock stepped or
+--           the data was lost or forced since the grant.
 --   reserve a local handoff's token stays within its grant's reservation
 --           (grant token + pass limit).
 --   ahead   a local handoff's token is no further above its grant's than
@@ -90,33 +90,47 @@ end
 ------------------------------------------------------------------------
 -- Events: a binary heap on (time, sequence).
 
+-- (Sift with a hole: the moving event is written once, at its place.)
 local function heap_push(h, ev)
   local n = #h + 1
-  h[n] = ev
+  local t, seq = ev.t, ev.seq
   while n > 1 do
     local p = floor(n / 2)
-    local a, b = h[p], h[n]
-    if a.t < b.t or (a.t == b.t and a.seq < b.seq) then break end
-    h[p], h[n] = b, a
+    local a = h[p]
+    local at = a.t
+    if at < t or (at == t and a.seq < seq) then break end
+    h[n] = a
     n = p
   end
+  h[n] = ev
 end
 
 local function heap_pop(h)
   local top = h[1]
   local n = #h
-  h[1] = h[n]
+  local last = h[n]
   h[n] = nil
   n = n - 1
+  if n == 0 then return top end
+  local lt, ls = last.t, last.seq
   local i = 1
   while true do
-    local l, r, m = 2 * i, 2 * i + 1, i
-    if l <= n and (h[l].t < h[m].t or (h[l].t == h[m].t and h[l].seq < h[m].seq)) then m = l end
-    if r <= n and (h[r].t < h[m].t or (h[r].t == h[m].t and h[r].seq < h[m].seq)) then m = r end
-    if m == i then break end
-    h[i], h[m] = h[m], h[i]
-    i = m
+    local l = 2 * i
+    if l > n then break end
+    local c = h[l]
+    local ct, cs = c.t, c.seq
+    if l < n then
+      local d = h[l + 1]
+      local dt = d.t
+      if dt < ct or (dt == ct and d.seq < cs) then
+        l, c, ct, cs = l + 1, d, dt, d.seq
+      end
+    end
+    if lt < ct or (lt == ct and ls < cs) then break end
+    h[i] = c
+    i = l
   end
+  h[i] = last
   return top
 end
 
@@ -131,12 +145,18 @@ function W:after_client(c, dt, fn)
   self:at(self.now + dt / c.rate, fn, c)
 end
 
+-- Whether an entry nobody uses is freed now (sim/client.lua, maybe_free).
+function W:frees(c)
+  return self:rand2() < 0.5
+end
+
 -- How long a thread of client c takes to run once woken (a lease passed to
 -- it, a renewal round due): `us` at most, or, under the `stall` fault, now
 -- and then much longer (that thread alone descheduled: up to 2 leases).
 function W:thread_delay(c, us)
   if self.cfg.faults.stall and self:rand2() < 0.02 then
     self.faults.stall = (self.faults.stall or 0) + 1
+    self:disturbed()
     local d = self:rint2(1000, 2 * self.cfg.lease_ms * 1000)
     if self.tracing then self:trace(string.format('FAULT a thread of %s stalls %.1f ms', c.name, d / 1000)) end
     return d
@@ -242,6 +262,7 @@ function W.new(seed, opts, scripts)
   self.pending_end = {} -- name -> {code, srv_ms, era}: an unclean end not yet told
   self.step_back_total = 0
   self.backs, self.fwds = 0, 0 -- server clock steps back and forward so far
+  self.dirty = {} -- names to look at in the next exclusion check
   self.aof = {}    -- snapshots of the data, newest last, for restarts and failovers
 
   local cfg = {}
@@ -273,6 +294,17 @@ function W.new(seed, opts, scripts)
     end
   end
   cfg.faults = on
+  -- Swarm (from the second stream too): a quarter of the schedules have
+  -- many clients (5 to 16) and names (3 to 8), and a quarter a length of
+  -- their own, from a few steps to thousands.
+  if self:rand2() < 0.25 then
+    if not opts.clients then cfg.clients = self:rint2(5, 16) end
+    if not opts.names then cfg.names = self:rint2(3, 8) end
+  end
+  if not opts.steps and self:rand2() < 0.25 then
+    local lengths = {20, 50, 100, 1000, 2000}
+    cfg.steps = lengths[self:rint2(1, #lengths)]
+  end
   if on.fast then
     -- threads that hold and think for no time at all: local handoffs
     -- as fast as the clock rule lets them go (release.c, handoff_in_time)
@@ -302,7 +334,12 @@ function W:add_client()
     lease_ms = cfg.lease_ms, pass_limit = cfg.pass_limit, waiter_ttl_ms = cfg.waiter_ttl_ms,
     pool_size = cfg.pool_size, local_rule = cfg.local_rule, cmd_timeout_ms = cfg.cmd_timeout_ms})
   c.rate = 1
-  if cfg.faults.drift then c.rate = 1 + (self:rand() - 0.5) * 0.01 end -- within +-0.5%
+  if cfg.faults.drift then
+    -- within +-0.5%, or (half the time, from the second stream) up to the
+    -- bound the drift margin assumes: +-0.99%
+    local u = self:rand() - 0.5
+    c.rate = 1 + u * (self:rand2() < 0.5 and 0.0198 or 0.01)
+  end
   c.t0 = self.now
   c.coff = self:rint(0, 1000000000)
   c.conns = {}
@@ -393,7 +430,7 @@ function W:issue(name, token, who, stale)
 end
 
 -- After a script: what it changed, checked.
-function W:after_script(c, script, names, keys, argv, before, rep, meta)
+function W:after_script(c, script, names, keys, argv, before, rep, meta, all_keys)
   local srv = self.srv
   for i, name in ipairs(names) do
     local k = 'dlock:{' .. name .. '}'
@@ -447,6 +484,16 @@ function W:after_script(c, script, names, keys, argv, before, rep, meta)
           .. '(%s token %.0f attempt %s)', script, c and c.name or '?', name,
           (self.by_id[b.owner] or {name = b.owner}).name, b.token, describe(b.nonce)))
       end
+      -- and, by what the client holds rather than by the scripts' own rule:
+      -- a leave or a background release (of an attempt whose outcome was
+      -- unknown) never takes away a grant its client holds at that moment
+      local e = c and c.alive and c.entries[name]
+      if (script == 'leave' or (script == 'release' and argv[2] == 'nonce')) and e and
+         b.owner == c.id and b.live and e.state == 'HELD' and e.grant_token == b.token and
+         not (same and a.exp == b.exp) then
+        self:violation('stale', string.format('%s by %s took away %s, which it holds (token %.0f)',
+          script, c.name, name, b.token))
+      end
     end
   end
   if script == 'acquire' and c then
@@ -476,9 +523,10 @@ function W:after_script(c, script, names, keys, argv, before, rep, meta)
       end
     end
   end
-  -- expiry: every key has one.
-  for k, o in pairs(srv.db) do
-    if not o.exp then
+  -- expiry: every key has one (a script writes only the keys it is given).
+  for _, k in ipairs(all_keys) do
+    local o = srv.db[k]
+    if o and not o.exp then
       self:violation('expiry', 'key ' .. k .. ' has no expiry after ' .. script)
       o.exp = srv.now_ms + 1000000 -- report it once
     end
@@ -507,7 +555,9 @@ function W:run_script(c, script, names, keys, argv, meta)
   if type(rep) == 'table' and rep.err then
     self:violation('error', script .. ' failed: ' .. rep.err)
   end
-  self:after_script(c, script, names, script ~= 'renew' and keys or nil, argv, before, rep, meta)
+  self:after_script(c, script, names, script ~= 'renew' and keys or nil, argv, before, rep, meta,
+    keys)
+  for _, name in ipairs(names) do self.dirty[name] = true end
   for _, p in ipairs(srv.published) do self:publish(p.channel, p.message) end
   self:snapshot()
   return rep
@@ -530,6 +580,7 @@ function W:publish(channel, msg)
   if self.cfg.faults.msg and self:rand() < 0.1 then
     if self.tracing then self:trace('message to ' .. c.name .. ' lost: ' .. msg) end
     self.faults.msg_lost = (self.faults.msg_lost or 0) + 1
+    self:disturbed()
     if self:rand() < 0.3 then
       -- the subscriber noticed: it reconnects and wakes every poller
       self:at(self.now + self:rint(1000, 50000), function() C.resubscribed(c) end, c)
@@ -542,6 +593,7 @@ function W:publish(channel, msg)
     local d = self:rint2(1000, 3 * self.cfg.lease_ms * 1000)
     c.sub_last = math.max(c.sub_last, self.now) + d
     self.faults.stall = (self.faults.stall or 0) + 1
+    self:disturbed()
     if self.tracing then self:trace(string.format('FAULT %s subscriber stalls %.1f ms', c.name, d / 1000)) end
   end
   local t = math.max(self.now + self:rint(20, 300), c.sub_last + 1)
@@ -607,6 +659,12 @@ function W:request(c, script, name, keys, argv, meta, cb)
         fate = 'reply lost, reset'
       elseif r < 0.20 then
         fate = 'reply lost'
+      end
+      if fate == 'ok' and self:rand2() < 0.005 then
+        -- (the second stream) a request held up for seconds, as a network
+        -- that buffers it: a late copy long after its caller gave up
+        d1 = self:rint2(1000000, 5000000)
+        fate = 'late request (seconds)'
       end
       if fate ~= 'ok' then self.faults.net = (self.faults.net or 0) + 1 end
     end
@@ -684,6 +742,7 @@ function W:acquired(c, e, th, token, handoff)
       handoff and ' (local handoff)' or ''))
   end
   self.acquisitions = (self.acquisitions or 0) + 1
+  self.dirty[e.name] = true
   -- valid: an acquire returns a lease, or a thread takes one passed to it,
   -- only while the holder's own clock says it is valid
   if self:clock(c) >= e.valid_until then
@@ -720,7 +779,10 @@ function W:acquired(c, e, th, token, handoff)
       local exp = o and o.type == 'hash' and o.v.owner == c.id and
         o.v.token == string.format('%.0f', e.grant_token) and tonumber(o.v.exp)
       local ends = c.t0 + (e.valid_until - c.coff) / c.rate + self.srv_off
-      if exp and ends > exp * 1000 + 1000 then
+      if not exp and not handoff then
+        self:violation('bound', string.format('%s: %s takes grant %.0f, which Redis no longer has',
+          e.name, th.name, e.grant_token))
+      elseif exp and ends > exp * 1000 + 1000 then
         self:violation('bound', string.format('%s: %s holds until server time %.3f ms, %.3f ms '
           .. 'after the grant ends in Redis', e.name, th.name, ends / 1000, ends / 1000 - exp))
       end
@@ -731,19 +793,43 @@ end
 function W:released(c, e, th) end
 
 -- excl: at most one unrevoked valid holder per name.
+--
+-- Only the names something happened to since the last check are looked at
+-- (W:touch): a second valid holder can appear only when a thread takes a
+-- lease (W:acquired), a renewal extends one, or a script or a fault changes
+-- what Redis holds (a grant revoked can come back); validity running out
+-- only removes holders.
+function W:touch(name) self.dirty[name] = true end
+
 function W:check_exclusion()
+  local clients = self.clients
+  local dirty = self.dirty
+  if next(dirty) == nil then return end
+  self.dirty = {}
   for _, name in ipairs(self.names) do
-    local holder
-    for _, c in ipairs(self.clients) do
-      local e = c.alive and c.entries[name]
-      if e and e.owner and e.state == 'HELD' and self:clock(c) < e.valid_until
-         and not self:revoked(c, e) then
-        if holder then
-          self:violation('excl', string.format('%s held by %s (token %.0f) and %s (token %.0f)',
-            name, holder[1].owner.name, holder[1].token, e.owner.name, e.token))
-          return
+    if dirty[name] then
+      -- (whether a grant was revoked costs more: asked only of a second
+      -- valid holder's name)
+      local valid, now = 0, self.now
+      for i = 1, #clients do
+        local c = clients[i]
+        local e = c.alive and c.entries[name]
+        if e and e.owner and e.state == 'HELD' and c.coff + (now - c.t0) * c.rate < e.valid_until then
+          valid = valid + 1
         end
-        holder = {e}
+      end
+      local holder
+      for _, c in ipairs(valid > 1 and clients or {}) do
+        local e = c.alive and c.entries[name]
+        if e and e.owner and e.state == 'HELD' and self:clock(c) < e.valid_until
+           and not self:revoked(c, e) then
+          if holder then
+            self:violation('excl', string.format('%s held by %s (token %.0f) and %s (token %.0f)',
+              name, holder[1].owner.name, holder[1].token, e.owner.name, e.token))
+            return
+          end
+          holder = {e}
+        end
       end
     end
   end
@@ -754,28 +840,30 @@ end
 -- at the latest; a turn lasts a waiter ttl).
 function W:check_liveness()
   local bound = (self.cfg.waiter_ttl_ms + 50) * 1000
+  local clients, now = self.clients, self.now
   for _, name in ipairs(self.names) do
-    local free = not self:live_lease(name)
+    -- a live client waiting long enough (cheap), then whether the name is
+    -- free in Redis
     local waiting = false
-    if free then
-      for _, c in ipairs(self.clients) do
-        local e = c.alive and c.entries[name]
-        if e and not e.owner and (e.poller or #e.queue > 0) then
-          local th = e.poller or e.queue[1]
-          if th.state == 'waiting' and (th.deadline == math.huge or
-             th.deadline - self:clock(c) > bound) then
-            waiting = true
-          end
+    for i = 1, #clients do
+      local c = clients[i]
+      local e = c.alive and not c.paused_until and c.entries[name]
+      if e and not e.owner and (e.poller or e.queue[1]) then
+        local th = e.poller or e.queue[1]
+        if th.state == 'waiting' and (th.deadline == math.huge or
+           th.deadline - (c.coff + (now - c.t0) * c.rate) > bound) then
+          waiting = true
+          break
         end
       end
     end
-    if free and waiting then
+    if waiting and not self:live_lease(name) then
       local since = self.free_since[name]
       if not since then
-        self.free_since[name] = self.now
-      elseif self.now - since > bound then
+        self.free_since[name] = now
+      elseif now - since > bound then
         self:violation('live', string.format('%s free for %.1f ms while a client waits', name,
-          (self.now - since) / 1000))
+          (now - since) / 1000))
         self.free_since[name] = nil
       end
     else
@@ -787,7 +875,14 @@ end
 ------------------------------------------------------------------------
 -- Faults.
 
+-- A fault that can hold up progress just ended (a restart's server back, a
+-- failover, a crash, a pause's end, a clock step, a forced release, a
+-- shutdown): liveness is checked again once the recovery bound has passed
+-- since the last one (W:run).
+function W:disturbed() self.last_fault = self.now end
+
 function W:new_era(name)
+  self.dirty[name] = true
   self.era_seq = self.era_seq + 1
   self.era[name] = self.era_seq
 end
@@ -826,6 +921,7 @@ function W:fault_restart(kind)
   self:revoke_all(kind == 'failover' and 'failover' or 'restart')
   self:at(self.now + down, function()
     self.up = true
+    self:disturbed()
     -- every client's subscriber reconnects: it wakes its pollers and
     -- starts a renewal round (client.c: the subscriber's reconnect)
     for _, c in ipairs(self.clients) do
@@ -859,6 +955,7 @@ function W:fault_force(name, tries)
     return
   end
   self.faults.force = (self.faults.force or 0) + 1
+  self:disturbed()
   if rep == 1 or rep == 2 then
     self:publish('dlock:wake:' .. l.owner, 'f ' .. string.format('%.0f', l.token) .. ' ' .. name)
   end
@@ -900,6 +997,8 @@ function W:fault_clock()
   end
   if self.tracing then self:trace(string.format('FAULT server clock steps %+.1f ms', d / 1000)) end
   self.srv_off = self.srv_off + d
+  self:disturbed()
+  for _, n in ipairs(self.names) do self.dirty[n] = true end
 end
 
 function W:schedule_faults(horizon)
@@ -914,6 +1013,7 @@ function W:schedule_faults(horizon)
         if self.tracing then self:trace('FAULT ' .. c.name .. ' crashes') end
         c.alive = false
         self.faults.crash = (self.faults.crash or 0) + 1
+        self:disturbed()
         self:add_client()
         if f.clock and self:rand() < 0.5 then
           -- its grants expire unreleased: a step of the clock around then
@@ -931,7 +1031,10 @@ function W:schedule_faults(horizon)
         if self.tracing then self:trace(string.format('FAULT %s paused for %.1f ms', c.name, d / 1000)) end
         c.paused_until = self.now + d
         self.faults.pause = (self.faults.pause or 0) + 1
-        self:at(self.now + d, function() c.paused_until = nil end)
+        self:at(self.now + d, function()
+          c.paused_until = nil
+          self:disturbed()
+        end)
       end)
     end
   end
@@ -959,6 +1062,7 @@ function W:schedule_faults(horizon)
       if not c.alive or c.closing then return end
       if self.tracing then self:trace('FAULT ' .. c.name .. ' shuts down') end
       self.faults.shutdown = (self.faults.shutdown or 0) + 1
+      self:disturbed()
       C.shutdown(c)
     end)
   end
@@ -986,6 +1090,10 @@ function W:run()
   self:schedule_faults(cfg.lease_ms * 1000 * 6)
   local ev = self.events
   local limit = cfg.steps
+  -- after a fault: a lease and a waiter ttl for what it left behind to
+  -- expire (a dead holder's lease, a dead waiter's direct grant), and as
+  -- much again for the waiters to notice
+  local recovery = (2 * cfg.lease_ms + 2 * cfg.waiter_ttl_ms + 100) * 1000
   while #ev > 0 and #self.violations == 0 do
     local e = heap_pop(ev)
     local c = e.c
@@ -1001,7 +1109,17 @@ function W:run()
       e.fn()
       self.steps = self.steps + 1
       self:check_exclusion()
-      if cfg.nofault then self:check_liveness() end
+      if cfg.nofault then
+        self:check_liveness()
+      elseif not cfg.faults.net and self.now > (self.last_fault or 0) + recovery then
+        -- live under faults: the same bound, once the recovery bound has
+        -- passed since the last fault (docs/simulation.md)
+        if not self.live_after then
+          self.live_after = true
+          self.faults.live_checked_after_faults = (self.faults.live_checked_after_faults or 0) + 1
+        end
+        self:check_liveness()
+      end
       if self.steps == limit then self.stopping = true end
       if self.steps > limit + 20000 then
         self:violation('live', 'the clients did not come to rest after the schedule')
