@@ -420,11 +420,12 @@ DLOCK_API int dlock_acquire_handle_ex(dlock_client *c, const char *name, int64_t
 DLOCK_API int dlock_handle_release(dlock_handle *h);
 
 /* 1 if the handle's lease is still valid (as dlock_held), else 0; 0 for a
- * NULL handle. Any thread; no Redis command. */
+ * NULL handle and in a forked child (which holds nothing). Any thread; no
+ * Redis command. */
 DLOCK_API int dlock_handle_held(dlock_handle *h);
 
-/* dlock_unclean for a handle's hold: 0, DLOCK_UNCLEAN_*, or DLOCK_EINVAL for
- * a NULL handle. Any thread. */
+/* dlock_unclean for a handle's hold: 0, DLOCK_UNCLEAN_*, DLOCK_EINVAL for
+ * a NULL handle, or DLOCK_EFORK in a forked child. Any thread. */
 DLOCK_API int dlock_handle_unclean(dlock_handle *h);
 
 /* Acquires `name` (as dlock_acquire with wait_ms), runs fn(arg, fence)

@@ -177,7 +177,8 @@ local function wait(pttl)
     end
   end
   if ARGV[6] ~= '1' then
-    return {0, pttl, holder, held, -1}
+    -- a single try: not queued, but told how many are
+    return {0, pttl, holder, held, redis.call('ZCARD', KEYS[3])}
   end
   local ttl = tonumber(ARGV[5])
   redis.call('ZADD', KEYS[3], 'NX', t[1] .. us6, me)

@@ -31,6 +31,7 @@
  * named in dlockctl.h.
  */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <signal.h>
@@ -115,6 +116,23 @@ void ctl_die(const char *what)
 }
 
 
+/* The whole number s, at least min, for option `what`; bad usage otherwise. */
+static long number(const char *s, const char *what, long min)
+{
+    char *end, msg[300];
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end) {
+        snprintf(msg, sizeof msg, "%s takes a whole number, not '%.200s'", what, s);
+        ctl_die_usage("%s", msg);
+    }
+    if (v < min) {
+        snprintf(msg, sizeof msg, "%s is at least %ld, not %ld", what, min, v);
+        ctl_die_usage("%s", msg);
+    }
+    return v;
+}
+
 int main(int argc, char **argv)
 {
     enum { O_CLUSTER = 256, O_SENTINELS, O_MASTER, O_SPW, O_JSON, O_FORCE, O_INTERVAL, O_COUNT,
@@ -157,8 +175,8 @@ int main(int argc, char **argv)
         case O_SPW: O.sentinel_password = optarg; break;
         case O_JSON: O.json = 1; break;
         case O_FORCE: O.force = 1; break;
-        case O_INTERVAL: O.interval_ms = atol(optarg); break;
-        case O_COUNT: O.count = atol(optarg); break;
+        case O_INTERVAL: O.interval_ms = number(optarg, "--interval", 10); break;
+        case O_COUNT: O.count = number(optarg, "--count", 1); break;
         case O_CLIENT: O.client = optarg; break;
         case O_VERSION:
             printf("dlockctl %s (protocol %d)\n", dlock_version(), DLOCK_PROTOCOL_VERSION);
@@ -174,8 +192,6 @@ int main(int argc, char **argv)
         ctl_die_usage("%s", "--user needs --password (or DLOCK_PASSWORD)");
     if (strlen(O.prefix) > DLOCK_PREFIX_MAX)
         ctl_die_usage("--prefix '%s' is longer than the library allows", O.prefix);
-    if (O.interval_ms < 10)
-        ctl_die_usage("%s", "--interval is at least 10 ms");
     if (optind >= argc) {
         usage(stderr);
         return 2;
@@ -189,9 +205,9 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[optind], "--json"))
             O.json = 1;
         else if (!strcmp(argv[optind], "--interval") && optind + 1 < argc)
-            O.interval_ms = atol(argv[++optind]);
+            O.interval_ms = number(argv[++optind], "--interval", 10);
         else if (!strcmp(argv[optind], "--count") && optind + 1 < argc)
-            O.count = atol(argv[++optind]);
+            O.count = number(argv[++optind], "--count", 1);
         else if (!strcmp(argv[optind], "--client") && optind + 1 < argc)
             O.client = argv[++optind];
         else if (!arg)
@@ -199,6 +215,9 @@ int main(int argc, char **argv)
         else
             ctl_die_usage("unexpected argument '%s'", argv[optind]);
     }
+    if (strcmp(command, "list") && strcmp(command, "show") && strcmp(command, "release") &&
+        strcmp(command, "doctor") && strcmp(command, "watch"))
+        ctl_die_usage("unknown command '%s' (list, show, watch, release, doctor)", command);
     if (O.client && strcmp(command, "release") != 0)
         ctl_die_usage("--client goes with release, not %s", command);
     if (O.client && arg)
@@ -210,10 +229,6 @@ int main(int argc, char **argv)
         ctl_die_usage("%s needs a lock name", command);
     if (arg && strlen(arg) > DLOCK_NAME_MAX)
         ctl_die_usage("the name is longer than %s bytes", "DLOCK_NAME_MAX");
-    if (strcmp(command, "list") && strcmp(command, "show") && strcmp(command, "release") &&
-        strcmp(command, "doctor") &&
-        strcmp(command, "watch"))
-        ctl_die_usage("unknown command '%s'", command);
     ctl_setup();
     int rc;
     if (!strcmp(command, "list"))

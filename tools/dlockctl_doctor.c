@@ -81,8 +81,11 @@ static void doctor_one(const char *host, int port, const char *unix_path)
         redisReply *r = CFG.username ? redisCommand(c, "AUTH %s %s", CFG.username, CFG.password)
                                      : redisCommand(c, "AUTH %s", CFG.password);
         int bad = !r || r->type == REDIS_REPLY_ERROR;
-        if (bad)
-            finding(where, "FAIL", "auth", "AUTH refused: %s", r ? r->str : c->errstr);
+        if (!r)
+            finding(where, "FAIL", "auth", "no answer to AUTH (%s): the server is stuck or "
+                    "not a Redis server", c->errstr);
+        else if (bad)
+            finding(where, "FAIL", "auth", "AUTH refused: %s", r->str);
         if (r)
             freeReplyObject(r);
         if (bad) {
@@ -91,9 +94,16 @@ static void doctor_one(const char *host, int port, const char *unix_path)
         }
     }
     redisReply *r = redisCommand(c, "INFO");
-    if (!r || r->type == REDIS_REPLY_ERROR) {
+    if (!r) {
+        /* no answer (a timeout, a closed connection): not a permission */
+        finding(where, "FAIL", "info", "no answer to INFO within %" PRIu32 " ms (%s): the "
+                "server is stuck or not a Redis server", CFG.command_timeout_ms, c->errstr);
+        redisFree(c);
+        return;
+    }
+    if (r->type == REDIS_REPLY_ERROR) {
         finding(where, "FAIL", "info", "INFO refused (dlock reads it on every connection; an ACL "
-                "user needs +info): %s", r ? r->str : c->errstr);
+                "user needs +info): %s", r->str);
         if (r)
             freeReplyObject(r);
         redisFree(c);

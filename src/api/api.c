@@ -256,7 +256,9 @@ int dlock_handle_release(dlock_handle *h)
 
 int dlock_handle_held(dlock_handle *h)
 {
-    if (!h)
+    /* In a forked child the entry's mutex may have been held by a thread
+     * of the parent at the fork: not touched (the child holds nothing). */
+    if (!h || dlock_client_forked(h->c))
         return 0;
     dlock_client_enter(h->c);
     dlock_entry *e = h->e;
@@ -272,6 +274,8 @@ int dlock_handle_unclean(dlock_handle *h)
 {
     if (!h)
         return dlock_err_set(DLOCK_EINVAL, "handle is NULL");
+    if (dlock_client_forked(h->c))
+        return dlock_err_set(DLOCK_EFORK, "this handle's client was opened before fork()");
     dlock_client_enter(h->c);
     dlock_entry *e = h->e;
     pthread_mutex_lock(&e->mu);

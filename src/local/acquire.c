@@ -193,8 +193,9 @@ static int busy_err(const dlock_entry *e, int rc)
     else if (e->busy_left_ms < 0)
         snprintf(holder, sizeof holder, ": free, but it is another waiting client's turn");
     if (e->busy_known && e->busy_queue >= 0)
-        snprintf(queue, sizeof queue, "; %lld client%s in its wait queue in Redis, this one "
-                 "included", e->busy_queue, e->busy_queue == 1 ? "" : "s");
+        snprintf(queue, sizeof queue, "; %lld client%s in its wait queue in Redis%s",
+                 e->busy_queue, e->busy_queue == 1 ? "" : "s",
+                 rc == DLOCK_ETIMEDOUT ? ", this one included" : "");
     if (rc == DLOCK_ETIMEDOUT)
         return dlock_err_set(rc, "timed out waiting for '%s'%s%s", e->name, holder, queue);
     return dlock_err_set(rc, "'%s' is not free%s%s", e->name, holder, queue);

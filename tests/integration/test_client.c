@@ -285,6 +285,69 @@ static void test_errors(void **state)
     }
 }
 
+/* A thread of the parent polls a handle (dlock_handle_held takes the
+ * entry's mutex) while the parent forks: a child that inherits that mutex
+ * held must not wait for it. Before the fix every child hung here (the
+ * handle's calls took the mutex with no fork check) or, when it did not,
+ * was told it held the parent's lease. */
+typedef struct poller {
+    dlock_handle *h;
+    atomic_int stop;
+} poller;
+
+static void *poll_handle(void *arg)
+{
+    poller *p = arg;
+    while (!atomic_load(&p->stop))
+        (void)dlock_handle_held(p->h);
+    return NULL;
+}
+
+static void test_fork_child_handle(void **state)
+{
+    (void)state;
+    dlock_client *c = open_client("tc:forkh:", 20000);
+    dlock_handle *h = NULL;
+    assert_int_equal(dlock_acquire_handle(c, "fh", 0, NULL, &h), DLOCK_OK);
+    poller p = {h, 0};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, poll_handle, &p), 0);
+    int hung = 0, wrong = 0;
+    for (int i = 0; i < 10; i++) {
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            int bad = 0;
+            if (dlock_handle_held(h) != 0)
+                bad |= 1;
+            if (dlock_handle_unclean(h) != DLOCK_EFORK)
+                bad |= 2;
+            _exit(bad ? 100 + bad : 0);
+        }
+        /* Both calls are local: 10 s is a generous bound for a loaded
+         * machine, then the child counts as hung. */
+        int st = 0;
+        long long deadline = fx_now_ns() + 10000 * 1000000LL;
+        pid_t w;
+        while ((w = waitpid(pid, &st, WNOHANG)) == 0 && fx_now_ns() < deadline)
+            fx_sleep_ms(5);
+        if (w == 0) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &st, 0);
+            hung++;
+        } else if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+            wrong++;
+        }
+    }
+    atomic_store(&p.stop, 1);
+    pthread_join(th, NULL);
+    assert_int_equal(dlock_handle_held(h), 1); /* the parent still holds it */
+    assert_int_equal(dlock_handle_release(h), DLOCK_OK);
+    dlock_client_close(c);
+    assert_int_equal(hung, 0);
+    assert_int_equal(wrong, 0);
+}
+
 static void test_fork_child(void **state)
 {
     (void)state;
@@ -561,6 +624,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_name_arguments, fx_ensure_server),
         cmocka_unit_test_teardown(test_close_releases, fx_ensure_server),
         cmocka_unit_test_teardown(test_fork_child, fx_ensure_server),
+        cmocka_unit_test_teardown(test_fork_child_handle, fx_ensure_server),
         cmocka_unit_test_teardown(test_holder_process_dies, fx_ensure_server),
         cmocka_unit_test_teardown(test_bad_auth_and_db, fx_ensure_server),
     };

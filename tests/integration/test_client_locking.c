@@ -297,7 +297,28 @@ static void test_timeout_names_the_holder(void **state)
      * bound, less rounding: the time counts on to the message) */
     const char *f = strstr(m, "billing-7 for ") + strlen("billing-7 for ");
     assert_true(strtod(f, NULL) >= 0.55);
+    /* A busy try counts the clients waiting too (it does not join them):
+     * one waits now. Before, a try's message never said how many wait. */
+    dlock_client *w = open_client("tc:who:", 0);
+    op ow;
+    op_start(&ow, w, "inv", 20000, 1);
+    long long queued = 0;
+    for (int i = 0; i < 1000 && queued != 1; i++) { /* 10 s: generous for a loaded machine */
+        fx_sleep_ms(10);
+        redisReply *r = cmd("ZCARD tc:who:{inv}:q");
+        queued = r->integer;
+        freeReplyObject(r);
+    }
+    assert_int_equal(queued, 1);
+    assert_int_equal(dlock_acquire(c, "inv", 0, NULL), DLOCK_EBUSY);
+    m = dlock_last_error();
+    fprintf(stderr, "# a busy try while one waits: %s\n", m);
+    assert_non_null(strstr(m, "; 1 client in its wait queue in Redis"));
+    assert_null(strstr(m, "this one included"));
     assert_int_equal(dlock_release(holder, "inv"), DLOCK_OK);
+    op_join(&ow, 30000);
+    assert_int_equal(ow.rc, DLOCK_OK);
+    dlock_client_close(w);
     dlock_client_close(holder);
     dlock_client_close(c);
 }

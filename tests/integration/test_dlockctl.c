@@ -391,6 +391,15 @@ static void test_listing_and_doctor(void **state)
     assert_non_null(strstr(out, "\"check\":\"eviction\",\"status\":\"FAIL\""));
     assert_non_null(strstr(out, "maxmemory-policy noeviction"));
     dlock_client_close(a);
+    /* A server that does not answer is reported as such, not as a
+     * permission its ACL user lacks (dlockctl waits 2 s for INFO). */
+    assert_int_equal(fx_redis_signal(&fx_server, SIGSTOP), 0);
+    int rc = ctl(out, sizeof out, "doctor");
+    assert_int_equal(fx_redis_signal(&fx_server, SIGCONT), 0);
+    fprintf(stderr, "doctor, server stopped: %s", out);
+    assert_int_equal(rc, 1);
+    assert_non_null(strstr(out, "no answer to INFO"));
+    assert_null(strstr(out, "+info"));
 }
 
 static void test_bad_usage(void **state)
@@ -398,7 +407,15 @@ static void test_bad_usage(void **state)
     (void)state;
     char out[2048];
     assert_int_equal(ctl(out, sizeof out, ""), 2);
-    assert_int_equal(ctl(out, sizeof out, "frobnicate x"), 2);
+    assert_int_equal(ctl_err(out, sizeof out, "frobnicate x"), 2);
+    assert_non_null(strstr(out, "unknown command 'frobnicate'"));
+    assert_int_equal(ctl_err(out, sizeof out, "frobnicate"), 2); /* not "needs a lock name" */
+    assert_non_null(strstr(out, "unknown command 'frobnicate'"));
+    /* every bad number exits 2, before or after the command's name */
+    assert_int_equal(ctl(out, sizeof out, "watch x --interval -5 --count 1"), 2);
+    assert_int_equal(ctl(out, sizeof out, "--interval -5 watch x --count 1"), 2);
+    assert_int_equal(ctl(out, sizeof out, "watch x --count 0"), 2);
+    assert_int_equal(ctl(out, sizeof out, "watch x --count 1x"), 2);
     assert_int_equal(ctl(out, sizeof out, "show"), 2);
     assert_int_equal(ctl(out, sizeof out, "--socket /nonexistent show x"), 2); /* two servers */
     assert_int_equal(ctl(out, sizeof out, "--help"), 0);
