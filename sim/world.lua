@@ -515,9 +515,11 @@ function W:after_script(c, script, names, keys, argv, before, rep, meta, all_key
       local n = tonumber(o.v:match('^(%d+)'))
       local r = self.recs[rk]
       if n then
-        -- the record as written (a server clock step forward or a restart
-        -- may end it earlier: then the era changes)
-        if not r or r.n ~= n or r.era ~= self.era[names[1]] or (o.exp or 0) > r.exp then
+        -- the record as written now: a rewrite moves its end, earlier too
+        -- after a step back of the server's clock (a server clock step
+        -- forward or a restart may end it earlier still: then the era
+        -- changes)
+        if not r or r.n ~= n or r.era ~= self.era[names[1]] or (o.exp or math.huge) ~= r.exp then
           self.recs[rk] = {n = n, exp = o.exp or math.huge, era = self.era[names[1]]}
         end
       end
