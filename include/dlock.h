@@ -329,7 +329,7 @@ DLOCK_API int dlock_acquire_ex(dlock_client *c, const char *name, int64_t wait_m
                                uint64_t *fence, const dlock_acquire_opts *opts);
 
 /* Releases one level of the calling thread's hold on `name`; the outermost
- * release gives the lease back to Redis (or, with cohort handoff, to a waiting
+ * release gives the lease back to Redis (or, with a local handoff, to a waiting
  * thread of this client). Returns DLOCK_OK (also when the release had to be
  * sent again on a new connection after the first try ran: a release is
  * idempotent); DLOCK_ENOTHELD if the calling thread does not hold `name`

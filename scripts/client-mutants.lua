@@ -97,10 +97,10 @@ return {
     replace = 'rc = dlock_rpc_release(c, e, grant, grant, ending);',
   },
   {
-    name = 'no_orphan_after_unknown_outcome',
+    name = 'no_give_back_after_unknown_outcome',
     why = 'an acquire whose outcome is unknown (sent, no answer) leaves its grant to expire',
     file = 'src/local/rpc.c',
-    find = '        if (sent)\n            dlock_renew_orphan(c->renew, e, nonce);\n        return rc;',
+    find = '        if (sent)\n            dlock_renew_give_back(c->renew, e, nonce);\n        return rc;',
     replace = '        return rc;',
   },
 }

@@ -67,7 +67,7 @@ function C.in_time(passes, since_grant_us)
 end
 
 -- dlock_release_outermost: a release passes the lease to a waiting thread
--- of its client (rule 3) only below the pass limit, with enough validity
+-- of its client (a local handoff) only below the pass limit, with enough validity
 -- left, in time by the clock rule, and while the client is not closing.
 function C.may_pass(s, e, now, waiting, closing)
   local margin = e.provisional and s.grant_margin_us or s.handoff_margin_us
@@ -108,7 +108,7 @@ function C.new(W, idx, id, cfg)
   local c = {
     W = W, idx = idx, id = id, cfg = cfg, s = C.settings(cfg),
     alive = true, attempts = 0, entries = {}, threads = {},
-    orphans = {}, renew_epoch = 0, renew_timer = nil, renewing = false,
+    jobs = {}, renew_epoch = 0, renew_timer = nil, renewing = false,
     pool_next = 1, name = 'client' .. idx,
   }
   c.args = {
@@ -429,19 +429,19 @@ function C.try(c, e)
     e.state = 'NONE'
     if how ~= 'reply' then
       -- call_script failed: if it reached Redis, the outcome is unknown,
-      -- and the renewal thread releases this attempt's grant (orphan).
-      if how ~= 'unsent' then C.job(c, e, 'orphan', nonce, c.s.keep_ms * 1000) end
+      -- and the renewal thread releases this attempt's grant (a give-back).
+      if how ~= 'unsent' then C.job(c, e, 'giveback', nonce, c.s.keep_ms * 1000) end
       return poll_done(c, e, th.stop or 'EREDIS')
     end
     if type(rep) ~= 'table' or rep.err or rep.n < 2 then
-      C.job(c, e, 'orphan', nonce, c.s.keep_ms * 1000)
+      C.job(c, e, 'giveback', nonce, c.s.keep_ms * 1000)
       return poll_done(c, e, th.stop or 'EREDIS')
     end
     local granted, v = rep[1], rep[2]
     if th.stop then
       -- stopped during the call: a grant is given back in the background
       if granted == 1 then
-        C.job(c, e, 'orphan', nonce, c.s.keep_ms * 1000)
+        C.job(c, e, 'giveback', nonce, c.s.keep_ms * 1000)
       elseif granted == 0 and not th.once then
         e.queued = true -- the last waiter to go takes the client out
       end
@@ -449,7 +449,7 @@ function C.try(c, e)
     end
     if granted == 1 then
       if C.too_late(c.s, sent, cnow(c)) then
-        C.job(c, e, 'orphan', nonce, c.s.keep_ms * 1000) -- answered too late
+        C.job(c, e, 'giveback', nonce, c.s.keep_ms * 1000) -- answered too late
         return poll_done(c, e, 'EREDIS')
       end
       take_grant(c, e, th, v, C.grant_valid(c.s, sent), rep[3])
@@ -522,7 +522,7 @@ function C.release(th)
     if w.state == 'waiting' then head = w break end
   end
   if C.may_pass(c.s, e, now, head ~= nil, c.closing) then
-    -- Cohort handoff (rule 3): the next token, to the head of the queue.
+    -- A local handoff: the next token, to the head of the queue.
     e.passes = e.passes + 1
     e.token = e.token + 1
     dequeue(e, head)
@@ -574,7 +574,7 @@ end
 
 ------------------------------------------------------------------------
 -- dlock_rpc_leave (rpc.c), and the renewal thread's background jobs:
--- orphan releases (dlock_renew_orphan) and leaves (dlock_renew_leave).
+-- give-backs (dlock_renew_give_back) and leaves (dlock_renew_leave).
 
 function C.leave(c, e, n, background)
   local argv = {c.id, c.args.wake, e.name, c.args.ttl, tostring(n), c.args.keep}
@@ -589,7 +589,7 @@ end
 function C.job(c, e, kind, n, for_us)
   if not c.alive then return end
   local j = {kind = kind, e = e, n = n, until_t = cnow(c) + for_us, backoff = 100000}
-  c.orphans[#c.orphans + 1] = j
+  c.jobs[#c.jobs + 1] = j
   trace(c, 'background %s of %s (%d)', kind, e.name, n)
   C.run_job(c, j)
 end

@@ -34,7 +34,7 @@
 --   released NAME RC                          its outcome, for the releaser
 --   verdict NAME EPOCH V SENT NOW VALID_UNTIL a renewal's verdict applied
 --   unconf NAME LAST END                      dlock_client_unconfirmed_end
---   orphan NAME NONCE                         a background release of an attempt
+--   giveback NAME NONCE                       a background release of an attempt
 --   leave, leavebg NAME ...                   leaves (not checked)
 local C = require('client')
 
@@ -84,7 +84,7 @@ function T.check_file(path)
     if not e then
       e = {name = name, state = 'NONE', grant_token = 0, token = 0, passes = 0, valid_until = 0,
            grant_at = 0, provisional = false, epoch = 0, try_nonce = 0, try_sent = 0,
-           unconfirmed = 0, unconfirmed_end = 0, last_nonce = 0, orphans = {}, msg = nil}
+           unconfirmed = 0, unconfirmed_end = 0, last_nonce = 0, givebacks = {}, msg = nil}
       entries[name] = e
     end
     return e
@@ -118,17 +118,17 @@ function T.check_file(path)
     return 0, 0
   end
 
-  -- Deferred checks: an orphan due for an attempt, checked at the entry's
+  -- Deferred checks: a give-back due for an attempt, checked at the entry's
   -- next event (the C client records it right after).
   local function settle(e)
-    if e.orphan_due and not e.orphans[e.orphan_due] then
+    if e.giveback_due and not e.givebacks[e.giveback_due] then
       bad('attempt %d of %s needed a background release (its grant, if any, would stay '
-        .. 'until it expires) and none was started', e.orphan_due, e.name)
+        .. 'until it expires) and none was started', e.giveback_due, e.name)
     end
-    e.orphan_due = nil
+    e.giveback_due = nil
   end
 
-  local function need_orphan(e, nonce) e.orphan_due = nonce end
+  local function need_giveback(e, nonce) e.giveback_due = nonce end
 
   for line in fh:lines() do
     lineno = lineno + 1
@@ -165,7 +165,7 @@ function T.check_file(path)
     else
       local e = entry(unesc(f[4]))
       local s = c.s
-      if kind ~= 'orphan' and kind ~= 'unconf' and kind ~= 'msg' and kind ~= 'rep' then settle(e) end
+      if kind ~= 'giveback' and kind ~= 'unconf' and kind ~= 'msg' and kind ~= 'rep' then settle(e) end
       if kind == 'poll' then
         if e.state ~= 'NONE' and e.state ~= 'LOST' then
           bad('a poll of %s while its lease is %s', e.name, e.state)
@@ -219,7 +219,7 @@ function T.check_file(path)
             if r.rc == E.OK then
               bad('attempt %d granted with %d of the %d replicas WAIT asks for: taken', nonce,
                 r.acked, c.min_replicas)
-            elseif not e.orphans[nonce] then
+            elseif not e.givebacks[nonce] then
               bad('attempt %d granted short of replicas and not given back', nonce)
             end
           elseif r.granted == 1 and r.rc ~= E.OK then
@@ -242,7 +242,7 @@ function T.check_file(path)
               bad('attempt %d answered %.3f ms after its send, past its validity (%.3f ms): '
                 .. 'taken', nonce, (answered - sent) / 1e6, (C.grant_valid(s, 0)) / 1000)
             end
-            need_orphan(e, nonce)
+            need_giveback(e, nonce)
           elseif r.rc == E.OK and rc ~= E.OK and stop == 0 then
             bad('attempt %d granted in time but not taken (rc %d)', nonce, rc)
           elseif r.rc ~= E.OK and rc == E.OK then
@@ -250,9 +250,9 @@ function T.check_file(path)
           end
           if r.rc ~= E.OK and r.sent and r.granted ~= 0 and r.granted ~= -1 and
              rc ~= E.ESERVER then
-            need_orphan(e, nonce) -- outcome unknown
+            need_giveback(e, nonce) -- outcome unknown
           end
-          if rc == E.OK and stop ~= 0 then need_orphan(e, nonce) end
+          if rc == E.OK and stop ~= 0 then need_giveback(e, nonce) end
           if rc == E.OK and stop == 0 then
             e.expect = {token = r.value, valid = C.grant_valid(s, us(sent)), direct = false,
                         tid = tid}
@@ -416,8 +416,8 @@ function T.check_file(path)
         C.unconfirmed_end(e, last, end_)
         uset[e.name] = {token = e.unconfirmed, end_ = e.unconfirmed_end,
                         until_ns = stamp + c.s.keep_ms * 1e6}
-      elseif kind == 'orphan' then
-        e.orphans[num(f[5])] = true
+      elseif kind == 'giveback' then
+        e.givebacks[num(f[5])] = true
       end
       if e.expect_unconf and kind ~= 'released' and kind ~= 'unconf' then
         bad('the failed release of %s left no record of its tokens (unconfirmed.h)', e.name)

@@ -25,16 +25,16 @@
  * shared memory. Client Y connects directly.
  *   1. The proxy holds back the next request that names {late}: X's acquire
  *      attempt N. X's try fails (DLOCK_EREDIS after its 300 ms timeout); the
- *      renewal thread takes over attempt N as an orphan.
+ *      renewal thread takes over attempt N as a give-back.
  *   2. X acquires again: attempt N2 is granted; X's thread holds the lock.
  *   3. Y waits for the lock (it is in the wait queue).
  *   4. The proxy delivers attempt N to Redis. X keeps holding for 3 s while
- *      the orphan release of N runs (after 0, 100, 200, 400, 800 ms), and
+ *      the give-back of N runs (after 0, 100, 200, 400, 800 ms), and
  *      records the last time dlock_held() said 1; then X releases.
  * Y must be granted only after that last time, with a greater token; X's
  * release must return DLOCK_OK and on_lost must not run. Before attempts
- * were ordered in Redis, N re-granted X's lease in place and the orphan
- * release of N deleted it: Y was granted while X still held (reproduced: a
+ * were ordered in Redis, N re-granted X's lease in place and the give-back
+ * of N deleted it: Y was granted while X still held (reproduced: a
  * double holder for about a second with lease_ms 6000).
  */
 #define LA_LEASE_MS 6000

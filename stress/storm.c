@@ -286,10 +286,10 @@ static void stop_proxy(void)
 }
 
 /* Where the threads of the workers that overran are: a hang, precisely. */
-static void report_stuck(int P, int T, const int *alive, const pid_t *pids)
+static void report_stuck(int P, int T, const int *live, const pid_t *worker)
 {
     for (int p = 0; p < P; p++) {
-        if (!alive[p])
+        if (!live[p])
             continue;
         int count[PH_N] = {0};
         int example[PH_N];
@@ -305,7 +305,7 @@ static void report_stuck(int P, int T, const int *alive, const pid_t *pids)
                 example[ph] = i;
         }
         int cl = __atomic_load_n(&PR[p].closing, __ATOMIC_RELAXED);
-        fprintf(stderr, "storm:   worker %d (pid %d)%s:", p, (int)pids[p],
+        fprintf(stderr, "storm:   worker %d (pid %d)%s:", p, (int)worker[p],
                 cl == 1 ? " stuck in dlock_client_close"
                         : cl == 2 ? " past dlock_client_close" : "");
         for (int ph = 0; ph < PH_N; ph++)

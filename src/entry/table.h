@@ -59,13 +59,13 @@ typedef struct dlock_entry {
                                     any thread may release; owner is then meaningless */
     unsigned depth;              /* its reentrancy depth, >= 1 when has_owner */
     dlock_lease_state state;
-    int poller;                  /* a thread is the designated poller (rule 1) */
+    int poller;                  /* a thread is the designated poller (client.h, I2) */
     uint64_t grant_token;        /* token Redis gave the current grant */
     uint64_t token;              /* the holder's token: grant_token + local passes */
     int handoff;                 /* the holder passed the lease on: a waiter takes it */
     uint64_t epoch;              /* grants of this entry so far; renewals carry it */
     int64_t valid_until_ns;      /* lease validity on the boot clock (dlock_boot_ns) */
-    unsigned passes;             /* consecutive local handoffs (cohort handoff) */
+    unsigned passes;             /* consecutive local handoffs of this grant */
     int64_t grant_boot_ns;       /* when this client learned the grant (boot clock):
                                     Redis made it earlier, at server time grant_token */
     int unconfirmed_end;         /* how that grant ended (unconfirmed.h) */

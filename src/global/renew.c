@@ -12,6 +12,7 @@
 
 #include "common/error.h"
 #include "global/renew.h"
+#include "global/renew_int.h"
 
 int64_t dlock_renew_check_ns(uint32_t lease_ms)
 {

@@ -14,7 +14,6 @@
 
 #include "common/trace.h"
 #include "conn/conn.h"
-#include "global/lanes.h"
 #include "entry/table.h"
 
 typedef struct dlock_renew dlock_renew;
@@ -93,7 +92,7 @@ void dlock_renew_by(dlock_renew *r, int64_t when_ns);
  * as it can, retrying while Redis may still see that attempt (keep_ms) and
  * until Redis reports it released or superseded. Returns at once; no lock
  * needed. */
-void dlock_renew_orphan(dlock_renew *r, const dlock_entry *e, const char *nonce);
+void dlock_renew_give_back(dlock_renew *r, const dlock_entry *e, const char *nonce);
 
 /* Hands over the leave of e's wait queue, numbered `number` from the
  * client's attempt sequence, when the caller cannot make it (Redis failing):
@@ -109,76 +108,5 @@ int64_t dlock_renew_drift_ns(uint32_t lease_ms);
  * with e->mu held and e->state HELD. Returns as dlock_renew_remove. Whether
  * the lost callback is due is e->lost_notified's business (the caller's). */
 int dlock_renew_mark_lost(dlock_renew *r, dlock_entry *e);
-
-/*
- * The manager's state, for its own files only: renew.c (the registry:
- * dlock_renew_add to dlock_renew_kick), renew_round.c (a round),
- * renew_jobs.c (dlock_renew_orphan, dlock_renew_leave and the release of
- * every lease at stop) and renew_thread.c (the thread: dlock_renew_start,
- * dlock_renew_stop, the periodic check of the server). Everyone else sees
- * a dlock_renew only through the calls above.
- *
- * Shared state and its guards:
- *   r->mu guards the registry (items, count), the orphan list, r->stop and
- *   r->writing. It is never held during Redis I/O.
- *   Each item stands for one grant (entry, epoch, token) and holds one
- *   reference on its entry. e->renew points at e's item; it is written only
- *   with both e->mu and r->mu held, so either lock suffices to read it. Items
- *   are freed only under r->mu, so an item seen in the registry under r->mu
- *   can be read then.
-   r->lanes belongs to the manager thread (and to dlock_renew_stop once it
- *   has joined that thread): no lock.
- * Lock order: e->mu, then r->mu. The manager thread never takes e->mu while
- * holding r->mu, and never calls dlock_table_put with any lock held.
- */
-enum {
-    DLOCK_RENEW_RETRY_MS = 100, /* pause after a failed round, at most; a failed
-                                   background job's first pause */
-};
-
-struct dlock_renew_item {
-    dlock_renew_item *prev, *next;
-    dlock_entry *e;
-    uint64_t epoch;
-    char token[24]; /* decimal, as the scripts store it */
-};
-
-typedef struct dlock_renew_job {
-    struct dlock_renew_job *next;
-    int leave;              /* 0: release the grant of attempt `nonce`; 1: leave
-                               the wait queue, as call number `nonce` */
-    int64_t until_ns;       /* give up then: the lease has expired */
-    int64_t next_try_ns;    /* when the next release try is due */
-    int64_t backoff_ns;     /* pause before the try after that */
-    int result;             /* of the last try (dlock_renew_jobs_run) */
-    int lane, sent, redo;   /* dlock_renew_jobs_run's bookkeeping for the try: where, */
-    int eval, asking;       /* sent or not, to run again (as EVAL, after ASKING) */
-    char nonce[24];         /* decimal */
-    char *keys[DLOCK_KEYS]; /* copies of the entry's keys, in buf */
-    char *name;             /* in buf */
-    char buf[];
-} dlock_renew_job;
-
-struct dlock_renew {
-    dlock_renew_cfg cfg;
-    pthread_t thread;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;       /* CLOCK_MONOTONIC: stop, a first item, or an orphan */
-    pthread_cond_t wrote;    /* r->writing went back to 0 */
-    dlock_renew_item *items; /* list head, guarded by mu */
-    size_t count;            /* guarded by mu */
-    dlock_renew_job *orphans; /* guarded by mu: background jobs (renew_jobs.c) */
-    int orphan_new;          /* guarded by mu: a job arrived, due at once */
-    int kick;                /* guarded by mu: renew now, not at the period's end */
-    int64_t due;             /* guarded by mu: start a round by then (monotonic), at
-                                the latest; DLOCK_NEVER: at the period's end */
-    int writing;             /* guarded by mu: a renewal write is in progress */
-    int stop;                /* guarded by mu */
-    dlock_lanes lanes;       /* the manager thread's connections (lanes.h): only that
-                                thread touches them, and dlock_renew_stop after it */
-    int64_t period_ns, drift_ns;
-    int failing;             /* the last round failed (manager thread only): log changes */
-    int64_t check_ns;        /* the server check's period (dlock_renew_check_ns) */
-};
 
 #endif

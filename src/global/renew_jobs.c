@@ -1,10 +1,10 @@
 /*
  * Background jobs of the renewal manager (renew_jobs.h), under the rules of
- * renew.h: the job list (r->orphans) is guarded by r->mu; a job taken
+ * renew.h: the job list (r->jobs) is guarded by r->mu; a job taken
  * off it belongs to the thread that runs it.
  *
  * Orphans: a caller whose acquire has an unknown outcome hands the attempt's
- * nonce here (dlock_renew_orphan) instead of waiting for another round trip;
+ * nonce here (dlock_renew_give_back) instead of waiting for another round trip;
  * the thread wakes, releases exactly that grant if it exists, and keeps
  * trying for one lease time while Redis fails (after that it expired).
  */
@@ -16,8 +16,9 @@
 
 #include "common/error.h"
 #include "global/renew_jobs.h"
+#include "global/renew_int.h"
 
-/* Queues a background job for e (see dlock_renew_orphan and
+/* Queues a background job for e (see dlock_renew_give_back and
  * dlock_renew_leave), given up after for_ms. */
 static void add_job(dlock_renew *r, const dlock_entry *e, int leave, const char *number,
                     uint32_t for_ms)
@@ -41,18 +42,18 @@ static void add_job(dlock_renew *r, const dlock_entry *e, int leave, const char 
     o->next_try_ns = 0; /* at once */
     o->backoff_ns = DLOCK_RENEW_RETRY_MS * DLOCK_NS_PER_MS;
     pthread_mutex_lock(&r->mu);
-    o->next = r->orphans;
-    r->orphans = o;
-    r->orphan_new = 1;
+    o->next = r->jobs;
+    r->jobs = o;
+    r->job_new = 1;
     pthread_cond_signal(&r->cv);
     pthread_mutex_unlock(&r->mu);
 }
 
-void dlock_renew_orphan(dlock_renew *r, const dlock_entry *e, const char *nonce)
+void dlock_renew_give_back(dlock_renew *r, const dlock_entry *e, const char *nonce)
 {
     /* As long as Redis remembers the client's attempts for this name: a
      * later copy of the attempt is refused by Redis itself. */
-    dlock_trace_event(r->cfg.trace, "orphan", e->name, "%s", nonce);
+    dlock_trace_event(r->cfg.trace, "giveback", e->name, "%s", nonce);
     add_job(r, e, 0, nonce, r->cfg.keep_ms);
 }
 
@@ -97,8 +98,8 @@ static int job_result(const dlock_renew_job *o, const redisReply *rep)
     return rep->integer >= 1 ? DONE : NOT_OWNED;
 }
 
-/* One release try for each orphan due now, in one pipeline per lane, all
- * lanes in flight at once. An orphan is done when Redis released its grant.
+/* One release try for each give-back due now, in one pipeline per lane, all
+ * lanes in flight at once. A give-back is done when Redis released its grant.
  * One that Redis says it does not own stays a while: its acquire may still
  * be on its way to Redis (another connection, served later), so it is
  * tried again with a doubling pause until its lease time is over; so is one
@@ -108,8 +109,8 @@ static int job_result(const dlock_renew_job *o, const redisReply *rep)
 int64_t dlock_renew_jobs_run(dlock_renew *r)
 {
     pthread_mutex_lock(&r->mu);
-    dlock_renew_job *list = r->orphans;
-    r->orphans = NULL;
+    dlock_renew_job *list = r->jobs;
+    r->jobs = NULL;
     pthread_mutex_unlock(&r->mu);
     int64_t now = dlock_now_ns();
     dlock_renew_job *due = NULL, *later = NULL, *next;
@@ -200,8 +201,8 @@ int64_t dlock_renew_jobs_run(dlock_renew *r)
         dlock_renew_job **tail = &later;
         while (*tail)
             tail = &(*tail)->next;
-        *tail = r->orphans;
-        r->orphans = later;
+        *tail = r->jobs;
+        r->jobs = later;
         pthread_mutex_unlock(&r->mu);
     }
     return next_due;

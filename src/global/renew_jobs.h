@@ -1,6 +1,6 @@
 /*
  * The renewal manager's background jobs (renew_jobs.c): releases of acquire
- * attempts whose outcome is unknown (dlock_renew_orphan), leaves of the wait
+ * attempts whose outcome is unknown (dlock_renew_give_back), leaves of the wait
  * queue a caller could not make (dlock_renew_leave), and the release of
  * every lease still registered when the manager stops.
  */

@@ -24,6 +24,7 @@
 #include "route/cluster.h"
 #include "common/error.h"
 #include "global/renew_round.h"
+#include "global/renew_int.h"
 
 enum {
     CHUNK = 200, /* keys per renew script call */

@@ -21,6 +21,7 @@
 #include "global/renew.h"
 #include "global/renew_jobs.h"
 #include "global/renew_round.h"
+#include "global/renew_int.h"
 
 /* The periodic check of the server's settings (version, eviction policy:
  * an operator may change them under running clients), with INFO on each
@@ -69,7 +70,7 @@ static void *manager_main(void *arg)
 {
     dlock_renew *r = arg;
     int64_t next = dlock_now_ns() + r->period_ns;
-    int64_t orphan_retry = 0, next_check = dlock_now_ns() + r->check_ns;
+    int64_t job_retry = 0, next_check = dlock_now_ns() + r->check_ns;
     pthread_mutex_lock(&r->mu);
     while (!r->stop) {
         int64_t now = dlock_now_ns();
@@ -92,24 +93,24 @@ static void *manager_main(void *arg)
             next = r->due;
         /* A due round goes first: it keeps held leases (a direct grant's
          * first renewal has the waiter ttl only) from running out while
-         * orphan releases, each up to a command timeout, are worked off. */
-        if (now < next && r->orphans && (now >= orphan_retry || r->orphan_new)) {
-            r->orphan_new = 0;
+         * give-backs, each up to a command timeout, are worked off. */
+        if (now < next && r->jobs && (now >= job_retry || r->job_new)) {
+            r->job_new = 0;
             pthread_mutex_unlock(&r->mu);
-            orphan_retry = dlock_renew_jobs_run(r);
+            job_retry = dlock_renew_jobs_run(r);
             pthread_mutex_lock(&r->mu);
             continue;
         }
         if (now < next) {
             int64_t wake = next;
-            if (r->orphans && orphan_retry < wake)
-                wake = orphan_retry;
+            if (r->jobs && job_retry < wake)
+                wake = job_retry;
             if (r->cfg.server && next_check < wake)
                 wake = next_check;
-            /* With nothing registered, sleep until a lease or an orphan
+            /* With nothing registered, sleep until a lease or a job
              * arrives (or the server's check is due); a first lease's
              * renewal is due one period later. */
-            if (r->count == 0 && !r->orphans) {
+            if (r->count == 0 && !r->jobs) {
                 struct timespec ts = dlock_ts(r->cfg.server ? next_check : DLOCK_NEVER);
                 if (r->cfg.server)
                     pthread_cond_timedwait(&r->cv, &r->mu, &ts);
@@ -178,13 +179,13 @@ void dlock_renew_stop(dlock_renew *r)
 
     /* On the caller's thread from here; every exchange keeps its deadline
      * and raises no SIGPIPE (conn.h). */
-    for (dlock_renew_job *o = r->orphans; o; o = o->next)
+    for (dlock_renew_job *o = r->jobs; o; o = o->next)
         o->next_try_ns = 0; /* one last try for every dlock_renew_job */
     dlock_renew_jobs_run(r);
     dlock_renew_release_all(r);
-    while (r->orphans) {
-        dlock_renew_job *o = r->orphans;
-        r->orphans = o->next;
+    while (r->jobs) {
+        dlock_renew_job *o = r->jobs;
+        r->jobs = o->next;
         free(o);
     }
     while (r->items) {

@@ -70,9 +70,9 @@ static int take_grant(dlock_client *c, dlock_entry *e, uint64_t token, int uncle
     return DLOCK_OK;
 }
 
-/* Takes a lease that its holder passed on (cohort handoff): no Redis command.
+/* Takes a lease that its holder passed on (a local handoff): no Redis command.
  * Called with e->mu held, e->handoff set. If the lease's validity ran out
- * while it was passed, it is lost and not taken (rule 4): the caller polls,
+ * while it was passed, it is lost and not taken (I4): the caller polls,
  * and drops the registry's reference after unlocking if *drop was set.
  * DLOCK_OK or DLOCK_ELOST. */
 static int take_handoff(dlock_client *c, dlock_entry *e, int *drop)
@@ -161,7 +161,7 @@ static int take_direct_grant(dlock_client *c, dlock_entry *e)
     snprintf(nonce, sizeof nonce, "%" PRIu64, e->msg_nonce);
     int rc = take_grant(c, e, e->msg_token, e->msg_unclean, valid);
     if (rc != DLOCK_OK) {
-        dlock_renew_orphan(c->renew, e, nonce);
+        dlock_renew_give_back(c->renew, e, nonce);
         return rc;
     }
     e->provisional = 1;
@@ -234,10 +234,6 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
             unconfirmed = kept; /* the entry was freed and made anew since */
             unconfirmed_how = kept_how;
         }
-        uint64_t token = 0;
-        int unclean = 0;
-        int64_t pttl = 0, sent_boot = 0;
-        busy_info busy = {"", -1, -1};
         if (dlock_load_int_acquire(&c->server_bad)) {
             /* no new grant from a server the periodic check found unfit (a
              * held lease, reentrancy and local handoffs need no Redis call) */
@@ -256,8 +252,14 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
          * most one command timeout: it has no deadline of its own. */
         int64_t by = once ? dlock_now_ns() + (int64_t)c->conn.command_timeout_ms * DLOCK_NS_PER_MS
                           : deadline;
-        int rc = dlock_rpc_acquire(c, e, nonce, !once, unconfirmed, unconfirmed_how, by, k, &token,
-                                   &unclean, &pttl, &busy, &sent_boot);
+        dlock_rpc_try t = {.nonce = nonce, .queue = !once, .unconfirmed = unconfirmed,
+                           .unconfirmed_end = unconfirmed_how, .deadline = by, .cancel = k,
+                           .busy = {"", -1, -1}};
+        int rc = dlock_rpc_acquire(c, e, &t);
+        uint64_t token = t.token;
+        int unclean = t.unclean;
+        int64_t pttl = t.pttl_ms, sent_boot = t.sent_boot;
+        busy_info busy = t.busy;
         if (once && rc == DLOCK_ETIMEDOUT)
             rc = dlock_err_set(DLOCK_EREDIS, "timed out: redis took no try of '%s' within the "
                                "command timeout (%" PRIu32 " ms): every connection was busy or "
@@ -266,7 +268,7 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
         if (rc == DLOCK_OK &&
             answered >= sent_boot + (int64_t)c->lease_ms * DLOCK_NS_PER_MS - c->drift_ns) {
             /* The answer came back after the lease could have expired. */
-            dlock_renew_orphan(c->renew, e, nonce);
+            dlock_renew_give_back(c->renew, e, nonce);
             rc = dlock_err_set(DLOCK_EREDIS, "timed out: redis answered the acquire of '%s' "
                                "after the lease could have expired", e->name);
         }
@@ -283,7 +285,7 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
                           sent_boot, answered, stop);
         if (stop != DLOCK_OK) {
             if (rc == DLOCK_OK)
-                dlock_renew_orphan(c->renew, e, nonce);
+                dlock_renew_give_back(c->renew, e, nonce);
             else if (rc == DLOCK_EBUSY && !once)
                 e->queued = 1; /* the last waiter to go takes the client out */
             return dlock_client_stop_err(stop, e->name);
@@ -292,7 +294,7 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
             rc = take_grant(c, e, token, unclean,
                             sent_boot + (int64_t)c->lease_ms * DLOCK_NS_PER_MS - c->drift_ns);
             if (rc != DLOCK_OK)
-                dlock_renew_orphan(c->renew, e, nonce);
+                dlock_renew_give_back(c->renew, e, nonce);
             return rc;
         }
         if (rc != DLOCK_EBUSY)
@@ -350,11 +352,11 @@ int dlock_acquire_run(dlock_client *c, const char *name, size_t len, int64_t wai
                       uint64_t *fence, dlock_cancel *k)
 {
     int rc = DLOCK_OK;
-    int64_t now = dlock_now_ns();
+    int64_t start = dlock_now_ns();
     /* Waits beyond ~292 years are "forever". */
-    int64_t deadline = wait_ms < 0 || wait_ms > (DLOCK_NEVER - now) / DLOCK_NS_PER_MS
+    int64_t deadline = wait_ms < 0 || wait_ms > (DLOCK_NEVER - start) / DLOCK_NS_PER_MS
                            ? DLOCK_NEVER
-                           : now + wait_ms * DLOCK_NS_PER_MS;
+                           : start + wait_ms * DLOCK_NS_PER_MS;
     dlock_entry *e = dlock_held_find(c, name, len); /* a reentrant acquire, without the table */
     if (!e)
         e = dlock_table_get(c->table, name, len);

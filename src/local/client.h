@@ -5,7 +5,7 @@
  *
  * Invariants, per entry (all under e->mu; see table.h for the fields):
  *   I1. has_owner implies depth >= 1 and state is HELD or LOST.
- *   I2. At most one thread per entry talks to Redis for it (design rule 1):
+ *   I2. At most one thread per entry talks to Redis for it:
  *       the poller (poller == 1, state ACQUIRING during its call) or the
  *       releaser (state RELEASING). A thread may become the poller only when
  *       !has_owner, state == NONE and poller == 0.
@@ -42,7 +42,7 @@
  *  I10. The local succession policy. Threads that wait for a lease held or
  *       being acquired by this client queue in e->wq in arrival order (the
  *       poller excepted), each parked on its own node. A release that keeps
- *       the lease here (rule 3) either
+ *       the lease here (a local handoff) either
  *         - hands it directly to the head, if the head has been the head
  *           for DLOCK_FAIR_NS or more: the releaser makes it the owner (has_owner,
  *           owner, depth, token, waiters--) under e->mu and sets its node's

@@ -61,7 +61,7 @@ int dlock_release_outermost(dlock_client *c, dlock_entry *e, const char *name)
                       e->waiters, e->passes, e->token, e->valid_until_ns, e->provisional, closing,
                       e->ending);
     if (pass) {
-        /* Cohort handoff (rule 3): the lease stays with this client and
+        /* A local handoff (I10): the lease stays with this client and
          * passes to a waiting thread, with the next token, and with word of
          * how this hold ended (a thread that exited: dlock_unclean). */
         e->passes++;

@@ -148,52 +148,50 @@ static int call_script(dlock_client *c, dlock_script_id id, int nargs, const cha
     }
 }
 
-/* The acquire script, as attempt `nonce`. Called by e's poller without e->mu,
- * waiting for a connection until `deadline`. Returns DLOCK_OK with *token and
- * *sent_boot (when it was sent, on the boot clock), DLOCK_EBUSY with
- * *pttl_ms, or an error of call_script. */
-
-int dlock_rpc_acquire(dlock_client *c, dlock_entry *e, const char *nonce, int queue,
-                      uint64_t unconfirmed_last, int unconfirmed_end, int64_t deadline,
-                      dlock_cancel *k, uint64_t *token, int *unclean, int64_t *pttl_ms,
-                      busy_info *busy, int64_t *sent_boot)
+/* The acquire script, as attempt t->nonce. Called by e's poller without
+ * e->mu, waiting for a connection until t->deadline. Sets t->sent_boot (when
+ * it was sent, on the boot clock) and returns DLOCK_OK with t->token and
+ * t->unclean, DLOCK_EBUSY with t->pttl_ms and t->busy, or an error of
+ * call_script. */
+int dlock_rpc_acquire(dlock_client *c, dlock_entry *e, dlock_rpc_try *t)
 {
+    const char *nonce = t->nonce;
     const char *argv[DLOCK_SCRIPT_KEYS + DLOCK_ACQUIRE_ARGS];
-    for (int k = 0; k < DLOCK_SCRIPT_KEYS; k++)
-        argv[k] = e->keys[k];
+    for (int i = 0; i < DLOCK_SCRIPT_KEYS; i++)
+        argv[i] = e->keys[i];
     const char **a = argv + DLOCK_SCRIPT_KEYS;
     a[0] = c->id;
     a[1] = c->lease_str;
     a[2] = nonce;
     a[3] = c->pass_limit_str;
     a[4] = c->waiter_ttl_str;
-    a[5] = queue ? "1" : "0";
+    a[5] = t->queue ? "1" : "0";
     a[6] = c->keep_str;
     a[7] = c->conn.client_name;
     char unconfirmed[24];
-    snprintf(unconfirmed, sizeof unconfirmed, "%" PRIu64, unconfirmed_last);
+    snprintf(unconfirmed, sizeof unconfirmed, "%" PRIu64, t->unconfirmed);
     a[8] = unconfirmed;
     char how[4];
-    snprintf(how, sizeof how, "%d", unconfirmed_last ? unconfirmed_end : 0);
+    snprintf(how, sizeof how, "%d", t->unconfirmed ? t->unconfirmed_end : 0);
     a[9] = how;
     redisReply *rep;
     int sent, acked;
-    *sent_boot = dlock_boot_ns();
+    t->sent_boot = dlock_boot_ns();
     if (c->trace) {
         char at[24];
-        snprintf(at, sizeof at, "%" PRId64, *sent_boot);
+        snprintf(at, sizeof at, "%" PRId64, t->sent_boot);
         dlock_trace_argv(c->trace, "acq", e->name, at, DLOCK_SCRIPT_KEYS + DLOCK_ACQUIRE_ARGS,
                          argv);
     }
     int rc = call_script(c, DLOCK_SCRIPT_ACQUIRE, DLOCK_ACQUIRE_ARGS, argv, "acquire", e->name,
-                         deadline, &rep, &sent, &acked, (stop_on){1, k});
+                         t->deadline, &rep, &sent, &acked, (stop_on){1, t->cancel});
     if (rc != DLOCK_OK) {
         /* If it reached Redis the outcome is unknown: the renewal thread
          * releases exactly this attempt's grant, if there is one, without
          * delaying the caller. */
         dlock_trace_event(c->trace, "rep", e->name, "%s %d -9 0 -1 %d", nonce, sent, rc);
         if (sent)
-            dlock_renew_orphan(c->renew, e, nonce);
+            dlock_renew_give_back(c->renew, e, nonce);
         return rc;
     }
     long long granted = -9, value = 0; /* for the trace: the reply's first two integers */
@@ -207,29 +205,29 @@ int dlock_rpc_acquire(dlock_client *c, dlock_entry *e, const char *nonce, int qu
             /* A failover now could lose the grant and give the name to
              * another client: it is given back (in the background, like a
              * grant of unknown outcome) and the acquire fails. */
-            dlock_renew_orphan(c->renew, e, nonce);
+            dlock_renew_give_back(c->renew, e, nonce);
             rc = dlock_err_set(DLOCK_EREDIS, "the grant of '%s' reached %d of the %" PRIu32
                                " replicas min_replicas asks for (WAIT); given back", e->name,
                                acked < 0 ? 0 : acked, c->min_replicas);
         } else if (rep->element[0]->integer == 1) {
-            *token = (uint64_t)rep->element[1]->integer;
+            t->token = (uint64_t)rep->element[1]->integer;
             /* how the grant before ended (acquire.lua, "End") */
-            *unclean = rep->elements >= 3 && rep->element[2]->type == REDIS_REPLY_INTEGER &&
+            t->unclean = rep->elements >= 3 && rep->element[2]->type == REDIS_REPLY_INTEGER &&
                                rep->element[2]->integer > 0 &&
                                rep->element[2]->integer <= DLOCK_UNCLEAN_FORCED
                            ? (int)rep->element[2]->integer
                            : 0;
             rc = DLOCK_OK;
         } else if (rep->element[0]->integer == 0) {
-            *pttl_ms = rep->element[1]->integer;
-            busy->holder[0] = '\0';
-            busy->held_ms = busy->queue = -1;
+            t->pttl_ms = rep->element[1]->integer;
+            t->busy.holder[0] = '\0';
+            t->busy.held_ms = t->busy.queue = -1;
             if (rep->elements >= 5 && rep->element[2]->type == REDIS_REPLY_STRING &&
                 rep->element[3]->type == REDIS_REPLY_INTEGER &&
                 rep->element[4]->type == REDIS_REPLY_INTEGER) {
-                snprintf(busy->holder, sizeof busy->holder, "%s", rep->element[2]->str);
-                busy->held_ms = rep->element[3]->integer;
-                busy->queue = rep->element[4]->integer;
+                snprintf(t->busy.holder, sizeof t->busy.holder, "%s", rep->element[2]->str);
+                t->busy.held_ms = rep->element[3]->integer;
+                t->busy.queue = rep->element[4]->integer;
             }
             rc = DLOCK_EBUSY;
         } else {
@@ -249,7 +247,7 @@ int dlock_rpc_acquire(dlock_client *c, dlock_entry *e, const char *nonce, int qu
          * another protocol's data: a release would be refused the same
          * way while that data lives, and a grant under it expires. */
         if (!dlock_conn_is_other_protocol(rep))
-            dlock_renew_orphan(c->renew, e, nonce);
+            dlock_renew_give_back(c->renew, e, nonce);
     }
     dlock_trace_event(c->trace, "rep", e->name, "%s 1 %lld %lld %d %d", nonce, granted, value,
                       acked, rc);

@@ -19,11 +19,25 @@ typedef struct busy_info {
     long long held_ms, queue;
 } busy_info;
 
-/* The acquire script, as attempt `nonce` (rpc.c). */
-int dlock_rpc_acquire(dlock_client *c, dlock_entry *e, const char *nonce, int queue,
-                      uint64_t unconfirmed_last, int unconfirmed_end, int64_t deadline,
-                      dlock_cancel *k, uint64_t *token, int *unclean, int64_t *pttl_ms,
-                      busy_info *busy, int64_t *sent_boot);
+/* One try of the acquire script: what the poller asks, and what Redis
+ * answered (dlock_rpc_acquire says which fields it sets). */
+typedef struct dlock_rpc_try {
+    const char *nonce;        /* the attempt's number, decimal */
+    int queue;                /* join the wait queue if refused (not a single try) */
+    uint64_t unconfirmed;     /* the last token of a grant whose end Redis never
+                                 confirmed, 0 if none (acquire.lua ARGV[9]) */
+    int unconfirmed_end;      /* how that grant ended (ARGV[10]) */
+    int64_t deadline;         /* wait for a connection, or a batch, until then */
+    dlock_cancel *cancel;     /* the call's cancel token, or NULL */
+    uint64_t token;           /* out, granted: the fencing token */
+    int unclean;              /* out, granted: how the hold before ended */
+    int64_t pttl_ms;          /* out, refused: the lease's time left */
+    busy_info busy;           /* out, refused: what Redis said of the holder */
+    int64_t sent_boot;        /* out: when the try was sent (boot clock) */
+} dlock_rpc_try;
+
+/* The acquire script, as attempt t->nonce (rpc.c). */
+int dlock_rpc_acquire(dlock_client *c, dlock_entry *e, dlock_rpc_try *t);
 
 /* The release script for the grant with Redis token `grant` (rpc.c). */
 int dlock_rpc_release(dlock_client *c, dlock_entry *e, uint64_t grant, uint64_t last,

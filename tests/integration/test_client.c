@@ -541,7 +541,8 @@ static int hold_and_die(int port, const char *prefix)
     return 4;
 }
 
-/* DESIGN.md 5: a holder process that dies frees the name within its lease. */
+/* A holder process that dies frees the name within its lease (docs/guide.md,
+ * "Semantics"). */
 static void test_holder_process_dies(void **state)
 {
     (void)state;

@@ -141,7 +141,7 @@ static void test_redis_stopped(void **state)
     dlock_client_close(c);
 }
 
-/* DESIGN.md 4, rule 5: a local waiter honours its deadline while the
+/* A local waiter honours its deadline (client.h, I8) while the
  * poller of its client is stuck in Redis (stopped server, 5 s command
  * timeout). */
 static void test_waiter_deadline_while_poller_stuck(void **state)
@@ -179,8 +179,8 @@ static void test_waiter_deadline_while_poller_stuck(void **state)
 
 /* An acquire whose reply never came (server stopped) has an unknown outcome:
  * the script may run when the server resumes. The lease must then be
- * released or confirmed, not left to expire after lease_ms (DESIGN.md 5). */
-static void test_unknown_outcome_no_orphan(void **state)
+ * released or confirmed, not left to expire after lease_ms. */
+static void test_unknown_outcome_leaves_no_lease(void **state)
 {
     (void)state;
     const char *prefix = "tc:orphan:";
@@ -206,7 +206,7 @@ static void test_unknown_outcome_no_orphan(void **state)
     rc = dlock_acquire(c2, "o", 15000, &f);
     long long el = MS(fx_now_ns() - t0);
     if (rc != DLOCK_OK)
-        fail_msg("orphan lease: second client got %s after %lld ms (lease %u ms)",
+        fail_msg("a lease left behind: second client got %s after %lld ms (lease %u ms)",
                  dlock_err_name(rc), el, lease);
     assert_int_equal(dlock_release(c2, "o"), DLOCK_OK);
     assert_table_empty(c);
@@ -368,7 +368,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_redis_unreachable, fx_ensure_server),
         cmocka_unit_test_teardown(test_redis_stopped, fx_ensure_server),
-        cmocka_unit_test_teardown(test_unknown_outcome_no_orphan, fx_ensure_server),
+        cmocka_unit_test_teardown(test_unknown_outcome_leaves_no_lease, fx_ensure_server),
         cmocka_unit_test_teardown(test_waiter_deadline_while_poller_stuck, fx_ensure_server),
         cmocka_unit_test_teardown(test_release_redis_down, fx_ensure_server),
         cmocka_unit_test_teardown(test_idle_connection_closed_by_server, reset_idle_timeout),

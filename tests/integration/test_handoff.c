@@ -1,5 +1,5 @@
 /*
- * Cohort handoff against a real redis-server: a release with a waiting
+ * Local handoffs against a real redis-server: a release with a waiting
  * thread of the same client passes the lease with no Redis command and the
  * next token; pass_limit bounds consecutive passes; a lost lease, or one
  * close to its validity deadline, is never passed on.

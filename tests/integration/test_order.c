@@ -5,9 +5,9 @@
  *
  *   - A late acquire: attempt N of client X is held back until X has a newer
  *     grant; then N reaches Redis and the renewal thread releases "attempt N"
- *     as an orphan. No other client may be granted while X's holder still
+ *     as a give-back. No other client may be granted while X's holder still
  *     has dlock_held() == 1 (before the fix, N re-granted the lease in place
- *     and its orphan release deleted X's live grant).
+ *     and its give-back deleted X's live grant).
  *   - A release whose answer is lost: the proxy lets it run and resets the
  *     connection before the answer; the release is sent again and must
  *     report DLOCK_OK, not DLOCK_ELOST, with no on_lost call.
@@ -145,7 +145,7 @@ static void test_late_acquire_never_displaces_a_live_grant(void **state)
 {
     (void)state;
     /* lease 6 s: X's renewal runs every 2 s, so a lease deleted behind X's
-     * back would still read as held for up to 2 s; the orphan release of
+     * back would still read as held for up to 2 s; the give-back of
      * the late attempt retries after 100, 200, 400, 800 ms. */
     dlock_client *x = open_client(1, 6000, 300, 2000);
     dlock_client *y = open_client(0, 6000, 1000, 2000);
@@ -167,7 +167,7 @@ static void test_late_acquire_never_displaces_a_live_grant(void **state)
     assert_true(wait_zcard("to:{late}:q", 1, 5000));
 
     /* 4. Attempt N reaches Redis now; X keeps holding for 3 s, long enough
-     * for the orphan release of N to run several times. */
+     * for the give-back of N to run several times. */
     fx_proxy_release_held(proxy);
     assert_int_equal(fx_proxy_wait_released(proxy, 5000), 0);
     long long last_held = 0, until = fx_now_ns() + 3000LL * 1000000LL;

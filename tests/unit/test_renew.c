@@ -420,7 +420,7 @@ static void waiter_finish(waiter *w, pthread_t th)
     pthread_join(th, NULL);
 }
 
-/* DESIGN.md 4, rule 4: a lost lease is never handed to a waiter. A thread of
+/* A lost lease is never handed to a waiter (client.h, I4). A thread of
  * the same client waits while the holder's lease is deleted behind its back;
  * once the loss is known and the holder releases, the waiter must get a
  * fresh grant from Redis (its key exists with its token), not the dead one. */
@@ -519,7 +519,7 @@ static void *cycler_main(void *arg)
     return NULL;
 }
 
-/* DESIGN.md 4, rule 6: releases and local handoffs racing the renewal thread
+/* Releases and local handoffs racing the renewal thread (renew_round.c)
  * never produce a false loss. With a 1 s lease renewals run every ~333 ms
  * while 8 threads hold names for 0-20 ms at a time, so many renewals find a
  * lease released or handed off in flight. (1 s, not shorter, so that a
@@ -861,7 +861,7 @@ static void test_restart_found_at_once(void **state)
  * released; one whose release reaches Redis before its acquire (here: the
  * grant is made only after the first try) is tried again. White-box: the
  * module's own API, on leases written directly. */
-static void test_orphans_released(void **state)
+static void test_give_backs_released(void **state)
 {
     (void)state;
     enum { N = 6 };
@@ -886,7 +886,7 @@ static void test_orphans_released(void **state)
         }
     }
     freeReplyObject(redisCommand(rc, "SCRIPT FLUSH")); /* as after a restart */
-    /* Frozen for a moment, so that the orphans batch up in one pipeline. */
+    /* Frozen for a moment, so that the give-backs batch up in one pipeline. */
     assert_int_equal(fx_redis_signal(&fx_server, SIGSTOP), 0);
     dlock_renew_cfg cfg = {.conn = &cc, .ctr = &ctr, .table = t, .args = &a, .lease_ms = 30000,
                            .keep_ms = 60000, .waiter_ttl_ms = 2000};
@@ -895,11 +895,11 @@ static void test_orphans_released(void **state)
     for (int i = 0; i <= N; i++) {
         char n[8];
         snprintf(n, sizeof n, "%d", i);
-        dlock_renew_orphan(m, e[i], n);
+        dlock_renew_give_back(m, e[i], n);
     }
     fx_sleep_ms(150);
     assert_int_equal(fx_redis_signal(&fx_server, SIGCONT), 0);
-    /* The last orphan's grant appears only now, after its first release try
+    /* The last give-back's grant appears only now, after its first release try
      * could have run: a later try must remove it. */
     fx_sleep_ms(300);
     freeReplyObject(redisCommand(rc, "HSET %s owner %s token 2000 nonce %d",
@@ -935,7 +935,7 @@ int main(void)
         cmocka_unit_test_teardown(test_many_locks_batched, fx_ensure_server),
         cmocka_unit_test_teardown(test_lost_when_redis_killed, fx_ensure_server),
         cmocka_unit_test_teardown(test_lost_when_redis_stopped, fx_ensure_server),
-        cmocka_unit_test_teardown(test_orphans_released, fx_ensure_server),
+        cmocka_unit_test_teardown(test_give_backs_released, fx_ensure_server),
         cmocka_unit_test_teardown(test_restart_found_at_once, fx_ensure_server),
     };
     return cmocka_run_group_tests(tests, fx_group_setup, fx_group_teardown);

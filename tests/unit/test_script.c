@@ -4,7 +4,7 @@
  * by the test): an acquire attempt older than one Redis has seen from the
  * same client for the same name changes nothing at all; a release retried
  * after its first try ran reports released; a late leave cannot take out a
- * client that queued again; an orphan release reports when its attempt is
+ * client that queued again; an give-back reports when its attempt is
  * superseded; data of another protocol is refused and left as it was.
  */
 #include <setjmp.h>
@@ -351,7 +351,7 @@ static void test_other_protocol_refused(void **state)
 
 /* The critical case: attempt 5 of X is granted; attempt 3 of X, sent
  * earlier, arrives now. It must neither grant again (new token, nonce 3, so
- * that an orphan release of attempt 3 would delete the live grant) nor touch
+ * that an give-back of attempt 3 would delete the live grant) nor touch
  * anything else. */
 static void test_late_attempt_never_regrants(void **state)
 {
@@ -361,7 +361,7 @@ static void test_late_attempt_never_regrants(void **state)
     assert_int_equal(acquire("late", X, 3, NULL), -1);
     assert_int_equal(lease_field("late", "token"), t5);
     assert_int_equal(lease_field("late", "nonce"), 5);
-    /* So the orphan release of attempt 3 finds nothing of its own, and says
+    /* So the give-back of attempt 3 finds nothing of its own, and says
      * that attempt 3 is superseded: no grant of it can appear any more. */
     assert_int_equal(release("late", X, "nonce", 3), 3);
     assert_int_equal(lease_field("late", "nonce"), 5);
@@ -415,7 +415,7 @@ static void test_release_is_idempotent(void **state)
     assert_int_equal(acquire("ri", Y, 1, &ty), 1);
     assert_int_equal(release("ri", X, "token", t), 1);
     assert_int_equal(lease_field("ri", "token"), ty);
-    /* An orphan release by attempt number is idempotent too. */
+    /* An give-back by attempt number is idempotent too. */
     assert_int_equal(release("ri", Y, "token", ty), 1);
     assert_int_equal(acquire("ri", X, 21, NULL), 1);
     assert_int_equal(release("ri", X, "nonce", 21), 1);
@@ -575,9 +575,9 @@ static void test_regrant_and_direct_grant_follow_time(void **state)
     assert_int_equal(release("da", X, "token", tz), 1);
 }
 
-/* An orphan release told that a newer grant of the client holds the lease
+/* An give-back told that a newer grant of the client holds the lease
  * (3: no grant of its attempt can appear) must stay right after that grant
- * expires unreleased: a late copy of the orphan's attempt is refused then,
+ * expires unreleased: a late copy of the give-back's attempt is refused then,
  * not granted a lease nobody will release. */
 static void test_superseded_attempt_stays_stale(void **state)
 {
