@@ -554,10 +554,12 @@ DLOCK_API int dlock_client_stats(dlock_client *c, dlock_stats *out);
  * application's own Redis, or any): load it with SCRIPT LOAD, call it with
  *   EVALSHA <sha> 1 <record key> <token> get <field> ...
  *   EVALSHA <sha> 1 <record key> <token> set <field> <value> ...
- * It returns {1, values...} / {1}, or {0, highest token} when refused (a
- * later holder has touched the record: the caller's lease is gone, and
- * nothing was read or written). lua/fenced.lua says more; the user guide gives
- * the same rule for SQL. A static string, never NULL.
+ * It returns an array: the integer 1 then, for get, a bulk string per field
+ * (nil when missing); or, when refused, the integer 0 and the highest token
+ * as a bulk string of decimal digits (a later holder has touched the
+ * record: the caller's lease is gone, and nothing was read or written). A
+ * wrong call is an error reply "ERR fenced: ...". lua/fenced.lua says more;
+ * the user guide gives the same rule for SQL. A static string, never NULL.
  */
 DLOCK_API const char *dlock_fenced_script(void);
 

@@ -14,6 +14,8 @@
 -- when the token is at least the highest seen, which it then becomes; or
 -- {0, highest} when refused: a later holder has read or written the record,
 -- so the caller no longer holds the lock and nothing was read or changed.
+-- The 1 and 0 are integers; the values, and highest, are bulk strings
+-- (highest in decimal digits, so that no client rounds a 64-bit integer).
 --
 -- Never DEL or EXPIRE a record a holder may still write: its highest token
 -- goes with it. Mark a record deleted with a field instead.
