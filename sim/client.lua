@@ -119,9 +119,14 @@ function C.new(W, idx, id, cfg)
   return c
 end
 
+-- The keys of a name, as lua/keys.lua lists them (the one table of them).
+local KEYS = dofile((debug.getinfo(1, 'S').source:match('^@(.*)/[^/]*$') or '.') .. '/../lua/keys.lua')
 local function keys(name, id)
   local k = 'dlock:{' .. name .. '}'
-  return {k, k .. ':fence', k .. ':q', k .. ':qd', k .. ':turn', k .. ':c:' .. id}
+  local out = {}
+  for i, key in ipairs(KEYS) do out[i] = k .. key[2] end
+  out[#out] = out[#out] .. id
+  return out
 end
 C.keys = keys
 

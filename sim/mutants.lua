@@ -179,7 +179,7 @@ function M.apply_client(m, dir)
     error(string.format('mutant %s: its text occurs twice in sim/client.lua', m.name), 0)
   end
   local chunk = assert(loadstring(text:sub(1, i - 1) .. m.replace .. text:sub(j + 1),
-    '@sim/client.lua'))
+    '@' .. dir .. '/client.lua'))
   local mutated, C = chunk(), require('client')
   for k, v in pairs(mutated) do C[k] = v end
 end

@@ -189,34 +189,23 @@ local function read(path)
   return s
 end
 
--- The C string literal named `name` in a C file, unescaped.
-local function c_literal(text, name)
-  local body = text:match('static const char ' .. name .. '%[%] =(.-);\n')
-  assert(body, name .. ' not found')
-  local out = {}
-  for lit in body:gmatch('"(.-[^\\])"') do
-    lit = lit:gsub('\\n', '\n'):gsub('\\"', '"'):gsub('\\\\', '\\')
-    out[#out + 1] = lit
-  end
-  return table.concat(out)
-end
-
--- The scripts' texts: lua/*.lua, and dlockctl's forced release, which wraps
--- release.lua (tools/dlockctl_release.c). mutate(name, text) may change a text.
+-- The scripts' texts: lua/*.lua, dlockctl's forced release among them
+-- (lua/force.lua, whose line "--@release.lua" stands for release.lua's
+-- text, as dlockctl puts it there). mutate(texts) may change a text.
 function W.load_scripts(root, mutate)
   local texts = {}
-  for _, n in ipairs({'acquire', 'release', 'renew', 'leave'}) do
+  for _, n in ipairs({'acquire', 'release', 'renew', 'leave', 'force'}) do
     texts[n] = read(root .. '/lua/' .. n .. '.lua')
   end
-  local ctl = read(root .. '/tools/dlockctl_release.c')
-  texts.force_head = c_literal(ctl, 'FORCE_HEAD')
-  texts.force_tail = c_literal(ctl, 'FORCE_TAIL')
   if mutate then mutate(texts) end
   local fns = {}
   for _, n in ipairs({'acquire', 'release', 'renew', 'leave'}) do
     fns[n] = R.compile(texts[n], '@lua/' .. n .. '.lua')
   end
-  fns.force = R.compile(texts.force_head .. texts.release .. texts.force_tail, '@dlockctl-force')
+  local i, j = texts.force:find('--@release.lua\n', 1, true)
+  assert(i, 'lua/force.lua has no line --@release.lua')
+  fns.force = R.compile(texts.force:sub(1, i - 1) .. texts.release .. '\n' .. texts.force:sub(j + 1),
+    '@dlockctl-force')
   return fns
 end
 

@@ -55,8 +55,8 @@ void ctl_conn_done(redisContext *c, dlock_cluster_node *node)
     }
 }
 
-/* If r is a script's refusal of another protocol's data (READ_LUA,
- * FORCE_HEAD: lua/acquire.lua, "Protocol"), says so on stderr and returns
+/* If r is a script's refusal of another protocol's data (lua/ctl_read.lua,
+ * lua/force.lua: lua/acquire.lua, "Protocol"), says so on stderr and returns
  * 1; else 0. */
 int ctl_refused_protocol(const redisReply *r)
 {
@@ -123,32 +123,6 @@ void ctl_key_of(char *out, size_t n, const char *name, const char *suffix)
     snprintf(out, n, "%s{%s}%s", O.prefix, name, suffix);
 }
 
-/* One lock read in one step (a script runs alone: a consistent snapshot),
- * with the server's clock: the lease, its time left, the turn, and the
- * queue with each waiter's liveness value and the server's verdict on it.
- * Data of another protocol is refused, not misread (lua/acquire.lua,
- * "Protocol"). */
-static const char READ_LUA[] =
-    "local l = redis.call('HMGET', KEYS[1], 'owner', 'token', 'name', 'since', 'exp', 'pv')\n"
-    "if l[6] and l[6] ~= '1' then\n"
-    "  return redis.error_reply('DLOCKPROTOCOL ' .. KEYS[1] .. ': the data of this name is '\n"
-    "    .. 'dlock protocol ' .. l[6] .. '; this dlockctl speaks protocol 1')\n"
-    "end\n"
-    "local t = redis.call('TIME')\n"
-    "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
-    "local out = {now, l[1], l[2], l[3], l[4], l[5], redis.call('PTTL', KEYS[1]),\n"
-    "  redis.call('GET', KEYS[4])}\n"
-    "local q = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')\n"
-    "for i = 1, #q, 2 do\n"
-    "  local d = redis.call('HGET', KEYS[3], q[i]) or ''\n"
-    "  local deadline = tonumber(string.match(d, '^%d+')) or 0\n"
-    "  out[#out + 1] = q[i]\n"
-    "  out[#out + 1] = q[i + 1]\n"
-    "  out[#out + 1] = d\n"
-    "  out[#out + 1] = deadline > now and 1 or 0\n"
-    "end\n"
-    "return out\n";
-
 static const char *str_or(const redisReply *r, const char *dflt)
 {
     return r->type == REDIS_REPLY_STRING ? r->str : dflt;
@@ -166,11 +140,14 @@ int ctl_read_lock(redisContext *c, const char *name, lockinfo *li)
 {
     char k[4][DLOCK_NAME_MAX + 128];
     memset(li, 0, sizeof *li);
-    ctl_key_of(k[0], sizeof k[0], name, "");
-    ctl_key_of(k[1], sizeof k[1], name, ":q");
-    ctl_key_of(k[2], sizeof k[2], name, ":qd");
-    ctl_key_of(k[3], sizeof k[3], name, ":turn");
-    redisReply *r = redisCommand(c, "EVAL %s 4 %s %s %s %s", READ_LUA, k[0], k[1], k[2], k[3]);
+    /* one step (lua/ctl_read.lua: a script runs alone, a consistent
+     * snapshot), with the server's clock */
+    ctl_key_of(k[0], sizeof k[0], name, dlock_script_key_suffix(DLOCK_KEY_LEASE));
+    ctl_key_of(k[1], sizeof k[1], name, dlock_script_key_suffix(DLOCK_KEY_QUEUE));
+    ctl_key_of(k[2], sizeof k[2], name, dlock_script_key_suffix(DLOCK_KEY_LIVE));
+    ctl_key_of(k[3], sizeof k[3], name, dlock_script_key_suffix(DLOCK_KEY_TURN));
+    redisReply *r = redisCommand(c, "EVAL %s 4 %s %s %s %s", dlock_script_ctl_read(), k[0], k[1],
+                                 k[2], k[3]);
     if (!r) {
         fprintf(stderr, "dlockctl: redis: %s\n", c->errstr);
         exit(1);

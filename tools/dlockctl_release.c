@@ -17,50 +17,24 @@
 #include "common/error.h"
 #include "conn/script.h"
 
-/* The wrapper around release.lua for a forced release (KEYS and ARGV as
- * release.lua's; ARGV[5] and ARGV[9] adjusted here). It answers a negative
- * number -N, having changed nothing, while the holder's reservation is ahead
- * of server time: the caller waits N ms and tries again. */
-static const char FORCE_HEAD[] =
-    "local lease = redis.call('HMGET', KEYS[1], 'owner', 'token', 'pl', 'exp', 'pv')\n"
-    "if lease[5] and lease[5] ~= '1' then\n"
-    "  return redis.error_reply('DLOCKPROTOCOL ' .. KEYS[1] .. ': the data of this name is '\n"
-    "    .. 'dlock protocol ' .. lease[5] .. '; this dlockctl speaks protocol 1')\n"
-    "end\n"
-    "if lease[1] ~= ARGV[1] or lease[2] ~= ARGV[3] then return 0 end\n"
-    /* the holder's reservation for its threads (token + pass limit): it may
-     * go on handing them out until it learns of this release, so the fence
-     * keeps it as the last token; and it waits until server time has passed
-     * it, so that the fence is not ahead of the server's clock (a restart
-     * that lost it could not undercut the holder's tokens then) */
-    "local res = tonumber(lease[2]) + (tonumber(lease[3]) or 0)\n"
-    "local t = redis.call('TIME')\n"
-    "local now = tonumber(t[1]) * 1000000 + tonumber(t[2])\n"
-    /* a grant past its exp has expired: nobody holds it (acquire.lua) */
-    "if lease[4] and math.floor(now / 1000) > tonumber(lease[4]) then return 0 end\n"
-    "if res >= now then return -(math.floor((res - now) / 1000) + 1) end\n"
-    "local fence = tonumber(string.match(redis.call('GET', KEYS[2]) or '0', '^%d+') or '0') or 0\n"
-    "if fence > res then res = fence end\n"
-    "if res > tonumber(ARGV[3]) then ARGV[5] = string.format('%.0f', res) end\n"
-    /* the holder's record keeps a longer lifetime than ARGV[9] */
-    "local kt = redis.call('PTTL', KEYS[6])\n"
-    "if kt > tonumber(ARGV[9]) then ARGV[9] = tostring(kt) end\n"
-    "local function release_as_holder()\n";
-static const char FORCE_TAIL[] =
-    "\nend\n"
-    "local rc = release_as_holder()\n"
-    /* refused (another protocol's data: release.lua, Protocol): nothing
-     * written, here neither (no double quotes in these comments: sim/world.lua
-     * reads the literals) */
-    "if type(rc) == 'table' and rc.err then return rc end\n"
-    /* taken, not released: the holder's release of this token finds no
-     * record of it (DLOCK_ELOST); its attempts stay ordered */
-    "local rec = redis.call('GET', KEYS[6])\n"
-    "local a, _, r = string.match(rec or '', '^(%d+) (%d+) (%d+)$')\n"
-    "if a then\n"
-    "  redis.call('SET', KEYS[6], a .. ' 0 ' .. r, 'PX', math.max(redis.call('PTTL', KEYS[6]), 1))\n"
-    "end\n"
-    "return rc\n";
+/* The forced release: lua/force.lua with the release script's text in
+ * place of its line "--@release.lua" (one script, so atomic). A new string
+ * (free() it), or NULL when out of memory. */
+static char *force_script(void)
+{
+    static const char mark[] = "--@release.lua\n";
+    const char *tpl = dlock_script_force(), *at = strstr(tpl, mark);
+    const char *body = dlock_script_body(DLOCK_SCRIPT_RELEASE);
+    if (!at) {
+        fprintf(stderr, "dlockctl: lua/force.lua has no line --@release.lua\n");
+        return NULL;
+    }
+    size_t n = strlen(tpl) + strlen(body) + 2;
+    char *s = malloc(n);
+    if (s)
+        snprintf(s, n, "%.*s%s\n%s", (int)(at - tpl), tpl, body, at + sizeof mark - 1);
+    return s;
+}
 
 /* In release --client's JSON array: the separator before each object. */
 static int json_items = -1; /* -1: not in an array */
@@ -115,12 +89,11 @@ int ctl_release(const char *name)
         ctl_conn_done(c, node);
         return 1;
     }
-    const char *suffix[DLOCK_SCRIPT_KEYS - 1] = {":fence", ":q", ":qd", ":turn"};
-    for (int i = 1; i < DLOCK_SCRIPT_KEYS - 1; i++)
-        ctl_key_of(k[i], sizeof k[i], name, suffix[i - 1]);
+    for (int i = 0; i < DLOCK_KEY_CLIENT; i++)
+        ctl_key_of(k[i], sizeof k[i], name, dlock_script_key_suffix(i));
     char rec[80];
-    snprintf(rec, sizeof rec, ":c:%s", li.owner);
-    ctl_key_of(k[DLOCK_SCRIPT_KEYS - 1], sizeof k[0], name, rec);
+    snprintf(rec, sizeof rec, "%s%s", dlock_script_key_suffix(DLOCK_KEY_CLIENT), li.owner);
+    ctl_key_of(k[DLOCK_KEY_CLIENT], sizeof k[0], name, rec);
     char wake[DLOCK_PREFIX_MAX + 8];
     snprintf(wake, sizeof wake, "%swake:", O.prefix);
     const char *argv[DLOCK_SCRIPT_KEYS + DLOCK_RELEASE_ARGS];
@@ -142,15 +115,11 @@ int ctl_release(const char *name)
      * holder's reservation of tokens for its threads (the fence) is kept as
      * the last token, and the holder's record says the grant was taken, not
      * released, so that its own release then returns DLOCK_ELOST. */
-    size_t blen = strlen(dlock_script_body(DLOCK_SCRIPT_RELEASE));
-    size_t slen = blen + sizeof FORCE_HEAD + sizeof FORCE_TAIL;
-    char *script = malloc(slen);
+    char *script = force_script();
     if (!script) {
-        fprintf(stderr, "dlockctl: out of memory\n");
+        fprintf(stderr, "dlockctl: out of memory, or no forced release script\n");
         return 1;
     }
-    snprintf(script, slen, "%s%s%s", FORCE_HEAD, dlock_script_body(DLOCK_SCRIPT_RELEASE),
-             FORCE_TAIL);
     /* tests only: a pause between the read and the release, in which the
      * data may change (test_dlockctl) */
     const char *pause = getenv("DLOCKCTL_TEST_FORCE_PAUSE_MS");

@@ -18,6 +18,25 @@ extern const char dlock_lua_acquire[];
 extern const char dlock_lua_release[];
 extern const char dlock_lua_renew[];
 extern const char dlock_lua_leave[];
+extern const char dlock_lua_ctl_read[];
+extern const char dlock_lua_force[];
+
+static const char *const key_suffixes[DLOCK_KEYS] = DLOCK_KEY_SUFFIXES;
+
+const char *dlock_script_key_suffix(int k)
+{
+    return k >= 0 && k < DLOCK_KEYS ? key_suffixes[k] : "";
+}
+
+const char *dlock_script_ctl_read(void)
+{
+    return dlock_lua_ctl_read;
+}
+
+const char *dlock_script_force(void)
+{
+    return dlock_lua_force;
+}
 
 static const char *const bodies[DLOCK_SCRIPT_COUNT] = {
     [DLOCK_SCRIPT_ACQUIRE] = dlock_lua_acquire,

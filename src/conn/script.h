@@ -6,6 +6,11 @@
 #ifndef DLOCK_SCRIPT_H
 #define DLOCK_SCRIPT_H
 
+/* The keys of one lock name, DLOCK_KEY_LEASE .. DLOCK_KEY_CLIENT and
+ * DLOCK_KEYS, in the order the scripts take them: generated from
+ * lua/keys.lua. */
+#include "keys_gen.h"
+
 typedef enum dlock_script_id {
     DLOCK_SCRIPT_ACQUIRE,
     DLOCK_SCRIPT_RELEASE,
@@ -25,10 +30,10 @@ typedef struct dlock_script_args {
     const char *keep_ms;     /* how long Redis keeps the client's record of a name */
 } dlock_script_args;
 
-/* The keys every script of one lock takes (DLOCK_KEY_* in table.h), and the
- * argument counts of the scripts that take them. */
+/* The keys every script of one lock takes (DLOCK_KEY_*), and the argument
+ * counts of the scripts that take them. */
 enum {
-    DLOCK_SCRIPT_KEYS = 6,
+    DLOCK_SCRIPT_KEYS = DLOCK_KEYS,
     DLOCK_ACQUIRE_ARGS = 10,
     DLOCK_RELEASE_ARGS = 10,
     DLOCK_LEAVE_ARGS = 6
@@ -51,6 +56,16 @@ void dlock_script_leave_argv(const dlock_script_args *a, char *const *keys, cons
 
 /* The script's text. */
 const char *dlock_script_body(dlock_script_id id);
+
+/* Key k's suffix after "<prefix>{<name>}" (lua/keys.lua; DLOCK_KEY_CLIENT's
+ * is followed by the client's id). */
+const char *dlock_script_key_suffix(int k);
+
+/* dlockctl's scripts, which clients never load: its read of one lock
+ * (lua/ctl_read.lua), and the wrapper of its forced release (lua/force.lua),
+ * whose line "--@release.lua" stands for the release script's text. */
+const char *dlock_script_ctl_read(void);
+const char *dlock_script_force(void);
 
 /* Its 40-digit SHA1, or NULL while no SCRIPT LOAD has answered yet. */
 const char *dlock_script_sha(dlock_script_id id);

@@ -55,7 +55,8 @@ dlock_table *dlock_table_create(const char *prefix, const char *client_id, dlock
     t->ctr = ctr;
     t->prefix_len = plen;
     memcpy(t->prefix, prefix, plen + 1);
-    snprintf(t->client_suffix, sizeof t->client_suffix, ":c:%s", client_id);
+    snprintf(t->client_suffix, sizeof t->client_suffix, "%s%s",
+             dlock_script_key_suffix(DLOCK_KEY_CLIENT), client_id);
     return t;
 }
 
@@ -88,7 +89,9 @@ static dlock_entry *entry_new(dlock_table *t, const char *name, size_t len)
     if (!e)
         return NULL;
     /* Every key is "<prefix>{<name>}" plus a suffix, all in one allocation. */
-    const char *const suffix[DLOCK_KEYS] = {"", ":fence", ":q", ":qd", ":turn", t->client_suffix};
+    const char *suffix[DLOCK_KEYS];
+    for (int k = 0; k < DLOCK_KEYS; k++)
+        suffix[k] = k == DLOCK_KEY_CLIENT ? t->client_suffix : dlock_script_key_suffix(k);
     size_t base = t->prefix_len + len + 2, total = 0;
     for (int k = 0; k < DLOCK_KEYS; k++)
         total += base + strlen(suffix[k]) + 1;

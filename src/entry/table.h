@@ -15,6 +15,7 @@
 #include <uthash.h>
 
 #include "common/common.h"
+#include "conn/script.h"
 #include "entry/park.h"
 
 typedef enum dlock_lease_state {
@@ -27,18 +28,8 @@ typedef enum dlock_lease_state {
 
 typedef struct dlock_renew_item dlock_renew_item;
 
-/* The Redis keys of one lock name, in the order the scripts take them. All
- * share the hash tag {<name>}. */
-enum {
-    DLOCK_KEY_LEASE, /* "<prefix>{<name>}": hash owner, token, nonce, since, name */
-    DLOCK_KEY_FENCE, /* "<prefix>{<name>}:fence": token floor for the next grant */
-    DLOCK_KEY_QUEUE, /* "<prefix>{<name>}:q": zset of waiting clients by arrival */
-    DLOCK_KEY_LIVE,  /* "<prefix>{<name>}:qd": hash client -> liveness deadline */
-    DLOCK_KEY_TURN,  /* "<prefix>{<name>}:turn": the client whose turn it is */
-    DLOCK_KEY_CLIENT, /* "<prefix>{<name>}:c:<client id>": what Redis remembers of this
-                         client for this name (lua/acquire.lua) */
-    DLOCK_KEYS
-};
+/* The Redis keys of one lock name (DLOCK_KEY_* and DLOCK_KEYS, from
+ * lua/keys.lua: conn/script.h) all share the hash tag {<name>}. */
 
 typedef struct dlock_entry {
     UT_hash_handle hh; /* guarded by the table mutex */
