@@ -40,7 +40,11 @@ static redisContext *store_connect(void)
     return k;
 }
 
-/* One fenced call: {1, ...} or {0, highest}; NULL on a Redis error. */
+/* example: dlock_fenced_script */
+/* One fenced call on the store (sha: what SCRIPT LOAD of dlock_fenced_script()
+ * answered): an array {1, ...} (get: the value, a bulk string or nil), or
+ * {0, highest} (refused: highest, a bulk string of digits, is a later
+ * holder's token); NULL on a Redis error. */
 static redisReply *fenced(redisContext *k, const char *key, uint64_t token, const char *op,
                           const char *value)
 {
@@ -55,6 +59,7 @@ static redisReply *fenced(redisContext *k, const char *key, uint64_t token, cons
         freeReplyObject(r);
     return NULL;
 }
+/* end */
 
 static long applied, refused, failed; /* guarded by count_mu */
 static pthread_mutex_t count_mu = PTHREAD_MUTEX_INITIALIZER;

@@ -424,8 +424,9 @@ DLOCK_API int dlock_handle_release(dlock_handle *h);
  * Redis command. */
 DLOCK_API int dlock_handle_held(dlock_handle *h);
 
-/* dlock_unclean for a handle's hold: 0, DLOCK_UNCLEAN_*, DLOCK_EINVAL for
- * a NULL handle, or DLOCK_EFORK in a forked child. Any thread. */
+/* dlock_unclean for a handle's hold. Returns 0, DLOCK_UNCLEAN_*,
+ * DLOCK_EINVAL for a NULL handle, or DLOCK_EFORK in a forked child. Any
+ * thread. */
 DLOCK_API int dlock_handle_unclean(dlock_handle *h);
 
 /* Acquires `name` (as dlock_acquire with wait_ms), runs fn(arg, fence)
@@ -542,7 +543,8 @@ DLOCK_API const char *dlock_client_id(dlock_client *c);
  * dlock_last_error(). Any thread, any time before dlock_client_close. */
 DLOCK_API char *dlock_client_metrics_prometheus(dlock_client *c);
 
-/* Fills *out with the client's counters. DLOCK_EINVAL for NULL arguments. */
+/* Fills *out with the client's counters. Returns DLOCK_OK, or DLOCK_EINVAL
+ * for NULL arguments. */
 DLOCK_API int dlock_client_stats(dlock_client *c, dlock_stats *out);
 
 /*
@@ -559,7 +561,8 @@ DLOCK_API int dlock_client_stats(dlock_client *c, dlock_stats *out);
  * as a bulk string of decimal digits (a later holder has touched the
  * record: the caller's lease is gone, and nothing was read or written). A
  * wrong call is an error reply "ERR fenced: ...". lua/fenced.lua says more;
- * the user guide gives the same rule for SQL. A static string, never NULL.
+ * the user guide gives the same rule for SQL. Returns the script's text, a
+ * static string, never NULL.
  */
 DLOCK_API const char *dlock_fenced_script(void);
 
