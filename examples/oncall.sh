@@ -13,11 +13,11 @@ for i in $(seq 100); do
   sleep 0.05
 done
 echo '$ dlockctl list'
-"$ctl" -s "$sock" -p example: list
+"$ctl" -s "$sock" --prefix example: list
 echo '$ dlockctl show invoice:7'
-"$ctl" -s "$sock" -p example: show invoice:7
+"$ctl" -s "$sock" --prefix example: show invoice:7
 echo '$ dlockctl release invoice:7 --force'
-"$ctl" -s "$sock" -p example: release invoice:7 --force
+"$ctl" -s "$sock" --prefix example: release invoice:7 --force
 status=0
 wait "$pid" || status=$?
 echo '-- the worker:'

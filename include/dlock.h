@@ -264,8 +264,10 @@ DLOCK_API void dlock_client_close(dlock_client *c);
  * ends and how many clients wait for it), DLOCK_EREDIS (Redis unreachable
  * or failed, within the bounds above; when Redis could not be reached, did
  * not answer in time or answered with an error, dlock_last_error() starts
- * with "unreachable:", "timed out:" or "refused by the server:" and names
- * the step and, for a connection's setup, the server's address; if the outcome of the acquire is unknown, the renewal
+ * with "unreachable:", "timed out:" or "refused by the server:" ("not a
+ * Redis server:" when something else answered on the port) and names the
+ * step and, for a connection's setup, the server's address; if the outcome
+ * of the acquire is unknown, the renewal
  * thread releases that grant in the background, or it expires after
  * lease_ms; threads of this client that waited behind the failed call fail
  * with it), DLOCK_ESERVER (the server is older than Redis 5,

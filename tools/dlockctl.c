@@ -83,8 +83,9 @@ static void usage(FILE *f)
 "alive by the server's clock; names are printed with control characters\n"
 "escaped (\\xNN); list is sorted by name.\n"
 "\n"
-"connection (as the library's dlock_config):\n"
-"  -h, --host HOST:PORT   the server (default 127.0.0.1:6379)\n"
+"connection (as the library's dlock_config; the short options as redis-cli's):\n"
+"  -h, --host HOST[:PORT] the server (default 127.0.0.1:6379)\n"
+"  -p, --port PORT        its port (default 6379)\n"
 "  -s, --socket PATH      a Unix socket instead\n"
 "      --cluster LIST     Redis Cluster seed nodes \"host:port,...\"\n"
 "      --sentinels LIST   Sentinel mode: the sentinels \"host:port,...\", with\n"
@@ -92,7 +93,7 @@ static void usage(FILE *f)
 "  -u, --user USER        an ACL user (with --password)\n"
 "  -a, --password PW      AUTH password (or the DLOCK_PASSWORD environment variable)\n"
 "  -n, --db N             the database (default 0)\n"
-"  -p, --prefix PREFIX    the key_prefix of the clients (default dlock:)\n"
+"      --prefix PREFIX    the key_prefix of the clients (default dlock:)\n"
 "      --json             JSON instead of text (list: an array; show, release: an\n"
 "                         object; watch: one object per line)\n"
 "      --help             this text\n"
@@ -116,8 +117,9 @@ void ctl_die(const char *what)
 }
 
 
-/* The whole number s, at least min, for option `what`; bad usage otherwise. */
-static long number(const char *s, const char *what, long min)
+/* The whole number s, from min to max, for option `what`; bad usage
+ * otherwise. */
+static long number(const char *s, const char *what, long min, long max)
 {
     char *end, msg[300];
     errno = 0;
@@ -130,17 +132,46 @@ static long number(const char *s, const char *what, long min)
         snprintf(msg, sizeof msg, "%s is at least %ld, not %ld", what, min, v);
         ctl_die_usage("%s", msg);
     }
+    if (v > max) {
+        snprintf(msg, sizeof msg, "%s is at most %ld, not %ld", what, max, v);
+        ctl_die_usage("%s", msg);
+    }
     return v;
 }
+
+/* The commands: each runs with its argument (NULL if none) once the
+ * options are read and the connection is set up, and returns the exit
+ * status. */
+static int run_list(const char *arg) { return ctl_list(arg ? arg : "*"); }
+static int run_show(const char *arg) { return ctl_show(arg, 0) ? 0 : 1; }
+static int run_release(const char *arg) { return O.client ? ctl_release_client() : ctl_release(arg); }
+static int run_watch(const char *arg) { return ctl_watch(arg); }
+static int run_doctor(const char *arg)
+{
+    (void)arg;
+    return ctl_doctor();
+}
+
+typedef struct ctl_command {
+    const char *name;
+    int needs_name; /* a lock name must follow (release: or --client ID) */
+    int (*run)(const char *arg);
+} ctl_command;
+
+static const ctl_command commands[] = {
+    {"list", 0, run_list},       {"show", 1, run_show},     {"release", 1, run_release},
+    {"watch", 1, run_watch},     {"doctor", 0, run_doctor},
+};
 
 int main(int argc, char **argv)
 {
     enum { O_CLUSTER = 256, O_SENTINELS, O_MASTER, O_SPW, O_JSON, O_FORCE, O_INTERVAL, O_COUNT,
-           O_HELP, O_CLIENT, O_VERSION };
+           O_HELP, O_CLIENT, O_VERSION, O_PREFIX };
     static const struct option lo[] = {
         {"host", required_argument, 0, 'h'},       {"socket", required_argument, 0, 's'},
         {"user", required_argument, 0, 'u'},       {"password", required_argument, 0, 'a'},
-        {"db", required_argument, 0, 'n'},         {"prefix", required_argument, 0, 'p'},
+        {"db", required_argument, 0, 'n'},         {"prefix", required_argument, 0, O_PREFIX},
+        {"port", required_argument, 0, 'p'},
         {"cluster", required_argument, 0, O_CLUSTER},
         {"sentinels", required_argument, 0, O_SENTINELS},
         {"master", required_argument, 0, O_MASTER},
@@ -152,31 +183,36 @@ int main(int argc, char **argv)
         {"version", no_argument, 0, O_VERSION},
         {0, 0, 0, 0}};
     O.password = getenv("DLOCK_PASSWORD");
-    int opt, where = 0;
-    while ((opt = getopt_long(argc, argv, "+h:s:u:a:n:p:", lo, NULL)) != -1) {
+    int opt, where = 0, port = 0, host_port = 0;
+    while ((opt = getopt_long(argc, argv, "+h:p:s:u:a:n:", lo, NULL)) != -1) {
         switch (opt) {
         case 'h': {
             const char *colon = strrchr(optarg, ':');
-            if (!colon || colon == optarg || atoi(colon + 1) <= 0 || atoi(colon + 1) > 65535)
-                ctl_die_usage("--host wants HOST:PORT, not '%s'", optarg);
-            snprintf(O.host, sizeof O.host, "%.*s", (int)(colon - optarg), optarg);
-            O.port = atoi(colon + 1);
+            if (colon == optarg || (colon && !colon[1]) || strlen(optarg) >= sizeof O.host)
+                ctl_die_usage("--host wants HOST or HOST:PORT, not '%s'", optarg);
+            snprintf(O.host, sizeof O.host, "%.*s",
+                     (int)(colon ? colon - optarg : (ptrdiff_t)strlen(optarg)), optarg);
+            if (colon) {
+                O.port = (int)number(colon + 1, "--host's port", 1, 65535);
+                host_port = 1;
+            }
             where++;
             break;
         }
+        case 'p': port = (int)number(optarg, "--port", 1, 65535); break;
+        case O_PREFIX: O.prefix = optarg; break;
         case 's': O.unix_path = optarg; where++; break;
         case 'u': O.user = optarg; break;
         case 'a': O.password = optarg; break;
-        case 'n': O.db = atoi(optarg); break;
-        case 'p': O.prefix = optarg; break;
+        case 'n': O.db = (int)number(optarg, "--db", 0, 1 << 20); break;
         case O_CLUSTER: O.cluster = optarg; where++; break;
         case O_SENTINELS: O.sentinels = optarg; where++; break;
         case O_MASTER: O.master = optarg; break;
         case O_SPW: O.sentinel_password = optarg; break;
         case O_JSON: O.json = 1; break;
         case O_FORCE: O.force = 1; break;
-        case O_INTERVAL: O.interval_ms = number(optarg, "--interval", 10); break;
-        case O_COUNT: O.count = number(optarg, "--count", 1); break;
+        case O_INTERVAL: O.interval_ms = number(optarg, "--interval", 10, 86400000); break;
+        case O_COUNT: O.count = number(optarg, "--count", 1, 1L << 40); break;
         case O_CLIENT: O.client = optarg; break;
         case O_VERSION:
             printf("dlockctl %s (protocol %d)\n", dlock_version(), DLOCK_PROTOCOL_VERSION);
@@ -188,6 +224,16 @@ int main(int argc, char **argv)
     if (where > 1)
         ctl_die_usage("%s", "--host, --socket, --cluster and --sentinels each name the server: "
                         "give one");
+    if (port) {
+        if (O.unix_path || O.cluster || O.sentinels)
+            ctl_die_usage("%s", "--port goes with --host, not --socket, --cluster or --sentinels");
+        if (host_port && O.port != port) {
+            char msg[120];
+            snprintf(msg, sizeof msg, "--host says port %d, --port %d: give one", O.port, port);
+            ctl_die_usage("%s", msg);
+        }
+        O.port = port;
+    }
     if (O.user && !O.password)
         ctl_die_usage("%s", "--user needs --password (or DLOCK_PASSWORD)");
     if (strlen(O.prefix) > DLOCK_PREFIX_MAX)
@@ -205,9 +251,9 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[optind], "--json"))
             O.json = 1;
         else if (!strcmp(argv[optind], "--interval") && optind + 1 < argc)
-            O.interval_ms = number(argv[++optind], "--interval", 10);
+            O.interval_ms = number(argv[++optind], "--interval", 10, 86400000);
         else if (!strcmp(argv[optind], "--count") && optind + 1 < argc)
-            O.count = number(argv[++optind], "--count", 1);
+            O.count = number(argv[++optind], "--count", 1, 1L << 40);
         else if (!strcmp(argv[optind], "--client") && optind + 1 < argc)
             O.client = argv[++optind];
         else if (!arg)
@@ -215,32 +261,24 @@ int main(int argc, char **argv)
         else
             ctl_die_usage("unexpected argument '%s'", argv[optind]);
     }
-    if (strcmp(command, "list") && strcmp(command, "show") && strcmp(command, "release") &&
-        strcmp(command, "doctor") && strcmp(command, "watch"))
+    const ctl_command *cmd = NULL;
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(command, commands[i].name))
+            cmd = &commands[i];
+    if (!cmd)
         ctl_die_usage("unknown command '%s' (list, show, watch, release, doctor)", command);
-    if (O.client && strcmp(command, "release") != 0)
+    if (O.client && cmd->run != run_release)
         ctl_die_usage("--client goes with release, not %s", command);
     if (O.client && arg)
         ctl_die_usage("release takes a name or --client ID, not both ('%s')", arg);
     if (O.client && (strlen(O.client) != 32 || strspn(O.client, "0123456789abcdef") != 32))
         ctl_die_usage("--client wants a client id, 32 hex digits, not '%s'", O.client);
-    int needs_name = strcmp(command, "list") != 0 && strcmp(command, "doctor") != 0 && !O.client;
-    if (needs_name && (!arg || !*arg))
+    if (cmd->needs_name && !O.client && (!arg || !*arg))
         ctl_die_usage("%s needs a lock name", command);
     if (arg && strlen(arg) > DLOCK_NAME_MAX)
         ctl_die_usage("the name is longer than %s bytes", "DLOCK_NAME_MAX");
     ctl_setup();
-    int rc;
-    if (!strcmp(command, "list"))
-        rc = ctl_list(arg ? arg : "*");
-    else if (!strcmp(command, "doctor"))
-        rc = ctl_doctor();
-    else if (!strcmp(command, "show"))
-        rc = ctl_show(arg, 0) ? 0 : 1;
-    else if (!strcmp(command, "release"))
-        rc = O.client ? ctl_release_client() : ctl_release(arg);
-    else
-        rc = ctl_watch(arg);
+    int rc = cmd->run(arg);
     ctl_teardown();
     return rc;
 }

@@ -94,10 +94,16 @@ static void doctor_one(const char *host, int port, const char *unix_path)
         }
     }
     redisReply *r = redisCommand(c, "INFO");
+    if (!r && c->err == REDIS_ERR_PROTOCOL) {
+        finding(where, "FAIL", "info", "not a Redis server: it answered INFO in another "
+                "protocol (%s)", c->errstr);
+        redisFree(c);
+        return;
+    }
     if (!r) {
         /* no answer (a timeout, a closed connection): not a permission */
         finding(where, "FAIL", "info", "no answer to INFO within %" PRIu32 " ms (%s): the "
-                "server is stuck or not a Redis server", CFG.command_timeout_ms, c->errstr);
+                "server is stuck", CFG.command_timeout_ms, c->errstr);
         redisFree(c);
         return;
     }

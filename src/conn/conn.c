@@ -221,6 +221,9 @@ int dlock_conn_read(redisContext *c, int64_t deadline, redisReply **out)
 
 static int fail_ctx(redisContext *c, const char *what)
 {
+    if (c && c->err == REDIS_ERR_PROTOCOL) /* an HTTP server on the port, say */
+        return dlock_err_set(DLOCK_EREDIS, "not a Redis server: it answered %s in another "
+                             "protocol (%s)", what, c->errstr);
     int rc = dlock_err_set(DLOCK_EREDIS, "redis %s: %s", what,
                            c ? (c->err ? c->errstr : "unexpected reply") : "out of memory");
     return rc;

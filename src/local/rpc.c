@@ -34,8 +34,9 @@
  * replies say themselves), from the connection's error text. */
 static const char *redis_failure(const char *err)
 {
-    if (strstr(err, "refused by the server"))
-        return ""; /* it says so itself (conn.c: a setup step the server refused) */
+    if (strstr(err, "refused by the server") || strstr(err, "not a Redis server"))
+        return ""; /* it says so itself (conn.c: a setup step the server refused, or
+                      answered in another protocol) */
     if (strstr(err, "timed out") || strstr(err, "came free"))
         return "timed out: ";
     return "unreachable: ";

@@ -434,7 +434,7 @@ static void test_dlockctl_on_cluster(void **state)
         assert_int_equal(dlock_acquire(c, name, 0, NULL), DLOCK_OK);
     }
     char command[600], out[16384];
-    snprintf(command, sizeof command, "%s --cluster %s -p tc:ctl: --json list", DLOCKCTL_PATH,
+    snprintf(command, sizeof command, "%s --cluster %s --prefix tc:ctl: --json list", DLOCKCTL_PATH,
              C.addrs);
     FILE *f = popen(command, "r");
     size_t got = fread(out, 1, sizeof out - 1, f);
@@ -444,7 +444,7 @@ static void test_dlockctl_on_cluster(void **state)
     for (const char *p = out; (p = strstr(p, "\"holder_name\":\"on-cluster\"")); p++)
         listed++;
     assert_int_equal(listed, 30);
-    snprintf(command, sizeof command, "%s --cluster %s -p tc:ctl: release k7 --force",
+    snprintf(command, sizeof command, "%s --cluster %s --prefix tc:ctl: release k7 --force",
              DLOCKCTL_PATH, C.addrs);
     assert_int_equal(system(command), 0);
     for (int i = 0; i < 200 && dlock_held(c, "k7"); i++) /* 2 s: generous */

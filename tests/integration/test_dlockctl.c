@@ -4,14 +4,20 @@
  * locks: list, show, watch, and release --force, whose holder must learn at
  * once (dlock_held 0, on_lost, on_log) and whose next waiter gets the lock.
  */
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -29,7 +35,7 @@ static int vctl(int with_err, char *out, size_t n, const char *fmt, va_list ap)
 {
     char args[600], command[900];
     vsnprintf(args, sizeof args, fmt, ap);
-    snprintf(command, sizeof command, "%s -h 127.0.0.1:%d -p tc:ctl: %s %s", DLOCKCTL_PATH,
+    snprintf(command, sizeof command, "%s -h 127.0.0.1:%d --prefix tc:ctl: %s %s", DLOCKCTL_PATH,
              fx_server.port, args, with_err ? "2>&1" : "2>/dev/null");
     FILE *f = popen(command, "r");
     assert_non_null(f);
@@ -317,7 +323,7 @@ static void test_release_client(void **state)
      * holder: only the client named is released. */
     assert_int_equal(dlock_acquire(dead, "rc:moved", 0, NULL), DLOCK_OK);
     char command[600];
-    snprintf(command, sizeof command, "DLOCKCTL_TEST_PAUSE_MS=1500 %s -h 127.0.0.1:%d -p tc:ctl: "
+    snprintf(command, sizeof command, "DLOCKCTL_TEST_PAUSE_MS=1500 %s -h 127.0.0.1:%d --prefix tc:ctl: "
              "release --client %s --force >/dev/null 2>&1", DLOCKCTL_PATH, fx_server.port, id);
     FILE *f = popen(command, "r");
     assert_non_null(f);
@@ -402,10 +408,73 @@ static void test_listing_and_doctor(void **state)
     assert_null(strstr(out, "+info"));
 }
 
+/* A server that answers in another protocol: one HTTP reply to each
+ * connection, for as long as `stop` is 0. */
+typedef struct http_srv {
+    int fd, port;
+    atomic_int stop;
+    pthread_t th;
+} http_srv;
+
+static void *http_main(void *arg)
+{
+    http_srv *h = arg;
+    while (!atomic_load(&h->stop)) {
+        int c = accept(h->fd, NULL, NULL);
+        if (c < 0)
+            continue;
+        char buf[512];
+        (void)!read(c, buf, sizeof buf);
+        static const char reply[] = "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n";
+        (void)!write(c, reply, sizeof reply - 1);
+        close(c);
+    }
+    return NULL;
+}
+
+static void test_not_a_redis_server(void **state)
+{
+    (void)state;
+    http_srv h = {.stop = 0};
+    h.fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    assert_int_equal(bind(h.fd, (struct sockaddr *)&a, sizeof a), 0);
+    socklen_t len = sizeof a;
+    assert_int_equal(getsockname(h.fd, (struct sockaddr *)&a, &len), 0);
+    h.port = ntohs(a.sin_port);
+    assert_int_equal(listen(h.fd, 8), 0);
+    struct timeval tv = {0, 100000}; /* accept wakes to see `stop` */
+    setsockopt(h.fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    assert_int_equal(pthread_create(&h.th, NULL, http_main, &h), 0);
+    char command[600], out[2048];
+    for (int i = 0; i < 2; i++) {
+        snprintf(command, sizeof command, "%s -h 127.0.0.1 -p %d %s 2>&1", DLOCKCTL_PATH, h.port,
+                 i == 0 ? "list" : "doctor");
+        FILE *f = popen(command, "r");
+        size_t got = fread(out, 1, sizeof out - 1, f);
+        out[got] = '\0';
+        int st = pclose(f);
+        fprintf(stderr, "# %s", out);
+        assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 1);
+        assert_non_null(strstr(out, "not a Redis server"));
+        assert_null(strstr(out, "unreachable"));
+    }
+    atomic_store(&h.stop, 1);
+    pthread_join(h.th, NULL);
+    close(h.fd);
+}
+
 static void test_bad_usage(void **state)
 {
     (void)state;
     char out[2048];
+    /* -p is the port, as redis-cli's: a prefix given to it is bad usage,
+     * and a port that disagrees with --host's too; the same port passes */
+    assert_int_equal(ctl_err(out, sizeof out, "-p tc: list"), 2);
+    assert_non_null(strstr(out, "--port takes a whole number"));
+    assert_int_equal(ctl_err(out, sizeof out, "-p 1 list"), 2);
+    assert_non_null(strstr(out, "--host says port"));
+    assert_int_equal(ctl(out, sizeof out, "-p %d list", fx_server.port), 0);
     assert_int_equal(ctl(out, sizeof out, ""), 2);
     assert_int_equal(ctl_err(out, sizeof out, "frobnicate x"), 2);
     assert_non_null(strstr(out, "unknown command 'frobnicate'"));
@@ -493,7 +562,7 @@ static void test_other_protocol_refused(void **state)
     assert_int_equal(dlock_acquire(a, "pv3", 0, NULL), DLOCK_OK);
     char command[600];
     snprintf(command, sizeof command, "DLOCKCTL_TEST_FORCE_PAUSE_MS=1500 %s -h 127.0.0.1:%d "
-             "-p tc:ctl: release pv3 --force 2>&1", DLOCKCTL_PATH, fx_server.port);
+             "--prefix tc:ctl: release pv3 --force 2>&1", DLOCKCTL_PATH, fx_server.port);
     FILE *f = popen(command, "r");
     assert_non_null(f);
     fx_sleep_ms(500); /* it has read the lock (0.5 s is plenty on loopback) and now pauses */
@@ -522,6 +591,7 @@ int main(void)
         cmocka_unit_test(test_release_client),
         cmocka_unit_test(test_listing_and_doctor),
         cmocka_unit_test(test_bad_usage),
+        cmocka_unit_test(test_not_a_redis_server),
         cmocka_unit_test(test_other_protocol_refused),
     };
     return cmocka_run_group_tests(tests, fx_group_setup, fx_group_teardown);

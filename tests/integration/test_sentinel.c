@@ -667,14 +667,14 @@ static void test_dlockctl_through_sentinels(void **state)
     assert_int_equal(dlock_client_open(&cfg, &c), DLOCK_OK);
     assert_int_equal(dlock_acquire(c, "s1", 0, NULL), DLOCK_OK);
     char command[700], out[4096];
-    snprintf(command, sizeof command, "%s --sentinels '%s' --master %s -p ts:ctl: --json show s1",
+    snprintf(command, sizeof command, "%s --sentinels '%s' --master %s --prefix ts:ctl: --json show s1",
              DLOCKCTL_PATH, sentinels, MASTER_NAME);
     FILE *f = popen(command, "r");
     size_t got = fread(out, 1, sizeof out - 1, f);
     out[got] = '\0';
     assert_int_equal(pclose(f), 0);
     assert_non_null(strstr(out, "\"holder_name\":\"via-sentinel\""));
-    snprintf(command, sizeof command, "%s --sentinels '%s' --master %s -p ts:ctl: release s1 "
+    snprintf(command, sizeof command, "%s --sentinels '%s' --master %s --prefix ts:ctl: release s1 "
              "--force >/dev/null", DLOCKCTL_PATH, sentinels, MASTER_NAME);
     assert_int_equal(system(command), 0);
     for (int i = 0; i < 200 && dlock_held(c, "s1"); i++) /* 2 s: generous */
