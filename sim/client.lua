@@ -35,6 +35,7 @@ function C.settings(cfg)
   s.retry_us = 100000 -- RETRY_MS: a failed renewal round is tried again this soon
   s.pool_size = cfg.pool_size
   s.local_rule = cfg.local_rule -- see dlock_release_outermost below
+  s.min_replicas = cfg.min_replicas or 0 -- grants and renewals count once WAIT confirms them
   return s
 end
 
@@ -429,7 +430,7 @@ function C.try(c, e)
   local argv = C.acquire_argv(c, e, nonce, th.once)
   local sent = cnow(c)
   trace(c, '%s polls %s: acquire attempt %d', th.name, e.name, nonce)
-  c.W:request(c, 'acquire', e.name, e.keys, argv, {nonce = nonce}, function(rep, how)
+  c.W:request(c, 'acquire', e.name, e.keys, argv, {nonce = nonce}, function(rep, how, acked)
     if not c.alive then return end
     e.state = 'NONE'
     if how ~= 'reply' then
@@ -451,6 +452,13 @@ function C.try(c, e)
         e.queued = true -- the last waiter to go takes the client out
       end
       return poll_done(c, e, th.stop)
+    end
+    if granted == 1 and c.s.min_replicas > 0 and (acked or 0) < c.s.min_replicas then
+      -- dlock_rpc_acquire: a grant WAIT confirmed on too few replicas is
+      -- given back (a failover could lose it) and the try fails
+      c.W.faults.wait_short = (c.W.faults.wait_short or 0) + 1
+      C.job(c, e, 'giveback', nonce, c.s.keep_ms * 1000)
+      return poll_done(c, e, 'EREDIS')
     end
     if granted == 1 then
       if C.too_late(c.s, sent, cnow(c)) then
@@ -673,11 +681,13 @@ function C.renew_round(c)
   local sent = cnow(c)
   c.renewing = true
   c.round_at = nil
-  c.W:request(c, 'renew', names[1], ks, argv, {renew = snap}, function(rep, how)
+  c.W:request(c, 'renew', names[1], ks, argv, {renew = snap}, function(rep, how, acked)
     c.renewing = false
     if not c.alive then return end
     local now = cnow(c)
     local ok = how == 'reply' and type(rep) == 'table' and not rep.err and rep.n == #snap
+      -- with min_replicas, a round counts only once WAIT confirms it
+      and (c.s.min_replicas == 0 or (acked or 0) >= c.s.min_replicas)
     local earliest = NEVER
     for i, sn in ipairs(snap) do
       local e = sn.e
@@ -744,7 +754,11 @@ function C.message(c, msg)
   trace(c, 'message "%s"', msg)
   local e = name and c.entries[name]
   if not e then return end
-  if nonce and e.poller then e.msg = {nonce = nonce, token = tok, unclean = unclean} end
+  -- (with min_replicas a direct grant is not taken from its message: the
+  -- releaser's WAIT is not the taker's; the poller's next try confirms it)
+  if nonce and e.poller and c.s.min_replicas == 0 then
+    e.msg = {nonce = nonce, token = tok, unclean = unclean}
+  end
   e.woken = true
   if e.sleeping then C.wake_poller(c, e) end
 end

@@ -246,13 +246,14 @@ function W.new(seed, opts, scripts)
                    -- then undone (fault_force) never matches a later era
   self.grant_era = {} -- name .. ' ' .. token -> {era =, idx =} at its issue
   self.grants_made = {} -- name -> grants issued so far
-  self.recs = {}   -- record key -> {n =, exp = server ms, era =}
   self.free_since = {}
   self.pending_end = {} -- name -> {code, srv_ms, era}: an unclean end not yet told
   self.step_back_total = 0
   self.backs, self.fwds = 0, 0 -- server clock steps back and forward so far
   self.dirty = {} -- names to look at in the next exclusion check
   self.aof = {}    -- snapshots of the data, newest last, for restarts and failovers
+  self.reps = {}   -- the replicas (cfg.replicas): {db =, last = arrival of the newest write}
+  self.rep_gen = 0 -- bumped at each failover: writes still on their way to a replica are void
 
   local cfg = {}
   cfg.clients = opts.clients or self:rint(2, 4)
@@ -294,6 +295,16 @@ function W.new(seed, opts, scripts)
     local lengths = {20, 50, 100, 1000, 2000}
     cfg.steps = lengths[self:rint2(1, #lengths)]
   end
+  -- Replicas (the second stream too): in half of the schedules with
+  -- failovers, 1 or 2 replicas that receive each script's writes after a
+  -- lag, and clients that WAIT for min_replicas of them after each grant
+  -- and renewal (0 to all); a failover then promotes the replica that has
+  -- the most of the master's writes.
+  cfg.replicas, cfg.min_replicas = 0, 0
+  if on.failover and self:rand2() < 0.5 then
+    cfg.replicas = self:rint2(1, 2)
+    cfg.min_replicas = self:rint2(0, cfg.replicas)
+  end
   if on.fast then
     -- threads that hold and think for no time at all: local handoffs
     -- as fast as the clock rule lets them go (release.c, handoff_in_time)
@@ -321,8 +332,13 @@ function W:add_client()
   local idx = #self.clients + 1
   local c = C.new(self, idx, self:hexid(), {
     lease_ms = cfg.lease_ms, pass_limit = cfg.pass_limit, waiter_ttl_ms = cfg.waiter_ttl_ms,
-    pool_size = cfg.pool_size, local_rule = cfg.local_rule, cmd_timeout_ms = cfg.cmd_timeout_ms})
+    pool_size = cfg.pool_size, local_rule = cfg.local_rule, cmd_timeout_ms = cfg.cmd_timeout_ms,
+    min_replicas = cfg.min_replicas})
   c.rate = 1
+  if not self.reps_made then
+    self.reps_made = true
+    for i = 1, cfg.replicas do self.reps[i] = {db = {}, last = 0} end
+  end
   if cfg.faults.drift then
     -- within +-0.5%, or (half the time, from the second stream) up to the
     -- bound the drift margin assumes: +-0.99%
@@ -485,33 +501,16 @@ function W:after_script(c, script, names, keys, argv, before, rep, meta, all_key
       end
     end
   end
+  -- stale: no grant to an attempt older than the newest that the client's
+  -- record named when the script ran (a record Redis no longer keeps, lost
+  -- or expired, proves nothing)
   if script == 'acquire' and c then
     local name = names[1]
-    local rk = keys[6]
-    local r = self.recs[rk]
+    local r = self.rec_before
     local n = tonumber(argv[3])
-    if type(rep) == 'table' and rep[1] == 1 and r and r.n > n and r.era == self.era[name]
-       and self.srv.now_ms <= r.exp then
+    if type(rep) == 'table' and rep[1] == 1 and r and r > n then
       self:violation('stale', string.format('%s: attempt %d of %s granted after Redis recorded '
-        .. 'its attempt %d', name, n, c.name, r.n))
-    end
-  end
-  -- The records Redis keeps: the newest number each one names.
-  if keys then
-    local rk = keys[6]
-    local o = R.live(srv, rk)
-    if o and o.type == 'string' then
-      local n = tonumber(o.v:match('^(%d+)'))
-      local r = self.recs[rk]
-      if n then
-        -- the record as written now: a rewrite moves its end, earlier too
-        -- after a step back of the server's clock (a server clock step
-        -- forward or a restart may end it earlier still: then the era
-        -- changes)
-        if not r or r.n ~= n or r.era ~= self.era[names[1]] or (o.exp or math.huge) ~= r.exp then
-          self.recs[rk] = {n = n, exp = o.exp or math.huge, era = self.era[names[1]]}
-        end
-      end
+        .. 'its attempt %d', name, n, c.name, r))
     end
   end
   -- expiry: every key has one (a script writes only the keys it is given).
@@ -531,6 +530,11 @@ function W:run_script(c, script, names, keys, argv, meta)
   srv.now_us, srv.now_ms = now_us, floor(now_us / 1000)
   local before = {}
   for i, name in ipairs(names) do before[i] = lease_of(srv, 'dlock:{' .. name .. '}') end
+  self.rec_before = nil
+  if script == 'acquire' then
+    local o = R.live(srv, keys[6])
+    self.rec_before = o and o.type == 'string' and tonumber(o.v:match('^(%d+)')) or nil
+  end
   srv.published = {}
   local f = self.fns[script]
   local rep = R.run(srv, f, keys, argv, now_us)
@@ -548,10 +552,64 @@ function W:run_script(c, script, names, keys, argv, meta)
   end
   self:after_script(c, script, names, script ~= 'renew' and keys or nil, argv, before, rep, meta,
     keys)
+  self.arrivals = self:replicate(keys)
   for _, name in ipairs(names) do self.dirty[name] = true end
   for _, p in ipairs(srv.published) do self:publish(p.channel, p.message) end
   self:snapshot()
   return rep
+end
+
+-- Replication: the keys a script wrote (a script writes only its KEYS) go
+-- to each replica in order, after a lag (now and then a long one). Returns
+-- when each replica will have the write, soonest first.
+function W:replicate(keys)
+  local reps = self.reps
+  if #reps == 0 then return {} end
+  local delta = {}
+  for i, k in ipairs(keys) do
+    local o = self.srv.db[k]
+    delta[i] = {k, o and R.copy_db({[k] = o})[k] or false}
+  end
+  local arrivals = {}
+  local gen = self.rep_gen
+  for _, r in ipairs(reps) do
+    local lag = self:rint2(20, 1500)
+    local spike = self:rand2() < 0.05
+    if spike then lag = self:rint2(10000, 2 * self.cfg.lease_ms * 1000) end
+    local at = math.max(self.now + lag, r.last + 1)
+    r.last = at
+    if spike then
+      -- a replica that lags holds up every WAIT: a fault, until it has caught up
+      self.faults.replica_lag = (self.faults.replica_lag or 0) + 1
+      self.last_fault = math.max(self.last_fault or 0, at)
+    end
+    arrivals[#arrivals + 1] = at
+    self:at(at, function()
+      if self.rep_gen ~= gen then return end -- from before a failover
+      for _, d in ipairs(delta) do
+        r.db[d[1]] = d[2] and R.copy_db({[d[1]] = d[2]})[d[1]] or nil
+      end
+    end)
+  end
+  table.sort(arrivals)
+  return arrivals
+end
+
+-- A client that WAITs for m replicas after its call (as every exchange of
+-- a client with min_replicas ends): WAIT returns once m replicas have the
+-- call's writes, or at its timeout (half the command timeout, as the
+-- client's), with the count then. Returns how long it waited, and the count.
+function W:wait_for(c, arrivals)
+  local m = c.cfg.min_replicas or 0
+  if m == 0 then return 0, 0 end
+  local timeout = c.cfg.cmd_timeout_ms * 1000 / 2
+  local waited = timeout
+  if arrivals[m] and arrivals[m] - self.now <= timeout then waited = arrivals[m] - self.now end
+  local acked = 0
+  for _, at in ipairs(arrivals) do
+    if at <= self.now + waited then acked = acked + 1 end
+  end
+  return waited, acked
 end
 
 -- The data as persisted or replicated: a copy now and then, newest last.
@@ -608,10 +666,10 @@ function W:request(c, script, name, keys, argv, meta, cb)
   local lane = (script == 'renew' or meta.background) and 'r' or 'p'
   local tries = 0
   local done = false
-  local function finish(rep, how)
+  local function finish(rep, how, acked)
     if done then return end
     done = true
-    cb(rep, how)
+    cb(rep, how, acked)
   end
   local function send()
     tries = tries + 1
@@ -692,14 +750,22 @@ function W:request(c, script, name, keys, argv, meta, cb)
         return
       end
       local rep = self:run_script(c, script, names, keys, argv, meta)
+      local waited, acked = self:wait_for(c, self.arrivals)
+      local ran, gen = self.now, self.rep_gen
       if fate == 'reply lost, reset' then
         broke(self.now + self:rint(50, 2000))
         return
       elseif fate == 'reply lost' then
         return
       end
-      self:at(self.now + d2, function()
-        if tries == my_try and c.alive then finish(rep, 'reply') end
+      self:at(self.now + waited + d2, function()
+        if waited > 0 and self.rep_gen ~= gen and self.failover_t < ran + waited then
+          -- a failover came while WAIT waited: the old master's connection
+          -- broke before its answer (the outcome is unknown to the client)
+          if tries == my_try and c.alive then finish(nil, 'closed') end
+          return
+        end
+        if tries == my_try and c.alive then finish(rep, 'reply', acked) end
       end, c)
     end)
   end
@@ -870,7 +936,27 @@ end
 -- failover, a crash, a pause's end, a clock step, a forced release, a
 -- shutdown): liveness is checked again once the recovery bound has passed
 -- since the last one (W:run).
-function W:disturbed() self.last_fault = self.now end
+function W:disturbed() self.last_fault = math.max(self.last_fault or 0, self.now) end
+
+-- Whether two copies of the data hold the same keys and values for name.
+local function same_obj(a, b)
+  if not a or not b then return a == b end
+  if a.type ~= b.type or a.exp ~= b.exp then return false end
+  if type(a.v) ~= 'table' then return a.v == b.v end
+  for f, x in pairs(a.v) do if b.v[f] ~= x then return false end end
+  for f in pairs(b.v) do if a.v[f] == nil then return false end end
+  return true
+end
+
+function W:same_name_data(d1, d2, name)
+  local tag = '{' .. name .. '}'
+  for _, d in ipairs({d1, d2}) do
+    for k in pairs(d) do
+      if k:find(tag, 1, true) and not same_obj(d1[k], d2[k]) then return false end
+    end
+  end
+  return true
+end
 
 function W:new_era(name)
   self.dirty[name] = true
@@ -906,10 +992,39 @@ function W:fault_restart(kind)
     db = R.copy_db(self.aof[k].db)
   end
   self.aof = {}
+  local old = self.srv.db
+  if kind == 'failover' and #self.reps > 0 then
+    -- the replica with the most of the master's writes (the one whose
+    -- newest write came last) is promoted; writes still on their way are
+    -- lost, and the other replicas resync from it
+    local best = self.reps[1]
+    for _, r in ipairs(self.reps) do if r.last > best.last then best = r end end
+    db = R.copy_db(best.db)
+    self.rep_gen = self.rep_gen + 1
+    self.failover_t = self.now
+    for _, r in ipairs(self.reps) do
+      r.db, r.last = R.copy_db(db), self.now
+    end
+  end
   if self.tracing then self:trace('FAULT redis ' .. kind .. ' (down ' .. down .. ' us)') end
   self.srv.db = db
   self.loss_srv = self.now + self.srv_off -- the server's clock at the loss
-  self:revoke_all(kind == 'failover' and 'failover' or 'restart')
+  if kind == 'failover' and #self.reps > 0 then
+    -- A name whose keys all came through keeps its era: nothing of it was
+    -- lost, nothing is excused. With min_replicas equal to the replicas,
+    -- nothing is excused at all: every grant and renewal a client counts
+    -- reached every replica, so the promoted one has it (what it may lack,
+    -- a release or a leave, leaves nobody believing it holds a lease).
+    self.faults.failover = (self.faults.failover or 0) + 1
+    self.faults.failover_replica = (self.faults.failover_replica or 0) + 1
+    for _, n in ipairs(self.names) do
+      if self.cfg.min_replicas < #self.reps and not self:same_name_data(old, db, n) then
+        self:new_era(n)
+      end
+    end
+  else
+    self:revoke_all(kind == 'failover' and 'failover' or 'restart')
+  end
   self:at(self.now + down, function()
     self.up = true
     self:disturbed()
@@ -1073,10 +1188,11 @@ function W:run()
     for k in pairs(cfg.faults) do f[#f + 1] = k end
     table.sort(f)
     self:trace(string.format('schedule %d: %d clients x %d threads, %d names, lease %d ms, '
-      .. 'pass_limit %d, waiter ttl %d ms, command timeout %d ms, pool %d, rule %s, faults: %s',
+      .. 'pass_limit %d, waiter ttl %d ms, command timeout %d ms, pool %d, rule %s, '
+      .. 'replicas %d (min_replicas %d), faults: %s',
       self.seed, cfg.clients, cfg.threads, cfg.names, cfg.lease_ms, cfg.pass_limit,
-      cfg.waiter_ttl_ms, cfg.cmd_timeout_ms, cfg.pool_size, cfg.local_rule,
-      #f > 0 and table.concat(f, ',') or 'none'))
+      cfg.waiter_ttl_ms, cfg.cmd_timeout_ms, cfg.pool_size, cfg.local_rule, cfg.replicas,
+      cfg.min_replicas, #f > 0 and table.concat(f, ',') or 'none'))
   end
   self:schedule_faults(cfg.lease_ms * 1000 * 6)
   local ev = self.events
