@@ -1018,8 +1018,15 @@ function W:fault_restart(kind)
     self.faults.failover = (self.faults.failover or 0) + 1
     self.faults.failover_replica = (self.faults.failover_replica or 0) + 1
     for _, n in ipairs(self.names) do
-      if self.cfg.min_replicas < #self.reps and not self:same_name_data(old, db, n) then
-        self:new_era(n)
+      if not self:same_name_data(old, db, n) then
+        if self.cfg.min_replicas < #self.reps then
+          self:new_era(n)
+        else
+          -- a release is not WAITed for: the promoted replica may lack one,
+          -- and with it the word of an unclean end it carried (the grant
+          -- then expires, and the next holder is told so instead)
+          self.pending_end[n] = nil
+        end
       end
     end
   else
