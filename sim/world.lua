@@ -893,10 +893,14 @@ function W:check_exclusion()
 end
 
 -- live: in a schedule without faults, a free name with a live waiter does
--- not stay free longer than this bound (a waiter retries every waiter ttl / 4
--- at the latest; a turn lasts a waiter ttl).
+-- not stay free longer than this bound. What may keep it free: a turn, or
+-- the queue entry of a client that stopped waiting (its leave overtaken by
+-- its own newer single try, which Redis then refuses as stale), each for a
+-- waiter ttl from its last refresh, which came before the name was free;
+-- then the waiter's next retry, a waiter ttl / 4 later at the latest
+-- (client.c, fallback_ns); 50 ms for the round trips.
 function W:check_liveness()
-  local bound = (self.cfg.waiter_ttl_ms + 50) * 1000
+  local bound = (self.cfg.waiter_ttl_ms * 5 / 4 + 50) * 1000
   local clients, now = self.clients, self.now
   for _, name in ipairs(self.names) do
     -- a live client waiting long enough (cheap), then whether the name is
