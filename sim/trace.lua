@@ -16,7 +16,7 @@
 --   names  ID PREFIX CLIENT_NAME WAKE_PREFIX
 --   open   ID LEASE_MS PASS_LIMIT WAITER_TTL_MS KEEP_MS MIN_REPLICAS DRIFT_NS
 --          HANDOFF_MARGIN_NS GRANT_MS GRANT_DRIFT_NS GRANT_MARGIN_NS FALLBACK_NS
---   poll   NAME ONCE                          a poll starts (poll_redis)
+--   poll   NAME ONCE MADE                     a poll starts (poll_redis)
 --   acq    NAME SENT KEYS(6) ARGV(10)         the acquire script sent (dlock_rpc_acquire)
 --   rep    NAME NONCE SENT GRANTED VALUE ACKED RC   its reply, as read
 --   tried  NAME NONCE RC SENT ANSWERED STOP  the try's outcome for the poller
@@ -170,6 +170,13 @@ function T.check_file(path)
         if e.state ~= 'NONE' and e.state ~= 'LOST' then
           bad('a poll of %s while its lease is %s', e.name, e.state)
         end
+        local made = num(f[6])
+        if e.made and made ~= e.made then
+          -- the entry was freed and made anew (a new entry knows no
+          -- unconfirmed end of its own: the set's, if any, is what counts)
+          e.unconfirmed, e.unconfirmed_end = 0, 0
+        end
+        e.made = made
         e.state = 'NONE'
         e.try_nonce, e.try_sent, e.msg = 0, 0, nil -- a new wait
         e.once = f[5] == '1'
@@ -195,14 +202,13 @@ function T.check_file(path)
         for i = 12, 21 do a[#a + 1] = unesc(f[i]) end
         same_list(keys(e.name), k, 1, 'key')
         -- what the client knows of unconfirmed ends: the entry's, or the
-        -- set's when the entry was freed and made anew meanwhile
+        -- set's if higher (the entry was freed and made anew meanwhile: poll)
         local sv, se = set_value(e.name, stamp)
-        local got = tonumber(a[9])
         local model = {unconfirmed = math.max(e.unconfirmed, sv),
                        unconfirmed_end = e.unconfirmed >= sv and e.unconfirmed_end or se}
-        if got ~= model.unconfirmed and got == sv and sv > 0 then
-          model = {unconfirmed = sv, unconfirmed_end = se} -- the entry was made anew
-        end
+        -- (the poller keeps the set's in the entry too, so that a grant,
+        -- which goes above it, clears both: poll_redis)
+        e.unconfirmed, e.unconfirmed_end = model.unconfirmed, model.unconfirmed_end
         same_list(C.acquire_argv(c, model, nonce, a[6] == '0'), a, 1, 'acquire argument')
         if (a[6] == '0') ~= e.once then bad('a single try sent as a waiting one, or back') end
         e.pending = {nonce = nonce, sent = sent}

@@ -32,6 +32,7 @@ struct dlock_table {
     pthread_mutex_t mu;
     dlock_entry *entries; /* uthash head, guarded by mu */
     unsigned count;       /* guarded by mu */
+    uint64_t made;        /* guarded by mu: entries made so far */
     dlock_counters *ctr;
     size_t prefix_len;
     char client_suffix[40]; /* ":c:<client id>" */
@@ -151,6 +152,7 @@ static dlock_entry *lookup(dlock_table *t, const char *name, size_t len, int cre
         }
         if (!e) {
             if (create && (e = entry_new(t, name, len)) != NULL) {
+                e->made = ++t->made;
                 HASH_ADD_KEYPTR(hh, t->entries, e->name, len, e);
                 t->count++;
                 dlock_count(&t->ctr->entries, 1);

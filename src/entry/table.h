@@ -102,10 +102,14 @@ typedef struct dlock_entry {
     int64_t busy_at_ns;          /* when the try was sent (monotonic): they age from then */
     char busy_holder[DLOCK_CLIENT_NAME_MAX + 1];
     long long busy_held_ms, busy_left_ms, busy_queue;
+    int busy_joined;             /* that try joined the queue (busy_queue counts us) */
     int provisional;             /* HELD by a direct grant not renewed yet: valid for
                                     the waiter ttl only (handoffs use a shorter margin) */
 
     /* Immutable after creation. */
+    uint64_t made;          /* the table's count of entries made, this one's
+                               included: a name's entry freed and made anew
+                               has a new number (the client's trace shows it) */
     size_t name_len;
     char *keys[DLOCK_KEYS]; /* the Redis keys of this name, see DLOCK_KEY_* */
     char name[];            /* NUL-terminated */

@@ -101,10 +101,13 @@ static int take_handoff(dlock_client *c, dlock_entry *e, int *drop)
  * but the thread runs later, maybe much later. It is taken only if it is
  * still HELD and valid now, as an open handoff is (take_handoff); otherwise
  * it was lost in passing and the thread is a waiter again (the caller
- * polls), having told nobody (it never held it). Called with e->mu held, w
- * granted. DLOCK_OK or DLOCK_ELOST; after unlocking, the caller drops the
- * registry's reference if *drop was set. */
-static int take_direct_handoff(dlock_client *c, dlock_entry *e, dlock_waiter *w, int *drop)
+ * polls). Lost by the renewal (LOST), it was reported as any lost lease is
+ * (on_lost, the log); run out with no verdict yet, nobody is told (no
+ * thread held it): *ran_out is set to its token, for the caller's log line.
+ * Called with e->mu held, w granted. DLOCK_OK or DLOCK_ELOST; after
+ * unlocking, the caller drops the registry's reference if *drop was set. */
+static int take_direct_handoff(dlock_client *c, dlock_entry *e, dlock_waiter *w, int *drop,
+                               uint64_t *ran_out)
 {
     DLOCK_ASSERT(dlock_waiter_granted(w) && e->has_owner && !e->by_handle &&
                  pthread_equal(e->owner, pthread_self()));
@@ -121,6 +124,7 @@ static int take_direct_handoff(dlock_client *c, dlock_entry *e, dlock_waiter *w,
         /* Lost by its validity alone: Redis may still have it as ours. */
         dlock_client_unconfirmed_end(c, e, e->token, DLOCK_UNCLEAN_EXPIRED);
         *drop += dlock_renew_mark_lost(c->renew, e);
+        *ran_out = e->token;
     } else if (e->unconfirmed) {
         /* LOST: the renewal found it gone (and recorded it) */
         dlock_client_unconfirmed_end(c, e, e->unconfirmed, e->unconfirmed_end);
@@ -195,7 +199,7 @@ static int busy_err(const dlock_entry *e, int rc)
     if (e->busy_known && e->busy_queue >= 0)
         snprintf(queue, sizeof queue, "; %lld client%s in its wait queue in Redis%s",
                  e->busy_queue, e->busy_queue == 1 ? "" : "s",
-                 rc == DLOCK_ETIMEDOUT ? ", this one included" : "");
+                 e->busy_joined ? ", this one included" : "");
     if (rc == DLOCK_ETIMEDOUT)
         return dlock_err_set(rc, "timed out waiting for '%s'%s%s", e->name, holder, queue);
     return dlock_err_set(rc, "'%s' is not free%s%s", e->name, holder, queue);
@@ -220,7 +224,7 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
     e->try_nonce = 0; /* a new wait: no direct grant yet */
     e->msg_grant = 0;
     e->busy_known = 0;
-    dlock_trace_event(c->trace, "poll", e->name, "%d", once);
+    dlock_trace_event(c->trace, "poll", e->name, "%d %" PRIu64, once, e->made);
     for (;;) {
         DLOCK_ASSERT(!e->has_owner && e->state == DLOCK_LEASE_NONE);
         e->state = DLOCK_LEASE_ACQUIRING;
@@ -303,6 +307,7 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
         e->busy_held_ms = busy.held_ms;
         e->busy_left_ms = pttl;
         e->busy_queue = busy.queue;
+        e->busy_joined = !once;
         e->busy_known = 1;
         e->busy_at_ns = dlock_now_ns() - (dlock_boot_ns() - sent_boot); /* the send */
         if (once)
@@ -391,12 +396,10 @@ int dlock_acquire_run(dlock_client *c, const char *name, size_t len, int64_t wai
     for (;;) {
         if (dlock_waiter_granted(w)) {
             /* Passed to this thread alone while it was parked (I10). */
-            uint64_t t = w->token;
-            rc = take_direct_handoff(c, e, w, &drop_registry);
+            rc = take_direct_handoff(c, e, w, &drop_registry, &passed_lost);
             if (rc == DLOCK_OK)
                 break;
-            passed_lost = t;
-            continue; /* it ran out in passing: poll Redis again */
+            continue; /* lost in passing: poll Redis again */
         }
         if (!e->has_owner && e->state == DLOCK_LEASE_LOST) {
             /* Lost while being passed between threads: nobody holds it. */

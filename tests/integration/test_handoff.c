@@ -419,15 +419,47 @@ static void lose_by_renewal(void)
 }
 
 /* Redis is frozen past the lease's validity (300 ms from the last renewal,
- * which came before the freeze): renewals fail, the lease runs out. Frozen
- * for three lease times, so that the key has expired in Redis too (its time
- * to live is two lease times): no renewal after the thaw can bring the lease
- * back before the woken thread looks at it. */
+ * which came before the freeze): the lease runs out. The renewal's command
+ * timeout (5 s) outlasts the freeze, so its round waits for Redis and no
+ * verdict marks the lease lost: the woken thread finds it HELD but run out.
+ * Redis stays frozen until the test has seen that thread count the lease
+ * lost (thaw_after_ran_out), so that no renewal answered after a thaw can
+ * decide first. Frozen for three lease times: the key has expired in Redis
+ * too (its time to live is two lease times). */
 static void lose_by_validity(void)
 {
     fx_redis_signal(&fx_server, SIGSTOP);
     fx_sleep_ms(900);
-    fx_redis_signal(&fx_server, SIGCONT);
+}
+
+static void thaw_after_ran_out(dlock_client *c, const dlock_stats *s0)
+{
+    /* 10 s: generous for a busy machine; the thread decides at once */
+    for (int i = 0; i < 1000 && stats(c).leases_lost == s0->leases_lost; i++)
+        fx_sleep_ms(10);
+    assert_int_equal(fx_redis_signal(&fx_server, SIGCONT), 0);
+    assert_int_equal(stats(c).leases_lost, s0->leases_lost + 1);
+}
+
+/* The log's lines that report a lease run out while it was passed. */
+static int ran_out_logged;
+static void on_log(int level, const char *message, void *arg)
+{
+    (void)level;
+    (void)arg;
+    if (strstr(message, "ran out while it was passed")) {
+        pthread_mutex_lock(&lost_mu);
+        ran_out_logged++;
+        pthread_mutex_unlock(&lost_mu);
+    }
+}
+
+static int ran_out_count(void)
+{
+    pthread_mutex_lock(&lost_mu);
+    int n = ran_out_logged;
+    pthread_mutex_unlock(&lost_mu);
+    return n;
 }
 
 static void direct_handoff_lost(const char *name, const char *key, void (*lose)(void))
@@ -435,8 +467,9 @@ static void direct_handoff_lost(const char *name, const char *key, void (*lose)(
     dlock_config cfg;
     fx_config(&cfg, &fx_server);
     cfg.lease_ms = 300;
-    cfg.command_timeout_ms = 200;
+    cfg.command_timeout_ms = lose == lose_by_validity ? 5000 : 200;
     cfg.on_lost = on_lost;
+    cfg.on_log = on_log;
     dlock_client *c;
     assert_int_equal(dlock_client_open(&cfg, &c), DLOCK_OK);
     uint64_t f0;
@@ -449,13 +482,27 @@ static void direct_handoff_lost(const char *name, const char *key, void (*lose)(
     hold_woken = lose;
     pthread_mutex_unlock(&hold_mu);
     dlock_stats s0 = stats(c);
+    int lost0 = lost_count(), logged0 = ran_out_count();
     assert_int_equal(dlock_release(c, name), DLOCK_OK);
+    if (lose == lose_by_validity)
+        thaw_after_ran_out(c, &s0);
     waiter_wait_got(&w);
     dlock_stats s1 = stats(c);
     pthread_mutex_lock(&hold_mu);
     assert_null(hold_woken); /* the hook ran: the lease was passed directly */
     pthread_mutex_unlock(&hold_mu);
     assert_int_equal(s1.handoffs - s0.handoffs, 1);
+    if (lose == lose_by_validity) {
+        /* Run out in passing: no thread held it, so on_lost has nobody to
+         * tell; the log says so, once. */
+        assert_int_equal(lost_count(), lost0);
+        assert_int_equal(ran_out_count(), logged0 + 1);
+    } else {
+        /* Found gone by the renewal: reported as any lost lease (on_lost,
+         * which lose_by_renewal waited for), and not again by the log. */
+        assert_int_equal(lost_count(), lost0 + 1);
+        assert_int_equal(ran_out_count(), logged0);
+    }
     /* Whatever the acquire returns, it never returns a lease it does not
      * hold: here it polled Redis again and got a new grant. */
     assert_int_equal(w.rc, DLOCK_OK);
@@ -530,9 +577,8 @@ static void test_direct_handoff_lost_by_validity(void **state)
 /* The same for an open handoff (I10: the head has not led the local queue
  * for the fairness bound, so the release leaves the lease to whichever
  * thread runs first and wakes the head): the head runs only after the
- * lease's validity ran out. The renewal's command timeout (5 s) outlasts the
- * freeze, so no verdict marks the lease lost first: the woken thread finds
- * it HELD but past its validity, and must not take it (take_handoff). */
+ * lease's validity ran out (lose_by_validity): it finds the lease HELD but
+ * past its validity, and must not take it (take_handoff). */
 static void test_open_handoff_past_validity(void **state)
 {
     (void)state;
@@ -540,6 +586,8 @@ static void test_open_handoff_past_validity(void **state)
     fx_config(&cfg, &fx_server);
     cfg.lease_ms = 300;
     cfg.command_timeout_ms = 5000;
+    cfg.on_lost = on_lost;
+    cfg.on_log = on_log;
     dlock_client *c;
     assert_int_equal(dlock_client_open(&cfg, &c), DLOCK_OK);
     uint64_t f0;
@@ -559,8 +607,12 @@ static void test_open_handoff_past_validity(void **state)
     hold_woken_open = lose_by_validity;
     pthread_mutex_unlock(&hold_mu);
     dlock_stats s0 = stats(c);
+    int lost0 = lost_count(), logged0 = ran_out_count();
     assert_int_equal(dlock_release(c, "h6"), DLOCK_OK);
+    thaw_after_ran_out(c, &s0);
     waiter_wait_got(&w);
+    assert_int_equal(lost_count(), lost0);
+    assert_int_equal(ran_out_count(), logged0 + 1);
     dlock_stats s1 = stats(c);
     pthread_mutex_lock(&hold_mu);
     assert_null(hold_woken_open); /* the hook ran */
