@@ -41,7 +41,9 @@
 -- lease is free but another client's turn comes first; for the caller's
 -- messages: the holder's client name ('' when none), how long it has held
 -- the lease in ms (-1 unknown), and the number of clients in the wait queue
--- (-1 for a single try, which does not look)); then, if it asked to, the
+-- (after a single try, which does not join it, those queued before; entries
+-- of waiters that stopped waiting count until a free lease prunes them));
+-- then, if it asked to, the
 -- client is in the wait queue, once, in arrival order, with its deadline
 -- refreshed.
 -- Returns {-1, 0}, having changed nothing at all, for a stale attempt: one

@@ -84,7 +84,7 @@ static void usage(FILE *f)
 "escaped (\\xNN); list is sorted by name.\n"
 "\n"
 "connection (as the library's dlock_config; the short options as redis-cli's):\n"
-"  -h, --host HOST[:PORT] the server (default 127.0.0.1:6379)\n"
+"  -h, --host HOST[:PORT] the server (default 127.0.0.1:6379; IPv6: ADDR or [ADDR]:PORT)\n"
 "  -p, --port PORT        its port (default 6379)\n"
 "  -s, --socket PATH      a Unix socket instead\n"
 "      --cluster LIST     Redis Cluster seed nodes \"host:port,...\"\n"
@@ -187,11 +187,26 @@ int main(int argc, char **argv)
     while ((opt = getopt_long(argc, argv, "+h:p:s:u:a:n:", lo, NULL)) != -1) {
         switch (opt) {
         case 'h': {
-            const char *colon = strrchr(optarg, ':');
-            if (colon == optarg || (colon && !colon[1]) || strlen(optarg) >= sizeof O.host)
-                ctl_die_usage("--host wants HOST or HOST:PORT, not '%s'", optarg);
-            snprintf(O.host, sizeof O.host, "%.*s",
-                     (int)(colon ? colon - optarg : (ptrdiff_t)strlen(optarg)), optarg);
+            /* HOST, HOST:PORT, an IPv6 address alone (more than one colon),
+             * or [IPv6] and [IPv6]:PORT */
+            const char *host = optarg, *colon = strrchr(optarg, ':');
+            size_t len = strlen(optarg);
+            if (optarg[0] == '[') {
+                const char *end = strchr(optarg, ']');
+                if (!end || end == optarg + 1 || (end[1] && end[1] != ':'))
+                    ctl_die_usage("--host wants HOST, HOST:PORT or [IPV6]:PORT, not '%s'",
+                                  optarg);
+                host = optarg + 1;
+                len = (size_t)(end - host);
+                colon = end[1] ? end + 1 : NULL;
+            } else if (colon && strchr(optarg, ':') != colon) {
+                colon = NULL; /* a bare IPv6 address */
+            } else if (colon) {
+                len = (size_t)(colon - optarg);
+            }
+            if (len == 0 || (colon && !colon[1]) || len >= sizeof O.host)
+                ctl_die_usage("--host wants HOST, HOST:PORT or [IPV6]:PORT, not '%s'", optarg);
+            snprintf(O.host, sizeof O.host, "%.*s", (int)len, host);
             if (colon) {
                 O.port = (int)number(colon + 1, "--host's port", 1, 65535);
                 host_port = 1;

@@ -57,9 +57,9 @@ int ctl_release(const char *name)
         return 2;
     }
     char k[DLOCK_SCRIPT_KEYS][DLOCK_NAME_MAX + 128];
-    ctl_key_of(k[0], sizeof k[0], name, "");
+    ctl_key_of(k[DLOCK_KEY_LEASE], sizeof k[0], name, dlock_script_key_suffix(DLOCK_KEY_LEASE));
     dlock_cluster_node *node;
-    redisContext *c = ctl_conn_for(k[0], &node);
+    redisContext *c = ctl_conn_for(k[DLOCK_KEY_LEASE], &node);
     lockinfo li;
     if (ctl_read_lock(c, name, &li) != 0) {
         if (O.json) {

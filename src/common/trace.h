@@ -18,7 +18,11 @@
  * Thread-safe: one mutex per trace, a leaf (taken with an entry mutex or
  * the renewal manager's held, never the other way round). Lines are
  * written in the order their callers take that mutex: an event recorded
- * under an entry mutex is in the entry's order. The buffer is written out
+ * under an entry mutex is in the entry's order. A line's time is read
+ * before the mutex is taken, so the times of lines from different threads
+ * may be out of order by the wait for it. A full buffer is written out
+ * under the mutex, and so with whatever lock the caller holds: traced
+ * builds are for checking, not for timing. The buffer is written out
  * with write(2) when full and at close (a process that dies loses its tail:
  * the checker reads what came).
  */

@@ -32,6 +32,10 @@
 enum {
     DLOCK_RENEW_RETRY_MS = 100, /* pause after a failed round, at most; a failed
                                    background job's first pause */
+    DLOCK_RENEW_JOB_PAUSE_MAX_MS = 1000, /* a background job's pause doubles up
+                                            to this: a job that failed while
+                                            Redis did runs again within a second
+                                            of its return */
 };
 
 struct dlock_renew_item {

@@ -3,10 +3,14 @@
  * renew.h: the job list (r->jobs) is guarded by r->mu; a job taken
  * off it belongs to the thread that runs it.
  *
- * Orphans: a caller whose acquire has an unknown outcome hands the attempt's
- * nonce here (dlock_renew_give_back) instead of waiting for another round trip;
- * the thread wakes, releases exactly that grant if it exists, and keeps
- * trying for one lease time while Redis fails (after that it expired).
+ * Give-backs: a caller whose acquire has an unknown outcome hands the
+ * attempt's nonce here (dlock_renew_give_back) instead of waiting for another
+ * round trip; the thread wakes, releases exactly that grant if it exists, and
+ * keeps trying for as long as Redis remembers the client's attempts while
+ * Redis fails. Leaves (dlock_renew_leave): a waiter that gave up while Redis
+ * failed is taken out of the name's queue. A failed job is tried again after
+ * a pause that doubles from DLOCK_RENEW_RETRY_MS up to
+ * DLOCK_RENEW_JOB_PAUSE_MAX_MS.
  */
 #include <inttypes.h>
 #include <pthread.h>
@@ -98,12 +102,13 @@ static int job_result(const dlock_renew_job *o, const redisReply *rep)
     return rep->integer >= 1 ? DONE : NOT_OWNED;
 }
 
-/* One release try for each give-back due now, in one pipeline per lane, all
- * lanes in flight at once. A give-back is done when Redis released its grant.
- * One that Redis says it does not own stays a while: its acquire may still
- * be on its way to Redis (another connection, served later), so it is
- * tried again with a doubling pause until its lease time is over; so is one
- * Redis did not answer. A NOSCRIPT or a redirect is run again at once, on
+/* One try of each job due now (a release for a give-back, a leave), in one
+ * pipeline per lane, all lanes in flight at once. A give-back is done when
+ * Redis released its grant, a leave when it ran. A give-back that Redis says
+ * it does not own stays a while: its acquire may still be on its way to
+ * Redis (another connection, served later), so it is tried again with a
+ * pause (above) until its job's time is over; so is a job Redis did not
+ * answer. A NOSCRIPT or a redirect is run again at once, on
  * its own. Called without locks. Returns when the next try is due
  * (DLOCK_NEVER: none left). */
 int64_t dlock_renew_jobs_run(dlock_renew *r)
@@ -188,7 +193,10 @@ int64_t dlock_renew_jobs_run(dlock_renew *r)
             continue;
         }
         o->next_try_ns = now + o->backoff_ns;
-        o->backoff_ns *= 2;
+        if (o->backoff_ns < DLOCK_RENEW_JOB_PAUSE_MAX_MS * DLOCK_NS_PER_MS / 2)
+            o->backoff_ns *= 2;
+        else
+            o->backoff_ns = DLOCK_RENEW_JOB_PAUSE_MAX_MS * DLOCK_NS_PER_MS;
         o->next = later;
         later = o;
     }

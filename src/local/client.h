@@ -76,7 +76,9 @@
  * one of its outermost acquire until its outermost release.
  *
  * Lock order: e->mu, then the renewal manager's mutex; the table, pool,
- * subscriber and unconfirmed-set (unconfirmed.h) mutexes are leaves. No Redis I/O happens with e->mu held;
+ * subscriber, unconfirmed-set (unconfirmed.h) and trace (common/trace.h,
+ * DLOCK_TRACE builds) mutexes are leaves. No Redis I/O happens with e->mu
+ * held (the trace writes its file under its own mutex);
  * on_lost and the subscriber's callbacks run with no lock held (the latter
  * take e->mu only).
  *

@@ -464,6 +464,41 @@ static void test_not_a_redis_server(void **state)
     close(h.fd);
 }
 
+/* dlockctl with args alone (no server option added); exit status, and
+ * stdout and stderr in out. */
+static int ctl_raw(char *out, size_t n, const char *args)
+{
+    char command[900];
+    snprintf(command, sizeof command, "%s %s 2>&1", DLOCKCTL_PATH, args);
+    FILE *f = popen(command, "r");
+    assert_non_null(f);
+    size_t got = fread(out, 1, n - 1, f);
+    out[got] = '\0';
+    int st = pclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* --host's forms, as redis-cli's: HOST, HOST:PORT, [ADDR]:PORT; an address
+ * with more than one colon is an IPv6 address without a port. */
+static void test_host_forms(void **state)
+{
+    (void)state;
+    char out[2048], args[200];
+    snprintf(args, sizeof args, "-h [127.0.0.1]:%d --prefix tc:ctl: list", fx_server.port);
+    assert_int_equal(ctl_raw(out, sizeof out, args), 0);
+    snprintf(args, sizeof args, "-h localhost -p %d --prefix tc:ctl: list", fx_server.port);
+    assert_int_equal(ctl_raw(out, sizeof out, args), 0);
+    /* ::1 is a host, not host ":" and port 1: with -p 1 nothing disagrees,
+     * and the error is the connection's, not bad usage */
+    assert_int_equal(ctl_raw(out, sizeof out, "-h ::1 -p 1 list"), 1);
+    assert_null(strstr(out, "--host says port"));
+    assert_int_equal(ctl_raw(out, sizeof out, "-h [::1 list"), 2);
+    assert_non_null(strstr(out, "--host wants HOST"));
+    assert_int_equal(ctl_raw(out, sizeof out, "-h []:1 list"), 2);
+    assert_int_equal(ctl_raw(out, sizeof out, "-h host: list"), 2);
+    assert_int_equal(ctl_raw(out, sizeof out, "-h [::1]x list"), 2);
+}
+
 static void test_bad_usage(void **state)
 {
     (void)state;
@@ -591,6 +626,7 @@ int main(void)
         cmocka_unit_test(test_release_client),
         cmocka_unit_test(test_listing_and_doctor),
         cmocka_unit_test(test_bad_usage),
+        cmocka_unit_test(test_host_forms),
         cmocka_unit_test(test_not_a_redis_server),
         cmocka_unit_test(test_other_protocol_refused),
     };

@@ -4,7 +4,7 @@
  * by the test): an acquire attempt older than one Redis has seen from the
  * same client for the same name changes nothing at all; a release retried
  * after its first try ran reports released; a late leave cannot take out a
- * client that queued again; an give-back reports when its attempt is
+ * client that queued again; a give-back reports when its attempt is
  * superseded; data of another protocol is refused and left as it was.
  */
 #include <setjmp.h>
@@ -351,7 +351,7 @@ static void test_other_protocol_refused(void **state)
 
 /* The critical case: attempt 5 of X is granted; attempt 3 of X, sent
  * earlier, arrives now. It must neither grant again (new token, nonce 3, so
- * that an give-back of attempt 3 would delete the live grant) nor touch
+ * that a give-back of attempt 3 would delete the live grant) nor touch
  * anything else. */
 static void test_late_attempt_never_regrants(void **state)
 {
