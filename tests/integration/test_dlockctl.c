@@ -28,6 +28,18 @@
 #error "DLOCKCTL_PATH: the dlockctl binary, set by tests/CMakeLists.txt"
 #endif
 
+/* Runs a shell command; returns its exit status (-1 if it did not exit)
+ * and its stdout in out (truncated to n). */
+static int run_command(char *out, size_t n, const char *command)
+{
+    FILE *f = popen(command, "r");
+    assert_non_null(f);
+    size_t got = fread(out, 1, n - 1, f);
+    out[got] = '\0';
+    int st = pclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
 /* Runs dlockctl with the server and prefix options, then args; returns its
  * exit status and its stdout (with its stderr too if with_err) in out
  * (truncated to n). */
@@ -37,12 +49,7 @@ static int vctl(int with_err, char *out, size_t n, const char *fmt, va_list ap)
     vsnprintf(args, sizeof args, fmt, ap);
     snprintf(command, sizeof command, "%s -h 127.0.0.1:%d --prefix tc:ctl: %s %s", DLOCKCTL_PATH,
              fx_server.port, args, with_err ? "2>&1" : "2>/dev/null");
-    FILE *f = popen(command, "r");
-    assert_non_null(f);
-    size_t got = fread(out, 1, n - 1, f);
-    out[got] = '\0';
-    int st = pclose(f);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return run_command(out, n, command);
 }
 
 static int ctl(char *out, size_t n, const char *fmt, ...)
@@ -470,12 +477,7 @@ static int ctl_raw(char *out, size_t n, const char *args)
 {
     char command[900];
     snprintf(command, sizeof command, "%s %s 2>&1", DLOCKCTL_PATH, args);
-    FILE *f = popen(command, "r");
-    assert_non_null(f);
-    size_t got = fread(out, 1, n - 1, f);
-    out[got] = '\0';
-    int st = pclose(f);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return run_command(out, n, command);
 }
 
 /* --host's forms, as redis-cli's: HOST, HOST:PORT, [ADDR]:PORT; an address

@@ -8,6 +8,7 @@
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -273,26 +274,19 @@ static void test_pass_limit_respected(void **state)
     assert_int_equal(s.grants, STORM_THREADS * STORM_ROUNDS);
 }
 
-static int lost_calls;
-static pthread_mutex_t lost_mu = PTHREAD_MUTEX_INITIALIZER;
+/* on_lost calls, and the log's lines that report a lease run out while it
+ * was passed (on_log) */
+static atomic_int lost_calls, ran_out_logged;
 
 static void on_lost(const char *name, uint64_t fence, void *arg)
 {
     (void)name;
     (void)fence;
     (void)arg;
-    pthread_mutex_lock(&lost_mu);
-    lost_calls++;
-    pthread_mutex_unlock(&lost_mu);
+    atomic_fetch_add(&lost_calls, 1);
 }
 
-static int lost_count(void)
-{
-    pthread_mutex_lock(&lost_mu);
-    int n = lost_calls;
-    pthread_mutex_unlock(&lost_mu);
-    return n;
-}
+static int lost_count(void) { return atomic_load(&lost_calls); }
 
 static void test_lost_lease_not_passed(void **state)
 {
@@ -441,26 +435,15 @@ static void thaw_after_ran_out(dlock_client *c, const dlock_stats *s0)
     assert_int_equal(stats(c).leases_lost, s0->leases_lost + 1);
 }
 
-/* The log's lines that report a lease run out while it was passed. */
-static int ran_out_logged;
 static void on_log(int level, const char *message, void *arg)
 {
     (void)level;
     (void)arg;
-    if (strstr(message, "ran out while it was passed")) {
-        pthread_mutex_lock(&lost_mu);
-        ran_out_logged++;
-        pthread_mutex_unlock(&lost_mu);
-    }
+    if (strstr(message, "ran out while it was passed"))
+        atomic_fetch_add(&ran_out_logged, 1);
 }
 
-static int ran_out_count(void)
-{
-    pthread_mutex_lock(&lost_mu);
-    int n = ran_out_logged;
-    pthread_mutex_unlock(&lost_mu);
-    return n;
-}
+static int ran_out_count(void) { return atomic_load(&ran_out_logged); }
 
 static void direct_handoff_lost(const char *name, const char *key, void (*lose)(void))
 {
