@@ -767,9 +767,15 @@ end
 function C.resubscribed(c)
   if not c.alive then return end
   trace(c, 'subscriber reconnected: wakes every poller')
-  for _, e in pairs(c.entries) do
-    e.woken = true
-    if e.sleeping then C.wake_poller(c, e) end
+  -- (in the names' order: the order of pairs() over a table whose keys
+  -- come and go depends on when the collector ran, and a seed must replay
+  -- the same schedule whatever the allocations of a trace)
+  for _, name in ipairs(c.W.names) do
+    local e = c.entries[name]
+    if e then
+      e.woken = true
+      if e.sleeping then C.wake_poller(c, e) end
+    end
   end
   C.renew_round(c)
 end

@@ -287,16 +287,21 @@ M.commands = cmd
 -- way Redis converts them). Returns the reply as Redis's Lua sees it, or
 -- raises {err = message}.
 function M.call(s, name, ...)
-  local f = cmd[string.upper(name)]
-  if not f then err('ERR unknown command \'' .. tostring(name) .. '\'') end
+  local f = cmd[name] -- (the scripts spell commands in capitals: no upper() then)
+  if not f then
+    f = type(name) == 'string' and cmd[string.upper(name)]
+    if not f then err('ERR unknown command \'' .. tostring(name) .. '\'') end
+  end
   local a = {...}
-  local n = select('#', ...)
-  for i = 1, n do
+  for i = 1, select('#', ...) do
     local v = a[i]
-    if type(v) == 'number' then
-      a[i] = numstr(v)
-    elseif type(v) ~= 'string' then
-      err('ERR Lua redis lib command arguments must be strings or integers')
+    local t = type(v)
+    if t ~= 'string' then
+      if t == 'number' then
+        a[i] = numstr(v)
+      else
+        err('ERR Lua redis lib command arguments must be strings or integers')
+      end
     end
   end
   return f(s, a)

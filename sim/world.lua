@@ -140,6 +140,50 @@ function W:at(t, fn, c)
   heap_push(self.events, {t = t, seq = self.seq, fn = fn, c = c})
 end
 
+-- An event at time t as W:at(t, fn, c) makes it, in queue q, whose first
+-- event alone is in the heap: for events that come in the order of their
+-- times, and that are many at once, most of them void by their time. A
+-- client's command timeouts (each is now plus its fixed timeout on its
+-- clock: every step of that sum is monotonic in floating point; most are
+-- void, the reply came first) and a replica's writes (each arrives after
+-- the one before) are such: the heap holds one of each instead of hundreds.
+-- (An event earlier than the queue's last goes to the heap itself: the
+-- order holds whatever the caller does.)
+local function new_queue() return {first = 1, last = 0, tail = -math.huge} end
+
+function W:at_queued(q, t, fn, c)
+  local seq = self.seq + 1
+  self.seq = seq
+  if t < self.now then t = self.now end
+  if t < q.tail then
+    heap_push(self.events, {t = t, seq = seq, fn = fn, c = c})
+    return
+  end
+  q.tail = t
+  local ev = {t = t, seq = seq, fn = fn, c = c, q = q}
+  if q.head then
+    q.last = q.last + 1
+    q[q.last] = ev
+  else
+    q.head = ev
+    heap_push(self.events, ev)
+  end
+end
+
+-- (The loop took q's first event from the heap: the next goes in.)
+local function next_queued(h, q)
+  local i = q.first
+  if i > q.last then
+    q.head, q.first, q.last, q.tail = nil, 1, 0, -math.huge
+    return
+  end
+  local ev = q[i]
+  q[i] = nil
+  q.first = i + 1
+  q.head = ev
+  heap_push(h, ev)
+end
+
 -- A client's event: dropped if the client died, put off while it is paused.
 function W:after_client(c, dt, fn)
   self:at(self.now + dt / c.rate, fn, c)
@@ -244,7 +288,7 @@ function W.new(seed, opts, scripts)
   self.era_seq = 0 -- the eras handed out so far: each era value is used once,
                    -- so a record written during a forced release that was
                    -- then undone (fault_force) never matches a later era
-  self.grant_era = {} -- name .. ' ' .. token -> {era =, idx =} at its issue
+  self.grant_era = {} -- name -> token -> {era =, idx =, ...} at its issue
   self.grants_made = {} -- name -> grants issued so far
   self.free_since = {}
   self.pending_end = {} -- name -> {code, srv_ms, era}: an unclean end not yet told
@@ -313,8 +357,13 @@ function W.new(seed, opts, scripts)
   cfg.nofault = next(on) == nil
   self.cfg = cfg
   self.names = {}
-  for i = 1, cfg.names do self.names[i] = 'n' .. i end
+  self.lease_keys = {}
+  for i = 1, cfg.names do
+    self.names[i] = 'n' .. i
+    self.lease_keys[i] = 'dlock:{n' .. i .. '}'
+  end
   for _, n in ipairs(self.names) do
+    self.grant_era[n] = {}
     self.tok[n] = {max = -1, issued = {}}
     self.era[n] = 0
   end
@@ -337,7 +386,7 @@ function W:add_client()
   c.rate = 1
   if not self.reps_made then
     self.reps_made = true
-    for i = 1, cfg.replicas do self.reps[i] = {db = {}, last = 0} end
+    for i = 1, cfg.replicas do self.reps[i] = {db = {}, last = 0, q = new_queue()} end
   end
   if cfg.faults.drift then
     -- within +-0.5%, or (half the time, from the second stream) up to the
@@ -348,6 +397,7 @@ function W:add_client()
   c.t0 = self.now
   c.coff = self:rint(0, 1000000000)
   c.conns = {}
+  c.tq = new_queue() -- its command timeouts (W:at_queued)
   c.conn_serial = 0
   c.sub_last = 0
   self.clients[idx] = c
@@ -411,17 +461,18 @@ function W:violation(kind, msg)
   if self.tracing then self:trace('VIOLATION ' .. kind .. ': ' .. msg) end
 end
 
--- A token issued for name now, by Redis or by a client's handoff.
+-- A token issued for name now, by Redis or by a client's handoff (who: a
+-- function that names the issuer, called for a violation only).
 function W:issue(name, token, who, stale)
   local tk = self.tok[name]
   if stale then
     if tk.issued[token] then
       self:violation('order', string.format('%s: token %.0f issued again by %s (a revoked grant)',
-        name, token, who))
+        name, token, who()))
     end
   elseif token <= tk.max then
     self:violation('order', string.format('%s: token %.0f issued by %s after token %.0f',
-      name, token, who, tk.max))
+      name, token, who(), tk.max))
   end
   tk.issued[token] = true
   if not stale and token > tk.max then tk.max = token end
@@ -453,11 +504,13 @@ function W:after_script(c, script, names, keys, argv, before, rep, meta, all_key
     if a and not same and not (b and a.token == b.token) then
       -- a new grant: its token is issued now
       self.grants_made[name] = (self.grants_made[name] or 0) + 1
-      self.grant_era[name .. ' ' .. string.format('%.0f', a.token)] =
+      self.grant_era[name][a.token] =
         {era = self.era[name], idx = self.grants_made[name], backs = self.backs, fwds = self.fwds,
          srv = srv.now_us}
-      self:issue(name, a.token, string.format('redis %s of %s (attempt %s)', script,
-        (self.by_id[a.owner] or {name = a.owner}).name, describe(a.nonce)), false)
+      self:issue(name, a.token, function()
+        return string.format('redis %s of %s (attempt %s)', script,
+          (self.by_id[a.owner] or {name = a.owner}).name, describe(a.nonce))
+      end, false)
       -- unclean: the first grant after a release for a thread that exited
       -- or an operator's, within a lease time of it (the fence's life), on
       -- the same data, is told (acquire.lua, "End")
@@ -584,7 +637,7 @@ function W:replicate(keys)
       self.last_fault = math.max(self.last_fault or 0, at)
     end
     arrivals[#arrivals + 1] = at
-    self:at(at, function()
+    self:at_queued(r.q, at, function()
       if self.rep_gen ~= gen then return end -- from before a failover
       for _, d in ipairs(delta) do
         r.db[d[1]] = d[2] and R.copy_db({[d[1]] = d[2]})[d[1]] or nil
@@ -722,7 +775,7 @@ function W:request(c, script, name, keys, argv, meta, cb)
     local my_try = tries
     local timeout_t = c.t0 + (self:clock(c) + c.cfg.cmd_timeout_ms * 1000 - c.coff) / c.rate
     -- the caller's command timeout
-    self:at(timeout_t, function()
+    self:at_queued(c.tq, timeout_t, function()
       if tries == my_try then finish(nil, 'timeout') end
     end, c)
     local function broke(at)
@@ -788,7 +841,7 @@ end
 -- missed the later grant brings an older one back: its holder goes on,
 -- below the lost grant's tokens, until its next grant).
 function W:revoked(c, e)
-  local g = self.grant_era[e.name .. ' ' .. string.format('%.0f', e.grant_token)]
+  local g = self.grant_era[e.name][e.grant_token]
   if g == nil or g.era >= self.era[e.name] then return false end
   return g.idx < self.grants_made[e.name] or not self:grant_in_redis(c, e.name, e.grant_token)
 end
@@ -809,9 +862,9 @@ function W:acquired(c, e, th, token, handoff)
   end
   local revoked = self:revoked(c, e)
   if handoff then
-    self:issue(e.name, token, th.name .. ' (local handoff)', revoked)
+    self:issue(e.name, token, function() return th.name .. ' (local handoff)' end, revoked)
   end
-  local g = self.grant_era[e.name .. ' ' .. string.format('%.0f', e.grant_token)]
+  local g = self.grant_era[e.name][e.grant_token]
   if g and not revoked then
     -- reserve: a grant reserves its tokens up to its pass limit (the
     -- scripts bound the next token by them: acquire.lua, an expired grant)
@@ -832,6 +885,7 @@ function W:acquired(c, e, th, token, handoff)
     -- bound: the holder's validity ends before its grant ends in Redis
     -- (the lease's exp, server time), clocks unstepped since the grant
     if g.backs == self.backs and g.fwds == self.fwds and g.era == self.era[e.name] then
+      self.srv.now_ms = floor((self.now + self.srv_off) / 1000)
       local o = R.live(self.srv, 'dlock:{' .. e.name .. '}')
       local exp = o and o.type == 'hash' and o.v.owner == c.id and
         o.v.token == string.format('%.0f', e.grant_token) and tonumber(o.v.exp)
@@ -902,11 +956,20 @@ end
 function W:check_liveness()
   local bound = (self.cfg.waiter_ttl_ms * 5 / 4 + 50) * 1000
   local clients, now = self.clients, self.now
-  for _, name in ipairs(self.names) do
-    -- a live client waiting long enough (cheap), then whether the name is
-    -- free in Redis
+  local db, now_ms = self.srv.db, floor((now + self.srv_off) / 1000)
+  local keys = self.lease_keys
+  for j, name in ipairs(self.names) do
+    -- whether the name is held in Redis (a look that changes nothing: a
+    -- held name needs no more), then a live client waiting long enough,
+    -- then whether the name is free in Redis (W:live_lease)
+    local o = db[keys[j]]
+    local held = false
+    if o and not (o.exp and now_ms > o.exp) and o.type == 'hash' then
+      local x = tonumber(o.v.exp)
+      held = not x or now_ms <= x
+    end
     local waiting = false
-    for i = 1, #clients do
+    for i = 1, held and 0 or #clients do
       local c = clients[i]
       local e = c.alive and not c.paused_until and c.entries[name]
       if e and not e.owner and (e.poller or e.queue[1]) then
@@ -1007,7 +1070,9 @@ function W:fault_restart(kind)
     self.rep_gen = self.rep_gen + 1
     self.failover_t = self.now
     for _, r in ipairs(self.reps) do
-      r.db, r.last = R.copy_db(db), self.now
+      -- (writes on their way go on in their queue, void: later ones may
+      -- come sooner, in a queue of their own)
+      r.db, r.last, r.q = R.copy_db(db), self.now, new_queue()
     end
   end
   if self.tracing then self:trace('FAULT redis ' .. kind .. ' (down ' .. down .. ' us)') end
@@ -1215,6 +1280,11 @@ function W:run()
   while #ev > 0 and #self.violations == 0 do
     local e = heap_pop(ev)
     local c = e.c
+    local q = e.q
+    if q then
+      e.q = nil
+      next_queued(ev, q)
+    end
     if c and not c.alive then
       -- a dead client's events are gone
     elseif c and c.paused_until and e.t < c.paused_until then
@@ -1262,7 +1332,11 @@ function W:check_keys()
   local last = self.now
   self.now = self.now + (life + 3) * 1000 + self.step_back_total
   self.srv.now_ms = floor((self.now + self.srv_off) / 1000)
-  for k, o in pairs(self.srv.db) do
+  local ks = {}
+  for k in pairs(self.srv.db) do ks[#ks + 1] = k end
+  table.sort(ks) -- (reported in one order, whatever the collector did)
+  for _, k in ipairs(ks) do
+    local o = self.srv.db[k]
     if R.live(self.srv, k) then
       -- a fence may live until server time has passed its token
       local ahead = k:match(':fence$') and (tonumber(o.v:match('^%d+') or '0') or 0) / 1000 + 2

@@ -1,0 +1,169 @@
+#!/usr/bin/env lua5.1
+-- sim: dlock's protocol simulator (run it as sim/sim, which picks the Lua:
+-- LuaJIT's interpreter if installed, else lua5.1). Runs the real lua/*.lua against a model
+-- of Redis, with clients that follow dlock's protocol, under seeded hostile
+-- schedules; checks the invariants after every event (sim/world.lua).
+--   sim [--seconds S | --schedules N] [--seed N] [--clients C] [--names K]
+--       [--faults LIST] [--steps N] [--local-rule passes|clock]
+--       [--step-back-ms MS | --step-back-leases F] [--mutant NAME]
+--       [--replay SEED] [--coverage] [--quiet]
+-- Prints progress on stderr and, last on stdout, one JSON line. On a
+-- violation: exits 1 after printing the schedule's seed and its trace (the
+-- same seed replays it exactly: sim --replay SEED with the same options).
+-- --coverage: also prints how often each branch of each script ran (lines
+-- "coverage: ...", sim/coverage.lua), and each script's count in the JSON.
+local dir = arg[0]:match('^(.*)/[^/]*$') or '.'
+package.path = dir .. '/?.lua;' .. package.path
+local root = dir .. '/..'
+local W = require('world')
+
+
+local function usage(msg)
+  io.stderr:write('sim: ' .. msg .. '\n(see the head of sim/main.lua for the options)\n')
+  os.exit(2)
+end
+
+local opts = {seconds = nil, schedules = nil, seed = nil}
+local i = 1
+while i <= #arg do
+  local a, v = arg[i], arg[i + 1]
+  local function num()
+    local n = tonumber(v)
+    if not n then usage(a .. ' takes a number') end
+    i = i + 1
+    return n
+  end
+  if a == '--seconds' then opts.seconds = num()
+  elseif a == '--schedules' then opts.schedules = num()
+  elseif a == '--seed' then opts.seed = num()
+  elseif a == '--clients' then opts.clients = num()
+  elseif a == '--names' then opts.names = num()
+  elseif a == '--steps' then opts.steps = num()
+  elseif a == '--step-back-ms' then opts.step_back_ms = num()
+  elseif a == '--step-back-leases' then opts.step_back_leases = num()
+  elseif a == '--replay' then opts.replay = num()
+  elseif a == '--local-rule' then
+    if v ~= 'passes' and v ~= 'clock' then usage('--local-rule is passes or clock') end
+    opts.local_rule = v
+    i = i + 1
+  elseif a == '--faults' then
+    if not v then usage('--faults takes a list') end
+    opts.faults = {}
+    if v ~= 'none' then
+      local known = {}
+      for _, f in ipairs(W.ALL_FAULTS) do known[f] = true end
+      for f in v:gmatch('[^,]+') do
+        if not known[f] then usage('unknown fault ' .. f .. ' (' .. table.concat(W.ALL_FAULTS, ',') .. ')') end
+        opts.faults[#opts.faults + 1] = f
+      end
+    end
+    i = i + 1
+  elseif a == '--mutant' then
+    if not v then usage('--mutant takes a name') end
+    opts.mutant = v
+    i = i + 1
+  elseif a == '--quiet' then opts.quiet = true
+  elseif a == '--coverage' then opts.coverage = true
+  else usage('unknown option ' .. a) end
+  i = i + 1
+end
+
+local mutate
+if opts.mutant then
+  local mutants = require('mutants')
+  local m = mutants.find(opts.mutant)
+  if not m then usage('unknown mutant ' .. opts.mutant) end
+  if m.file == 'client' then
+    mutants.apply_client(m, dir) -- the client model
+  else
+    mutate = function(texts) mutants.apply(m, texts) end
+  end
+end
+local scripts = W.load_scripts(root, mutate)
+
+local function clock() return os.time() end
+local t0 = os.clock()
+
+local function run_one(seed, trace)
+  local o = {}
+  for k, v in pairs(opts) do o[k] = v end
+  o.trace = trace
+  local w = W.new(seed, o, scripts)
+  return w:run()
+end
+
+local function report(w)
+  io.stdout:write(string.format('violation in schedule %d: %s: %s\n', w.seed, w.violations[1].kind,
+    w.violations[1].msg))
+  local t = run_one(w.seed, true)
+  local lines = t.tr
+  local from = math.max(1, #lines - 600)
+  if from > 1 then io.stdout:write(string.format('... (%d earlier trace lines)\n', from - 1)) end
+  for j = from, #lines do io.stdout:write(lines[j], '\n') end
+  io.stdout:write(string.format('replay: sim --replay %d', w.seed))
+  for _, a in ipairs(arg) do
+    if a == '--replay' then break end
+  end
+  io.stdout:write('  (with the same --faults/--clients/--names/--mutant/--local-rule options)\n')
+end
+
+if opts.replay then
+  local w = run_one(opts.replay, true)
+  for _, l in ipairs(w.tr) do io.stdout:write(l, '\n') end
+  local v = #w.violations
+  io.stdout:write(string.format('{"schedules":1,"steps":%d,"violations":%d,"seed":%d}\n', w.steps, v,
+    opts.replay))
+  os.exit(v > 0 and 1 or 0)
+end
+
+local seed = opts.seed or (os.time() % 1000000) * 1000 + math.floor((os.clock() * 1e6) % 1000)
+local limit_s = opts.seconds or (opts.schedules and math.huge or 10)
+local max_sched = opts.schedules or math.huge
+local n, steps, acq, viol = 0, 0, 0, 0
+local cov = opts.coverage and require('coverage')
+if cov then cov.start() end
+local faults = {}
+local last_progress = os.clock()
+local failed
+while n < max_sched and os.clock() - t0 < limit_s do
+  -- schedule n of seed: far from the schedules of the next seeds
+  local w = run_one((seed * 1000003 + n) % 2147483647, false)
+  n = n + 1
+  steps = steps + w.steps
+  acq = acq + (w.acquisitions or 0)
+  for k, v in pairs(w.faults) do faults[k] = (faults[k] or 0) + v end
+  if #w.violations > 0 then
+    viol = viol + 1
+    failed = w
+    break
+  end
+  if not opts.quiet and os.clock() - last_progress >= 5 then
+    last_progress = os.clock()
+    io.stderr:write(string.format('sim: %d schedules, %d steps, %.0f s\n', n, steps, os.clock() - t0))
+  end
+end
+local secs = os.clock() - t0
+local covered = ''
+if cov then
+  cov.stop()
+  local parts = {}
+  for name, c in pairs(cov.report(root, io.stdout)) do
+    parts[#parts + 1] = string.format('"%s":[%d,%d]', name, c.run, c.total)
+  end
+  table.sort(parts)
+  covered = ',"coverage":{' .. table.concat(parts, ',') .. '}'
+end
+if failed then report(failed) end
+local fk = {}
+for k in pairs(faults) do fk[#fk + 1] = k end
+table.sort(fk)
+local fparts = {}
+for _, k in ipairs(fk) do fparts[#fparts + 1] = string.format('"%s":%d', k, faults[k]) end
+io.stdout:write(string.format('{"schedules":%d,"steps":%d,"acquisitions":%d,"violations":%d,"seed":%d,'
+  .. '"cpu_seconds":%.1f,"schedules_per_second":%.0f,"lua":"%s","faults":{%s}%s%s}\n',
+  n, steps, acq, viol, seed, secs, n / math.max(secs, 1e-6),
+  jit and (jit.version .. (jit.status() and '' or ', interpreter')) or _VERSION, table.concat(fparts, ','),
+  opts.mutant and string.format(',"mutant":"%s"', opts.mutant) or '',
+  covered .. (failed and string.format(',"failed_seed":%d,"kind":"%s"', failed.seed,
+    failed.violations[1].kind) or '')))
+os.exit(failed and 1 or 0)
