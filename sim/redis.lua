@@ -52,8 +52,12 @@ local WRONGTYPE = 'WRONGTYPE Operation against a key holding the wrong kind of v
 local NOTINT = 'ERR value is not an integer or out of range'
 
 -- A new, empty server. now_ms and now_us are set by run() for each script.
+-- gen: the data's generation. A copy of the data (M.snapshot) shares its
+-- objects (a key's type, value and expiry) with the server: an object whose
+-- gen is not the server's may be shared, and a command that changes one
+-- changes a copy of it instead (writable).
 function M.new()
-  return {db = {}, now_ms = 0, now_us = 0, published = {}}
+  return {db = {}, now_ms = 0, now_us = 0, published = {}, gen = 1}
 end
 
 -- The live key k (nil if absent or expired; an expired key is deleted).
@@ -66,6 +70,47 @@ local function live(s, k)
   return o
 end
 M.live = live
+
+-- A copy of object o (its own value table).
+local function copy_obj(o)
+  local v = o.v
+  if type(v) == 'table' then
+    local c = {}
+    for f, x in pairs(v) do c[f] = x end
+    v = c
+  end
+  return {type = o.type, v = v, exp = o.exp}
+end
+M.copy_obj = copy_obj
+
+-- Key k's object o, made the server's own before a change: copied if a
+-- copy of the data may share it.
+local function writable(s, k, o)
+  if o.gen ~= s.gen then
+    o = copy_obj(o)
+    o.gen = s.gen
+    s.db[k] = o
+  end
+  return o
+end
+M.writable = writable
+
+-- The data as it is now, for a restart or a replica to take later: a
+-- table of the objects, which from now on the server changes only by
+-- copies (writable). Cheap: the data is not copied.
+function M.snapshot(s)
+  s.gen = s.gen + 1
+  local out = {}
+  for k, o in pairs(s.db) do out[k] = o end
+  return out
+end
+
+-- Object o as it is now, shared with whoever keeps it (a replica's
+-- write on its way): the server changes it only by a copy from now on.
+function M.share(o)
+  o.gen = nil
+  return o
+end
 
 local function typed(s, k, ty)
   local o = live(s, k)
@@ -117,7 +162,7 @@ function cmd.SET(s, a)
       err('ERR syntax error')
     end
   end
-  s.db[k] = {type = 'string', v = v, exp = exp}
+  s.db[k] = {type = 'string', v = v, exp = exp, gen = s.gen}
   return {ok = 'OK'}
 end
 
@@ -155,7 +200,7 @@ function cmd.PEXPIRE(s, a)
   if n <= 0 then
     s.db[a[1]] = nil
   else
-    o.exp = s.now_ms + n
+    writable(s, a[1], o).exp = s.now_ms + n
   end
   return 1
 end
@@ -180,8 +225,10 @@ function cmd.HSET(s, a)
   end
   local o = typed(s, a[1], 'hash')
   if not o then
-    o = {type = 'hash', v = {}}
+    o = {type = 'hash', v = {}, gen = s.gen}
     s.db[a[1]] = o
+  else
+    o = writable(s, a[1], o)
   end
   local n = 0
   for i = 2, #a, 2 do
@@ -194,6 +241,7 @@ end
 function cmd.HDEL(s, a)
   local o = typed(s, a[1], 'hash')
   if not o then return 0 end
+  o = writable(s, a[1], o)
   local n = 0
   for i = 2, #a do
     if o.v[a[i]] ~= nil then
@@ -215,11 +263,12 @@ function cmd.ZADD(s, a)
     if not tonumber(a[j]) then err('ERR value is not a valid float') end
   end
   local o = typed(s, a[1], 'zset')
+  if o then o = writable(s, a[1], o) end
   local n = 0
   for j = i, #a, 2 do
     local sc = tonumber(a[j])
     if not o then
-      o = {type = 'zset', v = {}}
+      o = {type = 'zset', v = {}, gen = s.gen}
       s.db[a[1]] = o
     end
     if o.v[a[j + 1]] == nil then
@@ -258,6 +307,7 @@ end
 function cmd.ZREM(s, a)
   local o = typed(s, a[1], 'zset')
   if not o then return 0 end
+  o = writable(s, a[1], o)
   local n = 0
   for i = 2, #a do
     if o.v[a[i]] ~= nil then
@@ -286,14 +336,14 @@ M.commands = cmd
 -- Runs one command: name and arguments as Lua values (numbers converted the
 -- way Redis converts them). Returns the reply as Redis's Lua sees it, or
 -- raises {err = message}.
-function M.call(s, name, ...)
+-- (The arguments in a table a of n values.)
+local function run_cmd(s, name, a, n)
   local f = cmd[name] -- (the scripts spell commands in capitals: no upper() then)
   if not f then
     f = type(name) == 'string' and cmd[string.upper(name)]
     if not f then err('ERR unknown command \'' .. tostring(name) .. '\'') end
   end
-  local a = {...}
-  for i = 1, select('#', ...) do
+  for i = 1, n do
     local v = a[i]
     local t = type(v)
     if t ~= 'string' then
@@ -305,6 +355,10 @@ function M.call(s, name, ...)
     end
   end
   return f(s, a)
+end
+
+function M.call(s, name, ...)
+  return run_cmd(s, name, {...}, select('#', ...))
 end
 
 -- A script's return value as the reply a client would read: integers,
@@ -359,7 +413,7 @@ function M.run(s, f, keys, argv, now_us)
   if not env then
     -- made once per server: only KEYS and ARGV change from one run to the next
     local redis = {
-      call = function(...) return M.call(s, ...) end,
+      call = function(name, ...) return run_cmd(s, name, {...}, select('#', ...)) end,
       pcall = function(...)
         local ok, r = pcall(M.call, s, ...)
         if ok then return r end
@@ -394,15 +448,7 @@ end
 -- A deep copy of the data (for replicas and restarts with persistence).
 function M.copy_db(db)
   local out = {}
-  for k, o in pairs(db) do
-    local v = o.v
-    if type(v) == 'table' then
-      local c = {}
-      for f, x in pairs(v) do c[f] = x end
-      v = c
-    end
-    out[k] = {type = o.type, v = v, exp = o.exp}
-  end
+  for k, o in pairs(db) do out[k] = copy_obj(o) end
   return out
 end
 

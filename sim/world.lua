@@ -88,14 +88,14 @@ function W:rint2(a, b)
 end
 
 ------------------------------------------------------------------------
--- Events: a binary heap on (time, sequence).
-
--- (Sift with a hole: the moving event is written once, at its place.)
+-- Events: a 4-ary heap on (time, sequence) (half the levels of a binary
+-- one; sequences are unique, so any heap pops the same order). (Sift with
+-- a hole: the moving event is written once, at its place.)
 local function heap_push(h, ev)
   local n = #h + 1
   local t, seq = ev.t, ev.seq
   while n > 1 do
-    local p = floor(n / 2)
+    local p = floor((n + 2) / 4)
     local a = h[p]
     local at = a.t
     if at < t or (at == t and a.seq < seq) then break end
@@ -115,15 +115,17 @@ local function heap_pop(h)
   local lt, ls = last.t, last.seq
   local i = 1
   while true do
-    local l = 2 * i
+    local l = 4 * i - 2 -- the first child
     if l > n then break end
     local c = h[l]
     local ct, cs = c.t, c.seq
-    if l < n then
-      local d = h[l + 1]
+    local m = l + 3
+    if m > n then m = n end
+    for k = l + 1, m do
+      local d = h[k]
       local dt = d.t
       if dt < ct or (dt == ct and d.seq < cs) then
-        l, c, ct, cs = l + 1, d, dt, d.seq
+        l, c, ct, cs = k, d, dt, d.seq
       end
     end
     if lt < ct or (lt == ct and ls < cs) then break end
@@ -571,7 +573,7 @@ function W:after_script(c, script, names, keys, argv, before, rep, meta, all_key
     local o = srv.db[k]
     if o and not o.exp then
       self:violation('expiry', 'key ' .. k .. ' has no expiry after ' .. script)
-      o.exp = srv.now_ms + 1000000 -- report it once
+      R.writable(srv, k, o).exp = srv.now_ms + 1000000 -- report it once
     end
   end
 end
@@ -621,7 +623,7 @@ function W:replicate(keys)
   local delta = {}
   for i, k in ipairs(keys) do
     local o = self.srv.db[k]
-    delta[i] = {k, o and R.copy_db({[k] = o})[k] or false}
+    delta[i] = {k, o and R.share(o) or false}
   end
   local arrivals = {}
   local gen = self.rep_gen
@@ -640,7 +642,7 @@ function W:replicate(keys)
     self:at_queued(r.q, at, function()
       if self.rep_gen ~= gen then return end -- from before a failover
       for _, d in ipairs(delta) do
-        r.db[d[1]] = d[2] and R.copy_db({[d[1]] = d[2]})[d[1]] or nil
+        r.db[d[1]] = d[2] or nil -- (shared: a replica's data is never changed in place)
       end
     end)
   end
@@ -671,7 +673,7 @@ function W:snapshot()
   if not (f.restart or f.failover) then return end
   if self:rand() < 0.3 then
     local aof = self.aof
-    aof[#aof + 1] = {db = R.copy_db(self.srv.db), t = self.now}
+    aof[#aof + 1] = {db = R.snapshot(self.srv), t = self.now}
     if #aof > 8 then table.remove(aof, 1) end
   end
 end
