@@ -359,10 +359,12 @@ function W.new(seed, opts, scripts)
   cfg.nofault = next(on) == nil
   self.cfg = cfg
   self.names = {}
-  self.lease_keys = {}
+  self.lease_keys = {} -- by the name's index, and by name (lease_key)
+  self.lease_key = {}
   for i = 1, cfg.names do
     self.names[i] = 'n' .. i
     self.lease_keys[i] = 'dlock:{n' .. i .. '}'
+    self.lease_key['n' .. i] = self.lease_keys[i]
   end
   for _, n in ipairs(self.names) do
     self.grant_era[n] = {}
@@ -454,7 +456,7 @@ end
 -- The live grant of a name, or nil.
 function W:live_lease(name)
   self.srv.now_ms = floor((self.now + self.srv_off) / 1000)
-  local l = lease_of(self.srv, 'dlock:{' .. name .. '}')
+  local l = lease_of(self.srv, self.lease_key[name])
   return l and l.live and l or nil
 end
 
@@ -491,7 +493,7 @@ end
 function W:after_script(c, script, names, keys, argv, before, rep, meta, all_keys)
   local srv = self.srv
   for i, name in ipairs(names) do
-    local k = 'dlock:{' .. name .. '}'
+    local k = self.lease_key[name]
     local b = before[i]
     local a = lease_of(srv, k)
     local same = b and a and b.owner == a.owner and b.token == a.token and b.nonce == a.nonce
@@ -584,7 +586,8 @@ function W:run_script(c, script, names, keys, argv, meta)
   local now_us = self:srv_time()
   srv.now_us, srv.now_ms = now_us, floor(now_us / 1000)
   local before = {}
-  for i, name in ipairs(names) do before[i] = lease_of(srv, 'dlock:{' .. name .. '}') end
+  local lk = self.lease_key
+  for i, name in ipairs(names) do before[i] = lease_of(srv, lk[name]) end
   self.rec_before = nil
   if script == 'acquire' then
     local o = R.live(srv, keys[6])
@@ -888,7 +891,7 @@ function W:acquired(c, e, th, token, handoff)
     -- (the lease's exp, server time), clocks unstepped since the grant
     if g.backs == self.backs and g.fwds == self.fwds and g.era == self.era[e.name] then
       self.srv.now_ms = floor((self.now + self.srv_off) / 1000)
-      local o = R.live(self.srv, 'dlock:{' .. e.name .. '}')
+      local o = R.live(self.srv, self.lease_key[e.name])
       local exp = o and o.type == 'hash' and o.v.owner == c.id and
         o.v.token == string.format('%.0f', e.grant_token) and tonumber(o.v.exp)
       local ends = c.t0 + (e.valid_until - c.coff) / c.rate + self.srv_off
