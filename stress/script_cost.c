@@ -291,12 +291,14 @@ int main(int argc, char **argv)
     print(&rel);
     print(&nset);
     print(&ncad);
-    printf("| dlock acquire + release | | %.2f | %.2f |\n",
-           (double)(acq.usec + rel.usec) / (double)acq.ops,
-           (acq.cpu + rel.cpu) * 1e6 / (double)acq.ops);
-    printf("| simplest lock SET + compare-and-delete | | %.2f | %.2f |\n",
-           (double)(nset.usec + ncad.usec) / (double)nset.ops,
-           (nset.cpu + ncad.cpu) * 1e6 / (double)nset.ops);
+    double own = (double)(acq.usec + rel.usec) / (double)acq.ops;
+    double cpu = (acq.cpu + rel.cpu) * 1e6 / (double)acq.ops;
+    printf("| dlock acquire + release | | %.2f | %.2f |\n", own, cpu);
+    double nown = (double)(nset.usec + ncad.usec) / (double)nset.ops;
+    double ncpu = (nset.cpu + ncad.cpu) * 1e6 / (double)nset.ops;
+    printf("| simplest lock SET + compare-and-delete | | %.2f | %.2f |\n", nown, ncpu);
+    printf("| ratio, dlock / simplest lock | | %.2fx | %.2fx |\n", nown > 0 ? own / nown : 0.0,
+           ncpu > 0 ? cpu / ncpu : 0.0);
     if (redis) {
         /* the tool's keys go: sc:* */
         for (int i = 0; i < names; i++) {
