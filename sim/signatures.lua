@@ -2,12 +2,13 @@
 -- ended with (events, acquisitions, the random streams' states, the last
 -- event's time and sequence, the violations). Two runs that print the same
 -- lines ran the same schedules, event for event (sim/test-interpreters).
---   lua sim/signatures.lua SEED SCHEDULES [MUTANT]
+--   lua sim/signatures.lua SEED SCHEDULES [MUTANT|-] [passes]
+-- (passes: the local handoff rule by passes, sim --local-rule passes)
 local dir = arg[0]:match('^(.*)/[^/]*$') or '.'
 package.path = dir .. '/?.lua;' .. package.path
 local W = require('world')
 local mutate
-if arg[3] then
+if arg[3] and arg[3] ~= '-' then
   local mutants = require('mutants')
   local m = assert(mutants.find(arg[3]), 'unknown mutant ' .. arg[3])
   if m.file == 'client' then
@@ -20,7 +21,7 @@ local scripts = W.load_scripts(dir .. '/..', mutate)
 local seed, n = tonumber(arg[1]), tonumber(arg[2])
 for k = 0, n - 1 do
   local s = (seed * 1000003 + k) % 2147483647
-  local w = W.new(s, {}, scripts)
+  local w = W.new(s, {local_rule = arg[4] == 'passes' and 'passes' or nil}, scripts)
   w:run()
   io.write(string.format('%d: %d events, %d acquisitions, streams %d %d, last %.3f us #%d, %d violations%s\n',
     s, w.steps, w.acquisitions or 0, w.rs, w.rs2, w.now, w.seq, #w.violations,
