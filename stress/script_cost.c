@@ -17,6 +17,9 @@
  * INFO usec figure is wall time: under a storm that shares the cores with
  * Redis it also counts the server's preemptions).
  *
+ * With --parts it then measures, the same way, each piece that scripts are
+ * made of alone in a script (run_parts).
+ *
  * Starts a private redis-server on a free loopback port unless --redis is
  * given (then it uses db 0 of that server and deletes its keys after).
  */
@@ -193,15 +196,142 @@ static void fill_cad(int i)
                        i, i);
 }
 
+/* --parts: the pieces scripts are made of, each alone in a script run
+ * over the names as above, so that the cost of a design can be added up
+ * before it is written. Each body runs with KEYS[1] a hash of nine fields
+ * (the shape of a lease), KEYS[2] and KEYS[3] strings of 16 digits, and,
+ * where it says so, the acquire's keys and arguments around it. */
+typedef struct part {
+    const char *what;
+    const char *body;
+    int nkeys; /* 0: the acquire's six keys and ten arguments */
+} part;
+
+static const part parts[] = {
+    {"empty script, 1 key", "return 1", 1},
+    {"empty script, the acquire's 6 keys and 10 arguments", "return 1", 0},
+    {"HMGET of 9 fields of a hash",
+     "redis.call('HMGET', KEYS[1], 'owner', 'token', 'nonce', 'pl', 'exp', 'since', 'u', "
+     "'name', 'pv') return 1",
+     1},
+    {"HSET of 8 fields (the hash exists)",
+     "redis.call('HSET', KEYS[1], 'owner', '" ID "', 'token', '1764000000000001', "
+     "'nonce', '17', 'pl', '128', 'since', '1764000000000', 'name', 'host:1', "
+     "'exp', '1764000030000', 'pv', '1') return 1",
+     1},
+    {"TIME, made a number of us",
+     "local t = redis.call('TIME') local us = tonumber(t[1]) * 1000000 + tonumber(t[2]) "
+     "return 1",
+     1},
+    {"GET of a string", "redis.call('GET', KEYS[2]) return 1", 2},
+    {"MGET of 2 strings", "redis.call('MGET', KEYS[2], KEYS[3]) return 1", 3},
+    {"SET of a string", "redis.call('SET', KEYS[2], '1764000000000001') return 1", 2},
+    {"SET of a string with PX",
+     "redis.call('SET', KEYS[2], '1764000000000001', 'PX', 60000) return 1", 2},
+    {"PEXPIRE of the hash", "redis.call('PEXPIRE', KEYS[1], 60000) return 1", 1},
+    {"EXISTS of 2 missing keys", "redis.call('EXISTS', KEYS[2] .. 'x', KEYS[3] .. 'x') return 1",
+     3},
+    {"string.format('%.0f') of a token",
+     "local s = string.format('%.0f', 1764000000000001 + #KEYS) return 1", 1},
+};
+#define NPARTS (sizeof parts / sizeof parts[0])
+
+static char part_sha[41];
+static const part *part_now;
+
+static void fill_part(int i)
+{
+    char k[6][64];
+    keys_of(i, k);
+    if (part_now->nkeys == 0) {
+        const char *argv[19] = {"EVALSHA", part_sha, "6", k[0], k[1], k[2], k[3], k[4], k[5],
+                                ID, "30000", "17", "128", "2000", "1", "60000", "host:1",
+                                "0", "0"};
+        redisAppendCommandArgv(rc, 19, argv, NULL);
+        return;
+    }
+    /* the hash is the lease key; the strings are the fence and the record */
+    static const char *const nk[] = {"0", "1", "2", "3"};
+    const char *argv[6] = {"EVALSHA", part_sha, nk[part_now->nkeys], k[0], k[1], k[5]};
+    redisAppendCommandArgv(rc, 3 + part_now->nkeys, argv, NULL);
+}
+
+static int ok_part(int i, redisReply *r)
+{
+    (void)i;
+    return r->type == REDIS_REPLY_INTEGER && r->integer == 1;
+}
+
 static void print(const cost *c)
 {
     printf("| %s | %.1f | %.2f | %.2f |\n", c->what, (double)c->inner / (double)c->ops,
            (double)c->usec / (double)c->ops, c->cpu * 1e6 / (double)c->ops);
 }
 
+static void setup_part_keys(int i)
+{
+    char k[6][64];
+    keys_of(i, k);
+    redisAppendCommand(rc, "HSET %s owner %s token 1764000000000001 nonce 17 pl 128 since "
+                           "1764000000000 name host:1 exp 1764000030000 pv 1 u 0",
+                       k[0], ID);
+    redisAppendCommand(rc, "SET %s 1764000000000001 PX 600000", k[1]);
+    redisAppendCommand(rc, "SET %s 1764000000000001 PX 600000", k[5]);
+}
+
+/* --parts: each piece alone, interleaved round by round so that a drift of
+ * the machine's speed falls on every row alike. */
+static void run_parts(int names, int rounds, int batch)
+{
+    for (int i = 0; i < names; i++) {
+        setup_part_keys(i);
+        for (int j = 0; j < 3; j++) {
+            redisReply *r;
+            if (redisGetReply(rc, (void **)&r) != REDIS_OK)
+                die("setting up the parts' keys");
+            freeReplyObject(r);
+        }
+    }
+    char shas[NPARTS][41];
+    for (size_t p = 0; p < NPARTS; p++) {
+        redisReply *r = redisCommand(rc, "SCRIPT LOAD %s", parts[p].body);
+        if (!r || r->type != REDIS_REPLY_STRING || r->len != 40)
+            die(r && r->type == REDIS_REPLY_ERROR ? r->str : "SCRIPT LOAD of a part");
+        memcpy(shas[p], r->str, 41);
+        freeReplyObject(r);
+    }
+    static const char *const evalsha[] = {"evalsha", NULL};
+    cost c[NPARTS];
+    memset(c, 0, sizeof c);
+    for (int round = 0; round < rounds; round++) {
+        for (size_t p = 0; p < NPARTS; p++) {
+            part_now = &parts[p];
+            memcpy(part_sha, shas[p], 41);
+            snap a = take(evalsha);
+            run(names, batch, fill_part, ok_part);
+            snap b = take(evalsha);
+            if (round > 0)
+                add(&c[p], a, b, names);
+        }
+    }
+    printf("\nWhat scripts are made of: each piece alone in a script, run as above\n\n");
+    printf("| piece | its own time us | over an empty script | server CPU us | over an empty "
+           "script |\n");
+    printf("|---|---:|---:|---:|---:|\n");
+    double own0 = (double)c[0].usec / (double)c[0].ops, cpu0 = c[0].cpu * 1e6 / (double)c[0].ops;
+    for (size_t p = 0; p < NPARTS; p++) {
+        double own = (double)c[p].usec / (double)c[p].ops, cpu = c[p].cpu * 1e6 / (double)c[p].ops;
+        if (p == 0)
+            printf("| %s | %.2f | | %.2f | |\n", parts[p].what, own, cpu);
+        else
+            printf("| %s | %.2f | %+.2f | %.2f | %+.2f |\n", parts[p].what, own, own - own0, cpu,
+                   cpu - cpu0);
+    }
+}
+
 int main(int argc, char **argv)
 {
-    int names = 1000, rounds = 40, batch = 50;
+    int names = 1000, rounds = 40, batch = 50, with_parts = 0;
     const char *redis = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--names") && i + 1 < argc)
@@ -212,13 +342,16 @@ int main(int argc, char **argv)
             batch = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--redis") && i + 1 < argc)
             redis = argv[++i];
+        else if (!strcmp(argv[i], "--parts"))
+            with_parts = 1;
         else {
             fprintf(stderr,
                     "usage: script_cost [--names L (1000)] [--rounds R (40)] [--batch B (50)]\n"
-                    "                   [--redis HOST:PORT]\n"
+                    "                   [--redis HOST:PORT] [--parts]\n"
                     "What an uncontended acquire and a release cost inside Redis, beside the\n"
                     "simplest lock's SET NX PX and compare-and-delete (see the top of\n"
-                    "stress/script_cost.c). Prints a Markdown table.\n");
+                    "stress/script_cost.c). Prints a Markdown table; with --parts a second\n"
+                    "one: what each command and step scripts are made of costs inside one.\n");
             return 2;
         }
     }
@@ -299,6 +432,8 @@ int main(int argc, char **argv)
     printf("| simplest lock SET + compare-and-delete | | %.2f | %.2f |\n", nown, ncpu);
     printf("| ratio, dlock / simplest lock | | %.2fx | %.2fx |\n", nown > 0 ? own / nown : 0.0,
            ncpu > 0 ? cpu / ncpu : 0.0);
+    if (with_parts)
+        run_parts(names, rounds, batch);
     if (redis) {
         /* the tool's keys go: sc:* */
         for (int i = 0; i < names; i++) {
