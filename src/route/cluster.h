@@ -42,6 +42,7 @@
 
 #include "conn/batch.h"
 #include "conn/conn.h"
+#include "common/slot.h"
 
 #define DLOCK_CLUSTER_SLOTS 16384
 /* The most nodes a client keeps (masters met over its life, failovers
@@ -54,11 +55,7 @@
 /* Redirects (MOVED, ASK) one call follows before it fails. */
 #define DLOCK_CLUSTER_REDIRECTS_MAX 5
 
-/* CRC16/XMODEM of buf[0..len), as Redis' crc16(). */
-uint16_t dlock_crc16(const char *buf, size_t len);
-
-/* The hash slot (0..16383) of key[0..len). */
-unsigned dlock_cluster_slot(const char *key, size_t len);
+/* dlock_crc16 and dlock_cluster_slot, the hash slot of a key: common/slot.h. */
 
 /* One master the client talks to. */
 typedef struct dlock_cluster_node {
