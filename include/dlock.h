@@ -236,7 +236,10 @@ DLOCK_API void dlock_client_close(dlock_client *c);
  *   wait_ms  < 0: wait until acquired.
  * On DLOCK_OK the thread holds the lock and, if fence is not NULL, *fence is
  * the fencing token of this grant: strictly greater than every token given
- * before for this name, across all clients. Reentrant: a thread that holds
+ * before for this name, across all clients, whatever steps the Redis
+ * server's clock makes, but for a loss of Redis' data while its clock is
+ * behind a token and one narrow window after a step back (docs/guide.md,
+ * "Fencing tokens"). Reentrant: a thread that holds
  * the lock acquires it again at once, with no Redis command, and gets the
  * same token; each acquire needs its own release.
  * Bounds. The deadline (now + wait_ms; for a try, now + the command

@@ -16,6 +16,12 @@
 -- KEYS[6] record      <prefix>{<name>}:c:<client id>  what Redis remembers of this
 --                     client for this name: "<newest attempt> <token of its last
 --                     released grant> <attempt of that grant>" (see below)
+-- KEYS[7] slot mark   <prefix>hw:{<tag>}  of every name in this name's hash slot:
+--                     "<token> <clock> <pass limit>": the highest token a
+--                     grant of the slot took (or a release reported its
+--                     holder handed out: release.lua), the server time (us)
+--                     the latest grant of the slot read, and the largest
+--                     pass limit of its grants; no expiry (see Tokens)
 -- ARGV[1] client id (32 hex digits)
 -- ARGV[2] lease time in ms
 -- ARGV[3] number of this attempt: unique and increasing per client, from 1;
@@ -74,16 +80,26 @@
 -- the first live client in the queue, else to anyone. Dead waiters (deadline
 -- passed) are pruned from the head of the queue; all times are the server's.
 --
--- Tokens: max(server time in us, last + 1), where last is the highest token
--- any earlier grant may have handed out: the fence a release left (the last
--- token its holder used), or, for the grant the caller already owns, its
--- token or the last one the caller handed out under it (ARGV[9]). A grant's token is server time, except after a step back of the
+-- Tokens: max(server time in us, last + 1), where last is the highest
+-- token any earlier grant of the name may have handed out: the fence a
+-- release left (the last token its holder used), or, for the grant the
+-- caller already owns, its token or the last one the caller handed out
+-- under it (ARGV[9]); and the slot's mark (KEYS[7]): its token, and, when
+-- server time is below the clock the mark read (the clock stepped back),
+-- its token + its pass limit, which bounds whatever a grant of the slot
+-- may have handed out. The mark never expires, so no step back of the
+-- server's clock, of any size, and no restart that kept the data, sends a
+-- token back once a name's fence and expired lease key are gone; but for
+-- one case: a grant that expired unreleased after handing out tokens
+-- locally, the last of its slot, and a step back that returns the clock to
+-- within those tokens (at most a pass limit in us after its grant) before
+-- any other grant of the slot has read the clock (docs/guide.md).
+-- A grant's token is server time, except after a step back of the
 -- server's clock; a client's local handoffs take the next tokens no faster
 -- than server time passes (release.c, handoff_in_time). So no token in use
 -- is ahead of server time, and a restart or failover that loses the fence
--- cannot undercut one: the next grant's server time is past it. After a
--- step back a grant is ahead (last + 1), and the fences and expired keys
--- (gone) keep the order for as long as the step: up to a lease time.
+-- and the mark cannot undercut one: the next grant's server time is past
+-- it. After a step back a grant is ahead, until the clock has caught up.
 -- Server time in us is below 2^53, so Lua's doubles hold it exactly.
 --
 -- End: how the grant before this one ended, when not by its holder's
@@ -105,11 +121,12 @@
 -- A grant writes pv = 1 into the lease; a hash without pv is read as
 -- protocol 1's.
 --
--- Cost: the common case, a free name with nobody queued, runs 6 commands
--- (HMGET, TIME, MGET of the record and the fence, EXISTS of the queue keys,
--- HSET, PEXPIRE) and formats one number (exp): the token and the grant time
--- are cut from TIME's strings. A grant writes no record: the lease's nonce is this
--- attempt, and the release writes the record (release.lua).
+-- Cost: the common case, a free name with nobody queued, runs 7 commands
+-- (HMGET, TIME, MGET of the record, the fence and the mark, EXISTS of the
+-- queue keys, HSET, PEXPIRE, SET of the mark) and formats one number (exp):
+-- the token, the grant time and the mark are cut from TIME's strings. A
+-- grant writes no record: the lease's nonce is this attempt, and the
+-- release writes the record (release.lua).
 local me = ARGV[1]
 local attempt = tonumber(ARGV[3])
 local lease = redis.call('HMGET', KEYS[1], 'owner', 'token', 'nonce', 'pl', 'exp', 'since', 'u',
@@ -136,7 +153,7 @@ if lease[1] and lease[5] and now_ms > tonumber(lease[5]) then
   lease = {false, false, false, false, false, false, false, false, false}
 end
 local mine = lease[1] == me
-local got = redis.call('MGET', KEYS[6], KEYS[2]) -- the record, the fence
+local got = redis.call('MGET', KEYS[6], KEYS[2], KEYS[7]) -- the record, the fence, the mark
 local seen, rtok, ratt = 0, '0', '0' -- attempts are numbered from 1
 if got[1] then
   local a, t, r = string.match(got[1], '^(%d+) (%d+) (%d+)$')
@@ -248,6 +265,15 @@ local ended = tonumber(string.match(got[2] or '', ' (%d)$') or '0')
 if gone > last then
   last = gone
 end
+-- The slot's mark (Tokens, above).
+local mtok, mclk, mpl = string.match(got[3] or '', '^(%d+) (%d+) (%d+)$')
+local mark = tonumber(mtok) or 0
+if now_us < (tonumber(mclk) or 0) then
+  mark = mark + tonumber(mpl)
+end
+if mark > last then
+  last = mark
+end
 if gone > 0 then
   ended = 2
 end
@@ -277,7 +303,7 @@ if token <= last then
   -- Ahead of server time (after a step back of its clock): the holder's
   -- handoffs follow at most as fast as time passes, and whatever it hands
   -- out stays bounded by the fence its release writes, or by its key once
-  -- the grant expired unreleased (gone, above).
+  -- the grant expired unreleased (gone, above), or by the mark.
   token = last + 1
   tok = string.format('%.0f', token)
 end
@@ -288,6 +314,15 @@ if ended > 0 then
   -- (a key that held a u before is the caller's own, or expired: ended > 0)
   redis.call('HSET', KEYS[1], 'u', tostring(ended))
 end
+-- The mark: this token, the clock now, the largest pass limit. (A grant
+-- behind the mark's clock need not keep that clock: its token is above
+-- the mark's token and pass limit, so the mark now bounds every earlier
+-- grant of the slot with its token alone.)
+local pl = ARGV[4]
+if mpl and tonumber(mpl) > tonumber(pl) then
+  pl = mpl
+end
+redis.call('SET', KEYS[7], tok .. ' ' .. t[1] .. us6 .. ' ' .. pl)
 -- The key outlives the grant by a lease time, and the clock must have read
 -- a lease time past every token the grant bounds before it goes (a grant
 -- ahead of the clock, after a step back, lives that much longer).

@@ -10,13 +10,15 @@
 -- that attempt, counts its validity from when it sent the attempt, and
 -- renews it to a whole lease; a newer attempt of its own finds the lease its
 -- own (acquire.lua), so a grant message lost or late costs nothing but time.
--- Its tokens follow as for any grant: max(server time in us, last + 1).
+-- Its tokens follow as for any grant: max(server time in us, last + 1),
+-- above the slot's mark, which it writes (acquire.lua, Tokens).
 -- KEYS[1] lease hash  <prefix>{<name>}
 -- KEYS[2] fence key   <prefix>{<name>}:fence
 -- KEYS[3] wait queue  <prefix>{<name>}:q
 -- KEYS[4] liveness    <prefix>{<name>}:qd     (see acquire.lua)
 -- KEYS[5] turn        <prefix>{<name>}:turn
 -- KEYS[6] record      <prefix>{<name>}:c:<client id> (see acquire.lua)
+-- KEYS[7] slot mark   <prefix>hw:{<tag>} (see acquire.lua, Tokens)
 -- ARGV[1] client id
 -- ARGV[2] 'token' or 'nonce': which field identifies the grant
 -- ARGV[3] that field's value: the grant's token, or the number of an acquire
@@ -61,9 +63,16 @@
 -- A grant writes pv = 1 into the lease; a hash without pv is read as
 -- protocol 1's.
 --
+-- The slot's mark (acquire.lua, Tokens): a release whose holder handed
+-- out tokens above the mark's token raises it to the last of them, so that
+-- after a step back of the clock no grant of the slot goes below them once
+-- the fence has gone.
+--
 -- Cost: a release with nobody queued runs 7 commands (HMGET, TIME, DEL, SET
--- of the fence, GET and SET of the record, EXISTS of the queue keys) and
--- formats no number.
+-- of the fence, GET of the record (MGET of the record and the mark when its
+-- holder handed out tokens locally), SET of the record, EXISTS of the queue
+-- keys), and an 8th, a SET of the mark, when those tokens are above the
+-- mark (no grant of the slot came since); it formats no number.
 local me = ARGV[1]
 local lease = redis.call('HMGET', KEYS[1], 'owner', 'token', 'nonce', 'pl', 'since', 'exp', 'u',
   'pv')
@@ -146,7 +155,25 @@ redis.call('SET', KEYS[2], fence, 'PX', px)
 -- acquire that made this grant, finds it done.
 local nonce = string.match(lease[3] or '', '^%d+$') or '0'
 local seen = nonce
-local rec = redis.call('GET', KEYS[6])
+local rec, mtok, mclk, mpl
+if last > tonumber(lease[2]) then
+  -- tokens handed out locally: the mark may be below them
+  local got = redis.call('MGET', KEYS[6], KEYS[7]) -- the record, the mark
+  rec = got[1]
+  mtok, mclk, mpl = string.match(got[2] or '', '^(%d+) (%d+) (%d+)$')
+else
+  rec = redis.call('GET', KEYS[6])
+  mtok = lease[2] -- (the mark is at least the grant's token: not read)
+end
+if last > (tonumber(mtok) or 0) then
+  -- tokens handed out above the mark (Tokens, above)
+  mtok = string.match(fence, '^%d+')
+  mclk = mclk or '0'
+  if not mpl or tonumber(mpl) < (tonumber(lease[4]) or 0) then
+    mpl = string.match(lease[4] or '', '^%d+$') or '0'
+  end
+  redis.call('SET', KEYS[7], mtok .. ' ' .. mclk .. ' ' .. mpl)
+end
 if rec then
   local a = string.match(rec, '^(%d+) ')
   if a and tonumber(a) > (tonumber(nonce) or 0) then
@@ -181,9 +208,24 @@ while true do
     redis.call('HDEL', KEYS[4], h)
     redis.call('DEL', KEYS[5])
     local tok = t[1] .. us6
+    if not mclk then
+      mtok, mclk, mpl = string.match(redis.call('GET', KEYS[7]) or '', '^(%d+) (%d+) (%d+)$')
+    end
+    local mark = tonumber(mtok) or 0
+    if now_us < (tonumber(mclk) or 0) then
+      mark = mark + tonumber(mpl) -- the clock stepped back (acquire.lua, Tokens)
+    end
+    if mark > last then
+      last = mark
+    end
     if now_us <= last then
       tok = string.format('%.0f', last + 1) -- after a step back of the clock
     end
+    local mp = pl
+    if mpl and tonumber(mpl) > tonumber(pl) then
+      mp = mpl
+    end
+    redis.call('SET', KEYS[7], tok .. ' ' .. t[1] .. us6 .. ' ' .. mp)
     -- The waiter's local handoffs follow no faster than time passes
     -- (release.c, handoff_in_time): a waiter that never took the grant
     -- leaves nothing ahead of the clock, and one that did is bounded by

@@ -122,11 +122,14 @@ end
 
 -- The keys of a name, as lua/keys.lua lists them (the one table of them).
 local KEYS = dofile((debug.getinfo(1, 'S').source:match('^@(.*)/[^/]*$') or '.') .. '/../lua/keys.lua')
+local SLOT = dofile((debug.getinfo(1, 'S').source:match('^@(.*)/[^/]*$') or '.') .. '/slot.lua')
 local function keys(name, id)
   local k = 'dlock:{' .. name .. '}'
   local out = {}
   for i, key in ipairs(KEYS) do out[i] = k .. key[2] end
-  out[#out] = out[#out] .. id
+  assert(KEYS[6][1] == 'CLIENT' and KEYS[7][1] == 'HW')
+  out[6] = out[6] .. id
+  out[7] = 'dlock:' .. KEYS[7][2] .. '{' .. SLOT.tag(SLOT.of(k)) .. '}'
   return out
 end
 C.keys = keys

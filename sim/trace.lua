@@ -17,7 +17,7 @@
 --   open   ID LEASE_MS PASS_LIMIT WAITER_TTL_MS KEEP_MS MIN_REPLICAS DRIFT_NS
 --          HANDOFF_MARGIN_NS GRANT_MS GRANT_DRIFT_NS GRANT_MARGIN_NS FALLBACK_NS
 --   poll   NAME ONCE MADE                     a poll starts (poll_redis)
---   acq    NAME SENT KEYS(6) ARGV(10)         the acquire script sent (dlock_rpc_acquire)
+--   acq    NAME SENT KEYS(7) ARGV(10)         the acquire script sent (dlock_rpc_acquire)
 --   rep    NAME NONCE SENT GRANTED VALUE ACKED RC   its reply, as read
 --   tried  NAME NONCE RC SENT ANSWERED STOP  the try's outcome for the poller
 --   grant  NAME TOKEN UNCLEAN VALID_UNTIL GRANT_AT EPOCH   take_grant
@@ -30,13 +30,14 @@
 --   reent  NAME TOKEN NOW OK                  a reentrant acquire
 --   ok     NAME TOKEN                         an acquire returns DLOCK_OK
 --   rlost  NAME                               an outermost release of a lost lease
---   rel    NAME KEYS(6) ARGV(10)              the release script sent
+--   rel    NAME KEYS(7) ARGV(10)              the release script sent
 --   released NAME RC                          its outcome, for the releaser
 --   verdict NAME EPOCH V SENT NOW VALID_UNTIL a renewal's verdict applied
 --   unconf NAME LAST END                      dlock_client_unconfirmed_end
 --   giveback NAME NONCE                       a background release of an attempt
 --   leave, leavebg NAME ...                   leaves (not checked)
 local C = require('client')
+local SLOT = require('slot')
 
 local T = {}
 
@@ -93,7 +94,8 @@ function T.check_file(path)
   -- the entry's keys, as dlock_table_create builds them
   local function keys(name)
     local k = c.prefix .. '{' .. name .. '}'
-    return {k, k .. ':fence', k .. ':q', k .. ':qd', k .. ':turn', k .. ':c:' .. c.id}
+    return {k, k .. ':fence', k .. ':q', k .. ':qd', k .. ':turn', k .. ':c:' .. c.id,
+            c.prefix .. 'hw:{' .. SLOT.tag(SLOT.of(k)) .. '}'}
   end
 
   local function same_list(want, got, first, what)
@@ -184,7 +186,7 @@ function T.check_file(path)
       elseif kind == 'acq' then
         stats.tries = stats.tries + 1
         local sent = num(f[5])
-        local nonce = num(f[14])
+        local nonce = num(f[15]) -- (ARGV[3], after the 7 keys)
         if not e.polling then bad('an acquire of %s outside a poll', e.name) end
         if e.pending then bad('attempt %d of %s sent while attempt %d is unanswered', nonce,
           e.name, e.pending.nonce) end
@@ -197,9 +199,9 @@ function T.check_file(path)
         e.last_nonce = nonce
         if sent > stamp then bad('sent at %.0f, after it was recorded (%.0f)', sent, stamp) end
         local k = {}
-        for i = 5 + 1, 5 + 6 do k[#k + 1] = unesc(f[i]) end
+        for i = 5 + 1, 5 + 7 do k[#k + 1] = unesc(f[i]) end
         local a = {}
-        for i = 12, 21 do a[#a + 1] = unesc(f[i]) end
+        for i = 13, 22 do a[#a + 1] = unesc(f[i]) end
         same_list(keys(e.name), k, 1, 'key')
         -- what the client knows of unconfirmed ends: the entry's, or the
         -- set's if higher (the entry was freed and made anew meanwhile: poll)
@@ -383,8 +385,8 @@ function T.check_file(path)
         stats.releases = stats.releases + 1
         if e.state ~= 'RELEASING' then bad('a release script for %s, which is %s', e.name, e.state) end
         local k, a = {}, {}
-        for i = 5, 10 do k[#k + 1] = unesc(f[i]) end
-        for i = 11, 20 do a[#a + 1] = unesc(f[i]) end
+        for i = 5, 11 do k[#k + 1] = unesc(f[i]) end
+        for i = 12, 21 do a[#a + 1] = unesc(f[i]) end
         same_list(keys(e.name), k, 1, 'key')
         same_list(C.release_argv(c, e, (e.ending or 0) > 0 and 1 or 0), a, 1, 'release argument')
       elseif kind == 'released' then

@@ -258,6 +258,11 @@ end
 ------------------------------------------------------------------------
 -- A schedule's settings, drawn from its seed.
 
+-- The names of a schedule, in pairs that share a hash slot (n1 and m155
+-- both fall in slot 3671, and so on), so that two names of a schedule
+-- share their slot's mark of tokens (lua/acquire.lua, Tokens).
+local NAMES = {'n1', 'm155', 'n2', 'm156', 'n3', 'm157', 'n4', 'm150'}
+
 local ALL_FAULTS = {'net', 'msg', 'crash', 'pause', 'restart', 'failover', 'clock', 'drift', 'force',
                     'life', 'stall', 'fast'}
 W.ALL_FAULTS = ALL_FAULTS
@@ -316,7 +321,8 @@ function W.new(seed, opts, scripts)
   cfg.pass_us = self:pick({0, 2, 30})
   cfg.max_wait_ms = self:pick({10, cfg.lease_ms, 3 * cfg.lease_ms})
   cfg.local_rule = opts.local_rule or 'clock'
-  cfg.step_back_ms = opts.step_back_ms or floor((opts.step_back_leases or 1) * cfg.lease_ms)
+  cfg.step_back_ms = opts.step_back_ms or
+    (opts.step_back_leases and floor(opts.step_back_leases * cfg.lease_ms)) or 86400000 -- a day
   cfg.steps = opts.steps or self:rint(200, 600)
   -- Faults: each enabled kind is injected in this schedule with probability
   -- 1/2 (a fifth of the schedules have none at all: the liveness check).
@@ -359,12 +365,13 @@ function W.new(seed, opts, scripts)
   cfg.nofault = next(on) == nil
   self.cfg = cfg
   self.names = {}
+  self.released_last = {} -- by name: whether its last grant was released
   self.lease_keys = {} -- by the name's index, and by name (lease_key)
   self.lease_key = {}
   for i = 1, cfg.names do
-    self.names[i] = 'n' .. i
-    self.lease_keys[i] = 'dlock:{n' .. i .. '}'
-    self.lease_key['n' .. i] = self.lease_keys[i]
+    self.names[i] = NAMES[i]
+    self.lease_keys[i] = 'dlock:{' .. NAMES[i] .. '}'
+    self.lease_key[NAMES[i]] = self.lease_keys[i]
   end
   for _, n in ipairs(self.names) do
     self.grant_era[n] = {}
@@ -505,7 +512,14 @@ function W:after_script(c, script, names, keys, argv, before, rep, meta, all_key
       self.pending_end[name] = code > 0 and {code = code, srv_ms = srv.now_ms, era = self.era[name]}
         or nil
     end
+    if b and not a and script ~= 'acquire' then
+      -- a release (by its holder, an operator, or a leave of an unused
+      -- grant) took the grant away: its tokens are in the fence and the
+      -- mark (in_mark_window)
+      self.released_last[name] = true
+    end
     if a and not same and not (b and a.token == b.token) then
+      self.released_last[name] = false
       -- a new grant: its token is issued now
       self.grants_made[name] = (self.grants_made[name] or 0) + 1
       self.grant_era[name][a.token] =
@@ -570,10 +584,11 @@ function W:after_script(c, script, names, keys, argv, before, rep, meta, all_key
         .. 'its attempt %d', name, n, c.name, r))
     end
   end
-  -- expiry: every key has one (a script writes only the keys it is given).
+  -- expiry: every key has one (a script writes only the keys it is given),
+  -- but a slot's mark of tokens, which has none (at most one a slot).
   for _, k in ipairs(all_keys) do
     local o = srv.db[k]
-    if o and not o.exp then
+    if o and not o.exp and not k:find('^dlock:hw:{') then
       self:violation('expiry', 'key ' .. k .. ' has no expiry after ' .. script)
       R.writable(srv, k, o).exp = srv.now_ms + 1000000 -- report it once
     end
@@ -1043,27 +1058,31 @@ end
 
 function W:fault_restart(kind)
   -- kind: 'empty' (no persistence), 'aof' (loses the writes after a recent
-  -- snapshot), 'failover' (a replica that missed the last writes).
-  -- Not while the server's clock is behind a token it issued after a step
-  -- back: a fence lost then cannot be made up for by the clock, and tokens
-  -- go back (docs/guide.md, "Fencing tokens": the two faults together are outside
-  -- what is promised). It comes once the clock has caught up.
+  -- snapshot), 'failover' (a replica that missed the last writes), 'kept'
+  -- (persistence that kept every write: appendfsync always).
+  -- A loss of data not while the server's clock is behind a token it issued
+  -- after a step back: a fence and a mark lost then cannot be made up for by
+  -- the clock, and tokens go back (docs/guide.md, "Fencing tokens": the two
+  -- faults together are outside what is promised). It comes once the clock
+  -- has caught up. A restart that kept the data may come at any time.
   local top = self.behind_until
   local srv = self.now + self.srv_off
-  if srv <= top then
+  if srv <= top and kind ~= 'kept' then
     self:at(self.now + (top - srv) + 1000, function() self:fault_restart(kind) end)
     return
   end
   local down = kind == 'failover' and self:rint(0, 2000) or self:rint(1000, 50000)
   self.up = false
   local db
-  if kind == 'empty' or #self.aof == 0 then
+  if kind == 'kept' then
+    db = R.copy_db(self.srv.db)
+  elseif kind == 'empty' or #self.aof == 0 then
     db = {}
   else
     local k = self:rint(1, #self.aof)
     db = R.copy_db(self.aof[k].db)
   end
-  self.aof = {}
+  if kind ~= 'kept' then self.aof = {} end
   local old = self.srv.db
   if kind == 'failover' and #self.reps > 0 then
     -- the replica with the most of the master's writes (the one whose
@@ -1082,7 +1101,7 @@ function W:fault_restart(kind)
   end
   if self.tracing then self:trace('FAULT redis ' .. kind .. ' (down ' .. down .. ' us)') end
   self.srv.db = db
-  self.loss_srv = self.now + self.srv_off -- the server's clock at the loss
+  if kind ~= 'kept' then self.loss_srv = self.now + self.srv_off end -- the server's clock at the loss
   if kind == 'failover' and #self.reps > 0 then
     -- A name whose keys all came through keeps its era: nothing of it was
     -- lost, nothing is excused. With min_replicas equal to the replicas,
@@ -1103,6 +1122,8 @@ function W:fault_restart(kind)
         end
       end
     end
+  elseif kind == 'kept' then
+    self.faults.restart_kept = (self.faults.restart_kept or 0) + 1 -- nothing lost, nothing excused
   else
     self:revoke_all(kind == 'failover' and 'failover' or 'restart')
   end
@@ -1148,14 +1169,41 @@ function W:fault_force(name, tries)
   end
 end
 
+-- Whether server time t lies in the window a slot's mark leaves open:
+-- at or above the mark's clock (the time the slot's latest grant read;
+-- none after a loss of the mark) and below the highest token handed out to
+-- a name of that slot whose last grant was not released (a release
+-- reports its tokens to the mark) and whose lease key and fence are both
+-- gone (a name's own keys bound its tokens while they live).
+function W:in_mark_window(t)
+  local high = {}
+  local now_ms = floor((self.now + self.srv_off) / 1000)
+  local function present(k)
+    local o = self.srv.db[k] -- (only looked at)
+    return o and not (o.exp and now_ms > o.exp)
+  end
+  for _, n in ipairs(self.names) do
+    local ks = C.keys(n, '')
+    if not self.released_last[n] and not present(ks[1]) and not present(ks[2]) then
+      high[ks[7]] = math.max(high[ks[7]] or 0, self.tok[n].max)
+    end
+  end
+  for k, h in pairs(high) do
+    local o = self.srv.db[k] -- (a mark has no expiry; only looked at)
+    local clk = o and type(o.v) == 'string' and tonumber(o.v:match('^%d+ (%d+) %d+$')) or 0
+    if t >= clk and t < h then return true end
+  end
+  return false
+end
+
 -- A step of the server's clock: forward (leases expire early) or back
 -- (within the assumption: see below).
-function W:fault_clock()
+function W:fault_clock(forward_us, back_us)
   local lease = self.cfg.lease_ms * 1000
-  local fwd = self:rand() < 0.4
+  local fwd = forward_us or (not back_us and self:rand() < 0.4)
   local d
   if fwd then
-    d = self:rint(1000, 2 * lease)
+    d = forward_us or self:rint(1000, 2 * lease)
     self:revoke_all('clock_forward')
     self.fwds = self.fwds + 1
   else
@@ -1166,7 +1214,11 @@ function W:fault_clock()
     if srv > self.srv_high then self.srv_high = srv end -- the clock's own latest reading
     local room = self.cfg.step_back_ms * 1000 - math.max(0, self.srv_high - srv)
     if room < 1000 then return end
-    d = -self:rint(self:rand() < 0.5 and 1000 or floor(room / 2), room)
+    -- steps of up to two leases, a minute, or the whole room (a day)
+    local cap = math.min(room, self:pick({2 * lease, 60000000, room}))
+    if cap < 1000 then cap = 1000 end
+    d = -self:rint(self:rand() < 0.5 and 1000 or floor(cap / 2), cap)
+    if back_us then d = -math.min(back_us, room) end
     -- Not back to before the time Redis lost its data: tokens issued
     -- just before the loss would be ahead of the stepped-back clock, and
     -- their fences are gone (the two faults together are outside what
@@ -1175,17 +1227,67 @@ function W:fault_clock()
       self.faults.clock_back_later = (self.faults.clock_back_later or 0) + 1
       return
     end
+    -- Not into the one window the slot's mark leaves open (lua/acquire.lua,
+    -- Tokens; docs/guide.md): at or above the server time the latest
+    -- grant of a slot read, and below a token handed out in that slot (local
+    -- handoffs above the grants' tokens, of a grant that may have expired
+    -- unreleased): skipped.
+    if self:in_mark_window(srv + d) then
+      self.faults.clock_back_window = (self.faults.clock_back_window or 0) + 1
+      return
+    end
     self.faults.clock_back = (self.faults.clock_back or 0) + 1
     self.backs = self.backs + 1
     self.stepped_back = true
     self.step_back_total = self.step_back_total - d
     self.behind_until = math.max(self.behind_until, self.srv_high)
     self.stepped_ever = true
+    if -d > 2 * lease then
+      -- A large step is set right again after a while (an operator, or
+      -- the time service), as a step forward of the same size: until
+      -- then a lease whose holder died lasts as much longer, and waiters
+      -- wait for it.
+      self:at(self.now + self:rint(lease, 4 * lease), function() self:fault_clock(-d) end)
+    end
   end
   if self.tracing then self:trace(string.format('FAULT server clock steps %+.1f ms', d / 1000)) end
   self.srv_off = self.srv_off + d
   self:disturbed()
   for _, n in ipairs(self.names) do self.dirty[n] = true end
+end
+
+-- Every client stands still for longer than the names' keys live (their
+-- grants expire unreleased, their fences go), and then the server's clock
+-- steps back by more than that: only the slots' marks keep the tokens
+-- going up (lua/acquire.lua, Tokens).
+function W:fault_quiet_step()
+  local lease = self.cfg.lease_ms * 1000
+  local d = self:rint(floor(5 * lease / 2), 4 * lease)
+  for _, c in ipairs(self.clients) do
+    if c.alive and not c.paused_until then
+      c.paused_until = self.now + d
+      self:at(self.now + d, function()
+        c.paused_until = nil
+        self:disturbed()
+      end)
+    end
+  end
+  self.faults.quiet = (self.faults.quiet or 0) + 1
+  if self.tracing then self:trace(string.format('FAULT every client stands still for %.1f ms', d / 1000)) end
+  local at = self:rand() < 0.5 and self:rint(0, floor(lease / 2)) or self:rint(0, 100)
+  self:at(self.now + d - at, function()
+    local back = self:rint(d, d + 2 * lease)
+    if self:rand() < 0.5 then
+      -- to just after the time the latest grant of a name's slot read
+      -- (the mark's clock), where only the mark and what releases told it
+      -- keep tokens going up
+      local o = self.srv.db[C.keys(self:pick(self.names), '')[7]] -- (only looked at)
+      local clk = o and type(o.v) == 'string' and tonumber(o.v:match('^%d+ (%d+) %d+$'))
+      local srv = self.now + self.srv_off
+      if clk and clk + 1000 < srv then back = srv - (clk + self:rint(1, 1000)) end
+    end
+    self:fault_clock(nil, back)
+  end)
 end
 
 function W:schedule_faults(horizon)
@@ -1226,7 +1328,7 @@ function W:schedule_faults(horizon)
     end
   end
   if f.restart then
-    self:at(when(), function() self:fault_restart(self:rand() < 0.5 and 'empty' or 'aof') end)
+    self:at(when(), function() self:fault_restart(self:pick({'empty', 'aof', 'kept'})) end)
   end
   if f.failover then
     self:at(when(), function() self:fault_restart('failover') end)
@@ -1234,6 +1336,9 @@ function W:schedule_faults(horizon)
   if f.clock then
     for _ = 1, self:rint(1, 3) do
       self:at(when(), function() self:fault_clock() end)
+    end
+    if self:rand() < 0.5 then
+      self:at(when(), function() self:fault_quiet_step() end)
     end
   end
   if f.force then
@@ -1342,10 +1447,17 @@ function W:check_keys()
   table.sort(ks) -- (reported in one order, whatever the collector did)
   for _, k in ipairs(ks) do
     local o = self.srv.db[k]
-    if R.live(self.srv, k) then
-      -- a fence may live until server time has passed its token
-      local ahead = k:match(':fence$') and (tonumber(o.v:match('^%d+') or '0') or 0) / 1000 + 2
-        >= self.srv.now_ms
+    if R.live(self.srv, k) and not k:find('^dlock:hw:{') then -- (a slot's mark stays)
+      -- a fence lives a lease time past the time its token stands for, and
+      -- a lease key past its token + pass limit (tokens may be ahead of the
+      -- clock after a step back: lua/acquire.lua, Tokens)
+      local top
+      if k:match(':fence$') then
+        top = (tonumber(o.v:match('^%d+') or '0') or 0) / 1000
+      elseif o.type == 'hash' and o.v.token and not k:match(':qd$') then
+        top = ((tonumber(o.v.token) or 0) + (tonumber(o.v.pl) or 0)) / 1000
+      end
+      local ahead = top and top + cfg.lease_ms + 2 >= self.srv.now_ms
       if not ahead then
         self:violation('keys', string.format('%s outlived the last call (%.1f ms ago) by more than '
           .. '%d ms', k, (self.now - last) / 1000, life))

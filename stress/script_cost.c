@@ -31,6 +31,7 @@
 
 #include "fixture.h"
 #include "conn/script.h"
+#include "common/slot.h"
 
 #define ID "0123456789abcdef0123456789abcdef"
 
@@ -109,11 +110,13 @@ static void add(cost *c, snap a, snap b, long long ops)
     c->cpu += b.cpu - a.cpu;
 }
 
-static void keys_of(int i, char k[6][64])
+static void keys_of(int i, char k[7][64])
 {
     static const char *const suffix[6] = {"", ":fence", ":q", ":qd", ":turn", ":c:" ID};
     for (int j = 0; j < 6; j++)
         snprintf(k[j], 64, "sc:{n%d}%s", i, suffix[j]);
+    /* the high-water mark of the name's slot (lua/keys.lua, HW) */
+    snprintf(k[6], 64, "sc:hw:{%s}", dlock_slot_tag(dlock_cluster_slot(k[0], strlen(k[0]))));
 }
 
 /* Sends calls [from, to) made by fill() B at a time, reading every reply
@@ -144,12 +147,12 @@ static long long attempt;
 
 static void fill_acquire(int i)
 {
-    char k[6][64], nonce[24];
+    char k[7][64], nonce[24];
     keys_of(i, k);
     snprintf(nonce, sizeof nonce, "%lld", ++attempt);
-    const char *argv[17] = {"EVALSHA", sha_acquire, "6", k[0], k[1], k[2], k[3], k[4], k[5],
+    const char *argv[18] = {"EVALSHA", sha_acquire, "7", k[0], k[1], k[2], k[3], k[4], k[5], k[6],
                             ID, "30000", nonce, "128", "2000", "1", "60000", "host:1"};
-    redisAppendCommandArgv(rc, 17, argv, NULL);
+    redisAppendCommandArgv(rc, 18, argv, NULL);
 }
 
 static int ok_acquire(int i, redisReply *r)
@@ -162,13 +165,13 @@ static int ok_acquire(int i, redisReply *r)
 
 static void fill_release(int i)
 {
-    char k[6][64], tok[24], name[24];
+    char k[7][64], tok[24], name[24];
     keys_of(i, k);
     snprintf(tok, sizeof tok, "%lld", tokens[i]);
     snprintf(name, sizeof name, "n%d", i);
-    const char *argv[19] = {"EVALSHA", sha_release, "6", k[0], k[1], k[2], k[3], k[4], k[5],
+    const char *argv[20] = {"EVALSHA", sha_release, "7", k[0], k[1], k[2], k[3], k[4], k[5], k[6],
                             ID, "token", tok, "30000", "0", "sc:wake:", name, "2000", "60000", "0"};
-    redisAppendCommandArgv(rc, 19, argv, NULL);
+    redisAppendCommandArgv(rc, 20, argv, NULL);
 }
 
 static int ok_one(int i, redisReply *r)
@@ -204,12 +207,12 @@ static void fill_cad(int i)
 typedef struct part {
     const char *what;
     const char *body;
-    int nkeys; /* 0: the acquire's six keys and ten arguments */
+    int nkeys; /* 0: the acquire's seven keys and ten arguments */
 } part;
 
 static const part parts[] = {
     {"empty script, 1 key", "return 1", 1},
-    {"empty script, the acquire's 6 keys and 10 arguments", "return 1", 0},
+    {"empty script, the acquire's 7 keys and 10 arguments", "return 1", 0},
     {"HMGET of 9 fields of a hash",
      "redis.call('HMGET', KEYS[1], 'owner', 'token', 'nonce', 'pl', 'exp', 'since', 'u', "
      "'name', 'pv') return 1",
@@ -241,13 +244,13 @@ static const part *part_now;
 
 static void fill_part(int i)
 {
-    char k[6][64];
+    char k[7][64];
     keys_of(i, k);
     if (part_now->nkeys == 0) {
-        const char *argv[19] = {"EVALSHA", part_sha, "6", k[0], k[1], k[2], k[3], k[4], k[5],
+        const char *argv[20] = {"EVALSHA", part_sha, "7", k[0], k[1], k[2], k[3], k[4], k[5], k[6],
                                 ID, "30000", "17", "128", "2000", "1", "60000", "host:1",
                                 "0", "0"};
-        redisAppendCommandArgv(rc, 19, argv, NULL);
+        redisAppendCommandArgv(rc, 20, argv, NULL);
         return;
     }
     /* the hash is the lease key; the strings are the fence and the record */
@@ -270,7 +273,7 @@ static void print(const cost *c)
 
 static void setup_part_keys(int i)
 {
-    char k[6][64];
+    char k[7][64];
     keys_of(i, k);
     redisAppendCommand(rc, "HSET %s owner %s token 1764000000000001 nonce 17 pl 128 since "
                            "1764000000000 name host:1 exp 1764000030000 pv 1 u 0",
@@ -437,9 +440,9 @@ int main(int argc, char **argv)
     if (redis) {
         /* the tool's keys go: sc:* */
         for (int i = 0; i < names; i++) {
-            char k[6][64];
+            char k[7][64];
             keys_of(i, k);
-            freeReplyObject(redisCommand(rc, "DEL %s %s %s sc:naive:%d", k[0], k[1], k[5], i));
+            freeReplyObject(redisCommand(rc, "DEL %s %s %s %s sc:naive:%d", k[0], k[1], k[5], k[6], i));
         }
     }
     redisFree(rc);

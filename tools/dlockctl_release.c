@@ -16,6 +16,7 @@
 #include "dlockctl.h"
 #include "common/error.h"
 #include "conn/script.h"
+#include "common/slot.h"
 
 /* The forced release: lua/force.lua with the release script's text in
  * place of its line "--@release.lua" (one script, so atomic). A new string
@@ -94,6 +95,10 @@ int ctl_release(const char *name)
     char rec[80];
     snprintf(rec, sizeof rec, "%s%s", dlock_script_key_suffix(DLOCK_KEY_CLIENT), li.owner);
     ctl_key_of(k[DLOCK_KEY_CLIENT], sizeof k[0], name, rec);
+    /* the high-water mark of the name's slot (lua/keys.lua, HW) */
+    snprintf(k[DLOCK_KEY_HW], sizeof k[0], "%s%s{%s}", O.prefix,
+             dlock_script_key_suffix(DLOCK_KEY_HW),
+             dlock_slot_tag(dlock_cluster_slot(k[DLOCK_KEY_LEASE], strlen(k[DLOCK_KEY_LEASE]))));
     char wake[DLOCK_PREFIX_MAX + 8];
     snprintf(wake, sizeof wake, "%swake:", O.prefix);
     const char *argv[DLOCK_SCRIPT_KEYS + DLOCK_RELEASE_ARGS];
@@ -127,7 +132,9 @@ int ctl_release(const char *name)
         struct timespec ts = {atol(pause) / 1000, (atol(pause) % 1000) * 1000000L};
         nanosleep(&ts, NULL);
     }
-    const char *ev[3 + DLOCK_SCRIPT_KEYS + DLOCK_RELEASE_ARGS] = {"EVAL", script, "6"};
+    char nkeys[8];
+    snprintf(nkeys, sizeof nkeys, "%d", DLOCK_SCRIPT_KEYS);
+    const char *ev[3 + DLOCK_SCRIPT_KEYS + DLOCK_RELEASE_ARGS] = {"EVAL", script, nkeys};
     memcpy(ev + 3, argv, sizeof argv);
     long long rc;
     for (int tries = 0;; tries++) {

@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "entry/table.h"
+#include "common/slot.h"
 
 struct dlock_table {
     pthread_mutex_t mu;
@@ -89,13 +90,16 @@ static dlock_entry *entry_new(dlock_table *t, const char *name, size_t len)
     dlock_entry *e = calloc(1, sizeof *e + len + 1);
     if (!e)
         return NULL;
-    /* Every key is "<prefix>{<name>}" plus a suffix, all in one allocation. */
+    /* Every key but HW is "<prefix>{<name>}" plus a suffix; HW is
+     * "<prefix>hw:{<tag>}", the tag of the lease key's hash slot
+     * (lua/keys.lua); all in one allocation. */
     const char *suffix[DLOCK_KEYS];
     for (int k = 0; k < DLOCK_KEYS; k++)
         suffix[k] = k == DLOCK_KEY_CLIENT ? t->client_suffix : dlock_script_key_suffix(k);
     size_t base = t->prefix_len + len + 2, total = 0;
     for (int k = 0; k < DLOCK_KEYS; k++)
-        total += base + strlen(suffix[k]) + 1;
+        total += k == DLOCK_KEY_HW ? t->prefix_len + strlen(suffix[k]) + DLOCK_SLOT_TAG_MAX + 2
+                                   : base + strlen(suffix[k]) + 1;
     char *buf = malloc(total);
     if (!buf) {
         free(e);
@@ -103,6 +107,11 @@ static dlock_entry *entry_new(dlock_table *t, const char *name, size_t len)
     }
     for (int k = 0; k < DLOCK_KEYS; k++) {
         e->keys[k] = buf;
+        if (k == DLOCK_KEY_HW) {
+            unsigned slot = dlock_cluster_slot(e->keys[DLOCK_KEY_LEASE], base);
+            buf += sprintf(buf, "%s%s{%s}", t->prefix, suffix[k], dlock_slot_tag(slot)) + 1;
+            continue;
+        }
         memcpy(buf, t->prefix, t->prefix_len);
         buf[t->prefix_len] = '{';
         memcpy(buf + t->prefix_len + 1, name, len);

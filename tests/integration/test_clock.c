@@ -4,17 +4,20 @@
  * sees the fake clock). docs/guide.md, Semantics, "Fencing tokens": a step back by
  * up to one lease time (added up over steps until the clock has caught up)
  * does not make tokens go back, whether the name was just released or has
- * been idle for a while; a larger step can, on a name idle for longer than
- * its fences live. Each test checks one of those sentences. (A grant that
- * expired unreleased is left to sim: on a real server its holder's tokens,
- * never ahead of the server clock, are below the stepped-back clock once
- * the grant has expired, unless the holder handed the grant to its threads
- * in the last moments before it died, which a test cannot time.)
+ * been idle for a while (the name's fence and expired lease key); nor does a
+ * step back of any size on a name idle for longer than its fences live,
+ * after a release or after a grant that expired unreleased, nor after a
+ * restart of the server that kept its data (the slot's mark, which never
+ * expires). Each test checks one of those sentences. (The one window the
+ * mark leaves open, a step back to within the local handoffs of a grant that
+ * expired unreleased, is left to sim: a test cannot time it.)
  *
  * Every test starts with the server's clock at real time and puts it back
  * there at the end (a step forward, which makes no token go back). Leases
  * are 1000 ms; the sleeps are what the sentences are about (idle times
- * against the lease), not bounds on the library's speed.
+ * against the lease), not bounds on the library's speed. The server writes
+ * every command to its append-only file before it answers (appendfsync
+ * always), so that a restart keeps the data.
  */
 #define _GNU_SOURCE
 #include <setjmp.h>
@@ -29,6 +32,8 @@
 #include <cmocka.h>
 
 #include "fixture.h"
+#include "common/slot.h"
+#include "conn/script.h"
 
 #define LEASE_MS 1000
 #define PREFIX "tclk:"
@@ -61,8 +66,10 @@ static int setup(void **state)
     (void)state;
     if (fx_fake_clock_init(&fake, DLOCK_CLOCKSHIM_PATH, DLOCK_FAKETIME_PATH) != 0)
         return -1;
+    static const char *const aof[] = {"--appendonly", "yes", "--appendfsync", "always", NULL};
     fx_redis_opts o = {0};
     o.env = fake.env;
+    o.args = aof;
     return fx_redis_start_opts(&srv, &o) == 0 ? 0 : -1;
 }
 
@@ -145,25 +152,115 @@ static void test_step_back_one_lease(void **state)
     dlock_client_close(c);
 }
 
-/* Beyond the bound: a step back of six lease times on a name idle for
- * longer than its fences live (2.5 leases) gives a token below the last
- * (the docs say so; this shows the bound is not loose). The margin,
- * 3.5 s, is for the idle sleep overrunning on a loaded machine. */
-static void test_step_back_beyond_bound(void **state)
+/* Whether any of name's own keys (lease, fence) is still there. */
+static int name_keys(const char *name)
+{
+    redisReply *r = fx_cmd_at(srv.port, "EXISTS " PREFIX "{%s} " PREFIX "{%s}:fence", name, name);
+    assert_non_null(r);
+    long long n = r->integer;
+    freeReplyObject(r);
+    return (int)n;
+}
+
+/* Sleeps until name's own keys are gone (its fence lives a lease time, an
+ * expired lease key two): at most 10 leases, generous for a loaded machine. */
+static void wait_keys_gone(const char *name)
+{
+    for (int i = 0; i < 100 && name_keys(name) > 0; i++)
+        fx_sleep_ms(LEASE_MS / 10);
+    assert_int_equal(name_keys(name), 0);
+}
+
+/* Beyond the fences: steps back of six lease times, a minute and a day on a
+ * name idle for longer than its fence lives (its keys are gone): the next
+ * token is still above the last, kept so by the mark of the name's slot
+ * (before the mark, the six leases alone gave a token below). */
+static void test_step_back_beyond_the_fences(void **state)
 {
     (void)state;
     dlock_client *c = client();
-    uint64_t t1 = take(c, "far");
-    fx_sleep_ms(2 * LEASE_MS + 500); /* fence and lease key are gone */
-    redisReply *r = fx_cmd_at(srv.port, "EXISTS " PREFIX "{far} " PREFIX "{far}:fence");
+    const long step[] = {6 * LEASE_MS, 60 * 1000, 86400L * 1000};
+    char name[32];
+    for (size_t i = 0; i < sizeof step / sizeof step[0]; i++) {
+        snprintf(name, sizeof name, "far%zu", i);
+        uint64_t t1 = take(c, name);
+        wait_keys_gone(name);
+        clock_offset(-step[i]);
+        uint64_t t2 = take(c, name);
+        uint64_t t3 = take(c, name);
+        clock_offset(0);
+        if (t2 <= t1 || t3 <= t2)
+            fail_msg("step back %ld ms after the fence went: tokens %llu, %llu, %llu", step[i],
+                     (unsigned long long)t1, (unsigned long long)t2, (unsigned long long)t3);
+    }
+    dlock_client_close(c);
+}
+
+/* A grant whose holder died: made by the acquire script as the library
+ * would, never released nor renewed. Returns its token. */
+static uint64_t grant_abandoned(const char *name)
+{
+    char k[DLOCK_SCRIPT_KEYS][128];
+    static const char *const suffix[6] = {"", ":fence", ":q", ":qd", ":turn",
+                                          ":c:00000000000000000000000000000001"};
+    for (int i = 0; i < 6; i++)
+        snprintf(k[i], sizeof k[i], PREFIX "{%s}%s", name, suffix[i]);
+    snprintf(k[6], sizeof k[6], PREFIX "%s{%s}", dlock_script_key_suffix(DLOCK_KEY_HW),
+             dlock_slot_tag(dlock_cluster_slot(k[0], strlen(k[0]))));
+    char lease[16];
+    snprintf(lease, sizeof lease, "%d", LEASE_MS);
+    const char *argv[] = {"EVAL", dlock_script_body(DLOCK_SCRIPT_ACQUIRE), "7",
+                          k[0], k[1], k[2], k[3], k[4], k[5], k[6],
+                          "00000000000000000000000000000001", lease, "1", "1000", "2000", "0",
+                          "20000", "gone", "0", "0"};
+    redisContext *rc = fx_connect("127.0.0.1", srv.port);
+    assert_non_null(rc);
+    redisReply *r = redisCommandArgv(rc, (int)(sizeof argv / sizeof argv[0]), argv, NULL);
     assert_non_null(r);
-    assert_int_equal(r->integer, 0);
+    assert_int_equal(r->type, REDIS_REPLY_ARRAY);
+    assert_int_equal(r->element[0]->integer, 1);
+    uint64_t t = (uint64_t)r->element[1]->integer;
     freeReplyObject(r);
-    clock_offset(-6 * LEASE_MS);
-    uint64_t t2 = take(c, "far");
+    redisFree(rc);
+    return t;
+}
+
+/* The same after a grant that expired unreleased (its holder died holding
+ * it, with a pass limit of 1000): a step back of a minute once its keys
+ * are gone gives a token above it, and above its pass limit. */
+static void test_step_back_after_an_abandoned_grant(void **state)
+{
+    (void)state;
+    assert_int_equal(DLOCK_SCRIPT_KEYS, 7);
+    uint64_t t1 = grant_abandoned("dead");
+    wait_keys_gone("dead");
+    dlock_client *c = client();
+    clock_offset(-60 * 1000);
+    uint64_t t2 = take(c, "dead");
     clock_offset(0);
-    if (t2 >= t1)
-        fail_msg("expected a token below %llu after a step back of 6 leases, got %llu",
+    if (t2 <= t1 + 1000)
+        fail_msg("step back of a minute after an abandoned grant %llu: token %llu",
+                 (unsigned long long)t1, (unsigned long long)t2);
+    dlock_client_close(c);
+}
+
+/* A restart that kept the data (the append-only file): the mark survives
+ * it, so a step back of a minute after the restart, on a name whose keys
+ * had gone before it, still gives a token above the last. */
+static void test_step_back_after_a_restart(void **state)
+{
+    (void)state;
+    dlock_client *c = client();
+    uint64_t t1 = take(c, "kept");
+    dlock_client_close(c);
+    wait_keys_gone("kept");
+    assert_int_equal(fx_redis_restart(&srv), 0);
+    c = client();
+    clock_offset(-60 * 1000);
+    uint64_t t2 = take(c, "kept");
+    clock_offset(0);
+    if (t2 <= t1)
+        fail_msg("step back of a minute after a restart: tokens %llu, %llu",
                  (unsigned long long)t1, (unsigned long long)t2);
     dlock_client_close(c);
 }
@@ -173,7 +270,9 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_server_clock_steps),
         cmocka_unit_test(test_step_back_one_lease),
-        cmocka_unit_test(test_step_back_beyond_bound),
+        cmocka_unit_test(test_step_back_beyond_the_fences),
+        cmocka_unit_test(test_step_back_after_an_abandoned_grant),
+        cmocka_unit_test(test_step_back_after_a_restart),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -17,6 +17,7 @@
 #include <cmocka.h>
 
 #include "conn/conn.h"
+#include "common/slot.h"
 #include "fixture.h"
 
 #define X "0123456789abcdef0123456789abcdef"
@@ -26,9 +27,10 @@ static redisContext *conn; /* the scripts' connection */
 static redisContext *raw;  /* plain commands, to look at the keys */
 static dlock_counters ctr;
 
-/* The six keys of name for client id, in the scripts' order. */
+/* The keys of name for client id, in the scripts' order (lua/keys.lua). */
+#define NK 7
 typedef struct keys {
-    char k[6][96];
+    char k[NK][96];
 } keys;
 
 static keys keys_of(const char *name, const char *id)
@@ -38,12 +40,14 @@ static keys keys_of(const char *name, const char *id)
     for (int i = 0; i < 5; i++)
         snprintf(k.k[i], sizeof k.k[i], "ts:{%s}%s", name, suffix[i]);
     snprintf(k.k[5], sizeof k.k[5], "ts:{%s}:c:%s", name, id);
+    snprintf(k.k[6], sizeof k.k[6], "ts:hw:{%s}",
+             dlock_slot_tag(dlock_cluster_slot(k.k[0], strlen(k.k[0]))));
     return k;
 }
 
 static redisReply *run(dlock_script_id id, const char **argv, int nargs)
 {
-    redisReply *r = dlock_conn_eval(conn, &ctr, dlock_conn_deadline(2000), id, 6, nargs, argv,
+    redisReply *r = dlock_conn_eval(conn, &ctr, dlock_conn_deadline(2000), id, NK, nargs, argv,
                                     NULL);
     assert_non_null(r);
     if (r->type == REDIS_REPLY_ERROR)
@@ -60,11 +64,11 @@ static long long acquire_full(const char *name, const char *id, long long n, con
     keys k = keys_of(name, id);
     char nonce[24];
     snprintf(nonce, sizeof nonce, "%lld", n);
-    const char *argv[14];
-    for (int i = 0; i < 6; i++)
+    const char *argv[15];
+    for (int i = 0; i < NK; i++)
         argv[i] = k.k[i];
     const char *a[8] = {id, lease, nonce, pl, ttl, "1", "20000", "test-client"};
-    memcpy(argv + 6, a, sizeof a);
+    memcpy(argv + NK, a, sizeof a);
     redisReply *r = run(DLOCK_SCRIPT_ACQUIRE, argv, 8);
     assert_int_equal(r->type, REDIS_REPLY_ARRAY);
     long long first = r->element[0]->integer;
@@ -94,11 +98,11 @@ static long long release_full(const char *name, const char *id, const char *fiel
     char v[24], h[24];
     snprintf(v, sizeof v, "%lld", value);
     snprintf(h, sizeof h, "%lld", handed);
-    const char *argv[15];
-    for (int i = 0; i < 6; i++)
+    const char *argv[16];
+    for (int i = 0; i < NK; i++)
         argv[i] = k.k[i];
     const char *a[9] = {id, field, v, lease, h, "ts:wake:", name, "2000", "20000"};
-    memcpy(argv + 6, a, sizeof a);
+    memcpy(argv + NK, a, sizeof a);
     redisReply *r = run(DLOCK_SCRIPT_RELEASE, argv, 9);
     assert_int_equal(r->type, REDIS_REPLY_INTEGER);
     long long out = r->integer;
@@ -118,11 +122,11 @@ static long long leave(const char *name, const char *id, long long n)
     keys k = keys_of(name, id);
     char num[24];
     snprintf(num, sizeof num, "%lld", n);
-    const char *argv[12];
-    for (int i = 0; i < 6; i++)
+    const char *argv[13];
+    for (int i = 0; i < NK; i++)
         argv[i] = k.k[i];
     const char *a[6] = {id, "ts:wake:", name, "2000", num, "20000"};
-    memcpy(argv + 6, a, sizeof a);
+    memcpy(argv + NK, a, sizeof a);
     redisReply *r = run(DLOCK_SCRIPT_LEAVE, argv, 6);
     assert_int_equal(r->type, REDIS_REPLY_INTEGER);
     long long out = r->integer;
@@ -140,11 +144,11 @@ static long long acquire_end_after(const char *name, const char *id, long long n
     char nonce[24], last[24];
     snprintf(nonce, sizeof nonce, "%lld", n);
     snprintf(last, sizeof last, "%lld", unconfirmed);
-    const char *argv[16];
-    for (int i = 0; i < 6; i++)
+    const char *argv[17];
+    for (int i = 0; i < NK; i++)
         argv[i] = k.k[i];
     const char *a[10] = {id, lease, nonce, "16", "2000", "1", "20000", "test-client", last, how};
-    memcpy(argv + 6, a, sizeof a);
+    memcpy(argv + NK, a, sizeof a);
     redisReply *r = run(DLOCK_SCRIPT_ACQUIRE, argv, 10);
     assert_int_equal(r->type, REDIS_REPLY_ARRAY);
     long long out = -1;
@@ -168,11 +172,11 @@ static long long release_ended(const char *name, const char *id, const char *fie
     keys k = keys_of(name, id);
     char v[24];
     snprintf(v, sizeof v, "%lld", value);
-    const char *argv[16];
-    for (int i = 0; i < 6; i++)
+    const char *argv[17];
+    for (int i = 0; i < NK; i++)
         argv[i] = k.k[i];
     const char *a[10] = {id, field, v, "10000", "0", "ts:wake:", name, "2000", "20000", ended};
-    memcpy(argv + 6, a, sizeof a);
+    memcpy(argv + NK, a, sizeof a);
     redisReply *r = run(DLOCK_SCRIPT_RELEASE, argv, 10);
     assert_int_equal(r->type, REDIS_REPLY_INTEGER);
     long long out = r->integer;
@@ -184,6 +188,17 @@ static long long release_ended(const char *name, const char *id, const char *fie
 static long long lease_field(const char *name, const char *field)
 {
     redisReply *r = redisCommand(raw, "HGET ts:{%s} %s", name, field);
+    assert_non_null(r);
+    long long v = r->type == REDIS_REPLY_STRING ? strtoll(r->str, NULL, 10) : -1;
+    freeReplyObject(r);
+    return v;
+}
+
+/* The token of the mark of name's hash slot (lua/keys.lua, HW), -1 if none. */
+static long long mark_token(const char *name)
+{
+    keys k = keys_of(name, X);
+    redisReply *r = redisCommand(raw, "GET %s", k.k[6]);
     assert_non_null(r);
     long long v = r->type == REDIS_REPLY_STRING ? strtoll(r->str, NULL, 10) : -1;
     freeReplyObject(r);
@@ -282,7 +297,7 @@ static void dump_keys(const char *name, const char *id, char *out, size_t n)
  * data of protocol 2, naming both protocols. */
 static void assert_refused(dlock_script_id id, const char **argv, int nargs)
 {
-    redisReply *r = dlock_conn_eval(conn, &ctr, dlock_conn_deadline(2000), id, 6, nargs, argv,
+    redisReply *r = dlock_conn_eval(conn, &ctr, dlock_conn_deadline(2000), id, NK, nargs, argv,
                                     NULL);
     assert_non_null(r);
     assert_int_equal(r->type, REDIS_REPLY_ERROR);
@@ -312,21 +327,21 @@ static void test_other_protocol_refused(void **state)
     dump_keys("pv", X, before, sizeof before);
 
     keys kx = keys_of("pv", X), ky = keys_of("pv", Y);
-    const char *argv[16];
-    for (int i = 0; i < 6; i++)
+    const char *argv[17];
+    for (int i = 0; i < NK; i++)
         argv[i] = kx.k[i];
     const char *acq[10] = {X, "10000", "6", "16", "2000", "1", "20000", "test-client", "0", "0"};
-    memcpy(argv + 6, acq, sizeof acq);
+    memcpy(argv + NK, acq, sizeof acq);
     assert_refused(DLOCK_SCRIPT_ACQUIRE, argv, 10);
     const char *lv[6] = {X, "ts:wake:", "pv", "2000", "7", "20000"};
-    memcpy(argv + 6, lv, sizeof lv);
+    memcpy(argv + NK, lv, sizeof lv);
     assert_refused(DLOCK_SCRIPT_LEAVE, argv, 6);
-    for (int i = 0; i < 6; i++)
+    for (int i = 0; i < NK; i++)
         argv[i] = ky.k[i];
     char tok[24];
     snprintf(tok, sizeof tok, "%lld", ty);
     const char *rel[10] = {Y, "token", tok, "10000", "0", "ts:wake:", "pv", "2000", "20000", "0"};
-    memcpy(argv + 6, rel, sizeof rel);
+    memcpy(argv + NK, rel, sizeof rel);
     assert_refused(DLOCK_SCRIPT_RELEASE, argv, 10);
     /* the holder's renewal of it: not renewed, and nothing written (its
      * DUMP, and its time to live not reset) */
@@ -475,11 +490,12 @@ static void test_foreign_values_do_not_break_scripts(void **state)
 }
 
 /* What the common case costs inside Redis: an acquire of a free name with
- * nobody queued runs 6 commands (HMGET, MGET, TIME, EXISTS, HSET, PEXPIRE)
- * and a release with nobody queued 6 (HMGET, DEL, SET, GET, SET, EXISTS),
- * the first time and with the client's record present. The grant writes
- * neither the fence key nor the record: its reservation is the lease's pl
- * field, and its attempt the lease's nonce. */
+ * nobody queued runs 7 commands (HMGET, TIME, MGET, EXISTS, HSET, PEXPIRE,
+ * SET of the slot's mark) and a release with nobody queued 7 (HMGET, TIME,
+ * DEL, SET, MGET, SET, EXISTS), the first time and with the client's record
+ * present; a release whose holder handed out tokens locally sets the mark
+ * too. The grant writes neither the fence key nor the record: its
+ * reservation is the lease's pl field, and its attempt the lease's nonce. */
 static void test_uncontended_costs(void **state)
 {
     (void)state;
@@ -487,7 +503,7 @@ static void test_uncontended_costs(void **state)
         long long t;
         reset_stats();
         assert_int_equal(acquire("cost", X, 80 + round, &t), 1);
-        assert_int_equal(inner_calls(), 6);
+        assert_int_equal(inner_calls(), 7);
         if (round == 0) {
             assert_int_equal(key_exists("ts:{cost}:fence"), 0);
             assert_int_equal(key_exists("ts:{cost}:c:" X), 0);
@@ -501,6 +517,13 @@ static void test_uncontended_costs(void **state)
         assert_int_equal(key_exists("ts:{cost}:fence"), 1);
         assert_int_equal(key_exists("ts:{cost}:c:" X), 1);
     }
+    /* tokens handed out locally above the mark: the release raises it */
+    long long t;
+    assert_int_equal(acquire("cost", X, 90, &t), 1);
+    reset_stats();
+    assert_int_equal(release_full("cost", X, "token", t, "10000", t + 3), 1);
+    assert_int_equal(inner_calls(), 8);
+    assert_int_equal(mark_token("cost"), t + 3);
 }
 
 /* Polls (10 ms) until name's grant has expired (its key stays a lease time
@@ -524,6 +547,58 @@ static long long server_us(void)
     long long us = atoll(r->element[0]->str) * 1000000LL + atoll(r->element[1]->str);
     freeReplyObject(r);
     return us;
+}
+
+static void set_mark(const char *key, long long token, long long clock, int pl)
+{
+    char v[64];
+    snprintf(v, sizeof v, "%lld %lld %d", token, clock, pl);
+    redisReply *r = redisCommand(raw, "SET %s %s", key, v);
+    assert_non_null(r);
+    assert_int_equal(r->type, REDIS_REPLY_STATUS);
+    freeReplyObject(r);
+}
+
+/* The slot's mark after a step back of the server's clock, set up as the
+ * scripts would find it: a grant read the clock a day ahead of the server's
+ * time now, with token T and pass limit 500. A name of that slot whose own
+ * keys are gone (here: never written) gets a token above T + 500, whatever
+ * its own pass limit, and the mark keeps the larger pass limit; a direct
+ * grant made by a release does the same. Without the step back (the
+ * mark's clock behind the server's) the token is server time. */
+static void test_mark_after_step_back(void **state)
+{
+    (void)state;
+    keys k = keys_of("sb", X);
+    long long now = server_us(), day = 86400LL * 1000000LL, t = now + day - 5000000;
+    set_mark(k.k[6], t, now + day, 500);
+    long long t1, ty;
+    assert_int_equal(acquire("sb", X, 1, &t1), 1);
+    assert_true(t1 > t + 500);
+    /* the mark: this token, the clock now, the larger pass limit */
+    redisReply *r = redisCommand(raw, "GET %s", k.k[6]);
+    long long mt, mc, mp;
+    assert_int_equal(sscanf(r->str, "%lld %lld %lld", &mt, &mc, &mp), 3);
+    freeReplyObject(r);
+    assert_int_equal(mt, t1);
+    assert_true(mc >= now && mc <= server_us());
+    assert_int_equal(mp, 500);
+    /* a waiter granted directly by the release: above the mark again */
+    assert_int_equal(acquire_with("sb", Y, 1, "16", "2000", NULL), 0);
+    set_mark(k.k[6], t1 + 10, now + day, 700);
+    assert_int_equal(release("sb", X, "token", t1), 2);
+    ty = lease_field("sb", "token");
+    assert_true(ty > t1 + 10 + 700);
+    assert_int_equal(release("sb", Y, "token", ty), 1);
+    /* the clock past the mark's (and the name's fence gone): server time
+     * again, not the mark's token + its pass limit */
+    now = server_us();
+    set_mark(k.k[6], now - 2000, now - 1000, 700);
+    freeReplyObject(redisCommand(raw, "DEL ts:{sb}:fence"));
+    long long before = server_us(), t2;
+    assert_int_equal(acquire("sb", X, 2, &t2), 1);
+    assert_true(t2 >= before && t2 <= server_us());
+    assert_int_equal(release("sb", X, "token", t2), 1);
 }
 
 /* A direct grant to a waiter that never takes it lasts the waiter's ttl
@@ -672,11 +747,11 @@ static void test_regrant_above_unconfirmed_last(void **state)
     char last[24];
     snprintf(last, sizeof last, "%lld", handed);
     keys k = keys_of("uc", X);
-    const char *argv[15];
-    for (int i = 0; i < 6; i++)
+    const char *argv[16];
+    for (int i = 0; i < NK; i++)
         argv[i] = k.k[i];
     const char *a[9] = {X, "10000", "2", "16", "2000", "1", "20000", "test-client", last};
-    memcpy(argv + 6, a, sizeof a);
+    memcpy(argv + NK, a, sizeof a);
     redisReply *r = run(DLOCK_SCRIPT_ACQUIRE, argv, 9);
     assert_int_equal(r->element[0]->integer, 1);
     long long t2 = r->element[1]->integer;
@@ -697,11 +772,11 @@ static void test_late_copy_does_not_take_old_direct_grant(void **state)
     assert_int_equal(acquire("og", Y, 1, &ty), 1);
     assert_int_equal(acquire_with("og", X, 5, "16", "500", NULL), 0); /* queued: attempt 5 */
     keys k = keys_of("og", X);
-    const char *argv[14];
-    for (int i = 0; i < 6; i++)
+    const char *argv[15];
+    for (int i = 0; i < NK; i++)
         argv[i] = k.k[i];
     const char *a[8] = {X, "10000", "6", "16", "500", "0", "20000", "test-client"};
-    memcpy(argv + 6, a, sizeof a);
+    memcpy(argv + NK, a, sizeof a);
     redisReply *r = run(DLOCK_SCRIPT_ACQUIRE, argv, 8); /* attempt 6: a single try */
     assert_int_equal(r->element[0]->integer, 0);
     freeReplyObject(r);
@@ -787,6 +862,7 @@ int main(void)
         cmocka_unit_test(test_record_expires),
         cmocka_unit_test(test_foreign_values_do_not_break_scripts),
         cmocka_unit_test(test_uncontended_costs),
+        cmocka_unit_test(test_mark_after_step_back),
         cmocka_unit_test(test_direct_grant_leaves_nothing_ahead),
         cmocka_unit_test(test_regrant_and_direct_grant_follow_time),
         cmocka_unit_test(test_superseded_attempt_stays_stale),
