@@ -32,7 +32,8 @@
  * 0.1-0.6 s), clockfwd and clockback (the data servers' clocks step forward
  * 0.5-2 s, a step that would put them more than 10 s ahead of real time
  * being skipped, or back by up to one lease time in all until they have
- * caught up: the bound the docs state). A failover or wipe waits until the
+ * caught up: the fences' bound; larger steps, which the slots' marks cover,
+ * are test_clock's and sim's). A failover or wipe waits until the
  * clocks have caught up with every step back (the docs promise nothing
  * for both at once).
  *

@@ -18,34 +18,39 @@
 #include <cmocka.h>
 
 #include "conn/batch.h"
+#include "common/slot.h"
 #include "fixture.h"
 #include "proxy.h"
 
 #define ID "0123456789abcdef0123456789abcdef"
 
-/* The acquire script's arguments for name (prefix tb:), as attempt 1. */
+/* The acquire script's arguments for name (prefix tb:), as attempt 1: the
+ * name's keys and its slot's mark (lua/keys.lua), then the arguments. */
+#define NK 7
 typedef struct acq_args {
-    char keys[6][64];
-    const char *argv[14];
+    char keys[NK][64];
+    const char *argv[NK + 8];
 } acq_args;
 
 static void acq_args_init(acq_args *a, const char *name)
 {
     const char *suffix[6] = {"", ":fence", ":q", ":qd", ":turn", ":c:" ID};
-    for (int k = 0; k < 6; k++) {
+    for (int k = 0; k < 6; k++)
         snprintf(a->keys[k], sizeof a->keys[k], "tb:{%s}%s", name, suffix[k]);
+    snprintf(a->keys[6], sizeof a->keys[6], "tb:hw:{%s}",
+             dlock_slot_tag(dlock_cluster_slot(a->keys[0], strlen(a->keys[0]))));
+    for (int k = 0; k < NK; k++)
         a->argv[k] = a->keys[k];
-    }
     const char *rest[8] = {ID, "10000", "1", "16", "2000", "1", "20000", "test-batch"};
     for (int i = 0; i < 8; i++)
-        a->argv[6 + i] = rest[i];
+        a->argv[NK + i] = rest[i];
 }
 
 static void call_init(dlock_call *call, acq_args *a, int64_t deadline)
 {
     memset(call, 0, sizeof *call);
     call->id = DLOCK_SCRIPT_ACQUIRE;
-    call->nkeys = 6;
+    call->nkeys = NK;
     call->nargs = 8;
     call->argv = a->argv;
     call->deadline = deadline;
@@ -147,7 +152,7 @@ static void *worker_main(void *arg)
         /* leave.lua: id, wake prefix, name, waiter ttl, number, record ttl */
         static const char *const rest[6] = {ID, "tb:wake:", "first", "2000", "1", "20000"};
         for (int i = 0; i < 6; i++)
-            w->args.argv[6 + i] = rest[i];
+            w->args.argv[NK + i] = rest[i];
         w->call.id = DLOCK_SCRIPT_LEAVE;
         w->call.nargs = 6;
     }

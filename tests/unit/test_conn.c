@@ -62,11 +62,11 @@ static void test_eval_fallback_after_flush(void **state)
     freeReplyObject(r);
     long long evals = fx_info_calls("127.0.0.1", fx_server.port, "eval");
 
-    const char *argv[14] = {"t:{n}", "t:{n}:fence", "t:{n}:q", "t:{n}:qd", "t:{n}:turn",
-                            "t:{n}:c:0123456789abcdef0123456789abcdef",
+    const char *argv[15] = {"t:{n}", "t:{n}:fence", "t:{n}:q", "t:{n}:qd", "t:{n}:turn",
+                            "t:{n}:c:0123456789abcdef0123456789abcdef", "t:hw:{x}",
                             "0123456789abcdef0123456789abcdef", "5000", "1", "16", "2000", "1",
                             "10000", "test"};
-    r = dlock_conn_eval(c, &ctr, dlock_conn_deadline(1000), DLOCK_SCRIPT_ACQUIRE, 6, 8, argv, NULL);
+    r = dlock_conn_eval(c, &ctr, dlock_conn_deadline(1000), DLOCK_SCRIPT_ACQUIRE, 7, 8, argv, NULL);
     assert_non_null(r);
     assert_int_equal(r->type, REDIS_REPLY_ARRAY);
     assert_int_equal(r->element[0]->integer, 1);
@@ -171,11 +171,11 @@ static void test_no_sigpipe_on_closed_connection(void **state)
     fx_sleep_ms(100);
     c->obuf[0] = '\0'; /* drop what hiredis still holds of the first PING */
     sdsclear(c->obuf);
-    const char *argv[14] = {"t:{p}", "t:{p}:fence", "t:{p}:q", "t:{p}:qd", "t:{p}:turn",
-                            "t:{p}:c:0123456789abcdef0123456789abcdef",
+    const char *argv[15] = {"t:{p}", "t:{p}:fence", "t:{p}:q", "t:{p}:qd", "t:{p}:turn",
+                            "t:{p}:c:0123456789abcdef0123456789abcdef", "t:hw:{x}",
                             "0123456789abcdef0123456789abcdef", "5000", "1", "16", "2000", "1",
                             "10000", "test"};
-    r = dlock_conn_eval(c, &ctr, dlock_conn_deadline(1000), DLOCK_SCRIPT_ACQUIRE, 6, 8, argv, NULL);
+    r = dlock_conn_eval(c, &ctr, dlock_conn_deadline(1000), DLOCK_SCRIPT_ACQUIRE, 7, 8, argv, NULL);
     assert_null(r); /* an error, and the process is still alive */
     assert_true(c->err != 0);
     redisFree(c);

@@ -8,11 +8,13 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <string.h>
 
 #include <cmocka.h>
 
 #include "entry/table.h"
+#include "common/slot.h"
 
 static void test_get_find_put(void **state)
 {
@@ -30,6 +32,11 @@ static void test_get_find_put(void **state)
     assert_string_equal(e->keys[DLOCK_KEY_QUEUE], "p:{a}:q");
     assert_string_equal(e->keys[DLOCK_KEY_LIVE], "p:{a}:qd");
     assert_string_equal(e->keys[DLOCK_KEY_TURN], "p:{a}:turn");
+    /* the mark of the name's slot: in the same slot as the name's keys */
+    char hw[32];
+    snprintf(hw, sizeof hw, "p:hw:{%s}", dlock_slot_tag(dlock_cluster_slot("p:{a}", 5)));
+    assert_string_equal(e->keys[DLOCK_KEY_HW], hw);
+    assert_int_equal(dlock_cluster_slot(hw, strlen(hw)), dlock_cluster_slot("p:{a}", 5));
     assert_int_equal(e->state, DLOCK_LEASE_NONE);
     assert_int_equal(dlock_table_count(t), 1);
     assert_int_equal(ctr.entries, 1);
