@@ -85,15 +85,17 @@
 -- release left (the last token its holder used), or, for the grant the
 -- caller already owns, its token or the last one the caller handed out
 -- under it (ARGV[9]); and the slot's mark (KEYS[7]): its token, and, when
--- server time is below the clock the mark read (the clock stepped back),
--- its token + its pass limit, which bounds whatever a grant of the slot
--- may have handed out. The mark never expires, so no step back of the
--- server's clock, of any size, and no restart that kept the data, sends a
--- token back once a name's fence and expired lease key are gone; but for
--- one case: a grant that expired unreleased after handing out tokens
--- locally, the last of its slot, and a step back that returns the clock to
--- within those tokens (at most a pass limit in us after its grant) before
--- any other grant of the slot has read the clock (docs/guide.md).
+-- server time is below the clock the mark read or below its token (the
+-- clock stepped back: a grant then goes a pass limit above the last, until
+-- the clock has caught up), its token + its pass limit, which bounds
+-- whatever a grant of the slot may have handed out. The mark never
+-- expires, so no step back of the server's clock, of any size, and no
+-- restart that kept the data, sends a token back once a name's fence and
+-- expired lease key are gone; but for one case: a grant that expired
+-- unreleased after handing out tokens locally above both the mark's token
+-- and the latest time a grant of its slot read, and a step back that
+-- returns the clock to within those tokens (at most a pass limit in us
+-- after its grant) (docs/guide.md).
 -- A grant's token is server time, except after a step back of the
 -- server's clock; a client's local handoffs take the next tokens no faster
 -- than server time passes (release.c, handoff_in_time). So no token in use
@@ -268,7 +270,7 @@ end
 -- The slot's mark (Tokens, above).
 local mtok, mclk, mpl = string.match(got[3] or '', '^(%d+) (%d+) (%d+)$')
 local mark = tonumber(mtok) or 0
-if now_us < (tonumber(mclk) or 0) then
+if now_us < math.max(tonumber(mclk) or 0, mark) then
   mark = mark + tonumber(mpl)
 end
 if mark > last then

@@ -209,10 +209,11 @@ while true do
     redis.call('DEL', KEYS[5])
     local tok = t[1] .. us6
     if not mclk then
-      mtok, mclk, mpl = string.match(redis.call('GET', KEYS[7]) or '', '^(%d+) (%d+) (%d+)$')
+      -- (MGET: a key of another type reads as none)
+      mtok, mclk, mpl = string.match(redis.call('MGET', KEYS[7])[1] or '', '^(%d+) (%d+) (%d+)$')
     end
     local mark = tonumber(mtok) or 0
-    if now_us < (tonumber(mclk) or 0) then
+    if now_us < math.max(tonumber(mclk) or 0, mark) then
       mark = mark + tonumber(mpl) -- the clock stepped back (acquire.lua, Tokens)
     end
     if mark > last then

@@ -67,20 +67,6 @@ M.list = {
     replace = '    if false then',
   },
   {
-    name = 'expired_grant_forgotten',
-    seed = 4, -- a rare double fault (a grant that expired unreleased after local handoffs,
-    schedules = 6000, -- then a step back): from seed 1 it came at schedule 19,420 before
-                      -- the life faults reshuffled the schedules, and not in 25,000 after;
-                      -- on seed 4 at 664 before the stall and fast faults, at 2,785 since,
-                      -- at 5,006 since the slots' marks (which cover most such steps)
-                      -- (seeds 5 to 8: not in 3,000)
-    why = 'a grant that expired unreleased no longer bounds the next token (its key outlives '
-      .. 'it as a fence): a step back of the server clock lets tokens go back',
-    file = 'acquire',
-    find = 'gone = tk + math.max(0, math.min(tonumber(lease[4]) or 0, lasted))',
-    replace = 'gone = 0',
-  },
-  {
     name = 'unclean_end_forgotten',
     schedules = 400,
     why = "a release for a thread that exited (or an operator's) leaves no word of it in the fence: "
@@ -94,13 +80,6 @@ M.list = {
     why = 'a direct grant after a release for a thread that exited does not carry the word',
     file = 'release', find = "      redis.call('HSET', KEYS[1], 'u', tostring(ended))",
     replace = '',
-  },
-  {
-    name = 'fence_forgets_handoffs',
-    schedules = 200,
-    why = "a release's fence keeps the grant's token, not the last token its holder handed out",
-    file = 'release', find = 'if handed > last then',
-    replace = 'if false then',
   },
   {
     name = 'mark_ignored',
@@ -169,16 +148,6 @@ M.list = {
     why = 'a grant WAIT confirmed on fewer than min_replicas replicas is taken',
     file = 'client', find = 'if granted == 1 and c.s.min_replicas > 0 and (acked or 0) < c.s.min_replicas then',
     replace = 'if false then',
-  },
-  {
-    name = 'client_unconfirmed_forgotten',
-    seed = 6, -- a double fault (a release that failed, then a step back of the
-    schedules = 800, -- server clock): from seed 1 not in 3,000; since the replicas came,
-                     -- seeds 5 and 7 not in 2,500, seed 6 in 265, in 561 since the
-                     -- slots' marks
-    why = 'the tokens of a grant whose end Redis never confirmed are not told to the next acquire',
-    file = 'client', find = '  if tok >= (e.unconfirmed or 0) then\n    e.unconfirmed = tok',
-    replace = '  if false then\n    e.unconfirmed = tok',
   },
 }
 

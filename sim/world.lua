@@ -1170,8 +1170,9 @@ function W:fault_force(name, tries)
 end
 
 -- Whether server time t lies in the window a slot's mark leaves open:
--- at or above the mark's clock (the time the slot's latest grant read;
--- none after a loss of the mark) and below the highest token handed out to
+-- at or above the mark's clock (the time the slot's latest grant read)
+-- and its token (none after a loss of the mark), and below the highest
+-- token handed out to
 -- a name of that slot whose last grant was not released (a release
 -- reports its tokens to the mark) and whose lease key and fence are both
 -- gone (a name's own keys bound its tokens while they live).
@@ -1190,8 +1191,10 @@ function W:in_mark_window(t)
   end
   for k, h in pairs(high) do
     local o = self.srv.db[k] -- (a mark has no expiry; only looked at)
-    local clk = o and type(o.v) == 'string' and tonumber(o.v:match('^%d+ (%d+) %d+$')) or 0
-    if t >= clk and t < h then return true end
+    local tok, clk
+    if o and type(o.v) == 'string' then tok, clk = o.v:match('^(%d+) (%d+) %d+$') end
+    local from = math.max(tonumber(clk) or 0, tonumber(tok) or 0)
+    if t >= from and t < h then return true end
   end
   return false
 end

@@ -601,6 +601,23 @@ static void test_mark_after_step_back(void **state)
     assert_int_equal(release("sb", X, "token", t2), 1);
 }
 
+/* A mark whose token is ahead of the clock it read: a grant made while the
+ * clock was behind (its token above the mark and its pass limit) whose
+ * holder may have handed out tokens above it. The clock is set right and
+ * steps back again to between the two: the next grant of the slot is
+ * still in the stepped-back case, above the token and the pass limit (it
+ * took the token + 1 before, at or below that holder's handoffs). */
+static void test_mark_ahead_of_its_clock(void **state)
+{
+    (void)state;
+    keys k = keys_of("ah", X);
+    long long now = server_us(), t = now + 10000000LL, t1;
+    set_mark(k.k[6], t, now - 5000000LL, 128);
+    assert_int_equal(acquire("ah", X, 1, &t1), 1);
+    assert_true(t1 > t + 128);
+    assert_int_equal(release("ah", X, "token", t1), 1);
+}
+
 /* A direct grant to a waiter that never takes it lasts the waiter's ttl
  * only; its token is server time, and it leaves nothing ahead of server
  * time behind: the next grant's token is server time again, above it.
@@ -863,6 +880,7 @@ int main(void)
         cmocka_unit_test(test_foreign_values_do_not_break_scripts),
         cmocka_unit_test(test_uncontended_costs),
         cmocka_unit_test(test_mark_after_step_back),
+        cmocka_unit_test(test_mark_ahead_of_its_clock),
         cmocka_unit_test(test_direct_grant_leaves_nothing_ahead),
         cmocka_unit_test(test_regrant_and_direct_grant_follow_time),
         cmocka_unit_test(test_superseded_attempt_stays_stale),
