@@ -32,10 +32,13 @@
  * 0.1-0.6 s), clockfwd and clockback (the data servers' clocks step forward
  * 0.5-2 s, a step that would put them more than 10 s ahead of real time
  * being skipped, or back by up to one lease time in all until they have
- * caught up: the fences' bound; larger steps, which the slots' marks cover,
- * are test_clock's and sim's). A failover or wipe waits until the
- * clocks have caught up with every step back (the docs promise nothing
- * for both at once).
+ * caught up: the fences' bound), and clockfar (from a clock that has caught
+ * up, back 1-10 minutes: the slots' marks' case, half of the steps after
+ * every worker stood still 2.5-4 lease times; set right, a forward step,
+ * 1-4 lease times later or when the burst ends, since a dead holder's lease
+ * granted before the step would stand for minutes). A restart, failover or
+ * wipe waits until the clocks have caught up with every step back (the docs
+ * promise nothing for a loss of data while the clock is behind).
  *
  * --plant nolock|unfenced plants a bug (nemesis.h) that the checker must
  * catch: the test suite runs both and expects overlaps, lost updates.
@@ -88,7 +91,7 @@
 
 const char *const nm_fault_names[NM_NFAULTS] = {
     "pause", "kill", "restart", "wipe", "failover", "delay",
-    "reset", "hold", "stall", "clockfwd", "clockback",
+    "reset", "hold", "stall", "clockfwd", "clockback", "clockfar",
 };
 
 #define MAX_EVENTS 4096
@@ -247,11 +250,29 @@ static nm_event *begin(int kind, long arg)
 
 /* The highest token the master may have issued by now: its clock, plus how
  * far tokens may run ahead of it after a step back (they take last + 1 until
- * the clock has caught up). 0 if the master does not answer. */
+ * the clock has caught up), or above that a slot's mark (NM_PREFIX "hw:*",
+ * "token clock pass-limit") plus its pass limit: after a step back each
+ * grant of a slot goes a pass limit and one above the last (acquire.lua,
+ * Tokens), and the marks hold the last. 0 if the master does not answer. */
 static uint64_t issued_bound_us(int m)
 {
     uint64_t us = nm_server_time_us(m);
-    return us ? us + (uint64_t)clock_debt_ms() * 1000 : 0;
+    if (!us)
+        return 0;
+    uint64_t b = us + (uint64_t)clock_debt_ms() * 1000;
+    redisReply *r = fx_cmd_at(srv[m].port, "KEYS %shw:*", NM_PREFIX);
+    for (size_t i = 0; r && r->type == REDIS_REPLY_ARRAY && i < r->elements; i++) {
+        redisReply *v = fx_cmd_at(srv[m].port, "GET %s", r->element[i]->str);
+        unsigned long long tok, clk, pl;
+        if (v && v->type == REDIS_REPLY_STRING &&
+            sscanf(v->str, "%llu %llu %llu", &tok, &clk, &pl) == 3 && tok + pl > b)
+            b = tok + pl;
+        if (v)
+            freeReplyObject(v);
+    }
+    if (r)
+        freeReplyObject(r);
+    return b;
 }
 
 /* Failures of the harness itself (a fault that did not take effect, a
@@ -288,6 +309,43 @@ static void heal(nm_event *e)
 {
     e->t_heal = nm_now_ns();
     e->done = 1;
+}
+
+/* A clockfar step back stands until far_until (CLOCK_MONOTONIC ns; 0: none
+ * stands), when clock_set_right() steps the clocks forward by far_ms again,
+ * as an operator would set them right: a forward step (NM_CLOCK_FWD) that
+ * ends, at once, every grant made while the clock was behind. Before that
+ * a dead holder's lease granted before the step would stand for minutes. */
+static int64_t far_until;
+static long far_ms;
+
+static void clock_set_right(void)
+{
+    if (!far_until)
+        return;
+    int m = nm_master_index();
+    nm_event *e = begin(NM_CLOCK_FWD, far_ms);
+    if (e && !(e->server_us = issued_bound_us(m))) {
+        /* The master does not answer: real time and 1 s (a slot would need
+         * thousands of grants in a few lease times to pass it). */
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        e->server_us = (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u + 1000000u;
+    }
+    if (clock_set(clock_offset_ms + far_ms) != 0) {
+        harness_error("could not set the clocks right after a step back of %ld ms", far_ms);
+        if (e)
+            nev--;
+        far_until = 0;
+        return;
+    }
+    caught_up_at -= far_ms * 1000000LL; /* the debt of the step is paid */
+    far_until = 0;
+    fx_sleep_ms(100);
+    check_clock(m);
+    if (e)
+        heal(e);
+    say("set the servers' clocks right: forward %ld ms (offset %+ld ms)", far_ms, clock_offset_ms);
 }
 
 static int live_worker(void)
@@ -464,6 +522,40 @@ static void inject(int kind, int *wiped)
         say("stepped the servers' clocks back %ld ms (offset %+ld ms)", ms, clock_offset_ms);
         return;
     }
+    case NM_CLOCK_FAR: {
+        /* From a clock that has caught up: set right, the step is undone. */
+        if (!O.shim || m < 0 || far_until || clock_debt_ms() > 0)
+            return;
+        long ms = between(60000, 600000);
+        /* Half of them quiet: every worker stopped for 2.5-4 lease times
+         * first, so that every name's lease and fence keys are gone and
+         * only the slots' marks bound the tokens after the step. */
+        long quiet_ms = rnd() % 2 ? between(5L * O.lease_ms / 2, 4L * O.lease_ms) : 0;
+        if (!(e = begin(kind, ms)))
+            return;
+        for (int p = 0; quiet_ms && p < O.procs; p++)
+            if (sh->procs[p].pid > 0)
+                kill(sh->procs[p].pid, SIGSTOP);
+        fx_sleep_ms(quiet_ms);
+        int set = clock_set(clock_offset_ms - ms);
+        for (int p = 0; quiet_ms && p < O.procs; p++)
+            if (sh->procs[p].pid > 0)
+                kill(sh->procs[p].pid, SIGCONT);
+        if (set != 0) {
+            nev--;
+            return;
+        }
+        int64_t now = nm_now_ns();
+        caught_up_at = now + ms * 1000000LL;
+        far_ms = ms;
+        far_until = now + between(1, 4) * O.lease_ms * 1000000LL;
+        fx_sleep_ms(100);
+        check_clock(m);
+        heal(e);
+        say("stepped the servers' clocks back %ld s (offset %+ld ms)%s", ms / 1000, clock_offset_ms,
+            quiet_ms ? ", every worker stopped before" : "");
+        return;
+    }
     }
 }
 
@@ -515,8 +607,8 @@ static void usage(FILE *f)
 "               [--min-replicas M] [--faults LIST] [--seed N] [--recovery-bound-ms B]\n"
 "               [--clock-shim PATH [--faketime PATH]] [--plant nolock|unfenced] [--quiet]\n"
 "  faults: a comma-separated subset of pause,kill,restart,wipe,failover,delay,\n"
-"          reset,hold,stall,clockfwd,clockback (default: all; the clock faults\n"
-"          need --clock-shim, the path of libdlock_clockshim.so, and\n"
+"          reset,hold,stall,clockfwd,clockback,clockfar (default: all; the clock\n"
+"          faults need --clock-shim, the path of libdlock_clockshim.so, and\n"
 "          libfaketimeMT: --faketime, default the path of Debian's)\n"
 "  --plant: a planted bug the checker must catch (nemesis.h): nolock, workers\n"
 "          sometimes skip the lock; unfenced, the store's write ignores tokens\n");
@@ -607,7 +699,7 @@ int main(int argc, char **argv)
             return 3;
         nm_worker_main(m, worker);
     }
-    unsigned clock_faults = (1u << NM_CLOCK_FWD) | (1u << NM_CLOCK_BACK);
+    unsigned clock_faults = (1u << NM_CLOCK_FWD) | (1u << NM_CLOCK_BACK) | (1u << NM_CLOCK_FAR);
     if (!O.shim && (O.faults & clock_faults)) {
         if (faults_given) {
             fprintf(stderr, "nemesis: the clock faults need --clock-shim\n");
@@ -677,7 +769,10 @@ int main(int argc, char **argv)
     unsigned faults = O.faults;
     int64_t burst_end = nm_now_ns() + BURST_NS;
     while (nm_now_ns() < end && !interrupted) {
+        if (far_until && nm_now_ns() >= far_until)
+            clock_set_right();
         if (nm_now_ns() >= burst_end) {
+            clock_set_right(); /* the quiet window runs on a clock set right */
             quiet_window();
             burst_end = nm_now_ns() + BURST_NS;
             continue;
@@ -714,6 +809,7 @@ int main(int argc, char **argv)
      * bound; then, once the topology has settled, run on for three lease
      * times and 3 s so that every name can be acquired after the last
      * fault. */
+    clock_set_right();
     if (O.shim && clock_offset_ms != 0) {
         nm_event *e = begin(clock_offset_ms > 0 ? NM_CLOCK_BACK : NM_CLOCK_FWD, labs(clock_offset_ms));
         long off = clock_offset_ms;

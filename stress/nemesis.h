@@ -96,6 +96,7 @@ enum nm_fault {
     NM_STALL,      /* the master's proxy forwards nothing for a moment */
     NM_CLOCK_FWD,  /* the data servers' clocks step forward */
     NM_CLOCK_BACK, /* ... and back (at most one lease, added up until caught up) */
+    NM_CLOCK_FAR,  /* ... back by minutes, then set right (a NM_CLOCK_FWD) */
     NM_NFAULTS
 };
 
