@@ -20,6 +20,13 @@
  * With --parts it then measures, the same way, each piece that scripts are
  * made of alone in a script (run_parts).
  *
+ * With --also ACQ REL it runs two other scripts (Lua files taking the same
+ * keys, arguments and replies as lua/acquire.lua and lua/release.lua, on
+ * names of their own, prefix "sk:") round by round beside dlock's and the
+ * naive lock, and prints their rows and their ratio to dlock's: the cost
+ * of a change to the scripts, measured in one run before it is made
+ * (stress/sketch/ holds such a pair).
+ *
  * Starts a private redis-server on a free loopback port unless --redis is
  * given (then it uses db 0 of that server and deletes its keys after).
  */
@@ -110,13 +117,15 @@ static void add(cost *c, snap a, snap b, long long ops)
     c->cpu += b.cpu - a.cpu;
 }
 
+static const char *prefix = "sc:"; /* the scripts' names: "sk:" for --also's */
+
 static void keys_of(int i, char k[7][64])
 {
     static const char *const suffix[6] = {"", ":fence", ":q", ":qd", ":turn", ":c:" ID};
     for (int j = 0; j < 6; j++)
-        snprintf(k[j], 64, "sc:{n%d}%s", i, suffix[j]);
+        snprintf(k[j], 64, "%s{n%d}%s", prefix, i, suffix[j]);
     /* the high-water mark of the name's slot (lua/keys.lua, HW) */
-    snprintf(k[6], 64, "sc:hw:{%s}", dlock_slot_tag(dlock_cluster_slot(k[0], strlen(k[0]))));
+    snprintf(k[6], 64, "%shw:{%s}", prefix, dlock_slot_tag(dlock_cluster_slot(k[0], strlen(k[0]))));
 }
 
 /* Sends calls [from, to) made by fill() B at a time, reading every reply
@@ -142,6 +151,7 @@ static void run(int n, int batch, void (*fill)(int i), int (*ok)(int i, redisRep
 }
 
 static char sha_acquire[41], sha_release[41];
+static char *cur_acquire = sha_acquire, *cur_release = sha_release; /* the pair running */
 static long long *tokens;
 static long long attempt;
 
@@ -150,7 +160,7 @@ static void fill_acquire(int i)
     char k[7][64], nonce[24];
     keys_of(i, k);
     snprintf(nonce, sizeof nonce, "%lld", ++attempt);
-    const char *argv[18] = {"EVALSHA", sha_acquire, "7", k[0], k[1], k[2], k[3], k[4], k[5], k[6],
+    const char *argv[18] = {"EVALSHA", cur_acquire, "7", k[0], k[1], k[2], k[3], k[4], k[5], k[6],
                             ID, "30000", nonce, "128", "2000", "1", "60000", "host:1"};
     redisAppendCommandArgv(rc, 18, argv, NULL);
 }
@@ -169,7 +179,7 @@ static void fill_release(int i)
     keys_of(i, k);
     snprintf(tok, sizeof tok, "%lld", tokens[i]);
     snprintf(name, sizeof name, "n%d", i);
-    const char *argv[20] = {"EVALSHA", sha_release, "7", k[0], k[1], k[2], k[3], k[4], k[5], k[6],
+    const char *argv[20] = {"EVALSHA", cur_release, "7", k[0], k[1], k[2], k[3], k[4], k[5], k[6],
                             ID, "token", tok, "30000", "0", "sc:wake:", name, "2000", "60000", "0"};
     redisAppendCommandArgv(rc, 20, argv, NULL);
 }
@@ -332,10 +342,33 @@ static void run_parts(int names, int rounds, int batch)
     }
 }
 
+/* SCRIPT LOAD of a Lua file's text, for --also; dies on failure. */
+static void load_file(const char *path, char sha[41])
+{
+    FILE *f = fopen(path, "r");
+    static char body[1 << 16];
+    size_t n = f ? fread(body, 1, sizeof body - 1, f) : 0;
+    if (!f || n == 0 || n == sizeof body - 1 || ferror(f)) {
+        fprintf(stderr, "script_cost: cannot read %s (or longer than %zu bytes)\n", path,
+                sizeof body - 2);
+        exit(2);
+    }
+    fclose(f);
+    body[n] = '\0';
+    redisReply *r = redisCommand(rc, "SCRIPT LOAD %s", body);
+    if (!r || r->type != REDIS_REPLY_STRING || r->len != 40) {
+        fprintf(stderr, "script_cost: SCRIPT LOAD of %s: %s\n", path,
+                r && r->type == REDIS_REPLY_ERROR ? r->str : "failed");
+        exit(2);
+    }
+    memcpy(sha, r->str, 41);
+    freeReplyObject(r);
+}
+
 int main(int argc, char **argv)
 {
     int names = 1000, rounds = 40, batch = 50, with_parts = 0;
-    const char *redis = NULL;
+    const char *redis = NULL, *also[2] = {NULL, NULL};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--names") && i + 1 < argc)
             names = atoi(argv[++i]);
@@ -347,14 +380,20 @@ int main(int argc, char **argv)
             redis = argv[++i];
         else if (!strcmp(argv[i], "--parts"))
             with_parts = 1;
+        else if (!strcmp(argv[i], "--also") && i + 2 < argc) {
+            also[0] = argv[++i];
+            also[1] = argv[++i];
+        }
         else {
             fprintf(stderr,
                     "usage: script_cost [--names L (1000)] [--rounds R (40)] [--batch B (50)]\n"
-                    "                   [--redis HOST:PORT] [--parts]\n"
+                    "                   [--redis HOST:PORT] [--parts] [--also ACQ.lua REL.lua]\n"
                     "What an uncontended acquire and a release cost inside Redis, beside the\n"
                     "simplest lock's SET NX PX and compare-and-delete (see the top of\n"
                     "stress/script_cost.c). Prints a Markdown table; with --parts a second\n"
-                    "one: what each command and step scripts are made of costs inside one.\n");
+                    "one: what each command and step scripts are made of costs inside one;\n"
+                    "with --also, the rows of two other scripts with the same keys, arguments\n"
+                    "and replies, run beside dlock's in the same rounds.\n");
             return 2;
         }
     }
@@ -391,6 +430,11 @@ int main(int argc, char **argv)
         memcpy(shas[s], r->str, 41);
         freeReplyObject(r);
     }
+    static char also_acquire[41], also_release[41];
+    if (also[0]) {
+        load_file(also[0], also_acquire);
+        load_file(also[1], also_release);
+    }
     static const char *const evalsha[] = {"evalsha", NULL};
     static const char *const set[] = {"set", NULL};
     static const char *const eval[] = {"eval", NULL};
@@ -398,6 +442,7 @@ int main(int argc, char **argv)
     cost rel = {"dlock release (nobody queued)", 0, 0, 0, 0};
     cost nset = {"simplest lock: SET NX PX", 0, 0, 0, 0};
     cost ncad = {"simplest lock: EVAL compare-and-delete", 0, 0, 0, 0};
+    cost aacq = {"--also acquire", 0, 0, 0, 0}, arel = {"--also release", 0, 0, 0, 0};
     for (int round = 0; round < rounds; round++) {
         snap a = take(evalsha);
         run(names, batch, fill_acquire, ok_acquire);
@@ -407,6 +452,19 @@ int main(int argc, char **argv)
         if (round > 0) { /* the first round creates the keys: warm-up */
             add(&acq, a, b, names);
             add(&rel, b, c, names);
+        }
+        if (also[0]) {
+            cur_acquire = also_acquire, cur_release = also_release, prefix = "sk:";
+            a = take(evalsha);
+            run(names, batch, fill_acquire, ok_acquire);
+            b = take(evalsha);
+            run(names, batch, fill_release, ok_one);
+            c = take(evalsha);
+            cur_acquire = sha_acquire, cur_release = sha_release, prefix = "sc:";
+            if (round > 0) {
+                add(&aacq, a, b, names);
+                add(&arel, b, c, names);
+            }
         }
         a = take(set);
         run(names, batch, fill_set, ok_set);
@@ -435,14 +493,29 @@ int main(int argc, char **argv)
     printf("| simplest lock SET + compare-and-delete | | %.2f | %.2f |\n", nown, ncpu);
     printf("| ratio, dlock / simplest lock | | %.2fx | %.2fx |\n", nown > 0 ? own / nown : 0.0,
            ncpu > 0 ? cpu / ncpu : 0.0);
+    if (also[0]) {
+        print(&aacq);
+        print(&arel);
+        double aown = (double)(aacq.usec + arel.usec) / (double)aacq.ops;
+        double acpu = (aacq.cpu + arel.cpu) * 1e6 / (double)aacq.ops;
+        printf("| --also acquire + release | | %.2f | %.2f |\n", aown, acpu);
+        printf("| ratio, --also / simplest lock | | %.2fx | %.2fx |\n",
+               nown > 0 ? aown / nown : 0.0, ncpu > 0 ? acpu / ncpu : 0.0);
+        printf("| ratio, --also / dlock | | %.2fx | %.2fx |\n", own > 0 ? aown / own : 0.0,
+               cpu > 0 ? acpu / cpu : 0.0);
+    }
     if (with_parts)
         run_parts(names, rounds, batch);
     if (redis) {
-        /* the tool's keys go: sc:* */
+        /* the tool's keys go: sc:* and sk:* */
         for (int i = 0; i < names; i++) {
             char k[7][64];
             keys_of(i, k);
             freeReplyObject(redisCommand(rc, "DEL %s %s %s %s sc:naive:%d", k[0], k[1], k[5], k[6], i));
+            prefix = "sk:";
+            keys_of(i, k);
+            freeReplyObject(redisCommand(rc, "DEL %s %s %s %s", k[0], k[1], k[5], k[6]));
+            prefix = "sc:";
         }
     }
     redisFree(rc);
