@@ -1453,14 +1453,17 @@ function W:check_keys()
     if R.live(self.srv, k) and not k:find('^dlock:hw:{') then -- (a slot's mark stays)
       -- a fence lives a lease time past the time its token stands for, and
       -- a lease key past its token + pass limit (tokens may be ahead of the
-      -- clock after a step back: lua/acquire.lua, Tokens)
+      -- clock after a step back: lua/acquire.lua, Tokens); a direct grant's
+      -- key, and the fence a leave makes of it, half the record lifetime
+      -- (the larger of the lease time and the waiter ttl: lua/release.lua,
+      -- lua/leave.lua)
       local top
       if k:match(':fence$') then
         top = (tonumber(o.v:match('^%d+') or '0') or 0) / 1000
       elseif o.type == 'hash' and o.v.token and not k:match(':qd$') then
         top = ((tonumber(o.v.token) or 0) + (tonumber(o.v.pl) or 0)) / 1000
       end
-      local ahead = top and top + cfg.lease_ms + 2 >= self.srv.now_ms
+      local ahead = top and top + math.max(cfg.lease_ms, cfg.waiter_ttl_ms) + 2 >= self.srv.now_ms
       if not ahead then
         self:violation('keys', string.format('%s outlived the last call (%.1f ms ago) by more than '
           .. '%d ms', k, (self.now - last) / 1000, life))
