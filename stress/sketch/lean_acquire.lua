@@ -15,7 +15,8 @@
 -- remembers of one client for the name, as protocol 1's record key (so a
 -- release writes one key, not three: no fence key, whose token the slot's
 -- mark already bounds, and no record key). The slot's mark (KEYS[7]) is
--- protocol 1's.
+-- protocol 1's. The hash's time to live only grows (PEXPIRE ... GT: Redis
+-- 7.0; on Redis 6, which protocol 1 supports, a PTTL more per call).
 local me = ARGV[1]
 local l = redis.call('HMGET', KEYS[1], 'g', 'pv', 'q', 'c:' .. me)
 if l[2] and l[2] ~= '2' then
