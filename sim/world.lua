@@ -368,6 +368,9 @@ function W.new(seed, opts, scripts)
   self.released_last = {} -- by name: whether its last grant was released
   self.lease_keys = {} -- by the name's index, and by name (lease_key)
   self.lease_key = {}
+  -- the script that last set the expiry of a name's lease or fence key
+  -- (check_keys: a direct grant's key and a leave's fence live longer)
+  self.key_origin = {}
   for i = 1, cfg.names do
     self.names[i] = NAMES[i]
     self.lease_keys[i] = 'dlock:{' .. NAMES[i] .. '}'
@@ -610,7 +613,16 @@ function W:run_script(c, script, names, keys, argv, meta)
   end
   srv.published = {}
   local f = self.fns[script]
+  local exp_before = {}
+  for i = 1, 2 do
+    local o = keys[i] and srv.db[keys[i]]
+    exp_before[i] = o and o.exp or false
+  end
   local rep = R.run(srv, f, keys, argv, now_us)
+  for i = 1, 2 do
+    local o = keys[i] and srv.db[keys[i]]
+    if o and o.exp ~= exp_before[i] then self.key_origin[keys[i]] = script end
+  end
   if self.tracing then
     local a = {}
     for i = 1, #argv do a[i] = argv[i] end
@@ -1433,8 +1445,9 @@ end
 
 -- keys: once every client is done (released, left), every key is gone
 -- after its stated lifetime: records keep_ms, the queue 2 x waiter ttl, the
--- fence a lease time (or until server time passes its token), a lease key
--- a lease time past its grant, plus any server clock step back.
+-- fence a lease time (or until server time passes its token; a leave's,
+-- the larger of the lease time and the waiter ttl), a lease key a lease
+-- time past its grant, plus any server clock step back.
 function W:check_keys()
   local cfg = self.cfg
   local keep = 2 * math.max(cfg.lease_ms, cfg.waiter_ttl_ms)
@@ -1454,16 +1467,21 @@ function W:check_keys()
       -- a fence lives a lease time past the time its token stands for, and
       -- a lease key past its token + pass limit (tokens may be ahead of the
       -- clock after a step back: lua/acquire.lua, Tokens); a direct grant's
-      -- key, and the fence a leave makes of it, half the record lifetime
-      -- (the larger of the lease time and the waiter ttl: lua/release.lua,
-      -- lua/leave.lua)
+      -- key (set by a release), and the fence a leave makes of it, half the
+      -- record lifetime (the larger of the lease time and the waiter ttl:
+      -- lua/release.lua, lua/leave.lua)
+      local origin = self.key_origin[k]
+      local past = cfg.lease_ms
+      if origin == 'leave' or (origin == 'release' and o.type == 'hash') then
+        past = math.max(cfg.lease_ms, cfg.waiter_ttl_ms)
+      end
       local top
       if k:match(':fence$') then
         top = (tonumber(o.v:match('^%d+') or '0') or 0) / 1000
       elseif o.type == 'hash' and o.v.token and not k:match(':qd$') then
         top = ((tonumber(o.v.token) or 0) + (tonumber(o.v.pl) or 0)) / 1000
       end
-      local ahead = top and top + math.max(cfg.lease_ms, cfg.waiter_ttl_ms) + 2 >= self.srv.now_ms
+      local ahead = top and top + past + 2 >= self.srv.now_ms
       if not ahead then
         self:violation('keys', string.format('%s outlived the last call (%.1f ms ago) by more than '
           .. '%d ms', k, (self.now - last) / 1000, life))
