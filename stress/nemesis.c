@@ -35,10 +35,11 @@
  * caught up: the fences' bound), and clockfar (from a clock that has caught
  * up, back 1-10 minutes: the slots' marks' case, half of the steps after
  * every worker stood still 2.5-4 lease times; set right, a forward step,
- * 1-4 lease times later or when the burst ends, since a dead holder's lease
- * granted before the step would stand for minutes). A restart, failover or
- * wipe waits until the clocks have caught up with every step back (the docs
- * promise nothing for a loss of data while the clock is behind).
+ * 1-4 lease times later, the burst waiting for it, since a dead holder's
+ * lease granted before the step would stand for minutes). A restart,
+ * failover or wipe waits until the clocks have caught up with every step
+ * back (the docs promise nothing for a loss of data while the clock is
+ * behind).
  *
  * --plant nolock|unfenced plants a bug (nemesis.h) that the checker must
  * catch: the test suite runs both and expects overlaps, lost updates.
@@ -256,10 +257,11 @@ static nm_event *begin(int kind, long arg)
  * Tokens), and the marks hold the last. 0 if the master does not answer. */
 static uint64_t issued_bound_us(int m)
 {
-    uint64_t us = nm_server_time_us(m);
-    if (!us)
+    if (m < 0)
         return 0;
-    uint64_t b = us + (uint64_t)clock_debt_ms() * 1000;
+    /* The marks first, TIME last: the fault follows TIME within the
+     * checker's 20 ms. */
+    uint64_t b = 0;
     redisReply *r = fx_cmd_at(srv[m].port, "KEYS %shw:*", NM_PREFIX);
     for (size_t i = 0; r && r->type == REDIS_REPLY_ARRAY && i < r->elements; i++) {
         redisReply *v = fx_cmd_at(srv[m].port, "GET %s", r->element[i]->str);
@@ -272,7 +274,11 @@ static uint64_t issued_bound_us(int m)
     }
     if (r)
         freeReplyObject(r);
-    return b;
+    uint64_t us = nm_server_time_us(m);
+    if (!us)
+        return 0;
+    us += (uint64_t)clock_debt_ms() * 1000;
+    return us > b ? us : b;
 }
 
 /* Failures of the harness itself (a fault that did not take effect, a
@@ -326,11 +332,15 @@ static void clock_set_right(void)
     int m = nm_master_index();
     nm_event *e = begin(NM_CLOCK_FWD, far_ms);
     if (e && !(e->server_us = issued_bound_us(m))) {
-        /* The master does not answer: real time and 1 s (a slot would need
-         * thousands of grants in a few lease times to pass it). */
+        /* The master does not answer: real time, plus the offset the
+         * clocks had before the step if it was ahead, and 1 s (a slot
+         * would need thousands of grants in a few lease times to pass
+         * it). */
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
-        e->server_us = (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u + 1000000u;
+        long ahead = clock_offset_ms + far_ms > 0 ? clock_offset_ms + far_ms : 0;
+        e->server_us = (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u +
+                       (uint64_t)ahead * 1000u + 1000000u;
     }
     if (clock_set(clock_offset_ms + far_ms) != 0) {
         harness_error("could not set the clocks right after a step back of %ld ms", far_ms);
@@ -490,7 +500,8 @@ static void inject(int kind, int *wiped)
     case NM_CLOCK_FWD: {
         long ms = between(500, 2000);
         /* The servers' clocks stay within 10 s ahead of real time. */
-        if (!O.shim || m < 0 || clock_offset_ms + ms > 10000 || !(e = begin(kind, ms)))
+        if (!O.shim || m < 0 || clock_offset_ms + (far_until ? far_ms : 0) + ms > 10000 ||
+            !(e = begin(kind, ms)))
             return;
         e->server_us = issued_bound_us(m);
         if (!e->server_us || clock_set(clock_offset_ms + ms) != 0) {
@@ -772,7 +783,11 @@ int main(int argc, char **argv)
         if (far_until && nm_now_ns() >= far_until)
             clock_set_right();
         if (nm_now_ns() >= burst_end) {
-            clock_set_right(); /* the quiet window runs on a clock set right */
+            /* The quiet window runs on a clock set right, once a far step
+             * has had its time. */
+            while (far_until && nm_now_ns() < far_until && !interrupted)
+                fx_sleep_ms(50);
+            clock_set_right();
             quiet_window();
             burst_end = nm_now_ns() + BURST_NS;
             continue;

@@ -64,9 +64,12 @@ static int cmp_i64(const void *a, const void *b)
  * its client for up to a lease time after the fault. So: the older of the
  * two grants was issued before the fault (its token, a server time, is at
  * most the master's TIME read just before the fault plus 20 ms, far below
- * the smallest forward step or restart the nemesis makes), and the later
- * one came after the fault began and within a lease time (+1 s for the
- * holder's renewal round and scheduling) after it healed.
+ * the smallest forward step or restart the nemesis makes) and at least
+ * 60 s below it (a grant, renewed or not, is passed on for seconds here:
+ * a token sent back by a step of the clock of a minute or more, the bug a
+ * clockfar step would bring out, is not excused), and the later one came
+ * after the fault began and within a lease time (+1 s for the holder's
+ * renewal round and scheduling) after it healed.
  */
 static const nm_event *excuse(const nm_check_in *in, const nm_rec *a, const nm_rec *b)
 {
@@ -77,7 +80,8 @@ static const nm_event *excuse(const nm_check_in *in, const nm_rec *a, const nm_r
             continue;
         int revokes = e->kind == NM_WIPE || e->kind == NM_CLOCK_FWD ||
                       (e->kind == NM_FAILOVER && in->excuse_failover);
-        if (revokes && older <= e->server_us + 20000 && e->t_start <= b->t_acq &&
+        if (revokes && older <= e->server_us + 20000 && older + 60000000u >= e->server_us &&
+            e->t_start <= b->t_acq &&
             b->t_acq <= e->t_heal + (in->lease_ms + 1000) * 1000000LL)
             return e;
     }

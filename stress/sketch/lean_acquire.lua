@@ -15,8 +15,9 @@
 -- remembers of one client for the name, as protocol 1's record key (so a
 -- release writes one key, not three: no fence key, whose token the slot's
 -- mark already bounds, and no record key). The slot's mark (KEYS[7]) is
--- protocol 1's. The hash's time to live only grows (PEXPIRE ... GT: Redis
--- 7.0; on Redis 6, which protocol 1 supports, a PTTL more per call).
+-- protocol 1's. The hash's time to live only grows: a hash that existed
+-- (it has pv) takes PEXPIRE ... GT (Redis 7.0; on Redis 6, which protocol 1
+-- supports, a PTTL more per call), a new one a plain PEXPIRE.
 local me = ARGV[1]
 local l = redis.call('HMGET', KEYS[1], 'g', 'pv', 'q', 'c:' .. me)
 if l[2] and l[2] ~= '2' then
@@ -63,7 +64,11 @@ end
 redis.call('HSET', KEYS[1], 'g', me .. ' ' .. tok .. ' ' .. ARGV[3] .. ' ' .. ARGV[4] .. ' '
   .. string.format('%.0f', now_ms + tonumber(ARGV[2])) .. ' ' .. t[1] .. string.sub(us6, 1, 3)
   .. ' ' .. ARGV[8], 'pv', '2')
-redis.call('PEXPIRE', KEYS[1], 2 * tonumber(ARGV[2]), 'GT') -- never shortens the records' life
+if l[2] then
+  redis.call('PEXPIRE', KEYS[1], 2 * tonumber(ARGV[2]), 'GT') -- never shortens the records' life
+else
+  redis.call('PEXPIRE', KEYS[1], 2 * tonumber(ARGV[2]))
+end
 local pl = ARGV[4]
 if mpl and tonumber(mpl) > tonumber(pl) then
   pl = mpl

@@ -26,7 +26,7 @@ if l[4] then
 end
 local untl = tostring(tonumber(t[1]) + math.ceil(tonumber(ARGV[9]) / 1000))
 redis.call('HSET', KEYS[1], 'g', '', 'c:' .. me, seen .. ' ' .. tok .. ' ' .. nonce .. ' ' .. untl)
-redis.call('PEXPIRE', KEYS[1], ARGV[9], 'GT')
+redis.call('PEXPIRE', KEYS[1], ARGV[9], 'GT') -- (the grant made the hash: it has a ttl)
 if l[3] and redis.call('EXISTS', KEYS[3], KEYS[5]) > 0 then
   return 2
 end
