@@ -64,10 +64,10 @@ static int cmp_i64(const void *a, const void *b)
  * its client for up to a lease time after the fault. So: the older of the
  * two grants was issued before the fault (its token, a server time, is at
  * most the master's TIME read just before the fault plus 20 ms, far below
- * the smallest forward step or restart the nemesis makes) and at least
- * 60 s below it (a grant, renewed or not, is passed on for seconds here:
- * a token sent back by a step of the clock of a minute or more, the bug a
- * clockfar step would bring out, is not excused), and the later one came
+ * the smallest forward step or restart the nemesis makes) and no more
+ * than 60 s below it (a grant, renewed or not, is passed on for seconds
+ * here: a token sent back by a step of the clock of a minute or more, the
+ * bug a clockfar step would bring out, is not excused), and the later one came
  * after the fault began and within a lease time (+1 s for the holder's
  * renewal round and scheduling) after it healed.
  */

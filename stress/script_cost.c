@@ -51,6 +51,19 @@ static void die(const char *what)
     exit(2);
 }
 
+/* SCRIPT LOAD of body into sha; dies, naming what, on failure. */
+static void load(const char *body, char sha[41], const char *what)
+{
+    redisReply *r = redisCommand(rc, "SCRIPT LOAD %s", body);
+    if (!r || r->type != REDIS_REPLY_STRING || r->len != 40) {
+        fprintf(stderr, "script_cost: SCRIPT LOAD of %s: %s\n", what,
+                r && r->type == REDIS_REPLY_ERROR ? r->str : "failed");
+        exit(2);
+    }
+    memcpy(sha, r->str, 41);
+    freeReplyObject(r);
+}
+
 /* One snapshot of the server's counters. */
 typedef struct snap {
     long long calls;    /* every command's calls but INFO's */
@@ -306,13 +319,8 @@ static void run_parts(int names, int rounds, int batch)
         }
     }
     char shas[NPARTS][41];
-    for (size_t p = 0; p < NPARTS; p++) {
-        redisReply *r = redisCommand(rc, "SCRIPT LOAD %s", parts[p].body);
-        if (!r || r->type != REDIS_REPLY_STRING || r->len != 40)
-            die(r && r->type == REDIS_REPLY_ERROR ? r->str : "SCRIPT LOAD of a part");
-        memcpy(shas[p], r->str, 41);
-        freeReplyObject(r);
-    }
+    for (size_t p = 0; p < NPARTS; p++)
+        load(parts[p].body, shas[p], parts[p].what);
     static const char *const evalsha[] = {"evalsha", NULL};
     cost c[NPARTS];
     memset(c, 0, sizeof c);
@@ -355,14 +363,7 @@ static void load_file(const char *path, char sha[41])
     }
     fclose(f);
     body[n] = '\0';
-    redisReply *r = redisCommand(rc, "SCRIPT LOAD %s", body);
-    if (!r || r->type != REDIS_REPLY_STRING || r->len != 40) {
-        fprintf(stderr, "script_cost: SCRIPT LOAD of %s: %s\n", path,
-                r && r->type == REDIS_REPLY_ERROR ? r->str : "failed");
-        exit(2);
-    }
-    memcpy(sha, r->str, 41);
-    freeReplyObject(r);
+    load(body, sha, path);
 }
 
 int main(int argc, char **argv)
@@ -423,13 +424,8 @@ int main(int argc, char **argv)
         die("out of memory");
     const dlock_script_id ids[2] = {DLOCK_SCRIPT_ACQUIRE, DLOCK_SCRIPT_RELEASE};
     char *shas[2] = {sha_acquire, sha_release};
-    for (int s = 0; s < 2; s++) {
-        redisReply *r = redisCommand(rc, "SCRIPT LOAD %s", dlock_script_body(ids[s]));
-        if (!r || r->type != REDIS_REPLY_STRING || r->len != 40)
-            die("SCRIPT LOAD");
-        memcpy(shas[s], r->str, 41);
-        freeReplyObject(r);
-    }
+    for (int s = 0; s < 2; s++)
+        load(dlock_script_body(ids[s]), shas[s], s ? "release.lua" : "acquire.lua");
     static char also_acquire[41], also_release[41];
     if (also[0]) {
         load_file(also[0], also_acquire);
