@@ -66,6 +66,24 @@ local function pttl(k)
   local r = redis.call('PTTL', k)
   if r < 0 then out[#out + 1] = 'P' .. r else out[#out + 1] = 'P~' .. math.floor((r + 500) / 1000) end
 end
+-- HGETALL compared as a set: the model gives the fields in another order
+-- than Redis's hash (sorted by name, where a small hash in Redis keeps the
+-- order they came in), so its pairs are sorted before they are recorded
+-- (and their count, to see an odd array).
+local function hgetall(k)
+  local ok, r = pcall(redis.call, 'HGETALL', k)
+  if ok and type(r) == 'table' and not r.ok and not r.err then
+    local p = {}
+    for i = 1, #r, 2 do p[#p + 1] = ser(r[i]) .. '=' .. ser(r[i + 1]) end
+    table.sort(p)
+    out[#out + 1] = '{' .. #r .. ':' .. table.concat(p, ',') .. '}'
+  elseif ok then
+    out[#out + 1] = ser(r)
+  else
+    local m = type(r) == 'table' and r.err or tostring(r)
+    out[#out + 1] = '!' .. (string.match(m, '^(%u+)') or m)
+  end
+end
 ]]
 
 local seed = 12345
@@ -79,6 +97,38 @@ local function key() return keys[rand(#keys)] end
 local function val() return ({'a', 'b', '0', '17', '1700000000123456', 'x y'})[rand(6)] end
 local function field() return ({'owner', 'token', 'nonce', 'pl'})[rand(4)] end
 local function lit(s) return string.format('%q', s) end
+
+-- PEXPIRE with options. Redis takes a new expiry's base from its clock as
+-- each command runs, not from the script's instant: two expiries of the same
+-- ms set by one script may be a ms apart, and GT or LT between them would
+-- depend on it. So the ms given with options are unlike all others and each
+-- other (5000 + 10000 i + 10 c, c counting them in the program: 10 ms apart
+-- at least, and 400 ms or less from a whole second for pttl()); an expiry
+-- equal to the key's is a fixed case below.
+local nopts = 0
+local function pexpire_opts()
+  local ms
+  local r = rand(8)
+  if r <= 4 then
+    ms = tostring(5000 + 10000 * (r - 1) + 10 * (nopts % 40))
+    nopts = nopts + 1
+  else
+    ms = ({'0', '-1', 'z', '2.5'})[r - 4]
+  end
+  local arg = tonumber(ms) and rand(2) == 1 and ms or lit(ms)
+  local opts = ({
+    {'NX'}, {'XX'}, {'GT'}, {'LT'}, {'NX'}, {'XX'}, {'GT'}, {'LT'}, {'gt'}, {'lt'},
+    {'XX', 'GT'}, {'lt', 'xx'}, {'GT', 'GT'}, {'NX', 'XX'}, {'NX', 'GT'}, {'GT', 'LT'},
+    {'LT', 'NX'}, {'FOO'},
+  })[rand(18)]
+  local a = {}
+  for i, o in ipairs(opts) do a[i] = lit(o) end
+  local k = lit(key())
+  -- most often on a key just set, with an expiry or without one
+  local set = ({'rec("SET", ' .. k .. ', "v", "PX", "' .. 10000 * rand(4) .. '") ',
+    'rec("SET", ' .. k .. ', "v") ', ''})[rand(3)]
+  return set .. 'rec("PEXPIRE", ' .. k .. ', ' .. arg .. ', ' .. table.concat(a, ', ') .. ')'
+end
 
 local gens = {
   function() return 'rec("GET", ' .. lit(key()) .. ')' end,
@@ -99,6 +149,8 @@ local gens = {
     local arg = tonumber(ms) and rand(2) == 1 and ms or lit(ms)
     return 'rec("PEXPIRE", ' .. lit(key()) .. ', ' .. arg .. ')'
   end,
+  pexpire_opts,
+  pexpire_opts,
   function() return 'rec("HGET", ' .. lit(key()) .. ', ' .. lit(field()) .. ')' end,
   function() return 'rec("HMGET", ' .. lit(key()) .. ', ' .. lit(field()) .. ', ' .. lit(field()) .. ')' end,
   function()
@@ -107,6 +159,8 @@ local gens = {
   end,
   function() return 'rec("HSET", ' .. lit(key()) .. ', ' .. lit(field()) .. ')' end,
   function() return 'rec("HDEL", ' .. lit(key()) .. ', ' .. lit(field()) .. ')' end,
+  function() return 'rec("HLEN", ' .. lit(key()) .. ')' end,
+  function() return 'hgetall(' .. lit(key()) .. ')' end,
   function()
     local sc = ({'1700000000123456', '5', '5', '-3', '2.5', 'nan?'})[rand(6)]
     return 'rec("ZADD", ' .. lit(key()) .. ', "NX", ' .. lit(sc) .. ', ' .. lit(val()) .. ')'
@@ -150,6 +204,7 @@ for p = 1, N do
   sh(cli .. ' FLUSHALL')
   local srv = R.new()
   local lines = {SER}
+  nopts = 0
   for _ = 1, 10 + rand(30) do lines[#lines + 1] = gens[rand(#gens)]() end
   lines[#lines + 1] = "return table.concat(out, ' ')"
   local text = table.concat(lines, '\n')
@@ -161,7 +216,7 @@ for p = 1, N do
 for _, k in ipairs({'k1', 'k2', 'k3', 'k4'}) do
   local t = redis.call('TYPE', k).ok
   if t == 'string' then rec('GET', k)
-  elseif t == 'hash' then rec('HMGET', k, 'owner', 'token', 'nonce', 'pl')
+  elseif t == 'hash' then rec('HMGET', k, 'owner', 'token', 'nonce', 'pl') rec('HLEN', k) hgetall(k)
   elseif t == 'zset' then rec('ZRANGE', k, 0, -1) end
   out[#out + 1] = t
   pttl(k)
@@ -182,6 +237,45 @@ rec('PEXPIRE', 'k2', 50) rec('EXISTS', 'k1', 'k2') return table.concat(out, ' ')
   sh('sleep 0.15')
   local look = SER .. [[rec('EXISTS', 'k1', 'k2') rec('GET', 'k1') pttl('k2') return table.concat(out, ' ')]]
   check('expiry: 150 ms later', look, real(look), model(srv, look, t0 + 150000))
+end
+
+-- PEXPIRE's options where the random programs do not look: an expiry equal
+-- to the key's (GT and LT both refuse it), and the errors' whole texts
+-- (Redis 7.0's), with HLEN and HGETALL on a missing key and on other types.
+-- Two expiries are equal on the real server only if its clock stays in one
+-- ms (see pexpire_opts): the program says 'again' if TIME moved to another
+-- ms meanwhile, and is run again.
+do
+  local text = SER .. [[
+local function ms() local t = redis.call('TIME') return t[1] .. math.floor(t[2] / 1000) end
+local function all(...)
+  local ok, r = pcall(redis.call, ...)
+  if ok then out[#out + 1] = ser(r) else out[#out + 1] = '!' .. (type(r) == 'table' and r.err or tostring(r)) end
+end
+local t0 = ms()
+redis.call('SET', 'k1', 'v', 'PX', 10000)
+rec('PEXPIRE', 'k1', 10000, 'GT') rec('PEXPIRE', 'k1', 10000, 'LT') rec('PEXPIRE', 'k1', '10000', 'xx', 'gt')
+redis.call('HSET', 'k2', 'f', 'v')
+rec('PEXPIRE', 'k2', 20000) rec('PEXPIRE', 'k2', 20000, 'GT') rec('PEXPIRE', 'k2', 20000, 'LT')
+rec('PEXPIRE', 'k2', 20000, 'NX') rec('PEXPIRE', 'k2', 20000, 'XX')
+if ms() ~= t0 then return 'again' end
+pttl('k1') pttl('k2')
+all('PEXPIRE', 'k1', 10, 'NX', 'XX') all('PEXPIRE', 'k1', 10, 'gt', 'nx') all('PEXPIRE', 'k1', 10, 'LT', 'GT')
+all('PEXPIRE', 'k1', 10, 'GT', 'LT', 'NX') all('PEXPIRE', 'k1', 10, 'Foo') all('PEXPIRE', 'nope', 'x', 'bar')
+all('PEXPIRE', 'k1', 'x', 'nx', 'xx') all('PEXPIRE', 'k1', 'x', 'XX') all('PEXPIRE', 'nope', 10, 'XX')
+redis.call('SET', 'k3', 'v') redis.call('ZADD', 'k4', 1, 'm')
+all('PEXPIRE', 'k3', 0, 'GT') all('PEXPIRE', 'k3', 0, 'XX') all('EXISTS', 'k3')
+all('PEXPIRE', 'k3', -1, 'LT') all('EXISTS', 'k3') redis.call('SET', 'k3', 'v')
+all('HLEN', 'k3') all('HLEN', 'k4') all('HLEN', 'nope') all('HGETALL', 'k3') all('HGETALL', 'k4') all('HGETALL', 'nope')
+all('HLEN', 'k2') all('HGETALL', 'k2')
+return table.concat(out, ' ')]]
+  local want
+  for _ = 1, 50 do
+    sh(cli .. ' FLUSHALL')
+    want = real(text)
+    if want ~= 'again' then break end
+  end
+  check('PEXPIRE options, HLEN, HGETALL', text, want, model(R.new(), text, server_us()))
 end
 
 -- A script's return value, converted: numbers truncated to integers, an

@@ -4,14 +4,16 @@
 -- them the same: sim/test-interpreters).
 --
 -- What it models, and what a test on a real server shows of each
--- (tests/test_sim_model.c runs the same command sequences on a real
--- redis-server and compares every reply; see docs/simulation.md):
+-- (sim/model_check.lua, run by sim/test-model, runs the same command
+-- sequences on a real redis-server and compares every reply; see
+-- docs/simulation.md):
 --   - keys of three types: string, hash, zset; WRONGTYPE on a mismatch;
 --   - expiry by the server clock in ms (an absolute time per key, as Redis
 --     keeps it): a key is gone once the clock is past its expiry time, so a
 --     clock step forward expires keys early and a step back keeps them;
---   - the commands GET SET(PX) MGET DEL EXISTS PTTL PEXPIRE HGET HMGET HSET
---     HDEL ZADD(NX) ZRANGE ZREM ZCARD TIME PUBLISH, with Redis's replies;
+--   - the commands GET SET(PX) MGET DEL EXISTS PTTL PEXPIRE(NX XX GT LT)
+--     HGET HMGET HLEN HGETALL HSET HDEL ZADD(NX) ZRANGE ZREM ZCARD TIME
+--     PUBLISH, with Redis's replies (as 7.0 gives them);
 --   - Redis's conversions between Lua and replies: a number becomes an
 --     integer reply (truncated), a table an array up to its first nil,
 --     false a nil reply, true the integer 1; a nil bulk becomes false in Lua;
@@ -193,15 +195,38 @@ function cmd.PTTL(s, a)
   return o.exp - s.now_ms
 end
 
+-- PEXPIRE key ms [NX|XX|GT|LT] (the options of Redis 7.0; more than one,
+-- in any case, as Redis takes them): the options are read first, then ms,
+-- then the key. A key without an expiry counts as one that never expires:
+-- GT never sets it, LT always does. A condition that does not hold: 0, and
+-- nothing changes; one that holds with ms <= 0 deletes the key.
 function cmd.PEXPIRE(s, a)
+  local nx, xx, gt, lt = false, false, false, false
+  for i = 3, #a do
+    local opt = string.upper(a[i])
+    if opt == 'NX' then nx = true
+    elseif opt == 'XX' then xx = true
+    elseif opt == 'GT' then gt = true
+    elseif opt == 'LT' then lt = true
+    else err('ERR Unsupported option ' .. a[i]) end
+  end
+  if nx and (xx or gt or lt) then
+    err('ERR NX and XX, GT or LT options at the same time are not compatible')
+  end
+  if gt and lt then err('ERR GT and LT options at the same time are not compatible') end
   local o = live(s, a[1])
   local n = toint(a[2])
   if not n then err(NOTINT) end
   if not o then return 0 end
+  local exp = s.now_ms + n
+  if nx and o.exp then return 0 end
+  if xx and not o.exp then return 0 end
+  if gt and (not o.exp or exp <= o.exp) then return 0 end
+  if lt and o.exp and exp >= o.exp then return 0 end
   if n <= 0 then
     s.db[a[1]] = nil
   else
-    writable(s, a[1], o).exp = s.now_ms + n
+    writable(s, a[1], o).exp = exp
   end
   return 1
 end
@@ -216,6 +241,32 @@ function cmd.HMGET(s, a)
   local out = {}
   for i = 2, #a do
     out[i - 1] = o and o.v[a[i]] or false
+  end
+  return out
+end
+
+function cmd.HLEN(s, a)
+  local o = typed(s, a[1], 'hash')
+  if not o then return 0 end
+  local n = 0
+  for _ in pairs(o.v) do n = n + 1 end
+  return n
+end
+
+-- field, value, field, value...: in the order of the fields' names, the
+-- same in every run and interpreter (pairs() is not). Redis gives its
+-- hash's own order (a small hash's: the order the fields came in), so a
+-- script must not depend on the order.
+function cmd.HGETALL(s, a)
+  local o = typed(s, a[1], 'hash')
+  if not o then return {} end
+  local fs = {}
+  for f in pairs(o.v) do fs[#fs + 1] = f end
+  table.sort(fs)
+  local out = {}
+  for i, f in ipairs(fs) do
+    out[2 * i - 1] = f
+    out[2 * i] = o.v[f]
   end
   return out
 end
