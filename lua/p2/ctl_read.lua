@@ -1,0 +1,36 @@
+-- Protocol 2's read of one lock for dlockctl (show, list, watch;
+-- lua/p2/LAYOUT.txt): KEYS and reply as lua/ctl_read.lua's (its head says
+-- them), in one step with the server's clock. A hash of another protocol
+-- is refused, not misread. A grant in g is shown while its key lives, past
+-- its exp too (dlockctl says it expired, as for protocol 1); the turn only
+-- until its time. The lease's pttl is the hash's, which may outlive the
+-- grant (it holds the clients' records).
+local h = redis.call('HMGET', KEYS[1], 'pv', 'g', 'o', 'n', 't')
+if h[1] ~= '2' and (h[1] or redis.call('EXISTS', KEYS[1]) == 1) then
+  return redis.error_reply('DLOCKPROTOCOL ' .. KEYS[1] .. ': the data of this name is '
+    .. 'dlock protocol ' .. (h[1] or '1') .. '; this dlockctl speaks protocol 2')
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local tok, exp, dur = string.match(h[2] or '', '^(%d+) %d+ %d+ (%d+) (%d+) %d+ %d+$')
+local owner, name, since
+if tok then
+  owner, name = h[3], h[4]
+  since = string.format('%.0f', tonumber(exp) - tonumber(dur))
+end
+local turn = string.match(h[5] or '', '^(%x+) (%d+)$')
+if turn and tonumber(string.match(h[5], ' (%d+)$')) < now then
+  turn = nil
+end
+local out = {now, owner or false, tok or false, name or false, since or false, exp or false,
+  tok and redis.call('PTTL', KEYS[1]) or -2, turn or false}
+local q = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
+for i = 1, #q, 2 do
+  local d = redis.call('HGET', KEYS[3], q[i]) or ''
+  local deadline = tonumber(string.match(d, '^%d+')) or 0
+  out[#out + 1] = q[i]
+  out[#out + 1] = q[i + 1]
+  out[#out + 1] = d
+  out[#out + 1] = deadline > now and 1 or 0
+end
+return out

@@ -1,0 +1,31 @@
+-- Protocol 2's renewal (lua/p2/LAYOUT.txt): renews a batch of leases of
+-- one client in one call. KEYS, ARGV, replies and every rule as
+-- lua/renew.lua's (its head says them); the grant is the hash's field g.
+-- A hash that is not protocol 2's (pv other than 2, or none) is not renewed:
+-- 0, and nothing written to it.
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local l = tonumber(ARGV[2])
+local out = {}
+for i, key in ipairs(KEYS) do
+  -- the grant: g "token nonce pl exp dur u tell", o its owner
+  -- (lua/p2/LAYOUT.txt); a renewal tells its expiry a lease time past exp
+  local h = redis.call('HMGET', key, 'pv', 'g', 'o')
+  local tok, nonce, pl, exp, dur, u
+  if h[1] == '2' then
+    tok, nonce, pl, exp, dur, u = string.match(h[2] or '',
+      '^(%d+) (%d+) (%d+) (%d+) (%d+) (%d+) %d+$')
+  end
+  if tok and h[3] == ARGV[1] and tok == ARGV[i + 2] and tonumber(exp) >= now_ms then
+    local since = tonumber(exp) - tonumber(dur)
+    local e = math.max(tonumber(exp), now_ms + l, since + l)
+    redis.call('HSET', key, 'g', tok .. ' ' .. nonce .. ' ' .. pl .. ' ' .. string.format('%.0f', e)
+      .. ' ' .. string.format('%.0f', e - since) .. ' ' .. u .. ' ' .. ARGV[2])
+    redis.call('PEXPIRE', key, math.max(e - now_ms + l,
+      math.ceil((tonumber(tok) + tonumber(pl)) / 1000) - now_ms + l + 1), 'GT')
+    out[i] = 1
+  else
+    out[i] = 0
+  end
+end
+return out
