@@ -6,12 +6,17 @@
 --   sim [--seconds S | --schedules N] [--seed N] [--clients C] [--names K]
 --       [--faults LIST] [--steps N] [--local-rule passes|clock]
 --       [--step-back-ms MS | --step-back-leases F] [--mutant NAME]
---       [--replay SEED] [--coverage] [--quiet]
+--       [--replay SEED] [--coverage] [--quiet] [--protocol 1|2]
 -- Prints progress on stderr and, last on stdout, one JSON line. On a
 -- violation: exits 1 after printing the schedule's seed and its trace (the
 -- same seed replays it exactly: sim --replay SEED with the same options).
 -- --coverage: also prints how often each branch of each script ran (lines
 -- "coverage: ...", sim/coverage.lua), and each script's count in the JSON.
+-- --protocol 2: runs lua/p2/*.lua (protocol 2's layout: lua/p2/LAYOUT.txt)
+-- instead of lua/*.lua, with the same invariants (1, the default, is
+-- protocol 1's scripts). A mutant of the scripts runs with the protocol it
+-- names (sim/mutants.lua); the client model's run with either. --coverage
+-- counts protocol 1's scripts (sim/coverage.lua reports lua/*.lua).
 local dir = arg[0]:match('^(.*)/[^/]*$') or '.'
 package.path = dir .. '/?.lua;' .. package.path
 local root = dir .. '/..'
@@ -42,6 +47,10 @@ while i <= #arg do
   elseif a == '--step-back-ms' then opts.step_back_ms = num()
   elseif a == '--step-back-leases' then opts.step_back_leases = num()
   elseif a == '--replay' then opts.replay = num()
+  elseif a == '--protocol' then
+    if v ~= '1' and v ~= '2' then usage('--protocol is 1 or 2') end
+    opts.protocol = tonumber(v)
+    i = i + 1
   elseif a == '--local-rule' then
     if v ~= 'passes' and v ~= 'clock' then usage('--local-rule is passes or clock') end
     opts.local_rule = v
@@ -68,6 +77,7 @@ while i <= #arg do
   i = i + 1
 end
 
+if opts.protocol == 2 and opts.coverage then usage('--coverage counts protocol 1\'s scripts only') end
 local mutate
 if opts.mutant then
   local mutants = require('mutants')
@@ -75,11 +85,14 @@ if opts.mutant then
   if not m then usage('unknown mutant ' .. opts.mutant) end
   if m.file == 'client' then
     mutants.apply_client(m, dir) -- the client model
+  elseif (m.protocol or 1) ~= (opts.protocol or 1) then
+    usage('mutant ' .. m.name .. ' changes protocol ' .. (m.protocol or 1) .. '\'s scripts: run it with --protocol '
+      .. (m.protocol or 1))
   else
     mutate = function(texts) mutants.apply(m, texts) end
   end
 end
-local scripts = W.load_scripts(root, mutate)
+local scripts = W.load_scripts(root, mutate, opts.protocol)
 
 local function clock() return os.time() end
 local t0 = os.clock()
@@ -100,7 +113,8 @@ local function report(w)
   local from = math.max(1, #lines - 600)
   if from > 1 then io.stdout:write(string.format('... (%d earlier trace lines)\n', from - 1)) end
   for j = from, #lines do io.stdout:write(lines[j], '\n') end
-  io.stdout:write(string.format('replay: sim --replay %d', w.seed))
+  io.stdout:write(string.format('replay: sim --replay %d%s', w.seed,
+    opts.protocol == 2 and ' --protocol 2' or ''))
   for _, a in ipairs(arg) do
     if a == '--replay' then break end
   end
@@ -111,8 +125,8 @@ if opts.replay then
   local w = run_one(opts.replay, true)
   for _, l in ipairs(w.tr) do io.stdout:write(l, '\n') end
   local v = #w.violations
-  io.stdout:write(string.format('{"schedules":1,"steps":%d,"violations":%d,"seed":%d}\n', w.steps, v,
-    opts.replay))
+  io.stdout:write(string.format('{"schedules":1,"steps":%d,"violations":%d,"seed":%d%s}\n', w.steps, v,
+    opts.replay, opts.protocol == 2 and ',"protocol":2' or ''))
   os.exit(v > 0 and 1 or 0)
 end
 
@@ -163,7 +177,8 @@ io.stdout:write(string.format('{"schedules":%d,"steps":%d,"acquisitions":%d,"vio
   .. '"cpu_seconds":%.1f,"schedules_per_second":%.0f,"lua":"%s","faults":{%s}%s%s}\n',
   n, steps, acq, viol, seed, secs, n / math.max(secs, 1e-6),
   jit and (jit.version .. (jit.status() and '' or ', interpreter')) or _VERSION, table.concat(fparts, ','),
-  opts.mutant and string.format(',"mutant":"%s"', opts.mutant) or '',
+  (opts.mutant and string.format(',"mutant":"%s"', opts.mutant) or '') ..
+    (opts.protocol == 2 and ',"protocol":2' or ''),
   covered .. (failed and string.format(',"failed_seed":%d,"kind":"%s"', failed.seed,
     failed.violations[1].kind) or '')))
 os.exit(failed and 1 or 0)

@@ -1,5 +1,6 @@
--- Mutants of the scripts, and of the client model (file 'client':
--- sim/client.lua): each one a small change that brings back a bug
+-- Mutants of the scripts (protocol 1's lua/, or with protocol = 2
+-- lua/p2/, which sim runs with --protocol 2), and of the client model
+-- (file 'client': sim/client.lua): each one a small change that brings back a bug
 -- this project had, or could have. sim --mutant NAME runs the simulator on
 -- the mutated scripts; sim/test-mutants checks that every one is caught
 -- (a violation) within its budget of schedules from seed 1 (or `seed`). A mutant whose text no longer occurs in
@@ -149,6 +150,65 @@ M.list = {
     file = 'client', find = 'if granted == 1 and c.s.min_replicas > 0 and (acked or 0) < c.s.min_replicas then',
     replace = 'if false then',
   },
+  -- Protocol 2's scripts (lua/p2/, run with sim --protocol 2): the same
+  -- bugs in its layout, and its own (the hash's expiry).
+  {
+    name = 'p2_late_attempt_displaces_grant', protocol = 2,
+    schedules = 300,
+    why = 'an attempt older than one Redis recorded is granted (no stale check)',
+    file = 'acquire', find = 'if attempt < seen or attempt == tonumber(ratt) then',
+    replace = 'if false then',
+  },
+  {
+    name = 'p2_release_without_owner_check', protocol = 2,
+    schedules = 200,
+    why = 'a release empties the grant whoever owns it',
+    file = 'release', find = 'if owner ~= me or id ~= ARGV[3] then',
+    replace = 'if not owner then',
+  },
+  {
+    name = 'p2_renewal_of_another_grant', protocol = 2,
+    schedules = 400,
+    why = "a renewal extends a lease by the client's id alone, whatever its grant",
+    file = 'renew', find = 'if tok and h[3] == ARGV[1] and tok == ARGV[i + 2] and',
+    replace = 'if tok and h[3] == ARGV[1] and',
+  },
+  {
+    name = 'p2_late_leave_frees_newer_grant', protocol = 2,
+    schedules = 300,
+    why = 'a leave frees a lease the client holds under a newer attempt',
+    file = 'leave', find = 'if live and owner == me and tonumber(nonce) < n then',
+    replace = 'if live and owner == me then',
+  },
+  {
+    name = 'p2_unclean_end_forgotten', protocol = 2,
+    schedules = 300,
+    why = "a release for a thread that exited leaves no word of it (field u) for the next grant",
+    file = 'release', find = "redis.call('HSET', KEYS[1], 'g', '', rk, rv, 'u', uv)",
+    replace = "redis.call('HSET', KEYS[1], 'g', '', rk, rv)",
+  },
+  {
+    name = 'p2_mark_not_written', protocol = 2,
+    schedules = 300,
+    why = "a grant leaves the slot's mark as it was: after a step back of the clock a later "
+      .. 'grant goes below its token',
+    file = 'acquire', find = "redis.call('SET', KEYS[7], gt .. ' ' .. t[1] .. us6 .. ' ' .. mp)",
+    replace = "local _ = mp",
+  },
+  {
+    name = 'p2_grant_over_live_lease', protocol = 2,
+    schedules = 200,
+    why = "an acquire grants a name whose lease another client holds",
+    file = 'acquire', find = 'if owner and not mine then',
+    replace = 'if false then',
+  },
+  {
+    name = 'p2_new_hash_without_expiry', protocol = 2,
+    schedules = 200,
+    why = 'a new hash gets no time to live: PEXPIRE ... GT alone leaves a key without one as it is',
+    file = 'acquire', find = "  redis.call('PEXPIRE', KEYS[1], life)\n",
+    replace = "  redis.call('PEXPIRE', KEYS[1], life, 'GT')\n",
+  },
 }
 
 function M.find(name)
@@ -183,11 +243,12 @@ function M.apply(m, texts)
   local text = texts[m.file]
   local i, j = string.find(text, m.find, 1, true)
   if not i then
-    error(string.format('mutant %s: its text is no longer in lua/%s.lua: mend sim/mutants.lua',
-      m.name, m.file), 0)
+    error(string.format('mutant %s: its text is no longer in lua/%s%s.lua: mend sim/mutants.lua',
+      m.name, m.protocol == 2 and 'p2/' or '', m.file), 0)
   end
   if string.find(text, m.find, j + 1, true) then
-    error(string.format('mutant %s: its text occurs twice in lua/%s.lua', m.name, m.file), 0)
+    error(string.format('mutant %s: its text occurs twice in lua/%s%s.lua', m.name,
+      m.protocol == 2 and 'p2/' or '', m.file), 0)
   end
   texts[m.file] = text:sub(1, i - 1) .. m.replace .. text:sub(j + 1)
 end

@@ -41,6 +41,15 @@
 --           exited (or its client closed) or an operator's forced release,
 --           within a lease time of it and with no data lost since, reports
 --           that end (field u, acquire.lua "End": dlock_unclean).
+--   layout  (protocol 2) after every script, a name's hash carries pv = 2
+--           and only the fields of lua/p2/LAYOUT.txt, each in its form and
+--           at most 64 bytes, and protocol 1's fence, turn and record keys
+--           were not written.
+--
+-- Protocol 2 (sim --protocol 2) runs lua/p2/*.lua instead, which keep a
+-- name's data in one hash (lua/p2/LAYOUT.txt): the checker reads a grant
+-- through grant_in, and a client's record and the hash's lifetime by that
+-- layout; every invariant is the same.
 local R = require('redis')
 local C = require('client')
 
@@ -238,18 +247,23 @@ end
 -- The scripts' texts: lua/*.lua, dlockctl's forced release among them
 -- (lua/force.lua, whose line "--@release.lua" stands for release.lua's
 -- text, as dlockctl puts it there). mutate(texts) may change a text.
-function W.load_scripts(root, mutate)
+-- protocol 2: lua/p2/*.lua, the same names (lua/p2/force.lua wraps
+-- lua/p2/release.lua); the scripts carry their protocol (fns.protocol),
+-- so that a world runs the checks of the layout its scripts write.
+function W.load_scripts(root, mutate, protocol)
+  protocol = protocol or 1
+  local dir = protocol == 2 and 'lua/p2/' or 'lua/'
   local texts = {}
   for _, n in ipairs({'acquire', 'release', 'renew', 'leave', 'force'}) do
-    texts[n] = read(root .. '/lua/' .. n .. '.lua')
+    texts[n] = read(root .. '/' .. dir .. n .. '.lua')
   end
   if mutate then mutate(texts) end
-  local fns = {}
+  local fns = {protocol = protocol}
   for _, n in ipairs({'acquire', 'release', 'renew', 'leave'}) do
-    fns[n] = R.compile(texts[n], '@lua/' .. n .. '.lua')
+    fns[n] = R.compile(texts[n], '@' .. dir .. n .. '.lua')
   end
   local i, j = texts.force:find('--@release.lua\n', 1, true)
-  assert(i, 'lua/force.lua has no line --@release.lua')
+  assert(i, dir .. 'force.lua has no line --@release.lua')
   fns.force = R.compile(texts.force:sub(1, i - 1) .. texts.release .. '\n' .. texts.force:sub(j + 1),
     '@dlockctl-force')
   return fns
@@ -274,6 +288,9 @@ function W.new(seed, opts, scripts)
   self.rs2 = new_rng(seed + 7777777)
   self.opts = opts
   self.fns = scripts
+  -- protocol 2's layout (lua/p2/LAYOUT.txt): every read of the data below
+  -- asks this
+  self.p2 = scripts.protocol == 2
   self.tracing = opts.trace
   self.tr = {}
   self.events = {}
@@ -453,20 +470,69 @@ function W:srv_time()
   return t
 end
 
--- The grant in a lease key, or nil; with live = false when it has expired
--- (its exp field, server ms, passed: the key stays a while as a fence).
-local function lease_of(srv, key)
+-- The grant in a name's hash o (a live key), or nil: {owner, token,
+-- nonce, pl, exp = the key's expiry, gexp = the grant's end (server ms),
+-- live = false once that end has passed, u = the end it reported, stamp =
+-- what changes whenever the grant does}. The one reader of a grant, for
+-- either layout:
+-- - protocol 1: the fields of the lease key, which stays a while past the
+--   grant's end, as a fence, and is deleted when it is released; the
+--   key's expiry moves with every change of the grant (the stamp);
+-- - protocol 2 (p2): the hash's field g, "<token> <nonce> <pl> <exp>
+--   <dur> <u> <tell>", and its owner in field o, which stay past its end until a
+--   new grant replaces them, g '' once released. The hash holds every
+--   record too, so its expiry moves when other clients write theirs: the
+--   stamp is g and o themselves.
+local function grant_in(o, p2, now_ms)
+  if o.type ~= 'hash' then return nil end
+  local v = o.v
+  if p2 then
+    local tok, nonce, pl, e, _, u = string.match(v.g or '', '^(%d+) (%d+) (%d+) (%d+) (%d+) (%d+) %d+$')
+    if not tok then return nil end -- (as the scripts read it: no grant)
+    e = tonumber(e)
+    return {owner = v.o, token = tonumber(tok), nonce = tonumber(nonce), pl = tonumber(pl),
+            exp = o.exp, gexp = e, live = now_ms <= e, u = tonumber(u),
+            stamp = v.g .. ' ' .. (v.o or '')}
+  end
+  local e = tonumber(v.exp)
+  return {owner = v.owner, token = tonumber(v.token), nonce = tonumber(v.nonce), pl = tonumber(v.pl),
+          exp = o.exp, gexp = e, live = not e or now_ms <= e, u = tonumber(v.u or '0') or 0,
+          stamp = o.exp}
+end
+
+-- Protocol 2's fields of a name's hash (lua/p2/LAYOUT.txt), each in its
+-- form; a record is c:<client id>. Every value is at most 64 bytes.
+local P2_FIELDS = {pv = '^2$', g = '^%d+ %d+ %d+ %d+ %d+ %d+ %d+$', o = '^%x+$', n = '^%S*$',
+                   u = '^%d+ %d+$', t = '^%x+ %d+$', q = '^1$'}
+
+-- What breaks protocol 2's layout in a name's hash o (a live key), or nil:
+-- not a hash, no pv 2, a field the layout does not have or not in its form
+-- (the first in the order of their names: one message whatever pairs() did).
+local function layout_fault(o)
+  if o.type ~= 'hash' then return 'is a ' .. o.type end
+  local v = o.v
+  if v.pv ~= '2' then return 'has no pv 2' end
+  local bad
+  for f, x in pairs(v) do
+    local form = P2_FIELDS[f] or (f:match('^c:%x+$') and '^%d+ %d+ %d+ %d+$')
+    if not form or #x > 64 or not (x:match(form) or (f == 'g' and x == '')) then
+      if not bad or f < bad then bad = f end
+    end
+  end
+  return bad and string.format('has a field %s = %q', bad, v[bad])
+end
+
+-- The grant in a name's hash (key), or nil; with live = false when it has
+-- expired (grant_in).
+local function lease_of(srv, key, p2)
   local o = R.live(srv, key)
-  if not o or o.type ~= 'hash' then return nil end
-  local e = tonumber(o.v.exp)
-  return {owner = o.v.owner, token = tonumber(o.v.token), nonce = tonumber(o.v.nonce), exp = o.exp,
-          live = not e or srv.now_ms <= e, u = tonumber(o.v.u or '0') or 0}
+  return o and grant_in(o, p2, srv.now_ms)
 end
 
 -- The live grant of a name, or nil.
 function W:live_lease(name)
   self.srv.now_ms = floor((self.now + self.srv_off) / 1000)
-  local l = lease_of(self.srv, self.lease_key[name])
+  local l = lease_of(self.srv, self.lease_key[name], self.p2)
   return l and l.live and l or nil
 end
 
@@ -505,7 +571,7 @@ function W:after_script(c, script, names, keys, argv, before, rep, meta, all_key
   for i, name in ipairs(names) do
     local k = self.lease_key[name]
     local b = before[i]
-    local a = lease_of(srv, k)
+    local a = lease_of(srv, k, self.p2)
     local same = b and a and b.owner == a.owner and b.token == a.token and b.nonce == a.nonce
     -- how a used grant ended (first: the same script may grant the next): a release by its holder, for a thread that
     -- exited, or by an operator
@@ -558,7 +624,7 @@ function W:after_script(c, script, names, keys, argv, before, rep, meta, all_key
       elseif script == 'leave' then
         mine = b.owner == argv[1] and (b.nonce or 0) < tonumber(argv[5])
       end
-      if not mine and not (same and a.exp == b.exp) then
+      if not mine and not (same and a.stamp == b.stamp) then
         self:violation('stale', string.format('%s by %s changed the grant of %s it does not own '
           .. '(%s token %.0f attempt %s)', script, c and c.name or '?', name,
           (self.by_id[b.owner] or {name = b.owner}).name, b.token, describe(b.nonce)))
@@ -569,7 +635,7 @@ function W:after_script(c, script, names, keys, argv, before, rep, meta, all_key
       local e = c and c.alive and c.entries[name]
       if (script == 'leave' or (script == 'release' and argv[2] == 'nonce')) and e and
          b.owner == c.id and b.live and e.state == 'HELD' and e.grant_token == b.token and
-         not (same and a.exp == b.exp) then
+         not (same and a.stamp == b.stamp) then
         self:violation('stale', string.format('%s by %s took away %s, which it holds (token %.0f)',
           script, c.name, name, b.token))
       end
@@ -596,6 +662,49 @@ function W:after_script(c, script, names, keys, argv, before, rep, meta, all_key
       R.writable(srv, k, o).exp = srv.now_ms + 1000000 -- report it once
     end
   end
+  -- layout (protocol 2): a name's hash carries pv = 2 whenever it exists
+  -- (the mark by which another protocol's scripts refuse it), and protocol
+  -- 1's fence, turn and record keys (KEYS[2], [5], [6]) are only read: in
+  -- the simulator no protocol 1 data exists, so one that does was written.
+  if self.p2 then
+    for _, name in ipairs(names) do
+      local o = R.live(srv, self.lease_key[name])
+      local fault = o and layout_fault(o)
+      if fault then
+        self:violation('layout', string.format('%s: after %s the hash %s %s', name, script,
+          self.lease_key[name], fault))
+      end
+    end
+    if script ~= 'renew' then
+      for _, j in ipairs({2, 5, 6}) do
+        local o = keys[j] and srv.db[keys[j]] -- (only looked at)
+        if o and not (o.exp and srv.now_ms > o.exp) then
+          self:violation('layout', string.format('%s wrote %s, a key protocol 2 only reads', script,
+            keys[j]))
+        end
+      end
+    end
+  end
+end
+
+-- The newest attempt Redis records of client `me` for a name when a script
+-- runs (keys: the script's), or nil: what the acquire counts, as it reads
+-- it. Protocol 1: the record key KEYS[6], while it lives. Protocol 2: the
+-- hash's field c:<id>, "<newest attempt> <tok> <att> <until ms>", while
+-- until has not passed; without that field, protocol 1's key (which
+-- lua/p2/acquire.lua reads for a name moved from protocol 1).
+function W:record_of(keys, me)
+  local srv = self.srv
+  if self.p2 then
+    local o = R.live(srv, keys[1])
+    local f = o and o.type == 'hash' and o.v['c:' .. me]
+    if f then
+      local a, u = string.match(f, '^(%d+) %d+ %d+ (%d+)$')
+      return a and tonumber(u) >= srv.now_ms and tonumber(a) or nil
+    end
+  end
+  local o = R.live(srv, keys[6])
+  return o and o.type == 'string' and tonumber(o.v:match('^(%d+)')) or nil
 end
 
 -- Runs a script on the server now. Returns its reply.
@@ -605,21 +714,23 @@ function W:run_script(c, script, names, keys, argv, meta)
   srv.now_us, srv.now_ms = now_us, floor(now_us / 1000)
   local before = {}
   local lk = self.lease_key
-  for i, name in ipairs(names) do before[i] = lease_of(srv, lk[name]) end
+  local p2 = self.p2
+  for i, name in ipairs(names) do before[i] = lease_of(srv, lk[name], p2) end
   self.rec_before = nil
   if script == 'acquire' then
-    local o = R.live(srv, keys[6])
-    self.rec_before = o and o.type == 'string' and tonumber(o.v:match('^(%d+)')) or nil
+    self.rec_before = self:record_of(keys, argv[1])
   end
   srv.published = {}
   local f = self.fns[script]
+  -- (which script set the expiry of a lease key or a fence: protocol 1's
+  -- check_keys; protocol 2 bounds its hash by the fields in it)
   local exp_before = {}
-  for i = 1, 2 do
+  for i = 1, p2 and 0 or 2 do
     local o = keys[i] and srv.db[keys[i]]
     exp_before[i] = o and o.exp or false
   end
   local rep = R.run(srv, f, keys, argv, now_us)
-  for i = 1, 2 do
+  for i = 1, p2 and 0 or 2 do
     local o = keys[i] and srv.db[keys[i]]
     if o and o.exp ~= exp_before[i] then self.key_origin[keys[i]] = script end
   end
@@ -918,9 +1029,8 @@ function W:acquired(c, e, th, token, handoff)
     -- (the lease's exp, server time), clocks unstepped since the grant
     if g.backs == self.backs and g.fwds == self.fwds and g.era == self.era[e.name] then
       self.srv.now_ms = floor((self.now + self.srv_off) / 1000)
-      local o = R.live(self.srv, self.lease_key[e.name])
-      local exp = o and o.type == 'hash' and o.v.owner == c.id and
-        o.v.token == string.format('%.0f', e.grant_token) and tonumber(o.v.exp)
+      local l = lease_of(self.srv, self.lease_key[e.name], self.p2)
+      local exp = l and l.owner == c.id and l.token == e.grant_token and l.gexp
       local ends = c.t0 + (e.valid_until - c.coff) / c.rate + self.srv_off
       if not exp and not handoff then
         self:violation('bound', string.format('%s: %s takes grant %.0f, which Redis no longer has',
@@ -996,9 +1106,9 @@ function W:check_liveness()
     -- then whether the name is free in Redis (W:live_lease)
     local o = db[keys[j]]
     local held = false
-    if o and not (o.exp and now_ms > o.exp) and o.type == 'hash' then
-      local x = tonumber(o.v.exp)
-      held = not x or now_ms <= x
+    if o and not (o.exp and now_ms > o.exp) then
+      local l = grant_in(o, self.p2, now_ms)
+      held = l and l.live or false
     end
     local waiting = false
     for i = 1, held and 0 or #clients do
@@ -1197,7 +1307,12 @@ function W:in_mark_window(t)
   end
   for _, n in ipairs(self.names) do
     local ks = C.keys(n, '')
-    if not self.released_last[n] and not present(ks[1]) and not present(ks[2]) then
+    -- (protocol 2: the hash bounds the tokens while its field g holds the
+    -- grant, expired or not: lua/p2/acquire.lua, gone; its records, queue
+    -- flag and turn do not)
+    local own = present(ks[1])
+    if own and self.p2 then own = grant_in(self.srv.db[ks[1]], true, now_ms) end
+    if not self.released_last[n] and not own and not present(ks[2]) then
       high[ks[7]] = math.max(high[ks[7]] or 0, self.tok[n].max)
     end
   end
@@ -1390,10 +1505,10 @@ function W:run()
     table.sort(f)
     self:trace(string.format('schedule %d: %d clients x %d threads, %d names, lease %d ms, '
       .. 'pass_limit %d, waiter ttl %d ms, command timeout %d ms, pool %d, rule %s, '
-      .. 'replicas %d (min_replicas %d), faults: %s',
+      .. 'replicas %d (min_replicas %d), faults: %s%s',
       self.seed, cfg.clients, cfg.threads, cfg.names, cfg.lease_ms, cfg.pass_limit,
       cfg.waiter_ttl_ms, cfg.cmd_timeout_ms, cfg.pool_size, cfg.local_rule, cfg.replicas,
-      cfg.min_replicas, #f > 0 and table.concat(f, ',') or 'none'))
+      cfg.min_replicas, #f > 0 and table.concat(f, ',') or 'none', self.p2 and ', protocol 2' or ''))
   end
   self:schedule_faults(cfg.lease_ms * 1000 * 6)
   local ev = self.events
@@ -1443,11 +1558,83 @@ function W:run()
   return self
 end
 
+-- The slot's mark of a name (lua/acquire.lua, Tokens): its token and pass
+-- limit, which bound every token a grant of the slot handed out (0, 0 if
+-- none); only looked at.
+function W:mark_of(name)
+  local o = self.srv.db[C.keys(name, '')[7]]
+  local tok, pl
+  if o and type(o.v) == 'string' then tok, pl = o.v:match('^(%d+) %d+ (%d+)$') end
+  return tonumber(tok) or 0, tonumber(pl) or 0
+end
+
+-- keys (protocol 2), when the last call is done: a name's hash holds every
+-- piece of its data but the queue, each field with an end of its own
+-- (lua/p2/LAYOUT.txt), and each script gives the hash the longest life its
+-- writes need, its time to live only growing (PEXPIRE GT). So the hash
+-- expires no later than the latest end its fields state: g, a lease time
+-- past both its exp and the time its tokens stand for (token + pass
+-- limit: ahead of the clock after a step back); a record (c:<id>), u and
+-- t, their <until>; q, twice the waiter ttl from now (the queue's life
+-- from its last refresh, which came before). A hash that lives longer
+-- outlives what its data says. Allowed beyond that, each for a field a
+-- later script took away or rewrote with an earlier end (the TTL stays):
+-- 3 ms of rounding (a direct grant lives half a record lifetime past its
+-- token, which the releaser's record, written with it, covers); any step
+-- back of the server's clock (a record rewritten after one ends earlier);
+-- after one, a lease time and a waiter ttl past the slot's mark (a grant
+-- ahead of the clock, since released, whose tokens the mark keeps); and
+-- an hour once an operator forced a release (its u, taken by the next
+-- grant).
+-- A hash whose fields are not the layout's breaks the layout (as after
+-- every script).
+function W:check_hashes()
+  local cfg = self.cfg
+  local now_ms = floor((self.now + self.srv_off) / 1000)
+  local l = cfg.lease_ms
+  local slack = 3 + self.step_back_total / 1000 + (self.faults.force and 3600000 or 0)
+  for _, name in ipairs(self.names) do
+    local k = self.lease_key[name]
+    local o = self.srv.db[k] -- (only looked at)
+    if o and not (o.exp and now_ms > o.exp) then
+      local fault = layout_fault(o)
+      if fault then
+        self:violation('layout', string.format('%s: at the end the hash %s %s', name, k, fault))
+        return
+      end
+      local need = -math.huge -- server ms
+      for f, v in pairs(o.v) do -- (the largest: the order does not matter)
+        if f == 'g' then
+          local g = grant_in(o, true, now_ms)
+          if g then need = math.max(need, math.max(g.gexp, math.ceil((g.token + g.pl) / 1000)) + l + 1) end
+        elseif f == 'q' then
+          need = math.max(need, now_ms + 2 * cfg.waiter_ttl_ms)
+        elseif f == 'u' or f == 't' or f:sub(1, 2) == 'c:' then
+          need = math.max(need, tonumber(v:match(' (%d+)$')))
+        end -- (pv, o and n have no end of their own)
+      end
+      if self.stepped_ever then
+        local mtok, mpl = self:mark_of(name)
+        need = math.max(need, math.ceil((mtok + mpl) / 1000) + math.max(l, cfg.waiter_ttl_ms) + 1)
+      end
+      if not o.exp or o.exp > need + slack then
+        self:violation('keys', string.format('%s: the hash %s lives %s ms more, %.0f ms past the '
+          .. 'latest end of its fields', name, k, o.exp and string.format('%.0f', o.exp - now_ms) or
+          'for ever', o.exp and o.exp - need or math.huge))
+        return
+      end
+    end
+  end
+end
+
 -- keys: once every client is done (released, left), every key is gone
 -- after its stated lifetime: records keep_ms, the queue 2 x waiter ttl, the
 -- fence a lease time (or until server time passes its token; a leave's,
 -- the larger of the lease time and the waiter ttl), a lease key a lease
--- time past its grant, plus any server clock step back.
+-- time past its grant, plus any server clock step back. (Protocol 2: the
+-- name's hash first, by its fields (check_hashes); then the same, the hash
+-- as long as a record, or longer only while the tokens of its grant, or of
+-- its slot's mark (a release's u), are ahead of the clock.)
 function W:check_keys()
   local cfg = self.cfg
   local keep = 2 * math.max(cfg.lease_ms, cfg.waiter_ttl_ms)
@@ -1455,6 +1642,13 @@ function W:check_keys()
   -- ttl + lease for a direct grant)
   local life = math.max(keep, 2 * cfg.waiter_ttl_ms, 2 * cfg.lease_ms, cfg.waiter_ttl_ms + cfg.lease_ms,
     3600000 * (self.faults.force and 1 or 0))
+  local p2 = self.p2
+  local hash_of = {} -- protocol 2: a name's hash key -> the name
+  if p2 then
+    self:check_hashes()
+    if #self.violations > 0 then return end
+    for _, n in ipairs(self.names) do hash_of[self.lease_key[n]] = n end
+  end
   local last = self.now
   self.now = self.now + (life + 3) * 1000 + self.step_back_total
   self.srv.now_ms = floor((self.now + self.srv_off) / 1000)
@@ -1476,7 +1670,17 @@ function W:check_keys()
         past = math.max(cfg.lease_ms, cfg.waiter_ttl_ms)
       end
       local top
-      if k:match(':fence$') then
+      if hash_of[k] then
+        -- (protocol 2: its g bounds tokens up to token + pass limit; a
+        -- grant released (g '') or the u a release or a leave left, the
+        -- tokens the slot's mark bounds (its token + pass limit); a forced
+        -- release's u lives an hour)
+        local g = grant_in(o, true, self.srv.now_ms)
+        local mtok, mpl = self:mark_of(hash_of[k])
+        top = (mtok + mpl) / 1000
+        if g then top = math.max(top, (g.token + g.pl) / 1000) end
+        past = math.max(cfg.lease_ms, cfg.waiter_ttl_ms, self.faults.force and 3600000 or 0)
+      elseif k:match(':fence$') then
         top = (tonumber(o.v:match('^%d+') or '0') or 0) / 1000
       elseif o.type == 'hash' and o.v.token and not k:match(':qd$') then
         top = ((tonumber(o.v.token) or 0) + (tonumber(o.v.pl) or 0)) / 1000
