@@ -25,7 +25,8 @@
  * names of their own, prefix "sk:") round by round beside dlock's and the
  * naive lock, and prints their rows and their ratio to dlock's: the cost
  * of a change to the scripts, measured in one run before it is made
- * (stress/sketch/ holds such a pair).
+ * (lua/p2/, protocol 2's scripts, is such a pair). Then, for each, what
+ * the released names keep in Redis: keys and bytes (used_memory) per name.
  *
  * Starts a private redis-server on a free loopback port unless --redis is
  * given (then it uses db 0 of that server and deletes its keys after).
@@ -288,6 +289,51 @@ static int ok_part(int i, redisReply *r)
     return r->type == REDIS_REPLY_INTEGER && r->integer == 1;
 }
 
+static long long used_memory(void)
+{
+    redisReply *r = redisCommand(rc, "INFO memory");
+    if (!r || r->type != REDIS_REPLY_STRING)
+        die("INFO memory");
+    const char *m = strstr(r->str, "used_memory:");
+    if (!m)
+        die("INFO memory has no used_memory");
+    long long v = atoll(m + 12);
+    freeReplyObject(r);
+    return v;
+}
+
+/* What the names of `pfx` keep in Redis once released (their slots' marks,
+ * shared by the names of a slot, left out): keys per name, and bytes per
+ * name as the server's used_memory falls when they are deleted (keys,
+ * values, expiry entries and the allocator's rounding: what a user's
+ * server holds). Deletes them. */
+static void footprint(const char *pfx, int names, double *keys, double *bytes)
+{
+    const char *was = prefix;
+    long long nk = 0;
+    prefix = pfx;
+    for (int i = 0; i < names; i++) {
+        char k[7][64];
+        keys_of(i, k);
+        redisReply *r = redisCommand(rc, "EXISTS %s %s %s %s %s %s", k[0], k[1], k[2], k[3], k[4],
+                                     k[5]);
+        if (!r || r->type != REDIS_REPLY_INTEGER)
+            die("EXISTS");
+        nk += r->integer;
+        freeReplyObject(r);
+    }
+    long long before = used_memory();
+    for (int i = 0; i < names; i++) {
+        char k[7][64];
+        keys_of(i, k);
+        freeReplyObject(redisCommand(rc, "DEL %s %s %s %s %s %s", k[0], k[1], k[2], k[3], k[4], k[5]));
+    }
+    long long after = used_memory();
+    prefix = was;
+    *keys = (double)nk / names;
+    *bytes = (double)(before - after) / names;
+}
+
 static void print(const cost *c)
 {
     printf("| %s | %.1f | %.2f | %.2f |\n", c->what, (double)c->inner / (double)c->ops,
@@ -500,6 +546,15 @@ int main(int argc, char **argv)
         printf("| ratio, --also / dlock | | %.2fx | %.2fx |\n", own > 0 ? aown / own : 0.0,
                cpu > 0 ? acpu / cpu : 0.0);
     }
+    double fk, fb;
+    footprint("sc:", names, &fk, &fb);
+    printf("\n| released names keep | keys per name | bytes per name |\n|---|---:|---:|\n");
+    printf("| dlock | %.2f | %.0f |\n", fk, fb);
+    if (also[0]) {
+        footprint("sk:", names, &fk, &fb);
+        printf("| --also | %.2f | %.0f |\n", fk, fb);
+    }
+    printf("| simplest lock | 0.00 | 0 |\n");
     if (with_parts)
         run_parts(names, rounds, batch);
     if (redis) {
