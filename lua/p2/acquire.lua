@@ -42,12 +42,17 @@ local now_ms = math.floor(now_us / 1000)
 local tok, nonce, pl, exp, dur, u, tell = string.match(h[2] or '',
   '^(%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$')
 local owner = tok and h[7]
-local gone, gone_told = 0, false
+local gone, gone_told, dead = 0, false, false
 if owner and now_ms > tonumber(exp) then
-  local lasted = tonumber(dur) * 1000
-  gone = tonumber(tok) + math.max(0, math.min(tonumber(pl), lasted))
-  gone_told = now_ms <= math.max(tonumber(exp), math.ceil((tonumber(tok) + tonumber(pl)) / 1000))
-    + tonumber(tell)
+  -- (past `tell` after it, where protocol 1's lease key is gone, it counts
+  -- no more, and goes with this script's writes)
+  dead = now_ms > math.max(tonumber(exp), math.ceil((tonumber(tok) + tonumber(pl)) / 1000))
+    + tonumber(tell) + 1
+  if not dead then
+    local lasted = tonumber(dur) * 1000
+    gone = tonumber(tok) + math.max(0, math.min(tonumber(pl), lasted))
+    gone_told = true
+  end
   owner = nil
 end
 local mine = owner == me
@@ -107,13 +112,20 @@ if h[4] then
   end
 end
 local queued = h[5] or turn
-if new and redis.call('EXISTS', KEYS[3], KEYS[5]) > 0 then
+-- On a new hash, protocol 1's queue and turn count as this layout's (and
+-- are taken over below, field q and t, while they last).
+local p1q = new and redis.call('EXISTS', KEYS[3], KEYS[5]) > 0
+if p1q then
   queued = true
   turn = redis.call('GET', KEYS[5]) or nil
 end
 -- The writes to the hash, made once below: fields to set, fields to
 -- delete, the life they need (its time to live only grows).
 local put, del, life = {}, {}, 0
+if dead then
+  put[1], put[2] = 'g', ''
+end
+local tdead = false -- the turn's client is gone: the turn passes on
 local reply
 local pttl -- refused: the lease's time left, or -1 for another's turn
 if owner and not mine then
@@ -130,6 +142,12 @@ elseif queued then
     elseif not turn or turn ~= me then
       -- The first live waiter, after dropping dead ones from the head (a
       -- turn whose client is gone passes on).
+      if turn then
+        tdead = true
+        if h[4] then
+          del[#del + 1] = 't'
+        end
+      end
       while true do
         local w = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
         if not w then
@@ -158,8 +176,9 @@ elseif queued then
         del[#del + 1] = 'q'
       end
     elseif not h[5] then
-      put[1], put[2] = 'q', '1'
-      life = 2 * tonumber(ARGV[5])
+      put[#put + 1] = 'q'
+      put[#put + 1] = '1'
+      life = math.max(2 * tonumber(ARGV[5]), p1q and redis.call('PTTL', KEYS[3]) or 0)
     end
   end
 end
@@ -191,6 +210,22 @@ if pttl then
     put[#put + 1] = 'u'
     put[#put + 1] = fe .. ' ' .. string.format('%.0f', now_ms + px)
     life = math.max(life, px)
+  end
+  if p1q then
+    -- protocol 1's queue (for as long as its keys last) and its turn, if
+    -- it still stands
+    local qx = redis.call('PTTL', KEYS[3])
+    if qx > 0 then
+      put[#put + 1] = 'q'
+      put[#put + 1] = '1'
+      life = math.max(life, qx)
+    end
+    local tx = turn and not tdead and redis.call('PTTL', KEYS[5]) or 0
+    if tx > 0 then
+      put[#put + 1] = 't'
+      put[#put + 1] = turn .. ' ' .. string.format('%.0f', now_ms + tx)
+      life = math.max(life, tx)
+    end
   end
   local holder, held = '', -1
   if pttl >= 0 and owner then
@@ -292,8 +327,8 @@ if new then
 else
   -- (deleted first: a field set here may have been past its <until>; pv,
   -- which has none, keeps the hash)
-  if #del > 0 then
-    redis.call('HDEL', KEYS[1], unpack(del))
+  for i = 1, #del, 1000 do -- (unpack takes some thousands of values at most)
+    redis.call('HDEL', KEYS[1], unpack(del, i, math.min(i + 999, #del)))
   end
   redis.call('HSET', KEYS[1], unpack(put))
   redis.call('PEXPIRE', KEYS[1], life, 'GT')

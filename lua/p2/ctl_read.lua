@@ -1,9 +1,9 @@
 -- Protocol 2's read of one lock for dlockctl (show, list, watch;
 -- lua/p2/LAYOUT.txt): KEYS and reply as lua/ctl_read.lua's (its head says
 -- them), in one step with the server's clock. A hash of another protocol
--- is refused, not misread. A grant in g is shown while its key lives, past
--- its exp too (dlockctl says it expired, as for protocol 1); the turn only
--- until its time. The lease's pttl is the hash's, which may outlive the
+-- is refused, not misread. A grant in g is shown past its exp for as long
+-- as protocol 1's lease key would live (dlockctl says it expired); the
+-- turn only until its time, or protocol 1's turn on a name without a hash. The lease's pttl is the hash's, which may outlive the
 -- grant (it holds the clients' records).
 local h = redis.call('HMGET', KEYS[1], 'pv', 'g', 'o', 'n', 't')
 if h[1] ~= '2' and (h[1] or redis.call('EXISTS', KEYS[1]) == 1) then
@@ -12,7 +12,12 @@ if h[1] ~= '2' and (h[1] or redis.call('EXISTS', KEYS[1]) == 1) then
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local tok, exp, dur = string.match(h[2] or '', '^(%d+) %d+ %d+ (%d+) (%d+) %d+ %d+$')
+local tok, pl, exp, dur, tell = string.match(h[2] or '',
+  '^(%d+) %d+ (%d+) (%d+) (%d+) %d+ (%d+)$')
+if tok and now > math.max(tonumber(exp), math.ceil((tonumber(tok) + tonumber(pl)) / 1000))
+    + tonumber(tell) + 1 then
+  tok = nil -- (past where protocol 1's lease key is gone: lua/p2/acquire.lua)
+end
 local owner, name, since
 if tok then
   owner, name = h[3], h[4]
@@ -21,6 +26,9 @@ end
 local turn = string.match(h[5] or '', '^(%x+) (%d+)$')
 if turn and tonumber(string.match(h[5], ' (%d+)$')) < now then
   turn = nil
+end
+if not h[1] then
+  turn = redis.call('GET', KEYS[4]) or nil -- protocol 1's, which an acquire honours
 end
 local out = {now, owner or false, tok or false, name or false, since or false, exp or false,
   tok and redis.call('PTTL', KEYS[1]) or -2, turn or false}

@@ -26,9 +26,11 @@ if res >= now then return -(math.floor((res - now) / 1000) + 1) end
 if res > tonumber(ARGV[3]) then ARGV[5] = string.format('%.0f', res) end
 -- the holder's record keeps a longer lifetime than ARGV[9]
 local rk = 'c:' .. ARGV[1]
-local ru = tonumber(string.match(redis.call('HGET', KEYS[1], rk) or '', ' (%d+)$') or '')
-if ru and ru - now_ms > tonumber(ARGV[9]) then
-  ARGV[9] = string.format('%.0f', ru - now_ms)
+local rv = redis.call('HGET', KEYS[1], rk)
+local left = rv and (tonumber(string.match(rv, ' (%d+)$') or '') or 0) - now_ms
+  or redis.call('PTTL', KEYS[6]) -- (protocol 1's record, while the hash has none)
+if left > tonumber(ARGV[9]) then
+  ARGV[9] = string.format('%.0f', left)
 end
 local function release_as_holder()
 --@release.lua

@@ -39,8 +39,8 @@ local function flush()
   end
   -- (deleted first: a field set here may have been past its <until>; pv,
   -- which has none, keeps the hash)
-  if #del > 0 then
-    redis.call('HDEL', KEYS[1], unpack(del))
+  for i = 1, #del, 1000 do -- (unpack takes some thousands of values at most)
+    redis.call('HDEL', KEYS[1], unpack(del, i, math.min(i + 999, #del)))
   end
   if #put > 0 then
     redis.call('HSET', KEYS[1], 'pv', '2', unpack(put))
@@ -98,6 +98,23 @@ local live = owner and now_ms <= tonumber(exp)
 local turn = h[4] and string.match(h[4], '^(%x+) (%d+)$')
 if turn and tonumber(string.match(h[4], ' (%d+)$')) < now_ms then
   turn = nil
+end
+if new then
+  -- On a new hash, protocol 1's queue and turn count as this layout's,
+  -- taken over (fields q and t) while they last.
+  local qx = redis.call('PTTL', KEYS[3])
+  if qx > 0 then
+    set('q', '1', qx)
+    h[3] = '1'
+  end
+  local tx = redis.call('PTTL', KEYS[5])
+  turn = tx > 0 and redis.call('GET', KEYS[5]) or nil
+  if turn then
+    h[4] = turn .. ' ' .. string.format('%.0f', now_ms + tx)
+    if turn ~= me then
+      set('t', h[4], tx)
+    end
+  end
 end
 if live and owner == me and tonumber(nonce) < n then
   -- Nobody used it: it passes on how the grant before it ended (its u).

@@ -39,7 +39,7 @@ local ra, rt, rr, ru
 if h[5] then
   ra, rt, rr, ru = string.match(h[5], '^(%d+) (%d+) (%d+) (%d+)$')
   if ru and tonumber(ru) < now_ms then
-    ra = nil
+    ra, rt, rr = nil, nil, nil
   end
 else
   ra, rt, rr = string.match(redis.call('MGET', KEYS[6])[1] or '', '^(%d+) (%d+) (%d+)$')
@@ -235,8 +235,8 @@ if not h[5] and redis.call('HLEN', KEYS[1]) > 16 then
 end
 -- (deleted first: a field set here may have been past its <until>; pv,
 -- which has none, keeps the hash)
-if #del > 0 then
-  redis.call('HDEL', KEYS[1], unpack(del))
+for i = 1, #del, 1000 do -- (unpack takes some thousands of values at most)
+  redis.call('HDEL', KEYS[1], unpack(del, i, math.min(i + 999, #del)))
 end
 redis.call('HSET', KEYS[1], unpack(put))
 redis.call('PEXPIRE', KEYS[1], life, 'GT')

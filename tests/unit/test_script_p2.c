@@ -1138,6 +1138,89 @@ static void test_ctl_read(void **state)
     freeReplyObject(cmd("DEL %s", k.k[0]));
 }
 
+/* A turn whose client died is dropped by the acquire that passes it over,
+ * even when that acquire is refused (the live head comes first): the dead
+ * client, back before the turn's time, does not jump the queue (as
+ * protocol 1 deletes its turn key). */
+static void test_dead_turn_dropped_on_refusal(void **state)
+{
+    (void)state;
+    long long th, tb;
+    assert_int_equal(acquire("dt", A, 1, &th), 1);
+    assert_int_equal(acquire("dt", B, 1, NULL), 0);
+    assert_int_equal(acquire_o("dt", C, 1, (opt){.ttl = "300"}, NULL, NULL), 0);
+    assert_int_equal(acquire("dt", D, 1, NULL), 0);
+    assert_int_equal(release("dt", A, "token", th), 2); /* a direct grant to B */
+    assert_string_equal(grant_of("dt").owner, B);
+    tb = grant_of("dt").token;
+    (void)tb;
+    assert_int_equal(leave("dt", B, 2), 1); /* B gives it up: the turn is C's */
+    fx_sleep_ms(600); /* C's liveness (300 ms) passes; the turn (2 s) stands */
+    long long pttl;
+    assert_int_equal(acquire("dt", X, 1, &pttl), 0); /* D, alive, comes first */
+    assert_int_equal(pttl, -1);
+    assert_int_equal(acquire("dt", C, 2, &pttl), 0); /* C is back: after D */
+    assert_int_equal(pttl, -1);
+}
+
+/* A name whose protocol 1 data holds a queue and a turn: a hash made by a
+ * refused single try (or a leave) takes them over, so a later acquire is
+ * refused while the turn stands, as protocol 1's acquire would be. */
+static void test_p1_queue_and_turn_taken_over(void **state)
+{
+    (void)state;
+    for (int by_leave = 0; by_leave < 2; by_leave++) {
+        const char *name = by_leave ? "qt2" : "qt1";
+        keys k = keys_of(name, X);
+        char live[96];
+        long long now = server_us() / 1000, pttl;
+        snprintf(live, sizeof live, "%lld 3 16 2000 w", now + 5000);
+        freeReplyObject(cmd("ZADD %s %lld %s", k.k[2], now * 1000, D));
+        freeReplyObject(cmd("HSET %s %s %s", k.k[3], D, live));
+        freeReplyObject(cmd("PEXPIRE %s 10000", k.k[2]));
+        freeReplyObject(cmd("PEXPIRE %s 10000", k.k[3]));
+        set_value(k.k[4], D, 5000); /* protocol 1's turn: D's */
+        allow(name, 10000);
+        if (by_leave)
+            assert_int_equal(leave(name, X, 1), 0);
+        else
+            assert_int_equal(acquire_o(name, X, 1, (opt){.queue = "0"}, &pttl, NULL), 0);
+        assert_int_equal(cmd_int("HEXISTS ts:{%s} q", name), 1);
+        assert_int_equal(acquire_o(name, Y, 1, (opt){.queue = "0"}, &pttl, NULL), 0);
+        assert_int_equal(pttl, -1);
+        assert_int_equal(acquire(name, D, 3, NULL), 1); /* the turn's client */
+    }
+}
+
+/* Thousands of records past their time are pruned in one call, without
+ * the error Redis's Lua gives for unpacking too many values. */
+static void test_prune_many(void **state)
+{
+    (void)state;
+    long long th;
+    assert_int_equal(acquire("pm", A, 1, &th), 1);
+    freeReplyObject(cmd("EVAL %s 1 ts:{pm}",
+                        "for i = 1, 9000 do redis.call('HSET', KEYS[1], 'c:' .. "
+                        "string.format('%032x', i), '1 0 0 1') end return 1"));
+    assert_int_equal(release("pm", A, "token", th), 1); /* a new record: prunes */
+    assert_int_equal(cmd_int("HLEN ts:{pm}"), 5); /* pv, g, o, n and A's record */
+}
+
+/* A record past its time is no record: a release by attempt that writes a
+ * new one keeps none of the old one's fields, so a late release of the
+ * old grant's token finds nothing (0, as protocol 1 answers). */
+static void test_expired_record_forgotten(void **state)
+{
+    (void)state;
+    long long t1, t5;
+    assert_int_equal(acquire("er", A, 1, &t1), 1);
+    assert_int_equal(release_o("er", A, "token", t1, (opt){.keep = "100"}), 1);
+    fx_sleep_ms(300);
+    assert_int_equal(acquire("er", A, 5, &t5), 1);
+    assert_int_equal(release("er", A, "nonce", 3), 3);
+    assert_int_equal(release("er", A, "token", t1), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1163,6 +1246,10 @@ int main(void)
         cmocka_unit_test(test_p1_record_and_fence_read),
         cmocka_unit_test(test_p1_fence_end_after_refusal),
         cmocka_unit_test(test_ctl_read),
+        cmocka_unit_test(test_dead_turn_dropped_on_refusal),
+        cmocka_unit_test(test_p1_queue_and_turn_taken_over),
+        cmocka_unit_test(test_prune_many),
+        cmocka_unit_test(test_expired_record_forgotten),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
