@@ -1367,6 +1367,13 @@ function W:fault_clock(forward_us, back_us)
       return
     end
     self.faults.clock_back = (self.faults.clock_back or 0) + 1
+    -- The word of an unclean end lives a lease time of server time (a
+    -- fence key, field u); one whose time the clock has passed may be gone
+    -- (Redis expires keys as it reads the clock): a step back does not
+    -- make it due again.
+    for n, p in pairs(self.pending_end) do
+      if floor(srv / 1000) > p.srv_ms + self.cfg.lease_ms then self.pending_end[n] = nil end
+    end
     self.backs = self.backs + 1
     self.stepped_back = true
     self.step_back_total = self.step_back_total - d
