@@ -315,6 +315,9 @@ redis.call('HSET', KEYS[1], 'owner', me, 'token', tok, 'nonce', ARGV[3], 'pl', A
 if ended > 0 then
   -- (a key that held a u before is the caller's own, or expired: ended > 0)
   redis.call('HSET', KEYS[1], 'u', tostring(ended))
+elseif mine and lease[7] then
+  -- the caller's own grant told a word its successor must not repeat
+  redis.call('HDEL', KEYS[1], 'u')
 end
 -- The mark: this token, the clock now, the largest pass limit. (A grant
 -- behind the mark's clock need not keep that clock: its token is above

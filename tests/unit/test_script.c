@@ -861,6 +861,10 @@ static void test_unclean_ends(void **state)
     /* Y released it, but the release never arrived: its next acquire says
      * so (the last token, and 0: released by its holder) */
     assert_int_equal(acquire_end_after(n, Y, 8, "10000", ty7, "0"), 0);
+    /* and keeps no word of the grant before (the same attempt again is
+     * told 0 too) */
+    assert_int_equal(lease_field(n, "u"), -1);
+    assert_int_equal(acquire_end_after(n, Y, 8, "10000", ty7, "0"), 0);
     long long ty8 = lease_field(n, "token");
     assert_true(ty8 > ty7);
     /* this time Y's thread exits and the library's release never arrives */
