@@ -77,14 +77,18 @@ enum {
 #define DLOCK_VERSION_NUMBER                                                   \
     (DLOCK_VERSION_MAJOR * 10000 + DLOCK_VERSION_MINOR * 100 + DLOCK_VERSION_PATCH)
 
-/* The protocol this release speaks with Redis: the layout of its keys and
- * messages and what its scripts expect (docs/design.md, "Protocol
- * versions"). Clients of releases that speak the same protocol share one
- * Redis and one key prefix, whatever their versions. Data of another
- * protocol (a later release marks it in the lease hash) is refused with
+/* The protocol this release writes by default with Redis (the layout of
+ * its keys and messages and what its scripts expect: docs/design.md,
+ * "Protocol versions"), and the protocols it reads and writes: 1 and 2,
+ * chosen per client by dlock_config.protocol. Clients of releases that
+ * speak a common protocol share one Redis and one key prefix, whatever
+ * their versions. Data of a protocol a client does not speak (a later
+ * release marks it in the name's lease hash) is refused with
  * DLOCK_ESERVER, naming both protocols, and left as it was: never misread
  * (docs/operations.md, "Upgrades"). */
 #define DLOCK_PROTOCOL_VERSION 1
+#define DLOCK_PROTOCOL_LOWEST 1
+#define DLOCK_PROTOCOL_HIGHEST 2
 
 /* Limits, checked by every call that takes such an argument. */
 #define DLOCK_NAME_MAX 512            /* bytes in a lock name, without the NUL */
@@ -187,6 +191,20 @@ typedef struct dlock_config {
                                       the grant's time (dlockctl shows both). At most
                                       DLOCK_CLIENT_NAME_MAX bytes, printable ASCII
                                       without spaces; default NULL: "<host>:<pid>" */
+    uint32_t protocol;             /* the protocol this client writes to a name whose
+                                      data is of no protocol or of this one: 1 or 2
+                                      (DLOCK_PROTOCOL_LOWEST..DLOCK_PROTOCOL_HIGHEST;
+                                      2 needs Redis 7.0: with an older server,
+                                      calls that ask Redis fail with
+                                      DLOCK_ESERVER saying so). An acquire that finds the
+                                      name's data in the other protocol (an older or
+                                      newer client holds it, or its data lives on)
+                                      is sent again in that one, once, and the grant
+                                      lives in it. Moving a fleet from 1 to 2 takes two
+                                      steps (docs/operations.md, "Upgrades"): first
+                                      every host runs this release with 1, then the
+                                      setting goes to 2. Default
+                                      DLOCK_PROTOCOL_VERSION */
 } dlock_config;
 
 /* Fills *cfg with the defaults above. Always call it before setting fields,
@@ -273,12 +291,15 @@ DLOCK_API void dlock_client_close(dlock_client *c);
  * of the acquire is unknown, the renewal
  * thread releases that grant in the background, or it expires after
  * lease_ms; threads of this client that waited behind the failed call fail
- * with it), DLOCK_ESERVER (the server is older than Redis 5,
- * or may evict keys: maxmemory set with a policy other than noeviction; or
- * it refused the credentials or an ACL user's permission: WRONGPASS,
- * NOPERM; or the name holds data of another protocol than
- * DLOCK_PROTOCOL_VERSION, which is left as it was; dlock_last_error() says
- * which; no retry cures it; the renewal
+ * with it), DLOCK_ESERVER (the server is older than Redis 5, or than
+ * Redis 7.0 with protocol 2, or may evict keys: maxmemory set with a policy
+ * other than noeviction; or it refused the credentials or an ACL user's
+ * permission: WRONGPASS, NOPERM; or the name holds data of a protocol this
+ * release does not speak (DLOCK_PROTOCOL_LOWEST..DLOCK_PROTOCOL_HIGHEST),
+ * which is left as it was; dlock_last_error() says which; no retry cures
+ * it, but for one case: the name's data moved from one protocol to the
+ * other and back between the three sends of one try, seldom, and a retry
+ * finds it where it is); the renewal
  * thread checks the server's version and eviction policy again every
  * lease_ms/3, at least 1 s and at most 30 s apart (in Cluster mode, the
  * masters it renews leases on), and while that check finds the server
@@ -529,6 +550,9 @@ typedef struct dlock_stats {
     uint64_t unclean;            /* holds (grants and local handoffs) that followed an
                                     unclean end of the hold before (dlock_unclean) */
     uint64_t abandoned;          /* locks a thread held when it exited, released for it */
+    uint64_t protocol_resends;   /* acquire attempts sent again in the other protocol,
+                                    the name's data being in it (dlock_config.protocol):
+                                    while a fleet moves from one protocol to the other */
 } dlock_stats;
 
 /* The client's id: 32 hex digits (128 random bits, new at every open), the

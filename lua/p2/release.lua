@@ -12,6 +12,11 @@
 -- Protocol: as lua/p2/acquire.lua's. Protocol 1's record of the caller
 -- (KEYS[6]) is read when the hash has none.
 --
+-- Messages: as lua/release.lua's, but a direct grant's are "G <attempt>
+-- <token> <name>" and "U <end> <attempt> <token> <name>": the waiter may
+-- have queued through protocol 1 (the queue is both protocols'), and takes
+-- the grant in the protocol of the release that made it.
+--
 -- Cost: a release with nobody queued, by a client the hash has a record
 -- of, runs 4 commands (HMGET, TIME, HSET, PEXPIRE), and a MGET of the mark
 -- more when its holder handed out tokens locally (a SET of it when they are
@@ -215,9 +220,9 @@ else
     life = math.max(life, tonumber(ttl) + half,
       math.ceil((tonumber(wtok) + tonumber(wpl)) / 1000) - now_ms + half + 1)
     if ended > 0 then
-      msg = 'u ' .. ended .. ' ' .. att .. ' ' .. wtok .. ' ' .. ARGV[7]
+      msg = 'U ' .. ended .. ' ' .. att .. ' ' .. wtok .. ' ' .. ARGV[7]
     else
-      msg = 'g ' .. att .. ' ' .. wtok .. ' ' .. ARGV[7]
+      msg = 'G ' .. att .. ' ' .. wtok .. ' ' .. ARGV[7]
     end
   end
 end

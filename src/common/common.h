@@ -217,6 +217,7 @@ typedef struct dlock_counters {
     uint64_t forced_releases;   /* operators' releases of held leases (dlockctl) */
     uint64_t unclean;           /* grants and handoffs that followed an unclean end */
     uint64_t abandoned;         /* locks released for a holder thread that exited */
+    uint64_t protocol_resends;  /* acquire attempts sent again in the other protocol */
 } dlock_counters;
 
 static inline void dlock_count(uint64_t *counter, uint64_t n)

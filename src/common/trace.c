@@ -158,11 +158,12 @@ void dlock_trace_event(dlock_trace *t, const char *kind, const char *s, const ch
 }
 
 void dlock_trace_argv(dlock_trace *t, const char *kind, const char *name, const char *extra,
-                      int n, const char *const *argv)
+                      int n, const char *const *argv, const char *tail)
 {
     if (!t)
         return;
-    size_t cap = 64 + 4 * strlen(name) + 2 + (extra ? strlen(extra) + 1 : 0) + 2;
+    size_t cap = 64 + 4 * strlen(name) + 2 + (extra ? strlen(extra) + 1 : 0) +
+                 (tail ? strlen(tail) + 1 : 0) + 2;
     for (int i = 0; i < n; i++)
         cap += 4 * (argv[i] ? strlen(argv[i]) : 0) + 5;
     char small[TRACE_LINE], *line = cap <= sizeof small ? small : malloc(cap);
@@ -181,6 +182,11 @@ void dlock_trace_argv(dlock_trace *t, const char *kind, const char *name, const 
     for (int i = 0; i < n && at + 2 < cap; i++) {
         line[at++] = ' ';
         esc(line, cap, &at, argv[i] ? argv[i] : "");
+    }
+    if (tail) {
+        int m = snprintf(line + at, cap - at, " %s", tail);
+        if (m > 0)
+            at += (size_t)m < cap - at ? (size_t)m : cap - at - 1;
     }
     put(t, line, cap, at);
     if (line != small)

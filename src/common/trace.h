@@ -45,9 +45,10 @@ void dlock_trace_close(dlock_trace *t);
 void dlock_trace_event(dlock_trace *t, const char *kind, const char *s, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 /* One line: kind, the escaped name, the fields `extra` (as they are), then
- * each of argv[0..n) escaped. */
+ * each of argv[0..n) escaped, then the fields `tail` (as they are; NULL:
+ * none). */
 void dlock_trace_argv(dlock_trace *t, const char *kind, const char *name, const char *extra,
-                      int n, const char *const *argv);
+                      int n, const char *const *argv, const char *tail);
 
 #else
 
@@ -66,8 +67,10 @@ dlock_trace_event(dlock_trace *t, const char *kind, const char *s, const char *f
     (void)fmt;
 }
 static inline void dlock_trace_argv(dlock_trace *t, const char *kind, const char *name,
-                                    const char *extra, int n, const char *const *argv)
+                                    const char *extra, int n, const char *const *argv,
+                                    const char *tail)
 {
+    (void)tail;
     (void)t;
     (void)kind;
     (void)name;

@@ -273,6 +273,18 @@ int dlock_conn_is_other_protocol(const redisReply *r)
     return r && r->type == REDIS_REPLY_ERROR && strncmp(r->str, "DLOCKPROTOCOL", 13) == 0;
 }
 
+int dlock_conn_refusal_protocol(const redisReply *r)
+{
+    static const char lead[] = "DLOCKPROTOCOL the data of this name is dlock protocol ";
+    if (!dlock_conn_is_other_protocol(r) || strncmp(r->str, lead, sizeof lead - 1) != 0)
+        return 0;
+    const char *p = r->str + sizeof lead - 1;
+    int v = 0;
+    for (; *p >= '0' && *p <= '9' && v < 1000000; p++)
+        v = v * 10 + (*p - '0');
+    return *p == ';' ? v : 0;
+}
+
 int dlock_conn_check_master(redisContext *c, const redisReply *r)
 {
     if (!dlock_conn_is_not_master(r))
@@ -311,7 +323,7 @@ static void info_field(const char *info, const char *field, char *out, size_t n)
     }
 }
 
-int dlock_conn_check_info(const char *info)
+int dlock_conn_check_info(const char *info, int protocol)
 {
     char version[64], maxmemory[32], policy[64];
     info_field(info, "redis_version", version, sizeof version);
@@ -323,6 +335,10 @@ int dlock_conn_check_info(const char *info)
     if (atoi(version) < 5)
         return dlock_err_set(DLOCK_ESERVER, "redis %s is too old: dlock needs Redis 5 or later "
                                             "(its scripts read TIME before writing)", version);
+    if (protocol == 2 && atoi(version) < 7)
+        return dlock_err_set(DLOCK_ESERVER, "redis %s is too old for protocol 2 "
+                             "(dlock_config.protocol): it needs Redis 7.0 or later (PEXPIRE "
+                             "... GT); write protocol 1, or upgrade Redis", version);
     if (maxmemory[0] && strtoull(maxmemory, NULL, 10) != 0 && strcmp(policy, "noeviction") != 0)
         return dlock_err_set(DLOCK_ESERVER, "redis maxmemory-policy is %s with maxmemory %s: it "
                              "may evict a live lease and grant it again; dlock needs noeviction "
@@ -391,7 +407,7 @@ static int setup_reply(int kind, const char *what, const redisReply *r, const dl
         return DLOCK_OK;
     case ST_INFO:
         if (r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS)
-            return dlock_conn_check_info(r->str);
+            return dlock_conn_check_info(r->str, cfg->protocol);
         return dlock_err_set(DLOCK_EREDIS, "redis INFO: unexpected reply");
     default:
         return DLOCK_OK;

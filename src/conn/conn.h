@@ -59,6 +59,7 @@ struct dlock_conn_cfg {
     dlock_cluster *cluster; /* Cluster mode: a connection to any node, in turn
                                (each node's own settings have their address) */
     uint32_t min_replicas; /* > 0: a new connection checks that WAIT is allowed */
+    int protocol;          /* the client's setting: 2 needs Redis 7.0 (its check) */
     uint32_t connect_timeout_ms;
     uint32_t command_timeout_ms;
     const dlock_conn_route *route; /* NULL: host/port or unix_path is the server */
@@ -100,6 +101,11 @@ int dlock_conn_reply_code(const redisReply *reply);
  * try again is refused again while that data lives. */
 int dlock_conn_is_other_protocol(const redisReply *reply);
 
+/* The protocol such a refusal names as the data's ("DLOCKPROTOCOL the data
+ * of this name is dlock protocol P; ..."), or 0 if reply is none or names
+ * none. */
+int dlock_conn_refusal_protocol(const redisReply *reply);
+
 /* If reply is such an error, marks c failed (err set, the error as its
  * message) so that whoever holds it drops it and reconnects. Returns 1 if
  * it did. */
@@ -131,10 +137,11 @@ int dlock_conn_open(const dlock_conn_cfg *cfg, dlock_counters *ctr, redisContext
 
 
 /* Checks INFO's text: Redis >= 5 (scripts call TIME before writing, which
- * needs script effects replication) and no eviction policy that could evict
- * a live lease (maxmemory 0, or maxmemory-policy noeviction). DLOCK_OK or
- * DLOCK_ESERVER with the message set. */
-int dlock_conn_check_info(const char *info);
+ * needs script effects replication), >= 7.0 for a client that writes
+ * protocol 2 (`protocol`: its scripts use PEXPIRE ... GT), and no eviction
+ * policy that could evict a live lease (maxmemory 0, or maxmemory-policy
+ * noeviction). DLOCK_OK or DLOCK_ESERVER with the message set. */
+int dlock_conn_check_info(const char *info, int protocol);
 
 /* The monotonic deadline that is timeout_ms from now. */
 int64_t dlock_conn_deadline(uint32_t timeout_ms);

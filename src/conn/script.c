@@ -20,6 +20,12 @@ extern const char dlock_lua_renew[];
 extern const char dlock_lua_leave[];
 extern const char dlock_lua_ctl_read[];
 extern const char dlock_lua_force[];
+extern const char dlock_lua_p2_acquire[];
+extern const char dlock_lua_p2_release[];
+extern const char dlock_lua_p2_renew[];
+extern const char dlock_lua_p2_leave[];
+extern const char dlock_lua_p2_ctl_read[];
+extern const char dlock_lua_p2_force[];
 
 static const char *const key_suffixes[DLOCK_KEYS] = DLOCK_KEY_SUFFIXES;
 
@@ -28,14 +34,14 @@ const char *dlock_script_key_suffix(int k)
     return k >= 0 && k < DLOCK_KEYS ? key_suffixes[k] : "";
 }
 
-const char *dlock_script_ctl_read(void)
+const char *dlock_script_ctl_read(int protocol)
 {
-    return dlock_lua_ctl_read;
+    return protocol == 2 ? dlock_lua_p2_ctl_read : dlock_lua_ctl_read;
 }
 
-const char *dlock_script_force(void)
+const char *dlock_script_force(int protocol)
 {
-    return dlock_lua_force;
+    return protocol == 2 ? dlock_lua_p2_force : dlock_lua_force;
 }
 
 static const char *const bodies[DLOCK_SCRIPT_COUNT] = {
@@ -43,6 +49,10 @@ static const char *const bodies[DLOCK_SCRIPT_COUNT] = {
     [DLOCK_SCRIPT_RELEASE] = dlock_lua_release,
     [DLOCK_SCRIPT_RENEW] = dlock_lua_renew,
     [DLOCK_SCRIPT_LEAVE] = dlock_lua_leave,
+    [DLOCK_SCRIPT_PER_PROTOCOL + DLOCK_SCRIPT_ACQUIRE] = dlock_lua_p2_acquire,
+    [DLOCK_SCRIPT_PER_PROTOCOL + DLOCK_SCRIPT_RELEASE] = dlock_lua_p2_release,
+    [DLOCK_SCRIPT_PER_PROTOCOL + DLOCK_SCRIPT_RENEW] = dlock_lua_p2_renew,
+    [DLOCK_SCRIPT_PER_PROTOCOL + DLOCK_SCRIPT_LEAVE] = dlock_lua_p2_leave,
 };
 
 void dlock_script_release_argv(const dlock_script_args *a, char *const *keys, const char *name,

@@ -1,6 +1,6 @@
 /*
- * The Lua scripts of lua/, compiled in, and their SHA1 digests as reported by
- * SCRIPT LOAD. The digests are process-wide: the same text always has the
+ * The Lua scripts of lua/ (protocol 1) and lua/p2/ (protocol 2), compiled
+ * in, and their SHA1 digests as reported by SCRIPT LOAD. The digests are process-wide: the same text always has the
  * same digest, so they are learned once from any server and kept.
  */
 #ifndef DLOCK_SCRIPT_H
@@ -11,13 +11,36 @@
  * lua/keys.lua. */
 #include "keys_gen.h"
 
+#include "dlock.h"
+
+/* The protocols this build speaks (docs/design.md, "Protocol versions"):
+ * both take the same keys and arguments and give the same replies. A build
+ * with -DDLOCK_PROTOCOL_ONLY=2 speaks protocol 2 only, as the release after
+ * the roll will (scripts/upgrade-test runs it as the roll's second step). */
+#ifdef DLOCK_PROTOCOL_ONLY
+enum { DLOCK_PROTOCOL_MIN = DLOCK_PROTOCOL_ONLY, DLOCK_PROTOCOL_MAX = DLOCK_PROTOCOL_ONLY };
+#define DLOCK_PROTOCOL_DEFAULT DLOCK_PROTOCOL_ONLY
+#else
+enum { DLOCK_PROTOCOL_MIN = DLOCK_PROTOCOL_LOWEST, DLOCK_PROTOCOL_MAX = DLOCK_PROTOCOL_HIGHEST };
+#define DLOCK_PROTOCOL_DEFAULT DLOCK_PROTOCOL_VERSION
+#endif
+
+/* The library's scripts: protocol 1's, then the same four of protocol 2
+ * (dlock_script_in). */
 typedef enum dlock_script_id {
     DLOCK_SCRIPT_ACQUIRE,
     DLOCK_SCRIPT_RELEASE,
     DLOCK_SCRIPT_RENEW,
     DLOCK_SCRIPT_LEAVE,
-    DLOCK_SCRIPT_COUNT
+    DLOCK_SCRIPT_PER_PROTOCOL,
+    DLOCK_SCRIPT_COUNT = DLOCK_SCRIPT_PER_PROTOCOL * 2
 } dlock_script_id;
+
+/* Script `id` (one of the first four) of protocol `protocol` (2, else 1). */
+static inline dlock_script_id dlock_script_in(dlock_script_id id, int protocol)
+{
+    return (dlock_script_id)(id + (protocol == 2 ? DLOCK_SCRIPT_PER_PROTOCOL : 0));
+}
 
 /* What every script call of one client passes besides a lock's own keys,
  * as decimal strings. */
@@ -61,11 +84,12 @@ const char *dlock_script_body(dlock_script_id id);
  * is followed by the client's id). */
 const char *dlock_script_key_suffix(int k);
 
-/* dlockctl's scripts, which clients never load: its read of one lock
- * (lua/ctl_read.lua), and the wrapper of its forced release (lua/force.lua),
- * whose line "--@release.lua" stands for the release script's text. */
-const char *dlock_script_ctl_read(void);
-const char *dlock_script_force(void);
+/* dlockctl's scripts of protocol `protocol` (1 or 2), which clients never
+ * load: its read of one lock (lua/ctl_read.lua, lua/p2/ctl_read.lua), and
+ * the wrapper of its forced release (force.lua), whose line
+ * "--@release.lua" stands for that protocol's release script's text. */
+const char *dlock_script_ctl_read(int protocol);
+const char *dlock_script_force(int protocol);
 
 /* Its 40-digit SHA1, or NULL while no SCRIPT LOAD has answered yet. */
 const char *dlock_script_sha(dlock_script_id id);

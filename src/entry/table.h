@@ -52,6 +52,9 @@ typedef struct dlock_entry {
     dlock_lease_state state;
     int poller;                  /* a thread is the designated poller (client.h, I2) */
     uint64_t grant_token;        /* token Redis gave the current grant */
+    int grant_protocol;          /* the protocol it was granted in (1 or 2): its
+                                    renewals and its release use that protocol's
+                                    scripts */
     uint64_t token;              /* the holder's token: grant_token + local passes */
     int handoff;                 /* the holder passed the lease on: a waiter takes it */
     uint64_t epoch;              /* grants of this entry so far; renewals carry it */
@@ -82,6 +85,9 @@ typedef struct dlock_entry {
      * under, and its validity counts from that send. */
     uint64_t try_nonce;
     int64_t try_sent_boot;
+    int queue_protocol;          /* with queued: the protocol of the try that queued the
+                                    client, where its leave goes (sent again in the
+                                    other if refused as its data: rpc.c) */
     /* A direct grant message for this name (release.lua) that the poller has
      * not looked at yet: its attempt number and token. */
     int msg_grant;
@@ -93,6 +99,7 @@ typedef struct dlock_entry {
     int ending;                  /* the owner's hold ends as DLOCK_UNCLEAN_ABANDONED: its
                                     thread exited (set by the exit hook for its release) */
     int msg_unclean;             /* the direct grant message's end (a "u" message) */
+    int msg_protocol;            /* the protocol of the release that sent it: the grant's */
     /* What the poller's last refused try said of the holder, for the
      * messages of a timeout or a busy try (acquire.lua): its client name
      * ("" unknown), since when (server ms before the try) it holds the

@@ -39,6 +39,7 @@ int dlock_renew_add(dlock_renew *r, dlock_entry *e)
         return DLOCK_ENOMEM;
     it->e = e;
     it->epoch = e->epoch;
+    it->protocol = e->grant_protocol;
     snprintf(it->token, sizeof it->token, "%" PRIu64, e->grant_token);
     dlock_table_ref(e);
     pthread_mutex_lock(&r->mu);

@@ -87,19 +87,23 @@ void dlock_renew_kick(dlock_renew *r);
  * valid for the waiter ttl until renewed). No lock needed. */
 void dlock_renew_by(dlock_renew *r, int64_t when_ns);
 
-/* Hands over an acquire attempt of e whose outcome is unknown: the manager
- * thread releases the grant of attempt `nonce`, if Redis made one, as soon
+/* Hands over an acquire attempt of e whose outcome is unknown, last sent in
+ * protocol `protocol`: the manager thread releases the grant of attempt
+ * `nonce` with that protocol's script, if Redis made one, as soon
  * as it can, retrying while Redis may still see that attempt (keep_ms) and
  * until Redis reports it released or superseded. Returns at once; no lock
  * needed. */
-void dlock_renew_give_back(dlock_renew *r, const dlock_entry *e, const char *nonce);
+void dlock_renew_give_back(dlock_renew *r, const dlock_entry *e, const char *nonce,
+                           int protocol);
 
-/* Hands over the leave of e's wait queue, numbered `number` from the
- * client's attempt sequence, when the caller cannot make it (Redis failing):
+/* Hands over the leave of e's wait queue (in protocol `protocol`, that of
+ * the client's last attempt of e), numbered `number` from the client's
+ * attempt sequence, when the caller cannot make it (Redis failing):
  * the manager thread runs it as soon as it can, retrying for two waiter
  * ttls (after that the queue entry is dead). Redis ignores it if a newer
  * attempt of the client for e was seen meanwhile. No lock needed. */
-void dlock_renew_leave(dlock_renew *r, const dlock_entry *e, const char *number);
+void dlock_renew_leave(dlock_renew *r, const dlock_entry *e, const char *number,
+                       int protocol);
 
 /* The drift margin subtracted from a lease's validity, in ns. */
 int64_t dlock_renew_drift_ns(uint32_t lease_ms);

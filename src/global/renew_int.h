@@ -42,6 +42,7 @@ struct dlock_renew_item {
     dlock_renew_item *prev, *next;
     dlock_entry *e;
     uint64_t epoch;
+    int protocol;   /* the grant's (1 or 2): its renewals run that protocol's script */
     char token[24]; /* decimal, as the scripts store it */
 };
 
@@ -55,6 +56,8 @@ typedef struct dlock_renew_job {
     int result;             /* of the last try (dlock_renew_jobs_run) */
     int lane, sent, redo;   /* dlock_renew_jobs_run's bookkeeping for the try: where, */
     int eval, asking;       /* sent or not, to run again (as EVAL, after ASKING) */
+    int protocol;           /* whose script it runs: the attempt's (renew.h); */
+    int switched;           /* or, once, the other's: refused as its data */
     char nonce[24];         /* decimal */
     char *keys[DLOCK_KEYS]; /* copies of the entry's keys, in buf */
     char *name;             /* in buf */

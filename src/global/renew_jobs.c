@@ -25,7 +25,7 @@
 /* Queues a background job for e (see dlock_renew_give_back and
  * dlock_renew_leave), given up after for_ms. */
 static void add_job(dlock_renew *r, const dlock_entry *e, int leave, const char *number,
-                    uint32_t for_ms)
+                    int protocol, uint32_t for_ms)
 {
     size_t len[DLOCK_KEYS], total = e->name_len + 1;
     for (int k = 0; k < DLOCK_KEYS; k++)
@@ -41,6 +41,8 @@ static void add_job(dlock_renew *r, const dlock_entry *e, int leave, const char 
     }
     o->name = memcpy(p, e->name, e->name_len + 1);
     o->leave = leave;
+    o->protocol = protocol;
+    o->switched = 0;
     snprintf(o->nonce, sizeof o->nonce, "%s", number);
     o->until_ns = dlock_now_ns() + (int64_t)for_ms * DLOCK_NS_PER_MS;
     o->next_try_ns = 0; /* at once */
@@ -53,19 +55,21 @@ static void add_job(dlock_renew *r, const dlock_entry *e, int leave, const char 
     pthread_mutex_unlock(&r->mu);
 }
 
-void dlock_renew_give_back(dlock_renew *r, const dlock_entry *e, const char *nonce)
+void dlock_renew_give_back(dlock_renew *r, const dlock_entry *e, const char *nonce,
+                           int protocol)
 {
     /* As long as Redis remembers the client's attempts for this name: a
      * later copy of the attempt is refused by Redis itself. */
-    dlock_trace_event(r->cfg.trace, "giveback", e->name, "%s", nonce);
-    add_job(r, e, 0, nonce, r->cfg.keep_ms);
+    dlock_trace_event(r->cfg.trace, "giveback", e->name, "%s %d", nonce, protocol);
+    add_job(r, e, 0, nonce, protocol, r->cfg.keep_ms);
 }
 
-void dlock_renew_leave(dlock_renew *r, const dlock_entry *e, const char *number)
+void dlock_renew_leave(dlock_renew *r, const dlock_entry *e, const char *number,
+                       int protocol)
 {
     /* After twice the waiter ttl the client's queue entry is dead anyway. */
-    dlock_trace_event(r->cfg.trace, "leavebg", e->name, "%s", number);
-    add_job(r, e, 1, number, 2 * r->cfg.waiter_ttl_ms);
+    dlock_trace_event(r->cfg.trace, "leavebg", e->name, "%s %d", number, protocol);
+    add_job(r, e, 1, number, protocol, 2 * r->cfg.waiter_ttl_ms);
 }
 
 /* Appends o's script call to c (after ASKING after an ASK redirect). 0 or
@@ -78,18 +82,30 @@ static int append_job(dlock_renew *r, redisContext *c, const dlock_renew_job *o,
     const char *argv[DLOCK_SCRIPT_KEYS + DLOCK_RELEASE_ARGS];
     if (o->leave) {
         dlock_script_leave_argv(r->cfg.args, o->keys, o->name, o->nonce, argv);
-        return dlock_conn_append_eval(c, r->cfg.ctr, DLOCK_SCRIPT_LEAVE, use_sha,
+        return dlock_conn_append_eval(c, r->cfg.ctr,
+                                      dlock_script_in(DLOCK_SCRIPT_LEAVE, o->protocol), use_sha,
                                       DLOCK_SCRIPT_KEYS, DLOCK_LEAVE_ARGS, argv, NULL);
     }
     dlock_script_release_argv(r->cfg.args, o->keys, o->name, "nonce", o->nonce, "0", "0", argv);
-    return dlock_conn_append_eval(c, r->cfg.ctr, DLOCK_SCRIPT_RELEASE, use_sha,
+    return dlock_conn_append_eval(c, r->cfg.ctr,
+                                  dlock_script_in(DLOCK_SCRIPT_RELEASE, o->protocol), use_sha,
                                   DLOCK_SCRIPT_KEYS, DLOCK_RELEASE_ARGS, argv, NULL);
 }
 
-/* What a job's reply means: done, or to be tried again later. */
-static int job_result(const dlock_renew_job *o, const redisReply *rep)
+/* What a job's reply means: done, or to be tried again later (in the other
+ * protocol, once, when its script refused the name's data as that one's:
+ * the grant or the queue entry it is about may be there, and the refusal
+ * wrote nothing). */
+static int job_result(dlock_renew_job *o, const redisReply *rep)
 {
     enum { UNKNOWN = -1, NOT_OWNED = 0, DONE = 1 };
+    int other = dlock_conn_refusal_protocol(rep);
+    if (other != o->protocol && other >= DLOCK_PROTOCOL_MIN && other <= DLOCK_PROTOCOL_MAX &&
+        !o->switched) {
+        o->protocol = other;
+        o->switched = 1;
+        return UNKNOWN;
+    }
     if (dlock_conn_is_other_protocol(rep))
         return DONE; /* refused, and refused again while that data lives: a grant
                         of ours under it, if any, expires by itself */
@@ -244,7 +260,9 @@ void dlock_renew_release_all(dlock_renew *r)
         /* "1": the client closes while a thread holds it (acquire.lua, End) */
         dlock_script_release_argv(r->cfg.args, it->e->keys, it->e->name, "token", it->token,
                                   x->last, "1", argv);
-        x->sent = c && dlock_conn_append_eval(c, r->cfg.ctr, DLOCK_SCRIPT_RELEASE, 1,
+        x->sent = c && dlock_conn_append_eval(c, r->cfg.ctr,
+                                              dlock_script_in(DLOCK_SCRIPT_RELEASE,
+                                                              it->protocol), 1,
                                               DLOCK_SCRIPT_KEYS, DLOCK_RELEASE_ARGS, argv,
                                               NULL) == 0;
         if (x->sent)
@@ -271,7 +289,8 @@ void dlock_renew_release_all(dlock_renew *r)
         dlock_script_release_argv(r->cfg.args, v[i].it->e->keys, v[i].it->e->name, "token",
                                   v[i].it->token, v[i].last, "1", argv);
         redisReply *rep =
-            dlock_conn_eval(c, r->cfg.ctr, dlock_lanes_deadline(&r->lanes), DLOCK_SCRIPT_RELEASE,
+            dlock_conn_eval(c, r->cfg.ctr, dlock_lanes_deadline(&r->lanes),
+                            dlock_script_in(DLOCK_SCRIPT_RELEASE, v[i].it->protocol),
                             DLOCK_SCRIPT_KEYS, DLOCK_RELEASE_ARGS, argv, NULL);
         if (rep)
             freeReplyObject(rep);

@@ -35,6 +35,7 @@ typedef struct snap {
     int lane;      /* where its renewal goes: -1 nowhere (no node known) */
     unsigned slot; /* Cluster mode: its keys' slot */
     uint64_t epoch;
+    int protocol;  /* the grant's */
     dlock_renew_item *item; /* identity only: compared, never dereferenced */
     char token[24];
     int verdict; /* 1 renewed, 0 gone, -1 no answer */
@@ -57,6 +58,7 @@ static ssize_t snapshot(dlock_renew *r, snap **out)
         dlock_table_ref(it->e); /* the item's reference keeps refs > 0 */
         s[n].e = it->e;
         s[n].epoch = it->epoch;
+        s[n].protocol = it->protocol;
         s[n].item = it;
         memcpy(s[n].token, it->token, sizeof s[n].token);
         s[n].verdict = -1;
@@ -75,7 +77,8 @@ static void end_write(dlock_renew *r)
 }
 
 /* A round's unit of writing: one renew call for s[at .. at + k), all on
- * one lane (and in Cluster mode one slot: a script's keys share a slot). */
+ * one lane, of one protocol (its script renews its grants), and in Cluster
+ * mode of one slot (a script's keys share a slot). */
 typedef struct chunk {
     size_t at, k;
     size_t m;   /* of those, the grants still registered when appended: p[at .. at + m) */
@@ -113,8 +116,8 @@ static int append_chunk(dlock_renew *r, snap *s, snap **p, chunk *ch, redisConte
     argv[m + 1] = r->cfg.args->lease_ms;
     ch->sent_asking = ch->asking;
     if ((ch->asking && dlock_lanes_append_asking(&r->lanes, c) != 0) ||
-        dlock_conn_append_eval(c, r->cfg.ctr, DLOCK_SCRIPT_RENEW, !ch->eval, (int)m, (int)m + 2,
-                               argv, NULL) != 0) {
+        dlock_conn_append_eval(c, r->cfg.ctr, dlock_script_in(DLOCK_SCRIPT_RENEW, s[ch->at].protocol),
+                               !ch->eval, (int)m, (int)m + 2, argv, NULL) != 0) {
         dlock_lanes_oom(c);
         return -1;
     }
@@ -241,23 +244,27 @@ static int replicas_acked(dlock_renew *r, redisContext *c)
     return ok;
 }
 
-/* Snapshot order in Cluster mode: by lane, then slot. */
+/* Snapshot order when chunks need it (Cluster mode, or grants of two
+ * protocols): by lane, then slot, then protocol. */
 static int by_lane_slot(const void *a, const void *b)
 {
     const snap *x = a, *y = b;
     if (x->lane != y->lane)
         return x->lane < y->lane ? -1 : 1;
-    return x->slot < y->slot ? -1 : x->slot > y->slot;
+    if (x->slot != y->slot)
+        return x->slot < y->slot ? -1 : 1;
+    return x->protocol - y->protocol;
 }
 
-/* Cuts s[0..n) into chunks (at most CHUNK grants, one lane, one slot). */
+/* Cuts s[0..n) into chunks (at most CHUNK grants, one lane, one slot, one
+ * protocol). */
 static size_t make_chunks(const snap *s, size_t n, chunk *ch)
 {
     size_t nc = 0;
     for (size_t i = 0; i < n; i++) {
         chunk *last = nc ? &ch[nc - 1] : NULL;
         if (last && last->k < CHUNK && last->lane == s[i].lane &&
-            s[last->at].slot == s[i].slot) {
+            s[last->at].slot == s[i].slot && s[last->at].protocol == s[i].protocol) {
             last->k++;
             continue;
         }
@@ -281,9 +288,12 @@ int64_t dlock_renew_round(dlock_renew *r)
     int ok = p && ch;
     /* Route every grant (Cluster mode: its master, by its slot) and open
      * the lanes, before anything is written. */
-    for (size_t i = 0; i < n; i++)
+    int mixed = 0; /* grants of both protocols: one chunk each at least */
+    for (size_t i = 0; i < n; i++) {
         s[i].lane = dlock_lanes_route(&r->lanes, s[i].e->keys[DLOCK_KEY_LEASE], &s[i].slot);
-    if (r->cfg.conn->cluster)
+        mixed |= s[i].protocol != s[0].protocol;
+    }
+    if (r->cfg.conn->cluster || mixed)
         qsort(s, n, sizeof *s, by_lane_slot);
     size_t nc = ok ? make_chunks(s, n, ch) : 0;
     int64_t sent_ns = dlock_now_ns(), sent_boot = dlock_boot_ns();

@@ -55,7 +55,7 @@ static void check_server(dlock_renew *r)
             dlock_conn_command(c, r->cfg.ctr, r->cfg.conn->command_timeout_ms, 1, argv);
         if (rep && (rep->type == REDIS_REPLY_STRING || rep->type == REDIS_REPLY_STATUS)) {
             asked = 1;
-            rc = dlock_conn_check_info(rep->str);
+            rc = dlock_conn_check_info(rep->str, r->cfg.conn->protocol);
             if (rc != DLOCK_OK)
                 snprintf(why, sizeof why, "%s", dlock_last_error());
         }

@@ -29,12 +29,13 @@ static uint64_t jitter_rand(void)
     return s * 2685821657736338717ULL;
 }
 
-/* Makes the calling thread e's owner for a new grant, valid until
- * valid_until (boot clock). Called with e->mu held. */
-static int take_grant(dlock_client *c, dlock_entry *e, uint64_t token, int unclean,
+/* Makes the calling thread e's owner for a new grant in protocol
+ * `protocol`, valid until valid_until (boot clock). Called with e->mu held. */
+static int take_grant(dlock_client *c, dlock_entry *e, uint64_t token, int protocol, int unclean,
                       int64_t valid_until)
 {
     e->state = DLOCK_LEASE_HELD;
+    e->grant_protocol = protocol;
     e->unclean = unclean;
     e->ending = 0;
     if (unclean)
@@ -163,9 +164,9 @@ static int take_direct_grant(dlock_client *c, dlock_entry *e)
         return DLOCK_EBUSY;
     char nonce[24];
     snprintf(nonce, sizeof nonce, "%" PRIu64, e->msg_nonce);
-    int rc = take_grant(c, e, e->msg_token, e->msg_unclean, valid);
+    int rc = take_grant(c, e, e->msg_token, e->msg_protocol, e->msg_unclean, valid);
     if (rc != DLOCK_OK) {
-        dlock_renew_give_back(c->renew, e, nonce);
+        dlock_renew_give_back(c->renew, e, nonce, e->msg_protocol);
         return rc;
     }
     e->provisional = 1;
@@ -258,7 +259,7 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
                           : deadline;
         dlock_rpc_try t = {.nonce = nonce, .queue = !once, .unconfirmed = unconfirmed,
                            .unconfirmed_end = unconfirmed_how, .deadline = by, .cancel = k,
-                           .busy = {"", -1, -1}};
+                           .protocol = c->protocol, .busy = {"", -1, -1}};
         int rc = dlock_rpc_acquire(c, e, &t);
         uint64_t token = t.token;
         int unclean = t.unclean;
@@ -272,7 +273,7 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
         if (rc == DLOCK_OK &&
             answered >= sent_boot + (int64_t)c->lease_ms * DLOCK_NS_PER_MS - c->drift_ns) {
             /* The answer came back after the lease could have expired. */
-            dlock_renew_give_back(c->renew, e, nonce);
+            dlock_renew_give_back(c->renew, e, nonce, t.protocol);
             rc = dlock_err_set(DLOCK_EREDIS, "timed out: redis answered the acquire of '%s' "
                                "after the lease could have expired", e->name);
         }
@@ -288,17 +289,19 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
         dlock_trace_event(c->trace, "tried", e->name, "%s %d %" PRId64 " %" PRId64 " %d", nonce, rc,
                           sent_boot, answered, stop);
         if (stop != DLOCK_OK) {
-            if (rc == DLOCK_OK)
-                dlock_renew_give_back(c->renew, e, nonce);
-            else if (rc == DLOCK_EBUSY && !once)
+            if (rc == DLOCK_OK) {
+                dlock_renew_give_back(c->renew, e, nonce, t.protocol);
+            } else if (rc == DLOCK_EBUSY && !once) {
                 e->queued = 1; /* the last waiter to go takes the client out */
+                e->queue_protocol = t.protocol;
+            }
             return dlock_client_stop_err(stop, e->name);
         }
         if (rc == DLOCK_OK) {
-            rc = take_grant(c, e, token, unclean,
+            rc = take_grant(c, e, token, t.protocol, unclean,
                             sent_boot + (int64_t)c->lease_ms * DLOCK_NS_PER_MS - c->drift_ns);
             if (rc != DLOCK_OK)
-                dlock_renew_give_back(c->renew, e, nonce);
+                dlock_renew_give_back(c->renew, e, nonce, t.protocol);
             return rc;
         }
         if (rc != DLOCK_EBUSY)
@@ -313,6 +316,7 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
         if (once)
             return busy_err(e, DLOCK_EBUSY);
         e->queued = 1;
+        e->queue_protocol = t.protocol;
         e->try_nonce = strtoull(nonce, NULL, 10);
         e->try_sent_boot = sent_boot;
         if (e->msg_grant && (rc = take_direct_grant(c, e)) != DLOCK_EBUSY)
@@ -519,13 +523,14 @@ int dlock_acquire_run(dlock_client *c, const char *name, size_t len, int64_t wai
              * shuts down (the thread returns at once, without a Redis
              * call): the renewal thread tells it when it can
              * (dlock_client_close makes it try once more). */
-            dlock_renew_leave(c->renew, e, number);
+            dlock_renew_leave(c->renew, e, number, e->queue_protocol);
         } else {
             /* As e's poller, so that nobody else talks to Redis for e
              * meanwhile. */
             e->poller = 1;
+            int in = e->queue_protocol;
             pthread_mutex_unlock(&e->mu);
-            dlock_rpc_leave(c, e, number);
+            dlock_rpc_leave(c, e, number, in);
             pthread_mutex_lock(&e->mu);
             e->poller = 0;
         }

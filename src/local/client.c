@@ -282,14 +282,16 @@ static void wake_one(void *arg, const char *payload, size_t len)
         dlock_renew_kick(c->renew);
         return;
     }
-    int unclean = 0;
+    int unclean = 0, protocol = 1;
     if (len > 2 && p[0] == 'w' && p[1] == ' ') {
         p += 2;
-    } else if (len > 2 && (p[0] == 'g' || p[0] == 'u') && p[1] == ' ') {
+    } else if (len > 2 && strchr("guGU", p[0]) && p[1] == ' ') {
         /* "u <end> <attempt> <token> <name>": a direct grant after an
-         * unclean end (release.lua, ARGV[10]) */
+         * unclean end (release.lua, ARGV[10]); "G" and "U" the same of
+         * protocol 2's release (lua/p2/release.lua): the grant is in it */
         const char *q = p + 2;
-        if (p[0] == 'u') {
+        protocol = p[0] == 'G' || p[0] == 'U' ? 2 : 1;
+        if (p[0] == 'u' || p[0] == 'U') {
             uint64_t u = parse_u64(&q, end);
             if (u == 0 || u > DLOCK_UNCLEAN_FORCED)
                 return; /* malformed */
@@ -319,9 +321,10 @@ static void wake_one(void *arg, const char *payload, size_t len)
         e->msg_nonce = nonce;
         e->msg_token = token;
         e->msg_unclean = unclean;
+        e->msg_protocol = protocol;
     }
-    dlock_trace_event(c->trace, "msg", e->name, "%" PRIu64 " %" PRIu64 " %d %d", nonce, token,
-                      unclean, stored);
+    dlock_trace_event(c->trace, "msg", e->name, "%" PRIu64 " %" PRIu64 " %d %d %d", nonce, token,
+                      unclean, stored, protocol);
     e->woken = 1;
     pthread_cond_signal(&e->pcv); /* the poller only: the waiters have nothing to do */
     pthread_mutex_unlock(&e->mu);
@@ -427,12 +430,14 @@ int dlock_client_open(const dlock_config *cfg, dlock_client **out)
     c->conn.client_name = cfg->client_name ? dup_or_flag(cfg->client_name, &oom)
                                            : default_name(&oom);
     c->conn.port = cfg->redis_port;
+    c->conn.protocol = (int)cfg->protocol;
     c->conn.db = cfg->redis_db;
     c->conn.connect_timeout_ms = cfg->connect_timeout_ms;
     c->conn.command_timeout_ms = cfg->command_timeout_ms;
     c->lease_ms = cfg->lease_ms;
     snprintf(c->lease_str, sizeof c->lease_str, "%" PRIu32, cfg->lease_ms);
     c->pass_limit = cfg->pass_limit;
+    c->protocol = (int)cfg->protocol;
     snprintf(c->pass_limit_str, sizeof c->pass_limit_str, "%" PRIu32, cfg->pass_limit);
     c->waiter_ttl_ms = cfg->waiter_ttl_ms;
     c->min_replicas = cfg->min_replicas;
@@ -493,14 +498,14 @@ int dlock_client_open(const dlock_config *cfg, dlock_client **out)
     c->trace = dlock_trace_open(c->id);
     if (c->trace) {
         const char *names[3] = {c->prefix, c->conn.client_name, c->wake_prefix};
-        dlock_trace_argv(c->trace, "names", c->id, NULL, 3, names);
+        dlock_trace_argv(c->trace, "names", c->id, NULL, 3, names, NULL);
     }
     dlock_trace_event(c->trace, "open", c->id,
                       "%" PRIu32 " %" PRIu32 " %" PRIu32 " %" PRIu32 " %" PRIu32 " %" PRId64
-                      " %" PRId64 " %" PRIu32 " %" PRId64 " %" PRId64 " %" PRId64,
+                      " %" PRId64 " %" PRIu32 " %" PRId64 " %" PRId64 " %" PRId64 " %d",
                       c->lease_ms, c->pass_limit, c->waiter_ttl_ms, c->keep_ms, cfg->min_replicas,
                       c->drift_ns, c->handoff_margin_ns, c->grant_ms, c->grant_drift_ns,
-                      c->grant_margin_ns, c->fallback_ns);
+                      c->grant_margin_ns, c->fallback_ns, c->protocol);
     if (cfg->cluster_nodes) {
         rc = dlock_cluster_create(&c->conn, cfg->cluster_nodes, cfg->pool_size,
                                   cfg->min_replicas, &c->ctr, &c->cluster);
@@ -771,6 +776,7 @@ int dlock_client_stats(dlock_client *c, dlock_stats *out)
     out->forced_releases = dlock_load_64(&c->ctr.forced_releases);
     out->unclean = dlock_load_64(&c->ctr.unclean);
     out->abandoned = dlock_load_64(&c->ctr.abandoned);
+    out->protocol_resends = dlock_load_64(&c->ctr.protocol_resends);
     dlock_client_leave(c);
     return DLOCK_OK;
 }

@@ -128,6 +128,8 @@ struct dlock_client {
                            newest it saw for a name (atomic fetch-and-add) */
     uint32_t lease_ms, pass_limit, waiter_ttl_ms, pool_size, keep_ms;
     uint32_t min_replicas; /* > 0: grants and renewals count only once WAIT confirms them */
+    int protocol;          /* the setting: each acquire attempt is sent in it first
+                              (rpc.c, dlock_rpc_acquire) */
     dlock_master master;   /* Sentinel mode: the newest master known (sentinel.h) */
     int64_t fallback_ns; /* a queued poller retries this often without a wake-up */
     int64_t drift_ns;

@@ -9,6 +9,7 @@
 #include "common/common.h"
 #include "local/config.h"
 #include "common/error.h"
+#include "conn/script.h"
 
 void dlock_config_init(dlock_config *cfg)
 {
@@ -26,6 +27,7 @@ void dlock_config_init(dlock_config *cfg)
     cfg->pass_limit = 128;
     cfg->pool_size = 4;
     cfg->waiter_ttl_ms = 2000;
+    cfg->protocol = DLOCK_PROTOCOL_DEFAULT;
 }
 
 /* Which settings name the server: exactly one of host/port, the Unix
@@ -114,6 +116,14 @@ int dlock_config_check(const dlock_config *cfg)
     if (cfg->pass_limit > DLOCK_PASS_LIMIT_MAX || cfg->pass_limit >= (uint64_t)cfg->lease_ms * 1000)
         return dlock_err_set(DLOCK_EINVAL, "pass_limit %" PRIu32 " is above %u or not below "
                              "lease_ms * 1000", cfg->pass_limit, DLOCK_PASS_LIMIT_MAX);
+    if (cfg->protocol < DLOCK_PROTOCOL_MIN || cfg->protocol > DLOCK_PROTOCOL_MAX) {
+        if (DLOCK_PROTOCOL_MIN == DLOCK_PROTOCOL_MAX)
+            return dlock_err_set(DLOCK_EINVAL, "protocol %" PRIu32 ": this build speaks "
+                                 "protocol %d only", cfg->protocol, DLOCK_PROTOCOL_MIN);
+        return dlock_err_set(DLOCK_EINVAL, "protocol %" PRIu32 ": this release speaks "
+                             "protocols %d to %d", cfg->protocol, DLOCK_PROTOCOL_MIN,
+                             DLOCK_PROTOCOL_MAX);
+    }
     if (cfg->pool_size == 0 || cfg->pool_size > 1024)
         return dlock_err_set(DLOCK_EINVAL, "pool_size %" PRIu32 " is not in 1..1024",
                              cfg->pool_size);

@@ -99,6 +99,7 @@ int dlock_release_outermost(dlock_client *c, dlock_entry *e, const char *name)
     int drop = dlock_renew_remove(c->renew, e); /* no renewal after this point */
     e->state = DLOCK_LEASE_RELEASING;
     uint64_t grant = e->grant_token, token = e->token;
+    int protocol = e->grant_protocol;
     int ending = e->ending;
     e->ending = 0;
     pthread_mutex_unlock(&e->mu);
@@ -106,7 +107,7 @@ int dlock_release_outermost(dlock_client *c, dlock_entry *e, const char *name)
         dlock_table_put(c->table, e); /* we still hold two references */
     dlock_renew_quiesce(c->renew); /* no renewal of this grant after the release */
 
-    rc = dlock_rpc_release(c, e, grant, token, ending);
+    rc = dlock_rpc_release(c, e, grant, protocol, token, ending);
 
     int notify = 0;
     pthread_mutex_lock(&e->mu);

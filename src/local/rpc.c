@@ -149,11 +149,30 @@ static int call_script(dlock_client *c, dlock_script_id id, int nargs, const cha
     }
 }
 
-/* The acquire script, as attempt t->nonce. Called by e's poller without
- * e->mu, waiting for a connection until t->deadline. Sets t->sent_boot (when
- * it was sent, on the boot clock) and returns DLOCK_OK with t->token and
- * t->unclean, DLOCK_EBUSY with t->pttl_ms and t->busy, or an error of
- * call_script. */
+/* The other protocol a call refused with `rep` should be sent again in (rep
+ * refuses data of protocol P, which this build speaks, other than
+ * `sent_in`), or 0. A refusal writes nothing, and every call matches its
+ * own attempt, grant or queue entry, so sending it again there is safe. */
+static int resend_in(const redisReply *rep, int sent_in)
+{
+    int p = dlock_conn_refusal_protocol(rep);
+    return p >= DLOCK_PROTOCOL_MIN && p <= DLOCK_PROTOCOL_MAX && p != sent_in ? p : 0;
+}
+
+/* An acquire refused as the other protocol's data is sent again in it at
+ * most this many times in a row: once, and once more if the name moved
+ * back between the two sends (the holder in the first protocol released,
+ * another client took the name in the second). */
+enum { DLOCK_RPC_RESENDS = 2 };
+
+/* The acquire script, as attempt t->nonce, in protocol t->protocol; if
+ * that protocol's script refuses the name's data as the other protocol's,
+ * the same attempt again in that one (it wrote nothing: the number is
+ * still unused in Redis), with t->protocol set to it, up to
+ * DLOCK_RPC_RESENDS times. Called by e's poller without e->mu, waiting for
+ * a connection until t->deadline. Sets t->sent_boot (when it was sent, on
+ * the boot clock) and returns DLOCK_OK with t->token and t->unclean,
+ * DLOCK_EBUSY with t->pttl_ms and t->busy, or an error of call_script. */
 int dlock_rpc_acquire(dlock_client *c, dlock_entry *e, dlock_rpc_try *t)
 {
     const char *nonce = t->nonce;
@@ -176,23 +195,35 @@ int dlock_rpc_acquire(dlock_client *c, dlock_entry *e, dlock_rpc_try *t)
     snprintf(how, sizeof how, "%d", t->unconfirmed ? t->unconfirmed_end : 0);
     a[9] = how;
     redisReply *rep;
-    int sent, acked;
-    t->sent_boot = dlock_boot_ns();
-    if (c->trace) {
-        char at[24];
-        snprintf(at, sizeof at, "%" PRId64, t->sent_boot);
-        dlock_trace_argv(c->trace, "acq", e->name, at, DLOCK_SCRIPT_KEYS + DLOCK_ACQUIRE_ARGS,
-                         argv);
+    int sent, acked, rc;
+    for (int resent = 0;; resent++) {
+        t->sent_boot = dlock_boot_ns();
+        if (c->trace) {
+            char at[24], in[8];
+            snprintf(at, sizeof at, "%" PRId64, t->sent_boot);
+            snprintf(in, sizeof in, "%d", t->protocol);
+            dlock_trace_argv(c->trace, "acq", e->name, at, DLOCK_SCRIPT_KEYS + DLOCK_ACQUIRE_ARGS,
+                             argv, in);
+        }
+        rc = call_script(c, dlock_script_in(DLOCK_SCRIPT_ACQUIRE, t->protocol),
+                         DLOCK_ACQUIRE_ARGS, argv, "acquire", e->name, t->deadline, &rep, &sent,
+                         &acked, (stop_on){1, t->cancel});
+        int other = rc == DLOCK_OK && resent < DLOCK_RPC_RESENDS ? resend_in(rep, t->protocol)
+                                                                  : 0;
+        if (!other)
+            break;
+        dlock_trace_event(c->trace, "proto", e->name, "%s %d %d", nonce, t->protocol, other);
+        dlock_count(&c->ctr.protocol_resends, 1);
+        freeReplyObject(rep);
+        t->protocol = other;
     }
-    int rc = call_script(c, DLOCK_SCRIPT_ACQUIRE, DLOCK_ACQUIRE_ARGS, argv, "acquire", e->name,
-                         t->deadline, &rep, &sent, &acked, (stop_on){1, t->cancel});
     if (rc != DLOCK_OK) {
         /* If it reached Redis the outcome is unknown: the renewal thread
          * releases exactly this attempt's grant, if there is one, without
          * delaying the caller. */
         dlock_trace_event(c->trace, "rep", e->name, "%s %d -9 0 -1 %d", nonce, sent, rc);
         if (sent)
-            dlock_renew_give_back(c->renew, e, nonce);
+            dlock_renew_give_back(c->renew, e, nonce, t->protocol);
         return rc;
     }
     long long granted = -9, value = 0; /* for the trace: the reply's first two integers */
@@ -206,7 +237,7 @@ int dlock_rpc_acquire(dlock_client *c, dlock_entry *e, dlock_rpc_try *t)
             /* A failover now could lose the grant and give the name to
              * another client: it is given back (in the background, like a
              * grant of unknown outcome) and the acquire fails. */
-            dlock_renew_give_back(c->renew, e, nonce);
+            dlock_renew_give_back(c->renew, e, nonce, t->protocol);
             rc = dlock_err_set(DLOCK_EREDIS, "the grant of '%s' reached %d of the %" PRIu32
                                " replicas min_replicas asks for (WAIT); given back", e->name,
                                acked < 0 ? 0 : acked, c->min_replicas);
@@ -248,7 +279,7 @@ int dlock_rpc_acquire(dlock_client *c, dlock_entry *e, dlock_rpc_try *t)
          * another protocol's data: a release would be refused the same
          * way while that data lives, and a grant under it expires. */
         if (!dlock_conn_is_other_protocol(rep))
-            dlock_renew_give_back(c->renew, e, nonce);
+            dlock_renew_give_back(c->renew, e, nonce, t->protocol);
     }
     dlock_trace_event(c->trace, "rep", e->name, "%s 1 %lld %lld %d %d", nonce, granted, value,
                       acked, rc);
@@ -256,12 +287,13 @@ int dlock_rpc_acquire(dlock_client *c, dlock_entry *e, dlock_rpc_try *t)
     return rc;
 }
 
-/* The release script for the grant with Redis token `grant`, whose last
- * token handed out was `last`; `ending` DLOCK_UNCLEAN_ABANDONED for a holder
- * thread that exited, else 0. Without e->mu, as e's releaser.
+/* The release script of protocol `protocol` (the grant's; the other's if
+ * refused as its data) for the grant with Redis token `grant`, whose last
+ * token handed out was `last`; `ending` DLOCK_UNCLEAN_ABANDONED for a
+ * holder thread that exited, else 0. Without e->mu, as e's releaser.
  * DLOCK_OK, DLOCK_ELOST (the grant was gone), or DLOCK_EREDIS. */
-int dlock_rpc_release(dlock_client *c, dlock_entry *e, uint64_t grant, uint64_t last,
-                      int ending)
+int dlock_rpc_release(dlock_client *c, dlock_entry *e, uint64_t grant, int protocol,
+                      uint64_t last, int ending)
 {
     char tok[24], last_tok[24];
     snprintf(tok, sizeof tok, "%" PRIu64, grant);
@@ -269,11 +301,24 @@ int dlock_rpc_release(dlock_client *c, dlock_entry *e, uint64_t grant, uint64_t 
     const char *argv[DLOCK_SCRIPT_KEYS + DLOCK_RELEASE_ARGS];
     dlock_script_release_argv(&c->args, e->keys, e->name, "token", tok, last_tok,
                               ending ? "1" : "0", argv);
-    dlock_trace_argv(c->trace, "rel", e->name, NULL, DLOCK_SCRIPT_KEYS + DLOCK_RELEASE_ARGS, argv);
     redisReply *rep;
-    int sent;
-    int rc = call_script(c, DLOCK_SCRIPT_RELEASE, DLOCK_RELEASE_ARGS, argv, "release", e->name,
-                         DLOCK_NEVER, &rep, &sent, NULL, (stop_on){0, NULL});
+    int sent, rc, other;
+    for (int resent = 0;; resent = 1) {
+        char in[8];
+        snprintf(in, sizeof in, "%d", protocol);
+        dlock_trace_argv(c->trace, "rel", e->name, NULL,
+                         DLOCK_SCRIPT_KEYS + DLOCK_RELEASE_ARGS, argv, in);
+        rc = call_script(c, dlock_script_in(DLOCK_SCRIPT_RELEASE, protocol),
+                         DLOCK_RELEASE_ARGS, argv, "release", e->name, DLOCK_NEVER, &rep, &sent,
+                         NULL, (stop_on){0, NULL});
+        /* (the grant's data gone and the name moved to the other protocol
+         * meanwhile: there the grant is found gone, DLOCK_ELOST) */
+        if (rc != DLOCK_OK || resent || !(other = resend_in(rep, protocol)))
+            break;
+        dlock_trace_event(c->trace, "relproto", e->name, "%d %d", protocol, other);
+        freeReplyObject(rep);
+        protocol = other;
+    }
     if (rc != DLOCK_OK) {
         char why[200];
         snprintf(why, sizeof why, "%s", dlock_last_error());
@@ -300,26 +345,40 @@ void dlock_rpc_number(dlock_client *c, char out[24])
 }
 
 /* Takes this client out of e's wait queue in Redis (its last waiter gave
- * up), passing the turn on if it had it, as call `number`. If Redis cannot
+ * up), passing the turn on if it had it, as call `number`, in protocol
+ * `protocol` (its last try's). If Redis cannot
  * be told now, the renewal thread retries in the background; a queue entry
  * left behind all the same is skipped once its waiter ttl runs out. Without
  * e->mu, as e's poller. */
-void dlock_rpc_leave(dlock_client *c, dlock_entry *e, const char *number)
+void dlock_rpc_leave(dlock_client *c, dlock_entry *e, const char *number, int protocol)
 {
     const char *argv[DLOCK_SCRIPT_KEYS + DLOCK_LEAVE_ARGS];
     dlock_script_leave_argv(&c->args, e->keys, e->name, number, argv);
-    dlock_trace_argv(c->trace, "leave", e->name, NULL, DLOCK_SCRIPT_KEYS + DLOCK_LEAVE_ARGS, argv);
     redisReply *rep;
-    int sent;
+    int sent, other;
     char keep[256]; /* the caller's own error message stays the one reported */
     snprintf(keep, sizeof keep, "%s", dlock_last_error());
-    if (call_script(c, DLOCK_SCRIPT_LEAVE, DLOCK_LEAVE_ARGS, argv, "leave", e->name, DLOCK_NEVER,
-                    &rep, &sent, NULL, (stop_on){0, NULL}) == DLOCK_OK) {
+    for (int resent = 0;; resent = 1) {
+        char in[8];
+        snprintf(in, sizeof in, "%d", protocol);
+        dlock_trace_argv(c->trace, "leave", e->name, NULL, DLOCK_SCRIPT_KEYS + DLOCK_LEAVE_ARGS,
+                         argv, in);
+        if (call_script(c, dlock_script_in(DLOCK_SCRIPT_LEAVE, protocol), DLOCK_LEAVE_ARGS, argv,
+                        "leave", e->name, DLOCK_NEVER, &rep, &sent, NULL,
+                        (stop_on){0, NULL}) != DLOCK_OK) {
+            dlock_renew_leave(c->renew, e, number, protocol);
+            break;
+        }
+        if (!resent && (other = resend_in(rep, protocol))) {
+            dlock_trace_event(c->trace, "leaveproto", e->name, "%d %d", protocol, other);
+            freeReplyObject(rep);
+            protocol = other;
+            continue;
+        }
         if (rep->type != REDIS_REPLY_INTEGER)
-            dlock_renew_leave(c->renew, e, number);
+            dlock_renew_leave(c->renew, e, number, protocol);
         freeReplyObject(rep);
-    } else {
-        dlock_renew_leave(c->renew, e, number);
+        break;
     }
     dlock_err_set(0, "%s", keep);
 }

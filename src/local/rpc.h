@@ -29,6 +29,8 @@ typedef struct dlock_rpc_try {
     int unconfirmed_end;      /* how that grant ended (ARGV[10]) */
     int64_t deadline;         /* wait for a connection, or a batch, until then */
     dlock_cancel *cancel;     /* the call's cancel token, or NULL */
+    int protocol;             /* in: the protocol to send it in first (the setting);
+                                 out: the one it was last sent in */
     uint64_t token;           /* out, granted: the fencing token */
     int unclean;              /* out, granted: how the hold before ended */
     int64_t pttl_ms;          /* out, refused: the lease's time left */
@@ -40,10 +42,10 @@ typedef struct dlock_rpc_try {
 int dlock_rpc_acquire(dlock_client *c, dlock_entry *e, dlock_rpc_try *t);
 
 /* The release script for the grant with Redis token `grant` (rpc.c). */
-int dlock_rpc_release(dlock_client *c, dlock_entry *e, uint64_t grant, uint64_t last,
-                      int ending);
+int dlock_rpc_release(dlock_client *c, dlock_entry *e, uint64_t grant, int protocol,
+                      uint64_t last, int ending);
 
 /* Takes this client out of e's wait queue in Redis (rpc.c). */
-void dlock_rpc_leave(dlock_client *c, dlock_entry *e, const char *number);
+void dlock_rpc_leave(dlock_client *c, dlock_entry *e, const char *number, int protocol);
 
 #endif

@@ -392,7 +392,7 @@ static void test_other_protocol_refused(void **state)
     dlock_client *c = open_client("tc:pv:", 2000);
     char mine[48];
     snprintf(mine, sizeof mine, "speaks protocol %d", DLOCK_PROTOCOL_VERSION);
-    freeReplyObject(cmd("HSET tc:pv:{p} pv 2"));
+    freeReplyObject(cmd("HSET tc:pv:{p} pv 3"));
     long long scripts0 = fx_info_calls("127.0.0.1", fx_server.port, "evalsha") +
                          fx_info_calls("127.0.0.1", fx_server.port, "eval");
     for (int wait = 0; wait <= 1; wait++) {
@@ -400,7 +400,7 @@ static void test_other_protocol_refused(void **state)
         fprintf(stderr, "# %s\n", dlock_last_error());
         assert_non_null(strstr(dlock_last_error(), "refused by the server"));
         assert_non_null(strstr(dlock_last_error(), "'p'"));
-        assert_non_null(strstr(dlock_last_error(), "dlock protocol 2"));
+        assert_non_null(strstr(dlock_last_error(), "dlock protocol 3"));
         assert_non_null(strstr(dlock_last_error(), mine));
     }
     /* two script calls, the two acquires: no background release of their
@@ -414,13 +414,13 @@ static void test_other_protocol_refused(void **state)
     char *owner = key_hget("tc:pv:{p}", "owner");
     assert_null(owner);
     char *pv = key_hget("tc:pv:{p}", "pv");
-    assert_string_equal(pv, "2");
+    assert_string_equal(pv, "3");
     free(pv);
 
     assert_int_equal(dlock_acquire(c, "q", 0, NULL), DLOCK_OK);
-    freeReplyObject(cmd("HSET tc:pv:{q} pv 2"));
+    freeReplyObject(cmd("HSET tc:pv:{q} pv 3"));
     assert_int_equal(dlock_release(c, "q"), DLOCK_ESERVER);
-    assert_non_null(strstr(dlock_last_error(), "dlock protocol 2"));
+    assert_non_null(strstr(dlock_last_error(), "dlock protocol 3"));
     assert_int_equal(dlock_held(c, "q"), 0);
 
     freeReplyObject(cmd("DEL tc:pv:{q}"));

@@ -185,7 +185,8 @@ long long fx_lease_ms(redisContext *c, const char *key);
 long long fx_server_lease_ms(const char *key);
 
 /* dlock_config_init, then points it at r with test-friendly timeouts
- * (connect 500 ms, command 1000 ms). */
+ * (connect 500 ms, command 1000 ms), and the protocol DLOCK_TEST_PROTOCOL
+ * names, if set. */
 void fx_config(dlock_config *cfg, const fx_redis *r);
 
 /* Waits (at most 10 s) until c's subscriber thread has connected and sent

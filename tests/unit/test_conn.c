@@ -196,7 +196,7 @@ static void test_info_check(void **state)
         "redis_version:6.2.1\r\n", /* no memory section: no maxmemory */
     };
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++)
-        assert_int_equal(dlock_conn_check_info(ok[i]), DLOCK_OK);
+        assert_int_equal(dlock_conn_check_info(ok[i], 1), DLOCK_OK);
     const char *bad[] = {
         "redis_version:4.0.14\r\nmaxmemory:0\r\n",
         "redis_version:7.0.15\r\nmaxmemory:104857600\r\nmaxmemory_policy:allkeys-lru\r\n",
@@ -204,11 +204,16 @@ static void test_info_check(void **state)
         "maxmemory:0\r\n", /* not a Redis INFO */
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
-        assert_int_equal(dlock_conn_check_info(bad[i]), DLOCK_ESERVER);
-    assert_int_equal(dlock_conn_check_info(bad[2]), DLOCK_ESERVER);
+        assert_int_equal(dlock_conn_check_info(bad[i], 1), DLOCK_ESERVER);
+    assert_int_equal(dlock_conn_check_info(bad[2], 1), DLOCK_ESERVER);
     assert_non_null(strstr(dlock_last_error(), "volatile-ttl"));
-    assert_int_equal(dlock_conn_check_info(bad[0]), DLOCK_ESERVER);
+    assert_int_equal(dlock_conn_check_info(bad[0], 1), DLOCK_ESERVER);
     assert_non_null(strstr(dlock_last_error(), "Redis 5"));
+    /* protocol 2 needs Redis 7.0: 6.2 fits protocol 1 only */
+    assert_int_equal(dlock_conn_check_info(ok[2], 2), DLOCK_ESERVER);
+    assert_non_null(strstr(dlock_last_error(), "too old for protocol 2"));
+    assert_int_equal(dlock_conn_check_info(ok[1], 2), DLOCK_ESERVER);
+    assert_int_equal(dlock_conn_check_info(ok[0], 2), DLOCK_OK);
 }
 
 static void config_set(const char *param, const char *value)
@@ -459,7 +464,8 @@ static void test_unix_socket(void **state)
 #define ACL_RULE(P)                                                                      \
     "resetkeys ~" P "* resetchannels &" P "wake:* -@all +evalsha +eval +script|load "   \
     "+info +ping +role +wait +select +subscribe +client|setname +hmget +hget +hset +hdel " \
-    "+get +mget +set +del +exists +pexpire +pttl +time +zadd +zrange +zrem +zcard +publish"
+    "+hlen +hgetall +get +mget +set +del +exists +pexpire +pttl +time +zadd +zrange +zrem "  \
+    "+zcard +publish"
 
 /* ACL SETUSER name on >pw <rule>, split into words. */
 static void acl_setuser(const char *name, const char *pw, const char *rule)
@@ -580,6 +586,41 @@ static void test_acl_user(void **state)
     acl_deluser("dlock_t");
 }
 
+/* The same rule for a client writing protocol 2, whose first release in a
+ * hash of more than 16 fields prunes it (lua/p2/LAYOUT.txt: HLEN, HGETALL,
+ * HDEL): 20 record fields past their time are put in first. */
+static void test_acl_user_protocol_2(void **state)
+{
+    (void)state;
+    acl_setuser("dlock_p2", "pw-2", ACL_RULE("tc:acl:"));
+    redisContext *k = fx_connect("127.0.0.1", fx_server.port);
+    assert_non_null(k);
+    freeReplyObject(redisCommand(k, "DEL tc:acl:{p2}"));
+    freeReplyObject(redisCommand(k, "HSET tc:acl:{p2} pv 2"));
+    for (int i = 0; i < 20; i++) /* records that lasted until server ms 1 */
+        freeReplyObject(redisCommand(k, "HSET tc:acl:{p2} c:old%d %s", i, "1 1 1 1"));
+    dlock_config cfg;
+    fx_config(&cfg, &fx_server);
+    cfg.key_prefix = "tc:acl:";
+    cfg.redis_username = "dlock_p2";
+    cfg.redis_password = "pw-2";
+    cfg.protocol = 2;
+    dlock_client *c = NULL;
+    assert_int_equal(dlock_client_open(&cfg, &c), DLOCK_OK);
+    int rc = dlock_acquire(c, "p2", 0, NULL);
+    if (rc != DLOCK_OK)
+        fail_msg("acquire as the ACL user: %s: %s", dlock_err_name(rc), dlock_last_error());
+    rc = dlock_release(c, "p2");
+    if (rc != DLOCK_OK)
+        fail_msg("release as the ACL user: %s: %s", dlock_err_name(rc), dlock_last_error());
+    redisReply *r = redisCommand(k, "HLEN tc:acl:{p2}");
+    assert_true(r->integer < 20); /* pruned */
+    freeReplyObject(r);
+    redisFree(k);
+    dlock_client_close(c);
+    acl_deluser("dlock_p2");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -594,6 +635,7 @@ int main(void)
         cmocka_unit_test(test_config_server_conflicts),
         cmocka_unit_test(test_unix_socket),
         cmocka_unit_test(test_acl_user),
+        cmocka_unit_test(test_acl_user_protocol_2),
     };
     return cmocka_run_group_tests(tests, fx_group_setup, fx_group_teardown);
 }

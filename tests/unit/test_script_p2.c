@@ -615,8 +615,9 @@ static void test_mark_after_step_back(void **state)
 }
 
 /* A release grants the lease directly to the first live waiter, under its
- * queued attempt and for its waiter ttl, with "g <attempt> <token> <name>"
- * on its channel ("u <end> ..." when the release says how the grant ended);
+ * queued attempt and for its waiter ttl, with "G <attempt> <token> <name>"
+ * on its channel ("U <end> ..." when the release says how the grant ended:
+ * capitals, protocol 2's direct grant);
  * the waiter's same attempt takes it at a full lease. A liveness value
  * without the grant fields gets the turn instead ("w <name>", field t): a
  * client not queued is then refused (-1), the turn's client is granted. */
@@ -633,7 +634,7 @@ static void test_direct_grant_and_turn_messages(void **state)
     assert_string_equal(g.owner, X);
     assert_true(g.nonce == 5 && g.token > ty && g.dur == 2000 && lease_left("dg") <= 2000);
     assert_int_equal(cmd_int("HEXISTS ts:{dg} q"), 0); /* nobody queued now */
-    snprintf(want, sizeof want, "g 5 %lld dg", g.token);
+    snprintf(want, sizeof want, "G 5 %lld dg", g.token);
     expect_message(s, want);
     assert_int_equal(acquire("dg", X, 5, &tx), 1);
     assert_true(tx == g.token && lease_left("dg") > 2000);
@@ -641,7 +642,7 @@ static void test_direct_grant_and_turn_messages(void **state)
     s = subscribe(Y);
     assert_int_equal(release_o("dg", X, "token", tx, (opt){.how = "1"}), 2);
     ty = grant_of("dg").token;
-    snprintf(want, sizeof want, "u 1 2 %lld dg", ty);
+    snprintf(want, sizeof want, "U 1 2 %lld dg", ty);
     expect_message(s, want);
     assert_int_equal(acquire_o("dg", Y, 2, (opt){0}, &tx, &e), 1);
     assert_true(tx == ty && e == 1);
@@ -873,7 +874,7 @@ static void test_renew_only_own_grant(void **state)
 
 /* The forced release (force.lua around release.lua) releases only the
  * grant named (holder and token), telling the next grant 3 (a waiter
- * directly: "u 3 ..."); the holder's own release of that token then finds
+ * directly: "U 3 ..."); the holder's own release of that token then finds
  * it taken (0); a reservation ahead of server time is waited out (-N,
  * nothing changed). */
 static void test_force_release(void **state)
@@ -892,7 +893,7 @@ static void test_force_release(void **state)
     assert_int_equal(acquire("fo", X, 2, NULL), 0);
     redisContext *s = subscribe(X);
     assert_int_equal(force("fo", Y, ty), 2);
-    snprintf(want, sizeof want, "u 3 2 %lld fo", grant_of("fo").token);
+    snprintf(want, sizeof want, "U 3 2 %lld fo", grant_of("fo").token);
     expect_message(s, want);
     assert_int_equal(acquire_o("fp", X, 1, (opt){.pl = "5000000"}, &tz, NULL), 1);
     long long w = force("fp", X, tz); /* 5 s reserved ahead */
