@@ -16,11 +16,18 @@
  * waiters' liveness <prefix>{<name>}:qd. `list` walks the keys with SCAN
  * (never KEYS), on every master in Cluster mode.
  *
- * A forced release runs the library's own release script as the holder
- * (so the next live waiter is granted the lease and told, as after any
- * release) with a fence far enough ahead that no token the holder may have
- * handed to its threads is reached again, then tells the holder on its
- * channel ("f <token> <name>"): the holder checks with Redis at once, its
+ * It reads and releases the data of both protocols this release speaks
+ * (1 and 2: the first step of the roll between them, docs/design.md,
+ * "Protocol versions"), each name with its protocol's scripts (protocol
+ * 2's data is one hash at the same key: lua/p2/LAYOUT.txt), and refuses
+ * data of any other protocol, changing nothing.
+ *
+ * A forced release runs the library's own release script (of the name's
+ * protocol) as the holder (so the next live waiter is granted the lease
+ * and told, as after any release) with a fence (protocol 2: the slot's
+ * mark) far enough ahead that no token the holder may have handed to its
+ * threads is reached again, then tells the holder on its channel ("f
+ * <token> <name>"): the holder checks with Redis at once, its
  * dlock_held() drops to 0, on_lost runs and its on_log callback says an
  * operator did it.
  *
@@ -63,8 +70,9 @@ static void usage(FILE *f)
 "  list [PATTERN]        held locks whose name matches PATTERN (a glob, default *):\n"
 "                        name, holder (client name and id), token, remaining\n"
 "                        lease, held for, waiting clients\n"
-"  show NAME             one lock: its holder and its wait queue (each waiter's\n"
-"                        client, name, time in the queue, alive or not)\n"
+"  show NAME             one lock: its holder, the protocol of its data, and its\n"
+"                        wait queue (each waiter's client, name, time in the\n"
+"                        queue, alive or not)\n"
 "  release NAME --force  removes the lease now, tells the holder at once (its\n"
 "                        dlock_held() drops to 0, on_lost runs, its log says so)\n"
 "                        and hands the lock to the next live waiter, which is told\n"
@@ -81,7 +89,10 @@ static void usage(FILE *f)
 "\n"
 "Each lock is read in one step (a script: a consistent snapshot); a waiter is\n"
 "alive by the server's clock; names are printed with control characters\n"
-"escaped (\\xNN); list is sorted by name.\n"
+"escaped (\\xNN); list is sorted by name. Data of dlock protocol 1 and 2 is\n"
+"read and released alike, each name by its protocol's scripts; a name of\n"
+"another protocol is refused (show, release NAME: exit 1) or passed by with\n"
+"a warning (list, release --client), and left as it is.\n"
 "\n"
 "connection (as the library's dlock_config; the short options as redis-cli's):\n"
 "  -h, --host HOST[:PORT] the server (default 127.0.0.1:6379; IPv6: ADDR or [ADDR]:PORT)\n"
@@ -97,7 +108,8 @@ static void usage(FILE *f)
 "      --json             JSON instead of text (list: an array; show, release: an\n"
 "                         object; watch: one object per line)\n"
 "      --help             this text\n"
-"      --version          dlockctl's version (the library's) and protocol\n"
+"      --version          dlockctl's version and protocol (the library's), and\n"
+"                         the protocols it reads\n"
 "Exit status: 0 done; 1 not held (show, release), nothing released (release\n"
 "--client), something to change (doctor), or a Redis failure; 2 bad usage.\n");
 }
@@ -229,9 +241,12 @@ int main(int argc, char **argv)
         case O_INTERVAL: O.interval_ms = number(optarg, "--interval", 10, 86400000); break;
         case O_COUNT: O.count = number(optarg, "--count", 1, 1L << 40); break;
         case O_CLIENT: O.client = optarg; break;
-        case O_VERSION:
-            printf("dlockctl %s (protocol %d)\n", dlock_version(), DLOCK_PROTOCOL_VERSION);
+        case O_VERSION: {
+            char reads[32];
+            printf("dlockctl %s (protocol %d, reads %s)\n", dlock_version(),
+                   DLOCK_PROTOCOL_DEFAULT, ctl_protocols(reads, sizeof reads, ""));
             return 0;
+        }
         case O_HELP: usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

@@ -5,6 +5,12 @@
  * a lock in one script and prints it; dlockctl_list.c has list, show and
  * watch; dlockctl_release.c the forced releases; dlockctl_doctor.c doctor.
  *
+ * dlockctl reads and releases the data of both protocols this release
+ * speaks (DLOCK_PROTOCOL_MIN .. DLOCK_PROTOCOL_MAX, src/conn/script.h;
+ * docs/design.md, "Protocol versions"): each name with the scripts of its
+ * data's protocol (ctl_read_lock), and refuses only a protocol it does not
+ * speak.
+ *
  * One thread: no locks. The globals are set by main (O) and ctl_setup
  * (CFG, MASTER, CL, CTR) before a command runs, and only read after.
  * Every helper that meets a Redis failure prints it and exits 1
@@ -47,6 +53,8 @@ typedef struct waiter {
 } waiter;
 
 typedef struct lockinfo {
+    int protocol; /* the protocol of the name's data: that of the read
+                     script that read it (ctl_read_lock) */
     int held;
     char owner[64], holder[DLOCK_CLIENT_NAME_MAX + 1];
     char token[32];
@@ -84,16 +92,30 @@ void ctl_teardown(void);
 redisReply *ctl_cmd(redisContext *c, const char *fmt, ...);
 
 /* If r is a script's refusal of another protocol's data (the read script,
- * FORCE_HEAD: lua/acquire.lua, "Protocol"), says so on stderr and returns
- * 1; else 0. */
+ * FORCE_HEAD: lua/acquire.lua, "Protocol"), says so on stderr (naming the
+ * protocols this dlockctl speaks) and returns 1; else 0. */
 int ctl_refused_protocol(const redisReply *r);
+
+/* The protocols this dlockctl speaks, after `word` ("protocol": "protocols
+ * 1 and 2", or "protocol 2" in a build of one; "": "1 and 2"), into out (n
+ * bytes); returns out. */
+const char *ctl_protocols(char *out, size_t n, const char *word);
+
+/* The protocol a script's refusal (DLOCKPROTOCOL) says the data is in, if
+ * it is one this dlockctl speaks (1 or 2: then run that protocol's script
+ * instead); 0 if r is no such refusal or names a protocol it does not
+ * speak. */
+int ctl_refusal_names(const redisReply *r);
 
 /* The key <prefix>{name}<suffix>. */
 void ctl_key_of(char *out, size_t n, const char *name, const char *suffix);
 
-/* Reads lock `name` into li, in one script. Returns 0, or 1 if its data is
- * another protocol's: refused (said on stderr), li then holds nothing. */
-int ctl_read_lock(redisContext *c, const char *name, lockinfo *li);
+/* Reads lock `name` into li, in one script: protocol `first`'s (1 or 2),
+ * and if that refuses the data as the other protocol's, the other's
+ * (li->protocol says which read it; a name without a lease hash is read by
+ * the first). Returns 0, or 1 if its data is of a protocol this dlockctl
+ * does not speak: refused (said on stderr), li then holds nothing. */
+int ctl_read_lock(redisContext *c, const char *name, int first, lockinfo *li);
 void ctl_lock_free(lockinfo *li);
 
 /* s for a terminal: control characters, backslashes and bytes above 126
@@ -115,7 +137,8 @@ void ctl_print_header(void);
 void ctl_print_row(const char *name, const lockinfo *li);
 
 /* dlockctl_list.c: calls fn for every held lock whose name matches pattern,
- * on every master (Cluster mode) or on the server. */
+ * on every master (Cluster mode) or on the server, whichever protocol its
+ * data is in; a name SCAN returns twice, once. */
 void ctl_scan_all(const char *pattern,
                   void (*fn)(const char *name, const lockinfo *li, void *arg), void *arg);
 

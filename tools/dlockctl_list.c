@@ -1,6 +1,9 @@
 /*
  * dlockctl list, show and watch (dlockctl.h): held locks found with SCAN
  * (never KEYS), on every master in Cluster mode, each read in one script.
+ * Both protocols keep a name's lease hash at <prefix>{<name>} while it is
+ * held (protocol 2 keeps it after a release too: lua/p2/LAYOUT.txt), so
+ * the scan finds each held name by that one key, whatever its protocol.
  */
 #define _GNU_SOURCE
 #include <getopt.h>
@@ -12,6 +15,8 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <uthash.h>
 
 #include "dlockctl.h"
 #include "common/error.h"
@@ -30,8 +35,35 @@ static void scan_pattern(char *out, size_t n, const char *pattern)
     snprintf(out + k, n - k, "{%s}", pattern);
 }
 
-/* Calls fn for every held lock of c whose name matches pattern. */
-static void scan_locks(redisContext *c, const char *pattern,
+/* The names a scan has passed to its callback: SCAN may return a key more
+ * than once (while the server rehashes), and a slot being migrated may
+ * show its keys on two masters; each name is read and passed once. */
+typedef struct seen_name {
+    UT_hash_handle hh;
+    char name[]; /* the key of hh */
+} seen_name;
+
+/* 1 if name is in *seen already; else adds it and returns 0. */
+static int seen_before(seen_name **seen, const char *name)
+{
+    seen_name *s;
+    size_t n = strlen(name);
+    HASH_FIND(hh, *seen, name, n, s);
+    if (s)
+        return 1;
+    s = malloc(sizeof *s + n + 1);
+    if (!s)
+        ctl_die("out of memory");
+    memcpy(s->name, name, n + 1);
+    HASH_ADD_KEYPTR(hh, *seen, s->name, n, s);
+    return 0;
+}
+
+/* Calls fn for every held lock of c whose name matches pattern and is not
+ * in *seen (then added). Each name is read first in the protocol of the
+ * name before it (*first): a key the scan saw exists, so either order reads
+ * it the same, and a fleet on one protocol costs one script per name. */
+static void scan_locks(redisContext *c, const char *pattern, seen_name **seen, int *first,
                        void (*fn)(const char *name, const lockinfo *li, void *arg), void *arg)
 {
     char match[DLOCK_NAME_MAX + 256];
@@ -46,16 +78,21 @@ static void scan_locks(redisContext *c, const char *pattern,
         for (size_t i = 0; i < keys->elements; i++) {
             const char *key = keys->element[i]->str;
             size_t klen = strlen(key);
-            /* exactly <prefix>{<name>}: not a :qd hash, nor another prefix */
+            /* exactly <prefix>{<name>}, the lease hash of either protocol:
+             * not a :qd hash, a record (:c:<id>), nor another prefix */
             if (klen < plen + 2 || strncmp(key, O.prefix, plen) != 0 || key[plen] != '{' ||
                 key[klen - 1] != '}')
                 continue;
             char name[DLOCK_NAME_MAX + 1];
             snprintf(name, sizeof name, "%.*s", (int)(klen - plen - 2), key + plen + 1);
+            if (seen_before(seen, name))
+                continue;
             lockinfo li;
-            ctl_read_lock(c, name, &li);
+            if (ctl_read_lock(c, name, *first, &li) == 0)
+                *first = li.protocol;
             if (li.held)
-                fn(name, &li, arg); /* (else released since the scan saw it) */
+                fn(name, &li, arg); /* (else released since the scan saw it, or,
+                                       protocol 2's, kept after its release) */
             ctl_lock_free(&li);
         }
         freeReplyObject(r);
@@ -66,18 +103,24 @@ static void scan_locks(redisContext *c, const char *pattern,
 void ctl_scan_all(const char *pattern,
                      void (*fn)(const char *name, const lockinfo *li, void *arg), void *arg)
 {
+    seen_name *seen = NULL, *s, *tmp;
+    int first = DLOCK_PROTOCOL_MIN;
     if (CL) {
         dlock_cluster_node *m[DLOCK_CLUSTER_NODES_MAX];
         unsigned n = dlock_cluster_masters(CL, m, DLOCK_CLUSTER_NODES_MAX);
         for (unsigned i = 0; i < n; i++) {
             redisContext *c = ctl_conn_for_node(m[i]);
-            scan_locks(c, pattern, fn, arg);
+            scan_locks(c, pattern, &seen, &first, fn, arg);
             dlock_pool_put(m[i]->pool, c, c->err != 0);
         }
     } else {
         dlock_cluster_node *node;
         redisContext *c = ctl_conn_for("", &node);
-        scan_locks(c, pattern, fn, arg);
+        scan_locks(c, pattern, &seen, &first, fn, arg);
+    }
+    HASH_ITER(hh, seen, s, tmp) {
+        HASH_DEL(seen, s);
+        free(s);
     }
 }
 
@@ -145,7 +188,10 @@ int ctl_show(const char *name, int watch)
     dlock_cluster_node *node;
     redisContext *c = ctl_conn_for(k, &node);
     lockinfo li;
-    if (ctl_read_lock(c, name, &li) != 0) {
+    /* protocol 1 first: a name without a lease hash (never used, or
+     * protocol 1's released name, whose fence and records may live) reads
+     * as protocol 1's */
+    if (ctl_read_lock(c, name, DLOCK_PROTOCOL_MIN, &li) != 0) {
         ctl_conn_done(c, node);
         return 0; /* (not held, for this dlockctl: exit status 1) */
     }
@@ -176,6 +222,7 @@ int ctl_show(const char *name, int watch)
         } else {
             printf("%s: free\n", ctl_esc(name, e1, sizeof e1));
         }
+        printf("  protocol: %d\n", li.protocol);
         if (li.turn[0])
             printf("  turn: %s\n", li.turn);
         printf("  %lld waiting\n", li.waiting);

@@ -3,6 +3,8 @@
  * (dlockctl.h).
  */
 #define _GNU_SOURCE
+#include <ctype.h>
+#include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <signal.h>
@@ -55,16 +57,61 @@ void ctl_conn_done(redisContext *c, dlock_cluster_node *node)
     }
 }
 
+/* The protocol number a DLOCKPROTOCOL refusal names: "... the data of this
+ * name is dlock protocol P; this ... speaks protocol Q" (the last such
+ * phrase: the key before it may hold anything). 0 if r is no refusal or P
+ * is not a number. */
+static int refusal_protocol(const redisReply *r)
+{
+    static const char says[] = "the data of this name is dlock protocol ";
+    if (!dlock_conn_is_other_protocol(r))
+        return 0;
+    const char *at = NULL;
+    for (const char *p = r->str; (p = strstr(p, says)) != NULL; p++)
+        at = p + sizeof says - 1;
+    if (!at || !isdigit((unsigned char)*at))
+        return 0;
+    char *end;
+    errno = 0;
+    long v = strtol(at, &end, 10);
+    return errno || *end != ';' || v > 1000000 ? 0 : (int)v;
+}
+
+int ctl_refusal_names(const redisReply *r)
+{
+    int p = refusal_protocol(r);
+    return p >= DLOCK_PROTOCOL_MIN && p <= DLOCK_PROTOCOL_MAX ? p : 0;
+}
+
+const char *ctl_protocols(char *out, size_t n, const char *word)
+{
+    if (DLOCK_PROTOCOL_MIN == DLOCK_PROTOCOL_MAX)
+        snprintf(out, n, "%s%s%d", word, *word ? " " : "", DLOCK_PROTOCOL_MIN);
+    else
+        snprintf(out, n, "%s%s%d and %d", word, *word ? "s " : "", DLOCK_PROTOCOL_MIN,
+                 DLOCK_PROTOCOL_MAX);
+    return out;
+}
+
 /* If r is a script's refusal of another protocol's data (lua/ctl_read.lua,
- * lua/force.lua: lua/acquire.lua, "Protocol"), says so on stderr and returns
- * 1; else 0. */
+ * lua/force.lua and their protocol 2 twins: lua/acquire.lua, "Protocol"),
+ * says so on stderr and returns 1; else 0. The script names the one
+ * protocol it speaks; this dlockctl speaks both, and says so. */
 int ctl_refused_protocol(const redisReply *r)
 {
     if (!dlock_conn_is_other_protocol(r))
         return 0;
-    char e[4 * (DLOCK_NAME_MAX + DLOCK_PREFIX_MAX) + 512];
-    fprintf(stderr, "dlockctl: %s: use the dlockctl of the release that wrote it\n",
-            ctl_esc(r->str + strlen("DLOCKPROTOCOL "), e, sizeof e));
+    const char *s = r->str + strlen("DLOCKPROTOCOL"), *tail = NULL;
+    s += *s == ' ';
+    for (const char *p = s; (p = strstr(p, "; this ")) != NULL; p++)
+        tail = p; /* "; this dlockctl speaks protocol Q", the script's */
+    char what[2 * (DLOCK_NAME_MAX + DLOCK_PREFIX_MAX) + 256];
+    char e[4 * sizeof what];
+    snprintf(what, sizeof what, "%.*s", (int)(tail ? (size_t)(tail - s) : strlen(s)), s);
+    char speaks[64];
+    fprintf(stderr, "dlockctl: %s; this dlockctl speaks %s: use the dlockctl of the release "
+                    "that wrote it\n",
+            ctl_esc(what, e, sizeof e), ctl_protocols(speaks, sizeof speaks, "protocol"));
     return 1;
 }
 
@@ -134,9 +181,10 @@ void ctl_lock_free(lockinfo *li)
     li->queue = NULL;
 }
 
-/* Reads lock `name` into li. Returns 0, or 1 if its data is another
- * protocol's: refused (said on stderr), li then holds nothing. */
-int ctl_read_lock(redisContext *c, const char *name, lockinfo *li)
+/* Reads lock `name` into li (dlockctl.h). Returns 0, or 1 if its data is
+ * of a protocol this dlockctl does not speak: refused (said on stderr), li
+ * then holds nothing. */
+int ctl_read_lock(redisContext *c, const char *name, int first, lockinfo *li)
 {
     char k[4][DLOCK_NAME_MAX + 128];
     memset(li, 0, sizeof *li);
@@ -146,12 +194,26 @@ int ctl_read_lock(redisContext *c, const char *name, lockinfo *li)
     ctl_key_of(k[1], sizeof k[1], name, dlock_script_key_suffix(DLOCK_KEY_QUEUE));
     ctl_key_of(k[2], sizeof k[2], name, dlock_script_key_suffix(DLOCK_KEY_LIVE));
     ctl_key_of(k[3], sizeof k[3], name, dlock_script_key_suffix(DLOCK_KEY_TURN));
-    redisReply *r = redisCommand(c, "EVAL %s 4 %s %s %s %s", dlock_script_ctl_read(), k[0], k[1],
-                                 k[2], k[3]);
-    if (!r) {
-        fprintf(stderr, "dlockctl: redis: %s\n", c->errstr);
-        exit(1);
+    /* Protocol `first`'s script; refused as the other's data, the other's
+     * (and back again, at most once, if the name's data changed protocol
+     * between the two: its keys all expired and a client of the other
+     * protocol made them anew). */
+    int pv = first;
+    redisReply *r;
+    for (int tries = 0;; tries++) {
+        r = redisCommand(c, "EVAL %s 4 %s %s %s %s", dlock_script_ctl_read(pv), k[0], k[1], k[2],
+                         k[3]);
+        if (!r) {
+            fprintf(stderr, "dlockctl: redis: %s\n", c->errstr);
+            exit(1);
+        }
+        int named = ctl_refusal_names(r);
+        if (!named || named == pv || tries == 2)
+            break;
+        freeReplyObject(r);
+        pv = named;
     }
+    li->protocol = pv;
     if (ctl_refused_protocol(r)) {
         freeReplyObject(r);
         li->remaining_ms = li->held_for_ms = -1;
@@ -249,7 +311,7 @@ void ctl_print_lock_json(const char *name, const lockinfo *li, int open)
 {
     printf("{\"name\":");
     ctl_json_str(name);
-    printf(",\"held\":%s", li->held ? "true" : "false");
+    printf(",\"protocol\":%d,\"held\":%s", li->protocol, li->held ? "true" : "false");
     if (li->held) {
         printf(",\"owner\":");
         ctl_json_str(li->owner);

@@ -1,6 +1,8 @@
 /*
  * dlockctl release NAME --force and release --client ID --force
- * (dlockctl.h; how a forced release works: dlockctl.c's head).
+ * (dlockctl.h; how a forced release works: dlockctl.c's head). A name is
+ * released by the forced release of its data's protocol (lua/force.lua or
+ * lua/p2/force.lua), which takes the same keys and arguments.
  */
 #define _GNU_SOURCE
 #include <getopt.h>
@@ -18,16 +20,18 @@
 #include "conn/script.h"
 #include "common/slot.h"
 
-/* The forced release: lua/force.lua with the release script's text in
- * place of its line "--@release.lua" (one script, so atomic). A new string
- * (free() it), or NULL when out of memory. */
-static char *force_script(void)
+/* The forced release of protocol `protocol` (1 or 2): lua/force.lua (or
+ * lua/p2/force.lua) with that protocol's release script's text in place of
+ * its line "--@release.lua" (one script, so atomic). A new string (free()
+ * it), or NULL when out of memory. */
+static char *force_script(int protocol)
 {
     static const char mark[] = "--@release.lua\n";
-    const char *tpl = dlock_script_force(), *at = strstr(tpl, mark);
-    const char *body = dlock_script_body(DLOCK_SCRIPT_RELEASE);
+    const char *tpl = dlock_script_force(protocol), *at = strstr(tpl, mark);
+    const char *body = dlock_script_body(dlock_script_in(DLOCK_SCRIPT_RELEASE, protocol));
     if (!at) {
-        fprintf(stderr, "dlockctl: lua/force.lua has no line --@release.lua\n");
+        fprintf(stderr, "dlockctl: protocol %d's force.lua has no line --@release.lua\n",
+                protocol);
         return NULL;
     }
     size_t n = strlen(tpl) + strlen(body) + 2;
@@ -47,9 +51,26 @@ static void json_item(void)
         json_items++;
 }
 
-/* release NAME --force; with O.client set, only if that client holds it
- * (the lease may have changed hands since the scan). */
-int ctl_release(const char *name)
+/* What a release that changed nothing prints: "<name> changed hands
+ * meanwhile" (text) or its JSON object. */
+static void changed_meanwhile(const char *name)
+{
+    char en[4 * DLOCK_NAME_MAX + 8];
+    if (O.json) {
+        json_item();
+        printf("{\"name\":");
+        ctl_json_str(name);
+        printf(",\"released\":false,\"reason\":\"the holder changed; look again\"}\n");
+    } else {
+        printf("%s changed hands meanwhile: nothing released; look again\n",
+               ctl_esc(name, en, sizeof en));
+    }
+}
+
+/* release NAME --force, the name read first in protocol `first`'s script
+ * (ctl_read_lock); with O.client set, only if that client holds it (the
+ * lease may have changed hands since the scan). */
+static int release_in(const char *name, int first)
 {
     char en[4 * DLOCK_NAME_MAX + 8], eh[4 * DLOCK_CLIENT_NAME_MAX + 8];
     if (!O.force) {
@@ -62,7 +83,7 @@ int ctl_release(const char *name)
     dlock_cluster_node *node;
     redisContext *c = ctl_conn_for(k[DLOCK_KEY_LEASE], &node);
     lockinfo li;
-    if (ctl_read_lock(c, name, &li) != 0) {
+    if (ctl_read_lock(c, name, first, &li) != 0) {
         if (O.json) {
             json_item();
             printf("{\"name\":");
@@ -106,21 +127,25 @@ int ctl_release(const char *name)
         argv[i] = k[i];
     const char *a[DLOCK_RELEASE_ARGS] = {
         li.owner, "token", li.token,
-        "3600000",  /* the fence's lifetime: an hour, as no lease time of the holder
-                       is known (a longer fence only keeps tokens higher) */
-        li.token,   /* the last token handed out: the script takes the fence's */
+        "3600000",  /* the fence's lifetime (protocol 2: how long the end word is
+                       kept): an hour, as no lease time of the holder is known (a
+                       longer fence only keeps tokens higher) */
+        li.token,   /* the last token handed out: the script takes the holder's
+                       reservation (and protocol 1's fence) */
         wake, name,
         "2000",     /* a turn waits this long for its client (the default waiter ttl) */
         "60000",    /* the holder's record of the name, at least (the script keeps a
                        longer lifetime it already has) */
         "3"};       /* an operator's release: the next holder is told (dlock_unclean) */
     memcpy(argv + DLOCK_SCRIPT_KEYS, a, sizeof a);
-    /* The library's release script, run as the holder inside a wrapper
-     * (one script, so atomic): only the grant read above is released, the
-     * holder's reservation of tokens for its threads (the fence) is kept as
-     * the last token, and the holder's record says the grant was taken, not
-     * released, so that its own release then returns DLOCK_ELOST. */
-    char *script = force_script();
+    /* The library's release script of the protocol the data was read in,
+     * run as the holder inside a wrapper (one script, so atomic): only the
+     * grant read above is released, the holder's reservation of tokens for
+     * its threads is kept as the last token (in protocol 1's fence; in the
+     * slot's mark, protocol 2's), and the holder's record says the grant
+     * was taken, not released, so that its own release then returns
+     * DLOCK_ELOST. */
+    char *script = force_script(li.protocol);
     if (!script) {
         fprintf(stderr, "dlockctl: out of memory, or no forced release script\n");
         return 1;
@@ -146,7 +171,12 @@ int ctl_release(const char *name)
         }
         if (r->type == REDIS_REPLY_ERROR) {
             free(script);
-            if (!ctl_refused_protocol(r))
+            /* The name's data is of the other protocol now (its keys all
+             * expired after the read, and a client of that protocol made
+             * them anew): not the grant read, so nothing to release. */
+            if (ctl_refusal_names(r))
+                changed_meanwhile(name);
+            else if (!ctl_refused_protocol(r))
                 fprintf(stderr, "dlockctl: redis: %s\n", r->str);
             freeReplyObject(r);
             ctl_conn_done(c, node);
@@ -172,15 +202,7 @@ int ctl_release(const char *name)
     free(script);
     if (rc != 1 && rc != 2) {
         /* 0: the grant changed between the read and the release */
-        if (O.json) {
-            json_item();
-            printf("{\"name\":");
-            ctl_json_str(name);
-            printf(",\"released\":false,\"reason\":\"the holder changed; look again\"}\n");
-        } else {
-            printf("%s changed hands meanwhile: nothing released; look again\n",
-                   ctl_esc(name, en, sizeof en));
-        }
+        changed_meanwhile(name);
         ctl_conn_done(c, node);
         return 1;
     }
@@ -198,8 +220,8 @@ int ctl_release(const char *name)
         ctl_json_str(li.owner);
         printf(",\"holder_name\":");
         ctl_json_str(li.holder);
-        printf(",\"token\":%s,\"holder_told\":%s,\"next_waiter_granted\":%s}\n", li.token,
-               told > 0 ? "true" : "false", rc == 2 ? "true" : "false");
+        printf(",\"token\":%s,\"protocol\":%d,\"holder_told\":%s,\"next_waiter_granted\":%s}\n",
+               li.token, li.protocol, told > 0 ? "true" : "false", rc == 2 ? "true" : "false");
     } else {
         printf("%s released by force: it was held by %s (client id %s, token %s); the holder "
                "%s; %s\n",
@@ -212,9 +234,21 @@ int ctl_release(const char *name)
     return 0;
 }
 
-/* The names a client holds, gathered by scan_all. */
+/* release NAME --force (dlockctl.h): protocol 1's read first, as show's. */
+int ctl_release(const char *name)
+{
+    return release_in(name, DLOCK_PROTOCOL_MIN);
+}
+
+/* The names a client holds, gathered by scan_all, each with the protocol
+ * its data was read in. */
+typedef struct held_name {
+    char name[DLOCK_NAME_MAX + 1];
+    int protocol;
+} held_name;
+
 typedef struct names {
-    char (*v)[DLOCK_NAME_MAX + 1];
+    held_name *v;
     size_t n, cap;
 } names;
 
@@ -231,7 +265,8 @@ static void held_by_client(const char *name, const lockinfo *li, void *arg)
         l->v = v;
         l->cap = cap;
     }
-    snprintf(l->v[l->n++], DLOCK_NAME_MAX + 1, "%s", name);
+    snprintf(l->v[l->n].name, sizeof l->v[0].name, "%s", name);
+    l->v[l->n++].protocol = li->protocol;
 }
 
 /* release --client ID --force: every lock the client holds, one by one
@@ -258,7 +293,7 @@ int ctl_release_client(void)
     }
     int released = 0;
     for (size_t i = 0; i < l.n; i++)
-        released += ctl_release(l.v[i]) == 0;
+        released += release_in(l.v[i].name, l.v[i].protocol) == 0;
     if (O.json)
         printf("]\n");
     else if (l.n == 0)

@@ -390,7 +390,7 @@ static void test_listing_and_doctor(void **state)
         assert_int_equal(dlock_release(a, names[i]), DLOCK_OK);
 
     assert_int_equal(ctl(out, sizeof out, "--version"), 0);
-    assert_non_null(strstr(out, "dlockctl " DLOCK_VERSION_STRING " (protocol 1)"));
+    assert_non_null(strstr(out, "dlockctl " DLOCK_VERSION_STRING " (protocol 1, reads 1 and 2)"));
     assert_int_equal(ctl(out, sizeof out, "doctor"), 0);
     assert_non_null(strstr(out, "ok    version"));
     assert_non_null(strstr(out, "ok    eviction"));
@@ -545,10 +545,11 @@ static void data_of(dlock_client *c, const char *name, char *out, size_t n)
     freeReplyObject(r);
 }
 
-/* Data of another protocol (a later release's: lua/acquire.lua,
- * "Protocol") is refused by show, list and release --force, naming both
- * protocols, exit status 1, and left as it was; also when it is marked
- * after dlockctl read the lock, before it releases it. */
+/* Data of a protocol this release does not speak (a later release's, 3:
+ * lua/acquire.lua, "Protocol"; protocol 2's is read, test_dlockctl_p2.c)
+ * is refused by show, list and release --force, naming the protocols,
+ * exit status 1, and left as it was; also when it is marked after dlockctl
+ * read the lock, before it releases it. */
 static void test_other_protocol_refused(void **state)
 {
     (void)state;
@@ -562,33 +563,33 @@ static void test_other_protocol_refused(void **state)
     cfg.lease_ms = 60000;
     dlock_client *a;
     assert_int_equal(dlock_client_open(&cfg, &a), DLOCK_OK);
-    assert_int_equal(dlock_acquire(a, "pv2", 0, NULL), DLOCK_OK);
-    freeReplyObject(fx_cmd_at(fx_server.port, "HSET tc:ctl:{pv2} pv 2"));
+    assert_int_equal(dlock_acquire(a, "pvx", 0, NULL), DLOCK_OK);
+    freeReplyObject(fx_cmd_at(fx_server.port, "HSET tc:ctl:{pvx} pv 3"));
     char before[1024], after[1024], out[4096];
-    data_of(a, "pv2", before, sizeof before);
-    assert_int_equal(dlock_release(a, "pv2"), DLOCK_ESERVER); /* the client refuses too */
-    const char *cmds[] = {"show pv2", "release pv2 --force"};
+    data_of(a, "pvx", before, sizeof before);
+    assert_int_equal(dlock_release(a, "pvx"), DLOCK_ESERVER); /* the client refuses too */
+    const char *cmds[] = {"show pvx", "release pvx --force"};
     for (int i = 0; i < 2; i++) {
         assert_int_equal(ctl_err(out, sizeof out, "%s", cmds[i]), 1);
         fprintf(stderr, "%s: %s", cmds[i], out);
-        assert_non_null(strstr(out, "dlockctl: tc:ctl:{pv2}: the data of this name is dlock "
-                                    "protocol 2; this dlockctl speaks protocol 1: use the "
-                                    "dlockctl of the release that wrote it"));
+        assert_non_null(strstr(out, "dlockctl: tc:ctl:{pvx}: the data of this name is dlock "
+                                    "protocol 3; this dlockctl speaks protocols 1 and 2: use "
+                                    "the dlockctl of the release that wrote it"));
     }
     /* a listing and a client's release go on past such a name: one lock of
      * another protocol does not stop an operator freeing the others */
     assert_int_equal(dlock_acquire(a, "pvok", 0, NULL), DLOCK_OK);
     assert_int_equal(ctl_err(out, sizeof out, "list 'pv*'"), 0);
     fprintf(stderr, "list: %s", out);
-    assert_non_null(strstr(out, "tc:ctl:{pv2}: the data of this name is dlock protocol 2"));
+    assert_non_null(strstr(out, "tc:ctl:{pvx}: the data of this name is dlock protocol 3"));
     assert_non_null(strstr(out, "pvok "));
     assert_int_equal(ctl_err(out, sizeof out, "release --client %s --force", dlock_client_id(a)),
                      0);
     fprintf(stderr, "release --client: %s", out);
-    assert_non_null(strstr(out, "tc:ctl:{pv2}: the data of this name is dlock protocol 2"));
+    assert_non_null(strstr(out, "tc:ctl:{pvx}: the data of this name is dlock protocol 3"));
     assert_non_null(strstr(out, "1 of the 1 locks client"));
     assert_int_equal(dlock_release(a, "pvok"), DLOCK_ELOST); /* taken by the operator */
-    data_of(a, "pv2", after, sizeof after);
+    data_of(a, "pvx", after, sizeof after);
     assert_string_equal(before, after);
 
     /* Marked between the read and the forced release (a pause of 1.5 s
@@ -603,7 +604,7 @@ static void test_other_protocol_refused(void **state)
     FILE *f = popen(command, "r");
     assert_non_null(f);
     fx_sleep_ms(500); /* it has read the lock (0.5 s is plenty on loopback) and now pauses */
-    freeReplyObject(fx_cmd_at(fx_server.port, "HSET tc:ctl:{pv3} pv 2"));
+    freeReplyObject(fx_cmd_at(fx_server.port, "HSET tc:ctl:{pv3} pv 3"));
     data_of(a, "pv3", before, sizeof before);
     size_t got = fread(out, 1, sizeof out - 1, f);
     out[got] = '\0';
@@ -611,8 +612,8 @@ static void test_other_protocol_refused(void **state)
     fprintf(stderr, "release pv3 --force: %s", out);
     assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 1);
     assert_non_null(strstr(out, "dlockctl: tc:ctl:{pv3}: the data of this name is dlock "
-                                "protocol 2; this dlockctl speaks protocol 1: use the dlockctl "
-                                "of the release that wrote it"));
+                                "protocol 3; this dlockctl speaks protocols 1 and 2: use the "
+                                "dlockctl of the release that wrote it"));
     data_of(a, "pv3", after, sizeof after);
     assert_string_equal(before, after);
     assert_int_equal(dlock_release(a, "pv3"), DLOCK_ESERVER);
