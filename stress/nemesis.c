@@ -104,8 +104,10 @@ static struct {
     uint64_t seed;
     const char *shim;         /* the clock shim; NULL: no clock faults */
     const char *faketime;     /* libfaketimeMT */
+    int protocol;             /* the workers' dlock_config.protocol: 0 the default,
+                                 -1 mixed (worker slot s writes 1 + s % 2) */
 } O = {120, 3, 6, 6, 2000, 2, 0, 0, 30000, (1u << NM_NFAULTS) - 1, 0, NULL,
-       "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"};
+       "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1", 0};
 
 static nm_shared *sh;
 static int shfd = -1;
@@ -616,7 +618,10 @@ static void usage(FILE *f)
     fprintf(f,
 "usage: nemesis [--seconds S] [--procs P] [--threads T] [--names K] [--lease-ms L]\n"
 "               [--min-replicas M] [--faults LIST] [--seed N] [--recovery-bound-ms B]\n"
-"               [--clock-shim PATH [--faketime PATH]] [--plant nolock|unfenced] [--quiet]\n"
+"               [--clock-shim PATH [--faketime PATH]] [--plant nolock|unfenced]\n"
+"               [--protocol 1|2|mixed] [--quiet]\n"
+"  --protocol: what the workers write (each reads both); mixed: worker s\n"
+"          writes 1 + s %% 2 (docs/operations.md, \"Upgrades\")\n"
 "  faults: a comma-separated subset of pause,kill,restart,wipe,failover,delay,\n"
 "          reset,hold,stall,clockfwd,clockback,clockfar (default: all; the clock\n"
 "          faults need --clock-shim, the path of libdlock_clockshim.so, and\n"
@@ -664,7 +669,8 @@ int main(int argc, char **argv)
         {"names", 1, 0, 'n'}, {"lease-ms", 1, 0, 'l'}, {"min-replicas", 1, 0, 'm'},
         {"faults", 1, 0, 'f'}, {"seed", 1, 0, 'S'}, {"recovery-bound-ms", 1, 0, 'r'},
         {"clock-shim", 1, 0, 'c'}, {"faketime", 1, 0, 'T'}, {"quiet", 0, 0, 'q'}, {"worker", 1, 0, 'W'},
-        {"fd", 1, 0, 'F'}, {"plant", 1, 0, 'P'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+        {"fd", 1, 0, 'F'}, {"plant", 1, 0, 'P'}, {"protocol", 1, 0, 'V'},
+        {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     int o;
     while ((o = getopt_long(argc, argv, "", lo, NULL)) != -1) {
         switch (o) {
@@ -691,6 +697,12 @@ int main(int argc, char **argv)
                 fprintf(stderr, "nemesis: --plant nolock or unfenced\n");
                 return 2;
             }
+            break;
+        case 'V':
+            O.protocol = !strcmp(optarg, "mixed")
+                             ? -1
+                             : (int)num("--protocol", optarg, DLOCK_PROTOCOL_LOWEST,
+                                        DLOCK_PROTOCOL_HIGHEST);
             break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
@@ -745,6 +757,7 @@ int main(int argc, char **argv)
     sh->names = O.names;
     sh->lease_ms = O.lease_ms;
     sh->min_replicas = O.min_replicas;
+    sh->protocol = O.protocol;
     sh->command_ms = 1000;
     sh->think_us = 2000;
     sh->plant = O.plant;

@@ -66,6 +66,7 @@ typedef struct nm_proc {
 typedef struct nm_shared {
     /* Parameters, written by the runner before any worker starts. */
     int threads, names, lease_ms, min_replicas, command_ms, think_us;
+    int protocol;             /* dlock_config.protocol: 0 the default, -1 mixed */
     int store_port;
     int plant;                /* a planted bug, to show the checker catches it:
                                  NM_PLANT_* (0: none) */

@@ -222,6 +222,8 @@ void nm_worker_main(nm_shared *sh, int slot)
     cfg.command_timeout_ms = (uint32_t)sh->command_ms;
     cfg.connect_timeout_ms = (uint32_t)sh->command_ms;
     cfg.on_lost = on_lost;
+    if (sh->protocol)
+        cfg.protocol = sh->protocol < 0 ? (uint32_t)(1 + slot % 2) : (uint32_t)sh->protocol;
     char cname[32];
     snprintf(cname, sizeof cname, "nemesis-%d-%d", slot, (int)getpid());
     cfg.client_name = cname;

@@ -66,6 +66,8 @@ typedef struct opts {
     long cs_us, think_us;
     int cs_sleep;
     long pass_limit;          /* -1: library default */
+    int protocol;             /* dlock_config.protocol: 0 the library's default, 1 or
+                                 2, -1 mixed (worker p writes 1 + p % 2) */
     long lease_ms;
     long wait_ms;
     long pool_size;           /* -1: library default (1 with --client-per-thread) */

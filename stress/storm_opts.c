@@ -54,6 +54,9 @@ static void usage(FILE *f)
 "  --pass-limit K       dlock pass_limit (local handoffs before the lease goes\n"
 "                       back to Redis; default: the library's)\n"
 "  --lease-ms M         lease time (%u..%u, default 30000)\n"
+"  --protocol P         the protocol the clients write: 1, 2, or mixed (worker\n"
+"                       p writes 1 + p %% 2; each reads both: docs/operations.md,\n"
+"                       \"Upgrades\"); default: the library's\n"
 "  --wait-ms W          acquire wait: -1 forever, 0 try once (EBUSY counted\n"
 "                       as busy), >0 bounded (default 2000; timeouts counted)\n"
 "  --pool-size P        dlock pool_size (default: the library's, or 1 with\n"
@@ -161,7 +164,7 @@ void parse_opts(int argc, char **argv)
     enum { O_PROCS = 256, O_THREADS, O_LOCKS, O_SECONDS, O_CS, O_CS_SLEEP, O_THINK,
            O_PASS, O_LEASE, O_WAIT, O_POOL, O_CPT, O_MUTEX, O_NAIVE, O_RTT, O_REDIS, O_STACK,
            O_QUIET, O_UNIX, O_MINREP, O_SENTINEL, O_CLUSTER, O_CLUSTER_REPLICAS, O_METRICS,
-           O_HELP };
+           O_PROTOCOL, O_HELP };
     static const struct option lo[] = {
         {"procs", required_argument, 0, O_PROCS},
         {"threads", required_argument, 0, O_THREADS},
@@ -171,6 +174,7 @@ void parse_opts(int argc, char **argv)
         {"cs-sleep", no_argument, 0, O_CS_SLEEP},
         {"think-us", required_argument, 0, O_THINK},
         {"pass-limit", required_argument, 0, O_PASS},
+        {"protocol", required_argument, 0, O_PROTOCOL},
         {"lease-ms", required_argument, 0, O_LEASE},
         {"wait-ms", required_argument, 0, O_WAIT},
         {"pool-size", required_argument, 0, O_POOL},
@@ -210,6 +214,12 @@ void parse_opts(int argc, char **argv)
             break;
         case O_WAIT: O.wait_ms = parse_long("--wait-ms", optarg, -1, 3600000); break;
         case O_POOL: O.pool_size = parse_long("--pool-size", optarg, 1, 1024); break;
+        case O_PROTOCOL:
+            O.protocol = strcmp(optarg, "mixed") == 0
+                             ? -1
+                             : (int)parse_long("--protocol", optarg, DLOCK_PROTOCOL_LOWEST,
+                                               DLOCK_PROTOCOL_HIGHEST);
+            break;
         case O_CPT: O.client_per_thread = 1; break;
         case O_MUTEX: O.mutex = 1; break;
         case O_NAIVE: O.naive = 1; break;

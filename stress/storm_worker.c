@@ -482,7 +482,7 @@ static void *thread_main(void *arg)
 /* ------------------------------------------------------------------ */
 /* Worker process                                                       */
 
-static int open_client(dlock_client **out, proc_res *pr)
+static int open_client(dlock_client **out, proc_res *pr, int p)
 {
     dlock_config cfg;
     dlock_config_init(&cfg);
@@ -505,6 +505,8 @@ static int open_client(dlock_client **out, proc_res *pr)
     cfg.lease_ms = (uint32_t)O.lease_ms;
     if (O.pass_limit >= 0)
         cfg.pass_limit = (uint32_t)O.pass_limit;
+    if (O.protocol)
+        cfg.protocol = O.protocol < 0 ? (uint32_t)(1 + p % 2) : (uint32_t)O.protocol;
     if (O.pool_size > 0)
         cfg.pool_size = (uint32_t)O.pool_size;
     else if (O.client_per_thread)
@@ -532,7 +534,7 @@ void worker_main(int p)
         failed = 1;
     }
     for (int i = 0; !failed && i < nclients; i++) {
-        if (open_client(&clients[i], pr) != DLOCK_OK)
+        if (open_client(&clients[i], pr, p) != DLOCK_OK)
             failed = 1;
         else
             opened++;

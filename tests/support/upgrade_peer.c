@@ -12,14 +12,20 @@
  *       critical section checks, in a file mapped by both peers (SHM), that
  *       nobody else is inside (occupancy), that the fencing token is above
  *       the last one any holder of the name got, and counts the
- *       acquisitions that follow a holder of the other peer (cross).
- *       Prints "peer ID VERSION: A acquisitions, C cross, O overlaps,
- *       R tokens out of order, E errors"; exit 0 when O, R and E are 0.
+ *       acquisitions that follow a holder of the other peer (cross), and
+ *       the calls refused because the name's data is of a protocol its
+ *       release does not speak (refused; with UPGRADE_PEER_REFUSALS=1
+ *       they are expected, else errors). Prints "peer ID VERSION: A
+ *       acquisitions, C cross, O overlaps, R tokens out of order, F
+ *       refused, E errors"; exit 0 when O, R and E are 0.
  *   upgrade_peer refuse SOCKET PREFIX NAME
  *       takes NAME (free), says "held" and waits for a line on stdin (the
- *       test marks NAME's data as another protocol's meanwhile), then
- *       releases it, tries it once and waits for it 300 ms: exit 0 if all
- *       three fail with DLOCK_ESERVER and a message naming protocol 2.
+ *       test marks NAME's data as protocol 3's meanwhile), then releases
+ *       it, tries it once and waits for it 300 ms: exit 0 if all three
+ *       fail with DLOCK_ESERVER and a message naming protocol 3.
+ *
+ * UPGRADE_PEER_PROTOCOL=P sets dlock_config.protocol, in releases that
+ * have it (DLOCK_PROTOCOL_HIGHEST defined).
  *
  * State shared across the two processes: SHM, a MAP_SHARED array of one
  * slot per name. occupancy is changed with atomic adds; last_token and
@@ -52,7 +58,15 @@ static slot *shm;
 static dlock_client *client;
 static int peer_id;
 static double run_seconds;
-static long acquisitions, cross, overlaps, regressions, errors;
+static long acquisitions, cross, overlaps, regressions, errors, refusals;
+static int refusals_expected;
+
+/* A call refused because the name's data is of a protocol this release
+ * does not speak. */
+static int is_refusal(int rc)
+{
+    return rc == DLOCK_ESERVER && strstr(dlock_last_error(), "dlock protocol ");
+}
 static pthread_mutex_t count_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static double now_s(void)
@@ -65,7 +79,7 @@ static double now_s(void)
 static void *worker(void *arg)
 {
     unsigned seed = (unsigned)(uintptr_t)arg * 7919u + (unsigned)peer_id;
-    long a = 0, x = 0, o = 0, r = 0, e = 0;
+    long a = 0, x = 0, o = 0, r = 0, e = 0, f = 0;
     double end = now_s() + run_seconds;
     while (now_s() < end) {
         int n = (int)(rand_r(&seed) % NAMES);
@@ -75,6 +89,10 @@ static void *worker(void *arg)
         int rc = dlock_acquire(client, name, 2000, &token);
         if (rc == DLOCK_ETIMEDOUT)
             continue;
+        if (refusals_expected && is_refusal(rc)) {
+            f++;
+            continue;
+        }
         if (rc != DLOCK_OK) {
             if (e++ == 0)
                 fprintf(stderr, "peer %d: acquire %s: %s\n", peer_id, name, dlock_last_error());
@@ -94,7 +112,9 @@ static void *worker(void *arg)
         nanosleep(&cs, NULL);
         __atomic_fetch_sub(&s->occupancy, 1, __ATOMIC_SEQ_CST);
         rc = dlock_release(client, name);
-        if (rc != DLOCK_OK && e++ == 0)
+        if (rc != DLOCK_OK && refusals_expected && is_refusal(rc))
+            f++;
+        else if (rc != DLOCK_OK && e++ == 0)
             fprintf(stderr, "peer %d: release %s: %s\n", peer_id, name, dlock_last_error());
         struct timespec think = {0, (long)(rand_r(&seed) % 500) * 1000};
         nanosleep(&think, NULL);
@@ -105,6 +125,7 @@ static void *worker(void *arg)
     overlaps += o;
     regressions += r;
     errors += e;
+    refusals += f;
     pthread_mutex_unlock(&count_mu);
     return NULL;
 }
@@ -116,6 +137,11 @@ static int open_client(const char *sock, const char *prefix)
     cfg.redis_unix_path = sock;
     cfg.key_prefix = prefix;
     cfg.lease_ms = 5000;
+#ifdef DLOCK_PROTOCOL_HIGHEST
+    const char *p = getenv("UPGRADE_PEER_PROTOCOL");
+    if (p && *p)
+        cfg.protocol = (uint32_t)atoi(p);
+#endif
     int rc = dlock_client_open(&cfg, &client);
     if (rc != DLOCK_OK)
         fprintf(stderr, "upgrade_peer: open: %s\n", dlock_last_error());
@@ -125,6 +151,8 @@ static int open_client(const char *sock, const char *prefix)
 static int run(char **argv)
 {
     peer_id = atoi(argv[5]);
+    const char *x = getenv("UPGRADE_PEER_REFUSALS");
+    refusals_expected = x && strcmp(x, "1") == 0;
     run_seconds = atof(argv[6]);
     int fd = open(argv[4], O_RDWR);
     if (fd < 0 || peer_id <= 0 || run_seconds <= 0) {
@@ -142,18 +170,18 @@ static int run(char **argv)
         pthread_join(t[i], NULL);
     dlock_client_close(client);
     printf("peer %d %s: %ld acquisitions, %ld cross, %ld overlaps, %ld tokens out of order, "
-           "%ld errors\n", peer_id, dlock_version(), acquisitions, cross, overlaps, regressions,
-           errors);
+           "%ld refused, %ld errors\n", peer_id, dlock_version(), acquisitions, cross, overlaps,
+           regressions, refusals, errors);
     return overlaps || regressions || errors ? 1 : 0;
 }
 
-/* Prints what call `what` returned; whether it was a refusal of protocol 2's
+/* Prints what call `what` returned; whether it was a refusal of protocol 3's
  * data. */
 static int refused(const char *what, int rc)
 {
     printf("%s %s: %s: %s\n", dlock_version(), what, dlock_err_name(rc), dlock_last_error());
     fflush(stdout);
-    return rc == DLOCK_ESERVER && strstr(dlock_last_error(), "dlock protocol 2");
+    return rc == DLOCK_ESERVER && strstr(dlock_last_error(), "dlock protocol 3");
 }
 
 static int refuse(char **argv)
