@@ -56,8 +56,9 @@ typedef struct dlock_renew_job {
     int result;             /* of the last try (dlock_renew_jobs_run) */
     int lane, sent, redo;   /* dlock_renew_jobs_run's bookkeeping for the try: where, */
     int eval, asking;       /* sent or not, to run again (as EVAL, after ASKING) */
-    int protocol;           /* whose script it runs: the attempt's (renew.h); */
-    int switched;           /* or, once, the other's: refused as its data */
+    int protocol;           /* whose script it runs: the attempt's (renew.h), or the
+                               other's after a refusal as its data (job_result) */
+    int switched;           /* a leave switched protocol already (once only) */
     char nonce[24];         /* decimal */
     char *keys[DLOCK_KEYS]; /* copies of the entry's keys, in buf */
     char *name;             /* in buf */

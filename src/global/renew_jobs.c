@@ -92,16 +92,18 @@ static int append_job(dlock_renew *r, redisContext *c, const dlock_renew_job *o,
                                   DLOCK_SCRIPT_KEYS, DLOCK_RELEASE_ARGS, argv, NULL);
 }
 
-/* What a job's reply means: done, or to be tried again later (in the other
- * protocol, once, when its script refused the name's data as that one's:
- * the grant or the queue entry it is about may be there, and the refusal
- * wrote nothing). */
+/* What a job's reply means: done, or to be tried again later, in the other
+ * protocol when its script refused the name's data as that one's (the
+ * grant or the queue entry it is about may be there, and the refusal wrote
+ * nothing): a give-back at each such refusal until its time is over (a
+ * late copy of its attempt may be granted in either protocol meanwhile),
+ * a leave once. */
 static int job_result(dlock_renew_job *o, const redisReply *rep)
 {
     enum { UNKNOWN = -1, NOT_OWNED = 0, DONE = 1 };
     int other = dlock_conn_refusal_protocol(rep);
     if (other != o->protocol && other >= DLOCK_PROTOCOL_MIN && other <= DLOCK_PROTOCOL_MAX &&
-        !o->switched) {
+        !(o->leave && o->switched)) {
         o->protocol = other;
         o->switched = 1;
         return UNKNOWN;
