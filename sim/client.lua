@@ -11,6 +11,27 @@
 -- sim/protocol.lua with a digest of its text; tests/sim_protocol (ctest)
 -- fails when one of them changes until this file is checked against it and
 -- the digest renewed. Each handler below names the C function it follows.
+--
+-- Protocols (docs/design.md, "Protocol versions"): a client speaks both
+-- protocol 1 (lua/) and 2 (lua/p2/), and its setting (c.protocol,
+-- dlock_config.protocol) names the one it tries first. The rule, as
+-- src/local/rpc.c, acquire.c, release.c and src/global/renew_*.c follow it:
+-- an acquire attempt is sent in the setting's protocol, and if the script
+-- refuses the name's data as the other protocol's (DLOCKPROTOCOL, naming
+-- it), the same attempt (number and arguments) is sent again in the
+-- protocol the refusal names, up to C.RESENDS times (the data may change
+-- protocol between two sends); refused after that, the acquire fails
+-- (ESERVER). A grant belongs to the protocol of the try that got it (a
+-- direct grant: that of the release that made it, which its message names:
+-- "g"/"u" from protocol 1's, "G"/"U" from protocol 2's); its renewals (one
+-- renew call per protocol a round), its release and its local handoffs use
+-- it. A background give-back of an attempt of unknown outcome goes in the
+-- protocol that attempt was last sent in; a leave in that of the try that
+-- queued the client. A release and a leave refused as the other protocol's
+-- data are sent again in it, once; a background leave switches to it once,
+-- a background give-back at each refusal until its time is over (C.run_job).
+-- In a world of one protocol every client's setting is that protocol and
+-- nothing is ever refused: the schedules are those of before this rule.
 local C = {}
 
 local floor = math.floor
@@ -89,6 +110,34 @@ function C.verdict(s, e, v, sent, now)
   return 'kept'
 end
 
+-- dlock_rpc_acquire: an attempt refused as the other protocol's data is
+-- sent again in it at most this many times (DLOCK_RPC_RESENDS): the data
+-- may change protocol between two sends.
+C.RESENDS = 2
+
+-- dlock_rpc_acquire (resend_in): the protocol an acquire sent in `sent_in`
+-- and refused as the other protocol's data (reply rep) is sent again in,
+-- or nil: the refusal names a protocol this client speaks (1 or 2) other
+-- than the one it was sent in.
+function C.resend_in(rep, sent_in)
+  local p = C.refusal_protocol(rep)
+  if p and p ~= sent_in then return p end
+end
+
+-- dlock_conn_refusal_protocol: the protocol a DLOCKPROTOCOL refusal names
+-- as the data's (1 or 2), or nil (no refusal, or another protocol).
+function C.refusal_protocol(rep)
+  local e = type(rep) == 'table' and rep.err
+  local p = e and tonumber(e:match('^DLOCKPROTOCOL the data of this name is dlock protocol (%d+)'))
+  if p == 1 or p == 2 then return p end
+end
+
+-- Whether rep is a DLOCKPROTOCOL refusal (dlock_conn_is_other_protocol).
+function C.refused(rep)
+  local e = type(rep) == 'table' and rep.err
+  return e and e:find('^DLOCKPROTOCOL') ~= nil or false
+end
+
 -- dlock_rpc_acquire: the acquire script's ARGV for attempt `nonce`.
 function C.acquire_argv(c, e, nonce, once)
   local a = c.args
@@ -111,6 +160,7 @@ function C.new(W, idx, id, cfg)
     alive = true, attempts = 0, entries = {}, threads = {},
     jobs = {}, renew_epoch = 0, renew_timer = nil, renewing = false,
     pool_next = 1, name = 'client' .. idx,
+    protocol = cfg.protocol or 1, -- its setting: the protocol every attempt is sent in first
   }
   c.args = {
     lease = tostring(cfg.lease_ms), pl = tostring(cfg.pass_limit),
@@ -232,10 +282,11 @@ local function finish(th, rc, quiet)
     if e.queued and #e.queue == 0 and not e.poller and not e.owner and e.state == 'NONE' then
       local n = next_number(c)
       e.queued = false
+      -- (in the protocol of the try that queued it: dlock_acquire_run)
       if rc == 'ETIMEDOUT' or rc == 'EBUSY' then
         C.leave(c, e, n, false)
       else
-        C.job(c, e, 'leave', n, 2 * c.s.waiter_ttl_ms * 1000)
+        C.job(c, e, 'leave', n, 2 * c.s.waiter_ttl_ms * 1000, e.queue_proto or c.protocol)
       end
     end
     C.think(th)
@@ -378,9 +429,10 @@ function C.maybe_free(c, e)
   end
 end
 
--- take_grant (acquire.c)
-local function take_grant(c, e, th, token, valid_until, unclean)
+-- take_grant (acquire.c): the grant is in protocol `proto`.
+local function take_grant(c, e, th, token, valid_until, unclean, proto)
   e.state = 'HELD'
+  e.gproto = proto
   e.grant_token = token
   e.token = token
   e.epoch = e.epoch + 1
@@ -409,7 +461,9 @@ local function take_direct_grant(c, e)
   if not m or not C.direct_takes(c.s, m.nonce, e.try_nonce, e.try_sent, now) then return false end
   local valid = C.direct_valid(c.s, e.try_sent)
   trace(c, 'takes the direct grant of %s (attempt %d, token %.0f)', e.name, m.nonce, m.token)
-  take_grant(c, e, e.poller, m.token, valid, m.unclean)
+  -- (in the protocol of the release that made it, as its message says:
+  -- acquire.c, take_direct_grant; wake_one)
+  take_grant(c, e, e.poller, m.token, valid, m.unclean, m.proto)
   e.provisional = true
   if #e.queue > 0 then
     C.renew_round(c)
@@ -419,7 +473,9 @@ local function take_direct_grant(c, e)
   return true
 end
 
--- One try of the poller (poll_redis, dlock_rpc_acquire).
+-- One try of the poller (poll_redis, dlock_rpc_acquire): in the setting's
+-- protocol, and, refused as the other protocol's data, the same attempt
+-- again in that one, up to C.RESENDS times (its last send counts).
 function C.try(c, e)
   local th = e.poller
   e.state = 'ACQUIRING'
@@ -432,27 +488,45 @@ function C.try(c, e)
   end
   local argv = C.acquire_argv(c, e, nonce, th.once)
   local sent = cnow(c)
+  local proto, resent = c.protocol, 0
   trace(c, '%s polls %s: acquire attempt %d', th.name, e.name, nonce)
-  c.W:request(c, 'acquire', e.name, e.keys, argv, {nonce = nonce}, function(rep, how, acked)
+  local function answered(rep, how, acked)
     if not c.alive then return end
+    local other = how == 'reply' and resent < C.RESENDS and C.resend_in(rep, proto)
+    if other then
+      -- the same attempt, its arguments unchanged, in the protocol the
+      -- refusal names (it wrote nothing: the number is unused in Redis)
+      trace(c, '%s: attempt %d of %s refused in protocol %d: sent again in protocol %d', th.name,
+        nonce, e.name, proto, other)
+      c.W.faults.proto_resend = (c.W.faults.proto_resend or 0) + 1
+      resent, proto, sent = resent + 1, other, cnow(c)
+      return c.W:request(c, 'acquire', e.name, e.keys, argv, {nonce = nonce, proto = proto}, answered)
+    end
     e.state = 'NONE'
     if how ~= 'reply' then
       -- call_script failed: if it reached Redis, the outcome is unknown,
       -- and the renewal thread releases this attempt's grant (a give-back).
-      if how ~= 'unsent' then C.job(c, e, 'giveback', nonce, c.s.keep_ms * 1000) end
+      if how ~= 'unsent' then C.job(c, e, 'giveback', nonce, c.s.keep_ms * 1000, proto) end
       return poll_done(c, e, th.stop or 'EREDIS')
     end
+    if C.refused(rep) then
+      -- refused in each protocol (the data changed between): no give-back,
+      -- which would be refused the same way (dlock_rpc_acquire)
+      c.W.faults.proto_refused = (c.W.faults.proto_refused or 0) + 1
+      return poll_done(c, e, th.stop or 'ESERVER')
+    end
     if type(rep) ~= 'table' or rep.err or rep.n < 2 then
-      C.job(c, e, 'giveback', nonce, c.s.keep_ms * 1000)
+      C.job(c, e, 'giveback', nonce, c.s.keep_ms * 1000, proto)
       return poll_done(c, e, th.stop or 'EREDIS')
     end
     local granted, v = rep[1], rep[2]
     if th.stop then
       -- stopped during the call: a grant is given back in the background
       if granted == 1 then
-        C.job(c, e, 'giveback', nonce, c.s.keep_ms * 1000)
+        C.job(c, e, 'giveback', nonce, c.s.keep_ms * 1000, proto)
       elseif granted == 0 and not th.once then
         e.queued = true -- the last waiter to go takes the client out
+        e.queue_proto = proto -- (its leave's protocol)
       end
       return poll_done(c, e, th.stop)
     end
@@ -460,19 +534,20 @@ function C.try(c, e)
       -- dlock_rpc_acquire: a grant WAIT confirmed on too few replicas is
       -- given back (a failover could lose it) and the try fails
       c.W.faults.wait_short = (c.W.faults.wait_short or 0) + 1
-      C.job(c, e, 'giveback', nonce, c.s.keep_ms * 1000)
+      C.job(c, e, 'giveback', nonce, c.s.keep_ms * 1000, proto)
       return poll_done(c, e, 'EREDIS')
     end
     if granted == 1 then
       if C.too_late(c.s, sent, cnow(c)) then
-        C.job(c, e, 'giveback', nonce, c.s.keep_ms * 1000) -- answered too late
+        C.job(c, e, 'giveback', nonce, c.s.keep_ms * 1000, proto) -- answered too late
         return poll_done(c, e, 'EREDIS')
       end
-      take_grant(c, e, th, v, C.grant_valid(c.s, sent), rep[3])
+      take_grant(c, e, th, v, C.grant_valid(c.s, sent), rep[3], proto)
       return poll_done(c, e, 'OK')
     elseif granted == 0 then
       if th.once then return poll_done(c, e, 'EBUSY') end
       e.queued = true
+      e.queue_proto = proto -- (its leave's protocol)
       e.try_nonce = nonce
       e.try_sent = sent
       if e.msg and take_direct_grant(c, e) then return poll_done(c, e, 'OK') end
@@ -491,7 +566,8 @@ function C.try(c, e)
     else
       return poll_done(c, e, 'EREDIS') -- a stale attempt: impossible here
     end
-  end)
+  end
+  c.W:request(c, 'acquire', e.name, e.keys, argv, {nonce = nonce, proto = proto}, answered)
 end
 
 -- The poller wakes: a message, its fallback time, or its deadline.
@@ -575,8 +651,19 @@ function C.release(th)
   W:released(c, e, th)
   local argv = C.release_argv(c, e, ending)
   trace(c, '%s releases %s (grant %.0f, last %.0f)', th.name, e.name, e.grant_token, e.token)
-  W:request(c, 'release', e.name, e.keys, argv, {}, function(rep, how)
+  -- (in its grant's protocol: dlock_release_outermost; refused as the
+  -- other protocol's data, once more in that one: dlock_rpc_release)
+  local proto, resent = e.gproto, false
+  local function released(rep, how)
     if not c.alive then return end
+    local other = how == 'reply' and not resent and C.resend_in(rep, proto)
+    if other then
+      trace(c, '%s: release of %s refused in protocol %d: sent again in protocol %d', th.name,
+        e.name, proto, other)
+      c.W.faults.proto_release_resend = (c.W.faults.proto_release_resend or 0) + 1
+      resent, proto = true, other
+      return W:request(c, 'release', e.name, e.keys, argv, {proto = proto}, released)
+    end
     if how ~= 'reply' or type(rep) ~= 'number' or rep < 1 then
       -- the lease may still be ours in Redis, or ours again after a step
       -- back of the server's clock (unconfirmed.h)
@@ -585,26 +672,42 @@ function C.release(th)
     e.state = 'NONE'
     C.think(th)
     C.progress(e, c)
-  end)
+  end
+  W:request(c, 'release', e.name, e.keys, argv, {proto = proto}, released)
 end
 
 ------------------------------------------------------------------------
 -- dlock_rpc_leave (rpc.c), and the renewal thread's background jobs:
 -- give-backs (dlock_renew_give_back) and leaves (dlock_renew_leave).
 
+-- (dlock_rpc_leave: in the protocol of the try that queued the client,
+-- e.queue_proto; refused as the other protocol's data, once more in that one)
 function C.leave(c, e, n, background)
   local argv = {c.id, c.args.wake, e.name, c.args.ttl, tostring(n), c.args.keep}
+  local proto, resent = e.queue_proto or c.protocol, false
   trace(c, 'leaves the queue of %s (call %d)', e.name, n)
-  c.W:request(c, 'leave', e.name, e.keys, argv, {nonce = n}, function(rep, how)
-    if how ~= 'reply' or type(rep) ~= 'number' then
-      if not background then C.job(c, e, 'leave', n, 2 * c.s.waiter_ttl_ms * 1000) end
+  local function left(rep, how)
+    local other = how == 'reply' and not resent and C.resend_in(rep, proto)
+    if other then
+      trace(c, 'leave of %s refused in protocol %d: sent again in protocol %d', e.name, proto, other)
+      resent, proto = true, other
+      return c.W:request(c, 'leave', e.name, e.keys, argv, {nonce = n, proto = proto}, left)
     end
-  end)
+    if how ~= 'reply' or type(rep) ~= 'number' then
+      if not background then C.job(c, e, 'leave', n, 2 * c.s.waiter_ttl_ms * 1000, proto) end
+    end
+  end
+  c.W:request(c, 'leave', e.name, e.keys, argv, {nonce = n, proto = proto}, left)
 end
 
-function C.job(c, e, kind, n, for_us)
+-- A background job in protocol `proto` (add_job: a give-back's is the
+-- protocol its attempt was last sent in, a leave's that of the try that
+-- queued the client); refused as the other protocol's data, it switches to
+-- that one: a leave once, a give-back each time (C.run_job).
+function C.job(c, e, kind, n, for_us, proto)
   if not c.alive then return end
-  local j = {kind = kind, e = e, n = n, until_t = cnow(c) + for_us, backoff = 100000}
+  local j = {kind = kind, e = e, n = n, until_t = cnow(c) + for_us, backoff = 100000,
+             proto = proto or c.protocol, switched = false}
   c.jobs[#c.jobs + 1] = j
   trace(c, 'background %s of %s (%d)', kind, e.name, n)
   C.run_job(c, j)
@@ -622,11 +725,30 @@ function C.run_job(c, j)
     argv = {c.id, 'nonce', tostring(j.n), c.args.lease, '0', c.args.wake, e.name,
             c.args.ttl, c.args.keep, '0'}
   end
-  c.W:request(c, script, e.name, e.keys, argv, {nonce = j.n, background = true}, function(rep, how)
+  local meta = {nonce = j.n, background = true, proto = j.proto}
+  c.W:request(c, script, e.name, e.keys, argv, meta, function(rep, how)
     if not c.alive then return end
     local done
     if how == 'reply' and type(rep) == 'number' then
       done = j.kind == 'leave' or rep >= 1 -- job_result (renew_jobs.c)
+    elseif how == 'reply' and C.refused(rep) then
+      -- Refused as the other protocol's data: tried in that one after the
+      -- pause (job_result). A leave once (its queue entry is both
+      -- protocols', a direct grant or a turn may be in the other's data);
+      -- a give-back at each refusal until its time is over: a grant of its
+      -- attempt may be a direct grant of either protocol's release (the
+      -- queue is both's), or come with a late copy of the attempt in the
+      -- protocol it was sent in.
+      local other = C.resend_in(rep, j.proto)
+      if other and (j.kind == 'giveback' or not j.switched) then
+        j.proto, j.switched = other, true
+      else
+        done = true -- refused again: its queue entry expires by itself
+      end
+    end
+    if done and j.kind == 'giveback' and c.W.mixed then
+      -- (the checker: no grant of this attempt was left standing)
+      c.W:gave_back(c, e.name, j.n, meta)
     end
     if done or cnow(c) >= j.until_t then return end
     local wait = j.backoff
@@ -662,7 +784,6 @@ function C.renew_round(c)
     c.renew_again = true -- a kick during a round: another one right after
     return
   end
-  local snap = {}
   local names = {}
   for name, e in pairs(c.entries) do
     if e.registered and e.state ~= 'NONE' and e.state ~= 'LOST' and e.state ~= 'RELEASING' then
@@ -674,28 +795,62 @@ function C.renew_round(c)
     if c.W.stopping then return end -- the schedule winds down
     return C.schedule_round(c, cnow(c) + c.s.period_us)
   end
-  local ks, argv = {}, {c.id, c.args.lease}
-  for i, name in ipairs(names) do
+  -- One renew call per protocol (renew_round.c: chunks of one protocol
+  -- each, its script's), in the protocols' order, all in one round.
+  local groups, by = {}, {}
+  for _, name in ipairs(names) do
     local e = c.entries[name]
-    snap[i] = {e = e, epoch = e.epoch}
-    ks[i] = e.keys[1]
-    argv[i + 2] = string.format('%.0f', e.grant_token)
+    local p = e.gproto or c.protocol
+    local g = by[p]
+    if not g then
+      g = {proto = p, snap = {}, ks = {}, argv = {c.id, c.args.lease}, names = {}}
+      by[p] = g
+    end
+    local i = #g.snap + 1
+    g.snap[i] = {e = e, epoch = e.epoch}
+    g.ks[i] = e.keys[1]
+    g.argv[i + 2] = string.format('%.0f', e.grant_token)
+    g.names[i] = name
   end
+  for p = 1, 2 do groups[#groups + 1] = by[p] end
   local sent = cnow(c)
   c.renewing = true
   c.round_at = nil
-  c.W:request(c, 'renew', names[1], ks, argv, {renew = snap}, function(rep, how, acked)
-    c.renewing = false
-    if not c.alive then return end
-    local now = cnow(c)
-    local ok = how == 'reply' and type(rep) == 'table' and not rep.err and rep.n == #snap
-      -- with min_replicas, a round counts only once WAIT confirms it
-      and (c.s.min_replicas == 0 or (acked or 0) >= c.s.min_replicas)
-    local earliest = NEVER
-    for i, sn in ipairs(snap) do
+  local waiting = #groups
+  for _, g in ipairs(groups) do
+    c.W:request(c, 'renew', g.names[1], g.ks, g.argv, {renew = g.snap, proto = g.proto},
+      function(rep, how, acked)
+        g.rep, g.how, g.acked = rep, how, acked
+        waiting = waiting - 1
+        if waiting == 0 then C.renewed(c, groups, sent) end
+      end)
+  end
+end
+
+-- A round's replies are in (renew_round.c: its verdicts applied, apply):
+-- each call's verdicts count if it was answered, and, with min_replicas,
+-- only if WAIT confirmed every call of the round.
+function C.renewed(c, groups, sent)
+  c.renewing = false
+  if not c.alive then return end
+  local now = cnow(c)
+  -- with min_replicas, a round counts only once WAIT confirms it (one
+  -- WAIT after the round's calls: every call answered must be confirmed)
+  local answered, confirmed = true, true
+  for _, g in ipairs(groups) do
+    local rep = g.rep
+    g.ok = g.how == 'reply' and type(rep) == 'table' and not rep.err and rep.n == #g.snap
+    answered = answered and g.ok
+    if g.ok and c.s.min_replicas > 0 and (g.acked or 0) < c.s.min_replicas then confirmed = false end
+  end
+  local ok = answered and confirmed
+  local earliest = NEVER
+  for _, g in ipairs(groups) do
+    local counts = g.ok and confirmed
+    for i, sn in ipairs(g.snap) do
       local e = sn.e
       if e.state == 'HELD' and e.epoch == sn.epoch and e.registered then
-        local v = ok and rep[i] or -1
+        local v = counts and g.rep[i] or -1
         local verdict, valid = C.verdict(c.s, e, v, sent, now)
         if verdict == 'renewed' then
           e.valid_until = valid
@@ -719,14 +874,14 @@ function C.renew_round(c)
         end
       end
     end
-    local nxt = now + (ok and c.s.period_us or c.s.retry_us)
-    if earliest < nxt then nxt = earliest end
-    if c.renew_again then
-      c.renew_again = false
-      nxt = now
-    end
-    C.schedule_round(c, nxt)
-  end)
+  end
+  local nxt = now + (ok and c.s.period_us or c.s.retry_us)
+  if earliest < nxt then nxt = earliest end
+  if c.renew_again then
+    c.renew_again = false
+    nxt = now
+  end
+  C.schedule_round(c, nxt)
 end
 
 ------------------------------------------------------------------------
@@ -744,12 +899,16 @@ function C.message(c, msg)
     end
     return
   end
+  -- (a direct grant: "g ..." and "u ..." from protocol 1's release, "G ..."
+  -- and "U ..." from protocol 2's, lua/p2/release.lua: the grant is in the
+  -- protocol of the release that made it)
   local nonce, tok, name, unclean
-  if kind == 'g' then
-    nonce, tok, name = msg:match('^g (%d+) (%d+) (.+)$')
+  local proto = (kind == 'G' or kind == 'U') and 2 or 1
+  if kind == 'g' or kind == 'G' then
+    nonce, tok, name = msg:match('^[gG] (%d+) (%d+) (.+)$')
     nonce, tok = tonumber(nonce), tonumber(tok)
-  elseif kind == 'u' then
-    unclean, nonce, tok, name = msg:match('^u (%d) (%d+) (%d+) (.+)$')
+  elseif kind == 'u' or kind == 'U' then
+    unclean, nonce, tok, name = msg:match('^[uU] (%d) (%d+) (%d+) (.+)$')
     unclean, nonce, tok = tonumber(unclean), tonumber(nonce), tonumber(tok)
   elseif kind == 'w' then
     name = msg:match('^w (.+)$')
@@ -760,7 +919,7 @@ function C.message(c, msg)
   -- (with min_replicas a direct grant is not taken from its message: the
   -- releaser's WAIT is not the taker's; the poller's next try confirms it)
   if nonce and e.poller and c.s.min_replicas == 0 then
-    e.msg = {nonce = nonce, token = tok, unclean = unclean}
+    e.msg = {nonce = nonce, token = tok, unclean = unclean, proto = proto}
   end
   e.woken = true
   if e.sleeping then C.wake_poller(c, e) end

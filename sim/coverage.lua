@@ -58,10 +58,18 @@ local function branches(text)
 end
 
 -- Prints, per script, its branches run and never run; returns a table
--- script -> {run =, total =} for the JSON line.
-function M.report(root, out)
+-- script -> {run =, total =} for the JSON line. The scripts of `protocol`
+-- (1, the default: lua/; 2: lua/p2/, named p2/...; 'mixed': both).
+function M.report(root, out, protocol)
   local summary = {}
+  local scripts = {}
   for _, n in ipairs({'acquire', 'release', 'renew', 'leave'}) do
+    if protocol ~= 2 then scripts[#scripts + 1] = n end
+  end
+  for _, n in ipairs({'acquire', 'release', 'renew', 'leave'}) do
+    if protocol == 2 or protocol == 'mixed' then scripts[#scripts + 1] = 'p2/' .. n end
+  end
+  for _, n in ipairs(scripts) do
     local path = 'lua/' .. n .. '.lua'
     local f = assert(io.open(root .. '/' .. path))
     local text = f:read('*a')

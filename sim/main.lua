@@ -6,7 +6,8 @@
 --   sim [--seconds S | --schedules N] [--seed N] [--clients C] [--names K]
 --       [--faults LIST] [--steps N] [--local-rule passes|clock]
 --       [--step-back-ms MS | --step-back-leases F] [--mutant NAME]
---       [--replay SEED] [--coverage] [--quiet] [--protocol 1|2]
+--       [--replay SEED] [--coverage] [--quiet] [--protocol 1|2|mixed]
+--       [--p2-share F]
 -- Prints progress on stderr and, last on stdout, one JSON line. On a
 -- violation: exits 1 after printing the schedule's seed and its trace (the
 -- same seed replays it exactly: sim --replay SEED with the same options).
@@ -16,7 +17,13 @@
 -- instead of lua/*.lua, with the same invariants (1, the default, is
 -- protocol 1's scripts). A mutant of the scripts runs with the protocol it
 -- names (sim/mutants.lua); the client model's run with either. --coverage
--- counts protocol 1's scripts (sim/coverage.lua reports lua/*.lua).
+-- counts the scripts of the protocols run (sim/coverage.lua).
+-- --protocol mixed: both scripts, lua/ and lua/p2/, and each client a
+-- setting of its own, 1 or 2 (sim/protocols.lua: drawn per schedule, and
+-- changed by clients that restart or roll), under the client's rule for two
+-- protocols (sim/client.lua); a mutant of either protocol's scripts runs in
+-- it too. --p2-share F (with mixed): every client speaks 2 with probability
+-- F, no rolls (0: protocol 1's schedules, 1: protocol 2's, event for event).
 local dir = arg[0]:match('^(.*)/[^/]*$') or '.'
 package.path = dir .. '/?.lua;' .. package.path
 local root = dir .. '/..'
@@ -48,9 +55,10 @@ while i <= #arg do
   elseif a == '--step-back-leases' then opts.step_back_leases = num()
   elseif a == '--replay' then opts.replay = num()
   elseif a == '--protocol' then
-    if v ~= '1' and v ~= '2' then usage('--protocol is 1 or 2') end
-    opts.protocol = tonumber(v)
+    if v ~= '1' and v ~= '2' and v ~= 'mixed' then usage('--protocol is 1, 2 or mixed') end
+    opts.protocol = tonumber(v) or v
     i = i + 1
+  elseif a == '--p2-share' then opts.p2_share = num()
   elseif a == '--local-rule' then
     if v ~= 'passes' and v ~= 'clock' then usage('--local-rule is passes or clock') end
     opts.local_rule = v
@@ -77,7 +85,7 @@ while i <= #arg do
   i = i + 1
 end
 
-if opts.protocol == 2 and opts.coverage then usage('--coverage counts protocol 1\'s scripts only') end
+if opts.p2_share and opts.protocol ~= 'mixed' then usage('--p2-share goes with --protocol mixed') end
 local mutate
 if opts.mutant then
   local mutants = require('mutants')
@@ -85,6 +93,9 @@ if opts.mutant then
   if not m then usage('unknown mutant ' .. opts.mutant) end
   if m.file == 'client' then
     mutants.apply_client(m, dir) -- the client model
+  elseif opts.protocol == 'mixed' then
+    -- (its protocol's scripts, beside the other's unchanged)
+    mutate = function(texts, p) if p == (m.protocol or 1) then mutants.apply(m, texts) end end
   elseif (m.protocol or 1) ~= (opts.protocol or 1) then
     usage('mutant ' .. m.name .. ' changes protocol ' .. (m.protocol or 1) .. '\'s scripts: run it with --protocol '
       .. (m.protocol or 1))
@@ -114,11 +125,18 @@ local function report(w)
   if from > 1 then io.stdout:write(string.format('... (%d earlier trace lines)\n', from - 1)) end
   for j = from, #lines do io.stdout:write(lines[j], '\n') end
   io.stdout:write(string.format('replay: sim --replay %d%s', w.seed,
-    opts.protocol == 2 and ' --protocol 2' or ''))
+    opts.protocol and opts.protocol ~= 1 and ' --protocol ' .. opts.protocol or ''))
   for _, a in ipairs(arg) do
     if a == '--replay' then break end
   end
   io.stdout:write('  (with the same --faults/--clients/--names/--mutant/--local-rule options)\n')
+end
+
+-- (the JSON's "protocol", for any but 1)
+local function protocol_json()
+  if opts.protocol == 2 then return ',"protocol":2' end
+  if opts.protocol == 'mixed' then return ',"protocol":"mixed"' end
+  return ''
 end
 
 if opts.replay then
@@ -126,7 +144,7 @@ if opts.replay then
   for _, l in ipairs(w.tr) do io.stdout:write(l, '\n') end
   local v = #w.violations
   io.stdout:write(string.format('{"schedules":1,"steps":%d,"violations":%d,"seed":%d%s}\n', w.steps, v,
-    opts.replay, opts.protocol == 2 and ',"protocol":2' or ''))
+    opts.replay, protocol_json()))
   os.exit(v > 0 and 1 or 0)
 end
 
@@ -161,7 +179,7 @@ local covered = ''
 if cov then
   cov.stop()
   local parts = {}
-  for name, c in pairs(cov.report(root, io.stdout)) do
+  for name, c in pairs(cov.report(root, io.stdout, opts.protocol)) do
     parts[#parts + 1] = string.format('"%s":[%d,%d]', name, c.run, c.total)
   end
   table.sort(parts)
@@ -177,8 +195,7 @@ io.stdout:write(string.format('{"schedules":%d,"steps":%d,"acquisitions":%d,"vio
   .. '"cpu_seconds":%.1f,"schedules_per_second":%.0f,"lua":"%s","faults":{%s}%s%s}\n',
   n, steps, acq, viol, seed, secs, n / math.max(secs, 1e-6),
   jit and (jit.version .. (jit.status() and '' or ', interpreter')) or _VERSION, table.concat(fparts, ','),
-  (opts.mutant and string.format(',"mutant":"%s"', opts.mutant) or '') ..
-    (opts.protocol == 2 and ',"protocol":2' or ''),
+  (opts.mutant and string.format(',"mutant":"%s"', opts.mutant) or '') .. protocol_json(),
   covered .. (failed and string.format(',"failed_seed":%d,"kind":"%s"', failed.seed,
     failed.violations[1].kind) or '')))
 os.exit(failed and 1 or 0)

@@ -1,6 +1,7 @@
 -- Mutants of the scripts (protocol 1's lua/, or with protocol = 2
 -- lua/p2/, which sim runs with --protocol 2), and of the client model
--- (file 'client': sim/client.lua): each one a small change that brings back a bug
+-- (file 'client': sim/client.lua; with protocol = 'mixed' run in mixed
+-- worlds, sim --protocol mixed): each one a small change that brings back a bug
 -- this project had, or could have. sim --mutant NAME runs the simulator on
 -- the mutated scripts; sim/test-mutants checks that every one is caught
 -- (a violation) within its budget of schedules from seed 1 (or `seed`). A mutant whose text no longer occurs in
@@ -150,6 +151,51 @@ M.list = {
     file = 'client', find = 'if granted == 1 and c.s.min_replicas > 0 and (acked or 0) < c.s.min_replicas then',
     replace = 'if false then',
   },
+  -- The client's rule for two protocols (sim/client.lua, its head), run in
+  -- mixed worlds (sim --protocol mixed, protocol = 'mixed'): a grant
+  -- addressed in a protocol it is not in, or a give-back done while its
+  -- grant stands, is caught by `proto`.
+  {
+    name = 'client_release_in_setting', protocol = 'mixed',
+    schedules = 100,
+    why = "a release sent first in the client's setting's protocol, not its grant's (refused, and "
+      .. 'then sent again in the grant\'s)',
+    file = 'client', find = 'local proto, resent = e.gproto, false',
+    replace = 'local proto, resent = c.protocol, false',
+  },
+  {
+    name = 'client_renewal_in_setting', protocol = 'mixed',
+    schedules = 200,
+    why = "every renewal sent in the client's setting's protocol, not its grant's",
+    file = 'client', find = 'local p = e.gproto or c.protocol',
+    replace = 'local p = c.protocol',
+  },
+  {
+    name = 'client_direct_grant_in_try_protocol', protocol = 'mixed',
+    schedules = 400,
+    why = "a direct grant taken in the protocol its named try was sent in, not the one of the "
+      .. 'release that made it (its message: g/u or G/U): a waiter queued by a protocol 1 try and '
+      .. 'granted by a protocol 2 release after the name moved renews and releases it in protocol 1',
+    file = 'client', find = 'take_grant(c, e, e.poller, m.token, valid, m.unclean, m.proto)',
+    replace = 'take_grant(c, e, e.poller, m.token, valid, m.unclean, e.queue_proto)',
+  },
+  {
+    name = 'client_giveback_never_switches', protocol = 'mixed',
+    seed = 5, schedules = 1500,
+    why = 'a give-back refused as the other protocol\'s data is done: a direct grant made under '
+      .. "its attempt's queue entry by the other protocol's release is left to expire",
+    file = 'client', find = "if other and (j.kind == 'giveback' or not j.switched) then",
+    replace = "if other and j.kind == 'leave' and not j.switched then",
+  },
+  {
+    name = 'client_giveback_switches_once', protocol = 'mixed',
+    schedules = 300,
+    why = 'a give-back refused as the other protocol\'s data is tried in that one once, and done '
+      .. 'when refused again: a late copy of its attempt granted meanwhile in the protocol it was '
+      .. 'sent in is left to expire',
+    file = 'client', find = "if other and (j.kind == 'giveback' or not j.switched) then",
+    replace = 'if other and not j.switched then',
+  },
   -- Protocol 2's scripts (lua/p2/, run with sim --protocol 2): the same
   -- bugs in its layout, and its own (the hash's expiry).
   {
@@ -208,6 +254,41 @@ M.list = {
     why = 'a new hash gets no time to live: PEXPIRE ... GT alone leaves a key without one as it is',
     file = 'acquire', find = "  redis.call('PEXPIRE', KEYS[1], life)\n",
     replace = "  redis.call('PEXPIRE', KEYS[1], life, 'GT')\n",
+  },
+  -- The two protocols side by side (run = 'mixed': sim --protocol mixed,
+  -- the mutant in its protocol's scripts): a script that misreads the other
+  -- protocol's data, and protocol 2's taking over of a name from protocol 1.
+  {
+    name = 'p1_misreads_p2', run = 'mixed',
+    schedules = 200,
+    why = "protocol 1's acquire does not refuse protocol 2's data: it writes its grant into "
+      .. "protocol 2's hash",
+    file = 'acquire', find = "if lease[9] and lease[9] ~= '1' then -- another protocol's data (Protocol, above)",
+    replace = 'if false then',
+  },
+  {
+    name = 'p2_misreads_p1', protocol = 2, run = 'mixed',
+    schedules = 200,
+    why = "protocol 2's acquire does not refuse protocol 1's data: it writes into protocol 1's "
+      .. 'lease key',
+    file = 'acquire', find = "if h[1] ~= '2' and (h[1] or redis.call('EXISTS', KEYS[1]) == 1) then",
+    replace = 'if false then',
+  },
+  {
+    name = 'p2_takeover_forgets_unclean_end', protocol = 2, run = 'mixed',
+    schedules = 600,
+    why = "a grant that makes protocol 2's hash is not told the end word of protocol 1's fence "
+      .. '(a release for a thread that exited, an operator\'s)',
+    file = 'acquire', find = "    ended = tonumber(string.match(got[3], ' (%d)$') or '0')",
+    replace = '    ended = 0',
+  },
+  {
+    name = 'p2_takeover_ignores_p1_record', protocol = 2, run = 'mixed',
+    schedules = 600,
+    why = "protocol 2's acquire does not read the client's protocol 1 record: a late copy of an "
+      .. 'attempt older than one protocol 1 recorded is granted',
+    file = 'acquire', find = "elseif got[2] then\n  a, rt, rr = string.match(got[2], '^(%d+) (%d+) (%d+)$')",
+    replace = "elseif false then",
   },
 }
 

@@ -9,19 +9,36 @@
 -- rule of direct grants, every local handoff against the pass limit, the
 -- validity margin and the clock rule, a passed lease taken only while
 -- valid, the renewal's verdicts, releases, background releases of grants
--- of unknown outcome, and WAIT's acknowledgements.
+-- of unknown outcome, and WAIT's acknowledgements; and the rule for two
+-- protocols (sim/client.lua, its head): an attempt's first send is in the
+-- client's setting, a resend only after its refusal (a `proto` line), in
+-- the protocol the refusal names, at most C.RESENDS times, the same attempt
+-- with the same arguments; a release is sent first in its grant's protocol
+-- (the answered try's, or for a direct grant the one its message names), a
+-- leave in that of the try that queued the client, and each, refused, again
+-- once in the protocol the refusal names (relproto, leaveproto); a
+-- give-back in the protocol its attempt was last sent in.
+-- A trace of a client before these fields (no PROTOCOL on its open line,
+-- no PROTO on the others) is read as protocol 1's throughout.
 --
 -- The lines, "<boot ns> <thread> <kind> <fields>" (strings escaped as
 -- \xHH; the empty string as \x00), by kind:
 --   names  ID PREFIX CLIENT_NAME WAKE_PREFIX
 --   open   ID LEASE_MS PASS_LIMIT WAITER_TTL_MS KEEP_MS MIN_REPLICAS DRIFT_NS
 --          HANDOFF_MARGIN_NS GRANT_MS GRANT_DRIFT_NS GRANT_MARGIN_NS FALLBACK_NS
+--          PROTOCOL                           (the setting: dlock_config.protocol)
 --   poll   NAME ONCE MADE                     a poll starts (poll_redis)
---   acq    NAME SENT KEYS(7) ARGV(10)         the acquire script sent (dlock_rpc_acquire)
+--   acq    NAME SENT KEYS(7) ARGV(10) PROTO   the acquire script sent in protocol PROTO
+--                                             (dlock_rpc_acquire)
+--   proto  NAME NONCE FROM TO                 attempt NONCE, sent in FROM, was refused as
+--                                             protocol TO's data: it is sent again in TO
+--                                             (the next acq of NAME; no rep for the refusal;
+--                                             at most C.RESENDS times an attempt)
 --   rep    NAME NONCE SENT GRANTED VALUE ACKED RC   its reply, as read
 --   tried  NAME NONCE RC SENT ANSWERED STOP  the try's outcome for the poller
 --   grant  NAME TOKEN UNCLEAN VALID_UNTIL GRANT_AT EPOCH   take_grant
---   msg    NAME NONCE TOKEN UNCLEAN STORED    a wake-up message (wake_one)
+--   msg    NAME NONCE TOKEN UNCLEAN STORED PROTOCOL   a wake-up message (wake_one); a
+--                                             direct grant's protocol: g, u 1, G, U 2
 --   dgrant NAME MSG_NONCE MSG_TOKEN TRY_NONCE TRY_SENT NOW TAKEN   take_direct_grant
 --   rdec   NAME PASS NOW WAITERS PASSES TOKEN VALID_UNTIL PROVISIONAL CLOSING ENDING
 --                                             an outermost release decides
@@ -30,12 +47,17 @@
 --   reent  NAME TOKEN NOW OK                  a reentrant acquire
 --   ok     NAME TOKEN                         an acquire returns DLOCK_OK
 --   rlost  NAME                               an outermost release of a lost lease
---   rel    NAME KEYS(7) ARGV(10)              the release script sent
+--   rel    NAME KEYS(7) ARGV(10) PROTO        the release script sent, in PROTO
+--   relproto NAME FROM TO                     it was refused as protocol TO's data: the
+--                                             next rel of NAME sends it again in TO
 --   released NAME RC                          its outcome, for the releaser
 --   verdict NAME EPOCH V SENT NOW VALID_UNTIL a renewal's verdict applied
 --   unconf NAME LAST END                      dlock_client_unconfirmed_end
---   giveback NAME NONCE                       a background release of an attempt
---   leave, leavebg NAME ...                   leaves (not checked)
+--   giveback NAME NONCE PROTO                 a background release of an attempt, in PROTO
+--   leave  NAME KEYS(7) ARGV(6) PROTO         a leave sent (its protocol checked)
+--   leaveproto NAME FROM TO                   it was refused as protocol TO's data: the
+--                                             next leave of NAME sends it again in TO
+--   leavebg NAME NUMBER PROTO                 a leave left to the background (the same)
 local C = require('client')
 local SLOT = require('slot')
 
@@ -66,7 +88,7 @@ function T.check_file(path)
   local fh, err = io.open(path, 'r')
   if not fh then return 'cannot read ' .. path .. ': ' .. err, {} end
   local stats = {lines = 0, grants = 0, passes = 0, takes = 0, verdicts = 0, tries = 0,
-                 direct = 0, releases = 0}
+                 direct = 0, releases = 0, resends = 0}
   local c -- the model's client
   local entries = {}
   local numbers = {} -- attempt numbers used by this client
@@ -80,12 +102,24 @@ function T.check_file(path)
     end
   end
 
+  -- A protocol field: 1 or 2; absent (a trace before the field), 1.
+  local function proto_field(v, what)
+    if v == nil then return 1 end
+    local p = tonumber(v)
+    if p ~= 1 and p ~= 2 then
+      bad('%s is %s, not a protocol this client speaks (1 or 2)', what, v)
+      return 1
+    end
+    return p
+  end
+
   local function entry(name)
     local e = entries[name]
     if not e then
       e = {name = name, state = 'NONE', grant_token = 0, token = 0, passes = 0, valid_until = 0,
            grant_at = 0, provisional = false, epoch = 0, try_nonce = 0, try_sent = 0,
-           unconfirmed = 0, unconfirmed_end = 0, last_nonce = 0, givebacks = {}, msg = nil}
+           unconfirmed = 0, unconfirmed_end = 0, last_nonce = 0, givebacks = {}, msg = nil,
+           protos = {}} -- attempt number -> the protocol it was last sent in
       entries[name] = e
     end
     return e
@@ -162,6 +196,7 @@ function T.check_file(path)
         end
       end
       c.args = {lease = f[5], pl = f[6], ttl = f[7], keep = f[8], wake = c.wake}
+      c.protocol = proto_field(f[16], 'the setting')
     elseif not c or not c.s then
       bad('an event before the client opened')
     else
@@ -183,10 +218,33 @@ function T.check_file(path)
         e.try_nonce, e.try_sent, e.msg = 0, 0, nil -- a new wait
         e.once = f[5] == '1'
         e.polling = true
+      elseif kind == 'acq' and e.resend and e.pending then
+        -- the same attempt again, in the protocol that refused it named
+        stats.resends = stats.resends + 1
+        local sent = num(f[5])
+        local nonce = num(f[15])
+        local proto = proto_field(f[23], 'the acquire\'s protocol')
+        local x, p = e.resend, e.pending
+        e.resend = nil
+        if nonce ~= x.nonce then
+          bad('attempt %d of %s sent after attempt %d was refused as protocol %d\'s data: not the '
+            .. 'same attempt again', nonce, e.name, x.nonce, x.to)
+        elseif proto ~= x.to then
+          bad('attempt %d of %s, refused as protocol %d\'s data, sent again in protocol %d', nonce,
+            e.name, x.to, proto)
+        elseif table.concat(f, ' ', 6, 22) ~= p.args then
+          bad('attempt %d of %s sent again with other keys or arguments', nonce, e.name)
+        end
+        if sent > stamp then bad('sent at %.0f, after it was recorded (%.0f)', sent, stamp) end
+        if sent < p.sent then bad('attempt %d sent again at %.0f, before its last send (%.0f)', nonce,
+          sent, p.sent) end
+        p.sent, p.proto, p.resends = sent, proto, (p.resends or 0) + 1
+        e.protos[nonce] = proto
       elseif kind == 'acq' then
         stats.tries = stats.tries + 1
         local sent = num(f[5])
         local nonce = num(f[15]) -- (ARGV[3], after the 7 keys)
+        local proto = proto_field(f[23], 'the acquire\'s protocol')
         if not e.polling then bad('an acquire of %s outside a poll', e.name) end
         if e.pending then bad('attempt %d of %s sent while attempt %d is unanswered', nonce,
           e.name, e.pending.nonce) end
@@ -197,6 +255,11 @@ function T.check_file(path)
             e.last_nonce)
         end
         e.last_nonce = nonce
+        if proto ~= c.protocol then
+          bad('attempt %d of %s sent first in protocol %d; the client\'s setting is %d', nonce,
+            e.name, proto, c.protocol)
+        end
+        e.protos[nonce] = proto
         if sent > stamp then bad('sent at %.0f, after it was recorded (%.0f)', sent, stamp) end
         local k = {}
         for i = 5 + 1, 5 + 7 do k[#k + 1] = unesc(f[i]) end
@@ -213,10 +276,29 @@ function T.check_file(path)
         e.unconfirmed, e.unconfirmed_end = model.unconfirmed, model.unconfirmed_end
         same_list(C.acquire_argv(c, model, nonce, a[6] == '0'), a, 1, 'acquire argument')
         if (a[6] == '0') ~= e.once then bad('a single try sent as a waiting one, or back') end
-        e.pending = {nonce = nonce, sent = sent}
+        e.pending = {nonce = nonce, sent = sent, proto = proto, args = table.concat(f, ' ', 6, 22)}
         e.state = 'ACQ'
+      elseif kind == 'proto' then
+        -- attempt NONCE refused as protocol TO's data: sent again in TO
+        local nonce, from, to = num(f[5]), num(f[6]), num(f[7])
+        local p = e.pending
+        if not p or p.nonce ~= nonce or p.rep then
+          bad('attempt %d of %s refused, which is not the one sent and unanswered', nonce, e.name)
+        elseif (p.resends or 0) >= C.RESENDS then
+          bad('attempt %d of %s refused after %d resends, to be sent again: the rule sends it '
+            .. 'again %d times at most', nonce, e.name, p.resends, C.RESENDS)
+        elseif from ~= p.proto then
+          bad('attempt %d of %s refused in protocol %d; it was sent in %d', nonce, e.name, from, p.proto)
+        elseif (to ~= 1 and to ~= 2) or to == from then
+          bad('attempt %d of %s, sent in protocol %d, to be sent again in protocol %d', nonce, e.name,
+            from, to)
+        end
+        e.resend = {nonce = nonce, to = to}
       elseif kind == 'rep' then
         local nonce = num(f[5])
+        if e.resend then
+          bad('a reply to attempt %d of %s after its refusal, before it was sent again', nonce, e.name)
+        end
         if not e.pending or e.pending.nonce ~= nonce then
           bad('a reply to attempt %d of %s, which is not the one sent', nonce, e.name)
         else
@@ -263,15 +345,19 @@ function T.check_file(path)
           if rc == E.OK and stop ~= 0 then need_giveback(e, nonce) end
           if rc == E.OK and stop == 0 then
             e.expect = {token = r.value, valid = C.grant_valid(s, us(sent)), direct = false,
-                        tid = tid}
+                        tid = tid, proto = p.proto}
           end
           if r.granted == 0 and not e.once then
             e.try_nonce, e.try_sent = nonce, us(sent)
           end
         end
+        -- the protocol of the try that queued the client: its leave's
+        -- (poll_redis, dlock_acquire_run)
+        if p and rc == E.EBUSY and not e.once then e.queue_proto = p.proto end
       elseif kind == 'msg' then
         if f[8] == '1' then
-          e.msg = {nonce = num(f[5]), token = num(f[6]), unclean = num(f[7])}
+          e.msg = {nonce = num(f[5]), token = num(f[6]), unclean = num(f[7]),
+                   proto = proto_field(f[9], 'a message\'s protocol')}
         end
       elseif kind == 'dgrant' then
         stats.direct = stats.direct + 1
@@ -288,9 +374,13 @@ function T.check_file(path)
           bad('direct grant under attempt %d (last refused try %d): %s, the model %s', mn,
             e.try_nonce, taken and 'taken' or 'dropped', want and 'takes it' or 'drops it')
         end
+        local proto = e.msg and e.msg.proto or 1
         e.msg = nil
         if taken then
-          e.expect = {token = mt, valid = C.direct_valid(s, e.try_sent), direct = true, tid = tid}
+          -- in the protocol of the release that made it, which its message
+          -- names
+          e.expect = {token = mt, valid = C.direct_valid(s, e.try_sent), direct = true, tid = tid,
+                      proto = proto}
         end
       elseif kind == 'grant' then
         stats.grants = stats.grants + 1
@@ -310,6 +400,7 @@ function T.check_file(path)
           bad('grant epoch %d after %d', epoch, e.epoch)
         end
         e.state, e.grant_token, e.token, e.passes = 'HELD', token, token, 0
+        e.gproto = x and x.proto
         e.valid_until, e.grant_at, e.provisional, e.epoch = us(valid), us(at), x and x.direct, epoch
         e.unconfirmed, e.unconfirmed_end = 0, 0
         uset[e.name] = nil
@@ -381,6 +472,17 @@ function T.check_file(path)
       elseif kind == 'rlost' then
         if e.state ~= 'LOST' then bad('a release of %s reported lost, which is %s', e.name, e.state) end
         e.state, e.owner = 'NONE', nil
+      elseif kind == 'rel' and e.rel and e.rel.to then
+        -- the release again, in the protocol its refusal named (relproto)
+        local proto = proto_field(f[22], 'the release\'s protocol')
+        if e.state ~= 'RELEASING' then bad('a release script for %s, which is %s', e.name, e.state) end
+        if proto ~= e.rel.to then
+          bad('the release of %s, refused as protocol %d\'s data, sent again in protocol %d', e.name,
+            e.rel.to, proto)
+        elseif table.concat(f, ' ', 5, 21) ~= e.rel.args then
+          bad('the release of %s sent again with other keys or arguments', e.name)
+        end
+        e.rel.proto, e.rel.to = proto, nil
       elseif kind == 'rel' then
         stats.releases = stats.releases + 1
         if e.state ~= 'RELEASING' then bad('a release script for %s, which is %s', e.name, e.state) end
@@ -389,9 +491,35 @@ function T.check_file(path)
         for i = 12, 21 do a[#a + 1] = unesc(f[i]) end
         same_list(keys(e.name), k, 1, 'key')
         same_list(C.release_argv(c, e, (e.ending or 0) > 0 and 1 or 0), a, 1, 'release argument')
+        local proto = proto_field(f[22], 'the release\'s protocol')
+        if e.gproto and proto ~= e.gproto then
+          bad('the release of %s (token %.0f) sent in protocol %d; its grant is protocol %d\'s',
+            e.name, e.grant_token, proto, e.gproto)
+        end
+        e.rel = {proto = proto, args = table.concat(f, ' ', 5, 21)}
+      elseif kind == 'relproto' then
+        -- the release refused as protocol TO's data: sent again in TO, once
+        local from, to = num(f[5]), num(f[6])
+        if e.state ~= 'RELEASING' or not e.rel then
+          bad('a release of %s refused, which sent none', e.name)
+        elseif e.rel.resent then
+          bad('the release of %s refused again and sent a third time: the rule sends it again once',
+            e.name)
+        elseif from ~= e.rel.proto then
+          bad('the release of %s refused in protocol %d; it was sent in %d', e.name, from, e.rel.proto)
+        elseif (to ~= 1 and to ~= 2) or to == from then
+          bad('the release of %s, sent in protocol %d, to be sent again in protocol %d', e.name, from,
+            to)
+        else
+          e.rel.to, e.rel.resent = to, true
+        end
       elseif kind == 'released' then
         local rc = num(f[5])
         if e.state ~= 'RELEASING' then bad('a release of %s ended, which is %s', e.name, e.state) end
+        if e.rel and e.rel.to then
+          bad('the release of %s ended after its refusal, before it was sent again', e.name)
+        end
+        e.rel = nil
         if rc ~= E.OK then
           e.expect_unconf = {e.token, rc == E.ELOST and 2 or (e.ending or 0)}
         end
@@ -425,7 +553,60 @@ function T.check_file(path)
         uset[e.name] = {token = e.unconfirmed, end_ = e.unconfirmed_end,
                         until_ns = stamp + c.s.keep_ms * 1e6}
       elseif kind == 'giveback' then
-        e.givebacks[num(f[5])] = true
+        local nonce = num(f[5])
+        local proto = proto_field(f[6], 'the give-back\'s protocol')
+        e.givebacks[nonce] = true
+        -- (a direct grant the client could not take goes back in the
+        -- protocol of its message: take_direct_grant)
+        local want = e.expect and e.expect.direct and e.expect.proto or e.protos[nonce]
+        if want and proto ~= want then
+          bad('the give-back of attempt %d of %s in protocol %d; the attempt was last sent in %d',
+            nonce, e.name, proto, want)
+        end
+      elseif kind == 'leave' then
+        -- in the protocol of the try that queued the client, or, after a
+        -- refusal (leaveproto), again in the one it named, once
+        local proto = proto_field(f[18], 'the leave\'s protocol')
+        local number, args = f[16], table.concat(f, ' ', 5, 17)
+        local lv = e.lv
+        if lv and lv.to then
+          if proto ~= lv.to then
+            bad('the leave of %s, refused as protocol %d\'s data, sent again in protocol %d', e.name,
+              lv.to, proto)
+          elseif args ~= lv.args then
+            bad('the leave of %s sent again with other keys or arguments', e.name)
+          end
+          lv.proto, lv.to = proto, nil
+        else
+          if e.queue_proto and proto ~= e.queue_proto then
+            bad('a leave of %s in protocol %d; the try that queued the client was sent in %d',
+              e.name, proto, e.queue_proto)
+          end
+          e.lv = {number = number, proto = proto, args = args}
+        end
+      elseif kind == 'leaveproto' then
+        local from, to = num(f[5]), num(f[6])
+        local lv = e.lv
+        if not lv or lv.to then
+          bad('a leave of %s refused, which sent none', e.name)
+        elseif lv.resent then
+          bad('the leave of %s refused again and sent a third time: the rule sends it again once',
+            e.name)
+        elseif from ~= lv.proto then
+          bad('the leave of %s refused in protocol %d; it was sent in %d', e.name, from, lv.proto)
+        elseif (to ~= 1 and to ~= 2) or to == from then
+          bad('the leave of %s, sent in protocol %d, to be sent again in protocol %d', e.name, from, to)
+        else
+          lv.to, lv.resent = to, true
+        end
+      elseif kind == 'leavebg' then
+        -- the protocol of the leave of that number last sent, or (none sent)
+        -- of the try that queued the client
+        local proto = proto_field(f[6], 'the leave\'s protocol')
+        local want = e.lv and e.lv.number == f[5] and e.lv.proto or e.queue_proto
+        if want and proto ~= want then
+          bad('a background leave of %s in protocol %d; the rule sends it in %d', e.name, proto, want)
+        end
       end
       if e.expect_unconf and kind ~= 'released' and kind ~= 'unconf' then
         bad('the failed release of %s left no record of its tokens (unconfirmed.h)', e.name)

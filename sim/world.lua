@@ -44,14 +44,21 @@
 --   layout  (protocol 2) after every script, a name's hash carries pv = 2
 --           and only the fields of lua/p2/LAYOUT.txt, each in its form and
 --           at most 64 bytes, and protocol 1's fence, turn and record keys
---           were not written.
+--           were not written. (A mixed world: a name's data is one
+--           protocol's at a time, and a script refuses the other's,
+--           changing nothing: sim/protocols.lua.)
+--   proto   (a mixed world) a client addresses a grant of its own in the
+--           protocol it is in (sim/protocols.lua).
 --
 -- Protocol 2 (sim --protocol 2) runs lua/p2/*.lua instead, which keep a
 -- name's data in one hash (lua/p2/LAYOUT.txt): the checker reads a grant
 -- through grant_in, and a client's record and the hash's lifetime by that
--- layout; every invariant is the same.
+-- layout; every invariant is the same. A mixed world (sim --protocol
+-- mixed) loads both, each client with its own setting: sim/protocols.lua,
+-- which adapts layout and adds proto.
 local R = require('redis')
 local C = require('client')
+local P = require('protocols')
 
 local W = {}
 W.__index = W
@@ -250,14 +257,19 @@ end
 -- protocol 2: lua/p2/*.lua, the same names (lua/p2/force.lua wraps
 -- lua/p2/release.lua); the scripts carry their protocol (fns.protocol),
 -- so that a world runs the checks of the layout its scripts write.
+-- protocol 'mixed': both, {protocol = 'mixed', by = {[1] = .., [2] = ..}}
+-- (mutate(texts, protocol) is called for each).
 function W.load_scripts(root, mutate, protocol)
   protocol = protocol or 1
+  if protocol == 'mixed' then
+    return {protocol = 'mixed', by = {W.load_scripts(root, mutate, 1), W.load_scripts(root, mutate, 2)}}
+  end
   local dir = protocol == 2 and 'lua/p2/' or 'lua/'
   local texts = {}
   for _, n in ipairs({'acquire', 'release', 'renew', 'leave', 'force'}) do
     texts[n] = read(root .. '/' .. dir .. n .. '.lua')
   end
-  if mutate then mutate(texts) end
+  if mutate then mutate(texts, protocol) end
   local fns = {protocol = protocol}
   for _, n in ipairs({'acquire', 'release', 'renew', 'leave'}) do
     fns[n] = R.compile(texts[n], '@' .. dir .. n .. '.lua')
@@ -291,6 +303,12 @@ function W.new(seed, opts, scripts)
   -- protocol 2's layout (lua/p2/LAYOUT.txt): every read of the data below
   -- asks this
   self.p2 = scripts.protocol == 2
+  -- a mixed world (sim/protocols.lua): both scripts, each client its own
+  -- setting; a name's data read in the layout it is in (grant_in)
+  self.mixed = scripts.protocol == 'mixed'
+  self.fns_by = self.mixed and scripts.by or {[scripts.protocol] = scripts}
+  self.protocol = not self.mixed and scripts.protocol or nil -- every client's, in a world of one
+  self.layout = self.mixed and 'mixed' or self.p2
   self.tracing = opts.trace
   self.tr = {}
   self.events = {}
@@ -381,6 +399,7 @@ function W.new(seed, opts, scripts)
   end
   cfg.nofault = next(on) == nil
   self.cfg = cfg
+  if self.mixed then P.init(self, seed) end
   self.names = {}
   self.released_last = {} -- by name: whether its last grant was released
   self.lease_keys = {} -- by the name's index, and by name (lease_key)
@@ -407,13 +426,16 @@ function W:hexid()
   return table.concat(parts)
 end
 
-function W:add_client()
+-- A client starts (protocol: its setting; by default the world's, or in
+-- a mixed world drawn: sim/protocols.lua).
+function W:add_client(protocol)
   local cfg = self.cfg
   local idx = #self.clients + 1
+  protocol = protocol or self.protocol or P.draw_protocol(self)
   local c = C.new(self, idx, self:hexid(), {
     lease_ms = cfg.lease_ms, pass_limit = cfg.pass_limit, waiter_ttl_ms = cfg.waiter_ttl_ms,
     pool_size = cfg.pool_size, local_rule = cfg.local_rule, cmd_timeout_ms = cfg.cmd_timeout_ms,
-    min_replicas = cfg.min_replicas})
+    min_replicas = cfg.min_replicas, protocol = protocol})
   c.rate = 1
   if not self.reps_made then
     self.reps_made = true
@@ -436,7 +458,8 @@ function W:add_client()
   for t = 1, cfg.threads do C.start_thread(c, t) end
   C.start_renewal(c)
   if self.tracing then
-    self:trace(string.format('%s starts: id %s, clock rate %.4f', c.name, c.id, c.rate))
+    self:trace(string.format('%s starts: id %s, clock rate %.4f%s', c.name, c.id, c.rate,
+      self.mixed and ', protocol ' .. protocol or ''))
   end
   return c
 end
@@ -486,6 +509,7 @@ end
 local function grant_in(o, p2, now_ms)
   if o.type ~= 'hash' then return nil end
   local v = o.v
+  if p2 == 'mixed' then p2 = v.pv == '2' end -- (a mixed world: the layout the data is in)
   if p2 then
     local tok, nonce, pl, e, _, u = string.match(v.g or '', '^(%d+) (%d+) (%d+) (%d+) (%d+) (%d+) %d+$')
     if not tok then return nil end -- (as the scripts read it: no grant)
@@ -521,6 +545,7 @@ local function layout_fault(o)
   end
   return bad and string.format('has a field %s = %q', bad, v[bad])
 end
+W.grant_in, W.layout_fault = grant_in, layout_fault
 
 -- The grant in a name's hash (key), or nil; with live = false when it has
 -- expired (grant_in).
@@ -532,7 +557,7 @@ end
 -- The live grant of a name, or nil.
 function W:live_lease(name)
   self.srv.now_ms = floor((self.now + self.srv_off) / 1000)
-  local l = lease_of(self.srv, self.lease_key[name], self.p2)
+  local l = lease_of(self.srv, self.lease_key[name], self.layout)
   return l and l.live and l or nil
 end
 
@@ -571,7 +596,7 @@ function W:after_script(c, script, names, keys, argv, before, rep, meta, all_key
   for i, name in ipairs(names) do
     local k = self.lease_key[name]
     local b = before[i]
-    local a = lease_of(srv, k, self.p2)
+    local a = lease_of(srv, k, self.layout)
     local same = b and a and b.owner == a.owner and b.token == a.token and b.nonce == a.nonce
     -- how a used grant ended (first: the same script may grant the next): a release by its holder, for a thread that
     -- exited, or by an operator
@@ -695,6 +720,7 @@ end
 -- lua/p2/acquire.lua reads for a name moved from protocol 1).
 function W:record_of(keys, me)
   local srv = self.srv
+  if self.mixed then return P.record_of(self, keys, me) end
   if self.p2 then
     local o = R.live(srv, keys[1])
     local f = o and o.type == 'hash' and o.v['c:' .. me]
@@ -715,13 +741,16 @@ function W:run_script(c, script, names, keys, argv, meta)
   local before = {}
   local lk = self.lease_key
   local p2 = self.p2
-  for i, name in ipairs(names) do before[i] = lease_of(srv, lk[name], p2) end
+  local layout = self.layout
+  for i, name in ipairs(names) do before[i] = lease_of(srv, lk[name], layout) end
   self.rec_before = nil
   if script == 'acquire' then
     self.rec_before = self:record_of(keys, argv[1])
   end
   srv.published = {}
-  local f = self.fns[script]
+  local proto = meta.proto or self.protocol
+  local f = self.fns_by[proto][script]
+  local mixed = self.mixed and P.before(self, c, script, names, keys, argv, meta, proto)
   -- (which script set the expiry of a lease key or a fence: protocol 1's
   -- check_keys; protocol 2 bounds its hash by the fields in it)
   local exp_before = {}
@@ -743,11 +772,14 @@ function W:run_script(c, script, names, keys, argv, meta)
       c and c.name or 'dlockctl', describe(rep)))
     for _, line in ipairs(R.dump(srv)) do self:trace('    ' .. line) end
   end
-  if type(rep) == 'table' and rep.err then
+  -- (a mixed world: a refusal of the other protocol's data is no error;
+  -- layout checks it is right, P.after)
+  if type(rep) == 'table' and rep.err and not (mixed and C.refused(rep)) then
     self:violation('error', script .. ' failed: ' .. rep.err)
   end
   self:after_script(c, script, names, script ~= 'renew' and keys or nil, argv, before, rep, meta,
     keys)
+  if mixed then P.after(self, mixed, rep) end
   self.arrivals = self:replicate(keys)
   for _, name in ipairs(names) do self.dirty[name] = true end
   for _, p in ipairs(srv.published) do self:publish(p.channel, p.message) end
@@ -1029,7 +1061,7 @@ function W:acquired(c, e, th, token, handoff)
     -- (the lease's exp, server time), clocks unstepped since the grant
     if g.backs == self.backs and g.fwds == self.fwds and g.era == self.era[e.name] then
       self.srv.now_ms = floor((self.now + self.srv_off) / 1000)
-      local l = lease_of(self.srv, self.lease_key[e.name], self.p2)
+      local l = lease_of(self.srv, self.lease_key[e.name], self.layout)
       local exp = l and l.owner == c.id and l.token == e.grant_token and l.gexp
       local ends = c.t0 + (e.valid_until - c.coff) / c.rate + self.srv_off
       if not exp and not handoff then
@@ -1044,6 +1076,10 @@ function W:acquired(c, e, th, token, handoff)
 end
 
 function W:released(c, e, th) end
+
+-- A background give-back of client c's attempt n of name is done (in a
+-- mixed world: sim/protocols.lua).
+function W:gave_back(c, name, n, meta) P.gave_back(self, c, name, n, meta) end
 
 -- excl: at most one unrevoked valid holder per name.
 --
@@ -1107,7 +1143,7 @@ function W:check_liveness()
     local o = db[keys[j]]
     local held = false
     if o and not (o.exp and now_ms > o.exp) then
-      local l = grant_in(o, self.p2, now_ms)
+      local l = grant_in(o, self.layout, now_ms)
       held = l and l.live or false
     end
     local waiting = false
@@ -1276,7 +1312,10 @@ function W:fault_force(name, tries)
   if self.tracing then self:trace('FAULT dlockctl release --force ' .. name) end
   local era = self.era[name]
   self:new_era(name)
-  local rep = self:run_script(nil, 'force', {name}, keys, argv, {force = true})
+  -- (with the forced release of the protocol of the name's data, as
+  -- dlockctl runs the script of the protocol whose read script read it)
+  local proto = self.mixed and P.data_protocol(R.live(self.srv, self.lease_key[name])) or nil
+  local rep = self:run_script(nil, 'force', {name}, keys, argv, {force = true, proto = proto})
   if type(rep) == 'number' and rep < 0 then
     self.era[name] = era -- nothing changed: wait as asked, then again
     if tries < 100 then
@@ -1310,9 +1349,13 @@ function W:in_mark_window(t)
     -- (protocol 2: the hash bounds the tokens while its field g holds the
     -- grant, expired or not: lua/p2/acquire.lua, gone; its records, queue
     -- flag and turn do not)
+    -- (a mixed world: the lease key in the layout it is in; protocol 2's
+    -- reads protocol 1's fence only when it makes its hash)
     local own = present(ks[1])
-    if own and self.p2 then own = grant_in(self.srv.db[ks[1]], true, now_ms) end
-    if not self.released_last[n] and not own and not present(ks[2]) then
+    local hash2 = own and (self.p2 or (self.mixed and P.data_protocol(self.srv.db[ks[1]]) == 2))
+    if hash2 then own = grant_in(self.srv.db[ks[1]], true, now_ms) end
+    local fence = present(ks[2]) and not (self.mixed and hash2)
+    if not self.released_last[n] and not own and not fence then
       high[ks[7]] = math.max(high[ks[7]] or 0, self.tok[n].max)
     end
   end
@@ -1515,9 +1558,12 @@ function W:run()
       .. 'replicas %d (min_replicas %d), faults: %s%s',
       self.seed, cfg.clients, cfg.threads, cfg.names, cfg.lease_ms, cfg.pass_limit,
       cfg.waiter_ttl_ms, cfg.cmd_timeout_ms, cfg.pool_size, cfg.local_rule, cfg.replicas,
-      cfg.min_replicas, #f > 0 and table.concat(f, ',') or 'none', self.p2 and ', protocol 2' or ''))
+      cfg.min_replicas, #f > 0 and table.concat(f, ',') or 'none', self.p2 and ', protocol 2' or
+      self.mixed and string.format(', protocols mixed (a client speaks 2 with probability %.2f; '
+        .. '%d rolls)', self.p2_share, self.rolls) or ''))
   end
   self:schedule_faults(cfg.lease_ms * 1000 * 6)
+  if self.mixed then P.schedule_rolls(self, cfg.lease_ms * 1000 * 6) end
   local ev = self.events
   local limit = cfg.steps
   -- after a fault: a lease and a waiter ttl for what it left behind to
@@ -1603,6 +1649,9 @@ function W:check_hashes()
   for _, name in ipairs(self.names) do
     local k = self.lease_key[name]
     local o = self.srv.db[k] -- (only looked at)
+    -- (a mixed world: protocol 2's hashes; protocol 1's lease keys as
+    -- protocol 1's, check_keys)
+    if o and self.mixed and P.data_protocol(o) ~= 2 then o = nil end
     if o and not (o.exp and now_ms > o.exp) then
       local fault = layout_fault(o)
       if fault then
@@ -1651,10 +1700,13 @@ function W:check_keys()
     3600000 * (self.faults.force and 1 or 0))
   local p2 = self.p2
   local hash_of = {} -- protocol 2: a name's hash key -> the name
-  if p2 then
+  if p2 or self.mixed then
     self:check_hashes()
     if #self.violations > 0 then return end
-    for _, n in ipairs(self.names) do hash_of[self.lease_key[n]] = n end
+    for _, n in ipairs(self.names) do
+      local o = self.srv.db[self.lease_key[n]] -- (only looked at)
+      if not self.mixed or (o and P.data_protocol(o) == 2) then hash_of[self.lease_key[n]] = n end
+    end
   end
   local last = self.now
   self.now = self.now + (life + 3) * 1000 + self.step_back_total
