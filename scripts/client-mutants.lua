@@ -23,8 +23,8 @@ return {
     name = 'no_protocol_resend',
     why = "an acquire refused for the other protocol's data is not sent again in it",
     file = 'src/local/rpc.c',
-    find = 'int other = rc == DLOCK_OK && !resent ? resend_in(rep, t->protocol) : 0;',
-    replace = 'int other = rc == DLOCK_OK && !resent && 0 ? resend_in(rep, t->protocol) : 0;',
+    find = 'resent < DLOCK_RPC_RESENDS ? resend_in(rep, t->protocol)',
+    replace = 'resent < 0 ? resend_in(rep, t->protocol)',
   },
   {
     name = 'handoff_in_time_skipped',
