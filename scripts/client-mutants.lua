@@ -107,14 +107,14 @@ return {
     name = 'release_last_token_is_grant',
     why = "a release tells Redis the grant's token, not the last one its handoffs handed out",
     file = 'src/local/release.c',
-    find = 'rc = dlock_rpc_release(c, e, grant, token, ending);',
-    replace = 'rc = dlock_rpc_release(c, e, grant, grant, ending);',
+    find = 'rc = dlock_rpc_release(c, e, grant, protocol, token, ending);',
+    replace = 'rc = dlock_rpc_release(c, e, grant, protocol, grant, ending);',
   },
   {
     name = 'no_give_back_after_unknown_outcome',
     why = 'an acquire whose outcome is unknown (sent, no answer) leaves its grant to expire',
     file = 'src/local/rpc.c',
-    find = '        if (sent)\n            dlock_renew_give_back(c->renew, e, nonce);\n        return rc;',
+    find = '        if (sent)\n            dlock_renew_give_back(c->renew, e, nonce, t->protocol);\n        return rc;',
     replace = '        return rc;',
   },
 }
