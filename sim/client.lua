@@ -1,4 +1,4 @@
--- The client side of dlock's protocol, as src/ (client.c, api.c, acquire.c,
+-- The client side of dlock's protocol, as src/ (client.c, api.c, acquire.c, excl.c,
 -- release.c, rpc.c) and the renewal manager (src/global/renew_round.c,
 -- renew_jobs.c, renew_thread.c)
 -- follow it, written as event handlers over the simulated world
@@ -81,7 +81,7 @@ function C.direct_takes(s, msg_nonce, try_nonce, try_sent, now)
     and now + s.grant_margin_us < C.direct_valid(s, try_sent)
 end
 
--- handoff_in_time (release.c): the k-th local handoff of a grant only once
+-- handoff_in_time (excl.c): the k-th local handoff of a grant only once
 -- k us have passed since the client learned it, less 1% for drift.
 function C.in_time(passes, since_grant_us)
   local us = floor(since_grant_us)
@@ -580,7 +580,7 @@ function C.wake_poller(c, e)
 end
 
 -- dlock_release (release.c: dlock_release_outermost). The rule for local handoffs
--- is cfg.local_rule: 'clock' (release.c, handoff_in_time: the k-th handoff of
+-- is cfg.local_rule: 'clock' (excl.c, handoff_in_time: the k-th handoff of
 -- a grant only once k us have passed on the client's clock since it took
 -- the grant, less 1% for drift, so that its token is never ahead of the
 -- server's clock), or 'passes' (the pass limit alone, as before 0.3: sim

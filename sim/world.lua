@@ -394,7 +394,7 @@ function W.new(seed, opts, scripts)
   end
   if on.fast then
     -- threads that hold and think for no time at all: local handoffs
-    -- as fast as the clock rule lets them go (release.c, handoff_in_time)
+    -- as fast as the clock rule lets them go (excl.c, handoff_in_time)
     cfg.hold_us, cfg.think_us, cfg.pass_us = 0, 0, 0
   end
   cfg.nofault = next(on) == nil

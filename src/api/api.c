@@ -14,6 +14,7 @@
 #include "local/acquire.h"
 #include "local/client.h"
 #include "common/error.h"
+#include "local/excl.h"
 #include "local/release.h"
 
 /* An acquire registered on a cancel token (cancel.h). */
@@ -35,7 +36,7 @@ static void cancel_wake(dlock_cancel_reg *base)
     if (!e)
         return; /* not in the entry yet: it looks at the flag when it is */
     pthread_mutex_lock(&e->mu);
-    if (e->poller)
+    if (e->poll.poller)
         pthread_cond_signal(&e->pcv); /* the poller may be r's thread */
     if (r->w->queued)
         dlock_waitq_wake(r->w); /* a thread waits for one name at a time: in e */
@@ -55,12 +56,12 @@ static int acquire(dlock_client *c, const char *name, int64_t wait_ms, uint64_t 
     if ((rc = dlock_client_stop_rc(c, k)) != DLOCK_OK)
         return dlock_client_stop_err(rc, name);
     if (!k)
-        return dlock_acquire_run(c, name, len, wait_ms, fence, NULL);
+        return dlock_acquire_run(c, &dlock_kind_excl, name, len, wait_ms, fence, NULL);
     cancel_reg reg = {.base.wake = cancel_wake, .c = c, .name = name, .len = len,
                       .w = dlock_waiter_self()};
     if (dlock_cancel_register(k, &reg.base) != 0)
         return dlock_client_stop_err(DLOCK_ECANCELED, name);
-    rc = dlock_acquire_run(c, name, len, wait_ms, fence, k);
+    rc = dlock_acquire_run(c, &dlock_kind_excl, name, len, wait_ms, fence, k);
     dlock_cancel_unregister(k, &reg.base);
     return rc;
 }
@@ -76,13 +77,13 @@ static int release(dlock_client *c, const char *name)
         return dlock_err_set(DLOCK_ENOTHELD, "'%s' is not held by this thread", name);
 
     pthread_mutex_lock(&e->mu);
-    if (!e->has_owner || e->by_handle || !pthread_equal(e->owner, pthread_self())) {
+    if (!dlock_kind_excl.mine(e)) {
         pthread_mutex_unlock(&e->mu);
         dlock_table_put(c->table, e);
         return dlock_err_set(DLOCK_ENOTHELD, "'%s' is not held by this thread", name);
     }
-    if (e->depth > 1) {
-        e->depth--;
+    if (e->x.depth > 1) {
+        e->x.depth--;
         pthread_mutex_unlock(&e->mu);
         dlock_table_put(c->table, e);
         return DLOCK_OK;
@@ -104,8 +105,8 @@ int dlock_unclean(dlock_client *c, const char *name)
         rc = dlock_err_set(DLOCK_ENOTHELD, "'%s' is not held by this thread", name);
     if (e) {
         pthread_mutex_lock(&e->mu);
-        if (e->has_owner && !e->by_handle && pthread_equal(e->owner, pthread_self()))
-            rc = e->unclean;
+        if (dlock_kind_excl.mine(e))
+            rc = e->x.unclean;
         else
             rc = dlock_err_set(DLOCK_ENOTHELD, "'%s' is not held by this thread", name);
         pthread_mutex_unlock(&e->mu);
@@ -176,7 +177,7 @@ static int acquire_handle(dlock_client *c, const char *name, int64_t wait_ms, ui
         /* (dlock_held_find may return an entry another thread holds or waits for,
          * when this one holds more names than it caches) */
         pthread_mutex_lock(&e->mu);
-        int mine = e->has_owner && !e->by_handle && pthread_equal(e->owner, pthread_self());
+        int mine = dlock_kind_excl.mine(e);
         pthread_mutex_unlock(&e->mu);
         dlock_table_put(c->table, e);
         if (mine)
@@ -197,7 +198,7 @@ static int acquire_handle(dlock_client *c, const char *name, int64_t wait_ms, ui
     e = dlock_held_find(c, name, len);
     DLOCK_ASSERT(e);
     pthread_mutex_lock(&e->mu);
-    e->by_handle = 1;
+    e->x.by_handle = 1;
     dlock_held_forget(c, e);
     pthread_mutex_unlock(&e->mu);
     dlock_table_put(c->table, e); /* the lookup's; the owner's stays, the handle's now */
@@ -243,9 +244,9 @@ int dlock_handle_release(dlock_handle *h)
     memcpy(name, e->name, e->name_len + 1);
     dlock_table_ref(e); /* the lookup's, as dlock_release_outermost expects */
     pthread_mutex_lock(&e->mu);
-    DLOCK_ASSERT(e->has_owner && e->by_handle && e->depth == 1);
-    e->by_handle = 0;
-    e->owner = pthread_self(); /* the calling thread releases it */
+    DLOCK_ASSERT(e->x.has_owner && e->x.by_handle && e->x.depth == 1);
+    e->x.by_handle = 0;
+    e->x.owner = pthread_self(); /* the calling thread releases it */
     dlock_hist_add(&c->ctr.hold, dlock_now_ns() - h->since_ns);
     int rc = dlock_release_outermost(c, e, name);
     dlock_count_rc(c->ctr.release_rc, rc);
@@ -263,8 +264,8 @@ int dlock_handle_held(dlock_handle *h)
     dlock_client_enter(h->c);
     dlock_entry *e = h->e;
     pthread_mutex_lock(&e->mu);
-    int yes = e->has_owner && e->by_handle && e->state == DLOCK_LEASE_HELD &&
-              dlock_boot_ns() < e->valid_until_ns;
+    int yes = e->x.has_owner && e->x.by_handle && e->lease.state == DLOCK_LEASE_HELD &&
+              dlock_boot_ns() < e->lease.valid_until_ns;
     pthread_mutex_unlock(&e->mu);
     dlock_client_leave(h->c);
     return yes;
@@ -279,7 +280,7 @@ int dlock_handle_unclean(dlock_handle *h)
     dlock_client_enter(h->c);
     dlock_entry *e = h->e;
     pthread_mutex_lock(&e->mu);
-    int rc = e->unclean;
+    int rc = e->x.unclean;
     pthread_mutex_unlock(&e->mu);
     dlock_client_leave(h->c);
     return rc;
@@ -309,8 +310,8 @@ static int held_check(dlock_client *c, const char *name)
     if (!e)
         return 0;
     pthread_mutex_lock(&e->mu);
-    int yes = e->has_owner && !e->by_handle && pthread_equal(e->owner, pthread_self()) &&
-              e->state == DLOCK_LEASE_HELD && dlock_boot_ns() < e->valid_until_ns;
+    int yes = dlock_kind_excl.mine(e) &&
+              e->lease.state == DLOCK_LEASE_HELD && dlock_boot_ns() < e->lease.valid_until_ns;
     pthread_mutex_unlock(&e->mu);
     dlock_table_put(c->table, e);
     return yes;

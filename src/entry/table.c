@@ -133,7 +133,7 @@ static dlock_entry *entry_new(dlock_table *t, const char *name, size_t len)
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&e->pcv, &ca);
     pthread_condattr_destroy(&ca);
-    e->state = DLOCK_LEASE_NONE;
+    e->lease.state = DLOCK_LEASE_NONE;
     e->refs = 1;
     return e;
 }
@@ -245,6 +245,7 @@ void dlock_table_each_ref(dlock_table *t, void (*fn)(dlock_entry *e, void *arg),
 void dlock_entry_kick_head(dlock_entry *e)
 {
     if (e->wq.head &&
-        (e->handoff || (!e->has_owner && e->state == DLOCK_LEASE_NONE && !e->poller)))
+        (e->x.handoff ||
+         (!e->x.has_owner && e->lease.state == DLOCK_LEASE_NONE && !e->poll.poller)))
         dlock_waitq_wake(e->wq.head);
 }

@@ -31,53 +31,51 @@ typedef struct dlock_renew_item dlock_renew_item;
 /* The Redis keys of one lock name (DLOCK_KEY_* and DLOCK_KEYS, from
  * lua/keys.lua: conn/script.h) all share the hash tag {<name>}. */
 
-typedef struct dlock_entry {
-    UT_hash_handle hh; /* guarded by the table mutex */
-
-    /* References: one per thread inside acquire/release/held for this
-     * name, one for the owner thread while it holds the lock, one for the
-     * renewal manager while the lease is registered with it. Atomic
-     * (ck_pr); 0 means closing: never revived. */
-    unsigned refs;
-
-    pthread_mutex_t mu;
-    pthread_cond_t pcv; /* CLOCK_MONOTONIC; the poller alone sleeps on it, between tries */
-
-    /* Guarded by mu. */
-    int has_owner;               /* a thread of this client holds the lock */
-    pthread_t owner;             /* that thread, when has_owner */
-    int by_handle;               /* with has_owner: the holder is a dlock_handle, which
-                                    any thread may release; owner is then meaningless */
-    unsigned depth;              /* its reentrancy depth, >= 1 when has_owner */
+/*
+ * An entry is a core (the table's link, references, the mutex, the name and
+ * its keys, the threads waiting) and three parts, each with one purpose:
+ *   lease  the client's lease of the name in Redis, as the renewal thread
+ *          sees it: every kind of lock has one (docs/design.md, "Kinds of
+ *          lock");
+ *   poll   waiting for a lease in Redis: the one poller, what Redis told
+ *          its tries, the messages the subscriber left for it;
+ *   x      the exclusive kind's holders: one owner thread, its depth, the
+ *          local handoff (src/local/excl.c, which alone writes it, and
+ *          the readers named in excl.h).
+ * Every field is guarded by mu unless it says otherwise.
+ */
+typedef struct dlock_lease {
     dlock_lease_state state;
-    int poller;                  /* a thread is the designated poller (client.h, I2) */
+    const struct dlock_kind *kind; /* the kind of lock it was granted in (local/kind.h);
+                                    NULL before the entry's first grant */
     uint64_t grant_token;        /* token Redis gave the current grant */
     int grant_protocol;          /* the protocol it was granted in (1 or 2): its
                                     renewals and its release use that protocol's
                                     scripts */
-    uint64_t token;              /* the holder's token: grant_token + local passes */
-    int handoff;                 /* the holder passed the lease on: a waiter takes it */
+    uint64_t token;              /* the last token handed out under the grant:
+                                    grant_token + local passes */
     uint64_t epoch;              /* grants of this entry so far; renewals carry it */
     int64_t valid_until_ns;      /* lease validity on the boot clock (dlock_boot_ns) */
-    unsigned passes;             /* consecutive local handoffs of this grant */
     int64_t grant_boot_ns;       /* when this client learned the grant (boot clock):
                                     Redis made it earlier, at server time grant_token */
+    int provisional;             /* HELD by a direct grant not renewed yet: valid for
+                                    the waiter ttl only (handoffs use a shorter margin) */
+    int lost_notified;           /* on_lost already ran for this grant */
     int unconfirmed_end;         /* how that grant ended (unconfirmed.h) */
     uint64_t unconfirmed;        /* the last token handed out under a grant that ended
                                     other than by a confirmed release (it may still be, or
                                     be again, this client's in Redis: unconfirmed.h), 0 if
                                     none: the next acquire tells Redis; kept past the
                                     entry's life in unconfirmed.h */
-    unsigned waiters;            /* threads in acquire waiting for this name */
-    dlock_waitq wq;              /* the waiting threads but the poller, longest first
-                                    (park.h): each parks on its own node */
-    int lost_notified;           /* on_lost already ran for this grant */
+    dlock_renew_item *renew;     /* registration with the renewal manager, or NULL */
+} dlock_lease;
+
+typedef struct dlock_poll {
+    int poller;                  /* a thread is the designated poller (client.h, I2) */
     uint64_t fail_seq;           /* polls of this entry that failed with an error of
                                     Redis (not EBUSY or ETIMEDOUT) */
     int fail_rc;                 /* the last such failure's code */
     char fail_msg[160];          /* and its message */
-    dlock_renew_item *renew;     /* registration with the renewal manager, or NULL */
-
     int woken;                   /* a wake-up came for this name since the poller's last try */
     int queued;                  /* this client may be in the name's wait queue in Redis */
     /* The poller's last refused try of its current wait (0: none), and when
@@ -92,12 +90,6 @@ typedef struct dlock_entry {
      * not looked at yet: its attempt number and token. */
     int msg_grant;
     uint64_t msg_nonce, msg_token;
-    int unclean;                 /* how the hold before the owner's ended, when not by
-                                    its holder's release (DLOCK_UNCLEAN_*, dlock_unclean):
-                                    from the grant (acquire.lua, "End"), or from the
-                                    local handoff; 0 when it was released */
-    int ending;                  /* the owner's hold ends as DLOCK_UNCLEAN_ABANDONED: its
-                                    thread exited (set by the exit hook for its release) */
     int msg_unclean;             /* the direct grant message's end (a "u" message) */
     int msg_protocol;            /* the protocol of the release that sent it: the grant's */
     /* What the poller's last refused try said of the holder, for the
@@ -110,8 +102,43 @@ typedef struct dlock_entry {
     char busy_holder[DLOCK_CLIENT_NAME_MAX + 1];
     long long busy_held_ms, busy_left_ms, busy_queue;
     int busy_joined;             /* that try joined the queue (busy_queue counts us) */
-    int provisional;             /* HELD by a direct grant not renewed yet: valid for
-                                    the waiter ttl only (handoffs use a shorter margin) */
+} dlock_poll;
+
+typedef struct dlock_excl {
+    int has_owner;               /* a thread of this client holds the lock */
+    pthread_t owner;             /* that thread, when has_owner */
+    int by_handle;               /* with has_owner: the holder is a dlock_handle, which
+                                    any thread may release; owner is then meaningless */
+    unsigned depth;              /* its reentrancy depth, >= 1 when has_owner */
+    int handoff;                 /* the holder passed the lease on: a waiter takes it */
+    unsigned passes;             /* consecutive local handoffs of this grant */
+    int unclean;                 /* how the hold before the owner's ended, when not by
+                                    its holder's release (DLOCK_UNCLEAN_*, dlock_unclean):
+                                    from the grant (acquire.lua, "End"), or from the
+                                    local handoff; 0 when it was released */
+    int ending;                  /* the owner's hold ends as DLOCK_UNCLEAN_ABANDONED: its
+                                    thread exited (set by the exit hook for its release) */
+} dlock_excl;
+
+typedef struct dlock_entry {
+    UT_hash_handle hh; /* guarded by the table mutex */
+
+    /* References: one per thread inside acquire/release/held for this
+     * name, one for the owner thread while it holds the lock, one for the
+     * renewal manager while the lease is registered with it. Atomic
+     * (ck_pr); 0 means closing: never revived. */
+    unsigned refs;
+
+    pthread_mutex_t mu;
+    pthread_cond_t pcv; /* CLOCK_MONOTONIC; the poller alone sleeps on it, between tries */
+
+    /* Guarded by mu. */
+    unsigned waiters;            /* threads in acquire waiting for this name */
+    dlock_waitq wq;              /* the waiting threads but the poller, longest first
+                                    (park.h): each parks on its own node */
+    dlock_lease lease;
+    dlock_poll poll;
+    dlock_excl x;
 
     /* Immutable after creation. */
     uint64_t made;          /* the table's count of entries made, this one's

@@ -33,14 +33,14 @@ int64_t dlock_renew_drift_ns(uint32_t lease_ms)
 
 int dlock_renew_add(dlock_renew *r, dlock_entry *e)
 {
-    DLOCK_ASSERT(e->state == DLOCK_LEASE_HELD && e->renew == NULL);
+    DLOCK_ASSERT(e->lease.state == DLOCK_LEASE_HELD && e->lease.renew == NULL);
     dlock_renew_item *it = calloc(1, sizeof *it);
     if (!it)
         return DLOCK_ENOMEM;
     it->e = e;
-    it->epoch = e->epoch;
-    it->protocol = e->grant_protocol;
-    snprintf(it->token, sizeof it->token, "%" PRIu64, e->grant_token);
+    it->epoch = e->lease.epoch;
+    it->protocol = e->lease.grant_protocol;
+    snprintf(it->token, sizeof it->token, "%" PRIu64, e->lease.grant_token);
     dlock_table_ref(e);
     pthread_mutex_lock(&r->mu);
     it->next = r->items;
@@ -48,7 +48,7 @@ int dlock_renew_add(dlock_renew *r, dlock_entry *e)
         r->items->prev = it;
     r->items = it;
     r->count++;
-    e->renew = it;
+    e->lease.renew = it;
     if (r->count == 1)
         pthread_cond_signal(&r->cv); /* the thread may sleep without a period */
     pthread_mutex_unlock(&r->mu);
@@ -65,24 +65,24 @@ static void unlink_item(dlock_renew *r, dlock_renew_item *it)
     if (it->next)
         it->next->prev = it->prev;
     r->count--;
-    it->e->renew = NULL;
+    it->e->lease.renew = NULL;
     free(it);
 }
 
 int dlock_renew_remove(dlock_renew *r, dlock_entry *e)
 {
-    if (!e->renew)
+    if (!e->lease.renew)
         return 0;
     pthread_mutex_lock(&r->mu);
-    unlink_item(r, e->renew);
+    unlink_item(r, e->lease.renew);
     pthread_mutex_unlock(&r->mu);
     return 1;
 }
 
 int dlock_renew_mark_lost(dlock_renew *r, dlock_entry *e)
 {
-    DLOCK_ASSERT(e->state == DLOCK_LEASE_HELD);
-    e->state = DLOCK_LEASE_LOST;
+    DLOCK_ASSERT(e->lease.state == DLOCK_LEASE_HELD);
+    e->lease.state = DLOCK_LEASE_LOST;
     dlock_count(&r->cfg.ctr->leases_held, (uint64_t)-1);
     dlock_count(&r->cfg.ctr->leases_lost, 1);
     dlock_waitq_wake_head(&e->wq); /* a passed lease lost: the head polls instead */

@@ -61,9 +61,9 @@ int dlock_renew_start(const dlock_renew_cfg *cfg, dlock_renew **out);
  * drops the registry's references and frees the manager. */
 void dlock_renew_stop(dlock_renew *r);
 
-/* Registers e's current grant (e->token, e->epoch) for renewal and takes a
- * reference on e for the registry. Called with e->mu held, e->state HELD and
- * e->renew NULL. Returns DLOCK_OK or DLOCK_ENOMEM. */
+/* Registers e's current grant (e->lease.token, e->lease.epoch) for renewal and takes a
+ * reference on e for the registry. Called with e->mu held, e->lease.state HELD and
+ * e->lease.renew NULL. Returns DLOCK_OK or DLOCK_ENOMEM. */
 int dlock_renew_add(dlock_renew *r, dlock_entry *e);
 
 /* Unregisters e's grant: after this returns no renewal of it is sent.
@@ -109,8 +109,8 @@ void dlock_renew_leave(dlock_renew *r, const dlock_entry *e, const char *number,
 int64_t dlock_renew_drift_ns(uint32_t lease_ms);
 
 /* Marks e's grant lost: state LOST, unregistered, counters updated. Called
- * with e->mu held and e->state HELD. Returns as dlock_renew_remove. Whether
- * the lost callback is due is e->lost_notified's business (the caller's). */
+ * with e->mu held and e->lease.state HELD. Returns as dlock_renew_remove. Whether
+ * the lost callback is due is e->lease.lost_notified's business (the caller's). */
 int dlock_renew_mark_lost(dlock_renew *r, dlock_entry *e);
 
 #endif

@@ -11,7 +11,7 @@
  *   r->mu guards the registry (items, count), the job list, r->stop and
  *   r->writing. It is never held during Redis I/O.
  *   Each item stands for one grant (entry, epoch, token) and holds one
- *   reference on its entry. e->renew points at e's item; it is written only
+ *   reference on its entry. e->lease.renew points at e's item; it is written only
  *   with both e->mu and r->mu held, so either lock suffices to read it. Items
  *   are freed only under r->mu, so an item seen in the registry under r->mu
  *   can be read then.

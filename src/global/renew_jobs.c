@@ -254,7 +254,7 @@ void dlock_renew_release_all(dlock_renew *r)
         x->it = it;
         x->done = 0;
         pthread_mutex_lock(&it->e->mu);
-        snprintf(x->last, sizeof x->last, "%" PRIu64, it->e->token);
+        snprintf(x->last, sizeof x->last, "%" PRIu64, it->e->lease.token);
         pthread_mutex_unlock(&it->e->mu);
         x->lane = dlock_lanes_route(&r->lanes, it->e->keys[DLOCK_KEY_LEASE], &slot);
         redisContext *c = dlock_lanes_open(&r->lanes, x->lane);

@@ -100,7 +100,7 @@ static int append_chunk(dlock_renew *r, snap *s, snap **p, chunk *ch, redisConte
 {
     size_t m = 0;
     for (size_t i = ch->at; i < ch->at + ch->k; i++) {
-        dlock_renew_item *it = s[i].e->renew; /* readable under r->mu */
+        dlock_renew_item *it = s[i].e->lease.renew; /* readable under r->mu */
         if (it == s[i].item && it->epoch == s[i].epoch)
             p[ch->at + m++] = &s[i];
     }
@@ -176,35 +176,36 @@ static int64_t apply(dlock_renew *r, snap *s, size_t n, int64_t sent_boot)
         dlock_entry *e = s[i].e;
         int drop_registry_ref = 0, lost = 0;
         pthread_mutex_lock(&e->mu);
-        if (e->state == DLOCK_LEASE_HELD && e->epoch == s[i].epoch && e->renew == s[i].item) {
+        if (e->lease.state == DLOCK_LEASE_HELD && e->lease.epoch == s[i].epoch &&
+            e->lease.renew == s[i].item) {
             dlock_trace_event(r->cfg.trace, "verdict", e->name,
-                              "%" PRIu64 " %d %" PRId64 " %" PRId64 " %" PRId64, e->epoch,
-                              s[i].verdict, sent_boot, now, e->valid_until_ns);
+                              "%" PRIu64 " %d %" PRId64 " %" PRId64 " %" PRId64, e->lease.epoch,
+                              s[i].verdict, sent_boot, now, e->lease.valid_until_ns);
             if (s[i].verdict == 1) {
                 /* Set, not raised: the renewal reset the expiry in Redis to
                  * the lease time from this round, which may be sooner than a
                  * direct grant's waiter ttl. */
-                e->valid_until_ns = valid;
-                e->provisional = 0; /* a whole lease now */
-            } else if (s[i].verdict == 0 || now >= e->valid_until_ns) {
+                e->lease.valid_until_ns = valid;
+                e->lease.provisional = 0; /* a whole lease now */
+            } else if (s[i].verdict == 0 || now >= e->lease.valid_until_ns) {
                 /* Redis may still have the grant as ours (the renewal went
                  * unanswered but may have run; or a step back of the
                  * server's clock brings an expired grant back), and the
                  * next acquire must go above its tokens (unconfirmed.h; the
                  * client records it when the holder or a waiter finds the
                  * loss). */
-                if (e->token >= e->unconfirmed) {
-                    e->unconfirmed = e->token;
-                    e->unconfirmed_end = DLOCK_UNCLEAN_EXPIRED; /* a lost lease */
+                if (e->lease.token >= e->lease.unconfirmed) {
+                    e->lease.unconfirmed = e->lease.token;
+                    e->lease.unconfirmed_end = DLOCK_UNCLEAN_EXPIRED; /* a lost lease */
                 }
                 drop_registry_ref = dlock_renew_mark_lost(r, e);
-                s[i].lost_token = e->token;
-                if (!e->lost_notified) {
-                    e->lost_notified = 1;
+                s[i].lost_token = e->lease.token;
+                if (!e->lease.lost_notified) {
+                    e->lease.lost_notified = 1;
                     lost = 1;
                 }
-            } else if (e->valid_until_ns < earliest) {
-                earliest = e->valid_until_ns;
+            } else if (e->lease.valid_until_ns < earliest) {
+                earliest = e->lease.valid_until_ns;
             }
         }
         pthread_mutex_unlock(&e->mu);

@@ -191,8 +191,8 @@ void dlock_renew_stop(dlock_renew *r)
     while (r->items) {
         dlock_entry *e = r->items->e;
         pthread_mutex_lock(&e->mu);
-        if (e->state == DLOCK_LEASE_HELD) {
-            e->state = DLOCK_LEASE_NONE;
+        if (e->lease.state == DLOCK_LEASE_HELD) {
+            e->lease.state = DLOCK_LEASE_NONE;
             dlock_count(&r->cfg.ctr->leases_held, (uint64_t)-1);
         }
         int drop = dlock_renew_remove(r, e);

@@ -29,111 +29,40 @@ static uint64_t jitter_rand(void)
     return s * 2685821657736338717ULL;
 }
 
-/* Makes the calling thread e's owner for a new grant in protocol
- * `protocol`, valid until valid_until (boot clock). Called with e->mu held. */
-static int take_grant(dlock_client *c, dlock_entry *e, uint64_t token, int protocol, int unclean,
-                      int64_t valid_until)
+/* Makes the calling thread the holder, in kind k, of a new grant in
+ * protocol `protocol`, valid until valid_until (boot clock). Called with
+ * e->mu held. */
+static int take_grant(dlock_client *c, const dlock_kind *k, dlock_entry *e, uint64_t token,
+                      int protocol, int unclean, int64_t valid_until)
 {
-    e->state = DLOCK_LEASE_HELD;
-    e->grant_protocol = protocol;
-    e->unclean = unclean;
-    e->ending = 0;
-    if (unclean)
-        dlock_count(&c->ctr.unclean, 1);
-    e->grant_token = token;
-    e->token = token;
-    e->handoff = 0;
-    e->epoch++;
-    e->valid_until_ns = valid_until;
-    e->grant_boot_ns = dlock_boot_ns(); /* after the reply or message: Redis granted before */
-    if (e->unconfirmed) {
-        e->unconfirmed = 0; /* the grant's token is above it (acquire.lua) */
-        e->unconfirmed_end = 0;
+    e->lease.state = DLOCK_LEASE_HELD;
+    e->lease.kind = k;
+    e->lease.grant_protocol = protocol;
+    e->lease.grant_token = token;
+    e->lease.token = token;
+    e->lease.epoch++;
+    e->lease.valid_until_ns = valid_until;
+    e->lease.grant_boot_ns = dlock_boot_ns(); /* after the reply or message: Redis granted before */
+    if (e->lease.unconfirmed) {
+        e->lease.unconfirmed = 0; /* the grant's token is above it (acquire.lua) */
+        e->lease.unconfirmed_end = 0;
         dlock_unconfirmed_clear(c->unconfirmed, e->name);
     }
-    e->provisional = 0;
-    e->msg_grant = 0;
-    e->passes = 0;
-    e->lost_notified = 0;
-    e->queued = 0; /* the acquire script took this client out of the queue */
+    e->lease.provisional = 0;
+    e->poll.msg_grant = 0;
+    e->lease.lost_notified = 0;
+    e->poll.queued = 0; /* the acquire script took this client out of the queue */
     int rc = dlock_renew_add(c->renew, e);
     if (rc != DLOCK_OK) {
-        e->state = DLOCK_LEASE_NONE;
+        e->lease.state = DLOCK_LEASE_NONE;
         return dlock_err_set(rc, "out of memory registering the lease of '%s'", e->name);
     }
-    e->has_owner = 1;
-    e->owner = pthread_self();
-    e->depth = 1;
+    k->hold(c, e, unclean);
     dlock_count(&c->ctr.leases_held, 1);
     dlock_count(&c->ctr.grants, 1);
     dlock_trace_event(c->trace, "grant", e->name, "%" PRIu64 " %d %" PRId64 " %" PRId64 " %" PRIu64,
-                      token, unclean, valid_until, e->grant_boot_ns, e->epoch);
+                      token, unclean, valid_until, e->lease.grant_boot_ns, e->lease.epoch);
     return DLOCK_OK;
-}
-
-/* Takes a lease that its holder passed on (a local handoff): no Redis command.
- * Called with e->mu held, e->handoff set. If the lease's validity ran out
- * while it was passed, it is lost and not taken (I4): the caller polls,
- * and drops the registry's reference after unlocking if *drop was set.
- * DLOCK_OK or DLOCK_ELOST. */
-static int take_handoff(dlock_client *c, dlock_entry *e, int *drop)
-{
-    DLOCK_ASSERT(!e->has_owner && e->state == DLOCK_LEASE_HELD);
-    e->handoff = 0;
-    int64_t now = dlock_boot_ns();
-    dlock_trace_event(c->trace, "take", e->name, "%" PRIu64 " %" PRId64 " %d", e->token, now,
-                      now < e->valid_until_ns);
-    if (now >= e->valid_until_ns) {
-        /* Lost by its validity alone: Redis may still have it as ours. */
-        dlock_client_unconfirmed_end(c, e, e->token, DLOCK_UNCLEAN_EXPIRED);
-        *drop += dlock_renew_mark_lost(c->renew, e);
-        e->lost_notified = 1; /* no thread held it: nobody to tell */
-        e->state = DLOCK_LEASE_NONE;
-        return DLOCK_ELOST;
-    }
-    e->has_owner = 1;
-    e->owner = pthread_self();
-    e->depth = 1;
-    return DLOCK_OK;
-}
-
-/* A lease passed to the calling thread alone while it was parked (I10, a
- * direct handoff): the releaser made it the owner while the lease was valid,
- * but the thread runs later, maybe much later. It is taken only if it is
- * still HELD and valid now, as an open handoff is (take_handoff); otherwise
- * it was lost in passing and the thread is a waiter again (the caller
- * polls). Lost by the renewal (LOST), it was reported as any lost lease is
- * (on_lost, the log); run out with no verdict yet, nobody is told (no
- * thread held it): *ran_out is set to its token, for the caller's log line.
- * Called with e->mu held, w granted. DLOCK_OK or DLOCK_ELOST; after
- * unlocking, the caller drops the registry's reference if *drop was set. */
-static int take_direct_handoff(dlock_client *c, dlock_entry *e, dlock_waiter *w, int *drop,
-                               uint64_t *ran_out)
-{
-    DLOCK_ASSERT(dlock_waiter_granted(w) && e->has_owner && !e->by_handle &&
-                 pthread_equal(e->owner, pthread_self()));
-    int64_t now = dlock_boot_ns();
-    int valid = e->state == DLOCK_LEASE_HELD && now < e->valid_until_ns;
-    dlock_trace_event(c->trace, "dtake", e->name, "%" PRIu64 " %" PRId64 " %d", e->token, now,
-                      valid);
-    if (valid)
-        return DLOCK_OK;
-    e->has_owner = 0;
-    e->depth = 0;
-    e->waiters++; /* the releaser counted it out */
-    if (e->state == DLOCK_LEASE_HELD) {
-        /* Lost by its validity alone: Redis may still have it as ours. */
-        dlock_client_unconfirmed_end(c, e, e->token, DLOCK_UNCLEAN_EXPIRED);
-        *drop += dlock_renew_mark_lost(c->renew, e);
-        *ran_out = e->token;
-    } else if (e->unconfirmed) {
-        /* LOST: the renewal found it gone (and recorded it) */
-        dlock_client_unconfirmed_end(c, e, e->unconfirmed, e->unconfirmed_end);
-    }
-    e->lost_notified = 1;
-    e->state = DLOCK_LEASE_NONE;
-    (void)dlock_waiter_self(); /* w, not granted any more: a new wait */
-    return DLOCK_ELOST;
 }
 
 /* The direct grant message of e (wake_one), looked at by e's poller between
@@ -150,26 +79,29 @@ static int take_direct_handoff(dlock_client *c, dlock_entry *e, dlock_waiter *w,
  * thread, provisionally: the renewal makes it a whole lease, at once if
  * other threads wait for it, else by half its validity), DLOCK_EBUSY
  * (dropped), or DLOCK_ENOMEM. */
-static int take_direct_grant(dlock_client *c, dlock_entry *e)
+static int take_direct_grant(dlock_client *c, const dlock_kind *k, dlock_entry *e)
 {
-    e->msg_grant = 0;
-    int64_t valid = e->try_sent_boot + (int64_t)c->grant_ms * DLOCK_NS_PER_MS - c->grant_drift_ns;
+    e->poll.msg_grant = 0;
+    int64_t valid =
+        e->poll.try_sent_boot + (int64_t)c->grant_ms * DLOCK_NS_PER_MS - c->grant_drift_ns;
     int64_t now = dlock_boot_ns();
-    int take = e->msg_nonce != 0 && e->msg_nonce == e->try_nonce &&
+    int take = e->poll.msg_nonce != 0 && e->poll.msg_nonce == e->poll.try_nonce &&
                now + c->grant_margin_ns < valid;
     dlock_trace_event(c->trace, "dgrant", e->name,
                       "%" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRId64 " %" PRId64 " %d",
-                      e->msg_nonce, e->msg_token, e->try_nonce, e->try_sent_boot, now, take);
+                      e->poll.msg_nonce, e->poll.msg_token, e->poll.try_nonce,
+                      e->poll.try_sent_boot, now, take);
     if (!take)
         return DLOCK_EBUSY;
     char nonce[24];
-    snprintf(nonce, sizeof nonce, "%" PRIu64, e->msg_nonce);
-    int rc = take_grant(c, e, e->msg_token, e->msg_protocol, e->msg_unclean, valid);
+    snprintf(nonce, sizeof nonce, "%" PRIu64, e->poll.msg_nonce);
+    int rc = take_grant(c, k, e, e->poll.msg_token, e->poll.msg_protocol, e->poll.msg_unclean,
+                        valid);
     if (rc != DLOCK_OK) {
-        dlock_renew_give_back(c->renew, e, nonce, e->msg_protocol);
+        dlock_renew_give_back(c->renew, e, nonce, e->poll.msg_protocol);
         return rc;
     }
-    e->provisional = 1;
+    e->lease.provisional = 1;
     dlock_count(&c->ctr.direct_grants, 1);
     if (e->waiters > 1)
         dlock_renew_kick(c->renew); /* so that local handoffs can follow */
@@ -184,23 +116,24 @@ static int take_direct_grant(dlock_client *c, dlock_entry *e)
 static int busy_err(const dlock_entry *e, int rc)
 {
     char holder[DLOCK_CLIENT_NAME_MAX + 64] = "", queue[128] = "";
-    double since = e->busy_known ? (dlock_now_ns() - e->busy_at_ns) / 1e9 : 0; /* the try's age */
-    double left = e->busy_left_ms / 1e3 - since;
-    if (e->has_owner || e->state == DLOCK_LEASE_HELD)
+    /* the try's age */
+    double since = e->poll.busy_known ? (dlock_now_ns() - e->poll.busy_at_ns) / 1e9 : 0;
+    double left = e->poll.busy_left_ms / 1e3 - since;
+    if (e->lease.state == DLOCK_LEASE_HELD || (e->lease.kind && e->lease.kind->held(e)))
         snprintf(holder, sizeof holder, ": held by another thread of this client");
-    else if (!e->busy_known)
+    else if (!e->poll.busy_known)
         ; /* no try of this wait was answered */
-    else if (e->busy_holder[0] && e->busy_held_ms >= 0)
+    else if (e->poll.busy_holder[0] && e->poll.busy_held_ms >= 0)
         snprintf(holder, sizeof holder, ": held by %s for %.1f s, its lease ends in %.1f s",
-                 e->busy_holder, e->busy_held_ms / 1e3 + since, left > 0 ? left : 0.0);
-    else if (e->busy_holder[0])
-        snprintf(holder, sizeof holder, ": held by %s", e->busy_holder);
-    else if (e->busy_left_ms < 0)
+                 e->poll.busy_holder, e->poll.busy_held_ms / 1e3 + since, left > 0 ? left : 0.0);
+    else if (e->poll.busy_holder[0])
+        snprintf(holder, sizeof holder, ": held by %s", e->poll.busy_holder);
+    else if (e->poll.busy_left_ms < 0)
         snprintf(holder, sizeof holder, ": free, but it is another waiting client's turn");
-    if (e->busy_known && e->busy_queue >= 0)
+    if (e->poll.busy_known && e->poll.busy_queue >= 0)
         snprintf(queue, sizeof queue, "; %lld client%s in its wait queue in Redis%s",
-                 e->busy_queue, e->busy_queue == 1 ? "" : "s",
-                 e->busy_joined ? ", this one included" : "");
+                 e->poll.busy_queue, e->poll.busy_queue == 1 ? "" : "s",
+                 e->poll.busy_joined ? ", this one included" : "");
     if (rc == DLOCK_ETIMEDOUT)
         return dlock_err_set(rc, "timed out waiting for '%s'%s%s", e->name, holder, queue);
     return dlock_err_set(rc, "'%s' is not free%s%s", e->name, holder, queue);
@@ -208,10 +141,10 @@ static int busy_err(const dlock_entry *e, int rc)
 
 /*
  * The poller's loop. Called with e->mu held, as e's designated poller
- * (e->poller == 1, !has_owner, state NONE); returns with e->mu held. Talks
+ * (e->poll.poller == 1, !has_owner, state NONE); returns with e->mu held. Talks
  * to Redis without e->mu. A refused try leaves the client in the lock's wait
  * queue in Redis (unless `once`); the poller then sleeps on e->cv until a
- * wake-up (e->woken, set by the subscriber when a release gives this client
+ * wake-up (e->poll.woken, set by the subscriber when a release gives this client
  * the turn), the fallback retry time (waiter_ttl/4, which also keeps its
  * place in the queue alive; sooner if the lease's remaining time is
  * shorter, for a holder that died), or its own deadline. A poller that gives
@@ -219,19 +152,19 @@ static int busy_err(const dlock_entry *e, int rc)
  * queue. A shutdown or a fired cancel token (dlock_client_stop_rc) ends the poll: a
  * grant that its last try brought back is given back in the background.
  */
-static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int once,
-                      dlock_cancel *k)
+static int poll_redis(dlock_client *c, const dlock_kind *kind, dlock_entry *e, int64_t deadline,
+                      int once, dlock_cancel *k)
 {
-    e->try_nonce = 0; /* a new wait: no direct grant yet */
-    e->msg_grant = 0;
-    e->busy_known = 0;
+    e->poll.try_nonce = 0; /* a new wait: no direct grant yet */
+    e->poll.msg_grant = 0;
+    e->poll.busy_known = 0;
     dlock_trace_event(c->trace, "poll", e->name, "%d %" PRIu64, once, e->made);
     for (;;) {
-        DLOCK_ASSERT(!e->has_owner && e->state == DLOCK_LEASE_NONE);
-        e->state = DLOCK_LEASE_ACQUIRING;
-        e->woken = 0; /* a wake-up from now on triggers another try */
-        uint64_t unconfirmed = e->unconfirmed;
-        int unconfirmed_how = e->unconfirmed_end;
+        DLOCK_ASSERT(!kind->held(e) && e->lease.state == DLOCK_LEASE_NONE);
+        e->lease.state = DLOCK_LEASE_ACQUIRING;
+        e->poll.woken = 0; /* a wake-up from now on triggers another try */
+        uint64_t unconfirmed = e->lease.unconfirmed;
+        int unconfirmed_how = e->lease.unconfirmed_end;
         pthread_mutex_unlock(&e->mu);
         int kept_how;
         uint64_t kept = dlock_unconfirmed_get(c->unconfirmed, e->name, &kept_how);
@@ -248,7 +181,7 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
                                    c->server_msg);
             pthread_mutex_unlock(&c->server_mu);
             pthread_mutex_lock(&e->mu);
-            e->state = DLOCK_LEASE_NONE;
+            e->lease.state = DLOCK_LEASE_NONE;
             return rc;
         }
         char nonce[24];
@@ -278,12 +211,12 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
                                "after the lease could have expired", e->name);
         }
         pthread_mutex_lock(&e->mu);
-        e->state = DLOCK_LEASE_NONE;
-        if (unconfirmed > e->unconfirmed) {
+        e->lease.state = DLOCK_LEASE_NONE;
+        if (unconfirmed > e->lease.unconfirmed) {
             /* the set's (the entry was made anew): kept here too, so that
              * a grant, which goes above it, clears both (take_grant) */
-            e->unconfirmed = unconfirmed;
-            e->unconfirmed_end = unconfirmed_how;
+            e->lease.unconfirmed = unconfirmed;
+            e->lease.unconfirmed_end = unconfirmed_how;
         }
         int stop = dlock_client_stop_rc(c, k);
         dlock_trace_event(c->trace, "tried", e->name, "%s %d %" PRId64 " %" PRId64 " %d", nonce, rc,
@@ -292,13 +225,13 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
             if (rc == DLOCK_OK) {
                 dlock_renew_give_back(c->renew, e, nonce, t.protocol);
             } else if (rc == DLOCK_EBUSY && !once) {
-                e->queued = 1; /* the last waiter to go takes the client out */
-                e->queue_protocol = t.protocol;
+                e->poll.queued = 1; /* the last waiter to go takes the client out */
+                e->poll.queue_protocol = t.protocol;
             }
             return dlock_client_stop_err(stop, e->name);
         }
         if (rc == DLOCK_OK) {
-            rc = take_grant(c, e, token, t.protocol, unclean,
+            rc = take_grant(c, kind, e, token, t.protocol, unclean,
                             sent_boot + (int64_t)c->lease_ms * DLOCK_NS_PER_MS - c->drift_ns);
             if (rc != DLOCK_OK)
                 dlock_renew_give_back(c->renew, e, nonce, t.protocol);
@@ -306,20 +239,20 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
         }
         if (rc != DLOCK_EBUSY)
             return rc;
-        snprintf(e->busy_holder, sizeof e->busy_holder, "%s", busy.holder);
-        e->busy_held_ms = busy.held_ms;
-        e->busy_left_ms = pttl;
-        e->busy_queue = busy.queue;
-        e->busy_joined = !once;
-        e->busy_known = 1;
-        e->busy_at_ns = dlock_now_ns() - (dlock_boot_ns() - sent_boot); /* the send */
+        snprintf(e->poll.busy_holder, sizeof e->poll.busy_holder, "%s", busy.holder);
+        e->poll.busy_held_ms = busy.held_ms;
+        e->poll.busy_left_ms = pttl;
+        e->poll.busy_queue = busy.queue;
+        e->poll.busy_joined = !once;
+        e->poll.busy_known = 1;
+        e->poll.busy_at_ns = dlock_now_ns() - (dlock_boot_ns() - sent_boot); /* the send */
         if (once)
             return busy_err(e, DLOCK_EBUSY);
-        e->queued = 1;
-        e->queue_protocol = t.protocol;
-        e->try_nonce = strtoull(nonce, NULL, 10);
-        e->try_sent_boot = sent_boot;
-        if (e->msg_grant && (rc = take_direct_grant(c, e)) != DLOCK_EBUSY)
+        e->poll.queued = 1;
+        e->poll.queue_protocol = t.protocol;
+        e->poll.try_nonce = strtoull(nonce, NULL, 10);
+        e->poll.try_sent_boot = sent_boot;
+        if (e->poll.msg_grant && (rc = take_direct_grant(c, kind, e)) != DLOCK_EBUSY)
             return rc; /* it came before the refusal's answer */
         int64_t now = dlock_now_ns();
         if (now >= deadline)
@@ -331,14 +264,14 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
          * many clients do not retry in step. */
         delay_ns -= (int64_t)(jitter_rand() % (uint64_t)(delay_ns / 4 + 1));
         int64_t wake = now + delay_ns < deadline ? now + delay_ns : deadline;
-        while (!e->woken && (stop = dlock_client_stop_rc(c, k)) == DLOCK_OK &&
+        while (!e->poll.woken && (stop = dlock_client_stop_rc(c, k)) == DLOCK_OK &&
                dlock_now_ns() < wake) {
             struct timespec ts = dlock_ts(wake);
             pthread_cond_timedwait(&e->pcv, &e->mu, &ts);
         }
         if ((stop = dlock_client_stop_rc(c, k)) != DLOCK_OK)
             return dlock_client_stop_err(stop, e->name); /* a direct grant is freed by the leave */
-        if (e->msg_grant && (rc = take_direct_grant(c, e)) != DLOCK_EBUSY)
+        if (e->poll.msg_grant && (rc = take_direct_grant(c, kind, e)) != DLOCK_EBUSY)
             return rc; /* granted by a release: no call needed */
         if (dlock_now_ns() >= deadline) /* no try after the deadline, woken or not */
             return busy_err(e, DLOCK_ETIMEDOUT);
@@ -357,8 +290,8 @@ static void log_lost_in_passing(dlock_client *c, const char *name, uint64_t toke
 
 /* acquire's work, once the arguments are checked and the cancel token, if
  * any, has this call registered. */
-int dlock_acquire_run(dlock_client *c, const char *name, size_t len, int64_t wait_ms,
-                      uint64_t *fence, dlock_cancel *k)
+int dlock_acquire_run(dlock_client *c, const dlock_kind *kind, const char *name, size_t len,
+                      int64_t wait_ms, uint64_t *fence, dlock_cancel *k)
 {
     int rc = DLOCK_OK;
     int64_t start = dlock_now_ns();
@@ -373,18 +306,9 @@ int dlock_acquire_run(dlock_client *c, const char *name, size_t len, int64_t wai
         return dlock_err_set(DLOCK_ENOMEM, "out of memory");
 
     pthread_mutex_lock(&e->mu);
-    if (e->has_owner && !e->by_handle && pthread_equal(e->owner, pthread_self())) {
-        /* Reentrant acquire: depth only, no Redis command. */
-        int64_t at = dlock_boot_ns();
-        dlock_trace_event(c->trace, "reent", e->name, "%" PRIu64 " %" PRId64 " %d", e->token, at,
-                          e->state == DLOCK_LEASE_HELD && at < e->valid_until_ns);
-        if (e->state != DLOCK_LEASE_HELD || at >= e->valid_until_ns) {
-            rc = dlock_err_set(DLOCK_ELOST, "the lease of '%s' is lost; release it", name);
-        } else {
-            e->depth++;
-            if (fence)
-                *fence = e->token;
-        }
+    if (kind->mine(e)) {
+        /* Reentrant acquire: no Redis command. */
+        rc = kind->reenter(c, e, fence);
         pthread_mutex_unlock(&e->mu);
         dlock_table_put(c->table, e); /* the owner keeps its outermost reference */
         if (rc == DLOCK_OK)
@@ -393,33 +317,33 @@ int dlock_acquire_run(dlock_client *c, const char *name, size_t len, int64_t wai
     }
 
     e->waiters++;
-    uint64_t fail_seq = e->fail_seq;
+    uint64_t fail_seq = e->poll.fail_seq;
     int drop_registry = 0, give_back = 0;
     uint64_t passed_lost = 0; /* a lease lost while being passed here: logged on the way out */
     dlock_waiter *w = dlock_waiter_self();
     for (;;) {
         if (dlock_waiter_granted(w)) {
             /* Passed to this thread alone while it was parked (I10). */
-            rc = take_direct_handoff(c, e, w, &drop_registry, &passed_lost);
+            rc = kind->take(c, e, w, 1, &drop_registry, &passed_lost);
             if (rc == DLOCK_OK)
                 break;
             continue; /* lost in passing: poll Redis again */
         }
-        if (!e->has_owner && e->state == DLOCK_LEASE_LOST) {
+        if (!kind->held(e) && e->lease.state == DLOCK_LEASE_LOST) {
             /* Lost while being passed between threads: nobody holds it. */
-            if (e->unconfirmed)
-                dlock_client_unconfirmed_end(c, e, e->unconfirmed, e->unconfirmed_end);
-            e->state = DLOCK_LEASE_NONE;
-            e->handoff = 0;
+            if (e->lease.unconfirmed)
+                dlock_client_unconfirmed_end(c, e, e->lease.unconfirmed, e->lease.unconfirmed_end);
+            e->lease.state = DLOCK_LEASE_NONE;
+            kind->drop_lost(e);
         }
         if ((rc = dlock_client_stop_rc(c, k)) != DLOCK_OK) {
             /* Shutdown or cancelled: stop waiting. A lease being passed to
              * the waiters (an open handoff, I5) must not be left without
              * anyone to take it: the last waiter takes it to give it back
              * (below); otherwise the next one is woken on the way out. */
-            if (e->handoff && e->waiters == 1) {
-                uint64_t t = e->token;
-                if (take_handoff(c, e, &drop_registry) == DLOCK_OK)
+            if (kind->passing(e) && e->waiters == 1) {
+                uint64_t t = e->lease.token;
+                if (kind->take(c, e, w, 0, &drop_registry, NULL) == DLOCK_OK)
                     give_back = 1;
                 else
                     passed_lost = t;
@@ -427,22 +351,22 @@ int dlock_acquire_run(dlock_client *c, const char *name, size_t len, int64_t wai
             rc = dlock_client_stop_err(rc, name);
             break;
         }
-        if (e->handoff) {
-            uint64_t t = e->token;
-            rc = take_handoff(c, e, &drop_registry);
+        if (kind->passing(e)) {
+            uint64_t t = e->lease.token;
+            rc = kind->take(c, e, w, 0, &drop_registry, NULL);
             if (rc == DLOCK_OK)
                 break;
             passed_lost = t;
             continue; /* it expired in passing: poll Redis again */
         }
-        if (e->fail_seq != fail_seq) {
+        if (e->poll.fail_seq != fail_seq) {
             /* The poll this thread waited behind failed: so does this call,
              * rather than poll again and wait another timeout (rule: waiters
              * fail with their poller). */
-            rc = dlock_err_set(e->fail_rc, "%s", e->fail_msg);
+            rc = dlock_err_set(e->poll.fail_rc, "%s", e->poll.fail_msg);
             break;
         }
-        if (!e->has_owner && e->state == DLOCK_LEASE_NONE && !e->poller) {
+        if (!kind->held(e) && e->lease.state == DLOCK_LEASE_NONE && !e->poll.poller) {
             if (wait_ms != 0 && dlock_now_ns() >= deadline) {
                 /* No Redis call starts past the caller's deadline; the
                  * wake-up that may have been meant to make this thread the
@@ -452,16 +376,16 @@ int dlock_acquire_run(dlock_client *c, const char *name, size_t len, int64_t wai
             }
             /* The poller sleeps on e->pcv between tries, out of the queue. */
             dlock_waitq_remove(&e->wq, w);
-            e->poller = 1;
-            rc = poll_redis(c, e, deadline, wait_ms == 0, k);
-            e->poller = 0;
+            e->poll.poller = 1;
+            rc = poll_redis(c, kind, e, deadline, wait_ms == 0, k);
+            e->poll.poller = 0;
             if (rc != DLOCK_OK && rc != DLOCK_EBUSY && rc != DLOCK_ETIMEDOUT &&
                 rc != DLOCK_ECLOSED && rc != DLOCK_ECANCELED) {
                 /* Tell the threads that waited behind this poll: they fail
                  * too rather than each wait a timeout in turn. */
-                e->fail_seq++;
-                e->fail_rc = rc;
-                snprintf(e->fail_msg, sizeof e->fail_msg, "%s", dlock_last_error());
+                e->poll.fail_seq++;
+                e->poll.fail_rc = rc;
+                snprintf(e->poll.fail_msg, sizeof e->poll.fail_msg, "%s", dlock_last_error());
                 dlock_waitq_wake_all(&e->wq);
             }
             break;
@@ -486,7 +410,7 @@ int dlock_acquire_run(dlock_client *c, const char *name, size_t len, int64_t wai
          * how the hold before ended (it used the lease for nothing). */
         dlock_waitq_remove(&e->wq, w);
         e->waiters--;
-        e->ending = e->unclean;
+        kind->unused(e);
         char keep[256];
         snprintf(keep, sizeof keep, "%s", dlock_last_error());
         dlock_table_ref(e); /* the owner's, which dlock_release_outermost drops with ours */
@@ -509,37 +433,37 @@ int dlock_acquire_run(dlock_client *c, const char *name, size_t len, int64_t wai
         return DLOCK_OK;
     }
     dlock_waitq_remove(&e->wq, w);
-    if (rc != DLOCK_OK && e->queued && e->waiters == 1 && !e->poller && !e->has_owner &&
-        e->state == DLOCK_LEASE_NONE && !e->handoff) {
+    if (rc != DLOCK_OK && e->poll.queued && e->waiters == 1 && !e->poll.poller && !kind->held(e) &&
+        e->lease.state == DLOCK_LEASE_NONE && !kind->passing(e)) {
         /* The last thread here that wanted the name gives up: take the
          * client out of the queue (passing its turn on, if it had it). The
          * call is numbered now, before any later attempt of this client, so
          * Redis ignores it if it arrives after one. */
         char number[24];
         dlock_rpc_number(c, number);
-        e->queued = 0;
+        e->poll.queued = 0;
         if (rc != DLOCK_ETIMEDOUT && rc != DLOCK_EBUSY) {
             /* Redis is failing, or the acquire was cancelled or the client
              * shuts down (the thread returns at once, without a Redis
              * call): the renewal thread tells it when it can
              * (dlock_client_close makes it try once more). */
-            dlock_renew_leave(c->renew, e, number, e->queue_protocol);
+            dlock_renew_leave(c->renew, e, number, e->poll.queue_protocol);
         } else {
             /* As e's poller, so that nobody else talks to Redis for e
              * meanwhile. */
-            e->poller = 1;
-            int in = e->queue_protocol;
+            e->poll.poller = 1;
+            int in = e->poll.queue_protocol;
             pthread_mutex_unlock(&e->mu);
             dlock_rpc_leave(c, e, number, in);
             pthread_mutex_lock(&e->mu);
-            e->poller = 0;
+            e->poll.poller = 0;
         }
     }
     /* A thread that came meanwhile may poll; a wake-up this thread received
      * and did not use goes on (I9). */
     dlock_entry_kick_head(e);
     e->waiters--;
-    uint64_t token = e->token;
+    uint64_t token = e->lease.token;
     if (rc == DLOCK_OK)
         dlock_trace_event(c->trace, "ok", e->name, "%" PRIu64, token);
     pthread_mutex_unlock(&e->mu);

@@ -70,7 +70,7 @@ void dlock_held_forget(dlock_client *c, dlock_entry *e)
             /* hold times are measured for the entries a thread caches (all
              * but its ninth and later names held at once); a hold moved to
              * a handle is measured by the handle */
-            if (!e->by_handle)
+            if (!e->x.by_handle)
                 dlock_hist_add(&c->ctr.hold, dlock_now_ns() - dlock_held_slots[i].since_ns);
             return;
         }
@@ -270,7 +270,7 @@ static void wake_one(void *arg, const char *payload, size_t len)
         /* only for the grant we hold: not a stale message about an earlier
          * grant, nor one for a name we only wait for */
         pthread_mutex_lock(&e->mu);
-        int ours = e->state == DLOCK_LEASE_HELD && e->grant_token == token;
+        int ours = e->lease.state == DLOCK_LEASE_HELD && e->lease.grant_token == token;
         pthread_mutex_unlock(&e->mu);
         dlock_table_put(c->table, e);
         if (!ours)
@@ -315,17 +315,17 @@ static void wake_one(void *arg, const char *payload, size_t len)
     /* With min_replicas a grant counts only once WAIT confirmed it: the
      * releaser's WAIT is not the taker's, so the poller's next try (which
      * finds the lease its own and confirms it) takes it instead. */
-    int stored = nonce && e->poller && !c->min_replicas;
+    int stored = nonce && e->poll.poller && !c->min_replicas;
     if (stored) {
-        e->msg_grant = 1;
-        e->msg_nonce = nonce;
-        e->msg_token = token;
-        e->msg_unclean = unclean;
-        e->msg_protocol = protocol;
+        e->poll.msg_grant = 1;
+        e->poll.msg_nonce = nonce;
+        e->poll.msg_token = token;
+        e->poll.msg_unclean = unclean;
+        e->poll.msg_protocol = protocol;
     }
     dlock_trace_event(c->trace, "msg", e->name, "%" PRIu64 " %" PRIu64 " %d %d %d", nonce, token,
                       unclean, stored, protocol);
-    e->woken = 1;
+    e->poll.woken = 1;
     pthread_cond_signal(&e->pcv); /* the poller only: the waiters have nothing to do */
     pthread_mutex_unlock(&e->mu);
     dlock_table_put(c->table, e);
@@ -335,7 +335,7 @@ static void wake_entry(dlock_entry *e, void *arg)
 {
     (void)arg;
     pthread_mutex_lock(&e->mu);
-    e->woken = 1;
+    e->poll.woken = 1;
     pthread_cond_signal(&e->pcv);
     pthread_mutex_unlock(&e->mu);
 }
@@ -716,12 +716,12 @@ int dlock_client_shutdown(dlock_client *c)
  * freed meanwhile. Called with e->mu held (the set's mutex is a leaf). */
 void dlock_client_unconfirmed_end(dlock_client *c, dlock_entry *e, uint64_t last, int end)
 {
-    if (last >= e->unconfirmed) {
-        e->unconfirmed = last;
-        e->unconfirmed_end = end;
+    if (last >= e->lease.unconfirmed) {
+        e->lease.unconfirmed = last;
+        e->lease.unconfirmed_end = end;
     }
     dlock_trace_event(c->trace, "unconf", e->name, "%" PRIu64 " %d", last, end);
-    dlock_unconfirmed_put(c->unconfirmed, e->name, e->unconfirmed, e->unconfirmed_end);
+    dlock_unconfirmed_put(c->unconfirmed, e->name, e->lease.unconfirmed, e->lease.unconfirmed_end);
 }
 
 const char *dlock_client_id(dlock_client *c)

@@ -10,7 +10,7 @@
  *       releaser (state RELEASING). A thread may become the poller only when
  *       !has_owner, state == NONE and poller == 0.
  *   I3. state HELD implies the grant is registered with the renewal manager
- *       (e->renew != NULL), which holds a reference on e.
+ *       (e->lease.renew != NULL), which holds a reference on e.
  *   I4. A LOST lease is never given to another thread: the owner must
  *       release it, which returns DLOCK_ELOST and resets state to NONE.
  *   I5. handoff == 1 (an open handoff, I10) implies !has_owner and state

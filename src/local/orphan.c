@@ -12,6 +12,7 @@
 
 #include "local/client.h"
 #include "common/error.h"
+#include "local/excl.h"
 #include "local/orphan.h"
 #include "local/release.h"
 
@@ -55,11 +56,11 @@ static void abandon(dlock_client *c, dlock_entry *e)
     memcpy(name, e->name, e->name_len + 1); /* e may be freed by the release */
     dlock_table_ref(e); /* the lookup's: the owner's keeps e alive meanwhile */
     pthread_mutex_lock(&e->mu);
-    DLOCK_ASSERT(e->has_owner && !e->by_handle && pthread_equal(e->owner, pthread_self()));
-    uint64_t token = e->token;
-    unsigned depth = e->depth;
-    e->depth = 1;
-    e->ending = DLOCK_UNCLEAN_ABANDONED;
+    DLOCK_ASSERT(dlock_kind_excl.mine(e));
+    uint64_t token = e->lease.token;
+    unsigned depth = e->x.depth;
+    e->x.depth = 1;
+    e->x.ending = DLOCK_UNCLEAN_ABANDONED;
     dlock_held_forget(c, e);
     int rc = dlock_release_outermost(c, e, name);
     dlock_count(&c->ctr.abandoned, 1);
@@ -92,7 +93,7 @@ static void collect_owned(dlock_entry *e, void *arg)
         if (dlock_held_slots[i].e == e)
             return;
     pthread_mutex_lock(&e->mu);
-    int mine = e->has_owner && !e->by_handle && pthread_equal(e->owner, pthread_self());
+    int mine = dlock_kind_excl.mine(e);
     pthread_mutex_unlock(&e->mu);
     if (!mine)
         return;

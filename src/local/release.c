@@ -11,83 +11,34 @@
 #include <string.h>
 
 #include "local/client.h"
+#include "local/kind.h"
 #include "common/error.h"
 #include "local/release.h"
 #include "local/rpc.h"
-
-/* The k-th local handoff of a grant takes token grant_token + k: only once
- * k us have passed since the grant on the server's clock, so that no token
- * is ever ahead of it (docs/guide.md, "Fencing tokens": a restart or failover that
- * loses the fence cannot undercut a token in use). Redis made the grant at
- * server time grant_token (a grant is never ahead of server time but after a
- * clock step back), before this client learned it at grant_boot_ns; this
- * host's clock may run up to 1% fast (the drift margin's assumption), so the
- * elapsed time counts 99%. A handoff this fast (more than one per
- * microsecond) goes back to Redis instead. Called with e->mu held. */
-static int handoff_in_time(const dlock_entry *e, int64_t now)
-{
-    int64_t us = (now - e->grant_boot_ns) / 1000;
-    return (int64_t)e->passes + 1 <= us - (us + 99) / 100;
-}
 
 /* The outermost release of e by the calling thread, which holds e->mu and
  * two references (its lookup's and the owner's, both dropped here). */
 int dlock_release_outermost(dlock_client *c, dlock_entry *e, const char *name)
 {
     int rc;
-    e->has_owner = 0;
-    e->depth = 0;
-    if (e->state == DLOCK_LEASE_LOST) {
+    const dlock_kind *k = e->lease.kind; /* the kind of the caller's hold */
+    k->unhold(e);
+    if (e->lease.state == DLOCK_LEASE_LOST) {
         dlock_trace_event(c->trace, "rlost", e->name, NULL);
-        e->ending = 0; /* Redis took it back: the next grant learns that itself */
-        if (e->unconfirmed) /* found lost by validity */
-            dlock_client_unconfirmed_end(c, e, e->unconfirmed, e->unconfirmed_end);
-        e->state = DLOCK_LEASE_NONE;
+        (void)k->end(e); /* Redis took it back: the next grant learns that itself */
+        if (e->lease.unconfirmed) /* found lost by validity */
+            dlock_client_unconfirmed_end(c, e, e->lease.unconfirmed, e->lease.unconfirmed_end);
+        e->lease.state = DLOCK_LEASE_NONE;
         dlock_entry_kick_head(e); /* it polls */
         pthread_mutex_unlock(&e->mu);
         dlock_table_put(c->table, e);
         dlock_table_put(c->table, e); /* the owner's reference */
         return dlock_err_set(DLOCK_ELOST, "the lease of '%s' was lost while held", name);
     }
-    DLOCK_ASSERT(e->state == DLOCK_LEASE_HELD);
-    int64_t now = dlock_boot_ns();
-    int closing = dlock_load_int(&c->closing);
-    int pass = e->waiters > 0 && e->passes < c->pass_limit && !closing &&
-               now + (e->provisional ? c->grant_margin_ns : c->handoff_margin_ns) <
-                   e->valid_until_ns &&
-               handoff_in_time(e, now);
-    dlock_trace_event(c->trace, "rdec", e->name,
-                      "%d %" PRId64 " %u %u %" PRIu64 " %" PRId64 " %d %d %d", pass, now,
-                      e->waiters, e->passes, e->token, e->valid_until_ns, e->provisional, closing,
-                      e->ending);
-    if (pass) {
-        /* A local handoff (I10): the lease stays with this client and
-         * passes to a waiting thread, with the next token, and with word of
-         * how this hold ended (a thread that exited: dlock_unclean). */
-        e->passes++;
-        e->token++;
-        e->unclean = e->ending;
-        e->ending = 0;
-        if (e->unclean)
-            dlock_count(&c->ctr.unclean, 1);
-        dlock_count(&c->ctr.handoffs, 1);
-        dlock_waiter *h = e->wq.head, *wk = NULL;
-        if (h && dlock_now_ns() - e->wq.head_since_ns >= DLOCK_FAIR_NS) {
-            /* Direct handoff (I10) to the longest waiter: it has waited
-             * long enough that nobody may pass it. */
-            e->has_owner = 1;
-            e->owner = h->self;
-            e->depth = 1;
-            e->waiters--;
-            wk = dlock_waitq_grant(&e->wq, h, e->token);
-        } else {
-            /* Open handoff: the first thread of this client to run takes
-             * it, a newcomer or the head, which is woken (one waiter, not
-             * all: the others would only burn CPU). */
-            e->handoff = 1;
-            if (h)
-                wk = dlock_waitq_wake_later(h);
-        }
+    DLOCK_ASSERT(e->lease.state == DLOCK_LEASE_HELD);
+    dlock_waiter *wk;
+    if (k->pass(c, e, dlock_boot_ns(), &wk)) {
+        /* A local handoff (I10): the lease stays with this client. */
         pthread_mutex_unlock(&e->mu);
         /* Woken after the unlock, so that it does not wake up only to wait
          * for e->mu (its node outlives the wait: park.h). */
@@ -97,11 +48,10 @@ int dlock_release_outermost(dlock_client *c, dlock_entry *e, const char *name)
         return DLOCK_OK;
     }
     int drop = dlock_renew_remove(c->renew, e); /* no renewal after this point */
-    e->state = DLOCK_LEASE_RELEASING;
-    uint64_t grant = e->grant_token, token = e->token;
-    int protocol = e->grant_protocol;
-    int ending = e->ending;
-    e->ending = 0;
+    e->lease.state = DLOCK_LEASE_RELEASING;
+    uint64_t grant = e->lease.grant_token, token = e->lease.token;
+    int protocol = e->lease.grant_protocol;
+    int ending = k->end(e);
     pthread_mutex_unlock(&e->mu);
     if (drop)
         dlock_table_put(c->table, e); /* we still hold two references */
@@ -124,10 +74,10 @@ int dlock_release_outermost(dlock_client *c, dlock_entry *e, const char *name)
     }
     if (rc == DLOCK_ELOST) {
         dlock_count(&c->ctr.leases_lost, 1);
-        notify = !e->lost_notified;
-        e->lost_notified = 1;
+        notify = !e->lease.lost_notified;
+        e->lease.lost_notified = 1;
     }
-    e->state = DLOCK_LEASE_NONE;
+    e->lease.state = DLOCK_LEASE_NONE;
     /* One waiter becomes the poller; waking all of them (a thousand threads
      * every pass_limit acquisitions) cost 40% of the throughput of one
      * process x 1024 threads on one name. A woken waiter that gives up

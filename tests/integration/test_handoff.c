@@ -529,7 +529,7 @@ static void test_handoff_waits_for_the_clock(void **state)
     dlock_entry *e = dlock_table_find(c->table, "clk", 3);
     assert_non_null(e);
     pthread_mutex_lock(&e->mu);
-    e->grant_boot_ns = dlock_boot_ns() + 10000 * DLOCK_NS_PER_MS;
+    e->lease.grant_boot_ns = dlock_boot_ns() + 10000 * DLOCK_NS_PER_MS;
     pthread_mutex_unlock(&e->mu);
     dlock_table_put(c->table, e);
     dlock_stats s0 = stats(c);

@@ -37,7 +37,7 @@ static void test_get_find_put(void **state)
     snprintf(hw, sizeof hw, "p:hw:{%s}", dlock_slot_tag(dlock_cluster_slot("p:{a}", 5)));
     assert_string_equal(e->keys[DLOCK_KEY_HW], hw);
     assert_int_equal(dlock_cluster_slot(hw, strlen(hw)), dlock_cluster_slot("p:{a}", 5));
-    assert_int_equal(e->state, DLOCK_LEASE_NONE);
+    assert_int_equal(e->lease.state, DLOCK_LEASE_NONE);
     assert_int_equal(dlock_table_count(t), 1);
     assert_int_equal(ctr.entries, 1);
 
