@@ -10,6 +10,15 @@
 -- or when this client has no record in it (its record KEYS[6]) are read, so
 -- that a name moved from protocol 1 keeps what it remembered.
 --
+-- Shared mode (lua/p2/LAYOUT.txt, lua/p2/acquire_shared.lua): while a
+-- shared lease lives (field r: no shared lease lasts past it), the acquire
+-- is refused with pttl the time to r (+1), holder '' and held -1, and
+-- queued as behind an exclusive holder; the caller's own shared lease
+-- refuses it too (Redis does no upgrade: the client releases its shared
+-- lease first, and, queued at the head, is granted by that release). Its
+-- attempt counts as one Redis has seen. A shared waiter ahead in the queue
+-- comes first, as any waiter. A grant removes r (past its time).
+--
 -- Cost: the common case, a name this client used before with nobody
 -- queued, runs 6 commands (HMGET, TIME, MGET of the mark (and protocol 1's
 -- record), HSET, PEXPIRE, SET of the mark); a new hash 8 (an EXISTS of
@@ -19,7 +28,7 @@ local me = ARGV[1]
 local attempt = tonumber(ARGV[3])
 local l = tonumber(ARGV[2])
 local rk = 'c:' .. me
-local h = redis.call('HMGET', KEYS[1], 'pv', 'g', 'u', 't', 'q', rk, 'o', 'n')
+local h = redis.call('HMGET', KEYS[1], 'pv', 'g', 'u', 't', 'q', rk, 'o', 'n', 'r', 's:' .. me)
 if h[1] ~= '2' and (h[1] or redis.call('EXISTS', KEYS[1]) == 1) then
   -- another protocol's data (a hash without pv is protocol 1's)
   local p = h[1] or '1'
@@ -80,6 +89,17 @@ end
 if a then
   seen, rtok, ratt = tonumber(a), rt, rr
 end
+-- Shared leases (lua/p2/LAYOUT.txt, Shared mode): r, the latest exp of
+-- any, refuses an exclusive grant while it lasts (the caller's own too);
+-- the caller's own live one counts as an attempt seen.
+local shared = tonumber(h[9] or '')
+if shared and shared < now_ms then
+  shared = nil
+end
+local sa, se = string.match(h[10] or '', '^%d+ (%d+) %d+ %d+ (%d+)$')
+if sa and tonumber(se) >= now_ms and tonumber(sa) > seen then
+  seen = tonumber(sa)
+end
 if mine then
   local held = tonumber(nonce)
   if held == attempt and attempt >= seen then
@@ -130,6 +150,8 @@ local reply
 local pttl -- refused: the lease's time left, or -1 for another's turn
 if owner and not mine then
   pttl = tonumber(exp) - now_ms + 1 -- it ends after this ms
+elseif shared then
+  pttl = shared - now_ms + 1 -- the shared leases end after this ms at most
 elseif queued then
   if not owner then
     local function alive(id)
@@ -299,6 +321,9 @@ else
   if token <= last then
     token = last + 1 -- ahead of server time, after a step back of its clock
     gt = string.format('%.0f', token)
+  end
+  if h[9] then
+    del[#del + 1] = 'r' -- (every shared lease has ended)
   end
   put[#put + 1] = 'g'
   put[#put + 1] = gt .. ' ' .. ARGV[3] .. ' ' .. ARGV[4] .. ' '

@@ -6,11 +6,17 @@
 -- token), and no fence token (the release that made it wrote it into the
 -- slot's mark).
 --
+-- Shared mode (lua/p2/LAYOUT.txt): a shared lease the caller holds under
+-- an attempt older than this call (a release's direct grant it never
+-- took) is given up as an exclusive one is: its field goes; if no other
+-- shared lease lives the name is free and the turn passes to the first
+-- live waiter, else r becomes the latest exp of those left.
+--
 -- Protocol: as lua/p2/acquire.lua's. Protocol 1's record of the caller
 -- (KEYS[6]) is read when the hash has none.
 local me = ARGV[1]
 local rk = 'c:' .. me
-local h = redis.call('HMGET', KEYS[1], 'pv', 'g', 'q', 't', rk, 'o')
+local h = redis.call('HMGET', KEYS[1], 'pv', 'g', 'q', 't', rk, 'o', 's:' .. me)
 if h[1] ~= '2' and (h[1] or redis.call('EXISTS', KEYS[1]) == 1) then -- another protocol's data
   local p = h[1] or '1'
   return redis.error_reply('DLOCKPROTOCOL the data of this name is dlock protocol ' .. p ..
@@ -116,6 +122,10 @@ if new then
     end
   end
 end
+-- A shared lease granted under an older attempt (a direct grant to this
+-- shared waiter) is given up too (lua/p2/LAYOUT.txt, Shared mode).
+local sa, se = string.match(h[7] or '', '^%d+ (%d+) %d+ %d+ (%d+)$')
+local sgive = sa and tonumber(se) >= now_ms and tonumber(sa) < n
 if live and owner == me and tonumber(nonce) < n then
   -- Nobody used it: it passes on how the grant before it ended (its u).
   local ended = tonumber(u)
@@ -127,6 +137,26 @@ if live and owner == me and tonumber(nonce) < n then
   set('g', '', 0)
   live = false
   was = 1
+elseif sgive then
+  -- the other live shared leases, if any, keep the name (r: their latest
+  -- exp); else it is free, and the turn passes as below
+  del[#del + 1] = 's:' .. me
+  was = 1
+  local top
+  local all = redis.call('HGETALL', KEYS[1])
+  for i = 1, #all, 2 do
+    local e = string.sub(all[i], 1, 2) == 's:' and all[i] ~= 's:' .. me
+      and tonumber(string.match(all[i + 1], ' (%d+)$') or '')
+    if e and e >= now_ms then
+      top = math.max(top or 0, e)
+    end
+  end
+  if top then
+    set('r', string.format('%.0f', top), 0)
+    flush()
+    return was
+  end
+  del[#del + 1] = 'r'
 elseif turn ~= me then
   flush()
   return was

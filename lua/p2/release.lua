@@ -154,13 +154,15 @@ else
       redis.call('HDEL', KEYS[4], w)
     end
   end
-  local att, wpl, ttl, nm
+  local att, wpl, ttl, nm, lv
   if w then
-    att, wpl, ttl, nm = string.match(redis.call('HGET', KEYS[4], w),
-      '^%d+ (%d+) (%d+) (%d+) ?(%S*)$')
+    lv = redis.call('HGET', KEYS[4], w)
+    att, wpl, ttl, nm = string.match(lv, '^%d+ (%d+) (%d+) (%d+) ?(%S*)$')
     reply, chan = 2, ARGV[6] .. w
   end
-  if w and not att then
+  -- a shared waiter ('s' for its pass limit: lua/p2/acquire_shared.lua)
+  local shared = w and string.match(lv, '^%d+ %d+ s %d+')
+  if w and not att and not shared then
     -- the turn: the waiter acquires the lease itself when woken
     put[#put + 1] = 't'
     put[#put + 1] = w .. ' ' .. string.format('%.0f', now_ms + tonumber(ARGV[8]))
@@ -173,6 +175,59 @@ else
     if w then
       redis.call('ZREM', KEYS[3], w)
       redis.call('HDEL', KEYS[4], w)
+    end
+    if shared then
+      -- Direct grants to the shared waiters at the head, up to the first
+      -- live exclusive waiter (lua/p2/LAYOUT.txt, Shared mode): one token
+      -- for the run, above the slot's mark, which it writes; each a shared
+      -- lease for its waiter ttl, told "S <end> <attempt> <token> <name>".
+      -- The end word stays for the next exclusive grant (field u, below).
+      local us6 = string.rep('0', 6 - #t[2]) .. t[2]
+      local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+      if not mclk then
+        mtok, mclk, mpl = string.match(redis.call('MGET', KEYS[7])[1] or '', '^(%d+) (%d+) (%d+)$')
+      end
+      local mark = tonumber(mtok) or 0
+      if now_us < math.max(tonumber(mclk) or 0, mark) then
+        mark = mark + tonumber(mpl)
+      end
+      local top, stok = 0, t[1] .. us6
+      if now_us <= math.max(mark, last) then
+        stok = string.format('%.0f', math.max(mark, last) + 1)
+      end
+      redis.call('SET', KEYS[7], stok .. ' ' .. t[1] .. us6 .. ' ' .. (mpl or pl))
+      local half, d = math.floor(keep / 2), lv
+      while w do
+        local sa, st = string.match(d, '^%d+ (%d+) s (%d+)')
+        if not sa then
+          break
+        end
+        redis.call('ZREM', KEYS[3], w)
+        redis.call('HDEL', KEYS[4], w)
+        top = math.max(top, now_ms + tonumber(st))
+        put[#put + 1] = 's:' .. w
+        put[#put + 1] = stok .. ' ' .. sa .. ' ' .. st .. ' ' .. ended .. ' '
+          .. string.format('%.0f', now_ms + tonumber(st))
+        life = math.max(life, tonumber(st) + half)
+        redis.call('PUBLISH', ARGV[6] .. w, 'S ' .. ended .. ' ' .. sa .. ' ' .. stok .. ' ' .. ARGV[7])
+        w = nil
+        while true do
+          local x = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+          if not x then
+            break
+          end
+          d = redis.call('HGET', KEYS[4], x) or ''
+          if (tonumber(string.match(d, '^%d+')) or 0) > now_ms then
+            w = x
+            break
+          end
+          redis.call('ZREM', KEYS[3], x)
+          redis.call('HDEL', KEYS[4], x)
+        end
+      end
+      put[#put + 1] = 'r'
+      put[#put + 1] = string.format('%.0f', top)
+      life = math.max(life, math.ceil(tonumber(stok) / 1000) - now_ms + half + 1)
     end
     if h[3] and redis.call('EXISTS', KEYS[3]) == 0 then
       del[#del + 1] = 'q'
