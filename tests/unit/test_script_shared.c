@@ -855,6 +855,37 @@ static void test_shared_fields_pruned(void **state)
     freeReplyObject(r);
 }
 
+/* End: readers granted after an exclusive hold that ended uncleanly (the
+ * library released it for an exiting thread: 1) are told so ("S 1 ...",
+ * their field's end, the same attempt again), and leave the end word for
+ * the next exclusive grant, which the last reader's release grants with
+ * "U 1 <attempt> <token> <name>", consuming it. */
+static void test_end_told_to_readers_and_writer(void **state)
+{
+    (void)state;
+    long long tx, t, e;
+    char want[128];
+    assert_int_equal(acquire("en", X, 1, &tx), 1);
+    assert_int_equal(shared("en", A, 2, NULL), 0);
+    redisContext *s = subscribe(A);
+    assert_int_equal(release_o("en", X, "token", tx, (opt){.how = "1"}), 2);
+    slease a = shared_of("en", A);
+    assert_int_equal(a.end, 1);
+    snprintf(want, sizeof want, "S 1 2 %lld en", a.token);
+    expect_message(s, want);
+    assert_int_equal(shared_o("en", A, 2, (opt){0}, &t, &e), 1);
+    assert_true(t == a.token && e == 1);
+    assert_int_equal(cmd_int("HEXISTS ts:{en} u"), 1);
+    assert_int_equal(acquire("en", Y, 1, NULL), 0);
+    s = subscribe(Y);
+    assert_int_equal(unshare("en", A, "token", a.token), 2);
+    grant g = grant_of("en");
+    assert_true(g.present && g.u == 1 && g.token > a.token);
+    snprintf(want, sizeof want, "U 1 1 %lld en", g.token);
+    expect_message(s, want);
+    assert_int_equal(cmd_int("HEXISTS ts:{en} u"), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -869,6 +900,7 @@ int main(void)
         cmocka_unit_test(test_shared_leave_gives_up_direct_grant),
         cmocka_unit_test(test_ctl_read_modes),
         cmocka_unit_test(test_shared_fields_pruned),
+        cmocka_unit_test(test_end_told_to_readers_and_writer),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
