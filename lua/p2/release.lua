@@ -17,6 +17,15 @@
 -- have queued through protocol 1 (the queue is both protocols'), and takes
 -- the grant in the protocol of the release that made it.
 --
+-- Shared mode (lua/p2/LAYOUT.txt): a shared waiter at the head of the
+-- queue (its liveness value has 's' for its pass limit) is granted
+-- directly together with every live shared waiter after it up to the
+-- first live exclusive waiter: one token for the run (above the slot's
+-- mark and the last token handed out under this grant; the mark takes
+-- it), each a field s:<id> for its waiter ttl, r their latest exp, and a
+-- message "S <end> <attempt> <token> <name>" to each (end: this grant's,
+-- which stays in field u for the next exclusive grant). Reply 2.
+--
 -- Cost: a release with nobody queued, by a client the hash has a record
 -- of, runs 4 commands (HMGET, TIME, HSET, PEXPIRE), and a MGET of the mark
 -- more when its holder handed out tokens locally (a SET of it when they are
