@@ -886,6 +886,30 @@ static void test_end_told_to_readers_and_writer(void **state)
     assert_int_equal(cmd_int("HEXISTS ts:{en} u"), 0);
 }
 
+/* A turn given to a shared waiter (an exclusive waiter gave up its direct
+ * grant: leave.lua) refuses other clients' shared acquires (-1) until that
+ * waiter takes it; then, no exclusive waiter queued, others are granted
+ * beside it. */
+static void test_turn_to_shared_waiter(void **state)
+{
+    (void)state;
+    long long tx, pttl, ta, tb;
+    assert_int_equal(acquire("tw", X, 1, &tx), 1);
+    assert_int_equal(acquire("tw", Y, 1, NULL), 0);
+    assert_int_equal(shared("tw", A, 1, NULL), 0);
+    assert_int_equal(release("tw", X, "token", tx), 2);
+    assert_string_equal(grant_of("tw").owner, Y);
+    redisContext *s = subscribe(A);
+    assert_int_equal(leave("tw", Y, 2), 1);
+    expect_message(s, "w tw");
+    assert_int_equal(shared("tw", B, 1, &pttl), 0);
+    assert_int_equal(pttl, -1);
+    assert_int_equal(shared("tw", A, 1, &ta), 1);
+    assert_int_equal(cmd_int("HEXISTS ts:{tw} t"), 0);
+    assert_int_equal(shared("tw", B, 2, &tb), 1);
+    assert_true(tb > ta && ta > tx);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -901,6 +925,7 @@ int main(void)
         cmocka_unit_test(test_ctl_read_modes),
         cmocka_unit_test(test_shared_fields_pruned),
         cmocka_unit_test(test_end_told_to_readers_and_writer),
+        cmocka_unit_test(test_turn_to_shared_waiter),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
