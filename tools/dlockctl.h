@@ -50,12 +50,23 @@ typedef struct waiter {
     char id[64], name[DLOCK_CLIENT_NAME_MAX + 1];
     long long waited_ms;
     int alive; /* the server's verdict: its liveness deadline is ahead of server time */
+    int shared; /* it waits to hold the name shared (lua/p2/LAYOUT.txt, "Shared mode") */
 } waiter;
+
+/* A client holding the name shared (protocol 2's shared mode), as the read
+ * script saw it. Redis keeps no client name for shared holders. */
+typedef struct sharer {
+    char id[64], token[32];
+    long long held_for_ms, remaining_ms;
+} sharer;
 
 typedef struct lockinfo {
     int protocol; /* the protocol of the name's data: that of the read
                      script that read it (ctl_read_lock) */
-    int held;
+    int held;                  /* held exclusively: owner, holder and token say by whom */
+    const char *mode;          /* "exclusive", "shared" or "free" */
+    long long sharing;         /* clients holding it shared */
+    sharer *shared;            /* them (free with ctl_lock_free) */
     char owner[64], holder[DLOCK_CLIENT_NAME_MAX + 1];
     char token[32];
     char turn[64];             /* the client whose turn it is, "" if none */

@@ -59,7 +59,8 @@ static int seen_before(seen_name **seen, const char *name)
     return 0;
 }
 
-/* Calls fn for every held lock of c whose name matches pattern and is not
+/* Calls fn for every lock of c held (exclusively or shared) whose name
+ * matches pattern and is not
  * in *seen (then added). Each name is read first in the protocol of the
  * name before it (*first): a key the scan saw exists, so either order reads
  * it the same, and a fleet on one protocol costs one script per name. */
@@ -90,7 +91,7 @@ static void scan_locks(redisContext *c, const char *pattern, seen_name **seen, i
             lockinfo li;
             if (ctl_read_lock(c, name, *first, &li) == 0)
                 *first = li.protocol;
-            if (li.held)
+            if (li.held || li.sharing > 0)
                 fn(name, &li, arg); /* (else released since the scan saw it, or,
                                        protocol 2's, kept after its release) */
             ctl_lock_free(&li);
@@ -148,7 +149,8 @@ static void list_one(const char *name, const lockinfo *li, void *arg)
     }
     snprintf(a->v[a->n].name, sizeof a->v[0].name, "%s", name);
     a->v[a->n].li = *li;
-    a->v[a->n].li.queue = NULL; /* the caller frees it */
+    a->v[a->n].li.queue = NULL; /* the caller frees them (list shows how many share it) */
+    a->v[a->n].li.shared = NULL;
     a->n++;
 }
 
@@ -219,6 +221,17 @@ int ctl_show(const char *name, int watch)
                    ctl_esc(name, e1, sizeof e1),
                    li.holder[0] ? ctl_esc(li.holder, e2, sizeof e2) : "?", li.owner, li.token,
                    held, rem);
+        } else if (li.sharing > 0) {
+            printf("%s: held shared by %lld client%s\n", ctl_esc(name, e1, sizeof e1),
+                   li.sharing, li.sharing == 1 ? "" : "s");
+            for (long long i = 0; i < li.sharing; i++) {
+                const sharer *s = &li.shared[i];
+                char rem[32], held[32];
+                ctl_fmt_ms(rem, sizeof rem, s->remaining_ms);
+                ctl_fmt_ms(held, sizeof held, s->held_for_ms);
+                printf("  shared by client id %s, token %s, held for %s, %s of lease left\n",
+                       s->id, s->token, held, rem);
+            }
         } else {
             printf("%s: free\n", ctl_esc(name, e1, sizeof e1));
         }
@@ -234,19 +247,20 @@ int ctl_show(const char *name, int watch)
             ctl_json_str(w->id);
             printf(",\"name\":");
             ctl_json_str(w->name);
-            printf(",\"waiting_ms\":%lld,\"alive\":%s}", w->waited_ms,
-                   w->alive ? "true" : "false");
+            printf(",\"mode\":\"%s\",\"waiting_ms\":%lld,\"alive\":%s}",
+                   w->shared ? "shared" : "exclusive", w->waited_ms, w->alive ? "true" : "false");
         } else {
             char t[32];
             ctl_fmt_ms(t, sizeof t, w->waited_ms);
-            printf("  %2lld. %s (%.8s) waiting %s, %s\n", i + 1,
+            printf("  %2lld. %s (%.8s) waiting %s%s, %s\n", i + 1,
                    w->name[0] ? ctl_esc(w->name, e2, sizeof e2) : "?", w->id, t,
+                   w->shared ? " to share it" : "",
                    w->alive ? "alive" : "dead (skipped at the next release)");
         }
     }
     if (O.json)
         printf("]}\n");
-    int held = li.held;
+    int held = li.held || li.sharing > 0;
     ctl_lock_free(&li);
     ctl_conn_done(c, node);
     fflush(stdout);

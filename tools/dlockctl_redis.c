@@ -179,6 +179,8 @@ void ctl_lock_free(lockinfo *li)
 {
     free(li->queue);
     li->queue = NULL;
+    free(li->shared);
+    li->shared = NULL;
 }
 
 /* Reads lock `name` into li (dlockctl.h). Returns 0, or 1 if its data is
@@ -201,8 +203,10 @@ int ctl_read_lock(redisContext *c, const char *name, int first, lockinfo *li)
     int pv = first;
     redisReply *r;
     for (int tries = 0;; tries++) {
-        r = redisCommand(c, "EVAL %s 4 %s %s %s %s", dlock_script_ctl_read(pv), k[0], k[1], k[2],
-                         k[3]);
+        /* (protocol 2's read adds the mode and the shared holders when
+         * asked: ARGV[1] "modes"; protocol 1's has no shared mode) */
+        r = redisCommand(c, "EVAL %s 4 %s %s %s %s %s", dlock_script_ctl_read(pv), k[0], k[1],
+                         k[2], k[3], pv == 2 ? "modes" : "");
         if (!r) {
             fprintf(stderr, "dlockctl: redis: %s\n", c->errstr);
             exit(1);
@@ -244,22 +248,59 @@ int ctl_read_lock(redisContext *c, const char *name, int first, lockinfo *li)
         li->remaining_ms = li->held_for_ms = -1;
     }
     snprintf(li->turn, sizeof li->turn, "%s", str_or(e[7], ""));
-    size_t n = (r->elements - 8) / 4;
+    size_t at = 8; /* the waiters' first element */
+    li->mode = li->held ? "exclusive" : "free";
+    if (pv == 2) {
+        /* the mode, the number m of shared holders, then m x {client id,
+         * token, since, exp} (lua/p2/ctl_read.lua) */
+        long long m = r->elements >= 10 && e[9]->type == REDIS_REPLY_INTEGER ? e[9]->integer : -1;
+        if (m < 0 || (size_t)m > (r->elements - 10) / 4) {
+            fprintf(stderr, "dlockctl: redis: unexpected reply reading %s\n", name);
+            exit(1);
+        }
+        const char *mode = str_or(e[8], "");
+        li->mode = !strcmp(mode, "shared") ? "shared" : !strcmp(mode, "exclusive") ? "exclusive"
+                                                                                   : "free";
+        li->sharing = m;
+        li->shared = calloc(m ? (size_t)m : 1, sizeof *li->shared);
+        if (!li->shared)
+            ctl_die("out of memory");
+        for (long long i = 0; i < m; i++) {
+            redisReply **s = e + 10 + 4 * i;
+            sharer *x = &li->shared[i];
+            snprintf(x->id, sizeof x->id, "%s", str_or(s[0], ""));
+            snprintf(x->token, sizeof x->token, "%s", str_or(s[1], ""));
+            x->held_for_ms = li->now_ms - atoll(str_or(s[2], "0"));
+            x->remaining_ms = atoll(str_or(s[3], "0")) - li->now_ms;
+            if (!li->held) {
+                /* the row of list: the longest hold and lease left */
+                if (x->held_for_ms > li->held_for_ms)
+                    li->held_for_ms = x->held_for_ms;
+                if (x->remaining_ms > li->remaining_ms)
+                    li->remaining_ms = x->remaining_ms;
+            }
+        }
+        at = 10 + 4 * (size_t)m;
+    }
+    size_t n = (r->elements - at) / 4;
     li->waiting = (long long)n;
     li->queue = calloc(n ? n : 1, sizeof *li->queue);
     if (!li->queue)
         ctl_die("out of memory");
     for (size_t i = 0; i < n; i++) {
-        redisReply **w = e + 8 + 4 * i;
+        redisReply **w = e + at + 4 * i;
         waiter *x = &li->queue[i];
         snprintf(x->id, sizeof x->id, "%s", str_or(w[0], ""));
         x->waited_ms = li->now_ms - atoll(str_or(w[1], "0")) / 1000;
-        /* "<deadline> <attempt> <pass limit> <ttl> <name>" */
+        /* "<deadline> <attempt> <pass limit> <ttl> <name>"; a shared
+         * waiter's has "s" for its pass limit (lua/p2/LAYOUT.txt) */
         const char *p = str_or(w[2], "");
         for (int f = 0; f < 4 && p; f++) {
             p = strchr(p, ' ');
             if (p)
                 p++;
+            if (f == 1 && p && p[0] == 's' && p[1] == ' ')
+                x->shared = 1;
         }
         snprintf(x->name, sizeof x->name, "%s", p ? p : "");
         x->alive = w[3]->type == REDIS_REPLY_INTEGER && w[3]->integer == 1;
@@ -320,6 +361,18 @@ void ctl_print_lock_json(const char *name, const lockinfo *li, int open)
         printf(",\"token\":%s,\"remaining_ms\":%lld,\"held_for_ms\":%lld", li->token[0] ? li->token : "null",
                li->remaining_ms, li->held_for_ms);
     }
+    printf(",\"mode\":\"%s\",\"sharing\":%lld", li->mode ? li->mode : "free", li->sharing);
+    if (li->shared) {
+        printf(",\"shared\":[");
+        for (long long i = 0; i < li->sharing; i++) {
+            const sharer *s = &li->shared[i];
+            printf("%s{\"client\":", i ? "," : "");
+            ctl_json_str(s->id);
+            printf(",\"token\":%s,\"remaining_ms\":%lld,\"held_for_ms\":%lld}",
+                   s->token[0] ? s->token : "null", s->remaining_ms, s->held_for_ms);
+        }
+        printf("]");
+    }
     printf(",\"waiting\":%lld%s", li->waiting, open ? "" : "}");
 }
 
@@ -341,10 +394,14 @@ void ctl_print_row(const char *name, const lockinfo *li)
         e2[4 * DLOCK_CLIENT_NAME_MAX + 8];
     ctl_fmt_ms(rem, sizeof rem, li->remaining_ms);
     ctl_fmt_ms(held, sizeof held, li->held_for_ms);
-    snprintf(who, sizeof who, "%s (%.8s)",
-             li->holder[0] ? ctl_esc(li->holder, e2, sizeof e2) : "?", li->owner);
-    printf("%-30s %-40s %-18s %10s %10s %7lld\n", ctl_esc(name, e1, sizeof e1), who, li->token,
-           rem, held, li->waiting);
+    if (li->held)
+        snprintf(who, sizeof who, "%s (%.8s)",
+                 li->holder[0] ? ctl_esc(li->holder, e2, sizeof e2) : "?", li->owner);
+    else
+        snprintf(who, sizeof who, "shared by %lld client%s", li->sharing,
+                 li->sharing == 1 ? "" : "s"); /* (show lists them) */
+    printf("%-30s %-40s %-18s %10s %10s %7lld\n", ctl_esc(name, e1, sizeof e1), who,
+           li->held ? li->token : "-", rem, held, li->waiting);
 }
 
 void ctl_print_header(void)

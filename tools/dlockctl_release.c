@@ -101,10 +101,16 @@ static int release_in(const char *name, int first)
             printf("{\"name\":");
             ctl_json_str(name);
             printf(",\"released\":false,\"reason\":\"%s\"}\n",
-                   other ? "held by another client now" : "not held");
+                   other ? "held by another client now"
+                         : li.sharing > 0 ? "held shared" : "not held");
         } else if (other) {
             printf("%s is held by another client now (%s): left alone\n",
                    ctl_esc(name, en, sizeof en), li.owner);
+        } else if (li.sharing > 0) {
+            /* (lua/p2/force.lua releases an exclusive grant only) */
+            printf("%s is held shared by %lld client%s: release --force takes exclusive grants "
+                   "only; a shared lease ends a lease time after its client stops renewing it\n",
+                   ctl_esc(name, en, sizeof en), li.sharing, li.sharing == 1 ? "" : "s");
         } else {
             printf("%s is not held\n", ctl_esc(name, en, sizeof en));
         }

@@ -4,8 +4,10 @@
  * test_dlockctl.c runs it on protocol 1's: show, watch, list, release
  * --force and release --client on names whose data is protocol 2's (held,
  * queued for and released), beside protocol 1's names in one listing and
- * one client's release; and data of a protocol this release does not speak
- * (3) still refused and left as it was. The library's clients here write
+ * one client's release; names held in protocol 2's shared mode (their
+ * holders, the waiters' modes; release --force leaves them alone); and data
+ * of a protocol this release does not speak (3) still refused and left as
+ * it was. The library's clients here write
  * protocol 1; protocol 2's data is made by running its scripts (the ones
  * compiled into the library, which dlockctl runs too) with EVAL, as a
  * client of protocol 2 would.
@@ -105,7 +107,58 @@ static redisReply *p2_eval(dlock_script_id id, const char *name, const char *cli
     return r;
 }
 
+/* lua/p2/<file>.lua, read from the source tree (the library does not
+ * load the shared mode's scripts yet), on name's keys for client with
+ * args a[0 .. na), as p2_eval. */
+static redisReply *p2_eval_file(const char *file, const char *name, const char *client,
+                                const char **a, int na)
+{
+    char path[512];
+    static char body[1 << 16];
+    snprintf(path, sizeof path, "%s/lua/p2/%s.lua", DLOCK_SOURCE_DIR, file);
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        fail_msg("cannot read %s", path);
+    body[fread(body, 1, sizeof body - 1, f)] = '\0';
+    fclose(f);
+    char k[DLOCK_KEYS][160];
+    for (int i = 0; i < DLOCK_KEY_CLIENT; i++)
+        snprintf(k[i], sizeof k[i], PREFIX "{%s}%s", name, dlock_script_key_suffix(i));
+    snprintf(k[DLOCK_KEY_CLIENT], sizeof k[0], PREFIX "{%s}%s%s", name,
+             dlock_script_key_suffix(DLOCK_KEY_CLIENT), client);
+    snprintf(k[DLOCK_KEY_HW], sizeof k[0], PREFIX "%s{%s}", dlock_script_key_suffix(DLOCK_KEY_HW),
+             dlock_slot_tag(dlock_cluster_slot(k[0], strlen(k[0]))));
+    const char *argv[3 + DLOCK_KEYS + 10] = {"EVAL", body, "7"};
+    for (int i = 0; i < DLOCK_KEYS; i++)
+        argv[3 + i] = k[i];
+    memcpy(argv + 3 + DLOCK_KEYS, a, (size_t)na * sizeof *a);
+    redisContext *c = fx_connect("127.0.0.1", fx_server.port);
+    redisReply *r = redisCommandArgv(c, 3 + DLOCK_KEYS + na, argv, NULL);
+    redisFree(c);
+    assert_non_null(r);
+    if (r->type == REDIS_REPLY_ERROR)
+        fail_msg("lua/p2/%s.lua on %s: %s", file, name, r->str);
+    return r;
+}
+
 static long long attempts; /* each call's attempt number: increasing */
+
+/* A shared acquire of name by client (lua/p2/acquire_shared.lua), with the
+ * arguments of p2_acquire. Returns the token granted, or 0 if queued (with
+ * queue) or refused. */
+static long long p2_acquire_shared(const char *name, const char *client, const char *cname,
+                                   int queue)
+{
+    char n[24];
+    snprintf(n, sizeof n, "%lld", ++attempts);
+    const char *a[10] = {client, "60000", n, "16", "20000", queue ? "1" : "0", "600000",
+                         cname, "0", "0"};
+    redisReply *r = p2_eval_file("acquire_shared", name, client, a, 10);
+    assert_int_equal(r->type, REDIS_REPLY_ARRAY);
+    long long tok = r->element[0]->integer == 1 ? r->element[1]->integer : 0;
+    freeReplyObject(r);
+    return tok;
+}
 
 /* An acquire of name by client (named cname) in protocol 2, with a lease
  * of a minute (no renewal runs) and a waiter ttl of 20 s (a queued waiter
@@ -237,6 +290,69 @@ static void test_p2_show_list(void **state)
     assert_int_equal(count_of(out, "\"name\":"), 1);
     assert_non_null(strstr(out, "[{\"name\":\"p2:held\",\"protocol\":2,\"held\":true,"));
     assert_non_null(strstr(out, "\"waiting\":1"));
+}
+
+/* A name held in protocol 2's shared mode by two clients, with a writer
+ * and then a reader queued behind them: show names the mode, each shared
+ * holder with its token, and each waiter's mode (text and JSON); list
+ * shows it held, shared by 2; release --force takes exclusive grants only,
+ * so it says the name is held shared and leaves its data as it was. */
+static void test_p2_shared(void **state)
+{
+    (void)state;
+    long long t1 = p2_acquire_shared("sh:r", X, "reader-1", 0);
+    long long t2 = p2_acquire_shared("sh:r", Y, "reader-2", 0);
+    assert_true(t1 > 0 && t2 > t1);
+    assert_int_equal(p2_acquire("sh:r", Z, "writer", 1), 0); /* queued behind them */
+    assert_int_equal(p2_acquire_shared("sh:r", "44444444444444444444444444444444", "reader-3", 1),
+                     0); /* behind the writer */
+    char out[8192], s[128];
+
+    assert_int_equal(ctl(out, sizeof out, "show sh:r"), 0);
+    fprintf(stderr, "show: %s", out);
+    assert_non_null(strstr(out, "sh:r: held shared by 2 clients\n"));
+    snprintf(s, sizeof s, "shared by client id " X ", token %lld,", t1);
+    assert_non_null(strstr(out, s));
+    snprintf(s, sizeof s, "shared by client id " Y ", token %lld,", t2);
+    assert_non_null(strstr(out, s));
+    assert_non_null(strstr(out, "  2 waiting\n"));
+    assert_non_null(strstr(out, "1. writer (33333333) waiting"));
+    assert_null(strstr(out, "writer (33333333) waiting to share"));
+    assert_non_null(strstr(out, "2. reader-3 (44444444) waiting"));
+    assert_non_null(strstr(out, " to share it, alive"));
+
+    assert_int_equal(ctl(out, sizeof out, "--json show sh:r"), 0);
+    fprintf(stderr, "show --json: %s", out);
+    assert_non_null(strstr(out, "{\"name\":\"sh:r\",\"protocol\":2,\"held\":false,"
+                                "\"mode\":\"shared\",\"sharing\":2,\"shared\":[{\"client\":\"" X
+                                "\",\"token\":"));
+    snprintf(s, sizeof s, "{\"client\":\"" Y "\",\"token\":%lld,", t2);
+    assert_non_null(strstr(out, s));
+    assert_non_null(strstr(out, "\"name\":\"writer\",\"mode\":\"exclusive\""));
+    assert_non_null(strstr(out, "\"name\":\"reader-3\",\"mode\":\"shared\""));
+
+    assert_int_equal(ctl(out, sizeof out, "list 'sh:*'"), 0);
+    fprintf(stderr, "list: %s", out);
+    assert_int_equal(count_of(out, "sh:r "), 1);
+    assert_non_null(strstr(out, "shared by 2 clients"));
+    assert_int_equal(ctl(out, sizeof out, "--json list 'sh:*'"), 0);
+    assert_non_null(strstr(out, "\"mode\":\"shared\",\"sharing\":2,\"waiting\":2}"));
+
+    char before[4096], after[4096];
+    data_of("sh:r", X, before, sizeof before);
+    assert_int_equal(ctl(out, sizeof out, "release sh:r --force"), 1);
+    fprintf(stderr, "release --force: %s", out);
+    assert_non_null(strstr(out, "sh:r is held shared by 2 clients: release --force takes "
+                                "exclusive grants only"));
+    assert_int_equal(ctl(out, sizeof out, "--json release sh:r --force"), 1);
+    assert_non_null(strstr(out, "\"released\":false,\"reason\":\"held shared\""));
+    data_of("sh:r", X, after, sizeof after);
+    assert_string_equal(before, after);
+
+    /* an exclusive grant of protocol 2 says so in JSON */
+    assert_true(p2_acquire("sh:w", X, "p2-holder", 0) > 0);
+    assert_int_equal(ctl(out, sizeof out, "--json show sh:w"), 0);
+    assert_non_null(strstr(out, "\"mode\":\"exclusive\",\"sharing\":0,"));
 }
 
 /* One listing of protocol 1's names (held by a client of the library) and
@@ -459,6 +575,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_p2_show_list),
         cmocka_unit_test(test_mixed_list),
+        cmocka_unit_test(test_p2_shared),
         cmocka_unit_test(test_p2_release_force),
         cmocka_unit_test(test_release_client_both),
         cmocka_unit_test(test_protocol_3_refused),
