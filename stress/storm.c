@@ -15,7 +15,8 @@
  * JSON line on stdout and a human summary on stderr.
  *
  * --mutex replaces dlock by one process-shared pthread mutex per name (in the
- * shared region): the same work and checks with no Redis at all, the ideal
+ * shared region; with --read-pct a process-shared rwlock, with --sem a
+ * process-shared POSIX semaphore): the same work and checks with no Redis at all, the ideal
  * dlock is measured against. Its fencing token is a per-name counter
  * incremented (non-atomically) inside the critical section. No redis-server
  * is started in that mode; with --redis, the server's INFO is still read
@@ -30,7 +31,13 @@
  *  - fencing: the token of each grant must be strictly greater than the last
  *    token recorded for that name;
  *  - dlock_held() must say 1 (reported, not fatal: a lease may legitimately
- *    be lost under extreme load, which release then reports as DLOCK_ELOST).
+ *    be lost under extreme load, which release then reports as DLOCK_ELOST);
+ *  - --read-pct: a reader sees no writer inside (their occupancy is 0, and
+ *    the counter, which readers only read, is the same at both ends of its
+ *    section) and a writer no reader; a reader's token is above the last
+ *    writer's, a writer's above every token seen;
+ *  - --sem N: never more than N holders inside (occupancy), the most seen
+ *    kept for the report.
  *
  * Wait percentiles come from per-thread log-scale histograms (8 sub-buckets
  * per power of two of microseconds): they are approximations within about
@@ -624,6 +631,7 @@ int main(int argc, char **argv)
 
     /* Aggregate. */
     uint64_t acq = 0, timeouts = 0, busy = 0, viol = 0, regr = 0, not_held = 0, zero = 0;
+    uint64_t reads = 0; /* --read-pct: acquisitions in shared mode */
     uint64_t crossings = 0;
     uint64_t errors[NERR] = {0}, rel_errors[NERR] = {0};
     uint64_t wait_max = 0, wait_sum = 0;
@@ -644,6 +652,7 @@ int main(int argc, char **argv)
         viol += t->violations;
         regr += t->regressions;
         not_held += t->not_held;
+        reads += t->reads;
         crossings += t->crossings;
         for (int e = 0; e < NERR; e++) {
             errors[e] += t->errors[e];
@@ -663,7 +672,12 @@ int main(int argc, char **argv)
     uint64_t counter_sum = 0;
     for (int i = 0; i < O.locks; i++)
         counter_sum += NS[i].counter;
-    int counter_ok = counter_sum == acq;
+    /* (readers leave the counter as it was: --read-pct) */
+    int counter_ok = counter_sum == acq - reads;
+    int32_t most = 0; /* --sem: the most holders of one name inside at once */
+    for (int i = 0; i < O.locks; i++)
+        if (NS[i].max_occupancy > most)
+            most = NS[i].max_occupancy;
     double jain = sx2 > 0 ? (sx * sx) / ((double)total * sx2) : 0.0;
     int64_t last_end = H->last_end_ns;
     double elapsed = last_end > start ? (double)(last_end - start) / 1e9 : O.seconds;
@@ -707,6 +721,10 @@ int main(int argc, char **argv)
     json_num(o, "elapsed_s", elapsed, 1, 0);
     fprintf(o, "\"acquisitions\":%" PRIu64 ",", acq);
     json_num(o, "acq_per_sec", acq_per_sec, 1, 0);
+    if (O.read_pct > 0)
+        fprintf(o, "\"read_pct\":%d,\"reads\":%" PRIu64 ",", O.read_pct, reads);
+    if (O.sem_limit > 0)
+        fprintf(o, "\"sem_limit\":%ld,\"max_holders\":%d,", O.sem_limit, (int)most);
     fprintf(o, "\"violations\":%" PRIu64 ",\"token_regressions\":%" PRIu64 ","
                "\"counter_ok\":%s,\"counter_sum\":%" PRIu64 ",",
             viol, regr, counter_ok ? "true" : "false", counter_sum);

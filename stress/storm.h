@@ -32,6 +32,7 @@
 #define DLOCK_STRESS_STORM_H
 
 #include <pthread.h>
+#include <semaphore.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -74,6 +75,12 @@ typedef struct opts {
     int client_per_thread;
     int mutex;                /* process-shared pthread mutexes instead of dlock */
     int naive;                /* the simplest Redis lock instead of dlock */
+    int read_pct;             /* --read-pct: this share of acquisitions is shared (read)
+                                 mode; with --mutex a process-shared rwlock per name */
+    long sem_limit;           /* --sem: every name is a counting semaphore of this many
+                                 permits (0: none); with --mutex a POSIX semaphore */
+    const char *plant;        /* --plant: a planted bug the checks must catch (NULL:
+                                 none): "readers-unlocked", "sem-over" */
     long rtt_us;              /* > 0: clients reach Redis through a delaying proxy */
     char host[256];
     int port;                 /* 0: private redis-server */
@@ -102,9 +109,15 @@ extern opts O; /* storm_opts.c: the defaults, then parse_opts */
 #define LOG_MAX 20   /* detailed lines about failures, over all processes */
 
 typedef struct name_state {
-    uint64_t counter;    /* read at CS start, written +1 at CS end (non-atomic RMW) */
+    uint64_t counter;    /* read at CS start, written +1 at CS end (non-atomic RMW) by
+                            an exclusive holder; a reader reads it at both ends (it must
+                            not change); a semaphore's holders add 1 atomically */
     uint64_t last_token; /* highest fencing token seen for this name */
-    int32_t occupancy;   /* threads inside the CS right now */
+    uint64_t last_x_token; /* --read-pct: highest token of an exclusive holder */
+    int32_t occupancy;   /* threads inside the CS right now (exclusive holders, or a
+                            semaphore's holders) */
+    int32_t readers;     /* --read-pct: threads inside the CS in shared mode */
+    int32_t max_occupancy; /* --sem: the most holders seen inside at once */
     int32_t last_proc;   /* worker process of the last holder + 1 (0: none yet);
                             read and written by the holder only */
 } __attribute__((aligned(64))) name_state;
@@ -112,7 +125,10 @@ typedef struct name_state {
 /* --mutex only: the lock of a name and its token counter. */
 typedef struct mutex_state {
     pthread_mutex_t m;   /* PTHREAD_PROCESS_SHARED */
-    uint64_t token;      /* last token handed out: read and written +1 under m */
+    pthread_rwlock_t rw; /* --read-pct: PTHREAD_PROCESS_SHARED, writers preferred */
+    sem_t sem;           /* --sem: process-shared, --sem permits */
+    uint64_t token;      /* last token handed out: read and written +1 under m; under
+                            rw, fetched and added 1 atomically (readers share rw) */
 } __attribute__((aligned(64))) mutex_state;
 
 typedef struct thread_res {
@@ -122,6 +138,7 @@ typedef struct thread_res {
     int name_idx;         /* the name it is acquiring, holding or releasing */
     /* read only after the run */
     uint64_t busy, not_held;
+    uint64_t reads;       /* --read-pct: acquisitions in shared mode */
     uint64_t crossings;   /* acquisitions whose previous holder was another process */
     uint64_t errors[NERR];
     uint64_t rel_errors[NERR];

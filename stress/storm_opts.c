@@ -75,6 +75,21 @@ static void usage(FILE *f)
 "                       Lua compare-and-delete (EVAL) to release, on one\n"
 "                       connection per thread; the token checked is a per-name\n"
 "                       counter bumped in the critical section, as with --mutex\n"
+"  --read-pct P         P%% of acquisitions take the name shared (read), the rest\n"
+"                       exclusively (0..100, default 0). Checked in every\n"
+"                       critical section: no reader beside a writer (nor two\n"
+"                       writers), the counter unchanged under a reader, a\n"
+"                       reader's token above every writer's before it, a\n"
+"                       writer's above every token before it. With --mutex only\n"
+"                       for now (a process-shared rwlock, writers preferred):\n"
+"                       dlock's shared mode is not in the library yet\n"
+"  --sem N              every name is a counting semaphore of N permits (1..%d):\n"
+"                       checked: never more than N holders inside at once. With\n"
+"                       --mutex only for now (a process-shared POSIX semaphore;\n"
+"                       no tokens)\n"
+"  --plant BUG          a bug the checks must catch (for their tests):\n"
+"                       readers-unlocked (with --read-pct: readers take no lock),\n"
+"                       sem-over (with --sem: one permit more than N)\n"
 "  --rtt-us N           clients reach Redis through the project's fault proxy\n"
 "                       (tests/support/proxy.c, in a process of its own) that delays\n"
 "                       each direction by N/2 us: a data-center round trip\n"
@@ -110,7 +125,7 @@ static void usage(FILE *f)
 "(not a timeout, nor DLOCK_EBUSY with --wait-ms 0), or more acquisitions\n"
 "timed out than succeeded; 2 bad usage.\n",
         MAX_PROCS, MAX_THREADS, MAX_TOTAL_THREADS, MAX_LOCKS, MAX_US, MAX_US,
-        DLOCK_LEASE_MIN_MS, DLOCK_LEASE_MAX_MS, O.stack_kb);
+        DLOCK_LEASE_MIN_MS, DLOCK_LEASE_MAX_MS, MAX_TOTAL_THREADS, O.stack_kb);
 }
 
 static void bad_usage(const char *fmt, ...)
@@ -164,7 +179,7 @@ void parse_opts(int argc, char **argv)
     enum { O_PROCS = 256, O_THREADS, O_LOCKS, O_SECONDS, O_CS, O_CS_SLEEP, O_THINK,
            O_PASS, O_LEASE, O_WAIT, O_POOL, O_CPT, O_MUTEX, O_NAIVE, O_RTT, O_REDIS, O_STACK,
            O_QUIET, O_UNIX, O_MINREP, O_SENTINEL, O_CLUSTER, O_CLUSTER_REPLICAS, O_METRICS,
-           O_PROTOCOL, O_HELP };
+           O_PROTOCOL, O_READ_PCT, O_SEM, O_PLANT, O_HELP };
     static const struct option lo[] = {
         {"procs", required_argument, 0, O_PROCS},
         {"threads", required_argument, 0, O_THREADS},
@@ -191,6 +206,9 @@ void parse_opts(int argc, char **argv)
         {"stack-kb", required_argument, 0, O_STACK},
         {"quiet", no_argument, 0, O_QUIET},
         {"metrics", required_argument, 0, O_METRICS},
+        {"read-pct", required_argument, 0, O_READ_PCT},
+        {"sem", required_argument, 0, O_SEM},
+        {"plant", required_argument, 0, O_PLANT},
         {"help", no_argument, 0, O_HELP},
         {0, 0, 0, 0},
     };
@@ -250,6 +268,13 @@ void parse_opts(int argc, char **argv)
         case O_MINREP:
             O.min_replicas = (int)parse_long("--min-replicas", optarg, 0, MAX_REPLICAS);
             break;
+        case O_READ_PCT: O.read_pct = (int)parse_long("--read-pct", optarg, 0, 100); break;
+        case O_SEM: O.sem_limit = parse_long("--sem", optarg, 1, MAX_TOTAL_THREADS); break;
+        case O_PLANT:
+            if (strcmp(optarg, "readers-unlocked") != 0 && strcmp(optarg, "sem-over") != 0)
+                bad_usage("--plant: readers-unlocked or sem-over, not '%s'", optarg);
+            O.plant = optarg;
+            break;
         case O_QUIET: O.quiet = 1; break;
         case O_METRICS: O.metrics_path = optarg; break;
         case O_HELP: usage(stdout); exit(0);
@@ -273,6 +298,15 @@ void parse_opts(int argc, char **argv)
                       O.rtt_us > 0 || O.min_replicas))
         bad_usage("--cluster starts a private Redis Cluster for dlock's Cluster mode: not with"
                   " --naive, --mutex, --redis, --unix, --sentinel, --rtt-us or --min-replicas");
+    if ((O.read_pct > 0 || O.sem_limit > 0) && !O.mutex)
+        bad_usage("--read-pct and --sem need --mutex for now: dlock's shared mode and "
+                  "semaphores are not in the library yet");
+    if (O.read_pct > 0 && O.sem_limit > 0)
+        bad_usage("--read-pct and --sem: one or the other");
+    if (O.plant && strcmp(O.plant, "readers-unlocked") == 0 && O.read_pct == 0)
+        bad_usage("--plant readers-unlocked needs --read-pct");
+    if (O.plant && strcmp(O.plant, "sem-over") == 0 && O.sem_limit == 0)
+        bad_usage("--plant sem-over needs --sem");
     if (O.mutex && O.rtt_us > 0)
         bad_usage("--rtt-us needs Redis: not with --mutex");
     if ((O.unix_socket || O.min_replicas || O.sentinel) && (O.mutex || O.port))

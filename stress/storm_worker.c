@@ -80,6 +80,34 @@ void shm_create(void)
         exit(1);
     }
     pthread_mutexattr_destroy(&ma);
+    if (O.mutex && O.read_pct > 0) {
+        /* writers preferred, as dlock's shared mode prefers them (glibc's
+         * default prefers readers: a writer could starve) */
+        pthread_rwlockattr_t ra;
+        e = pthread_rwlockattr_init(&ra);
+        if (!e)
+            e = pthread_rwlockattr_setpshared(&ra, PTHREAD_PROCESS_SHARED);
+        if (!e)
+            e = pthread_rwlockattr_setkind_np(&ra,
+                                              PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+        for (int i = 0; !e && i < O.locks; i++)
+            e = pthread_rwlock_init(&MX[i].rw, &ra);
+        if (e) {
+            fprintf(stderr, "storm: process-shared rwlock setup failed: %s\n", strerror(e));
+            exit(1);
+        }
+        pthread_rwlockattr_destroy(&ra);
+    }
+    if (O.mutex && O.sem_limit > 0) {
+        /* (--plant sem-over: one permit more than the checks allow) */
+        unsigned n = (unsigned)O.sem_limit + (O.plant && !strcmp(O.plant, "sem-over"));
+        for (int i = 0; i < O.locks; i++)
+            if (sem_init(&MX[i].sem, 1, n) != 0) {
+                fprintf(stderr, "storm: process-shared semaphore setup failed: %s\n",
+                        strerror(errno));
+                exit(1);
+            }
+    }
 }
 
 /* Destroyed by the parent once every worker is gone (none holds a mutex). */
@@ -87,8 +115,13 @@ void shm_destroy_mutexes(void)
 {
     if (!MX)
         return;
-    for (int i = 0; i < O.locks; i++)
+    for (int i = 0; i < O.locks; i++) {
         pthread_mutex_destroy(&MX[i].m);
+        if (O.read_pct > 0)
+            pthread_rwlock_destroy(&MX[i].rw);
+        if (O.sem_limit > 0)
+            sem_destroy(&MX[i].sem);
+    }
 }
 
 /* ------------------------------------------------------------------ */
@@ -226,6 +259,21 @@ typedef struct targ {
 /* Per-thread text of the last mutex failure (dlock_last_error's analogue). */
 static __thread char mx_err[128];
 
+/* The absolute CLOCK_REALTIME time --wait-ms from now (pthread's and
+ * sem_timedwait's timed waits). */
+static struct timespec wait_until(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += O.wait_ms / 1000;
+    ts.tv_nsec += (O.wait_ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    return ts;
+}
+
 /* --mutex: lock name li as dlock_acquire would, with the same return codes
  * (DLOCK_EBUSY, DLOCK_ETIMEDOUT, other failures as DLOCK_EINVAL with the
  * reason in mx_err). The token is the name's counter + 1, written back
@@ -239,14 +287,7 @@ static int mutex_acquire(int li, uint64_t *fence)
     } else if (O.wait_ms == 0) {
         e = pthread_mutex_trylock(&mx->m);
     } else {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_sec += O.wait_ms / 1000;
-        ts.tv_nsec += (O.wait_ms % 1000) * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
+        struct timespec ts = wait_until();
         e = pthread_mutex_timedlock(&mx->m, &ts);
     }
     if (e == 0) {
@@ -269,6 +310,82 @@ static int mutex_release(int li)
     if (e == 0)
         return DLOCK_OK;
     snprintf(mx_err, sizeof mx_err, "pthread_mutex_unlock: %s", strerror(e));
+    return DLOCK_EINVAL;
+}
+
+/* --mutex --read-pct: name li's rwlock, shared or not, with mutex_acquire's
+ * return codes. The token is the name's counter + 1, fetched and added
+ * atomically (readers hold the rwlock together): each grant's is above
+ * every one before it. --plant readers-unlocked: readers take no lock. */
+static int rwlock_acquire(int li, int shared, uint64_t *fence)
+{
+    mutex_state *mx = &MX[li];
+    int e = 0;
+    if (shared && O.plant && !strcmp(O.plant, "readers-unlocked")) {
+        e = 0;
+    } else if (O.wait_ms < 0) {
+        e = shared ? pthread_rwlock_rdlock(&mx->rw) : pthread_rwlock_wrlock(&mx->rw);
+    } else if (O.wait_ms == 0) {
+        e = shared ? pthread_rwlock_tryrdlock(&mx->rw) : pthread_rwlock_trywrlock(&mx->rw);
+    } else {
+        struct timespec ts = wait_until();
+        e = shared ? pthread_rwlock_timedrdlock(&mx->rw, &ts)
+                   : pthread_rwlock_timedwrlock(&mx->rw, &ts);
+    }
+    if (e == 0) {
+        *fence = __atomic_add_fetch(&mx->token, 1, __ATOMIC_RELAXED);
+        return DLOCK_OK;
+    }
+    if (e == EBUSY)
+        return DLOCK_EBUSY;
+    if (e == ETIMEDOUT)
+        return DLOCK_ETIMEDOUT;
+    snprintf(mx_err, sizeof mx_err, "pthread rwlock lock: %s", strerror(e));
+    return DLOCK_EINVAL;
+}
+
+static int rwlock_release(int li, int shared)
+{
+    if (shared && O.plant && !strcmp(O.plant, "readers-unlocked"))
+        return DLOCK_OK;
+    int e = pthread_rwlock_unlock(&MX[li].rw);
+    if (e == 0)
+        return DLOCK_OK;
+    snprintf(mx_err, sizeof mx_err, "pthread_rwlock_unlock: %s", strerror(e));
+    return DLOCK_EINVAL;
+}
+
+/* --mutex --sem: a permit of name li's semaphore, with mutex_acquire's
+ * return codes (no token: a semaphore has none). */
+static int sem_acquire(int li)
+{
+    sem_t *s = &MX[li].sem;
+    int e;
+    if (O.wait_ms < 0) {
+        while ((e = sem_wait(s)) != 0 && errno == EINTR)
+            ;
+    } else if (O.wait_ms == 0) {
+        e = sem_trywait(s);
+    } else {
+        struct timespec ts = wait_until();
+        while ((e = sem_timedwait(s, &ts)) != 0 && errno == EINTR)
+            ;
+    }
+    if (e == 0)
+        return DLOCK_OK;
+    if (errno == EAGAIN)
+        return DLOCK_EBUSY;
+    if (errno == ETIMEDOUT)
+        return DLOCK_ETIMEDOUT;
+    snprintf(mx_err, sizeof mx_err, "sem_wait: %s", strerror(errno));
+    return DLOCK_EINVAL;
+}
+
+static int sem_release(int li)
+{
+    if (sem_post(&MX[li].sem) == 0)
+        return DLOCK_OK;
+    snprintf(mx_err, sizeof mx_err, "sem_post: %s", strerror(errno));
     return DLOCK_EINVAL;
 }
 
@@ -369,6 +486,78 @@ static const char *last_error(void)
     return O.mutex || O.naive ? mx_err : dlock_last_error();
 }
 
+/* The wait of an acquisition that succeeded, into r's histogram. */
+static void count_wait(thread_res *r, int64_t t0, int64_t t1)
+{
+    uint64_t w = (uint64_t)(t1 - t0) / 1000;
+    r->wait_sum_us += w;
+    if (w > r->wait_max_us)
+        r->wait_max_us = w;
+    r->hist[bucket_of(w)]++;
+}
+
+/* A reader's critical section (--read-pct), holding name li shared with
+ * token fence: no writer inside with it (the writers' occupancy stays 0,
+ * and the counter, which only writers change, is the same at both ends);
+ * its token above every writer's before it (a writer's is above every
+ * token before it: thread_main). The highest token seen is raised to it
+ * with a compare-and-swap: readers run side by side. */
+static void read_section(thread_res *r, const targ *a, int li, const char *name, uint64_t fence)
+{
+    name_state *ns = &NS[li];
+    /* (sequentially consistent, as the writer's count and look: each of
+     * the two sees the other's increment if they overlap) */
+    __atomic_add_fetch(&ns->readers, 1, __ATOMIC_SEQ_CST);
+    int occ = __atomic_load_n(&ns->occupancy, __ATOMIC_SEQ_CST);
+    if (occ != 0) {
+        LIVE_INC(r->violations);
+        logf_limited("VIOLATION: a reader inside '%s' beside %d writers (proc %d thread %d, "
+                     "token %" PRIu64 ")", name, occ, a->proc, a->idx, fence);
+    }
+    uint64_t lx = __atomic_load_n(&ns->last_x_token, __ATOMIC_ACQUIRE);
+    if (fence <= lx) {
+        LIVE_INC(r->regressions);
+        logf_limited("TOKEN REGRESSION on '%s': a reader got %" PRIu64 ", a writer before had %"
+                     PRIu64 " (proc %d thread %d)", name, fence, lx, a->proc, a->idx);
+    }
+    uint64_t last = __atomic_load_n(&ns->last_token, __ATOMIC_ACQUIRE);
+    while (fence > last &&
+           !__atomic_compare_exchange_n(&ns->last_token, &last, fence, 0, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_ACQUIRE))
+        ;
+    uint64_t v = __atomic_load_n(&ns->counter, __ATOMIC_ACQUIRE);
+    critical_section(O.cs_us);
+    uint64_t v2 = __atomic_load_n(&ns->counter, __ATOMIC_ACQUIRE);
+    if (v2 != v) {
+        LIVE_INC(r->violations);
+        logf_limited("VIOLATION: a writer changed '%s' under a reader (proc %d thread %d)", name,
+                     a->proc, a->idx);
+    }
+    __atomic_sub_fetch(&ns->readers, 1, __ATOMIC_ACQ_REL);
+    r->reads++;
+}
+
+/* A semaphore holder's critical section (--sem): never more than --sem
+ * holders inside at once; the most seen is kept (the run shows the
+ * semaphore let that many in). Its counter counts the holders atomically. */
+static void sem_section(thread_res *r, const targ *a, int li, const char *name)
+{
+    name_state *ns = &NS[li];
+    int occ = __atomic_add_fetch(&ns->occupancy, 1, __ATOMIC_ACQ_REL);
+    if (occ > O.sem_limit) {
+        LIVE_INC(r->violations);
+        logf_limited("VIOLATION: %d holders inside '%s', limit %ld (proc %d thread %d)", occ,
+                     name, O.sem_limit, a->proc, a->idx);
+    }
+    int most = __atomic_load_n(&ns->max_occupancy, __ATOMIC_RELAXED);
+    while (occ > most && !__atomic_compare_exchange_n(&ns->max_occupancy, &most, occ, 0,
+                                                      __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        ;
+    critical_section(O.cs_us);
+    __atomic_add_fetch(&ns->counter, 1, __ATOMIC_ACQ_REL);
+    __atomic_sub_fetch(&ns->occupancy, 1, __ATOMIC_ACQ_REL);
+}
+
 static void *thread_main(void *arg)
 {
     targ *a = arg;
@@ -400,17 +589,49 @@ static void *thread_main(void *arg)
         }
         const char *name = names + (size_t)li * NAME_LEN;
         uint64_t fence = 0;
+        int shared = 0; /* --read-pct: this acquisition is shared (read) mode */
+        if (O.read_pct > 0) {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            shared = (int)(rng % 100) < O.read_pct;
+        }
         __atomic_store_n(&r->name_idx, li, __ATOMIC_RELAXED);
         SET_PHASE(r, PH_ACQUIRE);
         int64_t t0 = now_ns();
-        int rc = O.mutex   ? mutex_acquire(li, &fence)
-                 : O.naive ? naive_acquire(li, name, &fence)
-                           : dlock_acquire(c, name, O.wait_ms, &fence);
+        int rc = O.sem_limit > 0  ? sem_acquire(li)
+                 : O.read_pct > 0 ? rwlock_acquire(li, shared, &fence)
+                 : O.mutex        ? mutex_acquire(li, &fence)
+                 : O.naive        ? naive_acquire(li, name, &fence)
+                                  : dlock_acquire(c, name, O.wait_ms, &fence);
         int64_t t1 = now_ns();
-        if (rc == DLOCK_OK) {
+        if (rc == DLOCK_OK && (O.sem_limit > 0 || shared)) {
+            SET_PHASE(r, PH_CS);
+            if (O.sem_limit > 0)
+                sem_section(r, a, li, name);
+            else
+                read_section(r, a, li, name, fence);
+            SET_PHASE(r, PH_RELEASE);
+            int rr = O.sem_limit > 0 ? sem_release(li) : rwlock_release(li, 1);
+            if (rr != DLOCK_OK) {
+                r->rel_errors[err_index(rr)]++;
+                logf_limited("release of '%s' returned %s: %s", name, dlock_err_name(rr),
+                             last_error());
+            }
+            LIVE_INC(r->acq);
+            count_wait(r, t0, t1);
+        } else if (rc == DLOCK_OK) {
             SET_PHASE(r, PH_CS);
             name_state *ns = &NS[li];
-            int occ = __atomic_add_fetch(&ns->occupancy, 1, __ATOMIC_ACQ_REL);
+            /* (sequentially consistent: a reader's count and look are too,
+             * so that of two that overlap each sees the other) */
+            int occ = __atomic_add_fetch(&ns->occupancy, 1, __ATOMIC_SEQ_CST);
+            int rd = O.read_pct > 0 ? __atomic_load_n(&ns->readers, __ATOMIC_SEQ_CST) : 0;
+            if (rd != 0) {
+                LIVE_INC(r->violations);
+                logf_limited("VIOLATION: a writer inside '%s' beside %d readers (proc %d thread "
+                             "%d, token %" PRIu64 ")", name, rd, a->proc, a->idx, fence);
+            }
             if (occ != 1) {
                 LIVE_INC(r->violations);
                 logf_limited("VIOLATION: %d threads inside '%s' (proc %d thread %d, token %"
@@ -423,6 +644,7 @@ static void *thread_main(void *arg)
                              " (proc %d thread %d)", name, fence, last, a->proc, a->idx);
             } else {
                 __atomic_store_n(&ns->last_token, fence, __ATOMIC_RELEASE);
+                __atomic_store_n(&ns->last_x_token, fence, __ATOMIC_RELEASE);
             }
             if (c && !dlock_held(c, name))
                 r->not_held++;
@@ -436,19 +658,17 @@ static void *thread_main(void *arg)
             __atomic_store_n(&ns->counter, v + 1, __ATOMIC_RELEASE);
             __atomic_sub_fetch(&ns->occupancy, 1, __ATOMIC_ACQ_REL);
             SET_PHASE(r, PH_RELEASE);
-            int rr = O.mutex ? mutex_release(li) : O.naive ? naive_release(name)
-                                                           : dlock_release(c, name);
+            int rr = O.read_pct > 0 ? rwlock_release(li, 0)
+                     : O.mutex      ? mutex_release(li)
+                     : O.naive      ? naive_release(name)
+                                    : dlock_release(c, name);
             if (rr != DLOCK_OK) {
                 r->rel_errors[err_index(rr)]++;
                 logf_limited("release of '%s' returned %s: %s", name, dlock_err_name(rr),
                              last_error());
             }
             LIVE_INC(r->acq);
-            uint64_t w = (uint64_t)(t1 - t0) / 1000;
-            r->wait_sum_us += w;
-            if (w > r->wait_max_us)
-                r->wait_max_us = w;
-            r->hist[bucket_of(w)]++;
+            count_wait(r, t0, t1);
         } else if (rc == DLOCK_ETIMEDOUT) {
             LIVE_INC(r->timeouts);
         } else if (rc == DLOCK_EBUSY && O.wait_ms == 0) {
