@@ -898,6 +898,83 @@ static void test_ctl_read(void **state)
     freeReplyObject(r);
 }
 
+/* Random calls of 5 clients on one name (limit 4: acquires of 1 or 2
+ * permits, queued or single tries, releases, leaves, and each call now
+ * and then sent twice, as a retry): after every call the permits in use
+ * are within the limit and are the sum of the clients' fields, and the
+ * first live waiter wants more than is free (the walk served every waiter
+ * it could, FIFO). Lease and waiter ttl are long: nothing ends on its own
+ * during the run. The seed is printed: srand(seed) replays it. */
+static void test_random_calls(void **state)
+{
+    (void)state;
+    const char *ids[5] = {A, B, C, D, E};
+    long long num[5] = {0}, wait_att[5] = {0};
+    unsigned seed = (unsigned)server_ms();
+    print_message("seed %u\n", seed);
+    srand(seed);
+    opt o = {.limit = "4", .lease = "60000", .ttl = "60000", .keep = "60000"};
+    for (int step = 0; step < 1500; step++) {
+        int c = rand() % 5, op = rand() % 10, twice = rand() % 8 == 0;
+        const char *id = ids[c];
+        char d[24];
+        field f = field_of("rc", id);
+        int wasq = queued("rc", id);
+        long long first = -9, held = -1, h;
+        num[c]++;
+        for (int t = 0; t <= twice; t++) {
+            long long r;
+            if (op < 5) {
+                if (!t) {
+                    o.k = rand() % 3 == 0 ? "2" : "1";
+                    o.queue = op < 4 ? "1" : "0";
+                    snprintf(d, sizeof d, "%lld", wait_att[c]);
+                    o.doubt = rand() % 4 == 0 ? d : "0";
+                }
+                r = acquire_o("rc", id, num[c], o, &h);
+                /* again: the same answer, no permit more */
+                assert_true(t ? r == first && (r != 1 || h == held) : r == 1 || r == 0);
+                held = h;
+                wait_att[c] = r == 0 && op < 4 ? num[c] : 0;
+            } else if (op < 8) {
+                r = release("rc", id, num[c], 1, 0);
+                if (f.n == 0)
+                    assert_int_equal(r, 0);
+                else
+                    assert_true(t ? r == 1 : r == 1 || r == 2);
+            } else {
+                r = leave("rc", id, num[c], wait_att[c]);
+                assert_true(!t || r == 0);
+                wait_att[c] = 0;
+            }
+            if (!t)
+                first = r;
+            /* the retry took or gave back nothing more (a release of a
+             * client that also waits may have granted it permits) */
+            if (t && op < 5 && r == 1)
+                assert_int_equal(field_of("rc", id).n, held);
+            if (t && op >= 5 && op < 8 && !wasq)
+                assert_int_equal(field_of("rc", id).n, f.n - (f.n > 0));
+        }
+        long long used = in_use("rc", NULL, NULL), sum = 0;
+        for (int i = 0; i < 5; i++)
+            sum += field_of("rc", ids[i]).n;
+        if (used > 4 || used != sum)
+            fail_msg("step %d (seed %u): %lld permits in use, fields %lld", step, seed, used, sum);
+        redisReply *q = cmd("ZRANGE ts:{rc}:q 0 0");
+        if (q->elements == 1) {
+            redisReply *v = cmd("HGET ts:{rc}:qd %s", q->element[0]->str);
+            long long dl, at, k;
+            assert_int_equal(sscanf(v->str, "%lld %lld %lld", &dl, &at, &k), 3);
+            if (k <= 4 - used)
+                fail_msg("step %d (seed %u): waiter %s wants %lld with %lld free", step, seed,
+                         q->element[0]->str, k, 4 - used);
+            freeReplyObject(v);
+        }
+        freeReplyObject(q);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -913,6 +990,7 @@ int main(void)
         cmocka_unit_test(test_life_and_pruning),
         cmocka_unit_test(test_wrong_kind_refused),
         cmocka_unit_test(test_ctl_read),
+        cmocka_unit_test(test_random_calls),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
