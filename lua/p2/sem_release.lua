@@ -24,7 +24,9 @@
 -- client held fewer permits than it gave back (they had ended: its lease
 -- ran out) or, by attempt, that attempt holds no grant (it was refused, or
 -- its grant ended or was given back); whatever it held of them is given
--- back. The same call again (a retry whose reply was lost) answers as the
+-- back. A client holding nothing has the call remembered all the same
+-- (its field, with no permits), so that late copies of its older acquires
+-- are refused. The same call again (a retry whose reply was lost) answers as the
 -- first did (1 for 2) and gives back nothing more. Returns 3, having
 -- changed nothing, when Redis has seen a newer call of this client for
 -- this name (a late copy: this one ran before, or will never run).
@@ -74,7 +76,23 @@ for i = 1, #all, 2 do
 end
 local mine = recs[me]
 if not mine then
-  return 0 -- nothing held, nothing remembered: nothing to write
+  -- Nothing held, nothing remembered (no field, or one past its <until>):
+  -- Redis remembers this call, as a leave does (lua/p2/sem_leave.lua),
+  -- so that a late copy of an older acquire (the attempt in doubt this
+  -- release gives back) is refused, not granted.
+  if #all == 0 and redis.call('EXISTS', KEYS[2]) == 1 then
+    return redis.error_reply('DLOCKKIND the data of this name is a lock (kind exclusive), '
+      .. 'not a semaphore')
+  end
+  local rec = string.format('0 0 %.0f z 0 0 %.0f', num, now + keep)
+  if #all == 0 then
+    redis.call('HSET', KEYS[1], 'pv', '2', 'k', 's', 'c:' .. me, rec)
+    redis.call('PEXPIRE', KEYS[1], keep)
+  else
+    redis.call('HSET', KEYS[1], 'c:' .. me, rec)
+    redis.call('PEXPIRE', KEYS[1], keep, 'GT')
+  end
+  return 0
 end
 if num < mine.a then
   return 3

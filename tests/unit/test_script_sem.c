@@ -713,6 +713,24 @@ static void test_idempotent(void **state)
     assert_int_equal(in_use("id", NULL, NULL), 0);
 }
 
+/* A release by attempt from a client Redis holds no field of (its
+ * acquire's reply was lost and the request itself delayed) remembers the
+ * call, as a leave does: the late copy of that acquire, arriving once
+ * permits are free, is refused instead of taking one the client believes
+ * it gave back. */
+static void test_release_before_late_acquire(void **state)
+{
+    (void)state;
+    assert_int_equal(acquire_o("rl", B, 1, (opt){.k = "3"}, NULL), 1); /* all 3 */
+    /* A's acquire 1 is in flight; A gives it back by attempt (call 2) */
+    assert_int_equal(release("rl", A, 2, 0, 1), 0);
+    assert_int_equal(release("rl", B, 2, 3, 0), 1);
+    assert_int_equal(in_use("rl", NULL, NULL), 0);
+    /* the late copy of A's acquire 1 */
+    UNCHANGED("rl", assert_int_equal(acquire("rl", A, 1), -1));
+    assert_int_equal(in_use("rl", NULL, NULL), 0);
+}
+
 /* A leave gives back a direct grant its client never took (and the permit
  * goes on to the next waiter), only for the attempt given up; a late
  * leave changes nothing. */
@@ -986,6 +1004,7 @@ int main(void)
         cmocka_unit_test(test_renewal),
         cmocka_unit_test(test_direct_grants),
         cmocka_unit_test(test_idempotent),
+        cmocka_unit_test(test_release_before_late_acquire),
         cmocka_unit_test(test_leave_gives_back),
         cmocka_unit_test(test_life_and_pruning),
         cmocka_unit_test(test_wrong_kind_refused),
