@@ -13,11 +13,13 @@
 -- Shared mode (lua/p2/LAYOUT.txt, lua/p2/acquire_shared.lua): while a
 -- shared lease lives (field r: no shared lease lasts past it), the acquire
 -- is refused with pttl the time to r (+1), holder '' and held -1, and
--- queued as behind an exclusive holder; the caller's own shared lease
--- refuses it too (Redis does no upgrade: the client releases its shared
--- lease first, and, queued at the head, is granted by that release). Its
--- attempt counts as one Redis has seen. A shared waiter ahead in the queue
--- comes first, as any waiter. A grant removes r (past its time).
+-- queued as behind an exclusive holder. The caller's own live shared lease
+-- (its attempt counts as one Redis has seen) refuses it with an error,
+-- DLOCKMODE, writing and queueing nothing: Redis does no upgrade, the
+-- client releases its shared lease first. A shared waiter ahead in the
+-- queue comes first, as any waiter. A grant made with r present (past its
+-- time) removes r and every s:<id> field (all past their exp), so that a
+-- step back of the clock cannot bring one back beside the grant.
 --
 -- Cost: the common case, a name this client used before with nobody
 -- queued, runs 6 commands (HMGET, TIME, MGET of the mark (and protocol 1's
@@ -120,6 +122,13 @@ if mine then
 end
 if attempt < seen or attempt == tonumber(ratt) then
   return {-1, 0}
+end
+if sa and tonumber(se) >= now_ms and not owner then
+  -- No mixing of modes within one client (lua/p2/LAYOUT.txt, Shared mode):
+  -- refused, nothing written, nothing queued. (Beside another's live grant
+  -- the field is no lease: only a step back of the clock can show one.)
+  return redis.error_reply('DLOCKMODE this client holds the name shared: an exclusive '
+    .. 'acquire must wait for the release of its shared lease (no upgrade)')
 end
 
 -- The turn (field t; on a new hash, protocol 1's key) and the queue: the
@@ -323,7 +332,16 @@ else
     gt = string.format('%.0f', token)
   end
   if h[9] then
-    del[#del + 1] = 'r' -- (every shared lease has ended)
+    -- Every shared lease has ended: r and their fields go (rare: the last
+    -- shared lease expired unreleased), as a newer grant replaces g, so
+    -- that none counts again after a step back of the clock.
+    del[#del + 1] = 'r'
+    local all = redis.call('HGETALL', KEYS[1])
+    for i = 1, #all, 2 do
+      if string.sub(all[i], 1, 2) == 's:' then
+        del[#del + 1] = all[i]
+      end
+    end
   end
   put[#put + 1] = 'g'
   put[#put + 1] = gt .. ' ' .. ARGV[3] .. ' ' .. ARGV[4] .. ' '

@@ -18,16 +18,21 @@
 -- having changed nothing.
 --
 -- Rules:
--- - Granted when no exclusive grant stands (the caller's own neither: Redis
---   does no downgrade) and no other client's live turn stands, and no live
---   exclusive waiter is ahead of the caller in the queue (a caller not
---   queued is behind every waiter; dead waiters at the head are dropped):
---   writers do not starve. Live shared waiters ahead do not refuse it.
+-- - A client that holds the live exclusive grant is refused with an error,
+--   DLOCKMODE, writing and queueing nothing: Redis does no downgrade (the
+--   client releases first).
+-- - Granted when no exclusive grant stands and no other client's live turn
+--   stands, and no live exclusive waiter is ahead of the caller in the
+--   queue (a caller not queued is behind every waiter; dead waiters at the
+--   head are dropped): writers do not starve. Live shared waiters ahead do
+--   not refuse it.
 -- - A client that holds a live shared lease of the name keeps it whoever
 --   waits: the same attempt again gets the same grant (its token, its end)
 --   for a whole lease from now; a newer attempt is granted again at once,
 --   with a new token, under that attempt (an older grant whose outcome the
---   client never learned). No other holder is added by either.
+--   client never learned). No other holder is added by either. A field
+--   beside another's live exclusive grant (a step back of the clock) is no
+--   lease: refused as any.
 -- - Stale: an attempt older than one Redis has seen from this client for
 --   this name (its record, its live exclusive grant's or shared lease's
 --   attempt), or the attempt of a released grant: {-1, 0}, nothing written.
@@ -79,7 +84,9 @@ end
 -- The caller's shared lease.
 local stok, snonce, sdur, send, sexp = string.match(h[10] or '',
   '^(%d+) (%d+) (%d+) (%d+) (%d+)$')
-local smine = stok and tonumber(sexp) >= now_ms
+-- (beside another's live exclusive grant it is no lease: only a step back
+-- of the server's clock before its exp can show one there)
+local smine = stok and tonumber(sexp) >= now_ms and not owner
 local r = tonumber(h[9] or '') or 0
 
 local got
@@ -126,6 +133,11 @@ end
 if attempt < seen or attempt == tonumber(ratt) then
   return {-1, 0}
 end
+if owner == me then
+  -- No mixing of modes within one client: refused, nothing written.
+  return redis.error_reply('DLOCKMODE this client holds the name exclusively: a shared '
+    .. 'acquire must wait for the release of its exclusive grant (no downgrade)')
+end
 
 local turn
 if h[4] then
@@ -151,7 +163,7 @@ local function live_value(id)
   end
 end
 if owner then
-  pttl = tonumber(exp) - now_ms + 1 -- (the caller's own exclusive grant too)
+  pttl = tonumber(exp) - now_ms + 1
 elseif smine then
   -- a newer attempt of a shared holder: granted again, whoever waits
 elseif queued then

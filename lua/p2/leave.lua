@@ -123,7 +123,14 @@ if new then
   end
 end
 -- A shared lease granted under an older attempt (a direct grant to this
--- shared waiter) is given up too (lua/p2/LAYOUT.txt, Shared mode).
+-- shared waiter) is given up too (lua/p2/LAYOUT.txt, Shared mode). It can
+-- only be a direct grant the client never took: a client leaves only a
+-- wait it gave up, under an attempt newer than the lease's, and a client
+-- holding a live shared lease never waits: its exclusive acquire is
+-- refused (DLOCKMODE, not queued), its shared acquire granted at once
+-- (the field then under that newer attempt); a lease it took in an
+-- acquire's reply is under an attempt no older than any leave it sent
+-- before (a late copy: not matched).
 local sa, se = string.match(h[7] or '', '^%d+ (%d+) %d+ %d+ (%d+)$')
 local sgive = sa and tonumber(se) >= now_ms and tonumber(sa) < n
 if live and owner == me and tonumber(nonce) < n then
@@ -149,6 +156,8 @@ elseif sgive then
       and tonumber(string.match(all[i + 1], ' (%d+)$') or '')
     if e and e >= now_ms then
       top = math.max(top or 0, e)
+    elseif e then
+      del[#del + 1] = all[i] -- (ended: it goes with r, below or later)
     end
   end
   if top then

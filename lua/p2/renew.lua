@@ -8,7 +8,9 @@
 -- (field g) or shared (its field s:<client id>); a shared token is never an
 -- exclusive grant's, so the token tells which. A shared lease is renewed
 -- while it lives, whoever waits (writers wait for its release or its end),
--- by the same rule as an exclusive grant, and r is raised to its new exp.
+-- by the same rule as an exclusive grant, and r is raised to its new exp;
+-- never while a live exclusive grant stands (a shared field counts again
+-- beside one only after a step back of the server's clock).
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local l = tonumber(ARGV[2])
@@ -35,7 +37,10 @@ for i, key in ipairs(KEYS) do
     redis.call('PEXPIRE', key, math.max(e - now_ms + l,
       math.ceil((tonumber(tok) + tonumber(pl)) / 1000) - now_ms + l + 1), 'GT')
     out[i] = 1
-  elseif st and st == ARGV[i + 2] and tonumber(sx) >= now_ms then
+  elseif st and st == ARGV[i + 2] and tonumber(sx) >= now_ms
+      and not (tok and tonumber(exp) >= now_ms) then
+    -- (a live exclusive grant beside it: a step back of the server's clock
+    -- made the field count again; it is nobody's, and stays so)
     local since = tonumber(sx) - tonumber(sd)
     local e = math.max(tonumber(sx), now_ms + l, since + l)
     redis.call('HSET', key, 's:' .. ARGV[1], st .. ' ' .. sn .. ' ' .. string.format('%.0f', e - since)

@@ -464,6 +464,29 @@ static long long renew1(const char *name, const char *id, const char *lease, lon
     return out;
 }
 
+/* Attempt n of id on name by script s, queueing: the raw reply (an error
+ * too), then check_life. */
+static redisReply *acq_reply(int s, const char *name, const char *id, long long n)
+{
+    char nonce[24];
+    snprintf(nonce, sizeof nonce, "%lld", n);
+    const char *a[10] = {id, "10000", nonce, "16", "2000", "1", "20000", "test-client", "0", "0"};
+    allow(name, 20000);
+    redisReply *r = p2_eval(s, name, id, a, 10);
+    check_life(name);
+    return r;
+}
+
+/* r is a DLOCKMODE error reply (freed). */
+static void assert_mode_error(redisReply *r)
+{
+    if (r->type != REDIS_REPLY_ERROR)
+        fail_msg("expected a DLOCKMODE error, got reply type %d", r->type);
+    assert_int_equal(strncmp(r->str, "DLOCKMODE ", 10), 0);
+    assert_non_null(strstr(r->str, "release"));
+    freeReplyObject(r);
+}
+
 /* Two clients hold a name shared at once, each its own lease (field
  * s:<id>) with its own token, the later above the earlier; r covers both;
  * the hash keeps its listpack encoding; an exclusive acquire is refused
@@ -485,9 +508,8 @@ static void test_shared_with_shared(void **state)
     assert_int_equal(acquire("ss", X, 1, &pttl), 0);
     assert_true(pttl > 0 && pttl <= 10001);
     assert_int_equal(queued("ss", X), 1);
-    /* the caller's own shared lease refuses its exclusive acquire too: */
-    assert_int_equal(acquire_o("ss", A, 2, (opt){.queue = "0"}, &pttl, NULL), 0);
-    assert_true(pttl > 0);
+    /* the caller's own shared lease: no upgrade (test_exclusive_by_shared_holder_refused) */
+    assert_mode_error(acq_reply(P2_ACQUIRE, "ss", A, 2));
     assert_int_equal(unshare("ss", A, "token", ta), 1);
     assert_int_equal(unshare("ss", B, "token", tb), 2);
 }
@@ -910,6 +932,89 @@ static void test_turn_to_shared_waiter(void **state)
     assert_true(tb > ta && ta > tx);
 }
 
+/* No mixing of modes within one client: an exclusive acquire by a client
+ * holding a live shared lease of the name is refused with a DLOCKMODE
+ * error, writing nothing and queueing nothing (it used to be queued behind
+ * its own lease, and its leave then gave that lease up as a direct grant
+ * never taken: a writer was granted beside the reader). The lease stands:
+ * a writer queued meanwhile is refused until its release grants it. */
+static void test_exclusive_by_shared_holder_refused(void **state)
+{
+    (void)state;
+    long long tc, pttl;
+    assert_int_equal(shared("mx", C, 1, &tc), 1);
+    UNCHANGED("mx", assert_mode_error(acq_reply(P2_ACQUIRE, "mx", C, 2)));
+    assert_int_equal(queued("mx", C), 0);
+    assert_int_equal(acquire("mx", Y, 1, NULL), 0);
+    assert_int_equal(shared_of("mx", C).token, tc);
+    assert_int_equal(acquire("mx", Y, 2, &pttl), 0);
+    assert_true(pttl > 0);
+    assert_int_equal(grant_of("mx").present, 0);
+    assert_int_equal(unshare("mx", C, "token", tc), 2);
+    assert_string_equal(grant_of("mx").owner, Y);
+}
+
+/* The other way: a shared acquire by the client holding the live exclusive
+ * grant is refused with DLOCKMODE too, queueing nothing; and a shared
+ * holder's exclusive attempt, refused, leaves no queue entry for its next
+ * shared attempt to take away: the writer queued after it keeps its place
+ * (FIFO) and is granted by that holder's release. */
+static void test_shared_by_exclusive_holder_refused(void **state)
+{
+    (void)state;
+    long long tx, tc, tc3;
+    assert_int_equal(acquire("mx2", X, 1, &tx), 1);
+    UNCHANGED("mx2", assert_mode_error(acq_reply(P2_ACQUIRE_S, "mx2", X, 2)));
+    assert_int_equal(queued("mx2", X), 0);
+    assert_int_equal(release("mx2", X, "token", tx), 1);
+    assert_int_equal(shared("mx2", C, 1, &tc), 1);
+    assert_mode_error(acq_reply(P2_ACQUIRE, "mx2", C, 2));
+    assert_int_equal(acquire("mx2", Y, 1, NULL), 0);
+    assert_int_equal(shared("mx2", C, 3, &tc3), 1);
+    assert_true(tc3 > tc);
+    assert_int_equal(queued("mx2", C), 0);
+    assert_int_equal(queued("mx2", Y), 1);
+    assert_int_equal(cmd_int("ZCARD ts:{mx2}:q"), 1);
+    assert_int_equal(unshare("mx2", C, "token", tc3), 2);
+    assert_string_equal(grant_of("mx2").owner, Y);
+}
+
+/* A step back of the server's clock cannot bring a shared lease back
+ * beside an exclusive grant: the grant made with r present (past) removes
+ * every s:<id> field; and a shared field that counts again beside a live
+ * exclusive grant (written here as a step back would leave it) is neither
+ * renewed (0) nor granted again to its attempt (refused, the grant's time
+ * left). */
+static void test_step_back_no_reader_beside_writer(void **state)
+{
+    (void)state;
+    long long ta, tb, tx, pttl;
+    char v[128];
+    assert_int_equal(shared("sb", A, 1, &ta), 1);
+    assert_int_equal(shared("sb", B, 1, &tb), 1);
+    /* both leases (and r) end in the past, as if their time had passed */
+    long long now = server_us() / 1000;
+    slease a = shared_of("sb", A), b = shared_of("sb", B);
+    snprintf(v, sizeof v, "%lld %lld %lld %lld %lld", a.token, a.nonce, a.dur, a.end, now - 100);
+    freeReplyObject(cmd("HSET ts:{sb} s:%s %s", A, v));
+    snprintf(v, sizeof v, "%lld %lld %lld %lld %lld", b.token, b.nonce, b.dur, b.end, now - 100);
+    freeReplyObject(cmd("HSET ts:{sb} s:%s %s", B, v));
+    freeReplyObject(cmd("HSET ts:{sb} r %lld", now - 100));
+    assert_int_equal(acquire("sb", X, 1, &tx), 1);
+    assert_int_equal(cmd_int("HEXISTS ts:{sb} r"), 0);
+    assert_int_equal(shared_of("sb", A).present, 0);
+    assert_int_equal(shared_of("sb", B).present, 0);
+    /* the clock steps back before A's exp: its field counts again */
+    now = server_us() / 1000;
+    snprintf(v, sizeof v, "%lld %lld %lld %lld %lld", a.token, a.nonce, a.dur, a.end, now + 5000);
+    freeReplyObject(cmd("HSET ts:{sb} s:%s %s", A, v));
+    assert_int_equal(renew1("sb", A, "10000", ta), 0);
+    assert_int_equal(shared_of("sb", A).exp, now + 5000);
+    assert_int_equal(shared_o("sb", A, 1, (opt){.queue = "0"}, &pttl, NULL), 0);
+    assert_true(pttl > 5000 && pttl <= 10001);
+    assert_int_equal(release("sb", X, "token", tx), 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -926,6 +1031,9 @@ int main(void)
         cmocka_unit_test(test_shared_fields_pruned),
         cmocka_unit_test(test_end_told_to_readers_and_writer),
         cmocka_unit_test(test_turn_to_shared_waiter),
+        cmocka_unit_test(test_exclusive_by_shared_holder_refused),
+        cmocka_unit_test(test_shared_by_exclusive_holder_refused),
+        cmocka_unit_test(test_step_back_no_reader_beside_writer),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
