@@ -32,7 +32,7 @@
 -- above it).
 local me = ARGV[1]
 local rk = 'c:' .. me
-local h = redis.call('HMGET', KEYS[1], 'pv', 'g', 'q', 't', rk, 'o')
+local h = redis.call('HMGET', KEYS[1], 'pv', 'g', 'q', 't', rk, 'o', 's:' .. me)
 if h[1] ~= '2' and (h[1] or redis.call('EXISTS', KEYS[1]) == 1) then
   -- another protocol's data (a hash without pv is protocol 1's)
   local p = h[1] or '1'
@@ -81,15 +81,26 @@ if owner ~= me or id ~= ARGV[3] then
       return 3
     end
   end
-  if not (ARGV[2] == 'nonce' and owner == me and tonumber(nonce) > tonumber(ARGV[3])) then
+  -- (by attempt) a newer attempt of the client holds the name, exclusively
+  -- or shared (its field s:<id>: lua/p2/LAYOUT.txt, Shared mode)
+  local newer
+  if ARGV[2] == 'nonce' then
+    local sn, sx = string.match(h[7] or '', '^%d+ (%d+) %d+ %d+ (%d+)$')
+    if owner == me and tonumber(nonce) > tonumber(ARGV[3]) then
+      newer = nonce
+    elseif sn and tonumber(sx) >= now_ms and tonumber(sn) > tonumber(ARGV[3]) then
+      newer = sn
+    end
+  end
+  if not newer then
     return 0
   end
   -- The lease's grant is newer: the record takes its number now
   -- (lua/release.lua).
-  if ra and tonumber(ra) >= tonumber(nonce) then
+  if ra and tonumber(ra) >= tonumber(newer) then
     return 3
   end
-  put = {rk, nonce .. ' ' .. (rt or '0') .. ' ' .. (rr or '0') .. ' '
+  put = {rk, newer .. ' ' .. (rt or '0') .. ' ' .. (rr or '0') .. ' '
     .. string.format('%.0f', now_ms + keep)}
   del, life, reply = {}, keep, 3
 else

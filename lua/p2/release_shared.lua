@@ -15,8 +15,8 @@
 -- already released: the record keeps its token and attempt), 2 released
 -- and the next waiter granted the name or woken, 0 the caller does not
 -- hold that grant (expired, released long ago, another), 3 (by attempt) a
--- newer attempt of the client has been seen: no grant of that attempt
--- exists or can appear.
+-- newer attempt of the client has been seen (its record, or its live lease
+-- of either mode): no grant of that attempt exists or can appear.
 --
 -- Rules:
 -- - The lease's field s:<id> goes, the caller's record takes its token and
@@ -38,7 +38,7 @@
 -- - Protocol: as lua/p2/release.lua's.
 local me = ARGV[1]
 local rk, sk = 'c:' .. me, 's:' .. me
-local h = redis.call('HMGET', KEYS[1], 'pv', sk, 'q', 't', rk, 'g', 'u', 'r')
+local h = redis.call('HMGET', KEYS[1], 'pv', sk, 'q', 't', rk, 'g', 'u', 'r', 'o')
 if h[1] ~= '2' and (h[1] or redis.call('EXISTS', KEYS[1]) == 1) then
   local p = h[1] or '1'
   return redis.error_reply('DLOCKPROTOCOL the data of this name is dlock protocol ' .. p ..
@@ -77,14 +77,25 @@ if not live or id ~= ARGV[3] then
       return 3
     end
   end
-  if not (ARGV[2] == 'nonce' and live and tonumber(snonce) > tonumber(ARGV[3])) then
+  -- (by attempt) a newer attempt of the client holds the name, shared or
+  -- exclusively: no grant of that attempt can appear
+  local newer
+  if ARGV[2] == 'nonce' then
+    local gt, gn, ge = string.match(h[6] or '', '^(%d+) (%d+) %d+ (%d+) ')
+    if live and tonumber(snonce) > tonumber(ARGV[3]) then
+      newer = snonce
+    elseif gt and h[9] == me and tonumber(ge) >= now_ms and tonumber(gn) > tonumber(ARGV[3]) then
+      newer = gn
+    end
+  end
+  if not newer then
     return 0
   end
   -- the lease's grant is newer: the record takes its number now
-  if ra and tonumber(ra) >= tonumber(snonce) then
+  if ra and tonumber(ra) >= tonumber(newer) then
     return 3
   end
-  redis.call('HSET', KEYS[1], rk, snonce .. ' ' .. (rt or '0') .. ' ' .. (rr or '0') .. ' '
+  redis.call('HSET', KEYS[1], rk, newer .. ' ' .. (rt or '0') .. ' ' .. (rr or '0') .. ' '
     .. string.format('%.0f', now_ms + keep))
   redis.call('PEXPIRE', KEYS[1], keep, 'GT')
   return 3

@@ -1015,6 +1015,26 @@ static void test_step_back_no_reader_beside_writer(void **state)
     assert_int_equal(release("sb", X, "token", tx), 1);
 }
 
+/* A give-back by attempt (release.lua or release_shared.lua, by nonce) of
+ * an attempt older than the client's live lease of the other mode says it
+ * is superseded (3), as for a lease of its own mode: no grant of that
+ * attempt can appear; the lease stands. */
+static void test_giveback_superseded_across_modes(void **state)
+{
+    (void)state;
+    long long ta, tx;
+    assert_int_equal(shared("gb", A, 5, &ta), 1);
+    assert_int_equal(release("gb", A, "nonce", 4), 3);
+    assert_int_equal(release("gb", A, "nonce", 4), 3);
+    assert_int_equal(shared_of("gb", A).token, ta);
+    assert_int_equal(unshare("gb", A, "token", ta), 1);
+    assert_int_equal(acquire("gb", A, 7, &tx), 1);
+    assert_int_equal(unshare("gb", A, "nonce", 6), 3);
+    assert_int_equal(unshare("gb", A, "nonce", 6), 3);
+    assert_int_equal(grant_of("gb").token, tx);
+    assert_int_equal(release("gb", A, "token", tx), 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1034,6 +1054,7 @@ int main(void)
         cmocka_unit_test(test_exclusive_by_shared_holder_refused),
         cmocka_unit_test(test_shared_by_exclusive_holder_refused),
         cmocka_unit_test(test_step_back_no_reader_beside_writer),
+        cmocka_unit_test(test_giveback_superseded_across_modes),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
