@@ -132,6 +132,22 @@ static int example_handle(dlock_client *c)
 }
 /* end */
 
+/* example: dlock_acquire_shared */
+static int example_shared(dlock_client *c)
+{
+    uint64_t fence;
+    int rc = dlock_acquire_shared(c, "catalog", 5000, &fence);
+    if (rc != DLOCK_OK) {
+        fprintf(stderr, "catalog: %s\n", dlock_last_error());
+        return 1;
+    }
+    /* other threads of this client read too, with no Redis command;
+     * a writer (dlock_acquire) waits for every reader */
+    printf("reading the catalog (token %llu)\n", (unsigned long long)fence);
+    return dlock_release_shared(c, "catalog") == DLOCK_OK ? 0 : 1;
+}
+/* end */
+
 /* example: dlock_client_stats */
 static int example_stats(dlock_client *c)
 {
@@ -188,6 +204,7 @@ int main(int argc, char **argv)
     bad |= example_handle(c) << 3;
     bad |= example_stats(c) << 4;
     bad |= example_errors(c) << 5;
+    bad |= example_shared(c) << 6;
     dlock_client_close(c);
     printf("man examples: %s\n", bad ? "FAILED" : "all ran as shown");
     return bad ? 1 : 0;

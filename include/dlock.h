@@ -205,6 +205,13 @@ typedef struct dlock_config {
                                       every host runs this release with 1, then the
                                       setting goes to 2. Default
                                       DLOCK_PROTOCOL_VERSION */
+    uint32_t join_ms;                  /* the shared mode's join window
+                                          (dlock_acquire_shared): other threads join
+                                          this client's shared lease without Redis
+                                          for this long after its grant; it bounds
+                                          how long a writer of another client waits
+                                          behind this client's readers; at most
+                                          lease_ms; default 20 */
 } dlock_config;
 
 /* Fills *cfg with the defaults above. Always call it before setting fields,
@@ -366,6 +373,59 @@ DLOCK_API int dlock_acquire_ex(dlock_client *c, const char *name, int64_t wait_m
 DLOCK_API int dlock_release(dlock_client *c, const char *name);
 
 /*
+ * Shared (read) mode of the same name that dlock_acquire takes exclusively
+ * (docs/guide.md, "Shared mode"): any number of shared holders across
+ * threads and clients, or one exclusive holder, never both, as long as
+ * every lease stays valid (the assumptions of dlock_acquire: the server's
+ * clock does not step back by more than a lease, no failover or restart
+ * loses the writes, this host's clock runs at most 1% fast).
+ *
+ * A client holds one shared lease of a name in Redis (protocol 2, whatever
+ * the protocol setting: protocol 1 has no shared mode), renewed like an
+ * exclusive one; its threads share it. While the client holds it, another
+ * thread's shared acquire costs no Redis command if no thread of the client
+ * waits for the name exclusively and the lease was granted less than
+ * dlock_config.join_ms ago (the join window, 20 ms by default); otherwise the thread waits for the lease to go
+ * back and asks Redis. Writers do not starve: once an exclusive request
+ * waits in Redis no client gets a new shared grant, so a writer waits at
+ * most for the shared holders granted before it, each client's for its
+ * join window plus the longest shared hold begun in it.
+ *
+ * Reentrancy: a shared holder may take the name shared again (one more
+ * level); a thread holding it exclusively may take it shared (one more
+ * level of its exclusive hold, released by dlock_release_shared); a thread
+ * holding it shared may not take it exclusively (DLOCK_EINVAL: two
+ * upgraders would wait for each other forever); release it first.
+ *
+ * Fencing: *fence (if fence) is the shared grant's token, the same for
+ * every holder of the grant: it is above every token handed out before it
+ * and below every exclusive token handed out after it (exclusive tokens
+ * stay strictly increasing); two shared holders may share a token.
+ * dlock_unclean tells a shared holder how the last exclusive hold before
+ * its grant ended; a shared hold's own end is told to nobody.
+ *
+ * wait_ms as for dlock_acquire. Errors: those of dlock_acquire, and
+ * DLOCK_EINVAL for an upgrade (above). A thread that exits holding the name
+ * shared has its holds released for it, as for dlock_acquire.
+ */
+DLOCK_API int dlock_acquire_shared(dlock_client *c, const char *name, int64_t wait_ms,
+                                   uint64_t *fence);
+
+/* dlock_acquire_shared with options (NULL: the defaults). Errors: those of
+ * dlock_acquire_shared, and DLOCK_ECANCELED. */
+DLOCK_API int dlock_acquire_shared_ex(dlock_client *c, const char *name, int64_t wait_ms,
+                                      uint64_t *fence, const dlock_acquire_opts *opts);
+
+/* Releases one level of the calling thread's shared hold on `name`; the
+ * last holder of the client's shared lease gives it back to Redis.
+ * DLOCK_OK; DLOCK_ENOTHELD if the calling thread does not hold `name`
+ * shared (nothing changes); DLOCK_ELOST if the lease was lost, or ran out,
+ * while held (released locally all the same); DLOCK_EREDIS or
+ * DLOCK_ESERVER if Redis could not be told (the lease expires after at most
+ * lease_ms); DLOCK_EINVAL, DLOCK_EFORK. */
+DLOCK_API int dlock_release_shared(dlock_client *c, const char *name);
+
+/*
  * Unclean ends. Like a robust mutex's EOWNERDEAD, a holder learns whether
  * the hold before its own ended other than by its holder's release, so
  * that it can check the data the lock protects:
@@ -403,7 +463,8 @@ DLOCK_API int dlock_release(dlock_client *c, const char *name);
  * calling thread does not hold `name`), DLOCK_EINVAL, DLOCK_EFORK. */
 DLOCK_API int dlock_unclean(dlock_client *c, const char *name);
 
-/* 1 if the calling thread holds `name` and its lease is still valid (known
+/* 1 if the calling thread holds `name` (exclusively or shared) and its
+ * lease is still valid (known
  * renewed in time, by the local clock with a drift margin), else 0. The local
  * clock is CLOCK_BOOTTIME, which keeps counting through a system suspend.
  * Costs no Redis command. Returns 0 for invalid arguments and in a forked
@@ -553,6 +614,11 @@ typedef struct dlock_stats {
     uint64_t protocol_resends;   /* acquire attempts sent again in the other protocol,
                                     the name's data being in it (dlock_config.protocol):
                                     while a fleet moves from one protocol to the other */
+    uint64_t shared_acquisitions; /* of acquisitions, those in shared mode
+                                     (dlock_acquire_shared), nested ones included */
+    uint64_t shared_joins;       /* shared acquires that joined the client's held shared
+                                    lease, with no Redis command (its grants count in
+                                    grants, nested acquires in neither) */
 } dlock_stats;
 
 /* The client's id: 32 hex digits (128 random bits, new at every open), the

@@ -16,6 +16,7 @@
 #include "common/error.h"
 #include "local/excl.h"
 #include "local/release.h"
+#include "local/shared.h"
 
 /* An acquire registered on a cancel token (cancel.h). */
 typedef struct cancel_reg {
@@ -46,8 +47,8 @@ static void cancel_wake(dlock_cancel_reg *base)
 
 /* The common path of the acquire calls: the arguments, the stop flags, and
  * the call's registration on its cancel token k (NULL: none) around it. */
-static int acquire(dlock_client *c, const char *name, int64_t wait_ms, uint64_t *fence,
-                   dlock_cancel *k)
+static int acquire(dlock_client *c, const dlock_kind *kind, const char *name, int64_t wait_ms,
+                   uint64_t *fence, dlock_cancel *k)
 {
     size_t len;
     int rc = dlock_client_check(c, name, &len);
@@ -55,14 +56,31 @@ static int acquire(dlock_client *c, const char *name, int64_t wait_ms, uint64_t 
         return rc;
     if ((rc = dlock_client_stop_rc(c, k)) != DLOCK_OK)
         return dlock_client_stop_err(rc, name);
-    if (!k)
-        return dlock_acquire_run(c, &dlock_kind_excl, name, len, wait_ms, fence, NULL);
-    cancel_reg reg = {.base.wake = cancel_wake, .c = c, .name = name, .len = len,
-                      .w = dlock_waiter_self()};
-    if (dlock_cancel_register(k, &reg.base) != 0)
-        return dlock_client_stop_err(DLOCK_ECANCELED, name);
-    rc = dlock_acquire_run(c, &dlock_kind_excl, name, len, wait_ms, fence, k);
-    dlock_cancel_unregister(k, &reg.base);
+    if (kind == &dlock_kind_shared) {
+        if ((rc = dlock_shold_reserve()) != DLOCK_OK)
+            return rc; /* (a hold is recorded under the entry's mutex: shared.h) */
+    } else {
+        const dlock_shold *h = dlock_shold_find(c->serial, name, len);
+        if (h && h->depth > 0)
+            return dlock_err_set(DLOCK_EINVAL, "this thread holds '%s' shared: it cannot "
+                                 "take it exclusively too (an upgrade; two threads doing so "
+                                 "would wait for each other forever): release it first",
+                                 name);
+    }
+    if (!k) {
+        rc = dlock_acquire_run(c, kind, name, len, wait_ms, fence, NULL);
+    } else {
+        cancel_reg reg = {.base.wake = cancel_wake, .c = c, .name = name, .len = len,
+                          .w = dlock_waiter_self()};
+        if (dlock_cancel_register(k, &reg.base) != 0) {
+            rc = dlock_client_stop_err(DLOCK_ECANCELED, name);
+        } else {
+            rc = dlock_acquire_run(c, kind, name, len, wait_ms, fence, k);
+            dlock_cancel_unregister(k, &reg.base);
+        }
+    }
+    if (rc != DLOCK_OK && kind == &dlock_kind_shared)
+        dlock_shold_trim(); /* the room reserved above, unused */
     return rc;
 }
 
@@ -77,10 +95,20 @@ static int release(dlock_client *c, const char *name)
         return dlock_err_set(DLOCK_ENOTHELD, "'%s' is not held by this thread", name);
 
     pthread_mutex_lock(&e->mu);
-    if (!dlock_kind_excl.mine(e)) {
+    if (!dlock_kind_excl.mine(c, e)) {
         pthread_mutex_unlock(&e->mu);
         dlock_table_put(c->table, e);
         return dlock_err_set(DLOCK_ENOTHELD, "'%s' is not held by this thread", name);
+    }
+    const dlock_shold *h = dlock_shold_of(c->serial, e);
+    if (h && h->nested >= e->x.depth) {
+        /* its levels left are shared acquires nested in it: released by
+         * dlock_release_shared */
+        pthread_mutex_unlock(&e->mu);
+        dlock_table_put(c->table, e);
+        return dlock_err_set(DLOCK_ENOTHELD, "'%s' is held by this thread only through "
+                             "dlock_acquire_shared now: release it with dlock_release_shared",
+                             name);
     }
     if (e->x.depth > 1) {
         e->x.depth--;
@@ -92,6 +120,65 @@ static int release(dlock_client *c, const char *name)
     return dlock_release_outermost(c, e, name);
 }
 
+/* dlock_release_shared's work, inside the call (shared.h, S4 and S5). */
+static int release_shared(dlock_client *c, const char *name)
+{
+    size_t len;
+    int rc = dlock_client_check(c, name, &len);
+    if (rc != DLOCK_OK)
+        return rc;
+    dlock_shold *h = dlock_shold_find(c->serial, name, len);
+    if (!h)
+        return dlock_err_set(DLOCK_ENOTHELD, "'%s' is not held shared by this thread", name);
+    dlock_entry *e = h->e;
+    dlock_table_ref(e); /* the lookup's: the holder's keeps e alive meanwhile */
+    pthread_mutex_lock(&e->mu);
+    if (h->nested > 0) {
+        /* one level of the thread's exclusive hold */
+        h->nested--;
+        dlock_shold_tidy(h);
+        if (e->x.depth > 1) {
+            e->x.depth--;
+            pthread_mutex_unlock(&e->mu);
+            dlock_table_put(c->table, e);
+            return DLOCK_OK;
+        }
+        dlock_held_forget(c, e);
+        return dlock_release_outermost(c, e, name);
+    }
+    if (--h->depth > 0) {
+        pthread_mutex_unlock(&e->mu);
+        dlock_table_put(c->table, e);
+        return DLOCK_OK;
+    }
+    dlock_hist_add(&c->ctr.hold, dlock_now_ns() - h->since_ns);
+    dlock_shold_tidy(h);
+    /* Another holder keeps the lease: this release asks no Redis, so the
+     * lease's validity tells whether it lasted through this hold. */
+    int others = e->s.holders > 1;
+    uint64_t token = e->lease.token;
+    int ran_out = e->lease.state == DLOCK_LEASE_HELD && dlock_boot_ns() >= e->lease.valid_until_ns;
+    rc = dlock_release_outermost(c, e, name);
+    if (rc == DLOCK_OK && others && ran_out)
+        rc = dlock_err_set(DLOCK_ELOST, "the shared lease of '%s' (token %" PRIu64 ") ran out "
+                           "while held (not renewed in time)", name, token);
+    return rc;
+}
+
+/* The entry `name` of c with a new reference, if the calling thread may
+ * hold it, exclusively (dlock_held_find) or shared (its record); else NULL.
+ * The caller still checks under e->mu. */
+static dlock_entry *held_lookup(dlock_client *c, const char *name, size_t len)
+{
+    dlock_entry *e = dlock_held_find(c, name, len);
+    const dlock_shold *h = e ? NULL : dlock_shold_find(c->serial, name, len);
+    if (h) {
+        e = h->e;
+        dlock_table_ref(e); /* the holder's reference keeps it alive meanwhile */
+    }
+    return e;
+}
+
 int dlock_unclean(dlock_client *c, const char *name)
 {
     dlock_err_clear();
@@ -100,13 +187,16 @@ int dlock_unclean(dlock_client *c, const char *name)
     dlock_client_enter(c);
     size_t len;
     int rc = dlock_client_check(c, name, &len);
-    dlock_entry *e = rc == DLOCK_OK ? dlock_held_find(c, name, len) : NULL;
+    dlock_entry *e = rc == DLOCK_OK ? held_lookup(c, name, len) : NULL;
     if (rc == DLOCK_OK && !e)
         rc = dlock_err_set(DLOCK_ENOTHELD, "'%s' is not held by this thread", name);
     if (e) {
         pthread_mutex_lock(&e->mu);
-        if (dlock_kind_excl.mine(e))
+        const dlock_shold *h = dlock_shold_of(c->serial, e);
+        if (dlock_kind_excl.mine(c, e))
             rc = e->x.unclean;
+        else if (h && h->depth > 0)
+            rc = e->s.unclean;
         else
             rc = dlock_err_set(DLOCK_ENOTHELD, "'%s' is not held by this thread", name);
         pthread_mutex_unlock(&e->mu);
@@ -130,12 +220,50 @@ int dlock_acquire_ex(dlock_client *c, const char *name, int64_t wait_ms, uint64_
         return dlock_err_set(DLOCK_EINVAL, "client is NULL");
     dlock_client_enter(c);
     int64_t t0 = dlock_now_ns();
-    int rc = acquire(c, name, wait_ms, fence, opts ? opts->cancel : NULL);
+    int rc = acquire(c, &dlock_kind_excl, name, wait_ms, fence, opts ? opts->cancel : NULL);
     if (rc != DLOCK_EFORK) { /* a forked client's counters are not ours */
         dlock_count_rc(c->ctr.acquire_rc, rc);
         if (rc == DLOCK_OK)
             dlock_hist_add(&c->ctr.wait, dlock_now_ns() - t0);
     }
+    dlock_client_leave(c);
+    return rc;
+}
+
+int dlock_acquire_shared_ex(dlock_client *c, const char *name, int64_t wait_ms, uint64_t *fence,
+                            const dlock_acquire_opts *opts)
+{
+    dlock_err_clear();
+    if (!c)
+        return dlock_err_set(DLOCK_EINVAL, "client is NULL");
+    dlock_client_enter(c);
+    int64_t t0 = dlock_now_ns();
+    int rc = acquire(c, &dlock_kind_shared, name, wait_ms, fence, opts ? opts->cancel : NULL);
+    if (rc != DLOCK_EFORK) {
+        dlock_count_rc(c->ctr.acquire_rc, rc);
+        if (rc == DLOCK_OK) {
+            dlock_hist_add(&c->ctr.wait, dlock_now_ns() - t0);
+            dlock_count(&c->ctr.shared_acquisitions, 1);
+        }
+    }
+    dlock_client_leave(c);
+    return rc;
+}
+
+int dlock_acquire_shared(dlock_client *c, const char *name, int64_t wait_ms, uint64_t *fence)
+{
+    return dlock_acquire_shared_ex(c, name, wait_ms, fence, NULL);
+}
+
+int dlock_release_shared(dlock_client *c, const char *name)
+{
+    dlock_err_clear();
+    if (!c)
+        return dlock_err_set(DLOCK_EINVAL, "client is NULL");
+    dlock_client_enter(c);
+    int rc = release_shared(c, name);
+    if (rc != DLOCK_EFORK)
+        dlock_count_rc(c->ctr.release_rc, rc);
     dlock_client_leave(c);
     return rc;
 }
@@ -177,7 +305,7 @@ static int acquire_handle(dlock_client *c, const char *name, int64_t wait_ms, ui
         /* (dlock_held_find may return an entry another thread holds or waits for,
          * when this one holds more names than it caches) */
         pthread_mutex_lock(&e->mu);
-        int mine = dlock_kind_excl.mine(e);
+        int mine = dlock_kind_excl.mine(c, e);
         pthread_mutex_unlock(&e->mu);
         dlock_table_put(c->table, e);
         if (mine)
@@ -306,11 +434,11 @@ static int held_check(dlock_client *c, const char *name)
     size_t len;
     if (dlock_client_check(c, name, &len) != DLOCK_OK)
         return 0;
-    dlock_entry *e = dlock_held_find(c, name, len);
+    dlock_entry *e = held_lookup(c, name, len);
     if (!e)
         return 0;
     pthread_mutex_lock(&e->mu);
-    int yes = dlock_kind_excl.mine(e) &&
+    int yes = dlock_kind_shared.mine(c, e) && /* exclusive or shared */
               e->lease.state == DLOCK_LEASE_HELD && dlock_boot_ns() < e->lease.valid_until_ns;
     pthread_mutex_unlock(&e->mu);
     dlock_table_put(c->table, e);

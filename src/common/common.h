@@ -218,6 +218,8 @@ typedef struct dlock_counters {
     uint64_t unclean;           /* grants and handoffs that followed an unclean end */
     uint64_t abandoned;         /* locks released for a holder thread that exited */
     uint64_t protocol_resends;  /* acquire attempts sent again in the other protocol */
+    uint64_t shared_acquisitions; /* of acquisitions, those in shared mode */
+    uint64_t shared_joins;      /* shared acquires that joined a held shared lease */
 } dlock_counters;
 
 static inline void dlock_count(uint64_t *counter, uint64_t n)

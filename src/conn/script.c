@@ -26,6 +26,8 @@ extern const char dlock_lua_p2_renew[];
 extern const char dlock_lua_p2_leave[];
 extern const char dlock_lua_p2_ctl_read[];
 extern const char dlock_lua_p2_force[];
+extern const char dlock_lua_p2_acquire_shared[];
+extern const char dlock_lua_p2_release_shared[];
 
 static const char *const key_suffixes[DLOCK_KEYS] = DLOCK_KEY_SUFFIXES;
 
@@ -53,6 +55,8 @@ static const char *const bodies[DLOCK_SCRIPT_COUNT] = {
     [DLOCK_SCRIPT_PER_PROTOCOL + DLOCK_SCRIPT_RELEASE] = dlock_lua_p2_release,
     [DLOCK_SCRIPT_PER_PROTOCOL + DLOCK_SCRIPT_RENEW] = dlock_lua_p2_renew,
     [DLOCK_SCRIPT_PER_PROTOCOL + DLOCK_SCRIPT_LEAVE] = dlock_lua_p2_leave,
+    [DLOCK_SCRIPT_ACQUIRE_SHARED] = dlock_lua_p2_acquire_shared,
+    [DLOCK_SCRIPT_RELEASE_SHARED] = dlock_lua_p2_release_shared,
 };
 
 void dlock_script_release_argv(const dlock_script_args *a, char *const *keys, const char *name,

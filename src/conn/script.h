@@ -26,20 +26,32 @@ enum { DLOCK_PROTOCOL_MIN = DLOCK_PROTOCOL_LOWEST, DLOCK_PROTOCOL_MAX = DLOCK_PR
 #endif
 
 /* The library's scripts: protocol 1's, then the same four of protocol 2
- * (dlock_script_in). */
+ * (dlock_script_in), then protocol 2's shared mode (lua/p2/LAYOUT.txt,
+ * "Shared mode"), which protocol 1 does not have: its acquire and release
+ * take the same keys and arguments as the exclusive ones. */
 typedef enum dlock_script_id {
     DLOCK_SCRIPT_ACQUIRE,
     DLOCK_SCRIPT_RELEASE,
     DLOCK_SCRIPT_RENEW,
     DLOCK_SCRIPT_LEAVE,
     DLOCK_SCRIPT_PER_PROTOCOL,
-    DLOCK_SCRIPT_COUNT = DLOCK_SCRIPT_PER_PROTOCOL * 2
+    DLOCK_SCRIPT_ACQUIRE_SHARED = DLOCK_SCRIPT_PER_PROTOCOL * 2,
+    DLOCK_SCRIPT_RELEASE_SHARED,
+    DLOCK_SCRIPT_COUNT
 } dlock_script_id;
 
 /* Script `id` (one of the first four) of protocol `protocol` (2, else 1). */
 static inline dlock_script_id dlock_script_in(dlock_script_id id, int protocol)
 {
     return (dlock_script_id)(id + (protocol == 2 ? DLOCK_SCRIPT_PER_PROTOCOL : 0));
+}
+
+/* The release script of a grant made in protocol `protocol`, shared (in
+ * protocol 2) or exclusive: a shared lease, or the grant of an attempt
+ * made shared, goes back with lua/p2/release_shared.lua only. */
+static inline dlock_script_id dlock_script_release_of(int protocol, int shared)
+{
+    return shared ? DLOCK_SCRIPT_RELEASE_SHARED : dlock_script_in(DLOCK_SCRIPT_RELEASE, protocol);
 }
 
 /* What every script call of one client passes besides a lock's own keys,

@@ -92,6 +92,14 @@ void dlock_waitq_wake(dlock_waiter *w)
     dlock_waiter_unpark(dlock_waitq_wake_later(w));
 }
 
+dlock_waiter *dlock_waitq_first(const dlock_waitq *q, int kind)
+{
+    for (dlock_waiter *w = q->head; w; w = w->next)
+        if (w->kind == kind)
+            return w;
+    return NULL;
+}
+
 void dlock_waitq_wake_head(dlock_waitq *q)
 {
     if (q->head)

@@ -35,6 +35,7 @@ typedef struct dlock_waiter {
     int wake;     /* atomic: something changed, the waiter must look at the entry again */
     int parked;   /* entry mutex: sleeping (or about to sleep) on the futex `wake` */
     int queued;   /* entry mutex: in the queue */
+    int kind;     /* entry mutex: the kind of lock it waits for (DLOCK_KIND_*, entry/table.h) */
 } dlock_waiter;
 
 typedef struct dlock_waitq {
@@ -64,6 +65,9 @@ dlock_waiter *dlock_waitq_wake_later(dlock_waiter *w);
 /* Wakes w, parked (or once parked) on its futex; NULL is ignored. Called
  * without the entry mutex. */
 void dlock_waiter_unpark(dlock_waiter *w);
+
+/* The first node of q waiting for kind `kind`, or NULL. Entry mutex held. */
+dlock_waiter *dlock_waitq_first(const dlock_waitq *q, int kind);
 
 /* dlock_waitq_wake on the head, if any. Entry mutex held. */
 void dlock_waitq_wake_head(dlock_waitq *q);

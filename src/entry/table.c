@@ -240,12 +240,22 @@ void dlock_table_each_ref(dlock_table *t, void (*fn)(dlock_entry *e, void *arg),
 }
 
 /* Someone changed e's state: wakes the head of the local queue if there is
- * something for it to do: an open handoff to take, or no poller while the
- * lease is not here (it polls: I9). Called with e->mu held. */
+ * something for it to do: an open handoff to take (the first exclusive
+ * waiter: only it can), or no poller while the lease is not here (it polls:
+ * I9); or every waiter, when the shared lease may be joined (no exclusive
+ * waiter, the join window open: local/shared.h). Called with e->mu held. */
 void dlock_entry_kick_head(dlock_entry *e)
 {
-    if (e->wq.head &&
-        (e->x.handoff ||
-         (!e->x.has_owner && e->lease.state == DLOCK_LEASE_NONE && !e->poll.poller)))
+    if (!e->wq.head)
+        return;
+    if (e->x.handoff) {
+        dlock_waiter *w = dlock_waitq_first(&e->wq, DLOCK_KIND_EXCL);
+        if (w)
+            dlock_waitq_wake(w);
+    } else if (!dlock_entry_held(e) && e->lease.state == DLOCK_LEASE_NONE && !e->poll.poller) {
         dlock_waitq_wake(e->wq.head);
+    } else if (e->lease.shared && e->lease.state == DLOCK_LEASE_HELD &&
+               e->kind_waiters[DLOCK_KIND_EXCL] == 0 && dlock_boot_ns() < e->s.join_until_ns) {
+        dlock_waitq_wake_all(&e->wq);
+    }
 }

@@ -41,13 +41,18 @@ typedef struct dlock_renew_item dlock_renew_item;
  *          its tries, the messages the subscriber left for it;
  *   x      the exclusive kind's holders: one owner thread, its depth, the
  *          local handoff (src/local/excl.c, which alone writes it, and
- *          the readers named in excl.h).
+ *          the readers named in excl.h);
+ *   s      the shared kind's holders: how many threads share the lease,
+ *          until when others may join it (src/local/shared.c alone
+ *          writes it).
  * Every field is guarded by mu unless it says otherwise.
  */
 typedef struct dlock_lease {
     dlock_lease_state state;
     const struct dlock_kind *kind; /* the kind of lock it was granted in (local/kind.h);
                                     NULL before the entry's first grant */
+    int shared;                  /* it was granted shared (lua/p2/acquire_shared.lua): it
+                                    goes back with the shared release script */
     uint64_t grant_token;        /* token Redis gave the current grant */
     int grant_protocol;          /* the protocol it was granted in (1 or 2): its
                                     renewals and its release use that protocol's
@@ -92,6 +97,7 @@ typedef struct dlock_poll {
     uint64_t msg_nonce, msg_token;
     int msg_unclean;             /* the direct grant message's end (a "u" message) */
     int msg_protocol;            /* the protocol of the release that sent it: the grant's */
+    int msg_shared;              /* it grants a shared lease ("S": lua/p2/LAYOUT.txt) */
     /* What the poller's last refused try said of the holder, for the
      * messages of a timeout or a busy try (acquire.lua): its client name
      * ("" unknown), since when (server ms before the try) it holds the
@@ -120,6 +126,18 @@ typedef struct dlock_excl {
                                     thread exited (set by the exit hook for its release) */
 } dlock_excl;
 
+typedef struct dlock_shr {
+    unsigned holders;            /* threads of this client holding the shared lease (each
+                                    once, whatever its depth: local/shared.h) */
+    int64_t join_until_ns;       /* the join window's end (boot clock): threads join the
+                                    held shared lease without Redis until then only */
+    int unclean;                 /* how the last exclusive hold before the grant ended
+                                    (the grant's "End"), for dlock_unclean */
+} dlock_shr;
+
+/* The kinds of lock, as an index of dlock_entry.kind_waiters (local/kind.h). */
+enum { DLOCK_KIND_EXCL, DLOCK_KIND_SHARED, DLOCK_KINDS };
+
 typedef struct dlock_entry {
     UT_hash_handle hh; /* guarded by the table mutex */
 
@@ -134,11 +152,13 @@ typedef struct dlock_entry {
 
     /* Guarded by mu. */
     unsigned waiters;            /* threads in acquire waiting for this name */
+    unsigned kind_waiters[DLOCK_KINDS]; /* of them, those waiting in each kind */
     dlock_waitq wq;              /* the waiting threads but the poller, longest first
                                     (park.h): each parks on its own node */
     dlock_lease lease;
     dlock_poll poll;
     dlock_excl x;
+    dlock_shr s;
 
     /* Immutable after creation. */
     uint64_t made;          /* the table's count of entries made, this one's
@@ -178,6 +198,13 @@ unsigned dlock_table_count(dlock_table *t);
 /* Calls fn on every live entry holding a reference on it, without the table
  * mutex (so fn may lock the entry); entries closing meanwhile are skipped. */
 void dlock_table_each_ref(dlock_table *t, void (*fn)(dlock_entry *e, void *arg), void *arg);
+
+/* Whether a thread of this client holds e, in any kind (then the lease is
+ * HELD or LOST: client.h, I1). Called with e->mu held. */
+static inline int dlock_entry_held(const dlock_entry *e)
+{
+    return e->x.has_owner || e->s.holders > 0;
+}
 
 /* Someone changed e's state: wakes the head of e's local queue if there is
  * something for it to do (client.h, I9). Called with e->mu held. */

@@ -88,13 +88,14 @@ void dlock_renew_kick(dlock_renew *r);
 void dlock_renew_by(dlock_renew *r, int64_t when_ns);
 
 /* Hands over an acquire attempt of e whose outcome is unknown, last sent in
- * protocol `protocol`: the manager thread releases the grant of attempt
- * `nonce` with that protocol's script, if Redis made one, as soon
+ * protocol `protocol`, shared or not: the manager thread releases the grant
+ * of attempt `nonce` with that protocol's (or the shared) release script,
+ * if Redis made one, as soon
  * as it can, retrying while Redis may still see that attempt (keep_ms) and
  * until Redis reports it released or superseded. Returns at once; no lock
  * needed. */
 void dlock_renew_give_back(dlock_renew *r, const dlock_entry *e, const char *nonce,
-                           int protocol);
+                           int protocol, int shared);
 
 /* Hands over the leave of e's wait queue (in protocol `protocol`, that of
  * the client's last attempt of e), numbered `number` from the client's

@@ -43,6 +43,7 @@ struct dlock_renew_item {
     dlock_entry *e;
     uint64_t epoch;
     int protocol;   /* the grant's (1 or 2): its renewals run that protocol's script */
+    int shared;     /* the grant is a shared lease: it goes back with the shared release */
     char token[24]; /* decimal, as the scripts store it */
 };
 
@@ -59,6 +60,7 @@ typedef struct dlock_renew_job {
     int protocol;           /* whose script it runs: the attempt's (renew.h), or the
                                other's after a refusal as its data (job_result) */
     int switched;           /* a leave switched protocol already (once only) */
+    int shared;             /* a give-back of a shared attempt (protocol 2's only) */
     char nonce[24];         /* decimal */
     char *keys[DLOCK_KEYS]; /* copies of the entry's keys, in buf */
     char *name;             /* in buf */

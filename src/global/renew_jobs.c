@@ -25,7 +25,7 @@
 /* Queues a background job for e (see dlock_renew_give_back and
  * dlock_renew_leave), given up after for_ms. */
 static void add_job(dlock_renew *r, const dlock_entry *e, int leave, const char *number,
-                    int protocol, uint32_t for_ms)
+                    int protocol, int shared, uint32_t for_ms)
 {
     size_t len[DLOCK_KEYS], total = e->name_len + 1;
     for (int k = 0; k < DLOCK_KEYS; k++)
@@ -42,6 +42,7 @@ static void add_job(dlock_renew *r, const dlock_entry *e, int leave, const char 
     o->name = memcpy(p, e->name, e->name_len + 1);
     o->leave = leave;
     o->protocol = protocol;
+    o->shared = shared;
     o->switched = 0;
     snprintf(o->nonce, sizeof o->nonce, "%s", number);
     o->until_ns = dlock_now_ns() + (int64_t)for_ms * DLOCK_NS_PER_MS;
@@ -56,12 +57,12 @@ static void add_job(dlock_renew *r, const dlock_entry *e, int leave, const char 
 }
 
 void dlock_renew_give_back(dlock_renew *r, const dlock_entry *e, const char *nonce,
-                           int protocol)
+                           int protocol, int shared)
 {
     /* As long as Redis remembers the client's attempts for this name: a
      * later copy of the attempt is refused by Redis itself. */
     dlock_trace_event(r->cfg.trace, "giveback", e->name, "%s %d", nonce, protocol);
-    add_job(r, e, 0, nonce, protocol, r->cfg.keep_ms);
+    add_job(r, e, 0, nonce, protocol, shared, r->cfg.keep_ms);
 }
 
 void dlock_renew_leave(dlock_renew *r, const dlock_entry *e, const char *number,
@@ -69,7 +70,7 @@ void dlock_renew_leave(dlock_renew *r, const dlock_entry *e, const char *number,
 {
     /* After twice the waiter ttl the client's queue entry is dead anyway. */
     dlock_trace_event(r->cfg.trace, "leavebg", e->name, "%s %d", number, protocol);
-    add_job(r, e, 1, number, protocol, 2 * r->cfg.waiter_ttl_ms);
+    add_job(r, e, 1, number, protocol, 0, 2 * r->cfg.waiter_ttl_ms);
 }
 
 /* Appends o's script call to c (after ASKING after an ASK redirect). 0 or
@@ -87,8 +88,8 @@ static int append_job(dlock_renew *r, redisContext *c, const dlock_renew_job *o,
                                       DLOCK_SCRIPT_KEYS, DLOCK_LEAVE_ARGS, argv, NULL);
     }
     dlock_script_release_argv(r->cfg.args, o->keys, o->name, "nonce", o->nonce, "0", "0", argv);
-    return dlock_conn_append_eval(c, r->cfg.ctr,
-                                  dlock_script_in(DLOCK_SCRIPT_RELEASE, o->protocol), use_sha,
+    return dlock_conn_append_eval(c, r->cfg.ctr, dlock_script_release_of(o->protocol, o->shared),
+                                  use_sha,
                                   DLOCK_SCRIPT_KEYS, DLOCK_RELEASE_ARGS, argv, NULL);
 }
 
@@ -103,7 +104,7 @@ static int job_result(dlock_renew_job *o, const redisReply *rep)
     enum { UNKNOWN = -1, NOT_OWNED = 0, DONE = 1 };
     int other = dlock_conn_refusal_protocol(rep);
     if (other != o->protocol && other >= DLOCK_PROTOCOL_MIN && other <= DLOCK_PROTOCOL_MAX &&
-        !(o->leave && o->switched)) {
+        !(o->leave && o->switched) && !o->shared) {
         o->protocol = other;
         o->switched = 1;
         return UNKNOWN;
@@ -263,8 +264,8 @@ void dlock_renew_release_all(dlock_renew *r)
         dlock_script_release_argv(r->cfg.args, it->e->keys, it->e->name, "token", it->token,
                                   x->last, "1", argv);
         x->sent = c && dlock_conn_append_eval(c, r->cfg.ctr,
-                                              dlock_script_in(DLOCK_SCRIPT_RELEASE,
-                                                              it->protocol), 1,
+                                              dlock_script_release_of(it->protocol,
+                                                                      it->shared), 1,
                                               DLOCK_SCRIPT_KEYS, DLOCK_RELEASE_ARGS, argv,
                                               NULL) == 0;
         if (x->sent)
@@ -292,7 +293,7 @@ void dlock_renew_release_all(dlock_renew *r)
                                   v[i].it->token, v[i].last, "1", argv);
         redisReply *rep =
             dlock_conn_eval(c, r->cfg.ctr, dlock_lanes_deadline(&r->lanes),
-                            dlock_script_in(DLOCK_SCRIPT_RELEASE, v[i].it->protocol),
+                            dlock_script_release_of(v[i].it->protocol, v[i].it->shared),
                             DLOCK_SCRIPT_KEYS, DLOCK_RELEASE_ARGS, argv, NULL);
         if (rep)
             freeReplyObject(rep);

@@ -37,6 +37,7 @@ static int take_grant(dlock_client *c, const dlock_kind *k, dlock_entry *e, uint
 {
     e->lease.state = DLOCK_LEASE_HELD;
     e->lease.kind = k;
+    e->lease.shared = k->index == DLOCK_KIND_SHARED;
     e->lease.grant_protocol = protocol;
     e->lease.grant_token = token;
     e->lease.token = token;
@@ -91,14 +92,21 @@ static int take_direct_grant(dlock_client *c, const dlock_kind *k, dlock_entry *
                       "%" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRId64 " %" PRId64 " %d",
                       e->poll.msg_nonce, e->poll.msg_token, e->poll.try_nonce,
                       e->poll.try_sent_boot, now, take);
-    if (!take)
-        return DLOCK_EBUSY;
     char nonce[24];
     snprintf(nonce, sizeof nonce, "%" PRIu64, e->poll.msg_nonce);
+    if (take && e->poll.msg_shared != (k->index == DLOCK_KIND_SHARED)) {
+        /* A grant in the other mode (a release answered an earlier try of
+         * another kind's wait under this number: not one the poller asks
+         * for): it goes back, as a grant of unknown outcome does. */
+        dlock_renew_give_back(c->renew, e, nonce, e->poll.msg_protocol, e->poll.msg_shared);
+        take = 0;
+    }
+    if (!take)
+        return DLOCK_EBUSY;
     int rc = take_grant(c, k, e, e->poll.msg_token, e->poll.msg_protocol, e->poll.msg_unclean,
                         valid);
     if (rc != DLOCK_OK) {
-        dlock_renew_give_back(c->renew, e, nonce, e->poll.msg_protocol);
+        dlock_renew_give_back(c->renew, e, nonce, e->poll.msg_protocol, e->poll.msg_shared);
         return rc;
     }
     e->lease.provisional = 1;
@@ -119,7 +127,7 @@ static int busy_err(const dlock_entry *e, int rc)
     /* the try's age */
     double since = e->poll.busy_known ? (dlock_now_ns() - e->poll.busy_at_ns) / 1e9 : 0;
     double left = e->poll.busy_left_ms / 1e3 - since;
-    if (e->lease.state == DLOCK_LEASE_HELD || (e->lease.kind && e->lease.kind->held(e)))
+    if (e->lease.state == DLOCK_LEASE_HELD || dlock_entry_held(e))
         snprintf(holder, sizeof holder, ": held by another thread of this client");
     else if (!e->poll.busy_known)
         ; /* no try of this wait was answered */
@@ -159,8 +167,9 @@ static int poll_redis(dlock_client *c, const dlock_kind *kind, dlock_entry *e, i
     e->poll.msg_grant = 0;
     e->poll.busy_known = 0;
     dlock_trace_event(c->trace, "poll", e->name, "%d %" PRIu64, once, e->made);
+    int shared = kind->index == DLOCK_KIND_SHARED;
     for (;;) {
-        DLOCK_ASSERT(!kind->held(e) && e->lease.state == DLOCK_LEASE_NONE);
+        DLOCK_ASSERT(!dlock_entry_held(e) && e->lease.state == DLOCK_LEASE_NONE);
         e->lease.state = DLOCK_LEASE_ACQUIRING;
         e->poll.woken = 0; /* a wake-up from now on triggers another try */
         uint64_t unconfirmed = e->lease.unconfirmed;
@@ -192,7 +201,8 @@ static int poll_redis(dlock_client *c, const dlock_kind *kind, dlock_entry *e, i
                           : deadline;
         dlock_rpc_try t = {.nonce = nonce, .queue = !once, .unconfirmed = unconfirmed,
                            .unconfirmed_end = unconfirmed_how, .deadline = by, .cancel = k,
-                           .protocol = c->protocol, .busy = {"", -1, -1}};
+                           .protocol = shared ? 2 : c->protocol, .shared = shared,
+                           .busy = {"", -1, -1}};
         int rc = dlock_rpc_acquire(c, e, &t);
         uint64_t token = t.token;
         int unclean = t.unclean;
@@ -206,7 +216,7 @@ static int poll_redis(dlock_client *c, const dlock_kind *kind, dlock_entry *e, i
         if (rc == DLOCK_OK &&
             answered >= sent_boot + (int64_t)c->lease_ms * DLOCK_NS_PER_MS - c->drift_ns) {
             /* The answer came back after the lease could have expired. */
-            dlock_renew_give_back(c->renew, e, nonce, t.protocol);
+            dlock_renew_give_back(c->renew, e, nonce, t.protocol, t.shared);
             rc = dlock_err_set(DLOCK_EREDIS, "timed out: redis answered the acquire of '%s' "
                                "after the lease could have expired", e->name);
         }
@@ -223,7 +233,7 @@ static int poll_redis(dlock_client *c, const dlock_kind *kind, dlock_entry *e, i
                           sent_boot, answered, stop);
         if (stop != DLOCK_OK) {
             if (rc == DLOCK_OK) {
-                dlock_renew_give_back(c->renew, e, nonce, t.protocol);
+                dlock_renew_give_back(c->renew, e, nonce, t.protocol, t.shared);
             } else if (rc == DLOCK_EBUSY && !once) {
                 e->poll.queued = 1; /* the last waiter to go takes the client out */
                 e->poll.queue_protocol = t.protocol;
@@ -234,7 +244,7 @@ static int poll_redis(dlock_client *c, const dlock_kind *kind, dlock_entry *e, i
             rc = take_grant(c, kind, e, token, t.protocol, unclean,
                             sent_boot + (int64_t)c->lease_ms * DLOCK_NS_PER_MS - c->drift_ns);
             if (rc != DLOCK_OK)
-                dlock_renew_give_back(c->renew, e, nonce, t.protocol);
+                dlock_renew_give_back(c->renew, e, nonce, t.protocol, t.shared);
             return rc;
         }
         if (rc != DLOCK_EBUSY)
@@ -306,7 +316,7 @@ int dlock_acquire_run(dlock_client *c, const dlock_kind *kind, const char *name,
         return dlock_err_set(DLOCK_ENOMEM, "out of memory");
 
     pthread_mutex_lock(&e->mu);
-    if (kind->mine(e)) {
+    if (kind->mine(c, e)) {
         /* Reentrant acquire: no Redis command. */
         rc = kind->reenter(c, e, fence);
         pthread_mutex_unlock(&e->mu);
@@ -317,10 +327,12 @@ int dlock_acquire_run(dlock_client *c, const dlock_kind *kind, const char *name,
     }
 
     e->waiters++;
+    e->kind_waiters[kind->index]++;
     uint64_t fail_seq = e->poll.fail_seq;
     int drop_registry = 0, give_back = 0;
     uint64_t passed_lost = 0; /* a lease lost while being passed here: logged on the way out */
     dlock_waiter *w = dlock_waiter_self();
+    w->kind = kind->index;
     for (;;) {
         if (dlock_waiter_granted(w)) {
             /* Passed to this thread alone while it was parked (I10). */
@@ -329,7 +341,7 @@ int dlock_acquire_run(dlock_client *c, const dlock_kind *kind, const char *name,
                 break;
             continue; /* lost in passing: poll Redis again */
         }
-        if (!kind->held(e) && e->lease.state == DLOCK_LEASE_LOST) {
+        if (!dlock_entry_held(e) && e->lease.state == DLOCK_LEASE_LOST) {
             /* Lost while being passed between threads: nobody holds it. */
             if (e->lease.unconfirmed)
                 dlock_client_unconfirmed_end(c, e, e->lease.unconfirmed, e->lease.unconfirmed_end);
@@ -341,7 +353,8 @@ int dlock_acquire_run(dlock_client *c, const dlock_kind *kind, const char *name,
              * the waiters (an open handoff, I5) must not be left without
              * anyone to take it: the last waiter takes it to give it back
              * (below); otherwise the next one is woken on the way out. */
-            if (kind->passing(e) && e->waiters == 1) {
+            if (kind->index == DLOCK_KIND_EXCL && kind->passing(e) &&
+                e->kind_waiters[DLOCK_KIND_EXCL] == 1) {
                 uint64_t t = e->lease.token;
                 if (kind->take(c, e, w, 0, &drop_registry, NULL) == DLOCK_OK)
                     give_back = 1;
@@ -366,7 +379,7 @@ int dlock_acquire_run(dlock_client *c, const dlock_kind *kind, const char *name,
             rc = dlock_err_set(e->poll.fail_rc, "%s", e->poll.fail_msg);
             break;
         }
-        if (!kind->held(e) && e->lease.state == DLOCK_LEASE_NONE && !e->poll.poller) {
+        if (!dlock_entry_held(e) && e->lease.state == DLOCK_LEASE_NONE && !e->poll.poller) {
             if (wait_ms != 0 && dlock_now_ns() >= deadline) {
                 /* No Redis call starts past the caller's deadline; the
                  * wake-up that may have been meant to make this thread the
@@ -410,6 +423,7 @@ int dlock_acquire_run(dlock_client *c, const dlock_kind *kind, const char *name,
          * how the hold before ended (it used the lease for nothing). */
         dlock_waitq_remove(&e->wq, w);
         e->waiters--;
+        e->kind_waiters[kind->index]--;
         kind->unused(e);
         char keep[256];
         snprintf(keep, sizeof keep, "%s", dlock_last_error());
@@ -426,14 +440,15 @@ int dlock_acquire_run(dlock_client *c, const dlock_kind *kind, const char *name,
         if (passed_lost)
             log_lost_in_passing(c, name, passed_lost);
         dlock_orphan_arm(); /* a thread that exits holding it releases it */
-        dlock_held_remember(c, e);
+        if (kind->index == DLOCK_KIND_EXCL)
+            dlock_held_remember(c, e); /* (a shared holder has its record: shared.h) */
         dlock_count(&c->ctr.acquisitions, 1);
         if (fence)
             *fence = w->token;
         return DLOCK_OK;
     }
     dlock_waitq_remove(&e->wq, w);
-    if (rc != DLOCK_OK && e->poll.queued && e->waiters == 1 && !e->poll.poller && !kind->held(e) &&
+    if (rc != DLOCK_OK && e->poll.queued && e->waiters == 1 && !e->poll.poller && !dlock_entry_held(e) &&
         e->lease.state == DLOCK_LEASE_NONE && !kind->passing(e)) {
         /* The last thread here that wanted the name gives up: take the
          * client out of the queue (passing its turn on, if it had it). The
@@ -461,8 +476,9 @@ int dlock_acquire_run(dlock_client *c, const dlock_kind *kind, const char *name,
     }
     /* A thread that came meanwhile may poll; a wake-up this thread received
      * and did not use goes on (I9). */
-    dlock_entry_kick_head(e);
     e->waiters--;
+    e->kind_waiters[kind->index]--;
+    dlock_entry_kick_head(e);
     uint64_t token = e->lease.token;
     if (rc == DLOCK_OK)
         dlock_trace_event(c->trace, "ok", e->name, "%" PRIu64, token);
@@ -477,7 +493,8 @@ int dlock_acquire_run(dlock_client *c, const dlock_kind *kind, const char *name,
     }
     /* Our reference becomes the owner's, dropped by the outermost release. */
     dlock_orphan_arm(); /* a thread that exits holding it releases it */
-    dlock_held_remember(c, e);
+    if (kind->index == DLOCK_KIND_EXCL)
+        dlock_held_remember(c, e); /* (a shared holder has its record: shared.h) */
     dlock_count(&c->ctr.acquisitions, 1);
     if (fence)
         *fence = token;

@@ -282,16 +282,21 @@ static void wake_one(void *arg, const char *payload, size_t len)
         dlock_renew_kick(c->renew);
         return;
     }
-    int unclean = 0, protocol = 1;
+    int unclean = 0, protocol = 1, shared = 0;
     if (len > 2 && p[0] == 'w' && p[1] == ' ') {
         p += 2;
-    } else if (len > 2 && strchr("guGU", p[0]) && p[1] == ' ') {
+    } else if (len > 2 && strchr("guGUS", p[0]) && p[1] == ' ') {
         /* "u <end> <attempt> <token> <name>": a direct grant after an
          * unclean end (release.lua, ARGV[10]); "G" and "U" the same of
-         * protocol 2's release (lua/p2/release.lua): the grant is in it */
+         * protocol 2's release (lua/p2/release.lua): the grant is in it;
+         * "S <end> <attempt> <token> <name>" a direct shared grant, its
+         * end always said, 0 for none (lua/p2/LAYOUT.txt, Shared mode) */
         const char *q = p + 2;
-        protocol = p[0] == 'G' || p[0] == 'U' ? 2 : 1;
-        if (p[0] == 'u' || p[0] == 'U') {
+        protocol = p[0] == 'G' || p[0] == 'U' || p[0] == 'S' ? 2 : 1;
+        shared = p[0] == 'S';
+        if (p[0] == 'S' && q < end && *q == '0' && q + 1 < end && q[1] == ' ') {
+            q += 2; /* end 0: a clean one */
+        } else if (p[0] == 'u' || p[0] == 'U' || p[0] == 'S') {
             uint64_t u = parse_u64(&q, end);
             if (u == 0 || u > DLOCK_UNCLEAN_FORCED)
                 return; /* malformed */
@@ -322,6 +327,7 @@ static void wake_one(void *arg, const char *payload, size_t len)
         e->poll.msg_token = token;
         e->poll.msg_unclean = unclean;
         e->poll.msg_protocol = protocol;
+        e->poll.msg_shared = shared;
     }
     dlock_trace_event(c->trace, "msg", e->name, "%" PRIu64 " %" PRIu64 " %d %d %d", nonce, token,
                       unclean, stored, protocol);
@@ -437,6 +443,7 @@ int dlock_client_open(const dlock_config *cfg, dlock_client **out)
     c->lease_ms = cfg->lease_ms;
     snprintf(c->lease_str, sizeof c->lease_str, "%" PRIu32, cfg->lease_ms);
     c->pass_limit = cfg->pass_limit;
+    c->join_ns = (int64_t)cfg->join_ms * DLOCK_NS_PER_MS;
     c->protocol = (int)cfg->protocol;
     snprintf(c->pass_limit_str, sizeof c->pass_limit_str, "%" PRIu32, cfg->pass_limit);
     c->waiter_ttl_ms = cfg->waiter_ttl_ms;
@@ -777,6 +784,8 @@ int dlock_client_stats(dlock_client *c, dlock_stats *out)
     out->unclean = dlock_load_64(&c->ctr.unclean);
     out->abandoned = dlock_load_64(&c->ctr.abandoned);
     out->protocol_resends = dlock_load_64(&c->ctr.protocol_resends);
+    out->shared_acquisitions = dlock_load_64(&c->ctr.shared_acquisitions);
+    out->shared_joins = dlock_load_64(&c->ctr.shared_joins);
     dlock_client_leave(c);
     return DLOCK_OK;
 }

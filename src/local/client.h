@@ -132,6 +132,7 @@ struct dlock_client {
                               (rpc.c, dlock_rpc_acquire) */
     dlock_master master;   /* Sentinel mode: the newest master known (sentinel.h) */
     int64_t fallback_ns; /* a queued poller retries this often without a wake-up */
+    int64_t join_ns;     /* the shared mode's join window (local/shared.h, S1) */
     int64_t drift_ns;
     int64_t handoff_margin_ns; /* no handoff this close to the validity deadline */
     uint32_t grant_ms;         /* a direct grant's validity: min(waiter ttl, lease) */

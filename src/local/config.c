@@ -28,6 +28,7 @@ void dlock_config_init(dlock_config *cfg)
     cfg->pool_size = 4;
     cfg->waiter_ttl_ms = 2000;
     cfg->protocol = DLOCK_PROTOCOL_DEFAULT;
+    cfg->join_ms = 20;
 }
 
 /* Which settings name the server: exactly one of host/port, the Unix
@@ -116,6 +117,9 @@ int dlock_config_check(const dlock_config *cfg)
     if (cfg->pass_limit > DLOCK_PASS_LIMIT_MAX || cfg->pass_limit >= (uint64_t)cfg->lease_ms * 1000)
         return dlock_err_set(DLOCK_EINVAL, "pass_limit %" PRIu32 " is above %u or not below "
                              "lease_ms * 1000", cfg->pass_limit, DLOCK_PASS_LIMIT_MAX);
+    if (cfg->join_ms > cfg->lease_ms)
+        return dlock_err_set(DLOCK_EINVAL, "join_ms %" PRIu32 " is above lease_ms %" PRIu32,
+                             cfg->join_ms, cfg->lease_ms);
     if (cfg->protocol < DLOCK_PROTOCOL_MIN || cfg->protocol > DLOCK_PROTOCOL_MAX) {
         if (DLOCK_PROTOCOL_MIN == DLOCK_PROTOCOL_MAX)
             return dlock_err_set(DLOCK_EINVAL, "protocol %" PRIu32 ": this build speaks "

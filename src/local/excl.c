@@ -10,8 +10,9 @@
 #include "common/error.h"
 #include "local/excl.h"
 
-static int mine(const dlock_entry *e)
+static int mine(const dlock_client *c, const dlock_entry *e)
 {
+    (void)c;
     return e->x.has_owner && !e->x.by_handle && pthread_equal(e->x.owner, pthread_self());
 }
 
@@ -103,6 +104,7 @@ static int take_direct_handoff(dlock_client *c, dlock_entry *e, dlock_waiter *w,
     e->x.has_owner = 0;
     e->x.depth = 0;
     e->waiters++; /* the releaser counted it out */
+    e->kind_waiters[DLOCK_KIND_EXCL]++;
     if (e->lease.state == DLOCK_LEASE_HELD) {
         /* Lost by its validity alone: Redis may still have it as ours. */
         dlock_client_unconfirmed_end(c, e, e->lease.token, DLOCK_UNCLEAN_EXPIRED);
@@ -171,7 +173,9 @@ static int handoff_in_time(const dlock_entry *e, int64_t now)
 static int pass(dlock_client *c, dlock_entry *e, int64_t now, dlock_waiter **wake)
 {
     int closing = dlock_load_int(&c->closing);
-    int pass = e->waiters > 0 && e->x.passes < c->pass_limit && !closing &&
+    /* (only to a thread that waits for it exclusively: threads waiting
+     * shared ask Redis for a shared lease once it has gone back) */
+    int pass = e->kind_waiters[DLOCK_KIND_EXCL] > 0 && e->x.passes < c->pass_limit && !closing &&
                now + (e->lease.provisional ? c->grant_margin_ns : c->handoff_margin_ns) <
                    e->lease.valid_until_ns &&
                handoff_in_time(e, now);
@@ -190,13 +194,21 @@ static int pass(dlock_client *c, dlock_entry *e, int64_t now, dlock_waiter **wak
         dlock_count(&c->ctr.unclean, 1);
     dlock_count(&c->ctr.handoffs, 1);
     dlock_waiter *h = e->wq.head;
-    if (h && dlock_now_ns() - e->wq.head_since_ns >= DLOCK_FAIR_NS) {
+    int64_t led = e->wq.head_since_ns;
+    if (h && h->kind != DLOCK_KIND_EXCL) {
+        /* the longest exclusive waiter (the queue holds threads waiting
+         * shared too): led since it started to wait */
+        h = dlock_waitq_first(&e->wq, DLOCK_KIND_EXCL);
+        led = h ? h->since_ns : 0;
+    }
+    if (h && dlock_now_ns() - led >= DLOCK_FAIR_NS) {
         /* Direct handoff (I10) to the longest waiter: it has waited
          * long enough that nobody may pass it. */
         e->x.has_owner = 1;
         e->x.owner = h->self;
         e->x.depth = 1;
         e->waiters--;
+        e->kind_waiters[DLOCK_KIND_EXCL]--;
         *wake = dlock_waitq_grant(&e->wq, h, e->lease.token);
     } else {
         /* Open handoff: the first thread of this client to run takes
@@ -211,6 +223,7 @@ static int pass(dlock_client *c, dlock_entry *e, int64_t now, dlock_waiter **wak
 
 const dlock_kind dlock_kind_excl = {
     .name = "exclusive",
+    .index = DLOCK_KIND_EXCL,
     .mine = mine,
     .reenter = reenter,
     .hold = hold,

@@ -25,10 +25,12 @@ typedef struct dlock_client dlock_client;
 
 typedef struct dlock_kind {
     const char *name; /* as the trace, metrics and dlockctl name the kind */
+    int index;        /* DLOCK_KIND_* (entry/table.h): its count of waiters, its
+                         waiters' nodes (park.h, kind) */
 
     /* Whether the calling thread holds e in this kind (itself, not through
      * a handle): a reentrant acquire, a release, dlock_held. */
-    int (*mine)(const dlock_entry *e);
+    int (*mine)(const dlock_client *c, const dlock_entry *e);
 
     /* A reentrant acquire by a thread that holds e (mine): one level more,
      * *fence its token (fence may be NULL). DLOCK_OK or DLOCK_ELOST (the
@@ -44,8 +46,9 @@ typedef struct dlock_kind {
      * LOST: client.h, I1): no thread may poll Redis for e (I2). */
     int (*held)(const dlock_entry *e);
 
-    /* Whether a lease is on its way to a waiting thread (an open pass that
-     * any waiter may take: client.h, I5). */
+    /* Whether a waiting thread of this kind may take the lease now without
+     * Redis (an open pass that any waiter may take: client.h, I5; a shared
+     * lease open to joiners: shared.h). */
     int (*passing)(const dlock_entry *e);
 
     /* The waiter takes a lease passed on by its holder, without Redis:

@@ -15,6 +15,7 @@
 #include "local/excl.h"
 #include "local/orphan.h"
 #include "local/release.h"
+#include "local/shared.h"
 
 /*
  * The thread-exit hook. A thread's first outermost acquire arms it (a
@@ -56,7 +57,7 @@ static void abandon(dlock_client *c, dlock_entry *e)
     memcpy(name, e->name, e->name_len + 1); /* e may be freed by the release */
     dlock_table_ref(e); /* the lookup's: the owner's keeps e alive meanwhile */
     pthread_mutex_lock(&e->mu);
-    DLOCK_ASSERT(dlock_kind_excl.mine(e));
+    DLOCK_ASSERT(dlock_kind_excl.mine(c, e));
     uint64_t token = e->lease.token;
     unsigned depth = e->x.depth;
     e->x.depth = 1;
@@ -78,10 +79,39 @@ static void abandon(dlock_client *c, dlock_entry *e)
                          dlock_last_error());
 }
 
+/* Releases the shared hold h of the exiting calling thread in the entered
+ * client c (shared.h): the lease goes back if it was the last holder. A
+ * shared acquire nested in an exclusive hold is one level of that hold,
+ * which abandon() releases whole. */
+static void abandon_shared(dlock_client *c, dlock_shold *h)
+{
+    dlock_entry *e = h->e;
+    unsigned depth = h->depth;
+    h->nested = 0;
+    if (depth == 0) {
+        dlock_shold_tidy(h);
+        return;
+    }
+    char name[DLOCK_NAME_MAX + 1];
+    memcpy(name, e->name, e->name_len + 1); /* e may be freed by the release */
+    dlock_table_ref(e); /* the lookup's: the holder's keeps e alive meanwhile */
+    pthread_mutex_lock(&e->mu);
+    uint64_t token = e->lease.token;
+    h->depth = 0;
+    dlock_shold_tidy(h);
+    int rc = dlock_release_outermost(c, e, name);
+    dlock_count(&c->ctr.abandoned, 1);
+    dlock_count_rc(c->ctr.release_rc, rc);
+    dlock_client_log(c, DLOCK_LOG_WARN, "thread %ld exited holding '%s' shared (token %" PRIu64
+                     ", depth %u): released for it (%s)", (long)syscall(SYS_gettid), name, token,
+                     depth, rc == DLOCK_OK ? "OK" : dlock_err_name(rc));
+}
+
 /* Adds e to the list in arg if the calling thread owns it (not through a
  * handle) and its cache does not hold it; with a reference for the list.
  * For dlock_table_each_ref. */
 typedef struct owned_list {
+    const dlock_client *c;
     dlock_entry **v;
     size_t n, cap;
 } owned_list;
@@ -93,7 +123,7 @@ static void collect_owned(dlock_entry *e, void *arg)
         if (dlock_held_slots[i].e == e)
             return;
     pthread_mutex_lock(&e->mu);
-    int mine = dlock_kind_excl.mine(e);
+    int mine = dlock_kind_excl.mine(l->c, e);
     pthread_mutex_unlock(&e->mu);
     if (!mine)
         return;
@@ -112,6 +142,19 @@ static void collect_owned(dlock_entry *e, void *arg)
 static void on_thread_exit(void *unused)
 {
     (void)unused;
+    dlock_shold *h;
+    while ((h = dlock_shold_last())) {
+        dlock_client *c = dlock_client_find_enter(h->serial);
+        if (!c || dlock_client_forked(c)) {
+            /* its client closed (or is the parent's): nothing to do */
+            h->depth = h->nested = 0;
+            dlock_shold_tidy(h);
+        } else {
+            abandon_shared(c, h);
+        }
+        if (c)
+            dlock_client_leave(c);
+    }
     for (int i = 0; i < DLOCK_HELD_SLOTS; i++) {
         if (!dlock_held_slots[i].e)
             continue;
@@ -132,7 +175,7 @@ static void on_thread_exit(void *unused)
         dlock_client **cs = dlock_client_enter_all(&n);
         size_t found = 0;
         for (size_t k = 0; k < n; k++) {
-            owned_list l = {NULL, 0, 0};
+            owned_list l = {cs[k], NULL, 0, 0};
             dlock_table_each_ref(cs[k]->table, collect_owned, &l);
             for (size_t j = 0; j < l.n; j++) {
                 abandon(cs[k], l.v[j]);

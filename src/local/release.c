@@ -25,11 +25,16 @@ int dlock_release_outermost(dlock_client *c, dlock_entry *e, const char *name)
     k->unhold(e);
     if (e->lease.state == DLOCK_LEASE_LOST) {
         dlock_trace_event(c->trace, "rlost", e->name, NULL);
-        (void)k->end(e); /* Redis took it back: the next grant learns that itself */
-        if (e->lease.unconfirmed) /* found lost by validity */
-            dlock_client_unconfirmed_end(c, e, e->lease.unconfirmed, e->lease.unconfirmed_end);
-        e->lease.state = DLOCK_LEASE_NONE;
-        dlock_entry_kick_head(e); /* it polls */
+        if (!dlock_entry_held(e)) {
+            /* the last holder (other threads sharing it learn it at their
+             * own releases: shared.h, S5) */
+            (void)k->end(e); /* Redis took it back: the next grant learns that itself */
+            if (e->lease.unconfirmed) /* found lost by validity */
+                dlock_client_unconfirmed_end(c, e, e->lease.unconfirmed,
+                                             e->lease.unconfirmed_end);
+            e->lease.state = DLOCK_LEASE_NONE;
+            dlock_entry_kick_head(e); /* it polls */
+        }
         pthread_mutex_unlock(&e->mu);
         dlock_table_put(c->table, e);
         dlock_table_put(c->table, e); /* the owner's reference */

@@ -205,11 +205,14 @@ int dlock_rpc_acquire(dlock_client *c, dlock_entry *e, dlock_rpc_try *t)
             dlock_trace_argv(c->trace, "acq", e->name, at, DLOCK_SCRIPT_KEYS + DLOCK_ACQUIRE_ARGS,
                              argv, in);
         }
-        rc = call_script(c, dlock_script_in(DLOCK_SCRIPT_ACQUIRE, t->protocol),
+        rc = call_script(c, t->shared ? DLOCK_SCRIPT_ACQUIRE_SHARED
+                                      : dlock_script_in(DLOCK_SCRIPT_ACQUIRE, t->protocol),
                          DLOCK_ACQUIRE_ARGS, argv, "acquire", e->name, t->deadline, &rep, &sent,
                          &acked, (stop_on){1, t->cancel});
-        int other = rc == DLOCK_OK && resent < DLOCK_RPC_RESENDS ? resend_in(rep, t->protocol)
-                                                                  : 0;
+        /* (a shared acquire has no twin in protocol 1) */
+        int other = rc == DLOCK_OK && !t->shared &&
+                            resent < DLOCK_RPC_RESENDS ? resend_in(rep, t->protocol)
+                                                       : 0;
         if (!other)
             break;
         dlock_trace_event(c->trace, "proto", e->name, "%s %d %d", nonce, t->protocol, other);
@@ -223,7 +226,7 @@ int dlock_rpc_acquire(dlock_client *c, dlock_entry *e, dlock_rpc_try *t)
          * delaying the caller. */
         dlock_trace_event(c->trace, "rep", e->name, "%s %d -9 0 -1 %d", nonce, sent, rc);
         if (sent)
-            dlock_renew_give_back(c->renew, e, nonce, t->protocol);
+            dlock_renew_give_back(c->renew, e, nonce, t->protocol, t->shared);
         return rc;
     }
     long long granted = -9, value = 0; /* for the trace: the reply's first two integers */
@@ -237,7 +240,7 @@ int dlock_rpc_acquire(dlock_client *c, dlock_entry *e, dlock_rpc_try *t)
             /* A failover now could lose the grant and give the name to
              * another client: it is given back (in the background, like a
              * grant of unknown outcome) and the acquire fails. */
-            dlock_renew_give_back(c->renew, e, nonce, t->protocol);
+            dlock_renew_give_back(c->renew, e, nonce, t->protocol, t->shared);
             rc = dlock_err_set(DLOCK_EREDIS, "the grant of '%s' reached %d of the %" PRIu32
                                " replicas min_replicas asks for (WAIT); given back", e->name,
                                acked < 0 ? 0 : acked, c->min_replicas);
@@ -269,6 +272,17 @@ int dlock_rpc_acquire(dlock_client *c, dlock_entry *e, dlock_rpc_try *t)
             rc = dlock_err_set(DLOCK_EREDIS, "redis refused a stale acquire attempt of '%s'",
                                e->name);
         }
+    } else if (t->shared && rep->type == REDIS_REPLY_ERROR &&
+               (strncmp(rep->str, "DLOCKMODE", 9) == 0 || dlock_conn_is_other_protocol(rep))) {
+        /* Refused, writing nothing, queueing nothing: this client still
+         * holds the name exclusively in Redis (a grant it gave up or never
+         * learned, which the give-back or its waiter ttl ends), or the
+         * name's data is protocol 1's, which has no shared mode (until its
+         * holders release it). The poller tries again after its pause. */
+        t->pttl_ms = -1;
+        t->busy.holder[0] = '\0';
+        t->busy.held_ms = t->busy.queue = -1;
+        rc = DLOCK_EBUSY;
     } else {
         rc = dlock_err_set(dlock_conn_reply_code(rep), "refused by the server: redis acquire of "
                            "'%s': %s", e->name,
@@ -279,7 +293,7 @@ int dlock_rpc_acquire(dlock_client *c, dlock_entry *e, dlock_rpc_try *t)
          * another protocol's data: a release would be refused the same
          * way while that data lives, and a grant under it expires. */
         if (!dlock_conn_is_other_protocol(rep))
-            dlock_renew_give_back(c->renew, e, nonce, t->protocol);
+            dlock_renew_give_back(c->renew, e, nonce, t->protocol, t->shared);
     }
     dlock_trace_event(c->trace, "rep", e->name, "%s 1 %lld %lld %d %d", nonce, granted, value,
                       acked, rc);
@@ -303,17 +317,19 @@ int dlock_rpc_release(dlock_client *c, dlock_entry *e, uint64_t grant, int proto
                               ending ? "1" : "0", argv);
     redisReply *rep;
     int sent, rc, other;
+    /* (the releaser owns the lease's fields while it is RELEASING: I2) */
+    int shared = e->lease.shared;
     for (int resent = 0;; resent = 1) {
         char in[8];
         snprintf(in, sizeof in, "%d", protocol);
         dlock_trace_argv(c->trace, "rel", e->name, NULL,
                          DLOCK_SCRIPT_KEYS + DLOCK_RELEASE_ARGS, argv, in);
-        rc = call_script(c, dlock_script_in(DLOCK_SCRIPT_RELEASE, protocol),
+        rc = call_script(c, dlock_script_release_of(protocol, shared),
                          DLOCK_RELEASE_ARGS, argv, "release", e->name, DLOCK_NEVER, &rep, &sent,
                          NULL, (stop_on){0, NULL});
         /* (the grant's data gone and the name moved to the other protocol
          * meanwhile: there the grant is found gone, DLOCK_ELOST) */
-        if (rc != DLOCK_OK || resent || !(other = resend_in(rep, protocol)))
+        if (rc != DLOCK_OK || resent || shared || !(other = resend_in(rep, protocol)))
             break;
         dlock_trace_event(c->trace, "relproto", e->name, "%d %d", protocol, other);
         freeReplyObject(rep);

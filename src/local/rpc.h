@@ -31,6 +31,8 @@ typedef struct dlock_rpc_try {
     dlock_cancel *cancel;     /* the call's cancel token, or NULL */
     int protocol;             /* in: the protocol to send it in first (the setting);
                                  out: the one it was last sent in */
+    int shared;               /* in: a shared acquire (lua/p2/acquire_shared.lua), in
+                                 protocol 2 only */
     uint64_t token;           /* out, granted: the fencing token */
     int unclean;              /* out, granted: how the hold before ended */
     int64_t pttl_ms;          /* out, refused: the lease's time left */

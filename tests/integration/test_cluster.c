@@ -246,6 +246,45 @@ typedef struct waiter {
     uint64_t token;
 } waiter;
 
+/* The shared mode on every master: two clients read at once, a writer is
+ * refused beside them and gets the name after them with a larger token;
+ * shared leases are renewed on their masters (a lease of 1.5 s outlived). */
+static void test_shared_on_every_master(void **state)
+{
+    (void)state;
+    dlock_config cfg;
+    cluster_config(&cfg, "tc:s:");
+    cfg.lease_ms = 1500;
+    dlock_client *a, *b, *w;
+    assert_int_equal(dlock_client_open(&cfg, &a), DLOCK_OK);
+    assert_int_equal(dlock_client_open(&cfg, &b), DLOCK_OK);
+    assert_int_equal(dlock_client_open(&cfg, &w), DLOCK_OK);
+    enum { N = 24 };
+    char names[N][16];
+    uint64_t ta[N], tb[N];
+    for (int i = 0; i < N; i++) {
+        snprintf(names[i], sizeof names[i], "s%d", i);
+        assert_int_equal(dlock_acquire_shared(a, names[i], 0, &ta[i]), DLOCK_OK);
+        assert_int_equal(dlock_acquire_shared(b, names[i], 0, &tb[i]), DLOCK_OK);
+        assert_int_equal(dlock_acquire(w, names[i], 0, NULL), DLOCK_EBUSY);
+    }
+    fx_sleep_ms(2500); /* past the lease time: held only if renewed */
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(dlock_held(a, names[i]), 1);
+        assert_int_equal(dlock_held(b, names[i]), 1);
+        assert_int_equal(dlock_release_shared(a, names[i]), DLOCK_OK);
+        assert_int_equal(dlock_acquire(w, names[i], 0, NULL), DLOCK_EBUSY);
+        assert_int_equal(dlock_release_shared(b, names[i]), DLOCK_OK);
+        uint64_t tw;
+        assert_int_equal(dlock_acquire(w, names[i], 0, &tw), DLOCK_OK);
+        assert_true(tw > ta[i] && tw > tb[i]);
+        assert_int_equal(dlock_release(w, names[i]), DLOCK_OK);
+    }
+    dlock_client_close(a);
+    dlock_client_close(b);
+    dlock_client_close(w);
+}
+
 static void *wait_for(void *arg)
 {
     waiter *w = arg;
@@ -1117,6 +1156,7 @@ int main(void)
         cmocka_unit_test(test_cluster_config),
         cmocka_unit_test(test_contract_on_every_master),
         cmocka_unit_test(test_wakeups_across_nodes),
+        cmocka_unit_test(test_shared_on_every_master),
         cmocka_unit_test(test_lost_lease_reported),
         cmocka_unit_test(test_renew_10000),
         cmocka_unit_test(test_moved_followed),

@@ -148,6 +148,35 @@ static void test_resolves_master(void **state)
     dlock_client_close(c);
 }
 
+/* The shared mode through the sentinels, with min_replicas: shared grants
+ * and their renewals are confirmed by WAIT like exclusive ones; readers of
+ * two clients at once, a writer after them. */
+static void test_shared_through_sentinels(void **state)
+{
+    (void)state;
+    dlock_config cfg;
+    sentinel_config(&cfg, "ts:s:", 1);
+    cfg.lease_ms = 1500;
+    dlock_client *a, *b;
+    assert_int_equal(dlock_client_open(&cfg, &a), DLOCK_OK);
+    assert_int_equal(dlock_client_open(&cfg, &b), DLOCK_OK);
+    uint64_t fa, fb, fw;
+    assert_int_equal(dlock_acquire_shared(a, "r", 0, &fa), DLOCK_OK);
+    assert_int_equal(dlock_acquire_shared(b, "r", 0, &fb), DLOCK_OK);
+    assert_int_equal(key_exists(master_port(), "ts:s:{r}"), 1);
+    assert_int_equal(dlock_acquire(b, "w", 0, NULL), DLOCK_OK);
+    assert_int_equal(dlock_release(b, "w"), DLOCK_OK);
+    fx_sleep_ms(2500); /* held past the lease time only if renewed */
+    assert_int_equal(dlock_held(a, "r"), 1);
+    assert_int_equal(dlock_release_shared(a, "r"), DLOCK_OK);
+    assert_int_equal(dlock_release_shared(b, "r"), DLOCK_OK);
+    assert_int_equal(dlock_acquire(a, "r", 0, &fw), DLOCK_OK);
+    assert_true(fw > fa && fw > fb);
+    assert_int_equal(dlock_release(a, "r"), DLOCK_OK);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
 /* min_replicas: WAIT after each batch; a grant fewer replicas acknowledged
  * is given back; a renewal no replica acknowledged does not count. */
 static void test_min_replicas(void **state)
@@ -694,6 +723,7 @@ int main(void)
         cmocka_set_test_filter(only);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_resolves_master),
+        cmocka_unit_test(test_shared_through_sentinels),
 #ifdef DLOCKCTL_PATH
         cmocka_unit_test(test_dlockctl_through_sentinels),
 #endif

@@ -895,7 +895,7 @@ static void test_give_backs_released(void **state)
     for (int i = 0; i <= N; i++) {
         char n[8];
         snprintf(n, sizeof n, "%d", i);
-        dlock_renew_give_back(m, e[i], n, 1);
+        dlock_renew_give_back(m, e[i], n, 1, 0);
     }
     fx_sleep_ms(150);
     assert_int_equal(fx_redis_signal(&fx_server, SIGCONT), 0);

@@ -1,0 +1,250 @@
+/*
+ * The shared mode (shared.h), a kind of lock (kind.h). Shared state: the
+ * entry's `s` and lease, under client.h's rules and shared.h's S1 to S6;
+ * every kind operation is called with e->mu held. The calling thread's
+ * records (below) are its own: no lock.
+ */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/error.h"
+#include "local/client.h"
+#include "local/excl.h"
+#include "local/shared.h"
+
+/* The calling thread's shared holds (shared.h): n records in v, room for
+ * cap. Records of clients closed since are skipped by their serial and
+ * dropped when found. */
+static __thread dlock_shold *holds;
+static __thread unsigned nholds, capholds;
+
+dlock_shold *dlock_shold_find(uint64_t serial, const char *name, size_t len)
+{
+    for (unsigned i = 0; i < nholds; i++) {
+        dlock_entry *e = holds[i].e;
+        if (holds[i].serial == serial && e->name_len == len && memcmp(e->name, name, len) == 0)
+            return &holds[i];
+    }
+    return NULL;
+}
+
+dlock_shold *dlock_shold_of(uint64_t serial, const dlock_entry *e)
+{
+    for (unsigned i = 0; i < nholds; i++)
+        if (holds[i].e == e && holds[i].serial == serial)
+            return &holds[i];
+    return NULL;
+}
+
+int dlock_shold_reserve(void)
+{
+    if (nholds < capholds)
+        return DLOCK_OK;
+    unsigned cap = capholds ? 2 * capholds : 4;
+    dlock_shold *v = realloc(holds, cap * sizeof *v);
+    if (!v)
+        return dlock_err_set(DLOCK_ENOMEM, "out of memory");
+    holds = v;
+    capholds = cap;
+    return DLOCK_OK;
+}
+
+dlock_shold *dlock_shold_get(uint64_t serial, dlock_entry *e)
+{
+    dlock_shold *h = dlock_shold_of(serial, e);
+    if (h)
+        return h;
+    DLOCK_ASSERT(nholds < capholds);
+    h = &holds[nholds++];
+    *h = (dlock_shold){.serial = serial, .e = e, .since_ns = dlock_now_ns()};
+    return h;
+}
+
+void dlock_shold_trim(void)
+{
+    if (nholds == 0) {
+        free(holds); /* a thread that holds nothing shared keeps no memory */
+        holds = NULL;
+        capholds = 0;
+    }
+}
+
+void dlock_shold_tidy(dlock_shold *h)
+{
+    if (h->depth || h->nested)
+        return;
+    *h = holds[--nholds];
+    dlock_shold_trim();
+}
+
+dlock_shold *dlock_shold_last(void)
+{
+    return nholds ? &holds[nholds - 1] : NULL;
+}
+
+/* A holder (S1, S4): the calling thread holds e shared, or holds it
+ * exclusively (a shared acquire nests in that hold). */
+static int mine(const dlock_client *c, const dlock_entry *e)
+{
+    if (dlock_kind_excl.mine(c, e))
+        return 1;
+    const dlock_shold *h = dlock_shold_of(c->serial, e);
+    return h && h->depth > 0;
+}
+
+/* A reentrant shared acquire (S4): one level more, no Redis command. */
+static int reenter(dlock_client *c, dlock_entry *e, uint64_t *fence)
+{
+    int64_t at = dlock_boot_ns();
+    if (e->lease.state != DLOCK_LEASE_HELD || at >= e->lease.valid_until_ns)
+        return dlock_err_set(DLOCK_ELOST, "the lease of '%s' is lost; release it", e->name);
+    dlock_shold *h = dlock_shold_get(c->serial, e); /* room reserved by the caller */
+    if (dlock_kind_excl.mine(c, e)) {
+        h->nested++;
+        e->x.depth++;
+    } else {
+        h->depth++;
+    }
+    if (fence)
+        *fence = e->lease.token;
+    return DLOCK_OK;
+}
+
+/* S2: the threads waiting shared at the head of the local queue hold the
+ * new grant too. They are woken under e->mu (not after it, as a handoff
+ * does): a grant is rare beside the joins it saves. */
+static void invite(dlock_entry *e)
+{
+    dlock_waiter *w = e->wq.head;
+    while (w && w->kind == DLOCK_KIND_SHARED) {
+        dlock_waiter *next = w->next;
+        e->s.holders++;
+        e->waiters--;
+        e->kind_waiters[DLOCK_KIND_SHARED]--;
+        dlock_waiter_unpark(dlock_waitq_grant(&e->wq, w, e->lease.token));
+        w = next;
+    }
+}
+
+/* The calling thread (the poller) holds the new shared grant. */
+static void hold(dlock_client *c, dlock_entry *e, int unclean)
+{
+    e->s.holders = 1;
+    e->s.unclean = unclean;
+    if (unclean)
+        dlock_count(&c->ctr.unclean, 1);
+    e->s.join_until_ns = e->lease.grant_boot_ns + c->join_ns;
+    dlock_shold_get(c->serial, e)->depth = 1; /* room reserved by the caller */
+    invite(e);
+}
+
+static int held(const dlock_entry *e)
+{
+    return e->s.holders > 0;
+}
+
+/* S1: a thread asking shared may join the lease now. */
+static int passing(const dlock_entry *e)
+{
+    if (!e->lease.shared || e->lease.state != DLOCK_LEASE_HELD ||
+        e->kind_waiters[DLOCK_KIND_EXCL] > 0)
+        return 0;
+    int64_t now = dlock_boot_ns();
+    return now < e->s.join_until_ns && now < e->lease.valid_until_ns;
+}
+
+/* Nobody holds e's shared lease any more and it is not valid: it goes, as
+ * an exclusive lease lost in passing does (excl.c). */
+static void lose(dlock_client *c, dlock_entry *e, int *drop, uint64_t *ran_out)
+{
+    if (e->lease.state == DLOCK_LEASE_HELD) {
+        /* Lost by its validity alone: Redis may still have it as ours. */
+        dlock_client_unconfirmed_end(c, e, e->lease.token, DLOCK_UNCLEAN_EXPIRED);
+        *drop += dlock_renew_mark_lost(c->renew, e);
+        if (ran_out)
+            *ran_out = e->lease.token;
+    } else if (e->lease.unconfirmed) {
+        dlock_client_unconfirmed_end(c, e, e->lease.unconfirmed, e->lease.unconfirmed_end);
+    }
+    e->lease.lost_notified = 1;
+    e->lease.state = DLOCK_LEASE_NONE;
+}
+
+/* A join (S1), or an invitation (S2, `direct`: the granter counted the
+ * calling thread as a holder) taken only if the lease is still HELD and
+ * valid now; else the thread waits again, and the last holder of a lease
+ * that ran out drops it. */
+static int take(dlock_client *c, dlock_entry *e, dlock_waiter *w, int direct, int *drop,
+                uint64_t *ran_out)
+{
+    (void)w;
+    int64_t now = dlock_boot_ns();
+    int valid = e->lease.state == DLOCK_LEASE_HELD && now < e->lease.valid_until_ns;
+    dlock_trace_event(c->trace, direct ? "stake" : "sjoin", e->name, "%" PRIu64 " %" PRId64 " %d",
+                      e->lease.token, now, valid);
+    if (!direct && valid) {
+        e->s.holders++;
+        dlock_count(&c->ctr.shared_joins, 1);
+    }
+    if (valid) {
+        dlock_shold_get(c->serial, e)->depth = 1; /* room reserved by the caller */
+        return DLOCK_OK;
+    }
+    if (direct) {
+        e->s.holders--;
+        e->waiters++; /* the granter counted it out */
+        e->kind_waiters[DLOCK_KIND_SHARED]++;
+        (void)dlock_waiter_self(); /* w, not granted any more: a new wait */
+    }
+    if (e->s.holders == 0 && !e->x.has_owner)
+        lose(c, e, drop, ran_out);
+    return DLOCK_ELOST;
+}
+
+static void drop_lost(dlock_entry *e)
+{
+    (void)e; /* no pass is ever open */
+}
+
+/* S5: the lease stays while other threads hold it; the last one's release
+ * gives it back. Nobody is woken: joiners do not wait. */
+static int pass(dlock_client *c, dlock_entry *e, int64_t now, dlock_waiter **wake)
+{
+    *wake = NULL;
+    dlock_trace_event(c->trace, "srel", e->name, "%u %" PRId64, e->s.holders, now);
+    return e->s.holders > 0;
+}
+
+static void unhold(dlock_entry *e)
+{
+    e->s.holders--;
+}
+
+static int end(dlock_entry *e)
+{
+    (void)e;
+    return 0; /* a shared hold's end is told to nobody (lua/p2/LAYOUT.txt) */
+}
+
+static void unused(dlock_entry *e)
+{
+    (void)e;
+}
+
+const dlock_kind dlock_kind_shared = {
+    .name = "shared",
+    .index = DLOCK_KIND_SHARED,
+    .mine = mine,
+    .reenter = reenter,
+    .hold = hold,
+    .held = held,
+    .passing = passing,
+    .take = take,
+    .drop_lost = drop_lost,
+    .pass = pass,
+    .unhold = unhold,
+    .end = end,
+    .unused = unused,
+};

@@ -1,0 +1,620 @@
+/*
+ * The shared (read) mode against a real redis-server (dlock.h,
+ * dlock_acquire_shared; src/local/shared.h, S1 to S6): shared holders of
+ * several clients at once and never beside an exclusive one; joins that
+ * cost no Redis command; writers first, locally and across clients; the
+ * join window; invitations and direct shared grants; reentrancy, nesting
+ * and the refused upgrade; tokens; lost leases, thread exits, close,
+ * cancel and shutdown.
+ */
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "fixture.h"
+
+/* A long join window, so that a test's joins fall in it on a loaded
+ * machine (the default, 20 ms, is a bound for writers, not a test's). */
+enum { LONG_JOIN_MS = 10000 };
+
+/* A client writing protocol 2, which the shared mode is part of (its
+ * exclusive acquires too, so that a release grants shared waiters
+ * directly). */
+static dlock_client *open_client(uint32_t join_ms)
+{
+    dlock_config cfg;
+    fx_config(&cfg, &fx_server);
+    cfg.protocol = 2;
+    cfg.join_ms = join_ms;
+    dlock_client *c;
+    assert_int_equal(dlock_client_open(&cfg, &c), DLOCK_OK);
+    return c;
+}
+
+static dlock_stats stats(dlock_client *c)
+{
+    dlock_stats s;
+    assert_int_equal(dlock_client_stats(c, &s), DLOCK_OK);
+    return s;
+}
+
+/* A thread that takes `name` in a mode, reports, and releases when told. */
+typedef struct taker {
+    dlock_client *c;
+    const char *name;
+    int shared;
+    int64_t wait_ms;
+    dlock_cancel *cancel;
+    int rc, release_rc, unclean;
+    uint64_t fence;
+    int got, go, exit_holding;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pthread_t th;
+} taker;
+
+static void *taker_main(void *arg)
+{
+    taker *t = arg;
+    dlock_acquire_opts o;
+    dlock_acquire_opts_init(&o);
+    o.cancel = t->cancel;
+    int rc = t->shared ? dlock_acquire_shared_ex(t->c, t->name, t->wait_ms, &t->fence, &o)
+                       : dlock_acquire_ex(t->c, t->name, t->wait_ms, &t->fence, &o);
+    int unclean = rc == DLOCK_OK ? dlock_unclean(t->c, t->name) : -1;
+    pthread_mutex_lock(&t->mu);
+    t->rc = rc;
+    t->unclean = unclean;
+    t->got = 1;
+    pthread_cond_broadcast(&t->cv);
+    while (!t->go)
+        pthread_cond_wait(&t->cv, &t->mu);
+    pthread_mutex_unlock(&t->mu);
+    if (rc == DLOCK_OK && !t->exit_holding)
+        t->release_rc = t->shared ? dlock_release_shared(t->c, t->name)
+                                  : dlock_release(t->c, t->name);
+    return NULL;
+}
+
+static void taker_start(taker *t, dlock_client *c, const char *name, int shared, int64_t wait_ms)
+{
+    memset(t, 0, sizeof *t);
+    t->c = c;
+    t->name = name;
+    t->shared = shared;
+    t->wait_ms = wait_ms;
+    pthread_mutex_init(&t->mu, NULL);
+    pthread_cond_init(&t->cv, NULL);
+    assert_int_equal(pthread_create(&t->th, NULL, taker_main, t), 0);
+}
+
+/* Waits until t's acquire returned; its result. */
+static int taker_got(taker *t)
+{
+    pthread_mutex_lock(&t->mu);
+    while (!t->got)
+        pthread_cond_wait(&t->cv, &t->mu);
+    int rc = t->rc;
+    pthread_mutex_unlock(&t->mu);
+    return rc;
+}
+
+/* Whether t's acquire returned yet. */
+static int taker_done(taker *t)
+{
+    pthread_mutex_lock(&t->mu);
+    int got = t->got;
+    pthread_mutex_unlock(&t->mu);
+    return got;
+}
+
+/* Lets t release (or exit) and joins it. */
+static void taker_finish(taker *t)
+{
+    (void)taker_got(t);
+    pthread_mutex_lock(&t->mu);
+    t->go = 1;
+    pthread_cond_broadcast(&t->cv);
+    pthread_mutex_unlock(&t->mu);
+    pthread_join(t->th, NULL);
+    pthread_cond_destroy(&t->cv);
+    pthread_mutex_destroy(&t->mu);
+}
+
+/* Time for a thread to reach its wait. The assertions after it hold
+ * whether or not it has (they wait for results), but for the ones that say
+ * a thread is still waiting, which it then is all the more. */
+static void let_it_wait(void)
+{
+    fx_sleep_ms(200);
+}
+
+/* Whether client c holds `name` in Redis right now, by the script dlockctl
+ * reads: the count of shared holders in the name's hash. */
+static long long shared_fields(const char *name)
+{
+    redisContext *rc = fx_connect("127.0.0.1", fx_server.port);
+    redisReply *r = redisCommand(rc, "HKEYS dlock:{%s}", name);
+    long long n = 0;
+    if (r && r->type == REDIS_REPLY_ARRAY)
+        for (size_t i = 0; i < r->elements; i++)
+            n += strncmp(r->element[i]->str, "s:", 2) == 0;
+    if (r)
+        freeReplyObject(r);
+    redisFree(rc);
+    return n;
+}
+
+/* Several clients hold a name shared at once; an exclusive acquire waits
+ * for all of them; tokens: each shared grant above every token before it,
+ * every exclusive token after it above it. */
+static void test_readers_share_writer_waits(void **state)
+{
+    (void)state;
+    dlock_client *a = open_client(20), *b = open_client(20), *w = open_client(20);
+    uint64_t fx0, fa, fb, fx1;
+    assert_int_equal(dlock_acquire(w, "rw", 0, &fx0), DLOCK_OK);
+    assert_int_equal(dlock_acquire_shared(a, "rw", 0, NULL), DLOCK_EBUSY); /* beside a writer */
+    assert_int_equal(dlock_release(w, "rw"), DLOCK_OK);
+    assert_int_equal(dlock_acquire_shared(a, "rw", 0, &fa), DLOCK_OK);
+    assert_int_equal(dlock_acquire_shared(b, "rw", 0, &fb), DLOCK_OK);
+    assert_true(fa > fx0);
+    assert_true(fb > fx0);
+    assert_int_equal(shared_fields("rw"), 2);
+    assert_int_equal(dlock_held(a, "rw"), 1);
+    assert_int_equal(dlock_acquire(w, "rw", 0, NULL), DLOCK_EBUSY);
+    taker t;
+    taker_start(&t, w, "rw", 0, 10000);
+    let_it_wait();
+    assert_false(taker_done(&t));
+    assert_int_equal(dlock_release_shared(a, "rw"), DLOCK_OK);
+    let_it_wait();
+    assert_false(taker_done(&t)); /* b still reads */
+    assert_int_equal(dlock_release_shared(b, "rw"), DLOCK_OK);
+    assert_int_equal(taker_got(&t), DLOCK_OK);
+    fx1 = t.fence;
+    assert_true(fx1 > fa && fx1 > fb);
+    assert_int_equal(shared_fields("rw"), 0);
+    taker_finish(&t);
+    assert_int_equal(t.release_rc, DLOCK_OK);
+    assert_int_equal(dlock_held(a, "rw"), 0);
+    assert_int_equal(dlock_release_shared(a, "rw"), DLOCK_ENOTHELD);
+    dlock_client_close(a);
+    dlock_client_close(b);
+    dlock_client_close(w);
+}
+
+/* S1: a second thread of the client joins the held shared lease with no
+ * Redis command (the client's count and the server's), with its token. */
+static void test_join_costs_no_redis_command(void **state)
+{
+    (void)state;
+    dlock_client *c = open_client(LONG_JOIN_MS);
+    uint64_t f0;
+    assert_int_equal(dlock_acquire_shared(c, "join", 0, &f0), DLOCK_OK);
+    assert_int_equal(fx_wait_subscriber(c), 0);
+    dlock_stats s0 = stats(c);
+    long long server0 = fx_info_lock_calls("127.0.0.1", fx_server.port);
+    taker t[3];
+    for (int i = 0; i < 3; i++)
+        taker_start(&t[i], c, "join", 1, 0);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(taker_got(&t[i]), DLOCK_OK);
+        assert_int_equal(t[i].fence, f0);
+    }
+    long long server1 = fx_info_lock_calls("127.0.0.1", fx_server.port);
+    dlock_stats s1 = stats(c);
+    assert_int_equal(s1.redis_commands - s0.redis_commands, 0);
+    assert_int_equal(server1 - server0, 0);
+    assert_int_equal(s1.acquisitions - s0.acquisitions, 3);
+    assert_int_equal(s1.shared_acquisitions - s0.shared_acquisitions, 3);
+    assert_int_equal(s1.shared_joins - s0.shared_joins, 3);
+    for (int i = 0; i < 3; i++) {
+        taker_finish(&t[i]);
+        assert_int_equal(t[i].release_rc, DLOCK_OK);
+    }
+    assert_int_equal(shared_fields("join"), 1); /* the main thread still reads */
+    assert_int_equal(dlock_release_shared(c, "join"), DLOCK_OK);
+    assert_int_equal(shared_fields("join"), 0);
+    assert_int_equal(fx_entries_settled(c), 0);
+    dlock_client_close(c);
+}
+
+/* S3 locally: once a thread of the client waits exclusively, no other
+ * thread joins; the readers drain and the writer gets the name. */
+static void test_local_writer_stops_joins(void **state)
+{
+    (void)state;
+    dlock_client *c = open_client(LONG_JOIN_MS);
+    assert_int_equal(dlock_acquire_shared(c, "lw", 0, NULL), DLOCK_OK);
+    taker wr;
+    taker_start(&wr, c, "lw", 0, 10000);
+    let_it_wait();
+    assert_false(taker_done(&wr));
+    assert_int_equal(dlock_acquire_shared(c, "lw", 0, NULL), DLOCK_OK); /* reentrant: allowed */
+    taker rd;
+    taker_start(&rd, c, "lw", 1, 0);
+    assert_int_equal(taker_got(&rd), DLOCK_EBUSY); /* a newcomer does not join */
+    taker_finish(&rd);
+    assert_int_equal(dlock_release_shared(c, "lw"), DLOCK_OK);
+    assert_false(taker_done(&wr));
+    assert_int_equal(dlock_release_shared(c, "lw"), DLOCK_OK);
+    assert_int_equal(taker_got(&wr), DLOCK_OK);
+    taker_finish(&wr);
+    assert_int_equal(wr.release_rc, DLOCK_OK);
+    dlock_client_close(c);
+}
+
+/* S3 across clients: a writer queued in Redis stops new shared grants to
+ * other clients; the readers' client joins its threads only within its
+ * join window, then waits for its lease to go back. */
+static void test_remote_writer_and_the_join_window(void **state)
+{
+    (void)state;
+    dlock_client *r = open_client(300), *w = open_client(20), *o = open_client(20);
+    uint64_t fr;
+    assert_int_equal(dlock_acquire_shared(r, "win", 0, &fr), DLOCK_OK);
+    taker wr;
+    taker_start(&wr, w, "win", 0, 20000);
+    let_it_wait();
+    assert_false(taker_done(&wr));
+    /* another client is not granted shared beside a queued writer */
+    assert_int_equal(dlock_acquire_shared(o, "win", 0, NULL), DLOCK_EBUSY);
+    /* past the window (300 ms from the grant), a new thread of r waits */
+    fx_sleep_ms(400);
+    taker late;
+    taker_start(&late, r, "win", 1, 20000);
+    let_it_wait();
+    assert_false(taker_done(&late));
+    assert_int_equal(dlock_release_shared(r, "win"), DLOCK_OK);
+    /* the writer goes first, then r's late reader */
+    assert_int_equal(taker_got(&wr), DLOCK_OK);
+    assert_true(wr.fence > fr);
+    let_it_wait();
+    assert_false(taker_done(&late));
+    taker_finish(&wr);
+    assert_int_equal(wr.release_rc, DLOCK_OK);
+    assert_int_equal(taker_got(&late), DLOCK_OK);
+    assert_true(late.fence > wr.fence);
+    taker_finish(&late);
+    assert_int_equal(late.release_rc, DLOCK_OK);
+    dlock_client_close(r);
+    dlock_client_close(w);
+    dlock_client_close(o);
+}
+
+/* S2: threads waiting shared behind a local writer all hold the one grant
+ * that follows its release (one Redis grant, one token). */
+static void test_invitation_after_local_writer(void **state)
+{
+    (void)state;
+    dlock_client *c = open_client(LONG_JOIN_MS);
+    assert_int_equal(dlock_acquire(c, "inv", 0, NULL), DLOCK_OK);
+    taker t[3];
+    for (int i = 0; i < 3; i++)
+        taker_start(&t[i], c, "inv", 1, 20000);
+    let_it_wait();
+    for (int i = 0; i < 3; i++)
+        assert_false(taker_done(&t[i]));
+    dlock_stats s0 = stats(c);
+    assert_int_equal(dlock_release(c, "inv"), DLOCK_OK);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(taker_got(&t[i]), DLOCK_OK);
+    assert_int_equal(t[1].fence, t[0].fence);
+    assert_int_equal(t[2].fence, t[0].fence);
+    assert_int_equal(stats(c).grants - s0.grants, 1);
+    assert_int_equal(shared_fields("inv"), 1);
+    for (int i = 0; i < 3; i++) {
+        taker_finish(&t[i]);
+        assert_int_equal(t[i].release_rc, DLOCK_OK);
+    }
+    assert_int_equal(shared_fields("inv"), 0);
+    dlock_client_close(c);
+}
+
+/* A writer of another client releases: the threads waiting shared in this
+ * client are granted directly ("S" message) and share the grant. */
+static void test_direct_shared_grant(void **state)
+{
+    (void)state;
+    dlock_client *w = open_client(20), *c = open_client(LONG_JOIN_MS);
+    uint64_t fw;
+    assert_int_equal(dlock_acquire(w, "dg", 0, &fw), DLOCK_OK);
+    assert_int_equal(fx_wait_subscriber(c), 0);
+    taker t[2];
+    for (int i = 0; i < 2; i++)
+        taker_start(&t[i], c, "dg", 1, 20000);
+    let_it_wait();
+    assert_int_equal(dlock_release(w, "dg"), DLOCK_OK);
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(taker_got(&t[i]), DLOCK_OK);
+    assert_true(t[0].fence > fw);
+    assert_int_equal(t[1].fence, t[0].fence);
+    assert_int_equal(stats(c).direct_grants, 1);
+    for (int i = 0; i < 2; i++) {
+        taker_finish(&t[i]);
+        assert_int_equal(t[i].release_rc, DLOCK_OK);
+    }
+    assert_int_equal(dlock_acquire(w, "dg", 0, NULL), DLOCK_OK);
+    assert_int_equal(dlock_release(w, "dg"), DLOCK_OK);
+    dlock_client_close(w);
+    dlock_client_close(c);
+}
+
+/* A writer of protocol 1 (the name's data is protocol 1's, which has no
+ * shared mode): the shared acquire waits, asking again, and is granted
+ * once the writer released; never beside it. */
+static void test_protocol_1_writer(void **state)
+{
+    (void)state;
+    dlock_config cfg;
+    fx_config(&cfg, &fx_server);
+    cfg.protocol = 1;
+    dlock_client *w, *c = open_client(20);
+    assert_int_equal(dlock_client_open(&cfg, &w), DLOCK_OK);
+    uint64_t fw;
+    assert_int_equal(dlock_acquire(w, "p1w", 0, &fw), DLOCK_OK);
+    assert_int_equal(dlock_acquire_shared(c, "p1w", 0, NULL), DLOCK_EBUSY);
+    taker t;
+    taker_start(&t, c, "p1w", 1, 20000);
+    let_it_wait();
+    assert_false(taker_done(&t));
+    assert_int_equal(dlock_release(w, "p1w"), DLOCK_OK);
+    assert_int_equal(taker_got(&t), DLOCK_OK);
+    assert_true(t.fence > fw);
+    /* the protocol 1 writer waits for the reader in turn (its try is sent
+     * again in protocol 2, where the name now is) */
+    assert_int_equal(dlock_acquire(w, "p1w", 0, NULL), DLOCK_EBUSY);
+    taker_finish(&t);
+    assert_int_equal(t.release_rc, DLOCK_OK);
+    assert_int_equal(dlock_acquire(w, "p1w", 0, NULL), DLOCK_OK);
+    assert_int_equal(dlock_release(w, "p1w"), DLOCK_OK);
+    dlock_client_close(w);
+    dlock_client_close(c);
+}
+
+/* S4: reentrancy, nesting under an exclusive hold, the refused upgrade. */
+static void test_reentrancy_nesting_upgrade(void **state)
+{
+    (void)state;
+    dlock_client *c = open_client(20), *o = open_client(20);
+    uint64_t f1, f2;
+    assert_int_equal(dlock_acquire_shared(c, "re", 0, &f1), DLOCK_OK);
+    assert_int_equal(dlock_acquire_shared(c, "re", 0, &f2), DLOCK_OK);
+    assert_int_equal(f2, f1);
+    assert_int_equal(dlock_acquire(c, "re", 0, NULL), DLOCK_EINVAL); /* an upgrade */
+    assert_non_null(strstr(dlock_last_error(), "shared"));
+    assert_int_equal(dlock_release(c, "re"), DLOCK_ENOTHELD);
+    assert_int_equal(dlock_release_shared(c, "re"), DLOCK_OK);
+    assert_int_equal(dlock_held(c, "re"), 1);
+    assert_int_equal(dlock_release_shared(c, "re"), DLOCK_OK);
+    assert_int_equal(dlock_held(c, "re"), 0);
+    assert_int_equal(dlock_release_shared(c, "re"), DLOCK_ENOTHELD);
+
+    /* shared under exclusive: one more level of the exclusive hold */
+    uint64_t fx, fs;
+    assert_int_equal(dlock_acquire(c, "re", 0, &fx), DLOCK_OK);
+    assert_int_equal(dlock_acquire_shared(c, "re", 0, &fs), DLOCK_OK);
+    assert_int_equal(fs, fx);
+    assert_int_equal(dlock_acquire_shared(o, "re", 0, NULL), DLOCK_EBUSY);
+    assert_int_equal(dlock_release(c, "re"), DLOCK_OK); /* the exclusive level */
+    assert_int_equal(dlock_release(c, "re"), DLOCK_ENOTHELD); /* only the nested one is left */
+    assert_int_equal(dlock_held(c, "re"), 1);
+    assert_int_equal(dlock_acquire_shared(o, "re", 0, NULL), DLOCK_EBUSY);
+    assert_int_equal(dlock_release_shared(c, "re"), DLOCK_OK);
+    assert_int_equal(dlock_held(c, "re"), 0);
+    assert_int_equal(dlock_acquire_shared(o, "re", 0, NULL), DLOCK_OK);
+    assert_int_equal(dlock_release_shared(o, "re"), DLOCK_OK);
+    dlock_client_close(c);
+    dlock_client_close(o);
+}
+
+/* A thread that exits holding the name shared has it released; close
+ * releases a shared lease too. */
+static void test_thread_exit_and_close(void **state)
+{
+    (void)state;
+    dlock_client *c = open_client(20), *w = open_client(20);
+    taker t;
+    taker_start(&t, c, "ex", 1, 0);
+    t.exit_holding = 1;
+    assert_int_equal(taker_got(&t), DLOCK_OK);
+    taker_finish(&t);
+    assert_int_equal(stats(c).abandoned, 1);
+    assert_int_equal(shared_fields("ex"), 0);
+    assert_int_equal(dlock_acquire(w, "ex", 0, NULL), DLOCK_OK);
+    assert_int_equal(dlock_release(w, "ex"), DLOCK_OK);
+
+    assert_int_equal(dlock_acquire_shared(c, "ex", 0, NULL), DLOCK_OK);
+    assert_int_equal(shared_fields("ex"), 1);
+    dlock_client_close(c);
+    assert_int_equal(shared_fields("ex"), 0);
+    assert_int_equal(dlock_acquire(w, "ex", 0, NULL), DLOCK_OK);
+    assert_int_equal(dlock_release(w, "ex"), DLOCK_OK);
+    dlock_client_close(w);
+}
+
+static int lost_calls;
+static void on_lost(const char *name, uint64_t fence, void *arg)
+{
+    (void)name;
+    (void)fence;
+    (void)arg;
+    __atomic_add_fetch(&lost_calls, 1, __ATOMIC_SEQ_CST);
+}
+
+/* S5: a shared lease found gone is reported once (on_lost) and every
+ * holder's release says DLOCK_ELOST; the name is usable after. */
+static void test_lost_shared_lease(void **state)
+{
+    (void)state;
+    dlock_config cfg;
+    fx_config(&cfg, &fx_server);
+    cfg.lease_ms = 1500; /* renewed every 500 ms */
+    cfg.join_ms = 1000;
+    cfg.on_lost = on_lost;
+    lost_calls = 0;
+    dlock_client *c;
+    assert_int_equal(dlock_client_open(&cfg, &c), DLOCK_OK);
+    assert_int_equal(dlock_acquire_shared(c, "lost", 0, NULL), DLOCK_OK);
+    taker t;
+    taker_start(&t, c, "lost", 1, 0);
+    assert_int_equal(taker_got(&t), DLOCK_OK);
+    redisContext *rc = fx_connect("127.0.0.1", fx_server.port);
+    freeReplyObject(redisCommand(rc, "DEL dlock:{lost}"));
+    redisFree(rc);
+    /* the next renewal finds it gone: within a renewal period and a
+     * command timeout; 10 s is far above that on a loaded machine */
+    for (int i = 0; i < 200 && dlock_held(c, "lost"); i++)
+        fx_sleep_ms(50);
+    assert_int_equal(dlock_held(c, "lost"), 0);
+    assert_int_equal(__atomic_load_n(&lost_calls, __ATOMIC_SEQ_CST), 1);
+    taker_finish(&t);
+    assert_int_equal(t.release_rc, DLOCK_ELOST);
+    assert_int_equal(dlock_release_shared(c, "lost"), DLOCK_ELOST);
+    assert_int_equal(dlock_acquire_shared(c, "lost", 0, NULL), DLOCK_OK);
+    assert_int_equal(dlock_release_shared(c, "lost"), DLOCK_OK);
+    assert_int_equal(fx_entries_settled(c), 0);
+    dlock_client_close(c);
+}
+
+/* A shared waiter is stopped by its cancel token and by shutdown, and the
+ * name is not left taken. */
+static void test_cancel_and_shutdown(void **state)
+{
+    (void)state;
+    dlock_client *w = open_client(20), *c = open_client(20);
+    assert_int_equal(dlock_acquire(w, "stop", 0, NULL), DLOCK_OK);
+    dlock_cancel *k;
+    assert_int_equal(dlock_cancel_create(&k), DLOCK_OK);
+    taker t;
+    memset(&t, 0, sizeof t);
+    t.c = c;
+    t.name = "stop";
+    t.shared = 1;
+    t.wait_ms = -1;
+    t.cancel = k;
+    pthread_mutex_init(&t.mu, NULL);
+    pthread_cond_init(&t.cv, NULL);
+    assert_int_equal(pthread_create(&t.th, NULL, taker_main, &t), 0);
+    let_it_wait();
+    dlock_cancel_fire(k);
+    assert_int_equal(taker_got(&t), DLOCK_ECANCELED);
+    taker_finish(&t);
+    dlock_cancel_destroy(k);
+
+    taker s;
+    taker_start(&s, c, "stop", 1, -1);
+    let_it_wait();
+    dlock_client_shutdown(c);
+    assert_int_equal(taker_got(&s), DLOCK_ECLOSED);
+    taker_finish(&s);
+    dlock_client_close(c);
+    assert_int_equal(dlock_release(w, "stop"), DLOCK_OK);
+    assert_int_equal(dlock_acquire_shared(w, "stop", 0, NULL), DLOCK_OK);
+    assert_int_equal(dlock_release_shared(w, "stop"), DLOCK_OK);
+    dlock_client_close(w);
+}
+
+/* Threads of one client mixing both modes on one name: every acquire is
+ * served, and never a shared holder beside an exclusive one. */
+enum { MIX_THREADS = 6, MIX_ROUNDS = 150 };
+static int mix_readers, mix_writers, mix_bad;
+static pthread_mutex_t mix_mu = PTHREAD_MUTEX_INITIALIZER;
+
+typedef struct mixer {
+    dlock_client *c;
+    int id, fails;
+} mixer;
+
+static void *mixer_main(void *arg)
+{
+    mixer *m = arg;
+    for (int i = 0; i < MIX_ROUNDS; i++) {
+        int shared = (i + m->id) % 3 != 0;
+        int rc = shared ? dlock_acquire_shared(m->c, "mix", 20000, NULL)
+                        : dlock_acquire(m->c, "mix", 20000, NULL);
+        if (rc != DLOCK_OK) {
+            m->fails++;
+            continue;
+        }
+        pthread_mutex_lock(&mix_mu);
+        if (shared ? mix_writers > 0 : mix_writers > 0 || mix_readers > 0)
+            mix_bad++;
+        *(shared ? &mix_readers : &mix_writers) += 1;
+        pthread_mutex_unlock(&mix_mu);
+        fx_sleep_ms(i % 4 == 0 ? 1 : 0);
+        pthread_mutex_lock(&mix_mu);
+        *(shared ? &mix_readers : &mix_writers) -= 1;
+        pthread_mutex_unlock(&mix_mu);
+        rc = shared ? dlock_release_shared(m->c, "mix") : dlock_release(m->c, "mix");
+        if (rc != DLOCK_OK)
+            m->fails++;
+    }
+    return NULL;
+}
+
+static void test_mixed_modes_storm(void **state)
+{
+    (void)state;
+    dlock_client *c[2] = {open_client(20), open_client(20)};
+    mixer m[MIX_THREADS];
+    pthread_t th[MIX_THREADS];
+    mix_bad = mix_readers = mix_writers = 0;
+    for (int i = 0; i < MIX_THREADS; i++) {
+        m[i] = (mixer){.c = c[i % 2], .id = i};
+        assert_int_equal(pthread_create(&th[i], NULL, mixer_main, &m[i]), 0);
+    }
+    for (int i = 0; i < MIX_THREADS; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(m[i].fails, 0);
+    }
+    assert_int_equal(mix_bad, 0);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(fx_entries_settled(c[i]), 0);
+        dlock_client_close(c[i]);
+    }
+}
+
+/* Bad input: a NULL client or name; join_ms above the lease. */
+static void test_bad_input(void **state)
+{
+    (void)state;
+    assert_int_equal(dlock_acquire_shared(NULL, "x", 0, NULL), DLOCK_EINVAL);
+    assert_int_equal(dlock_release_shared(NULL, "x"), DLOCK_EINVAL);
+    dlock_client *c = open_client(20);
+    assert_int_equal(dlock_acquire_shared(c, NULL, 0, NULL), DLOCK_EINVAL);
+    assert_int_equal(dlock_release_shared(c, ""), DLOCK_EINVAL);
+    dlock_client_close(c);
+    dlock_config cfg;
+    fx_config(&cfg, &fx_server);
+    cfg.join_ms = cfg.lease_ms + 1;
+    dlock_client *bad = NULL;
+    assert_int_equal(dlock_client_open(&cfg, &bad), DLOCK_EINVAL);
+    assert_null(bad);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_readers_share_writer_waits, fx_ensure_server),
+        cmocka_unit_test_teardown(test_join_costs_no_redis_command, fx_ensure_server),
+        cmocka_unit_test_teardown(test_local_writer_stops_joins, fx_ensure_server),
+        cmocka_unit_test_teardown(test_remote_writer_and_the_join_window, fx_ensure_server),
+        cmocka_unit_test_teardown(test_invitation_after_local_writer, fx_ensure_server),
+        cmocka_unit_test_teardown(test_direct_shared_grant, fx_ensure_server),
+        cmocka_unit_test_teardown(test_protocol_1_writer, fx_ensure_server),
+        cmocka_unit_test_teardown(test_reentrancy_nesting_upgrade, fx_ensure_server),
+        cmocka_unit_test_teardown(test_thread_exit_and_close, fx_ensure_server),
+        cmocka_unit_test_teardown(test_lost_shared_lease, fx_ensure_server),
+        cmocka_unit_test_teardown(test_cancel_and_shutdown, fx_ensure_server),
+        cmocka_unit_test_teardown(test_mixed_modes_storm, fx_ensure_server),
+        cmocka_unit_test_teardown(test_bad_input, fx_ensure_server),
+    };
+    return cmocka_run_group_tests(tests, fx_group_setup, fx_group_teardown);
+}
