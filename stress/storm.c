@@ -35,7 +35,8 @@
  *  - --read-pct: a reader sees no writer inside (their occupancy is 0, and
  *    the counter, which readers only read, is the same at both ends of its
  *    section) and a writer no reader; a reader's token is above the last
- *    writer's, a writer's above every token seen;
+ *    writer's, a writer's above every token seen (dlock's shared mode, or
+ *    with --mutex a process-shared rwlock);
  *  - --sem N: never more than N holders inside (occupancy), the most seen
  *    kept for the report.
  *

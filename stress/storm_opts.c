@@ -75,14 +75,15 @@ static void usage(FILE *f)
 "                       Lua compare-and-delete (EVAL) to release, on one\n"
 "                       connection per thread; the token checked is a per-name\n"
 "                       counter bumped in the critical section, as with --mutex\n"
-"  --read-pct P         P%% of acquisitions take the name shared (read), the rest\n"
-"                       exclusively (0..100, default 0). Checked in every\n"
+"  --read-pct P         P%% of acquisitions take the name shared (read:\n"
+"                       dlock_acquire_shared; with --mutex a process-shared\n"
+"                       rwlock), the rest exclusively (0..100, default 0).\n"
+"                       Checked in every\n"
 "                       critical section: no reader beside a writer (nor two\n"
 "                       writers), the counter unchanged under a reader, a\n"
 "                       reader's token above every writer's before it, a\n"
-"                       writer's above every token before it. With --mutex only\n"
-"                       for now (a process-shared rwlock, writers preferred):\n"
-"                       dlock's shared mode is not in the library yet\n"
+"                       writer's above every token before it (the rwlock, with\n"
+"                       --mutex, prefers writers as dlock does)\n"
 "  --sem N              every name is a counting semaphore of N permits (1..%d):\n"
 "                       checked: never more than N holders inside at once. With\n"
 "                       --mutex only for now (a process-shared POSIX semaphore;\n"
@@ -298,9 +299,11 @@ void parse_opts(int argc, char **argv)
                       O.rtt_us > 0 || O.min_replicas))
         bad_usage("--cluster starts a private Redis Cluster for dlock's Cluster mode: not with"
                   " --naive, --mutex, --redis, --unix, --sentinel, --rtt-us or --min-replicas");
-    if ((O.read_pct > 0 || O.sem_limit > 0) && !O.mutex)
-        bad_usage("--read-pct and --sem need --mutex for now: dlock's shared mode and "
-                  "semaphores are not in the library yet");
+    if (O.sem_limit > 0 && !O.mutex)
+        bad_usage("--sem needs --mutex for now: dlock's semaphores are not in the library yet");
+    if (O.read_pct > 0 && O.naive)
+        bad_usage("--read-pct: dlock's shared mode or, with --mutex, a process-shared rwlock; "
+                  "--naive has no shared mode");
     if (O.read_pct > 0 && O.sem_limit > 0)
         bad_usage("--read-pct and --sem: one or the other");
     if (O.plant && strcmp(O.plant, "readers-unlocked") == 0 && O.read_pct == 0)

@@ -355,6 +355,24 @@ static int rwlock_release(int li, int shared)
     return DLOCK_EINVAL;
 }
 
+/* --read-pct without --mutex: dlock's shared mode (--plant
+ * readers-unlocked: readers take no lock). */
+static int dlock_shared_acquire(dlock_client *c, const char *name, uint64_t *fence)
+{
+    if (O.plant && !strcmp(O.plant, "readers-unlocked")) {
+        *fence = UINT64_MAX; /* above every writer's: only the occupancy checks see it */
+        return DLOCK_OK;
+    }
+    return dlock_acquire_shared(c, name, O.wait_ms, fence);
+}
+
+static int dlock_shared_release(dlock_client *c, const char *name)
+{
+    if (O.plant && !strcmp(O.plant, "readers-unlocked"))
+        return DLOCK_OK;
+    return dlock_release_shared(c, name);
+}
+
 /* --mutex --sem: a permit of name li's semaphore, with mutex_acquire's
  * return codes (no token: a semaphore has none). */
 static int sem_acquire(int li)
@@ -599,11 +617,12 @@ static void *thread_main(void *arg)
         __atomic_store_n(&r->name_idx, li, __ATOMIC_RELAXED);
         SET_PHASE(r, PH_ACQUIRE);
         int64_t t0 = now_ns();
-        int rc = O.sem_limit > 0  ? sem_acquire(li)
-                 : O.read_pct > 0 ? rwlock_acquire(li, shared, &fence)
-                 : O.mutex        ? mutex_acquire(li, &fence)
-                 : O.naive        ? naive_acquire(li, name, &fence)
-                                  : dlock_acquire(c, name, O.wait_ms, &fence);
+        int rc = O.sem_limit > 0               ? sem_acquire(li)
+                 : O.read_pct > 0 && O.mutex   ? rwlock_acquire(li, shared, &fence)
+                 : O.mutex                     ? mutex_acquire(li, &fence)
+                 : O.naive                     ? naive_acquire(li, name, &fence)
+                 : shared                      ? dlock_shared_acquire(c, name, &fence)
+                                               : dlock_acquire(c, name, O.wait_ms, &fence);
         int64_t t1 = now_ns();
         if (rc == DLOCK_OK && (O.sem_limit > 0 || shared)) {
             SET_PHASE(r, PH_CS);
@@ -612,7 +631,9 @@ static void *thread_main(void *arg)
             else
                 read_section(r, a, li, name, fence);
             SET_PHASE(r, PH_RELEASE);
-            int rr = O.sem_limit > 0 ? sem_release(li) : rwlock_release(li, 1);
+            int rr = O.sem_limit > 0 ? sem_release(li)
+                     : O.mutex       ? rwlock_release(li, 1)
+                                     : dlock_shared_release(c, name);
             if (rr != DLOCK_OK) {
                 r->rel_errors[err_index(rr)]++;
                 logf_limited("release of '%s' returned %s: %s", name, dlock_err_name(rr),
@@ -658,8 +679,8 @@ static void *thread_main(void *arg)
             __atomic_store_n(&ns->counter, v + 1, __ATOMIC_RELEASE);
             __atomic_sub_fetch(&ns->occupancy, 1, __ATOMIC_ACQ_REL);
             SET_PHASE(r, PH_RELEASE);
-            int rr = O.read_pct > 0 ? rwlock_release(li, 0)
-                     : O.mutex      ? mutex_release(li)
+            int rr = O.read_pct > 0 && O.mutex ? rwlock_release(li, 0)
+                     : O.mutex                 ? mutex_release(li)
                      : O.naive      ? naive_release(name)
                                     : dlock_release(c, name);
             if (rr != DLOCK_OK) {
