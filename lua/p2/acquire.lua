@@ -8,7 +8,9 @@
 -- nothing, with an error that names both protocols. Protocol 1's keys that
 -- may still live when the hash is new (its fence KEYS[2], its turn KEYS[5])
 -- or when this client has no record in it (its record KEYS[6]) are read, so
--- that a name moved from protocol 1 keeps what it remembered.
+-- that a name moved from protocol 1 keeps what it remembered. A semaphore's
+-- hash (field k: lua/p2/SEM.txt) is refused likewise, with a DLOCKKIND
+-- error: the field comes in the one HMGET.
 --
 -- Shared mode (lua/p2/LAYOUT.txt, lua/p2/acquire_shared.lua): while a
 -- shared lease lives (field r: no shared lease lasts past it), the acquire
@@ -30,12 +32,18 @@ local me = ARGV[1]
 local attempt = tonumber(ARGV[3])
 local l = tonumber(ARGV[2])
 local rk = 'c:' .. me
-local h = redis.call('HMGET', KEYS[1], 'pv', 'g', 'u', 't', 'q', rk, 'o', 'n', 'r', 's:' .. me)
+local h = redis.call('HMGET', KEYS[1], 'pv', 'g', 'u', 't', 'q', rk, 'o', 'n', 'r', 's:' .. me,
+  'k')
 if h[1] ~= '2' and (h[1] or redis.call('EXISTS', KEYS[1]) == 1) then
   -- another protocol's data (a hash without pv is protocol 1's)
   local p = h[1] or '1'
   return redis.error_reply('DLOCKPROTOCOL the data of this name is dlock protocol ' .. p ..
     '; this client speaks protocol 2' .. ((tonumber(p) or 3) > 2 and ': upgrade it' or ''))
+end
+if h[11] then
+  -- a semaphore's hash (lua/p2/SEM.txt): not a lock's
+  return redis.error_reply('DLOCKKIND the data of this name is a semaphore (kind ' .. h[11] ..
+    '), not a lock')
 end
 local new = not h[1]
 local t = redis.call('TIME')

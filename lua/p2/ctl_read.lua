@@ -12,10 +12,14 @@
 -- exp}, then the waiters as above (a shared waiter's liveness value has
 -- 's' for its pass limit). Without it, the reply is the one above (the
 -- holder fields only ever show an exclusive grant), as dlockctl reads it.
-local h = redis.call('HMGET', KEYS[1], 'pv', 'g', 'o', 'n', 't')
+local h = redis.call('HMGET', KEYS[1], 'pv', 'g', 'o', 'n', 't', 'k')
 if h[1] ~= '2' and (h[1] or redis.call('EXISTS', KEYS[1]) == 1) then
   return redis.error_reply('DLOCKPROTOCOL ' .. KEYS[1] .. ': the data of this name is '
     .. 'dlock protocol ' .. (h[1] or '1') .. '; this dlockctl speaks protocol 2')
+end
+if h[6] then
+  return redis.error_reply('DLOCKKIND ' .. KEYS[1] .. ': the data of this name is a semaphore '
+    .. '(kind ' .. h[6] .. '), not a lock')
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

@@ -7,10 +7,14 @@
 -- It answers -N, having changed nothing, while the holder's reservation
 -- (token + pass limit) is ahead of server time; otherwise release.lua's
 -- answer (0: not held by that grant).
-local h = redis.call('HMGET', KEYS[1], 'pv', 'g', 'o')
+local h = redis.call('HMGET', KEYS[1], 'pv', 'g', 'o', 'k')
 if h[1] ~= '2' and (h[1] or redis.call('EXISTS', KEYS[1]) == 1) then
   return redis.error_reply('DLOCKPROTOCOL ' .. KEYS[1] .. ': the data of this name is '
     .. 'dlock protocol ' .. (h[1] or '1') .. '; this dlockctl speaks protocol 2')
+end
+if h[4] then
+  return redis.error_reply('DLOCKKIND ' .. KEYS[1] .. ': the data of this name is a semaphore '
+    .. '(kind ' .. h[4] .. '), not a lock')
 end
 -- the grant: g "token nonce pl exp dur u tell", o its owner
 -- (lua/p2/LAYOUT.txt)

@@ -16,11 +16,16 @@
 -- (KEYS[6]) is read when the hash has none.
 local me = ARGV[1]
 local rk = 'c:' .. me
-local h = redis.call('HMGET', KEYS[1], 'pv', 'g', 'q', 't', rk, 'o', 's:' .. me)
+local h = redis.call('HMGET', KEYS[1], 'pv', 'g', 'q', 't', rk, 'o', 's:' .. me, 'k')
 if h[1] ~= '2' and (h[1] or redis.call('EXISTS', KEYS[1]) == 1) then -- another protocol's data
   local p = h[1] or '1'
   return redis.error_reply('DLOCKPROTOCOL the data of this name is dlock protocol ' .. p ..
     '; this client speaks protocol 2' .. ((tonumber(p) or 3) > 2 and ': upgrade it' or ''))
+end
+if h[8] then
+  -- a semaphore's hash (lua/p2/SEM.txt): not a lock's
+  return redis.error_reply('DLOCKKIND the data of this name is a semaphore (kind ' .. h[8] ..
+    '), not a lock')
 end
 local new = not h[1]
 local t = redis.call('TIME')

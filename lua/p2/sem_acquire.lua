@@ -4,13 +4,17 @@
 -- permits are one field of the name's hash, with their count and their end
 -- (a lease the renewal thread extends: lua/p2/sem_renew.lua).
 -- KEYS[1] the name's hash  <prefix>{<name>}  (lua/keys.lua: LEASE)
--- KEYS[2] protocol 1's fence, only read: a name a protocol 1 lock used
---         within a lease time is refused (lua/keys.lua: FENCE)
+-- KEYS[2] protocol 1's fence, only read: a name without a hash that a
+--         protocol 1 lock used within a lease time is refused (lua/keys.lua:
+--         FENCE)
 -- KEYS[3] wait queue  zset: client id -> arrival (server us)
 -- KEYS[4] liveness    hash: client id -> "<deadline (server ms)> <its newest
 --                     attempt> <permits it waits for> <its waiter ttl> <its
 --                     name>": what a direct grant to it needs
--- KEYS[5] .. KEYS[7]  unused (passed in lua/keys.lua's order)
+--         A name without a hash whose queue (or protocol 1's turn, KEYS[5],
+--         only read) exists holds a protocol 1 lock's waiters (a
+--         semaphore's queue never outlives its hash): refused, not read.
+-- KEYS[6], KEYS[7]  unused (passed in lua/keys.lua's order)
 -- ARGV[1] client id (32 hex digits)
 -- ARGV[2] lease time in ms: the client's permits end this long after a
 --         grant or a renewal
@@ -47,7 +51,8 @@
 -- Errors, having changed nothing:
 --   DLOCKPROTOCOL  data of another protocol (as lua/p2/acquire.lua's)
 --   DLOCKKIND      the name holds a lock's data (pv 2 without k = 's', or
---                  with a grant g), or a protocol 1 lock's fence
+--                  with a grant g), or, without a hash, a protocol 1
+--                  lock's fence, queue or turn
 --   DLOCKLIMIT <theirs> <yours> ...  the limit differs from the one the
 --                  semaphore's holders or other live waiters use
 --   DLOCKARG       a count or limit out of range
@@ -80,7 +85,8 @@ if f.pv ~= '2' and (f.pv or #all > 0) then
     '; this client speaks protocol 2' .. ((tonumber(p) or 3) > 2 and ': upgrade it' or ''))
 end
 local new = #all == 0
-if (not new and (f.k ~= 's' or f.g)) or (new and redis.call('EXISTS', KEYS[2]) == 1) then
+if (not new and (f.k ~= 's' or f.g))
+    or (new and redis.call('EXISTS', KEYS[2], KEYS[3], KEYS[5]) > 0) then
   return redis.error_reply('DLOCKKIND the data of this name is a lock (kind ' ..
     (f.k or 'exclusive') .. '), not a semaphore')
 end
@@ -198,7 +204,7 @@ end
 -- The walk of the queue (Fairness, above).
 local free = limit - used
 local at = 'empty'
-if f.q or new then
+if f.q then
   while true do
     local w = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
     if not w then

@@ -8,7 +8,8 @@
 -- ms), then per waiter: id, arrival (us), liveness value ("<deadline>
 -- <attempt> <permits wanted> <waiter ttl> <name>"), 1 if alive else 0}.
 -- Holders are the clients whose permits have not ended, in the hash's
--- order. Data of another protocol, or a lock's, is refused, not misread.
+-- order. Data of another protocol, or a lock's, is refused, not misread;
+-- without a hash, no waiters are listed.
 local all = redis.call('HGETALL', KEYS[1])
 local f = {}
 for i = 1, #all, 2 do
@@ -41,7 +42,9 @@ for _, h in ipairs(hold) do
   out[#out + 1] = h[2]
   out[#out + 1] = h[3]
 end
-local q = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
+-- (a name without a hash has no semaphore waiters: a queue there is a
+-- protocol 1 lock's)
+local q = #all > 0 and redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES') or {}
 for i = 1, #q, 2 do
   local d = redis.call('HGET', KEYS[3], q[i]) or ''
   local deadline = tonumber(string.match(d, '^%d+')) or 0

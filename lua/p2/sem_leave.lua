@@ -5,10 +5,10 @@
 -- at all), its permits are given back, and the permits then free go to the
 -- live waiters at the head of the queue as a release's do
 -- (lua/p2/sem_release.lua).
--- KEYS[1] the name's hash, KEYS[2] protocol 1's fence (only read, as
--- sem_acquire.lua does), KEYS[3] wait queue, KEYS[4] liveness (as
--- lua/p2/sem_acquire.lua's); KEYS[5] .. KEYS[7] unused (passed in
--- lua/keys.lua's order)
+-- KEYS[1] the name's hash, KEYS[2] protocol 1's fence and KEYS[5] its
+-- turn (only read, as sem_acquire.lua does), KEYS[3] wait queue, KEYS[4]
+-- liveness (as lua/p2/sem_acquire.lua's); KEYS[6], KEYS[7] unused (passed
+-- in lua/keys.lua's order)
 -- ARGV[1] client id
 -- ARGV[2] wake channel prefix
 -- ARGV[3] the semaphore's name
@@ -39,7 +39,8 @@ if f.pv ~= '2' and (f.pv or #all > 0) then
     '; this client speaks protocol 2' .. ((tonumber(p) or 3) > 2 and ': upgrade it' or ''))
 end
 local new = #all == 0
-if (not new and (f.k ~= 's' or f.g)) or (new and redis.call('EXISTS', KEYS[2]) == 1) then
+if (not new and (f.k ~= 's' or f.g))
+    or (new and redis.call('EXISTS', KEYS[2], KEYS[3], KEYS[5]) > 0) then
   return redis.error_reply('DLOCKKIND the data of this name is a lock (kind ' ..
     (f.k or 'exclusive') .. '), not a semaphore')
 end

@@ -7,8 +7,9 @@
 -- extend them); the first waiter that cannot be served stops the walk.
 -- Dead waiters met on the way leave the queue.
 -- KEYS[1] the name's hash, KEYS[3] wait queue, KEYS[4] liveness (as
--- lua/p2/sem_acquire.lua's); KEYS[2], KEYS[5] .. KEYS[7] unused (passed in
--- lua/keys.lua's order)
+-- lua/p2/sem_acquire.lua's); KEYS[2] protocol 1's fence and KEYS[5] its
+-- turn, only read on a name without a hash (as sem_acquire.lua does);
+-- KEYS[6], KEYS[7] unused (passed in lua/keys.lua's order)
 -- ARGV[1] client id
 -- ARGV[2] number of this call, from the client's one sequence (acquire
 --         attempts, releases, leaves)
@@ -80,7 +81,7 @@ if not mine then
   -- Redis remembers this call, as a leave does (lua/p2/sem_leave.lua),
   -- so that a late copy of an older acquire (the attempt in doubt this
   -- release gives back) is refused, not granted.
-  if #all == 0 and redis.call('EXISTS', KEYS[2]) == 1 then
+  if #all == 0 and redis.call('EXISTS', KEYS[2], KEYS[3], KEYS[5]) > 0 then
     return redis.error_reply('DLOCKKIND the data of this name is a lock (kind exclusive), '
       .. 'not a semaphore')
   end

@@ -39,23 +39,53 @@
 
 static redisContext *raw;
 
-enum { S_ACQUIRE, S_RELEASE, S_LEAVE, S_RENEW, S_CTL, L2_ACQUIRE, L1_ACQUIRE, L1_RENEW, S_N };
+enum {
+    S_ACQUIRE,
+    S_RELEASE,
+    S_LEAVE,
+    S_RENEW,
+    S_CTL,
+    L2_ACQUIRE,
+    L1_ACQUIRE,
+    L1_RENEW,
+    L2_RELEASE,
+    L2_LEAVE,
+    L2_FORCE,
+    L2_CTL,
+    S_N
+};
 static const char *file[S_N] = {"p2/sem_acquire", "p2/sem_release", "p2/sem_leave",
                                 "p2/sem_renew",   "p2/sem_ctl_read", "p2/acquire",
-                                "acquire",        "renew"};
+                                "acquire",        "renew",           "p2/release",
+                                "p2/leave",       "p2/force",        "p2/ctl_read"};
 static char sha[S_N][48];
 
+static void read_lua(const char *name, char *buf, size_t n)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/lua/%s.lua", DLOCK_SOURCE_DIR, name);
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        fail_msg("cannot read %s", path);
+    buf[fread(buf, 1, n - 1, f)] = '\0';
+    fclose(f);
+}
+
+/* SCRIPT LOADs the scripts (lua/p2/force.lua with lua/p2/release.lua's
+ * text in place of its line "--@release.lua", as dlockctl runs it). */
 static void load_scripts(void)
 {
-    static char buf[1 << 16];
+    static char buf[1 << 17], rel[1 << 16], text[1 << 16];
+    static const char mark[] = "--@release.lua\n";
+    read_lua("p2/release", rel, sizeof rel);
     for (int s = 0; s < S_N; s++) {
-        char path[512];
-        snprintf(path, sizeof path, "%s/lua/%s.lua", DLOCK_SOURCE_DIR, file[s]);
-        FILE *f = fopen(path, "rb");
-        if (!f)
-            fail_msg("cannot read %s", path);
-        buf[fread(buf, 1, sizeof buf - 1, f)] = '\0';
-        fclose(f);
+        read_lua(file[s], text, sizeof text);
+        char *at = strstr(text, mark);
+        if (s == L2_FORCE && at)
+            snprintf(buf, sizeof buf, "%.*s%s\n%s", (int)(at - text), text, rel,
+                     at + sizeof mark - 1);
+        else
+            snprintf(buf, sizeof buf, "%s", text);
         redisReply *r = redisCommand(raw, "SCRIPT LOAD %s", buf);
         assert_non_null(r);
         if (r->type != REDIS_REPLY_STRING)
@@ -853,12 +883,11 @@ static void test_wrong_kind_refused(void **state)
     n[0] = "wk2";
     UNCHANGED("wk2", renew(A, "90000", n, 1, out));
     assert_int_equal(out[0], 0);
-    /* a semaphore's hash that a lock's script wrote a grant into (the p2
-     * lock scripts do not know k yet): refused as a lock's */
+    /* a semaphore's hash with a grant field g in it (the lock's scripts
+     * refuse it: test_lock_scripts_refuse_semaphore; written here as a
+     * release before them left it): refused as a lock's */
     assert_int_equal(acquire("wg", A, 1), 1);
-    r = eval_keys(L2_ACQUIRE, "wg", B, p2lock, 10);
-    freeReplyObject(r);
-    assert_int_equal(cmd_int("HEXISTS ts:{wg} g"), 1);
+    freeReplyObject(cmd("HSET ts:{wg} g %s", "1 1 16 1 1 0 1"));
     UNCHANGED("wg", assert_error(acquire_r("wg", C, 1, (opt){0}), "DLOCKKIND", NULL));
     UNCHANGED("wg", assert_error(release_r("wg", A, 2, 1, 0), "DLOCKKIND", NULL));
     n[0] = "wg";
@@ -881,6 +910,81 @@ static void test_wrong_kind_refused(void **state)
     redisReply *q = redisCommandArgv(raw, 7, rn, NULL);
     assert_true(q->type == REDIS_REPLY_ARRAY && q->element[0]->integer == 0);
     freeReplyObject(q);
+}
+
+/* Protocol 2's exclusive lock scripts on name, a semaphore's hash: each
+ * refuses it with DLOCKKIND, changing nothing (acquire by C, release and
+ * forced release of token 1 by rel_id, leave by lv_id as call lv_num,
+ * dlockctl's read). */
+static void refused_by_lock_scripts(const char *name, const char *rel_id, const char *lv_id,
+                                    const char *lv_num)
+{
+    const char *acq[10] = {C, "10000", "1", "16", "2000", "1", "20000", "t", "0", "0"};
+    const char *rel[10] = {rel_id, "token", "1", "10000", "0", "ts:wake:", name, "2000", "20000",
+                           "0"};
+    const char *lv[6] = {lv_id, "ts:wake:", name, "2000", lv_num, "20000"};
+    const char *frc[10] = {rel_id,    "token", "1",     "3600000", "1",
+                           "ts:wake:", name,    "2000", "60000",   "3"};
+    UNCHANGED(name, assert_error(eval_keys(L2_ACQUIRE, name, C, acq, 10), "DLOCKKIND",
+                                 "a semaphore"));
+    UNCHANGED(name, assert_error(eval_keys(L2_RELEASE, name, rel_id, rel, 10), "DLOCKKIND",
+                                 "a semaphore"));
+    UNCHANGED(name, assert_error(eval_keys(L2_LEAVE, name, lv_id, lv, 6), "DLOCKKIND",
+                                 "a semaphore"));
+    UNCHANGED(name, assert_error(eval_keys(L2_FORCE, name, rel_id, frc, 10), "DLOCKKIND",
+                                 "a semaphore"));
+    UNCHANGED(name, assert_error(redisCommand(raw, "EVALSHA %s 4 ts:{%s} ts:{%s}:q ts:{%s}:qd "
+                                                   "ts:{%s}:turn",
+                                              sha[L2_CTL], name, name, name, name),
+                                 "DLOCKKIND", "a semaphore"));
+}
+
+/* Protocol 2's exclusive lock scripts refuse a semaphore's hash (k 's'),
+ * while a client holds permits and another waits, and once nobody does
+ * (the hash holds records only). */
+static void test_lock_scripts_refuse_semaphore(void **state)
+{
+    (void)state;
+    opt one = {.limit = "1"};
+    assert_int_equal(acquire_o("ks", A, 1, one, NULL), 1);
+    assert_int_equal(acquire_o("ks", B, 1, one, NULL), 0); /* queued */
+    refused_by_lock_scripts("ks", A, B, "2");
+    assert_int_equal(leave("ks", B, 2, 1), 1);
+    assert_int_equal(release("ks", A, 2, 1, 0), 1);
+    assert_int_equal(in_use("ks", NULL, NULL), 0);
+    assert_int_equal(cmd_int("EXISTS ts:{ks}:q"), 0);
+    refused_by_lock_scripts("ks", A, B, "3");
+    assert_int_equal(acquire_o("ks", C, 2, one, NULL), 1); /* still a semaphore */
+}
+
+/* A name without a hash whose protocol 1 lock has waiters (its holder's
+ * lease key ended, the queue lives on): the semaphore scripts refuse it
+ * (DLOCKKIND) instead of reading protocol 1's waiters as a semaphore's
+ * (their pass limit as a count: direct grants of permits to a lock's
+ * waiters), and dlockctl's read of the semaphore lists no waiters. */
+static void test_p1_queue_not_a_semaphore(void **state)
+{
+    (void)state;
+    const char *p1lock[10] = {A, "10000", "1", "2", "5000", "1", "20000", "t", "0", "0"};
+    redisReply *r = eval_keys(L1_ACQUIRE, "kq", A, p1lock, 10);
+    assert_int_equal(r->element[0]->integer, 1);
+    freeReplyObject(r);
+    p1lock[0] = B;
+    r = eval_keys(L1_ACQUIRE, "kq", B, p1lock, 10);
+    assert_int_equal(r->element[0]->integer, 0); /* queued in protocol 1 */
+    freeReplyObject(r);
+    freeReplyObject(cmd("DEL ts:{kq}")); /* A's lease key ended */
+    assert_int_equal(cmd_int("EXISTS ts:{kq}:fence"), 0);
+    redisContext *sb = subscribe(B);
+    UNCHANGED("kq", assert_error(acquire_r("kq", C, 1, (opt){0}), "DLOCKKIND", "a lock"));
+    UNCHANGED("kq", assert_error(leave_r("kq", C, 2, 0), "DLOCKKIND", "a lock"));
+    UNCHANGED("kq", assert_error(release_r("kq", C, 3, 1, 0), "DLOCKKIND", "a lock"));
+    expect_none(sb);
+    assert_int_equal(cmd_int("EXISTS ts:{kq}"), 0);
+    r = ctl_r("kq");
+    assert_int_equal(r->elements, 4);
+    assert_int_equal(r->element[1]->type, REDIS_REPLY_NIL);
+    freeReplyObject(r);
 }
 
 /* dlockctl's read: the limit, the permits in use, each holder with its
@@ -1008,6 +1112,8 @@ int main(void)
         cmocka_unit_test(test_leave_gives_back),
         cmocka_unit_test(test_life_and_pruning),
         cmocka_unit_test(test_wrong_kind_refused),
+        cmocka_unit_test(test_lock_scripts_refuse_semaphore),
+        cmocka_unit_test(test_p1_queue_not_a_semaphore),
         cmocka_unit_test(test_ctl_read),
         cmocka_unit_test(test_random_calls),
     };
