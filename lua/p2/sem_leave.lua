@@ -48,7 +48,7 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 -- The clients' fields (lua/p2/sem_acquire.lua).
-local recs, used, stale, nf = {}, 0, {}, 0
+local recs, used, stale, nf, ended, gone = {}, 0, {}, 0, {}, {}
 for i = 1, #all, 2 do
   local id = string.match(all[i], '^c:(.+)$')
   if id then
@@ -59,12 +59,18 @@ for i = 1, #all, 2 do
       local r = {n = tonumber(n), exp = tonumber(e), a = tonumber(a), x = x, g = tonumber(g),
         gk = tonumber(gk), u = tonumber(u)}
       if r.exp < now then
+        if r.n > 0 then
+          ended[#ended + 1] = id
+        end
         r.n, r.exp, r.g, r.gk = 0, 0, 0, 0
       end
       recs[id] = r
       used = used + r.n
     else
       stale[#stale + 1] = all[i]
+      if n and tonumber(n) > 0 then
+        gone[#gone + 1] = all[i]
+      end
     end
   end
 end
@@ -79,6 +85,7 @@ if new then
 end
 local function write(id, r)
   r.u = math.max(r.u or 0, now + keep, r.exp)
+  r.w = true
   put[#put + 1] = 'c:' .. id
   put[#put + 1] = string.format('%d %.0f %.0f %s %.0f %d %.0f', r.n, r.exp, r.a, r.x, r.g, r.gk,
     r.u)
@@ -142,6 +149,19 @@ if nf > 16 then
   for _, fld in ipairs(stale) do
     del[#del + 1] = fld
   end
+end
+-- Permits seen ended no longer count, whatever the clock does next: their
+-- fields keep no permits (their records stay), and a field past its
+-- <until> that still holds some goes (lua/p2/SEM.txt, CLOCK).
+for _, id in ipairs(ended) do
+  local r = recs[id]
+  if not r.w then
+    put[#put + 1] = 'c:' .. id
+    put[#put + 1] = string.format('0 0 %.0f %s 0 0 %.0f', r.a, r.x, r.u)
+  end
+end
+for _, fld in ipairs(gone) do
+  del[#del + 1] = fld
 end
 for i = 1, #del, 1000 do
   redis.call('HDEL', KEYS[1], unpack(del, i, math.min(i + 999, #del)))

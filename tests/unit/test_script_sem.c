@@ -3,8 +3,8 @@
  * lua/p2/SEM.txt) called directly against a real redis-server: never more
  * permits than the limit, the limit rule, FIFO between clients with dead
  * waiters pruned, permits of a client that stopped renewing counting no
- * more after its lease, renewal in batches, direct grants with their
- * messages, idempotent retries and late copies refused, a leave giving
+ * more after its lease, nor again after a step back of the clock, renewal
+ * in batches, direct grants with their messages, idempotent retries and late copies refused, a leave giving
  * back a grant it never took, the hash's lifetime and pruning, and each
  * kind refusing the other's data. The library does not load these scripts
  * yet: they are read from the source tree at run time (DLOCK_SOURCE_DIR),
@@ -600,6 +600,83 @@ static void test_dead_holder_freed(void **state)
     assert_true(queued("dh3", D) && !queued("dh3", C));
 }
 
+/* The hash of name as a step back of the server's clock by ms leaves it:
+ * every time in it (each client field's exp, when it has one, and its
+ * <until>) and its end are that much ahead of the clock. (The tests that
+ * use it have nobody queued then.) */
+static void step_back(const char *name, long long ms)
+{
+    redisReply *r = cmd("HGETALL ts:{%s}", name);
+    for (size_t i = 0; i + 1 < r->elements; i += 2) {
+        long long n, exp, a, g, gk, until;
+        char x;
+        if (strncmp(r->element[i]->str, "c:", 2) ||
+            sscanf(r->element[i + 1]->str, "%lld %lld %lld %c %lld %lld %lld", &n, &exp, &a, &x,
+                   &g, &gk, &until) != 7)
+            continue;
+        char v[160];
+        snprintf(v, sizeof v, "%lld %lld %lld %c %lld %lld %lld", n, exp ? exp + ms : 0, a, x, g,
+                 gk, until + ms);
+        freeReplyObject(cmd("HSET ts:{%s} %s %s", name, r->element[i]->str, v));
+    }
+    freeReplyObject(r);
+    long long pttl = cmd_int("PTTL ts:{%s}", name);
+    freeReplyObject(cmd("PEXPIRE ts:{%s} %lld", name, pttl + ms));
+    allow(name, pttl + ms);
+}
+
+/* A step back of the server's clock brings no ended permits back: each
+ * script that finds a client's permits ended (its exp passed) and goes on
+ * to write (here, granting them on: an acquire, a release's and a leave's
+ * direct grants) leaves that client's field with none, and removes a
+ * field past its <until> that still holds permits (sb4: a record lifetime
+ * shorter than the lease), so that after the clock steps back to before
+ * that exp only the new holders' permits count, within the limit, and the
+ * ended ones are not renewed. */
+static void test_step_back_no_revival(void **state)
+{
+    (void)state;
+    opt short1 = {.limit = "1", .lease = "1000"}, one = {.limit = "1", .ttl = "5000"};
+    long long out[4];
+    /* sb1: an acquire takes A's ended permit */
+    assert_int_equal(acquire_o("sb1", A, 1, short1, NULL), 1);
+    /* sb2: a release's direct grant takes A's (B waits for 2 of 2) */
+    opt short2 = {.limit = "2", .lease = "1000"};
+    assert_int_equal(acquire_o("sb2", A, 1, short2, NULL), 1);
+    assert_int_equal(acquire_o("sb2", D, 1, (opt){.limit = "2"}, NULL), 1);
+    assert_int_equal(acquire_o("sb2", B, 1, (opt){.limit = "2", .k = "2", .ttl = "5000"}, NULL),
+                     0);
+    /* sb3: a leave's direct grant takes A's (B leaves, C behind it) */
+    assert_int_equal(acquire_o("sb3", A, 1, short1, NULL), 1);
+    assert_int_equal(acquire_o("sb3", B, 1, one, NULL), 0);
+    assert_int_equal(acquire_o("sb3", C, 1, one, NULL), 0);
+    /* sb4: A's field ends with its permits (<until> = exp) */
+    assert_int_equal(acquire_o("sb4", A, 1, (opt){.limit = "1", .lease = "1000", .keep = "500"},
+                               NULL),
+                     1);
+    fx_sleep_ms(1200);
+    assert_int_equal(acquire_o("sb4", B, 1, (opt){.limit = "1"}, NULL), 1);
+    assert_int_equal(cmd_int("HEXISTS ts:{sb4} c:%s", A), 0);
+    assert_int_equal(acquire_o("sb1", B, 1, (opt){.limit = "1"}, NULL), 1);
+    assert_int_equal(release("sb2", D, 2, 1, 0), 2);
+    assert_int_equal(field_of("sb2", B).n, 2);
+    assert_int_equal(leave("sb3", B, 2, 1), 1);
+    assert_int_equal(field_of("sb3", C).n, 1);
+    const char *names[4] = {"sb1", "sb2", "sb3", "sb4"};
+    for (int i = 0; i < 4; i++) {
+        step_back(names[i], 1500);
+        long long used = in_use(names[i], NULL, NULL), limit = i == 1 ? 2 : 1;
+        if (used > limit)
+            fail_msg("%s after a step back: %lld permits in use, limit %lld", names[i], used,
+                     limit);
+        assert_int_equal(field_of(names[i], A).n, 0);
+    }
+    renew(A, "10000", names, 4, out);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(out[i], 0);
+    assert_int_equal(acquire_o("sb1", E, 1, (opt){.limit = "1", .queue = "0"}, NULL), 0);
+}
+
 /* Renewal: one call renews a client's permits of several names (1 each),
  * not another client's, nor a lock's hash, nor a name without data (0,
  * nothing written); renewed in time, the permits outlive several lease
@@ -1106,6 +1183,7 @@ int main(void)
         cmocka_unit_test(test_dead_waiter_pruned),
         cmocka_unit_test(test_dead_holder_freed),
         cmocka_unit_test(test_renewal),
+        cmocka_unit_test(test_step_back_no_revival),
         cmocka_unit_test(test_direct_grants),
         cmocka_unit_test(test_idempotent),
         cmocka_unit_test(test_release_before_late_acquire),
