@@ -23,7 +23,9 @@
 --         leave)
 -- ARGV[4] permits wanted (normally 1; 1 .. limit)
 -- ARGV[5] waiter ttl in ms: how long a queued client stays without a retry,
---         and how long a direct grant to it lasts until it takes it
+--         and how long a direct grant to it lasts until it takes it (to a
+--         client holding none; to one holding live permits, the grant
+--         ends with them: lua/p2/SEM.txt, Fairness)
 -- ARGV[6] '1' to join the wait queue when refused, '0' for a single try
 -- ARGV[7] record lifetime in ms after the client's last call on this name
 -- ARGV[8] the client's name (client_name: printable, no spaces)
@@ -229,11 +231,15 @@ if f.q then
       at = 'blocked'
       break
     else
-      -- A direct grant under its newest attempt, for its waiter ttl.
+      -- A direct grant under its newest attempt (lua/p2/SEM.txt, Fairness).
       k = tonumber(k)
       r = r or {n = 0, exp = 0, a = 0}
+      -- (to a client holding live permits, they join them and end with
+      -- them: one exp per client, never stretched by a direct grant)
+      if r.n == 0 then
+        r.exp = now + tonumber(wttl)
+      end
       r.n = r.n + k
-      r.exp = math.max(r.exp, now + tonumber(wttl))
       r.g, r.gk = tonumber(att), k
       if r.a <= r.g then
         r.a, r.x = r.g, 'g'

@@ -126,8 +126,12 @@ if f.q and free > 0 then
       end
       k = tonumber(k)
       local r = recs[w] or {n = 0, exp = 0, a = 0}
+      -- (to a client holding live permits, they join them and end with
+      -- them: one exp per client, never stretched by a direct grant)
+      if r.n == 0 then
+        r.exp = now + tonumber(wttl)
+      end
       r.n = r.n + k
-      r.exp = math.max(r.exp, now + tonumber(wttl))
       r.g, r.gk = tonumber(att), k
       if r.a <= r.g then
         r.a, r.x = r.g, 'g'

@@ -3,8 +3,10 @@
 -- free directly to the live waiters at the head of the queue, in arrival
 -- order, each its count, while enough are free (a message "P <attempt>
 -- <count> <name>" on each one's channel: it holds them from then, under
--- that attempt, for its waiter ttl, until it takes them and its renewals
--- extend them); the first waiter that cannot be served stops the walk.
+-- that attempt, for its waiter ttl (or, if it holds live permits, until
+-- those end: lua/p2/SEM.txt, Fairness), until it takes them and its
+-- renewals extend them); the first waiter that cannot be served stops the
+-- walk.
 -- Dead waiters met on the way leave the queue.
 -- KEYS[1] the name's hash, KEYS[3] wait queue, KEYS[4] liveness (as
 -- lua/p2/sem_acquire.lua's); KEYS[2] protocol 1's fence and KEYS[5] its
@@ -161,8 +163,12 @@ if f.q and free > 0 then
       end
       k = tonumber(k)
       local r = recs[w] or {n = 0, exp = 0, a = 0}
+      -- (to a client holding live permits, they join them and end with
+      -- them: one exp per client, never stretched by a direct grant)
+      if r.n == 0 then
+        r.exp = now + tonumber(wttl)
+      end
       r.n = r.n + k
-      r.exp = math.max(r.exp, now + tonumber(wttl))
       r.g, r.gk = tonumber(att), k
       if r.a <= r.g then
         r.a, r.x = r.g, 'g'

@@ -4,15 +4,18 @@
  * permits than the limit, the limit rule, FIFO between clients with dead
  * waiters pruned, permits of a client that stopped renewing counting no
  * more after its lease, nor again after a step back of the clock, renewal
- * in batches, direct grants with their messages, idempotent retries and late copies refused, a leave giving
- * back a grant it never took, the hash's lifetime and pruning, and each
- * kind refusing the other's data. The library does not load these scripts
- * yet: they are read from the source tree at run time (DLOCK_SOURCE_DIR),
- * loaded with SCRIPT LOAD and run with EVALSHA. After every semaphore
- * script, check_life checks the hash's lifetime: it has a time to live no
- * longer than the longest of the record lifetime, the lease time and 2 x
- * the waiter ttl that calls on the name passed, and no client's field
- * counts (its <until>) past the hash's end.
+ * in batches, direct grants with their messages (never stretching the
+ * permits a waiter holds), idempotent retries and late copies refused, a
+ * leave giving back a grant it never took, the hash's lifetime and
+ * pruning, and each kind refusing the other's data. The library does not
+ * load these scripts yet: they are read from the source tree at run time
+ * (DLOCK_SOURCE_DIR), loaded with SCRIPT LOAD and run with EVALSHA (the
+ * forced release with lua/p2/release.lua's text in its place, as
+ * dlockctl runs it). After every semaphore script, check_life checks the
+ * hash's lifetime: it has a time to live no longer than the longest of the
+ * record lifetime, the lease time and 2 x the waiter ttl that calls on the
+ * name passed, and no client's field counts (its <until>) past the hash's
+ * end.
  *
  * Time bounds: leases and waiter ttls that must end are of 1 s or 1.5 s,
  * and the tests sleep 1.2 s or 2 s past them (a busy machine only sleeps
@@ -677,6 +680,58 @@ static void test_step_back_no_revival(void **state)
     assert_int_equal(acquire_o("sb1", E, 1, (opt){.limit = "1", .queue = "0"}, NULL), 0);
 }
 
+/* A direct grant to a client that still holds permits does not stretch
+ * them: one exp covers a client's permits, and the permits granted join
+ * the ones held and end with them, so a client that crashed holding one
+ * (lease 1 s) while it waited for another (waiter ttl 5 s) holds none
+ * after its lease, the direct grant included; likewise a leave's direct
+ * grant (ds2: E, wanting 2, leaves from ahead of A) and an acquire's (ds3:
+ * E, ahead of A, dies; C's acquire walks). To a client holding none, a
+ * direct grant lasts its waiter ttl (test_direct_grants). */
+static void test_direct_grant_does_not_stretch(void **state)
+{
+    (void)state;
+    opt two = {.limit = "2"};
+    assert_int_equal(acquire_o("ds", A, 1, (opt){.limit = "2", .lease = "1000"}, NULL), 1);
+    assert_int_equal(acquire_o("ds", B, 1, two, NULL), 1);
+    assert_int_equal(acquire_o("ds", A, 2, (opt){.limit = "2", .ttl = "5000"}, NULL), 0);
+    long long exp = field_of("ds", A).exp;
+    assert_int_equal(release("ds", B, 2, 1, 0), 2); /* A's 2nd, directly */
+    field a = field_of("ds", A);
+    assert_true(a.n == 2 && a.g == 2 && a.gk == 1);
+    if (a.exp != exp)
+        fail_msg("the direct grant moved A's exp by %lld ms", a.exp - exp);
+    /* ds2, ds3: A holds 1 of 2, B 1; E waits for 2 at the head, A for 1
+     * behind it; B gives its permit back (E still blocked) */
+    const char *ns[2] = {"ds2", "ds3"};
+    long long exps[2];
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(acquire_o(ns[i], A, 1, (opt){.limit = "2", .lease = "1000"}, NULL), 1);
+        assert_int_equal(acquire_o(ns[i], B, 1, two, NULL), 1);
+        assert_int_equal(
+            acquire_o(ns[i], E, 1, (opt){.limit = "2", .k = "2", .ttl = i ? "300" : "5000"}, NULL),
+            0);
+        assert_int_equal(acquire_o(ns[i], A, 2, (opt){.limit = "2", .ttl = "5000"}, NULL), 0);
+        assert_int_equal(release(ns[i], B, 2, 1, 0), 1);
+        exps[i] = field_of(ns[i], A).exp;
+    }
+    assert_int_equal(leave("ds2", E, 2, 1), 1); /* A's 2nd, directly */
+    fx_sleep_ms(400);                            /* E (ttl 300 ms) dies */
+    assert_int_equal(acquire_o("ds3", C, 1, two, NULL), 0); /* A's 2nd, directly; C waits */
+    for (int i = 0; i < 2; i++) {
+        a = field_of(ns[i], A);
+        assert_true(a.n == 2 && a.g == 2 && a.gk == 1);
+        if (a.exp != exps[i])
+            fail_msg("%s: the direct grant moved A's exp by %lld ms", ns[i], a.exp - exps[i]);
+    }
+    fx_sleep_ms(1200); /* A renewed nothing */
+    assert_int_equal(in_use("ds", NULL, NULL), 0);
+    assert_int_equal(acquire_o("ds", C, 1, (opt){.limit = "2", .k = "2", .queue = "0"}, NULL),
+                     1);
+    assert_int_equal(in_use("ds2", NULL, NULL), 0);
+    assert_int_equal(in_use("ds3", NULL, NULL), 0);
+}
+
 /* Renewal: one call renews a client's permits of several names (1 each),
  * not another client's, nor a lock's hash, nor a name without data (0,
  * nothing written); renewed in time, the permits outlive several lease
@@ -1184,6 +1239,7 @@ int main(void)
         cmocka_unit_test(test_dead_holder_freed),
         cmocka_unit_test(test_renewal),
         cmocka_unit_test(test_step_back_no_revival),
+        cmocka_unit_test(test_direct_grant_does_not_stretch),
         cmocka_unit_test(test_direct_grants),
         cmocka_unit_test(test_idempotent),
         cmocka_unit_test(test_release_before_late_acquire),
