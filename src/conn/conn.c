@@ -301,6 +301,8 @@ static int is_config_error(const char *msg)
 {
     return strncmp(msg, "WRONGPASS", 9) == 0 || strncmp(msg, "NOPERM", 6) == 0 ||
            strncmp(msg, "DLOCKPROTOCOL", 13) == 0 || /* dlock_conn_is_other_protocol */
+           strncmp(msg, "DLOCKKIND", 9) == 0 || /* a lock's name used by a semaphore, or
+                                                   the other way (lua/p2/SEM.txt) */
            strncmp(msg, "NOAUTH", 6) == 0 || strstr(msg, "AUTH <password> called without") ||
            strstr(msg, "invalid password") || strstr(msg, "invalid username");
 }

@@ -581,6 +581,25 @@ static void test_mixed_modes_storm(void **state)
     }
 }
 
+/* A name whose data is a semaphore's (lua/p2/SEM.txt) is refused to the
+ * lock, as a server-side error no retry cures (DLOCK_ESERVER), naming the
+ * semaphore; the semaphore is left as it was. */
+static void test_semaphore_name_refused(void **state)
+{
+    (void)state;
+    redisContext *rc = fx_connect("127.0.0.1", fx_server.port);
+    freeReplyObject(redisCommand(rc, "HSET dlock:{sem1} pv 2 k s l 3"));
+    dlock_client *c = open_client(20);
+    assert_int_equal(dlock_acquire(c, "sem1", 0, NULL), DLOCK_ESERVER);
+    assert_non_null(strstr(dlock_last_error(), "semaphore"));
+    redisReply *r = redisCommand(rc, "HLEN dlock:{sem1}");
+    assert_int_equal(r->integer, 3);
+    freeReplyObject(r);
+    freeReplyObject(redisCommand(rc, "DEL dlock:{sem1}"));
+    redisFree(rc);
+    dlock_client_close(c);
+}
+
 /* Bad input: a NULL client or name; join_ms above the lease. */
 static void test_bad_input(void **state)
 {
@@ -614,6 +633,7 @@ int main(void)
         cmocka_unit_test_teardown(test_lost_shared_lease, fx_ensure_server),
         cmocka_unit_test_teardown(test_cancel_and_shutdown, fx_ensure_server),
         cmocka_unit_test_teardown(test_mixed_modes_storm, fx_ensure_server),
+        cmocka_unit_test_teardown(test_semaphore_name_refused, fx_ensure_server),
         cmocka_unit_test_teardown(test_bad_input, fx_ensure_server),
     };
     return cmocka_run_group_tests(tests, fx_group_setup, fx_group_teardown);
