@@ -212,78 +212,73 @@ void dlock_acquire_opts_init(dlock_acquire_opts *o)
         memset(o, 0, sizeof *o);
 }
 
-int dlock_acquire_ex(dlock_client *c, const char *name, int64_t wait_ms, uint64_t *fence,
-                     const dlock_acquire_opts *opts)
+/* A public acquire call in kind `kind`: inside the call (enter ... leave),
+ * counted (its code, its wait, a shared acquisition). */
+static int acquire_call(dlock_client *c, const dlock_kind *kind, const char *name,
+                        int64_t wait_ms, uint64_t *fence, const dlock_acquire_opts *opts)
 {
     dlock_err_clear();
     if (!c)
         return dlock_err_set(DLOCK_EINVAL, "client is NULL");
     dlock_client_enter(c);
     int64_t t0 = dlock_now_ns();
-    int rc = acquire(c, &dlock_kind_excl, name, wait_ms, fence, opts ? opts->cancel : NULL);
+    int rc = acquire(c, kind, name, wait_ms, fence, opts ? opts->cancel : NULL);
     if (rc != DLOCK_EFORK) { /* a forked client's counters are not ours */
-        dlock_count_rc(c->ctr.acquire_rc, rc);
-        if (rc == DLOCK_OK)
-            dlock_hist_add(&c->ctr.wait, dlock_now_ns() - t0);
-    }
-    dlock_client_leave(c);
-    return rc;
-}
-
-int dlock_acquire_shared_ex(dlock_client *c, const char *name, int64_t wait_ms, uint64_t *fence,
-                            const dlock_acquire_opts *opts)
-{
-    dlock_err_clear();
-    if (!c)
-        return dlock_err_set(DLOCK_EINVAL, "client is NULL");
-    dlock_client_enter(c);
-    int64_t t0 = dlock_now_ns();
-    int rc = acquire(c, &dlock_kind_shared, name, wait_ms, fence, opts ? opts->cancel : NULL);
-    if (rc != DLOCK_EFORK) {
         dlock_count_rc(c->ctr.acquire_rc, rc);
         if (rc == DLOCK_OK) {
             dlock_hist_add(&c->ctr.wait, dlock_now_ns() - t0);
-            dlock_count(&c->ctr.shared_acquisitions, 1);
+            if (kind == &dlock_kind_shared)
+                dlock_count(&c->ctr.shared_acquisitions, 1);
         }
     }
     dlock_client_leave(c);
     return rc;
 }
 
-int dlock_acquire_shared(dlock_client *c, const char *name, int64_t wait_ms, uint64_t *fence)
-{
-    return dlock_acquire_shared_ex(c, name, wait_ms, fence, NULL);
-}
-
-int dlock_release_shared(dlock_client *c, const char *name)
+/* A public release call (`shared` or exclusive), inside the call, counted. */
+static int release_call(dlock_client *c, const char *name, int shared)
 {
     dlock_err_clear();
     if (!c)
         return dlock_err_set(DLOCK_EINVAL, "client is NULL");
     dlock_client_enter(c);
-    int rc = release_shared(c, name);
+    int rc = shared ? release_shared(c, name) : release(c, name);
     if (rc != DLOCK_EFORK)
         dlock_count_rc(c->ctr.release_rc, rc);
     dlock_client_leave(c);
     return rc;
+}
+
+int dlock_acquire_ex(dlock_client *c, const char *name, int64_t wait_ms, uint64_t *fence,
+                     const dlock_acquire_opts *opts)
+{
+    return acquire_call(c, &dlock_kind_excl, name, wait_ms, fence, opts);
 }
 
 int dlock_acquire(dlock_client *c, const char *name, int64_t wait_ms, uint64_t *fence)
 {
-    return dlock_acquire_ex(c, name, wait_ms, fence, NULL);
+    return acquire_call(c, &dlock_kind_excl, name, wait_ms, fence, NULL);
 }
 
 int dlock_release(dlock_client *c, const char *name)
 {
-    dlock_err_clear();
-    if (!c)
-        return dlock_err_set(DLOCK_EINVAL, "client is NULL");
-    dlock_client_enter(c);
-    int rc = release(c, name);
-    if (rc != DLOCK_EFORK)
-        dlock_count_rc(c->ctr.release_rc, rc);
-    dlock_client_leave(c);
-    return rc;
+    return release_call(c, name, 0);
+}
+
+int dlock_acquire_shared_ex(dlock_client *c, const char *name, int64_t wait_ms, uint64_t *fence,
+                            const dlock_acquire_opts *opts)
+{
+    return acquire_call(c, &dlock_kind_shared, name, wait_ms, fence, opts);
+}
+
+int dlock_acquire_shared(dlock_client *c, const char *name, int64_t wait_ms, uint64_t *fence)
+{
+    return acquire_call(c, &dlock_kind_shared, name, wait_ms, fence, NULL);
+}
+
+int dlock_release_shared(dlock_client *c, const char *name)
+{
+    return release_call(c, name, 1);
 }
 
 struct dlock_handle {
