@@ -103,6 +103,7 @@ static int take_direct_grant(dlock_client *c, const dlock_kind *k, dlock_entry *
     }
     if (!take)
         return DLOCK_EBUSY;
+    int others = e->waiters > 1; /* (before a shared grant's invitations count them out) */
     int rc = take_grant(c, k, e, e->poll.msg_token, e->poll.msg_protocol, e->poll.msg_unclean,
                         valid);
     if (rc != DLOCK_OK) {
@@ -111,8 +112,8 @@ static int take_direct_grant(dlock_client *c, const dlock_kind *k, dlock_entry *
     }
     e->lease.provisional = 1;
     dlock_count(&c->ctr.direct_grants, 1);
-    if (e->waiters > 1)
-        dlock_renew_kick(c->renew); /* so that local handoffs can follow */
+    if (others)
+        dlock_renew_kick(c->renew); /* so that local handoffs (or joins) can follow */
     else
         dlock_renew_by(c->renew, dlock_now_ns() + (valid - now) / 2);
     return DLOCK_OK;
@@ -346,14 +347,14 @@ int dlock_acquire_run(dlock_client *c, const dlock_kind *kind, const char *name,
             if (e->lease.unconfirmed)
                 dlock_client_unconfirmed_end(c, e, e->lease.unconfirmed, e->lease.unconfirmed_end);
             e->lease.state = DLOCK_LEASE_NONE;
-            kind->drop_lost(e);
+            e->lease.kind->drop_lost(e); /* the lease's kind: an open pass of it ends */
         }
         if ((rc = dlock_client_stop_rc(c, k)) != DLOCK_OK) {
             /* Shutdown or cancelled: stop waiting. A lease being passed to
              * the waiters (an open handoff, I5) must not be left without
              * anyone to take it: the last waiter takes it to give it back
              * (below); otherwise the next one is woken on the way out. */
-            if (kind->index == DLOCK_KIND_EXCL && kind->passing(e) &&
+            if (kind->index == DLOCK_KIND_EXCL && kind->passing(c, e) &&
                 e->kind_waiters[DLOCK_KIND_EXCL] == 1) {
                 uint64_t t = e->lease.token;
                 if (kind->take(c, e, w, 0, &drop_registry, NULL) == DLOCK_OK)
@@ -364,7 +365,7 @@ int dlock_acquire_run(dlock_client *c, const dlock_kind *kind, const char *name,
             rc = dlock_client_stop_err(rc, name);
             break;
         }
-        if (kind->passing(e)) {
+        if (kind->passing(c, e)) {
             uint64_t t = e->lease.token;
             rc = kind->take(c, e, w, 0, &drop_registry, NULL);
             if (rc == DLOCK_OK)
@@ -449,7 +450,7 @@ int dlock_acquire_run(dlock_client *c, const dlock_kind *kind, const char *name,
     }
     dlock_waitq_remove(&e->wq, w);
     if (rc != DLOCK_OK && e->poll.queued && e->waiters == 1 && !e->poll.poller && !dlock_entry_held(e) &&
-        e->lease.state == DLOCK_LEASE_NONE && !kind->passing(e)) {
+        e->lease.state == DLOCK_LEASE_NONE && !kind->passing(c, e)) {
         /* The last thread here that wanted the name gives up: take the
          * client out of the queue (passing its turn on, if it had it). The
          * call is numbered now, before any later attempt of this client, so

@@ -321,6 +321,18 @@ static void wake_one(void *arg, const char *payload, size_t len)
      * releaser's WAIT is not the taker's, so the poller's next try (which
      * finds the lease its own and confirms it) takes it instead. */
     int stored = nonce && e->poll.poller && !c->min_replicas;
+    /* A grant in a mode nobody here waits in any more, while threads wait
+     * in the other (the last of its kind gave up and no leave was sent:
+     * the others still wait): their tries would be refused while it lives
+     * (DLOCKMODE), so it goes back at once, as a grant of unknown outcome
+     * does. (With one kind only, the last waiter's leave frees it.) */
+    int unwanted = nonce && !stored && e->waiters > 0 &&
+                   e->kind_waiters[shared ? DLOCK_KIND_SHARED : DLOCK_KIND_EXCL] == 0;
+    if (unwanted) {
+        char number[24];
+        snprintf(number, sizeof number, "%" PRIu64, nonce);
+        dlock_renew_give_back(c->renew, e, number, protocol, shared);
+    }
     if (stored) {
         e->poll.msg_grant = 1;
         e->poll.msg_nonce = nonce;

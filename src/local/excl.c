@@ -49,8 +49,9 @@ static int held(const dlock_entry *e)
     return e->x.has_owner;
 }
 
-static int passing(const dlock_entry *e)
+static int passing(const dlock_client *c, const dlock_entry *e)
 {
+    (void)c;
     return e->x.handoff;
 }
 
@@ -61,7 +62,8 @@ static int passing(const dlock_entry *e)
  * DLOCK_OK or DLOCK_ELOST. */
 static int take_handoff(dlock_client *c, dlock_entry *e, int *drop)
 {
-    DLOCK_ASSERT(!e->x.has_owner && e->lease.state == DLOCK_LEASE_HELD);
+    DLOCK_ASSERT(!e->x.has_owner && e->s.holders == 0 && !e->lease.shared &&
+                 e->lease.state == DLOCK_LEASE_HELD);
     e->x.handoff = 0;
     int64_t now = dlock_boot_ns();
     dlock_trace_event(c->trace, "take", e->name, "%" PRIu64 " %" PRId64 " %d", e->lease.token, now,

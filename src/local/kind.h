@@ -49,7 +49,7 @@ typedef struct dlock_kind {
     /* Whether a waiting thread of this kind may take the lease now without
      * Redis (an open pass that any waiter may take: client.h, I5; a shared
      * lease open to joiners: shared.h). */
-    int (*passing)(const dlock_entry *e);
+    int (*passing)(const dlock_client *c, const dlock_entry *e);
 
     /* The waiter takes a lease passed on by its holder, without Redis:
      * `w` is the calling thread's node; `direct` says it was handed to w

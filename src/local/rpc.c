@@ -272,15 +272,21 @@ int dlock_rpc_acquire(dlock_client *c, dlock_entry *e, dlock_rpc_try *t)
             rc = dlock_err_set(DLOCK_EREDIS, "redis refused a stale acquire attempt of '%s'",
                                e->name);
         }
-    } else if (t->shared && rep->type == REDIS_REPLY_ERROR &&
-               (strncmp(rep->str, "DLOCKMODE", 9) == 0 || dlock_conn_is_other_protocol(rep))) {
+    } else if (rep->type == REDIS_REPLY_ERROR &&
+               (strncmp(rep->str, "DLOCKMODE", 9) == 0 ||
+                (t->shared && dlock_conn_is_other_protocol(rep)))) {
         /* Refused, writing nothing, queueing nothing: this client still
-         * holds the name exclusively in Redis (a grant it gave up or never
-         * learned, which the give-back or its waiter ttl ends), or the
-         * name's data is protocol 1's, which has no shared mode (until its
-         * holders release it). The poller tries again after its pause. */
+         * holds the name in the other mode in Redis (a grant it gave up or
+         * never learned, which the give-back or its waiter ttl ends; a
+         * lease it found lost by its validity alone, which ends within a
+         * lease time), or, to a shared try, the name's data is protocol
+         * 1's, which has no shared mode (until its holders release it).
+         * The poller tries again after its pause. */
+        int mode = rep->str[0] == 'D' && strncmp(rep->str, "DLOCKMODE", 9) == 0;
         t->pttl_ms = -1;
-        t->busy.holder[0] = '\0';
+        snprintf(t->busy.holder, sizeof t->busy.holder, "%s",
+                 mode ? "this client in the other mode (given up or lost, not ended yet)"
+                      : "a client of protocol 1 (no shared mode)");
         t->busy.held_ms = t->busy.queue = -1;
         rc = DLOCK_EBUSY;
     } else {

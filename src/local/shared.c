@@ -1,6 +1,6 @@
 /*
  * The shared mode (shared.h), a kind of lock (kind.h). Shared state: the
- * entry's `s` and lease, under client.h's rules and shared.h's S1 to S6;
+ * entry's `s` and lease, under client.h's rules and shared.h's S1 to S7;
  * every kind operation is called with e->mu held. The calling thread's
  * records (below) are its own: no lock.
  */
@@ -145,14 +145,23 @@ static int held(const dlock_entry *e)
     return e->s.holders > 0;
 }
 
+/* Whether the lease, HELD, has room left for one more holder at `now`:
+ * the margin a local handoff keeps (excl.c, pass), so that a holder joins
+ * only a lease the renewal has time to keep. */
+static int roomy(const dlock_client *c, const dlock_entry *e, int64_t now)
+{
+    return now + (e->lease.provisional ? c->grant_margin_ns : c->handoff_margin_ns) <
+           e->lease.valid_until_ns;
+}
+
 /* S1: a thread asking shared may join the lease now. */
-static int passing(const dlock_entry *e)
+static int passing(const dlock_client *c, const dlock_entry *e)
 {
     if (!e->lease.shared || e->lease.state != DLOCK_LEASE_HELD ||
         e->kind_waiters[DLOCK_KIND_EXCL] > 0)
         return 0;
     int64_t now = dlock_boot_ns();
-    return now < e->s.join_until_ns && now < e->lease.valid_until_ns;
+    return now < e->s.join_until_ns && roomy(c, e, now);
 }
 
 /* Nobody holds e's shared lease any more and it is not valid: it goes, as
@@ -172,16 +181,18 @@ static void lose(dlock_client *c, dlock_entry *e, int *drop, uint64_t *ran_out)
     e->lease.state = DLOCK_LEASE_NONE;
 }
 
-/* A join (S1), or an invitation (S2, `direct`: the granter counted the
- * calling thread as a holder) taken only if the lease is still HELD and
- * valid now; else the thread waits again, and the last holder of a lease
- * that ran out drops it. */
+/* A join (S1: the lease HELD with room left, as passing found it), or an
+ * invitation (S2, `direct`: the granter counted the calling thread as a
+ * holder of a fresh grant) taken only if the lease is still HELD and valid
+ * now; else the thread waits again, and the last holder of a lease that
+ * ran out or was lost drops it. */
 static int take(dlock_client *c, dlock_entry *e, dlock_waiter *w, int direct, int *drop,
                 uint64_t *ran_out)
 {
     (void)w;
     int64_t now = dlock_boot_ns();
-    int valid = e->lease.state == DLOCK_LEASE_HELD && now < e->lease.valid_until_ns;
+    int valid = e->lease.state == DLOCK_LEASE_HELD &&
+                (direct ? now < e->lease.valid_until_ns : roomy(c, e, now));
     dlock_trace_event(c->trace, direct ? "stake" : "sjoin", e->name, "%" PRIu64 " %" PRId64 " %d",
                       e->lease.token, now, valid);
     if (!direct && valid) {
@@ -198,8 +209,9 @@ static int take(dlock_client *c, dlock_entry *e, dlock_waiter *w, int direct, in
         e->kind_waiters[DLOCK_KIND_SHARED]++;
         (void)dlock_waiter_self(); /* w, not granted any more: a new wait */
     }
-    if (e->s.holders == 0 && !e->x.has_owner)
-        lose(c, e, drop, ran_out);
+    if (e->s.holders == 0 && !e->x.has_owner &&
+        (e->lease.state != DLOCK_LEASE_HELD || now >= e->lease.valid_until_ns))
+        lose(c, e, drop, ran_out); /* (a join found it HELD with room: never here) */
     return DLOCK_ELOST;
 }
 

@@ -8,7 +8,8 @@
  *
  * Rules, with e->mu held (client.h's I1 to I11 hold as for every kind):
  *   S1. Join. A thread asking shared holds the client's shared lease at
- *       once, without Redis, while the lease is HELD and valid, no thread
+ *       once, without Redis, while the lease is HELD with the margin of
+ *       validity a local handoff keeps (excl.c, pass), no thread
  *       of this client waits for the name exclusively, and the join window
  *       is open: c->join_ns (dlock_config.join_ms) from the grant (boot
  *       clock). A longer window saves Redis calls on a read-mostly name, a
@@ -38,6 +39,13 @@
  *   S6. Tokens. Every holder of one grant gets the grant's token (a shared
  *       lease hands out no tokens of its own); a thread that exits holding
  *       the name shared has its holds released for it (orphan.c).
+ *   S7. Modes in Redis. A client never holds a name in both modes in
+ *       Redis (DLOCKMODE). A direct grant in a mode no thread of the client
+ *       waits in any more, while threads wait in the other, goes back at
+ *       once (client.c, wake_one), as does one the poller did not ask for
+ *       (acquire.c, take_direct_grant); a try refused with DLOCKMODE (a
+ *       lease of the other mode given up or lost, not ended in Redis yet)
+ *       counts as busy: the poller tries again (rpc.c).
  *
  * A thread's shared holds are records in a thread-local array that only
  * that thread touches (like the held slots of client.h); a record names
