@@ -616,6 +616,24 @@ static void test_acl_user_protocol_2(void **state)
     redisReply *r = redisCommand(k, "HLEN tc:acl:{p2}");
     assert_true(r->integer < 20); /* pruned */
     freeReplyObject(r);
+    /* The shared mode's scripts, as the same user: two readers (one a
+     * second client), renewed, released; its commands are in the rule. */
+    dlock_client *d = NULL;
+    cfg.lease_ms = 300; /* renewed every 100 ms */
+    assert_int_equal(dlock_client_open(&cfg, &d), DLOCK_OK);
+    rc = dlock_acquire_shared(c, "p2", 0, NULL);
+    if (rc != DLOCK_OK)
+        fail_msg("shared acquire as the ACL user: %s: %s", dlock_err_name(rc),
+                 dlock_last_error());
+    assert_int_equal(dlock_acquire_shared(d, "p2", 0, NULL), DLOCK_OK);
+    fx_sleep_ms(700); /* past two renewal periods of d's lease */
+    assert_int_equal(dlock_held(d, "p2"), 1);
+    assert_int_equal(dlock_release_shared(d, "p2"), DLOCK_OK);
+    rc = dlock_release_shared(c, "p2");
+    if (rc != DLOCK_OK)
+        fail_msg("shared release as the ACL user: %s: %s", dlock_err_name(rc),
+                 dlock_last_error());
+    dlock_client_close(d);
     redisFree(k);
     dlock_client_close(c);
     acl_deluser("dlock_p2");
