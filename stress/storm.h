@@ -67,6 +67,7 @@ typedef struct opts {
     long cs_us, think_us;
     int cs_sleep;
     long pass_limit;          /* -1: library default */
+    long join_ms;             /* --join-ms; -1: library default */
     int protocol;             /* dlock_config.protocol: 0 the library's default, 1 or
                                  2, -1 mixed (worker p writes 1 + p % 2) */
     long lease_ms;

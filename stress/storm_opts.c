@@ -21,7 +21,7 @@
 
 opts O = {
     .procs = 2, .threads = 16, .locks = 1, .seconds = 5.0, .cs_us = 100,
-    .think_us = 1000, .cs_sleep = 0, .pass_limit = -1, .lease_ms = 30000,
+    .think_us = 1000, .cs_sleep = 0, .pass_limit = -1, .join_ms = -1, .lease_ms = 30000,
     .wait_ms = 2000, .pool_size = -1, .client_per_thread = 0, .host = "127.0.0.1",
     .port = 0,
 #ifdef STORM_ASAN
@@ -51,6 +51,8 @@ static void usage(FILE *f)
 "                       busy-waiting\n"
 "  --think-us Y         pause between two acquisitions in us (0..%ld,\n"
 "                       default 1000)\n"
+"  --join-ms J          dlock join_ms (the shared mode's join window, with\n"
+"                       --read-pct; default: the library's)\n"
 "  --pass-limit K       dlock pass_limit (local handoffs before the lease goes\n"
 "                       back to Redis; default: the library's)\n"
 "  --lease-ms M         lease time (%u..%u, default 30000)\n"
@@ -178,7 +180,7 @@ static int is_loopback(const char *h)
 void parse_opts(int argc, char **argv)
 {
     enum { O_PROCS = 256, O_THREADS, O_LOCKS, O_SECONDS, O_CS, O_CS_SLEEP, O_THINK,
-           O_PASS, O_LEASE, O_WAIT, O_POOL, O_CPT, O_MUTEX, O_NAIVE, O_RTT, O_REDIS, O_STACK,
+           O_PASS, O_JOIN, O_LEASE, O_WAIT, O_POOL, O_CPT, O_MUTEX, O_NAIVE, O_RTT, O_REDIS, O_STACK,
            O_QUIET, O_UNIX, O_MINREP, O_SENTINEL, O_CLUSTER, O_CLUSTER_REPLICAS, O_METRICS,
            O_PROTOCOL, O_READ_PCT, O_SEM, O_PLANT, O_HELP };
     static const struct option lo[] = {
@@ -190,6 +192,7 @@ void parse_opts(int argc, char **argv)
         {"cs-sleep", no_argument, 0, O_CS_SLEEP},
         {"think-us", required_argument, 0, O_THINK},
         {"pass-limit", required_argument, 0, O_PASS},
+        {"join-ms", required_argument, 0, O_JOIN},
         {"protocol", required_argument, 0, O_PROTOCOL},
         {"lease-ms", required_argument, 0, O_LEASE},
         {"wait-ms", required_argument, 0, O_WAIT},
@@ -228,6 +231,7 @@ void parse_opts(int argc, char **argv)
         case O_CS_SLEEP: O.cs_sleep = 1; break;
         case O_THINK: O.think_us = parse_long("--think-us", optarg, 0, MAX_US); break;
         case O_PASS: O.pass_limit = parse_long("--pass-limit", optarg, 0, UINT32_MAX); break;
+        case O_JOIN: O.join_ms = parse_long("--join-ms", optarg, 0, UINT32_MAX); break;
         case O_LEASE:
             O.lease_ms = parse_long("--lease-ms", optarg, DLOCK_LEASE_MIN_MS, DLOCK_LEASE_MAX_MS);
             break;

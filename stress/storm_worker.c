@@ -746,6 +746,8 @@ static int open_client(dlock_client **out, proc_res *pr, int p)
     cfg.lease_ms = (uint32_t)O.lease_ms;
     if (O.pass_limit >= 0)
         cfg.pass_limit = (uint32_t)O.pass_limit;
+    if (O.join_ms >= 0)
+        cfg.join_ms = (uint32_t)O.join_ms;
     if (O.protocol)
         cfg.protocol = O.protocol < 0 ? (uint32_t)(1 + p % 2) : (uint32_t)O.protocol;
     if (O.pool_size > 0)
