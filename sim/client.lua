@@ -244,8 +244,11 @@ function C.want(th)
   th.fail_seq = e.fail_seq or 0
   th.stop = nil
   th.want_seq = (th.want_seq or 0) + 1
+  -- (the shared worlds: shared with the client's probability, from the
+  -- world's stream of modes; else exclusive)
+  th.mode = W.shared and (W:rand4() < c.shared_frac and 'S' or 'X') or nil
   e.queue[#e.queue + 1] = th
-  trace(c, '%s wants %s (wait %d ms)', th.name, name, wait_ms)
+  trace(c, '%s wants %s (wait %d ms)%s', th.name, name, wait_ms, th.mode == 'S' and ' shared' or '')
   if th.deadline ~= NEVER then
     W:at_client_clock(c, th.deadline, function() C.deadline(th) end)
   end
@@ -372,7 +375,7 @@ local function poll_done(c, e, rc)
     return finish(th, 'OK')
   end
   local failing = {}
-  if rc ~= 'EBUSY' and rc ~= 'ETIMEDOUT' and rc ~= 'ECANCELED' and rc ~= 'ECLOSED' then
+  if rc ~= 'EBUSY' and rc ~= 'ETIMEDOUT' and rc ~= 'ECANCELED' and rc ~= 'ECLOSED' and rc ~= 'EMODE' then
     for _, w in ipairs(e.queue) do
       if w.state == 'waiting' then failing[#failing + 1] = w end
     end
@@ -461,6 +464,13 @@ local function take_direct_grant(c, e)
   if not m or not C.direct_takes(c.s, m.nonce, e.try_nonce, e.try_sent, now) then return false end
   local valid = C.direct_valid(c.s, e.try_sent)
   trace(c, 'takes the direct grant of %s (attempt %d, token %.0f)', e.name, m.nonce, m.token)
+  -- (the shared worlds: a direct grant is of the mode its attempt queued
+  -- the client in: "S" for a shared try, "G"/"U" for an exclusive one)
+  if c.W.shared and m.mode ~= (e.try_mode or 'X') then
+    c.W:violation('mode', string.format('%s: %s got a direct grant of mode %s for its %s attempt %d',
+      e.name, c.name, m.mode, e.try_mode or 'X', m.nonce))
+  end
+  e.mode = m.mode
   -- (in the protocol of the release that made it, as its message says:
   -- acquire.c, take_direct_grant; wake_one)
   take_grant(c, e, e.poller, m.token, valid, m.unclean, m.proto)
@@ -489,6 +499,10 @@ function C.try(c, e)
   local argv = C.acquire_argv(c, e, nonce, th.once)
   local sent = cnow(c)
   local proto, resent = c.protocol, 0
+  -- (the shared worlds: a shared try runs lua/p2/acquire_shared.lua, and
+  -- its give-back lua/p2/release_shared.lua)
+  local mode = th.mode or 'X'
+  local script = mode == 'S' and 'acquire_shared' or 'acquire'
   trace(c, '%s polls %s: acquire attempt %d', th.name, e.name, nonce)
   local function answered(rep, how, acked)
     if not c.alive then return end
@@ -500,14 +514,21 @@ function C.try(c, e)
         nonce, e.name, proto, other)
       c.W.faults.proto_resend = (c.W.faults.proto_resend or 0) + 1
       resent, proto, sent = resent + 1, other, cnow(c)
-      return c.W:request(c, 'acquire', e.name, e.keys, argv, {nonce = nonce, proto = proto}, answered)
+      return c.W:request(c, script, e.name, e.keys, argv, {nonce = nonce, proto = proto}, answered)
     end
     e.state = 'NONE'
     if how ~= 'reply' then
       -- call_script failed: if it reached Redis, the outcome is unknown,
       -- and the renewal thread releases this attempt's grant (a give-back).
-      if how ~= 'unsent' then C.job(c, e, 'giveback', nonce, c.s.keep_ms * 1000, proto) end
+      if how ~= 'unsent' then C.job(c, e, 'giveback', nonce, c.s.keep_ms * 1000, proto, mode) end
       return poll_done(c, e, th.stop or 'EREDIS')
+    end
+    if type(rep) == 'table' and rep.err and rep.err:find('^DLOCKMODE') then
+      -- the client's lease of the other mode lives on in Redis (a release
+      -- not confirmed, a lease found lost): an error to the caller, no
+      -- queue entry, no give-back (the script wrote nothing)
+      c.W.faults.mode_refused = (c.W.faults.mode_refused or 0) + 1
+      return poll_done(c, e, th.stop or 'EMODE')
     end
     if C.refused(rep) then
       -- refused in each protocol (the data changed between): no give-back,
@@ -516,14 +537,14 @@ function C.try(c, e)
       return poll_done(c, e, th.stop or 'ESERVER')
     end
     if type(rep) ~= 'table' or rep.err or rep.n < 2 then
-      C.job(c, e, 'giveback', nonce, c.s.keep_ms * 1000, proto)
+      C.job(c, e, 'giveback', nonce, c.s.keep_ms * 1000, proto, mode)
       return poll_done(c, e, th.stop or 'EREDIS')
     end
     local granted, v = rep[1], rep[2]
     if th.stop then
       -- stopped during the call: a grant is given back in the background
       if granted == 1 then
-        C.job(c, e, 'giveback', nonce, c.s.keep_ms * 1000, proto)
+        C.job(c, e, 'giveback', nonce, c.s.keep_ms * 1000, proto, mode)
       elseif granted == 0 and not th.once then
         e.queued = true -- the last waiter to go takes the client out
         e.queue_proto = proto -- (its leave's protocol)
@@ -534,20 +555,22 @@ function C.try(c, e)
       -- dlock_rpc_acquire: a grant WAIT confirmed on too few replicas is
       -- given back (a failover could lose it) and the try fails
       c.W.faults.wait_short = (c.W.faults.wait_short or 0) + 1
-      C.job(c, e, 'giveback', nonce, c.s.keep_ms * 1000, proto)
+      C.job(c, e, 'giveback', nonce, c.s.keep_ms * 1000, proto, mode)
       return poll_done(c, e, 'EREDIS')
     end
     if granted == 1 then
       if C.too_late(c.s, sent, cnow(c)) then
-        C.job(c, e, 'giveback', nonce, c.s.keep_ms * 1000, proto) -- answered too late
+        C.job(c, e, 'giveback', nonce, c.s.keep_ms * 1000, proto, mode) -- answered too late
         return poll_done(c, e, 'EREDIS')
       end
+      e.mode = mode
       take_grant(c, e, th, v, C.grant_valid(c.s, sent), rep[3], proto)
       return poll_done(c, e, 'OK')
     elseif granted == 0 then
       if th.once then return poll_done(c, e, 'EBUSY') end
       e.queued = true
       e.queue_proto = proto -- (its leave's protocol)
+      e.try_mode = mode
       e.try_nonce = nonce
       e.try_sent = sent
       if e.msg and take_direct_grant(c, e) then return poll_done(c, e, 'OK') end
@@ -567,7 +590,7 @@ function C.try(c, e)
       return poll_done(c, e, 'EREDIS') -- a stale attempt: impossible here
     end
   end
-  c.W:request(c, 'acquire', e.name, e.keys, argv, {nonce = nonce, proto = proto}, answered)
+  c.W:request(c, script, e.name, e.keys, argv, {nonce = nonce, proto = proto}, answered)
 end
 
 -- The poller wakes: a message, its fallback time, or its deadline.
@@ -613,7 +636,10 @@ function C.release(th)
   for _, w in ipairs(e.queue) do
     if w.state == 'waiting' then head = w break end
   end
-  if C.may_pass(c.s, e, now, head ~= nil, c.closing) then
+  -- (the shared worlds: a shared lease is not passed between threads,
+  -- nor an exclusive one to a thread that wants the name shared)
+  if C.may_pass(c.s, e, now, head ~= nil, c.closing) and (e.mode or 'X') ~= 'S'
+     and (head.mode or 'X') == 'X' then
     -- A local handoff: the next token, to the head of the queue.
     e.passes = e.passes + 1
     e.token = e.token + 1
@@ -654,6 +680,7 @@ function C.release(th)
   -- (in its grant's protocol: dlock_release_outermost; refused as the
   -- other protocol's data, once more in that one: dlock_rpc_release)
   local proto, resent = e.gproto, false
+  local script = e.mode == 'S' and 'release_shared' or 'release'
   local function released(rep, how)
     if not c.alive then return end
     local other = how == 'reply' and not resent and C.resend_in(rep, proto)
@@ -662,7 +689,7 @@ function C.release(th)
         e.name, proto, other)
       c.W.faults.proto_release_resend = (c.W.faults.proto_release_resend or 0) + 1
       resent, proto = true, other
-      return W:request(c, 'release', e.name, e.keys, argv, {proto = proto}, released)
+      return W:request(c, script, e.name, e.keys, argv, {proto = proto}, released)
     end
     if how ~= 'reply' or type(rep) ~= 'number' or rep < 1 then
       -- the lease may still be ours in Redis, or ours again after a step
@@ -673,7 +700,7 @@ function C.release(th)
     C.think(th)
     C.progress(e, c)
   end
-  W:request(c, 'release', e.name, e.keys, argv, {proto = proto}, released)
+  W:request(c, script, e.name, e.keys, argv, {proto = proto}, released)
 end
 
 ------------------------------------------------------------------------
@@ -704,10 +731,10 @@ end
 -- protocol its attempt was last sent in, a leave's that of the try that
 -- queued the client); refused as the other protocol's data, it switches to
 -- that one: a leave once, a give-back each time (C.run_job).
-function C.job(c, e, kind, n, for_us, proto)
+function C.job(c, e, kind, n, for_us, proto, mode)
   if not c.alive then return end
   local j = {kind = kind, e = e, n = n, until_t = cnow(c) + for_us, backoff = 100000,
-             proto = proto or c.protocol, switched = false}
+             proto = proto or c.protocol, switched = false, mode = mode}
   c.jobs[#c.jobs + 1] = j
   trace(c, 'background %s of %s (%d)', kind, e.name, n)
   C.run_job(c, j)
@@ -721,7 +748,8 @@ function C.run_job(c, j)
     script = 'leave'
     argv = {c.id, c.args.wake, e.name, c.args.ttl, tostring(j.n), c.args.keep}
   else
-    script = 'release'
+    -- (a shared attempt's give-back: lua/p2/release_shared.lua)
+    script = j.mode == 'S' and 'release_shared' or 'release'
     argv = {c.id, 'nonce', tostring(j.n), c.args.lease, '0', c.args.wake, e.name,
             c.args.ttl, c.args.keep, '0'}
   end
@@ -903,8 +931,15 @@ function C.message(c, msg)
   -- and "U ..." from protocol 2's, lua/p2/release.lua: the grant is in the
   -- protocol of the release that made it)
   local nonce, tok, name, unclean
-  local proto = (kind == 'G' or kind == 'U') and 2 or 1
-  if kind == 'g' or kind == 'G' then
+  local proto = (kind == 'G' or kind == 'U' or kind == 'S') and 2 or 1
+  local mode = 'X'
+  if kind == 'S' then
+    -- a direct shared grant (lua/p2/release.lua, release_shared.lua):
+    -- "S <end> <attempt> <token> <name>"
+    unclean, nonce, tok, name = msg:match('^S (%d) (%d+) (%d+) (.+)$')
+    unclean, nonce, tok = tonumber(unclean), tonumber(nonce), tonumber(tok)
+    mode = 'S'
+  elseif kind == 'g' or kind == 'G' then
     nonce, tok, name = msg:match('^[gG] (%d+) (%d+) (.+)$')
     nonce, tok = tonumber(nonce), tonumber(tok)
   elseif kind == 'u' or kind == 'U' then
@@ -919,7 +954,7 @@ function C.message(c, msg)
   -- (with min_replicas a direct grant is not taken from its message: the
   -- releaser's WAIT is not the taker's; the poller's next try confirms it)
   if nonce and e.poller and c.s.min_replicas == 0 then
-    e.msg = {nonce = nonce, token = tok, unclean = unclean, proto = proto}
+    e.msg = {nonce = nonce, token = tok, unclean = unclean, proto = proto, mode = mode}
   end
   e.woken = true
   if e.sleeping then C.wake_poller(c, e) end

@@ -69,6 +69,9 @@ function M.report(root, out, protocol)
   for _, n in ipairs({'acquire', 'release', 'renew', 'leave'}) do
     if protocol == 2 or protocol == 'mixed' then scripts[#scripts + 1] = 'p2/' .. n end
   end
+  if protocol == 2 then -- (its shared mode: run by sim --shared)
+    scripts[#scripts + 1], scripts[#scripts + 2] = 'p2/acquire_shared', 'p2/release_shared'
+  end
   for _, n in ipairs(scripts) do
     local path = 'lua/' .. n .. '.lua'
     local f = assert(io.open(root .. '/' .. path))

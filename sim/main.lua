@@ -7,7 +7,7 @@
 --       [--faults LIST] [--steps N] [--local-rule passes|clock]
 --       [--step-back-ms MS | --step-back-leases F] [--mutant NAME]
 --       [--replay SEED] [--coverage] [--quiet] [--protocol 1|2|mixed]
---       [--p2-share F]
+--       [--p2-share F] [--shared F|mix] [--no-revival-excuse]
 -- Prints progress on stderr and, last on stdout, one JSON line. On a
 -- violation: exits 1 after printing the schedule's seed and its trace (the
 -- same seed replays it exactly: sim --replay SEED with the same options).
@@ -24,6 +24,16 @@
 -- protocols (sim/client.lua); a mutant of either protocol's scripts runs in
 -- it too. --p2-share F (with mixed): every client speaks 2 with probability
 -- F, no rolls (0: protocol 1's schedules, 1: protocol 2's, event for event).
+-- --shared F (with --protocol 2): the shared worlds. Each acquire of a
+-- client's thread is shared (lua/p2/acquire_shared.lua, release_shared.lua)
+-- with probability F, else exclusive, drawn from a stream of its own (so
+-- --shared 0 runs protocol 2's schedules event for event); --shared mix:
+-- each client draws its own F, from 0, 0.5, 0.9 and 1 (writers, readers and
+-- both side by side). The invariants of the shared mode are checked too
+-- (sim/world.lua, shared, sorder, writer). --no-revival-excuse: a holder
+-- whose grant Redis holds live at the check is never excused as revoked
+-- (the default excuses one that a later grant superseded before a fault
+-- brought it back).
 local dir = arg[0]:match('^(.*)/[^/]*$') or '.'
 package.path = dir .. '/?.lua;' .. package.path
 local root = dir .. '/..'
@@ -59,6 +69,9 @@ while i <= #arg do
     opts.protocol = tonumber(v) or v
     i = i + 1
   elseif a == '--p2-share' then opts.p2_share = num()
+  elseif a == '--shared' then
+    if v == 'mix' then opts.shared = 'mix' i = i + 1 else opts.shared = num() end
+  elseif a == '--no-revival-excuse' then opts.no_revival_excuse = true
   elseif a == '--local-rule' then
     if v ~= 'passes' and v ~= 'clock' then usage('--local-rule is passes or clock') end
     opts.local_rule = v
@@ -91,6 +104,8 @@ if opts.mutant then
   local mutants = require('mutants')
   local m = mutants.find(opts.mutant)
   if not m then usage('unknown mutant ' .. opts.mutant) end
+  -- (a mutant of the shared mode runs in the shared worlds it names)
+  if m.shared and opts.shared == nil then opts.shared = m.shared end
   if m.file == 'client' then
     mutants.apply_client(m, dir) -- the client model
   elseif opts.protocol == 'mixed' then
@@ -102,6 +117,10 @@ if opts.mutant then
   else
     mutate = function(texts) mutants.apply(m, texts) end
   end
+end
+if opts.shared ~= nil and opts.protocol ~= 2 then usage('--shared goes with --protocol 2') end
+if type(opts.shared) == 'number' and (opts.shared < 0 or opts.shared > 1) then
+  usage('--shared is a fraction from 0 to 1, or mix')
 end
 local scripts = W.load_scripts(root, mutate, opts.protocol)
 
@@ -124,16 +143,23 @@ local function report(w)
   local from = math.max(1, #lines - 600)
   if from > 1 then io.stdout:write(string.format('... (%d earlier trace lines)\n', from - 1)) end
   for j = from, #lines do io.stdout:write(lines[j], '\n') end
-  io.stdout:write(string.format('replay: sim --replay %d%s', w.seed,
-    opts.protocol and opts.protocol ~= 1 and ' --protocol ' .. opts.protocol or ''))
+  io.stdout:write(string.format('replay: sim --replay %d%s%s', w.seed,
+    opts.protocol and opts.protocol ~= 1 and ' --protocol ' .. opts.protocol or '',
+    opts.shared ~= nil and ' --shared ' .. tostring(opts.shared) or ''))
   for _, a in ipairs(arg) do
     if a == '--replay' then break end
   end
   io.stdout:write('  (with the same --faults/--clients/--names/--mutant/--local-rule options)\n')
 end
 
+local sacq = 0 -- the shared worlds: acquisitions of shared leases
+
 -- (the JSON's "protocol", for any but 1)
 local function protocol_json()
+  if opts.protocol == 2 and opts.shared ~= nil then
+    return ',"protocol":2,"shared":' .. (opts.shared == 'mix' and '"mix"' or tostring(opts.shared))
+      .. string.format(',"shared_acquisitions":%d', sacq)
+  end
   if opts.protocol == 2 then return ',"protocol":2' end
   if opts.protocol == 'mixed' then return ',"protocol":"mixed"' end
   return ''
@@ -141,6 +167,7 @@ end
 
 if opts.replay then
   local w = run_one(opts.replay, true)
+  sacq = w.shared_acquisitions or 0
   for _, l in ipairs(w.tr) do io.stdout:write(l, '\n') end
   local v = #w.violations
   io.stdout:write(string.format('{"schedules":1,"steps":%d,"violations":%d,"seed":%d%s}\n', w.steps, v,
@@ -163,6 +190,7 @@ while n < max_sched and os.clock() - t0 < limit_s do
   n = n + 1
   steps = steps + w.steps
   acq = acq + (w.acquisitions or 0)
+  sacq = sacq + (w.shared_acquisitions or 0)
   for k, v in pairs(w.faults) do faults[k] = (faults[k] or 0) + v end
   if #w.violations > 0 then
     viol = viol + 1

@@ -89,6 +89,12 @@ end
 
 function W:pick(list) return list[self:rint(1, #list)] end
 
+-- The shared worlds' stream (W.new): the modes of the acquires.
+function W:rand4()
+  self.rs4 = (self.rs4 * 16807) % M31
+  return self.rs4 / M31
+end
+
 -- A second stream, for the faults added after the first (`stall`): a
 -- schedule that draws none of them is the same event for event as before
 -- they came, so seeds found earlier (sim/replays.txt, the mutants' budgets)
@@ -266,13 +272,16 @@ function W.load_scripts(root, mutate, protocol)
   end
   local dir = protocol == 2 and 'lua/p2/' or 'lua/'
   local texts = {}
-  for _, n in ipairs({'acquire', 'release', 'renew', 'leave', 'force'}) do
+  -- (protocol 2: its shared mode's scripts too, lua/p2/LAYOUT.txt)
+  local names = {'acquire', 'release', 'renew', 'leave', 'force'}
+  if protocol == 2 then names[#names + 1], names[#names + 2] = 'acquire_shared', 'release_shared' end
+  for _, n in ipairs(names) do
     texts[n] = read(root .. '/' .. dir .. n .. '.lua')
   end
   if mutate then mutate(texts, protocol) end
   local fns = {protocol = protocol}
-  for _, n in ipairs({'acquire', 'release', 'renew', 'leave'}) do
-    fns[n] = R.compile(texts[n], '@' .. dir .. n .. '.lua')
+  for _, n in ipairs(names) do
+    if n ~= 'force' then fns[n] = R.compile(texts[n], '@' .. dir .. n .. '.lua') end
   end
   local i, j = texts.force:find('--@release.lua\n', 1, true)
   assert(i, dir .. 'force.lua has no line --@release.lua')
@@ -332,6 +341,7 @@ function W.new(seed, opts, scripts)
                    -- then undone (fault_force) never matches a later era
   self.grant_era = {} -- name -> token -> {era =, idx =, ...} at its issue
   self.grants_made = {} -- name -> grants issued so far
+  self.any_made = {} -- name -> grants and (the shared worlds) runs of shared grants so far
   self.free_since = {}
   self.pending_end = {} -- name -> {code, srv_ms, era}: an unclean end not yet told
   self.step_back_total = 0
@@ -398,6 +408,13 @@ function W.new(seed, opts, scripts)
     cfg.hold_us, cfg.think_us, cfg.pass_us = 0, 0, 0
   end
   cfg.nofault = next(on) == nil
+  -- The shared worlds (sim --shared): each acquire's mode is drawn from a
+  -- stream of its own (W:rand4), so that --shared 0 runs protocol 2's
+  -- schedules event for event.
+  if opts.shared ~= nil then
+    self.shared = true
+    self.rs4 = new_rng(seed + 5555555)
+  end
   self.cfg = cfg
   if self.mixed then P.init(self, seed) end
   self.names = {}
@@ -437,6 +454,15 @@ function W:add_client(protocol)
     pool_size = cfg.pool_size, local_rule = cfg.local_rule, cmd_timeout_ms = cfg.cmd_timeout_ms,
     min_replicas = cfg.min_replicas, protocol = protocol})
   c.rate = 1
+  if self.shared then
+    -- the share of its acquires that are shared (--shared F, or mix: its own)
+    local f = self.opts.shared
+    if f == 'mix' then
+      local fs = {0, 0.5, 0.9, 1}
+      f = fs[1 + floor(self:rand4() * #fs)]
+    end
+    c.shared_frac = f
+  end
   if not self.reps_made then
     self.reps_made = true
     for i = 1, cfg.replicas do self.reps[i] = {db = {}, last = 0, q = new_queue()} end
@@ -527,7 +553,7 @@ end
 -- Protocol 2's fields of a name's hash (lua/p2/LAYOUT.txt), each in its
 -- form; a record is c:<client id>. Every value is at most 64 bytes.
 local P2_FIELDS = {pv = '^2$', g = '^%d+ %d+ %d+ %d+ %d+ %d+ %d+$', o = '^%x+$', n = '^%S*$',
-                   u = '^%d+ %d+$', t = '^%x+ %d+$', q = '^1$'}
+                   u = '^%d+ %d+$', t = '^%x+ %d+$', q = '^1$', r = '^%d+$'}
 
 -- What breaks protocol 2's layout in a name's hash o (a live key), or nil:
 -- not a hash, no pv 2, a field the layout does not have or not in its form
@@ -539,6 +565,7 @@ local function layout_fault(o)
   local bad
   for f, x in pairs(v) do
     local form = P2_FIELDS[f] or (f:match('^c:%x+$') and '^%d+ %d+ %d+ %d+$')
+      or (f:match('^s:%x+$') and '^%d+ %d+ %d+ %d+ %d+$')
     if not form or #x > 64 or not (x:match(form) or (f == 'g' and x == '')) then
       if not bad or f < bad then bad = f end
     end
@@ -547,8 +574,58 @@ local function layout_fault(o)
 end
 W.grant_in, W.layout_fault = grant_in, layout_fault
 
+-- The shared leases in a name's hash o (a live key; protocol 2, Shared
+-- mode of lua/p2/LAYOUT.txt), as the scripts read the fields s:<id>
+-- "<token> <attempt> <dur> <end> <exp>": client id -> {token, nonce, endw,
+-- gexp, live = the clock has not passed exp}. (Read in the order of
+-- sorted ids by whoever iterates: W.sorted_ids.)
+local function shared_in(o, now_ms)
+  local out = {}
+  if not o or o.type ~= 'hash' then return out end
+  for f, x in pairs(o.v) do
+    local id = f:match('^s:(%x+)$')
+    if id then
+      local tok, nonce, _, ew, e = x:match('^(%d+) (%d+) (%d+) (%d+) (%d+)$')
+      if tok then
+        out[id] = {token = tonumber(tok), nonce = tonumber(nonce), endw = tonumber(ew),
+                   gexp = tonumber(e), live = tonumber(e) >= now_ms}
+      end
+    end
+  end
+  return out
+end
+W.shared_in = shared_in
+
+local function sorted_ids(t)
+  local ids = {}
+  for id in pairs(t) do ids[#ids + 1] = id end
+  table.sort(ids)
+  return ids
+end
+W.sorted_ids = sorted_ids
+
+-- A name's shared leases now (shared_in).
+function W:shared_of(name)
+  self.srv.now_ms = floor((self.now + self.srv_off) / 1000)
+  return shared_in(R.live(self.srv, self.lease_key[name]), self.srv.now_ms)
+end
+
+-- Whether a name is held in Redis now: a live exclusive grant, or (the
+-- shared worlds) a live shared lease.
+function W:held_in_redis(name)
+  if self:live_lease(name) then return true end
+  if self.shared then
+    for _, s in pairs(self:shared_of(name)) do
+      if s.live then return true end
+    end
+  end
+  return false
+end
+
 -- The grant in a name's hash (key), or nil; with live = false when it has
 -- expired (grant_in).
+local function names_of(w, c) return c and c.name or 'dlockctl' end
+
 local function lease_of(srv, key, p2)
   local o = R.live(srv, key)
   return o and grant_in(o, p2, srv.now_ms)
@@ -616,9 +693,10 @@ function W:after_script(c, script, names, keys, argv, before, rep, meta, all_key
       self.released_last[name] = false
       -- a new grant: its token is issued now
       self.grants_made[name] = (self.grants_made[name] or 0) + 1
+      self.any_made[name] = (self.any_made[name] or 0) + 1
       self.grant_era[name][a.token] =
         {era = self.era[name], idx = self.grants_made[name], backs = self.backs, fwds = self.fwds,
-         srv = srv.now_us}
+         srv = srv.now_us, any = self.any_made[name]}
       self:issue(name, a.token, function()
         return string.format('redis %s of %s (attempt %s)', script,
           (self.by_id[a.owner] or {name = a.owner}).name, describe(a.nonce))
@@ -636,7 +714,9 @@ function W:after_script(c, script, names, keys, argv, before, rep, meta, all_key
       self.pending_end[name] = nil
     end
     -- stale: a release, renewal or leave never changes another grant.
-    if b and script ~= 'acquire' and meta.force == nil then
+    -- (The shared scripts: W:after_shared.)
+    if b and script ~= 'acquire' and meta.force == nil and script ~= 'acquire_shared'
+       and script ~= 'release_shared' then
       local mine
       if script == 'renew' then
         mine = b.owner == argv[1] and string.format('%.0f', b.token) == argv[i + 2]
@@ -669,7 +749,7 @@ function W:after_script(c, script, names, keys, argv, before, rep, meta, all_key
   -- stale: no grant to an attempt older than the newest that the client's
   -- record named when the script ran (a record Redis no longer keeps, lost
   -- or expired, proves nothing)
-  if script == 'acquire' and c then
+  if (script == 'acquire' or script == 'acquire_shared') and c then
     local name = names[1]
     local r = self.rec_before
     local n = tonumber(argv[3])
@@ -712,6 +792,187 @@ function W:after_script(c, script, names, keys, argv, before, rep, meta, all_key
   end
 end
 
+------------------------------------------------------------------------
+-- The shared mode (sim --shared; lua/p2/LAYOUT.txt, "Shared mode").
+
+-- Before a script: each name's exclusive grant and shared leases, and
+-- (a script of one name) its wait queue in order, the waiters' liveness
+-- values and the turn's client, as the script will read them.
+function W:shared_before(names, keys, script)
+  local srv, now_ms = self.srv, self.srv.now_ms
+  local sb, qb = {}, {}
+  for i, name in ipairs(names) do
+    local o = R.live(srv, self.lease_key[name])
+    sb[i] = {g = o and grant_in(o, true, now_ms), s = shared_in(o, now_ms)}
+    if script ~= 'renew' then
+      local z, lv = R.live(srv, keys[3]), R.live(srv, keys[4])
+      local vals = {}
+      if lv and lv.type == 'hash' then
+        for k, v in pairs(lv.v) do vals[k] = v end
+      end
+      local turn = o and o.type == 'hash' and o.v.t
+      local tid, tu = (turn or ''):match('^(%x+) (%d+)$')
+      qb[i] = {list = z and z.type == 'zset' and R.zsorted(z.v) or {}, vals = vals,
+               turn = tid and tonumber(tu) >= now_ms and tid or nil}
+    end
+  end
+  return sb, qb
+end
+
+-- A DLOCKMODE refusal (an acquire in one mode by a client holding a live
+-- lease of the other) is a reply, not a failure, when it is right: the
+-- caller holds the live exclusive grant (a shared acquire), or a live
+-- shared lease beside no live exclusive grant (an exclusive acquire).
+function W:mode_refusal(c, script, argv, sb, rep)
+  if not rep.err:find('^DLOCKMODE') then return false end
+  local g, mine = sb[1].g, sb[1].s[argv[1]]
+  local right
+  if script == 'acquire_shared' then
+    right = g and g.live and g.owner == argv[1]
+  elseif script == 'acquire' then
+    right = mine and mine.live and not (g and g.live)
+  end
+  if not right then
+    self:violation('mode', string.format('%s of %s refused %s: %s', script, names_of(self, c),
+      'without a live lease of the other mode', rep.err))
+  end
+  return true
+end
+
+-- The shared mode's invariants, after each script of a shared world
+-- (besides excl and shared, checked on the holders: W:check_exclusion):
+--   sorder  a shared grant's token is above every token handed out before
+--           it (exclusive grants, their local handoffs, earlier shared
+--           grants), strictly; the shared grants of one script (a run of
+--           direct grants) may share one token. It is issued as any token
+--           (W:issue), so that every token after it, exclusive ones and
+--           their handoffs, is above it, and exclusive tokens strictly
+--           increase, whatever the clock does.
+--   writer  a shared grant to a client without a live shared lease (its
+--           field beside a live exclusive grant is none) is made only with
+--           no live exclusive waiter ahead of it in the queue (a client not
+--           queued is behind every waiter; a waiter is live while its
+--           liveness deadline has not passed; the client whose live turn
+--           it is comes first, as the turn was given to the head of the
+--           queue), and, by a shared acquire, with no live turn of another
+--           client (its waiter live).
+--   stale   a shared script never changes a live exclusive grant, and a
+--           shared acquire never makes one.
+--   unclean a shared grant to a client without a live shared lease made
+--           within a lease time of an unclean end (as for an exclusive
+--           grant, W:after_script) is told that end.
+function W:after_shared(c, script, names, argv, sb, qb, rep)
+  local srv = self.srv
+  local now_ms = srv.now_ms
+  -- mode: an acquire by a client holding a live lease of the other mode
+  -- (as W:mode_refusal reads it) is refused with DLOCKMODE, or as stale
+  -- ({-1, 0}); it is never queued behind its own lease, nor granted
+  if script == 'acquire' or script == 'acquire_shared' then
+    local g, mine = sb[1].g, sb[1].s[argv[1]]
+    local other
+    if script == 'acquire_shared' then
+      other = g and g.live and g.owner == argv[1]
+    else
+      other = mine and mine.live and not (g and g.live)
+    end
+    local refused = type(rep) == 'table' and (rep.err and rep.err:find('^DLOCKMODE') or rep[1] == -1)
+    if other and not refused then
+      self:violation('mode', string.format('%s: %s by %s, which holds a live lease of the other mode, '
+        .. 'answered %s', names[1], script, c and c.name or '?', describe(rep)))
+    end
+  end
+  for i, name in ipairs(names) do
+    local o = R.live(srv, self.lease_key[name])
+    local sa = shared_in(o, now_ms)
+    local g = o and grant_in(o, true, now_ms)
+    local gb = sb[i].g
+    local glive = gb and gb.live
+    local toks, seen = {}, {}
+    for _, id in ipairs(sorted_ids(sa)) do
+      local a, b = sa[id], sb[i].s[id]
+      if not b or b.token ~= a.token then
+        local who = (self.by_id[id] or {name = id}).name
+        if not seen[a.token] then
+          seen[a.token] = who
+          toks[#toks + 1] = a.token
+        end
+        local had = b and b.live and not glive
+        local q = qb[i]
+        if not had and q and q.turn ~= id then
+          for _, w in ipairs(q.list) do
+            if w == id then break end
+            local d = q.vals[w]
+            local dl = d and tonumber(d:match('^%d+'))
+            if dl and dl > now_ms and not d:match('^%d+ %d+ s ') then
+              self:violation('writer', string.format('%s: %s granted %s shared (token %.0f) with '
+                .. 'the exclusive waiter %s ahead of it', name, script, who, a.token,
+                (self.by_id[w] or {name = w}).name))
+              break
+            end
+          end
+          local t = q.turn
+          local td = t and q.vals[t]
+          if script == 'acquire_shared' and t and t ~= id and td and tonumber(td:match('^%d+')) > now_ms then
+            self:violation('writer', string.format('%s: %s granted %s shared (token %.0f) in the '
+              .. 'turn of %s', name, script, who, a.token, (self.by_id[t] or {name = t}).name))
+          end
+        end
+        local p = self.pending_end[name]
+        if not had and p and p.era == self.era[name] and now_ms <= p.srv_ms + self.cfg.lease_ms
+           and a.endw ~= p.code then
+          self:violation('unclean', string.format('%s: the shared grant of %s (token %.0f) says end '
+            .. '%d, after an end %d', name, who, a.token, a.endw, p.code))
+        end
+      end
+    end
+    table.sort(toks)
+    for _, tk in ipairs(toks) do
+      self.any_made[name] = (self.any_made[name] or 0) + 1
+      self.grant_era[name][tk] = {era = self.era[name], idx = self.grants_made[name] or 0,
+        backs = self.backs, fwds = self.fwds, srv = srv.now_us, shared = true,
+        any = self.any_made[name]}
+      self:issue(name, tk, function()
+        return string.format('redis %s (a shared grant to %s)', script, seen[tk])
+      end, false)
+    end
+    -- beside: no script makes or extends an exclusive grant while a
+    -- shared lease lives, nor a shared lease while an exclusive grant
+    -- lives (both may count again at once after a step back of the clock,
+    -- each field past its time: then neither may be extended)
+    if g and g.live and (not gb or gb.stamp ~= g.stamp or gb.gexp ~= g.gexp) then
+      for _, id in ipairs(sorted_ids(sa)) do
+        if sa[id].live then
+          self:violation('beside', string.format('%s: %s by %s made or extended the exclusive grant '
+            .. 'of %s (token %.0f, until %.0f) beside the live shared lease of %s (token %.0f)', name,
+            script, c and c.name or '?', (self.by_id[g.owner] or {name = g.owner}).name, g.token,
+            g.gexp, (self.by_id[id] or {name = id}).name, sa[id].token))
+          break
+        end
+      end
+    end
+    if g and g.live then
+      for _, id in ipairs(sorted_ids(sa)) do
+        local a, b = sa[id], sb[i].s[id]
+        if a.live and (not b or b.token ~= a.token or b.gexp ~= a.gexp) then
+          self:violation('beside', string.format('%s: %s by %s made or extended the shared lease of '
+            .. '%s (token %.0f) beside the live exclusive grant of %s (token %.0f)', name, script,
+            c and c.name or '?', (self.by_id[id] or {name = id}).name, a.token,
+            (self.by_id[g.owner] or {name = g.owner}).name, g.token))
+          break
+        end
+      end
+    end
+    if script == 'acquire_shared' or script == 'release_shared' then
+      local changed = (gb and gb.stamp) ~= (g and g.stamp)
+      if changed and (glive or (script == 'acquire_shared' and g)) then
+        self:violation('stale', string.format('%s by %s changed the exclusive grant of %s (%s token '
+          .. '%.0f)', script, c and c.name or '?', name, gb and (self.by_id[gb.owner] or
+          {name = gb.owner}).name or 'none', gb and gb.token or g.token))
+      end
+    end
+  end
+end
+
 -- The newest attempt Redis records of client `me` for a name when a script
 -- runs (keys: the script's), or nil: what the acquire counts, as it reads
 -- it. Protocol 1: the record key KEYS[6], while it lives. Protocol 2: the
@@ -744,7 +1005,7 @@ function W:run_script(c, script, names, keys, argv, meta)
   local layout = self.layout
   for i, name in ipairs(names) do before[i] = lease_of(srv, lk[name], layout) end
   self.rec_before = nil
-  if script == 'acquire' then
+  if script == 'acquire' or script == 'acquire_shared' then
     self.rec_before = self:record_of(keys, argv[1])
   end
   srv.published = {}
@@ -758,6 +1019,8 @@ function W:run_script(c, script, names, keys, argv, meta)
     local o = keys[i] and srv.db[keys[i]]
     exp_before[i] = o and o.exp or false
   end
+  local sb, qb
+  if self.shared then sb, qb = self:shared_before(names, keys, script) end
   local rep = R.run(srv, f, keys, argv, now_us)
   for i = 1, p2 and 0 or 2 do
     local o = keys[i] and srv.db[keys[i]]
@@ -774,12 +1037,14 @@ function W:run_script(c, script, names, keys, argv, meta)
   end
   -- (a mixed world: a refusal of the other protocol's data is no error;
   -- layout checks it is right, P.after)
-  if type(rep) == 'table' and rep.err and not (mixed and C.refused(rep)) then
+  if type(rep) == 'table' and rep.err and not (mixed and C.refused(rep))
+     and not (self.shared and self:mode_refusal(c, script, argv, sb, rep)) then
     self:violation('error', script .. ' failed: ' .. rep.err)
   end
   self:after_script(c, script, names, script ~= 'renew' and keys or nil, argv, before, rep, meta,
     keys)
   if mixed then P.after(self, mixed, rep) end
+  if sb then self:after_shared(c, script, names, argv, sb, qb, rep) end
   self.arrivals = self:replicate(keys)
   for _, name in ipairs(names) do self.dirty[name] = true end
   for _, p in ipairs(srv.published) do self:publish(p.channel, p.message) end
@@ -1004,8 +1269,14 @@ end
 -- What clients tell the checker.
 
 -- Is grant `token` of name still the one Redis has for client c?
-function W:grant_in_redis(c, name, token)
+-- (mode 'S': a shared lease, its field s:<id>, beside no live exclusive
+-- grant: a field that counts again beside one is nobody's lease)
+function W:grant_in_redis(c, name, token, mode)
   local l = self:live_lease(name)
+  if mode == 'S' then
+    local s = self:shared_of(name)[c.id]
+    return s and s.live and s.token == token and not l or false
+  end
   return l and l.owner == c.id and l.token == token
 end
 
@@ -1015,10 +1286,20 @@ end
 -- Redis, or was superseded by a later grant (a failover to a replica that
 -- missed the later grant brings an older one back: its holder goes on,
 -- below the lost grant's tokens, until its next grant).
+-- (The shared worlds: a shared grant supersedes the exclusive grants
+-- before it, which it could be made beside only once Redis had ended them;
+-- a shared lease is superseded by a later exclusive grant. With
+-- --no-revival-excuse a grant Redis holds live now is never revoked, even
+-- if a later grant superseded it before a fault brought it back.)
 function W:revoked(c, e)
   local g = self.grant_era[e.name][e.grant_token]
   if g == nil or g.era >= self.era[e.name] then return false end
-  return g.idx < self.grants_made[e.name] or not self:grant_in_redis(c, e.name, e.grant_token)
+  local there = self:grant_in_redis(c, e.name, e.grant_token, e.mode)
+  if there and self.opts.no_revival_excuse then return false end
+  -- (superseded: an exclusive grant by any later grant, a shared one of
+  -- the shared worlds by a later exclusive grant)
+  if g.shared then return g.idx < (self.grants_made[e.name] or 0) or not there end
+  return g.any < (self.any_made[e.name] or 0) or not there
 end
 
 function W:acquired(c, e, th, token, handoff)
@@ -1027,6 +1308,7 @@ function W:acquired(c, e, th, token, handoff)
       handoff and ' (local handoff)' or ''))
   end
   self.acquisitions = (self.acquisitions or 0) + 1
+  if e.mode == 'S' then self.shared_acquisitions = (self.shared_acquisitions or 0) + 1 end
   self.dirty[e.name] = true
   -- valid: an acquire returns a lease, or a thread takes one passed to it,
   -- only while the holder's own clock says it is valid
@@ -1063,6 +1345,10 @@ function W:acquired(c, e, th, token, handoff)
       self.srv.now_ms = floor((self.now + self.srv_off) / 1000)
       local l = lease_of(self.srv, self.lease_key[e.name], self.layout)
       local exp = l and l.owner == c.id and l.token == e.grant_token and l.gexp
+      if e.mode == 'S' then
+        local sl = self:shared_of(e.name)[c.id]
+        exp = sl and sl.token == e.grant_token and sl.gexp
+      end
       local ends = c.t0 + (e.valid_until - c.coff) / c.rate + self.srv_off
       if not exp and not handoff then
         self:violation('bound', string.format('%s: %s takes grant %.0f, which Redis no longer has',
@@ -1107,17 +1393,29 @@ function W:check_exclusion()
           valid = valid + 1
         end
       end
-      local holder
+      -- (the shared worlds: any number of shared holders, or one
+      -- exclusive holder, never both: a shared holder beside an exclusive
+      -- one is the violation `shared`)
+      local holder, reader
       for _, c in ipairs(valid > 1 and clients or {}) do
         local e = c.alive and c.entries[name]
         if e and e.owner and e.state == 'HELD' and self:clock(c) < e.valid_until
            and not self:revoked(c, e) then
-          if holder then
+          if e.mode == 'S' then
+            reader = reader or e
+          elseif holder then
             self:violation('excl', string.format('%s held by %s (token %.0f) and %s (token %.0f)',
               name, holder[1].owner.name, holder[1].token, e.owner.name, e.token))
             return
+          else
+            holder = {e}
           end
-          holder = {e}
+          if holder and reader then
+            self:violation('shared', string.format('%s held exclusively by %s (token %.0f) and '
+              .. 'shared by %s (token %.0f)', name, holder[1].owner.name, holder[1].token,
+              reader.owner.name, reader.token))
+            return
+          end
         end
       end
     end
@@ -1145,6 +1443,9 @@ function W:check_liveness()
     if o and not (o.exp and now_ms > o.exp) then
       local l = grant_in(o, self.layout, now_ms)
       held = l and l.live or false
+      if not held and self.shared then
+        for _, sl in pairs(shared_in(o, now_ms)) do held = held or sl.live end
+      end
     end
     local waiting = false
     for i = 1, held and 0 or #clients do
@@ -1159,7 +1460,7 @@ function W:check_liveness()
         end
       end
     end
-    if waiting and not self:live_lease(name) then
+    if waiting and not (self.shared and self:held_in_redis(name) or self:live_lease(name)) then
       local since = self.free_since[name]
       if not since then
         self.free_since[name] = now
@@ -1665,6 +1966,12 @@ function W:check_hashes()
           if g then need = math.max(need, math.max(g.gexp, math.ceil((g.token + g.pl) / 1000)) + l + 1) end
         elseif f == 'q' then
           need = math.max(need, now_ms + 2 * cfg.waiter_ttl_ms)
+        elseif f:sub(1, 2) == 's:' then
+          -- a shared lease: a lease time past its exp and past its token
+          local tok, e = v:match('^(%d+) %d+ %d+ %d+ (%d+)$')
+          need = math.max(need, math.max(tonumber(e), math.ceil(tonumber(tok) / 1000)) + l + 1)
+        elseif f == 'r' then
+          need = math.max(need, tonumber(v) + l + 1)
         elseif f == 'u' or f == 't' or f:sub(1, 2) == 'c:' then
           need = math.max(need, tonumber(v:match(' (%d+)$')))
         end -- (pv, o and n have no end of their own)
