@@ -47,6 +47,9 @@
 --   told the same. A shared lease's own end is told to nobody.
 -- - The lease: field s:<id> "<token> <attempt> <dur> <end> <exp>" and the
 --   hash's r "<until>", raised to its exp (lua/p2/LAYOUT.txt).
+-- - An exclusive grant past its exp in g goes with the grant (g ''), so
+--   that no step back of the clock makes it count again beside the new
+--   lease; while it would still be told, u takes "2 <until>" in its place.
 -- - Refused: the record keeps this attempt (as lua/p2/acquire.lua); queued
 --   if asked, with the liveness value "<deadline> <attempt> s <waiter ttl>
 --   <name>" ('s' where an exclusive waiter's pass limit stands).
@@ -312,6 +315,22 @@ else
     gt = string.format('%.0f', token)
   end
   local e = now_ms + l
+  if tok and not owner then
+    -- An exclusive grant past its exp goes (g ''): after a step back of the
+    -- server's clock to before its exp it would count again beside this
+    -- lease (renewed, or granted again to a late copy of its attempt).
+    -- Its tokens are below this one, which the mark keeps; the word that
+    -- it expired unreleased moves into u for as long as g would tell it.
+    put[#put + 1] = 'g'
+    put[#put + 1] = ''
+    if gone_told then
+      local tu = math.max(tonumber(exp), math.ceil((tonumber(tok) + tonumber(pl)) / 1000))
+        + tonumber(tell) + 1
+      put[#put + 1] = 'u'
+      put[#put + 1] = '2 ' .. string.format('%.0f', tu)
+      life = math.max(life, tu - now_ms)
+    end
+  end
   put[#put + 1] = sk
   put[#put + 1] = gt .. ' ' .. ARGV[3] .. ' ' .. ARGV[2] .. ' ' .. ended .. ' '
     .. string.format('%.0f', e)

@@ -1035,6 +1035,45 @@ static void test_giveback_superseded_across_modes(void **state)
     assert_int_equal(release("gb", A, "token", tx), 1);
 }
 
+/* The reverse: a shared grant made beside an exclusive grant that expired
+ * unreleased empties g, so that a step back of the server's clock to
+ * before that grant's exp cannot make it count again beside the reader
+ * (it did: renew.lua renewed it, and a late copy of its attempt was
+ * granted it again; found by the simulator's shared worlds, sim/replays.txt).
+ * The word that it expired unreleased moves into u for as long as g would
+ * have told it: the next exclusive grant is told 2. */
+static void test_step_back_no_writer_beside_readers(void **state)
+{
+    (void)state;
+    long long tx, ta, ty, e;
+    char v[128];
+    assert_int_equal(acquire("wb", X, 1, &tx), 1);
+    /* X's grant ends in the past, unreleased, as if its time had passed */
+    long long now = server_us() / 1000;
+    grant g = grant_of("wb");
+    snprintf(v, sizeof v, "%lld %lld %lld %lld %lld %lld 10000", g.token, g.nonce, g.pl, now - 100,
+             g.dur, g.u);
+    freeReplyObject(cmd("HSET ts:{wb} g %s", v));
+    assert_int_equal(shared("wb", A, 1, &ta), 1);
+    assert_true(ta > tx);
+    /* the clock steps back before X's exp: a grant left in g counts again */
+    g = grant_of("wb");
+    if (g.present) {
+        now = server_us() / 1000;
+        snprintf(v, sizeof v, "%lld %lld %lld %lld %lld %lld 10000", g.token, g.nonce, g.pl,
+                 now + 5000, g.dur, g.u);
+        freeReplyObject(cmd("HSET ts:{wb} g %s", v));
+    }
+    assert_int_equal(renew1("wb", X, "10000", tx), 0);
+    assert_int_equal(acquire_o("wb", X, 1, (opt){.queue = "0"}, NULL, NULL), 0);
+    assert_int_equal(grant_of("wb").present, 0);
+    assert_int_equal(shared_of("wb", A).token, ta);
+    assert_int_equal(unshare("wb", A, "token", ta), 1);
+    assert_int_equal(acquire_o("wb", Y, 1, (opt){0}, &ty, &e), 1);
+    assert_true(ty > ta);
+    assert_int_equal(e, 2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1055,6 +1094,7 @@ int main(void)
         cmocka_unit_test(test_shared_by_exclusive_holder_refused),
         cmocka_unit_test(test_step_back_no_reader_beside_writer),
         cmocka_unit_test(test_giveback_superseded_across_modes),
+        cmocka_unit_test(test_step_back_no_writer_beside_readers),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
