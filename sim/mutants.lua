@@ -255,6 +255,106 @@ M.list = {
     file = 'acquire', find = "  redis.call('PEXPIRE', KEYS[1], life)\n",
     replace = "  redis.call('PEXPIRE', KEYS[1], life, 'GT')\n",
   },
+  -- The shared mode of protocol 2 (lua/p2/LAYOUT.txt, "Shared mode"; run
+  -- in the shared worlds, sim --protocol 2 --shared F, F the mutant's
+  -- `shared`): what each rule of its scripts keeps from happening.
+  {
+    name = 'p2s_writer_preference_dropped', protocol = 2, shared = 0.5,
+    schedules = 200,
+    why = 'a shared acquire is granted with a live exclusive waiter ahead of it: writers starve',
+    file = 'acquire_shared', find = "        if not string.match(d, '^%d+ %d+ s ') then",
+    replace = '        if false then',
+  },
+  {
+    name = 'p2s_shared_beside_live_grant', protocol = 2, shared = 0.5,
+    schedules = 200,
+    why = 'a shared acquire is granted while another client holds the live exclusive grant',
+    file = 'acquire_shared', find = 'if owner then\n  pttl = tonumber(exp) - now_ms + 1',
+    replace = 'if false then\n  pttl = tonumber(exp) - now_ms + 1',
+  },
+  {
+    name = 'p2s_exclusive_beside_shared', protocol = 2, shared = 0.5,
+    schedules = 200,
+    why = 'an exclusive acquire is granted while shared leases live (r ignored)',
+    file = 'acquire', find = 'elseif shared then\n  pttl = shared - now_ms + 1',
+    replace = 'elseif false then\n  pttl = shared - now_ms + 1',
+  },
+  {
+    name = 'p2s_token_not_above_last', protocol = 2, shared = 0.5,
+    schedules = 200,
+    why = 'a shared grant takes server time alone, not max(now, last + 1): after a step back of '
+      .. 'the clock its token goes below tokens handed out before it',
+    file = 'acquire_shared', find = '  if token <= last then',
+    replace = '  if false then',
+  },
+  {
+    name = 'p2s_mark_not_written', protocol = 2, shared = 0.5,
+    schedules = 200,
+    why = "a shared grant leaves the slot's mark as it was: after a step back of the clock a later "
+      .. 'grant goes below its token',
+    file = 'acquire_shared', find = "redis.call('SET', KEYS[7], gt .. ' ' .. t[1] .. us6 .. ' ' .. (mpl or '0'))",
+    replace = 'local _ = mpl',
+  },
+  {
+    name = 'p2s_release_keeps_field', protocol = 2, shared = 0.5,
+    schedules = 200,
+    why = "a shared release leaves its lease's field s:<id>: the name is granted to a writer beside it",
+    file = 'release_shared', find = 'local del, life, reply = {sk}, keep, 1',
+    replace = 'local del, life, reply = {}, keep, 1',
+  },
+  {
+    name = 'p2s_release_frees_beside_readers', protocol = 2, shared = 0.5,
+    schedules = 200,
+    why = 'the release of a shared lease grants the next waiter while other shared leases live',
+    file = 'release_shared', find = 'if not rmax and queued then',
+    replace = 'if queued then',
+  },
+  {
+    name = 'p2s_expired_grant_kept', protocol = 2, shared = 0.5,
+    schedules = 2500,
+    why = 'a shared grant leaves an expired exclusive grant in g: after a step back of the clock '
+      .. 'it counts again and is renewed beside the readers (the fault the shared worlds found)',
+    file = 'acquire_shared', find = '  if tok and not owner then',
+    replace = '  if false then',
+  },
+  {
+    name = 'p2s_turn_ignored', protocol = 2, shared = 0.5,
+    schedules = 200,
+    why = "a shared acquire is granted in another client's live turn",
+    file = 'acquire_shared', find = '  if turn and turn ~= me and live_value(turn) then',
+    replace = '  if false then',
+  },
+  {
+    name = 'p2s_run_takes_writers', protocol = 2, shared = 0.5,
+    schedules = 200,
+    why = "an exclusive release's run of direct shared grants goes on past an exclusive waiter, "
+      .. 'granting it shared',
+    file = 'release', find = "local sa, st = string.match(d, '^%d+ (%d+) s (%d+)')",
+    replace = "local sa, st = string.match(d, '^%d+ (%d+) %S+ (%d+)')",
+  },
+  {
+    name = 'p2s_end_not_told', protocol = 2, shared = 0.5,
+    schedules = 200,
+    why = 'a shared grant is not told how the last exclusive hold ended (field u)',
+    file = 'acquire_shared', find = '      ended = tonumber(e)\n    end\n  elseif fe then',
+    replace = '      ended = 0\n    end\n  elseif fe then',
+  },
+  {
+    name = 'p2s_exclusive_by_reader_queued', protocol = 2, shared = 0.5,
+    schedules = 200,
+    why = 'an exclusive acquire by a client holding a live shared lease is queued, not refused '
+      .. '(DLOCKMODE): behind its own lease',
+    file = 'acquire', find = 'if sa and tonumber(se) >= now_ms and not owner then',
+    replace = 'if false then',
+  },
+  {
+    name = 'p2s_shared_by_writer_queued', protocol = 2, shared = 0.5,
+    schedules = 200,
+    why = 'a shared acquire by the client holding the live exclusive grant is queued, not refused '
+      .. '(DLOCKMODE): behind its own grant',
+    file = 'acquire_shared', find = 'if owner == me then',
+    replace = 'if false then',
+  },
   -- The two protocols side by side (run = 'mixed': sim --protocol mixed,
   -- the mutant in its protocol's scripts): a script that misreads the other
   -- protocol's data, and protocol 2's taking over of a name from protocol 1.
