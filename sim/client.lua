@@ -375,7 +375,7 @@ local function poll_done(c, e, rc)
     return finish(th, 'OK')
   end
   local failing = {}
-  if rc ~= 'EBUSY' and rc ~= 'ETIMEDOUT' and rc ~= 'ECANCELED' and rc ~= 'ECLOSED' and rc ~= 'EMODE' then
+  if rc ~= 'EBUSY' and rc ~= 'ETIMEDOUT' and rc ~= 'ECANCELED' and rc ~= 'ECLOSED' then
     for _, w in ipairs(e.queue) do
       if w.state == 'waiting' then failing[#failing + 1] = w end
     end
@@ -523,12 +523,15 @@ function C.try(c, e)
       if how ~= 'unsent' then C.job(c, e, 'giveback', nonce, c.s.keep_ms * 1000, proto, mode) end
       return poll_done(c, e, th.stop or 'EREDIS')
     end
+    local unqueued = false
     if type(rep) == 'table' and rep.err and rep.err:find('^DLOCKMODE') then
       -- the client's lease of the other mode lives on in Redis (a release
-      -- not confirmed, a lease found lost): an error to the caller, no
-      -- queue entry, no give-back (the script wrote nothing)
+      -- not confirmed, a lease found lost): a try of either mode (rpc.c,
+      -- dlock_rpc_acquire) is refused as busy (pttl -1), written and
+      -- queued nowhere; the poller tries again after its pause (a single
+      -- try: EBUSY)
       c.W.faults.mode_refused = (c.W.faults.mode_refused or 0) + 1
-      return poll_done(c, e, th.stop or 'EMODE')
+      rep, unqueued = {n = 5, 0, -1, '', -1, -1}, true
     end
     if C.refused(rep) then
       -- refused in each protocol (the data changed between): no give-back,
@@ -545,7 +548,7 @@ function C.try(c, e)
       -- stopped during the call: a grant is given back in the background
       if granted == 1 then
         C.job(c, e, 'giveback', nonce, c.s.keep_ms * 1000, proto, mode)
-      elseif granted == 0 and not th.once then
+      elseif granted == 0 and not th.once and not unqueued then
         e.queued = true -- the last waiter to go takes the client out
         e.queue_proto = proto -- (its leave's protocol)
       end
@@ -568,8 +571,10 @@ function C.try(c, e)
       return poll_done(c, e, 'OK')
     elseif granted == 0 then
       if th.once then return poll_done(c, e, 'EBUSY') end
-      e.queued = true
-      e.queue_proto = proto -- (its leave's protocol)
+      if not unqueued then
+        e.queued = true
+        e.queue_proto = proto -- (its leave's protocol)
+      end
       e.try_mode = mode
       e.try_nonce = nonce
       e.try_sent = sent
