@@ -117,7 +117,7 @@ static int release(dlock_client *c, const char *name)
         return DLOCK_OK;
     }
     dlock_held_forget(c, e);
-    return dlock_release_outermost(c, e, name);
+    return dlock_release_outermost(c, &dlock_kind_excl, e, name);
 }
 
 /* dlock_release_shared's work, inside the call (shared.h, S4 and S5). */
@@ -144,7 +144,7 @@ static int release_shared(dlock_client *c, const char *name)
             return DLOCK_OK;
         }
         dlock_held_forget(c, e);
-        return dlock_release_outermost(c, e, name);
+        return dlock_release_outermost(c, &dlock_kind_excl, e, name);
     }
     if (--h->depth > 0) {
         pthread_mutex_unlock(&e->mu);
@@ -158,7 +158,7 @@ static int release_shared(dlock_client *c, const char *name)
     int others = e->s.holders > 1;
     uint64_t token = e->lease.token;
     int ran_out = e->lease.state == DLOCK_LEASE_HELD && dlock_boot_ns() >= e->lease.valid_until_ns;
-    rc = dlock_release_outermost(c, e, name);
+    rc = dlock_release_outermost(c, &dlock_kind_shared, e, name);
     if (rc == DLOCK_OK && others && ran_out)
         rc = dlock_err_set(DLOCK_ELOST, "the shared lease of '%s' (token %" PRIu64 ") ran out "
                            "while held (not renewed in time)", name, token);
@@ -371,7 +371,7 @@ int dlock_handle_release(dlock_handle *h)
     e->x.by_handle = 0;
     e->x.owner = pthread_self(); /* the calling thread releases it */
     dlock_hist_add(&c->ctr.hold, dlock_now_ns() - h->since_ns);
-    int rc = dlock_release_outermost(c, e, name);
+    int rc = dlock_release_outermost(c, &dlock_kind_excl, e, name);
     dlock_count_rc(c->ctr.release_rc, rc);
     free(h);
     dlock_client_leave(c);

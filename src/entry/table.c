@@ -254,7 +254,7 @@ void dlock_entry_kick_head(dlock_entry *e)
             dlock_waitq_wake(w);
     } else if (!dlock_entry_held(e) && e->lease.state == DLOCK_LEASE_NONE && !e->poll.poller) {
         dlock_waitq_wake(e->wq.head);
-    } else if (e->lease.shared && e->lease.state == DLOCK_LEASE_HELD &&
+    } else if ((e->lease.shared || e->s.under_x) && e->lease.state == DLOCK_LEASE_HELD &&
                e->kind_waiters[DLOCK_KIND_EXCL] == 0 && dlock_boot_ns() < e->s.join_until_ns) {
         dlock_waitq_wake_all(&e->wq);
     }

@@ -133,6 +133,9 @@ typedef struct dlock_shr {
                                     held shared lease without Redis until then only */
     int unclean;                 /* how the last exclusive hold before the grant ended
                                     (the grant's "End"), for dlock_unclean */
+    int under_x;                 /* the holders are a reader phase under this client's
+                                    exclusive lease (local/shared.h, S8), not holders
+                                    of a shared lease */
 } dlock_shr;
 
 /* The kinds of lock, as an index of dlock_entry.kind_waiters (local/kind.h). */

@@ -429,7 +429,7 @@ int dlock_acquire_run(dlock_client *c, const dlock_kind *kind, const char *name,
         char keep[256];
         snprintf(keep, sizeof keep, "%s", dlock_last_error());
         dlock_table_ref(e); /* the owner's, which dlock_release_outermost drops with ours */
-        (void)dlock_release_outermost(c, e, name);
+        (void)dlock_release_outermost(c, kind, e, name);
         dlock_err_set(rc, "%s", keep);
         return rc;
     }

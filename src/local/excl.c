@@ -166,21 +166,38 @@ static int handoff_in_time(const dlock_entry *e, int64_t now)
     return (int64_t)e->x.passes + 1 <= us - (us + 99) / 100;
 }
 
+/* Whether the lease may pass to another holder of this client now: the
+ * pass limit allows, the lease's validity has room (a margin for the
+ * taker), the clock rule of tokens allows (handoff_in_time), and the
+ * client is not closing. */
+static int may_pass(const dlock_client *c, const dlock_entry *e, int64_t now, int closing)
+{
+    return e->x.passes < c->pass_limit && !closing &&
+           now + (e->lease.provisional ? c->grant_margin_ns : c->handoff_margin_ns) <
+               e->lease.valid_until_ns &&
+           handoff_in_time(e, now);
+}
+
+int dlock_excl_take_pass(dlock_client *c, dlock_entry *e, int64_t now)
+{
+    DLOCK_ASSERT(!e->x.has_owner && !e->lease.shared && e->lease.state == DLOCK_LEASE_HELD);
+    if (!may_pass(c, e, now, dlock_load_int(&c->closing)))
+        return 0;
+    e->x.passes++;
+    e->lease.token++;
+    return 1;
+}
+
 /* The local handoff's decision (I10), after the holder's hold ended: the
  * lease stays with this client and passes to a waiting thread, with the
  * next token and with word of how this hold ended (a thread that exited:
- * dlock_unclean), if a thread waits, the pass limit allows, the lease's
- * validity has room (a margin for the taker) and the clock rule of tokens
- * allows (handoff_in_time); the client is not closing. */
+ * dlock_unclean), if a thread waits and the lease may pass (may_pass). */
 static int pass(dlock_client *c, dlock_entry *e, int64_t now, dlock_waiter **wake)
 {
     int closing = dlock_load_int(&c->closing);
     /* (only to a thread that waits for it exclusively: threads waiting
-     * shared ask Redis for a shared lease once it has gone back) */
-    int pass = e->kind_waiters[DLOCK_KIND_EXCL] > 0 && e->x.passes < c->pass_limit && !closing &&
-               now + (e->lease.provisional ? c->grant_margin_ns : c->handoff_margin_ns) <
-                   e->lease.valid_until_ns &&
-               handoff_in_time(e, now);
+     * shared are served by a reader phase, shared.c, or ask Redis) */
+    int pass = e->kind_waiters[DLOCK_KIND_EXCL] > 0 && may_pass(c, e, now, closing);
     dlock_trace_event(c->trace, "rdec", e->name,
                       "%d %" PRId64 " %u %u %" PRIu64 " %" PRId64 " %d %d %d", pass, now,
                       e->waiters, e->x.passes, e->lease.token, e->lease.valid_until_ns,

@@ -63,7 +63,7 @@ static void abandon(dlock_client *c, dlock_entry *e)
     e->x.depth = 1;
     e->x.ending = DLOCK_UNCLEAN_ABANDONED;
     dlock_held_forget(c, e);
-    int rc = dlock_release_outermost(c, e, name);
+    int rc = dlock_release_outermost(c, &dlock_kind_excl, e, name);
     dlock_count(&c->ctr.abandoned, 1);
     dlock_count_rc(c->ctr.release_rc, rc);
     if (rc == DLOCK_OK)
@@ -99,7 +99,7 @@ static void abandon_shared(dlock_client *c, dlock_shold *h)
     uint64_t token = e->lease.token;
     h->depth = 0;
     dlock_shold_tidy(h);
-    int rc = dlock_release_outermost(c, e, name);
+    int rc = dlock_release_outermost(c, &dlock_kind_shared, e, name);
     dlock_count(&c->ctr.abandoned, 1);
     dlock_count_rc(c->ctr.release_rc, rc);
     dlock_client_log(c, DLOCK_LOG_WARN, "thread %ld exited holding '%s' shared (token %" PRIu64

@@ -13,15 +13,35 @@
 #include "local/client.h"
 #include "local/kind.h"
 #include "common/error.h"
+#include "local/excl.h"
 #include "local/release.h"
 #include "local/rpc.h"
+#include "local/shared.h"
 
-/* The outermost release of e by the calling thread, which holds e->mu and
- * two references (its lookup's and the owner's, both dropped here). */
-int dlock_release_outermost(dlock_client *c, dlock_entry *e, const char *name)
+/* An exclusive lease (not a shared one) whose holders of kind k are done
+ * serves this client's threads of the other kind without Redis, when a
+ * local pass is allowed: after a reader phase, a thread waiting
+ * exclusively (a handoff); after an exclusive hold, the threads waiting
+ * shared (a reader phase: shared.h, S8). 1 if it stays (*wake as for
+ * pass), else 0. e->mu held. */
+static int adopt(dlock_client *c, const dlock_kind *k, dlock_entry *e, int64_t now,
+                 dlock_waiter **wake)
+{
+    *wake = NULL;
+    if (e->lease.shared)
+        return 0;
+    if (k == &dlock_kind_shared)
+        return dlock_kind_excl.pass(c, e, now, wake);
+    return dlock_shared_phase(c, e, now);
+}
+
+/* The outermost release of e by the calling thread, which holds it in kind
+ * k, e->mu and two references (its lookup's and the owner's, both dropped
+ * here). */
+int dlock_release_outermost(dlock_client *c, const dlock_kind *k, dlock_entry *e,
+                            const char *name)
 {
     int rc;
-    const dlock_kind *k = e->lease.kind; /* the kind of the caller's hold */
     k->unhold(e);
     if (e->lease.state == DLOCK_LEASE_LOST) {
         dlock_trace_event(c->trace, "rlost", e->name, NULL);
@@ -42,7 +62,8 @@ int dlock_release_outermost(dlock_client *c, dlock_entry *e, const char *name)
     }
     DLOCK_ASSERT(e->lease.state == DLOCK_LEASE_HELD);
     dlock_waiter *wk;
-    if (k->pass(c, e, dlock_boot_ns(), &wk)) {
+    int64_t now = dlock_boot_ns();
+    if (k->pass(c, e, now, &wk) || adopt(c, k, e, now, &wk)) {
         /* A local handoff (I10): the lease stays with this client. */
         pthread_mutex_unlock(&e->mu);
         /* Woken after the unlock, so that it does not wake up only to wait

@@ -7,10 +7,13 @@
 #define DLOCK_RELEASE_H
 
 #include "local/client.h"
+#include "local/kind.h"
 
-/* The outermost release of e by the calling thread, which holds e->mu and
- * two references (its lookup's and the owner's, both dropped here): returns
- * with e->mu released. DLOCK_OK, DLOCK_ELOST, or an error of Redis. */
-int dlock_release_outermost(dlock_client *c, dlock_entry *e, const char *name);
+/* The outermost release of e by the calling thread, which holds it in kind
+ * k, e->mu and two references (its lookup's and the owner's, both dropped
+ * here): returns with e->mu released. DLOCK_OK, DLOCK_ELOST, or an error
+ * of Redis. */
+int dlock_release_outermost(dlock_client *c, const dlock_kind *k, dlock_entry *e,
+                            const char *name);
 
 #endif

@@ -132,6 +132,7 @@ static void invite(dlock_entry *e)
 static void hold(dlock_client *c, dlock_entry *e, int unclean)
 {
     e->s.holders = 1;
+    e->s.under_x = 0;
     e->s.unclean = unclean;
     if (unclean)
         dlock_count(&c->ctr.unclean, 1);
@@ -157,7 +158,7 @@ static int roomy(const dlock_client *c, const dlock_entry *e, int64_t now)
 /* S1: a thread asking shared may join the lease now. */
 static int passing(const dlock_client *c, const dlock_entry *e)
 {
-    if (!e->lease.shared || e->lease.state != DLOCK_LEASE_HELD ||
+    if ((!e->lease.shared && !e->s.under_x) || e->lease.state != DLOCK_LEASE_HELD ||
         e->kind_waiters[DLOCK_KIND_EXCL] > 0)
         return 0;
     int64_t now = dlock_boot_ns();
@@ -179,6 +180,7 @@ static void lose(dlock_client *c, dlock_entry *e, int *drop, uint64_t *ran_out)
     }
     e->lease.lost_notified = 1;
     e->lease.state = DLOCK_LEASE_NONE;
+    e->s.under_x = 0;
 }
 
 /* A join (S1: the lease HELD with room left, as passing found it), or an
@@ -231,7 +233,8 @@ static int pass(dlock_client *c, dlock_entry *e, int64_t now, dlock_waiter **wak
 
 static void unhold(dlock_entry *e)
 {
-    e->s.holders--;
+    if (--e->s.holders == 0)
+        e->s.under_x = 0; /* a reader phase ends with its last holder */
 }
 
 static int end(dlock_entry *e)
@@ -243,6 +246,29 @@ static int end(dlock_entry *e)
 static void unused(dlock_entry *e)
 {
     (void)e;
+}
+
+int dlock_shared_phase(dlock_client *c, dlock_entry *e, int64_t now)
+{
+    if (e->lease.shared || e->lease.state != DLOCK_LEASE_HELD || e->x.has_owner ||
+        e->s.holders > 0 || e->kind_waiters[DLOCK_KIND_SHARED] == 0 ||
+        e->kind_waiters[DLOCK_KIND_EXCL] > 0 || !dlock_excl_take_pass(c, e, now))
+        return 0;
+    e->s.under_x = 1;
+    e->s.unclean = e->x.ending; /* how the exclusive hold before ended */
+    e->x.ending = 0;
+    if (e->s.unclean)
+        dlock_count(&c->ctr.unclean, 1);
+    e->s.join_until_ns = now + c->join_ns;
+    invite(e);
+    dlock_trace_event(c->trace, "sphase", e->name, "%u %" PRIu64, e->s.holders, e->lease.token);
+    if (e->s.holders == 0) {
+        /* (every thread waiting shared waits in the queue: never here) */
+        e->s.under_x = 0;
+        return 0;
+    }
+    dlock_count(&c->ctr.handoffs, 1);
+    return 1;
 }
 
 const dlock_kind dlock_kind_shared = {

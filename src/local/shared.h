@@ -37,7 +37,8 @@
  *       found lost stays LOST until the last holder has released it (each
  *       release reports DLOCK_ELOST).
  *   S6. Tokens. Every holder of one grant gets the grant's token (a shared
- *       lease hands out no tokens of its own); a thread that exits holding
+ *       lease hands out no tokens of its own; a reader phase, S8, the
+ *       pass's); a thread that exits holding
  *       the name shared has its holds released for it (orphan.c).
  *   S7. Modes in Redis. A client never holds a name in both modes in
  *       Redis (DLOCKMODE). A direct grant in a mode no thread of the client
@@ -46,6 +47,18 @@
  *       (acquire.c, take_direct_grant); a try refused with DLOCKMODE (a
  *       lease of the other mode given up or lost, not ended in Redis yet)
  *       counts as busy: the poller tries again (rpc.c).
+ *   S8. Reader phases. When a thread of this client releases the name's
+ *       exclusive lease (not a shared one) and only threads waiting shared
+ *       wait, the lease stays with the client and those threads hold it
+ *       together (a reader phase: e->s.under_x), as a local handoff would
+ *       pass it: one pass of the pass limit and the next token, the same
+ *       margins and clock rule (excl.c, dlock_excl_take_pass); others join
+ *       it under S1 (its window from the phase's start). When the phase's
+ *       last holder releases, the lease passes to a thread waiting
+ *       exclusively if one does (a handoff), else goes back to Redis:
+ *       phases alternate with writers' holds, never with each other, so
+ *       the client keeps the name from other clients for at most the pass
+ *       limit's passes, as for the exclusive lock alone.
  *
  * A thread's shared holds are records in a thread-local array that only
  * that thread touches (like the held slots of client.h); a record names
@@ -60,6 +73,12 @@
 #include "local/kind.h"
 
 extern const dlock_kind dlock_kind_shared;
+
+/* S8: a reader phase under e's exclusive lease, which no thread holds any
+ * more, for the threads waiting shared, if one may start now (only
+ * threads waiting shared wait, and a pass is allowed): 1 (they hold it,
+ * woken), else 0. e->mu held. */
+int dlock_shared_phase(dlock_client *c, dlock_entry *e, int64_t now);
 
 typedef struct dlock_shold {
     uint64_t serial;  /* its client's (client.h) */

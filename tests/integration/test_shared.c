@@ -148,13 +148,18 @@ static void test_remote_writer_and_the_join_window(void **state)
     dlock_client_close(o);
 }
 
-/* S2: threads waiting shared behind a local writer all hold the one grant
- * that follows its release (one Redis grant, one token). */
-static void test_invitation_after_local_writer(void **state)
+/* S8: threads waiting shared behind a local writer hold, at its release,
+ * a reader phase under the client's exclusive lease: no Redis command, one
+ * local pass, one token (the writer's + 1) for all of them; other clients
+ * stay out (the lease in Redis is exclusive) until the phase's last
+ * holder gives it back. */
+static void test_reader_phase_after_local_writer(void **state)
 {
     (void)state;
-    dlock_client *c = open_client(LONG_JOIN_MS);
-    assert_int_equal(dlock_acquire(c, "inv", 0, NULL), DLOCK_OK);
+    dlock_client *c = open_client(LONG_JOIN_MS), *o = open_client(20);
+    uint64_t fw;
+    assert_int_equal(dlock_acquire(c, "inv", 0, &fw), DLOCK_OK);
+    assert_int_equal(fx_wait_subscriber(c), 0);
     taker t[3];
     for (int i = 0; i < 3; i++)
         taker_start(&t[i], c, "inv", 1, 20000);
@@ -162,18 +167,71 @@ static void test_invitation_after_local_writer(void **state)
     for (int i = 0; i < 3; i++)
         assert_false(taker_done(&t[i]));
     dlock_stats s0 = stats(c);
+    long long server0 = fx_info_lock_calls("127.0.0.1", fx_server.port);
     assert_int_equal(dlock_release(c, "inv"), DLOCK_OK);
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 3; i++) {
         assert_int_equal(taker_got(&t[i]), DLOCK_OK);
-    assert_int_equal(t[1].fence, t[0].fence);
-    assert_int_equal(t[2].fence, t[0].fence);
-    assert_int_equal(stats(c).grants - s0.grants, 1);
-    assert_int_equal(shared_fields("inv"), 1);
+        assert_int_equal(t[i].fence, fw + 1);
+    }
+    long long server1 = fx_info_lock_calls("127.0.0.1", fx_server.port);
+    dlock_stats s1 = stats(c);
+    assert_int_equal(server1 - server0, 0);
+    assert_int_equal(s1.redis_commands - s0.redis_commands, 0);
+    assert_int_equal(s1.grants - s0.grants, 0);
+    assert_int_equal(s1.handoffs - s0.handoffs, 1);
+    assert_int_equal(shared_fields("inv"), 0); /* the lease in Redis is exclusive */
+    assert_int_equal(dlock_acquire_shared(o, "inv", 0, NULL), DLOCK_EBUSY);
     for (int i = 0; i < 3; i++) {
         taker_finish(&t[i]);
         assert_int_equal(t[i].release_rc, DLOCK_OK);
     }
-    assert_int_equal(shared_fields("inv"), 0);
+    uint64_t fo;
+    assert_int_equal(dlock_acquire(o, "inv", 0, &fo), DLOCK_OK);
+    assert_true(fo > fw + 1);
+    assert_int_equal(dlock_release(o, "inv"), DLOCK_OK);
+    dlock_client_close(c);
+    dlock_client_close(o);
+}
+
+/* S8: reader phases alternate with writers' holds within the pass limit
+ * (here 2): a writer, a phase (pass 1), the writer waiting behind it (pass
+ * 2), then the readers waiting behind that writer ask Redis. Tokens rise
+ * by one a pass. */
+static void test_phases_alternate_within_the_pass_limit(void **state)
+{
+    (void)state;
+    dlock_config cfg;
+    fx_config(&cfg, &fx_server);
+    cfg.protocol = 2;
+    cfg.join_ms = LONG_JOIN_MS;
+    cfg.pass_limit = 2;
+    dlock_client *c;
+    assert_int_equal(dlock_client_open(&cfg, &c), DLOCK_OK);
+    uint64_t f0;
+    assert_int_equal(dlock_acquire(c, "alt", 0, &f0), DLOCK_OK);
+    taker r1, w1, r2;
+    taker_start(&r1, c, "alt", 1, 20000);
+    let_it_wait();
+    dlock_stats s0 = stats(c);
+    assert_int_equal(dlock_release(c, "alt"), DLOCK_OK); /* a phase: pass 1 */
+    assert_int_equal(taker_got(&r1), DLOCK_OK);
+    assert_int_equal(r1.fence, f0 + 1);
+    taker_start(&w1, c, "alt", 0, 20000); /* waits: no join beside it */
+    let_it_wait();
+    taker_start(&r2, c, "alt", 1, 20000);
+    let_it_wait();
+    assert_false(taker_done(&w1));
+    assert_false(taker_done(&r2));
+    taker_finish(&r1); /* the phase ends: a handoff to w1, pass 2 */
+    assert_int_equal(taker_got(&w1), DLOCK_OK);
+    assert_int_equal(w1.fence, f0 + 2);
+    assert_int_equal(stats(c).grants - s0.grants, 0);
+    taker_finish(&w1); /* the pass limit: back to Redis, r2 asks it */
+    assert_int_equal(taker_got(&r2), DLOCK_OK);
+    assert_true(r2.fence > f0 + 2);
+    assert_int_equal(stats(c).grants - s0.grants, 1);
+    taker_finish(&r2);
+    assert_int_equal(r2.release_rc, DLOCK_OK);
     dlock_client_close(c);
 }
 
@@ -485,7 +543,9 @@ int main(void)
         cmocka_unit_test_teardown(test_join_costs_no_redis_command, fx_ensure_server),
         cmocka_unit_test_teardown(test_local_writer_stops_joins, fx_ensure_server),
         cmocka_unit_test_teardown(test_remote_writer_and_the_join_window, fx_ensure_server),
-        cmocka_unit_test_teardown(test_invitation_after_local_writer, fx_ensure_server),
+        cmocka_unit_test_teardown(test_reader_phase_after_local_writer, fx_ensure_server),
+        cmocka_unit_test_teardown(test_phases_alternate_within_the_pass_limit,
+                                  fx_ensure_server),
         cmocka_unit_test_teardown(test_direct_shared_grant, fx_ensure_server),
         cmocka_unit_test_teardown(test_protocol_1_writer, fx_ensure_server),
         cmocka_unit_test_teardown(test_reentrancy_nesting_upgrade, fx_ensure_server),
