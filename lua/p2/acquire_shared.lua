@@ -15,7 +15,8 @@
 -- held, waiting} refused (pttl: the exclusive grant's time left, or -1 when
 -- a waiter or a turn comes first; holder and held: the exclusive holder's
 -- name and how long it has held, else '' and -1); {-1, 0} a stale attempt,
--- having changed nothing.
+-- having changed nothing. A hash of a semaphore (field k: lua/p2/SEM.txt)
+-- is refused with a DLOCKKIND error, as by lua/p2/acquire.lua.
 --
 -- Rules:
 -- - A client that holds the live exclusive grant is refused with an error,
@@ -59,11 +60,16 @@ local me = ARGV[1]
 local attempt = tonumber(ARGV[3])
 local l = tonumber(ARGV[2])
 local rk, sk = 'c:' .. me, 's:' .. me
-local h = redis.call('HMGET', KEYS[1], 'pv', 'g', 'u', 't', 'q', rk, 'o', 'n', 'r', sk)
+local h = redis.call('HMGET', KEYS[1], 'pv', 'g', 'u', 't', 'q', rk, 'o', 'n', 'r', sk, 'k')
 if h[1] ~= '2' and (h[1] or redis.call('EXISTS', KEYS[1]) == 1) then
   local p = h[1] or '1'
   return redis.error_reply('DLOCKPROTOCOL the data of this name is dlock protocol ' .. p ..
     '; this client speaks protocol 2' .. ((tonumber(p) or 3) > 2 and ': upgrade it' or ''))
+end
+if h[11] then
+  -- a semaphore's hash (lua/p2/SEM.txt): not a lock's
+  return redis.error_reply('DLOCKKIND the data of this name is a semaphore (kind ' .. h[11] ..
+    '), not a lock')
 end
 local new = not h[1]
 local t = redis.call('TIME')

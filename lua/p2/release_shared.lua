@@ -38,11 +38,16 @@
 -- - Protocol: as lua/p2/release.lua's.
 local me = ARGV[1]
 local rk, sk = 'c:' .. me, 's:' .. me
-local h = redis.call('HMGET', KEYS[1], 'pv', sk, 'q', 't', rk, 'g', 'u', 'r', 'o')
+local h = redis.call('HMGET', KEYS[1], 'pv', sk, 'q', 't', rk, 'g', 'u', 'r', 'o', 'k')
 if h[1] ~= '2' and (h[1] or redis.call('EXISTS', KEYS[1]) == 1) then
   local p = h[1] or '1'
   return redis.error_reply('DLOCKPROTOCOL the data of this name is dlock protocol ' .. p ..
     '; this client speaks protocol 2' .. ((tonumber(p) or 3) > 2 and ': upgrade it' or ''))
+end
+if h[10] then
+  -- a semaphore's hash (lua/p2/SEM.txt): not a lock's
+  return redis.error_reply('DLOCKKIND the data of this name is a semaphore (kind ' .. h[10] ..
+    '), not a lock')
 end
 local t = redis.call('TIME')
 local us6 = string.rep('0', 6 - #t[2]) .. t[2]

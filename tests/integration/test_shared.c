@@ -510,6 +510,8 @@ static void test_semaphore_name_refused(void **state)
     dlock_client *c = open_client(20);
     assert_int_equal(dlock_acquire(c, "sem1", 0, NULL), DLOCK_ESERVER);
     assert_non_null(strstr(dlock_last_error(), "semaphore"));
+    assert_int_equal(dlock_acquire_shared(c, "sem1", 0, NULL), DLOCK_ESERVER);
+    assert_non_null(strstr(dlock_last_error(), "semaphore"));
     redisReply *r = redisCommand(rc, "HLEN dlock:{sem1}");
     assert_int_equal(r->integer, 3);
     freeReplyObject(r);

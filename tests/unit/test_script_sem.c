@@ -55,12 +55,15 @@ enum {
     L2_LEAVE,
     L2_FORCE,
     L2_CTL,
+    L2_ACQUIRE_SHARED,
+    L2_RELEASE_SHARED,
     S_N
 };
-static const char *file[S_N] = {"p2/sem_acquire", "p2/sem_release", "p2/sem_leave",
-                                "p2/sem_renew",   "p2/sem_ctl_read", "p2/acquire",
-                                "acquire",        "renew",           "p2/release",
-                                "p2/leave",       "p2/force",        "p2/ctl_read"};
+static const char *file[S_N] = {"p2/sem_acquire", "p2/sem_release",        "p2/sem_leave",
+                                "p2/sem_renew",   "p2/sem_ctl_read",       "p2/acquire",
+                                "acquire",        "renew",                 "p2/release",
+                                "p2/leave",       "p2/force",              "p2/ctl_read",
+                                "p2/acquire_shared", "p2/release_shared"};
 static char sha[S_N][48];
 
 static void read_lua(const char *name, char *buf, size_t n)
@@ -1059,6 +1062,10 @@ static void refused_by_lock_scripts(const char *name, const char *rel_id, const 
                            "ts:wake:", name,    "2000", "60000",   "3"};
     UNCHANGED(name, assert_error(eval_keys(L2_ACQUIRE, name, C, acq, 10), "DLOCKKIND",
                                  "a semaphore"));
+    UNCHANGED(name, assert_error(eval_keys(L2_ACQUIRE_SHARED, name, C, acq, 10), "DLOCKKIND",
+                                 "a semaphore"));
+    UNCHANGED(name, assert_error(eval_keys(L2_RELEASE_SHARED, name, rel_id, rel, 10),
+                                 "DLOCKKIND", "a semaphore"));
     UNCHANGED(name, assert_error(eval_keys(L2_RELEASE, name, rel_id, rel, 10), "DLOCKKIND",
                                  "a semaphore"));
     UNCHANGED(name, assert_error(eval_keys(L2_LEAVE, name, lv_id, lv, 6), "DLOCKKIND",
