@@ -94,10 +94,11 @@ static int take_direct_grant(dlock_client *c, const dlock_kind *k, dlock_entry *
                       e->poll.try_sent_boot, now, take);
     char nonce[24];
     snprintf(nonce, sizeof nonce, "%" PRIu64, e->poll.msg_nonce);
-    if (take && e->poll.msg_shared != (k->index == DLOCK_KIND_SHARED)) {
-        /* A grant in the other mode (a release answered an earlier try of
-         * another kind's wait under this number: not one the poller asks
-         * for): it goes back, as a grant of unknown outcome does. */
+    if (e->poll.msg_nonce != 0 && e->poll.msg_shared != (k->index == DLOCK_KIND_SHARED)) {
+        /* A grant in the other mode (a release answered a try of another
+         * kind's wait, this one's or an earlier one: not one the poller asks
+         * for, and its tries are refused while it lives): it goes back, as
+         * a grant of unknown outcome does. */
         dlock_renew_give_back(c->renew, e, nonce, e->poll.msg_protocol, e->poll.msg_shared);
         take = 0;
     }

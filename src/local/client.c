@@ -321,13 +321,15 @@ static void wake_one(void *arg, const char *payload, size_t len)
      * releaser's WAIT is not the taker's, so the poller's next try (which
      * finds the lease its own and confirms it) takes it instead. */
     int stored = nonce && e->poll.poller && !c->min_replicas;
-    /* A grant in a mode nobody here waits in any more, while threads wait
-     * in the other (the last of its kind gave up and no leave was sent:
-     * the others still wait): their tries would be refused while it lives
-     * (DLOCKMODE), so it goes back at once, as a grant of unknown outcome
-     * does. (With one kind only, the last waiter's leave frees it.) */
-    int unwanted = nonce && !stored && e->waiters > 0 &&
-                   e->kind_waiters[shared ? DLOCK_KIND_SHARED : DLOCK_KIND_EXCL] == 0;
+    /* A grant no poller takes while threads wait in the other mode (its
+     * last waiter gave up and no leave was sent, or its waiters queue
+     * behind one of the other mode, which polls first): their tries would
+     * be refused while it lives (DLOCKMODE), so it goes back at once, as a
+     * grant of unknown outcome does; a thread of its own mode that waits
+     * asks Redis anew. (With one kind only, the last waiter's leave frees
+     * it, or the next poller finds it its own.) */
+    int unwanted = nonce && !stored &&
+                   e->kind_waiters[shared ? DLOCK_KIND_EXCL : DLOCK_KIND_SHARED] > 0;
     if (unwanted) {
         char number[24];
         snprintf(number, sizeof number, "%" PRIu64, nonce);

@@ -14,9 +14,9 @@
 #include "local/excl.h"
 #include "local/shared.h"
 
-/* The calling thread's shared holds (shared.h): n records in v, room for
- * cap. Records of clients closed since are skipped by their serial and
- * dropped when found. */
+/* The calling thread's shared holds (shared.h): nholds records in holds,
+ * room for capholds. Records of clients closed since are skipped by their
+ * serial, and dropped when the array is full (dlock_shold_reserve). */
 static __thread dlock_shold *holds;
 static __thread unsigned nholds, capholds;
 
@@ -40,6 +40,22 @@ dlock_shold *dlock_shold_of(uint64_t serial, const dlock_entry *e)
 
 int dlock_shold_reserve(void)
 {
+    if (nholds < capholds)
+        return DLOCK_OK;
+    /* Full: first drop the records of clients closed since (or inherited
+     * through fork()), which nothing else drops before the thread's exit:
+     * their leases went back with their client. Only the serial is read:
+     * their entries are freed. */
+    for (unsigned i = 0; i < nholds;) {
+        dlock_client *c = dlock_client_find_enter(holds[i].serial);
+        int gone = !c || dlock_client_forked(c);
+        if (c)
+            dlock_client_leave(c);
+        if (gone)
+            holds[i] = holds[--nholds];
+        else
+            i++;
+    }
     if (nholds < capholds)
         return DLOCK_OK;
     unsigned cap = capholds ? 2 * capholds : 4;
