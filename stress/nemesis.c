@@ -3,7 +3,7 @@
  *
  *   nemesis [--seconds S] [--procs P] [--threads T] [--names K]
  *           [--lease-ms L] [--min-replicas M] [--faults LIST] [--seed N]
- *           [--recovery-bound-ms B] [--quiet]
+ *           [--recovery-bound-ms B] [--read-pct R] [--quiet]
  *
  * The system: a master and two replicas (AOF, appendfsync always), each
  * behind a fault proxy of this process (tests/support/proxy.h) that all its traffic
@@ -41,8 +41,14 @@
  * back (the docs promise nothing for a loss of data while the clock is
  * behind).
  *
- * --plant nolock|unfenced plants a bug (nemesis.h) that the checker must
- * catch: the test suite runs both and expects overlaps, lost updates.
+ * --read-pct R: each iteration of a worker thread is a reader's with
+ * probability R% (default 0): dlock_acquire_shared, a read of the store that
+ * writes nothing, dlock_release_shared (nemesis_worker.c); the checker
+ * holds readers to the shared mode's promises (nemesis_check.c).
+ *
+ * --plant nolock|unfenced|readers-unlocked plants a bug (nemesis.h) that the
+ * checker must catch: the test suite runs each and expects overlaps, lost
+ * updates, readers beside writers and out of their tokens' order.
  *
  * Defaults: S 120, P 3, T 6, K 6 names, L 2000 ms, M 2, B 30000 ms: the
  * bound on the time from the end of a burst until every name has been
@@ -98,7 +104,7 @@ const char *const nm_fault_names[NM_NFAULTS] = {
 #define MAX_EVENTS 4096
 
 static struct {
-    int seconds, procs, threads, names, lease_ms, min_replicas, quiet, plant;
+    int seconds, procs, threads, names, lease_ms, min_replicas, quiet, plant, read_pct;
     long recovery_bound_ms;
     unsigned faults;          /* bit per enum nm_fault */
     uint64_t seed;
@@ -106,7 +112,7 @@ static struct {
     const char *faketime;     /* libfaketimeMT */
     int protocol;             /* the workers' dlock_config.protocol: 0 the default,
                                  -1 mixed (worker slot s writes 1 + s % 2) */
-} O = {120, 3, 6, 6, 2000, 2, 0, 0, 30000, (1u << NM_NFAULTS) - 1, 0, NULL,
+} O = {120, 3, 6, 6, 2000, 2, 0, 0, 0, 30000, (1u << NM_NFAULTS) - 1, 0, NULL,
        "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1", 0};
 
 static nm_shared *sh;
@@ -618,8 +624,11 @@ static void usage(FILE *f)
     fprintf(f,
 "usage: nemesis [--seconds S] [--procs P] [--threads T] [--names K] [--lease-ms L]\n"
 "               [--min-replicas M] [--faults LIST] [--seed N] [--recovery-bound-ms B]\n"
-"               [--clock-shim PATH [--faketime PATH]] [--plant nolock|unfenced]\n"
-"               [--protocol 1|2|mixed] [--quiet]\n"
+"               [--clock-shim PATH [--faketime PATH]]\n"
+"               [--plant nolock|unfenced|readers-unlocked] [--protocol 1|2|mixed]\n"
+"               [--read-pct R] [--quiet]\n"
+"  --read-pct: the share (0-100, default 0) of the workers' iterations that\n"
+"          take the name shared and only read the store\n"
 "  --protocol: what the workers write (each reads both); mixed: worker s\n"
 "          writes 1 + s %% 2 (docs/operations.md, \"Upgrades\")\n"
 "  faults: a comma-separated subset of pause,kill,restart,wipe,failover,delay,\n"
@@ -627,7 +636,8 @@ static void usage(FILE *f)
 "          faults need --clock-shim, the path of libdlock_clockshim.so, and\n"
 "          libfaketimeMT: --faketime, default the path of Debian's)\n"
 "  --plant: a planted bug the checker must catch (nemesis.h): nolock, workers\n"
-"          sometimes skip the lock; unfenced, the store's write ignores tokens\n");
+"          sometimes skip the lock; unfenced, the store's write ignores tokens;\n"
+"          readers-unlocked, readers (--read-pct) take no lock\n");
 }
 
 static long num(const char *opt, const char *s, long lo, long hi)
@@ -670,6 +680,7 @@ int main(int argc, char **argv)
         {"faults", 1, 0, 'f'}, {"seed", 1, 0, 'S'}, {"recovery-bound-ms", 1, 0, 'r'},
         {"clock-shim", 1, 0, 'c'}, {"faketime", 1, 0, 'T'}, {"quiet", 0, 0, 'q'}, {"worker", 1, 0, 'W'},
         {"fd", 1, 0, 'F'}, {"plant", 1, 0, 'P'}, {"protocol", 1, 0, 'V'},
+        {"read-pct", 1, 0, 'R'},
         {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     int o;
     while ((o = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -693,8 +704,10 @@ int main(int argc, char **argv)
                 O.plant = NM_PLANT_NOLOCK;
             else if (!strcmp(optarg, "unfenced"))
                 O.plant = NM_PLANT_UNFENCED;
+            else if (!strcmp(optarg, "readers-unlocked"))
+                O.plant = NM_PLANT_READERS_UNLOCKED;
             else {
-                fprintf(stderr, "nemesis: --plant nolock or unfenced\n");
+                fprintf(stderr, "nemesis: --plant nolock, unfenced or readers-unlocked\n");
                 return 2;
             }
             break;
@@ -704,12 +717,17 @@ int main(int argc, char **argv)
                              : (int)num("--protocol", optarg, DLOCK_PROTOCOL_LOWEST,
                                         DLOCK_PROTOCOL_HIGHEST);
             break;
+        case 'R': O.read_pct = (int)num("--read-pct", optarg, 0, 100); break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
     }
     if (optind < argc) {
         usage(stderr);
+        return 2;
+    }
+    if (O.plant == NM_PLANT_READERS_UNLOCKED && !O.read_pct) {
+        fprintf(stderr, "nemesis: --plant readers-unlocked needs --read-pct\n");
         return 2;
     }
     if (worker >= 0) {
@@ -761,6 +779,7 @@ int main(int argc, char **argv)
     sh->command_ms = 1000;
     sh->think_us = 2000;
     sh->plant = O.plant;
+    sh->read_pct = O.read_pct;
 
     if (O.shim && fx_fake_clock_init(&fake, O.shim, O.faketime) != 0)
         return 2;
@@ -892,7 +911,10 @@ int main(int argc, char **argv)
     printf("{\"plant\": \"%s\", \"seconds\": %d, \"procs\": %d, \"threads\": %d, \"names\": %d, \"lease_ms\": %d, "
            "\"min_replicas\": %d, \"seed\": %" PRIu64 ", \"workers_unclean\": %d, "
            "\"settled_at_end\": %s, \"harness_errors\": %d, %s, \"violations\": %d}\n",
-           O.plant == NM_PLANT_NOLOCK ? "nolock" : O.plant == NM_PLANT_UNFENCED ? "unfenced" : "none",
+           O.plant == NM_PLANT_NOLOCK              ? "nolock"
+           : O.plant == NM_PLANT_UNFENCED          ? "unfenced"
+           : O.plant == NM_PLANT_READERS_UNLOCKED  ? "readers-unlocked"
+                                                   : "none",
            O.seconds, O.procs, O.threads, O.names, O.lease_ms, O.min_replicas, O.seed, unclean,
            final_master >= 0 ? "true" : "false", harness_errors, figures, violations);
     fflush(stdout);

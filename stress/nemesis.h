@@ -5,7 +5,9 @@
  *                    processes, the nemesis that injects faults, the report
  *   nemesis_topo.c   the Sentinel topology behind fault proxies
  *   nemesis_worker.c a worker process: one dlock client, threads doing a
- *                    fenced read-modify-write under the lock, the history
+ *                    fenced read-modify-write under the lock (or, with
+ *                    --read-pct, a fenced read under a shared hold), the
+ *                    history
  *   nemesis_check.c  the checker over the history, the store and the faults
  *
  * The runner maps one shared region (a memfd, inherited by the workers it
@@ -36,30 +38,34 @@
  * of the machine). */
 typedef struct nm_rec {
     uint64_t token;     /* the fencing token dlock_acquire gave */
+    int64_t t_req;      /* when dlock_acquire (or _shared) was called */
     int64_t t_acq;      /* when dlock_acquire returned DLOCK_OK */
     int64_t t_end;      /* the holder's last moment of certainty: taken just
                            before the last dlock_held() that said 1 (one
-                           after the store's read, one after its write); 0 if
-                           neither did (the holder knew it had lost the lease,
+                           after the store's read, one after its write, or a
+                           reader's wait); 0 if neither did (the holder knew it had lost the lease,
                            e.g. after a pause) */
-    int64_t value;      /* the value the store's read gave (-1: none) */
+    int64_t value;      /* the value the store's read gave (-1: none); a
+                           refused read of a reader: the store's max */
     uint16_t name;      /* name index */
     uint16_t proc;      /* worker slot */
     uint8_t read_ok;    /* the store accepted the read */
     uint8_t write_ok;   /* ... and the write */
     uint8_t store_error; /* the store did not answer one of them */
+    uint8_t shared;     /* a reader: dlock_acquire_shared, a read, no write */
     uint8_t done;       /* 1 once every field above is written (release) */
-    uint8_t pad[4];
+    uint8_t pad[3];
 } nm_rec;
 
 /* A worker slot (a killed worker's replacement takes its slot). */
 typedef struct nm_proc {
     int pid;
     int ready;                /* set once its client is open and threads run */
-    uint64_t acquired;        /* dlock_acquire DLOCK_OK */
+    uint64_t acquired;        /* dlock_acquire DLOCK_OK (either mode) */
+    uint64_t shared_acquired; /* of those, dlock_acquire_shared */
     uint64_t errors[NM_NERR]; /* dlock_acquire errors by -code */
     uint64_t lost;            /* on_lost calls */
-    uint64_t release_lost;    /* dlock_release DLOCK_ELOST */
+    uint64_t release_lost;    /* dlock_release(_shared) DLOCK_ELOST */
     uint64_t store_errors;    /* the store did not answer (never expected) */
 } nm_proc;
 
@@ -68,6 +74,7 @@ typedef struct nm_shared {
     int threads, names, lease_ms, min_replicas, command_ms, think_us;
     int protocol;             /* dlock_config.protocol: 0 the default, -1 mixed */
     int store_port;
+    int read_pct;             /* the share of iterations taken shared (0-100) */
     int plant;                /* a planted bug, to show the checker catches it:
                                  NM_PLANT_* (0: none) */
     char sentinels[160];      /* "127.0.0.1:p,127.0.0.1:p,127.0.0.1:p" */
@@ -81,8 +88,11 @@ typedef struct nm_shared {
 /* Planted bugs (--plant): NOLOCK, one thread iteration in 40 skips
  * dlock_acquire and works under the token its thread last got for that name;
  * UNFENCED, the store's write takes any token (checking the token only with
- * the read, or only with the write, is the advice that lost updates). */
-enum { NM_PLANT_NONE, NM_PLANT_NOLOCK, NM_PLANT_UNFENCED };
+ * the read, or only with the write, is the advice that lost updates);
+ * READERS_UNLOCKED, every reader (--read-pct) skips dlock_acquire_shared
+ * and reads under the token its thread last got for that name, recording
+ * its hold as held. */
+enum { NM_PLANT_NONE, NM_PLANT_NOLOCK, NM_PLANT_UNFENCED, NM_PLANT_READERS_UNLOCKED };
 
 /* Kinds of fault, and what the checker needs to know of each injection. */
 enum nm_fault {
@@ -115,8 +125,10 @@ extern const char *const nm_fault_names[NM_NFAULTS];
 /* nemesis_worker.c: a worker's main (never returns). */
 void nm_worker_main(nm_shared *sh, int slot) __attribute__((noreturn));
 
-/* The store's scripts (nemesis_worker.c): the fenced read and write. */
+/* The store's scripts (nemesis_worker.c): the fenced read and write, and a
+ * reader's read (peek), which writes nothing. */
 extern const char nm_store_read_lua[];
+extern const char nm_store_peek_lua[];
 extern const char nm_store_write_lua[];
 extern const char nm_store_write_unfenced_lua[];
 

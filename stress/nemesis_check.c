@@ -4,22 +4,43 @@
  * history, the store's final state and the list of injected faults, and
  * checks:
  *
- *   overlap   no two holders of a name at once by their own clocks: the
- *             intervals [t_acq, t_end] of records whose holder still saw its
- *             lease valid (dlock_held said 1) after its store calls never
- *             intersect, threads of one process included. An overlap is
- *             excused only by a fault the docs say may revoke a grant (a
+ *   overlap   no two holders of a name at once by their own clocks, but
+ *             readers beside readers: the intervals [t_acq, t_end] of
+ *             records whose holder still saw its lease valid (dlock_held
+ *             said 1) after its store calls never intersect, threads of one
+ *             process included, unless both holds are shared (a shared
+ *             hold beside an exclusive one counts as overlaps_shared). An
+ *             overlap is excused only by a fault the docs say may revoke a grant (a
  *             restart that lost the data, a forward step of the server
  *             clock, a failover when min_replicas is 0) that the older grant
  *             predates and after which the later one came within a lease
  *             time (excuse() below says exactly).
  *             Pauses need no excuse: a holder paused past its lease finds it
  *             lost (t_end 0), which is what the library promises.
- *   order     tokens of those records strictly increase in grant order
- *             (their t_acq order), across every fault injected, except
- *             between two records whose overlap that rule excuses (a holder
- *             whose lease was revoked hands on its own tokens until it
- *             learns of the loss)
+ *   order     tokens of those records held exclusively strictly increase
+ *             in grant order (their t_acq order), across every fault
+ *             injected, except between two records whose overlap that rule
+ *             excuses (a holder whose lease was revoked hands on its own
+ *             tokens until it learns of the loss)
+ *   readers   the guide's promise for a shared token ("Shared mode",
+ *             Tokens; lua/p2/LAYOUT.txt, "Tokens"): above every token
+ *             handed out before it, and below every exclusive token handed
+ *             out after it. Judged on the records above (holders that saw
+ *             their lease valid), each reader R against each exclusive
+ *             holder W of its name: W's dlock_acquire returned before R's
+ *             was called (W's token was handed out before R's grant) =>
+ *             W.token < R.token; W's dlock_acquire was called after R's
+ *             returned (after R's grant) => W.token > R.token. (A reader
+ *             joining its client's lease gets a grant older than its call;
+ *             an exclusive grant between the two would stand beside that
+ *             valid lease: a fault of exclusion, which this rule then
+ *             catches too.) The same excuse as for order applies. And the
+ *             store: a reader's read is refused only if an exclusive holder
+ *             read with a token at or above the reader's; a reader still
+ *             holding its lease after such a refusal is a violation (an
+ *             exclusive token handed out after its grant while its lease
+ *             lived), unless a fault that may revoke a grant came after
+ *             the reader's grant and before its hold ended
  *   lost      no fenced update lost: per name, the store's value equals its
  *             count of accepted writes (each accepted write stored the value
  *             its holder read plus one)
@@ -71,9 +92,9 @@ static int cmp_i64(const void *a, const void *b)
  * after the fault began and within a lease time (+1 s for the holder's
  * renewal round and scheduling) after it healed.
  */
-static const nm_event *excuse(const nm_check_in *in, const nm_rec *a, const nm_rec *b)
+static const nm_event *excuse_span(const nm_check_in *in, uint64_t older, int64_t t_lo,
+                                   int64_t t_hi)
 {
-    uint64_t older = a->token < b->token ? a->token : b->token;
     for (int i = 0; i < in->nev; i++) {
         const nm_event *e = &in->ev[i];
         if (!e->done || !e->server_us)
@@ -81,11 +102,20 @@ static const nm_event *excuse(const nm_check_in *in, const nm_rec *a, const nm_r
         int revokes = e->kind == NM_WIPE || e->kind == NM_CLOCK_FWD ||
                       (e->kind == NM_FAILOVER && in->excuse_failover);
         if (revokes && older <= e->server_us + 20000 && older + 60000000u >= e->server_us &&
-            e->t_start <= b->t_acq &&
-            b->t_acq <= e->t_heal + (in->lease_ms + 1000) * 1000000LL)
+            e->t_start <= t_hi && t_lo <= e->t_heal + (in->lease_ms + 1000) * 1000000LL)
             return e;
     }
     return NULL;
+}
+
+static const nm_event *excuse(const nm_check_in *in, const nm_rec *a, const nm_rec *b)
+{
+    return excuse_span(in, a->token < b->token ? a->token : b->token, b->t_acq, b->t_acq);
+}
+
+static const char *mode(const nm_rec *r)
+{
+    return r->shared ? "shared" : "exclusive";
 }
 
 /* Prints the faults active within lease + 1 s before t1 up to t2. */
@@ -126,7 +156,8 @@ int nm_check(const nm_check_in *in, char *out, size_t outsz)
         return 1;
     }
     size_t nv = 0, nt = 0, incomplete = 0, read_ok = 0, write_ok = 0, not_held = 0;
-    size_t read_refused = 0, write_refused = 0;
+    size_t read_refused = 0, write_refused = 0, reads = 0, reads_ok = 0, reads_refused = 0;
+    long refused_held = 0, refused_held_excused = 0;
     for (uint64_t i = 0; i < n; i++) {
         nm_rec *r = &sh->recs[i];
         if (!__atomic_load_n(&r->done, __ATOMIC_ACQUIRE)) { /* pairs with the worker's release */
@@ -134,9 +165,26 @@ int nm_check(const nm_check_in *in, char *out, size_t outsz)
             continue;
         }
         times[nt++] = r->t_acq;
-        read_ok += r->read_ok;
-        write_ok += r->write_ok;
-        if (!r->store_error) {
+        if (r->shared) {
+            reads++;
+            reads_ok += r->read_ok;
+            if (!r->store_error && !r->read_ok) {
+                reads_refused++;
+                /* Refused, yet the lease still valid after the read. */
+                if (r->t_end && excuse_span(in, r->token, r->t_acq, r->t_end)) {
+                    refused_held_excused++;
+                } else if (r->t_end && ++refused_held <= 5) {
+                    fprintf(stderr, "nemesis: READ REFUSED name n%u: proc %u held shared token %"
+                            PRIu64 " [%lld, %lld] ms, the store had seen %lld\n", r->name, r->proc,
+                            r->token, MS(r->t_acq), MS(r->t_end), (long long)r->value);
+                    near(in, r->t_acq, r->t_end);
+                }
+            }
+        } else {
+            read_ok += r->read_ok;
+            write_ok += r->write_ok;
+        }
+        if (!r->store_error && !r->shared) {
             read_refused += !r->read_ok;
             write_refused += r->read_ok && !r->write_ok;
         }
@@ -149,6 +197,8 @@ int nm_check(const nm_check_in *in, char *out, size_t outsz)
     qsort(times, nt, sizeof *times, cmp_i64);
 
     long violations = 0, overlaps = 0, excused = 0, order = 0, order_excused = 0;
+    long overlaps_shared = 0, rtok = 0, rtok_excused = 0;
+    uint64_t rpairs = 0; /* reader-writer pairs whose order the clocks settle */
     /* Per name, in grant (t_acq) order: each record against every earlier
      * interval still open at its grant (overlap), and its token against the
      * highest token of the earlier records whose order was not excused. */
@@ -160,7 +210,9 @@ int nm_check(const nm_check_in *in, char *out, size_t outsz)
         na = 0;
         for (j = i; j < nv && v[j]->name == v[i]->name; j++) {
             const nm_rec *b = v[j];
-            if (top && b->token <= top->token) {
+            if (b->shared) {
+                /* judged below (readers) */
+            } else if (top && b->token <= top->token) {
                 if (excuse(in, top, b)) {
                     order_excused++;
                 } else if (++order <= 5) {
@@ -178,13 +230,17 @@ int nm_check(const nm_check_in *in, char *out, size_t outsz)
                 if (o->t_end <= b->t_acq)
                     continue; /* closed before b's grant: drop it */
                 act[k++] = o;
+                if (o->shared && b->shared)
+                    continue; /* readers beside readers */
+                long *count = o->shared || b->shared ? &overlaps_shared : &overlaps;
                 if (excuse(in, o, b)) {
                     excused++;
-                } else if (++overlaps <= 5) {
+                } else if (++*count <= 5) {
                     fprintf(stderr, "nemesis: OVERLAP name n%u: proc %u held token %" PRIu64
-                            " [%lld, %lld] ms, proc %u got token %" PRIu64 " at %lld ms\n",
-                            b->name, o->proc, o->token, MS(o->t_acq), MS(o->t_end), b->proc,
-                            b->token, MS(b->t_acq));
+                            " (%s) [%lld, %lld] ms, proc %u got token %" PRIu64
+                            " (%s) at %lld ms\n",
+                            b->name, o->proc, o->token, mode(o), MS(o->t_acq), MS(o->t_end),
+                            b->proc, b->token, mode(b), MS(b->t_acq));
                     near(in, o->t_acq, b->t_acq);
                 }
             }
@@ -198,6 +254,44 @@ int nm_check(const nm_check_in *in, char *out, size_t outsz)
             }
             act[na++] = b;
         }
+        /* Readers: each shared record R of the name against each exclusive
+         * one W, by the guide's promise (the comment at the top). */
+        for (size_t x = i; x < j; x++) {
+            const nm_rec *r = v[x];
+            if (!r->shared)
+                continue;
+            int low = 0, high = 0;
+            for (size_t y = i; y < j; y++) {
+                const nm_rec *w = v[y];
+                if (w->shared)
+                    continue;
+                const char *what = NULL;
+                rpairs += w->t_acq < r->t_req || w->t_req > r->t_acq;
+                if (w->t_acq < r->t_req && w->token >= r->token && !low) {
+                    if (excuse(in, w, r)) {
+                        rtok_excused++;
+                        continue;
+                    }
+                    low = 1;
+                    what = "not above exclusive token";
+                } else if (w->t_req > r->t_acq && w->token <= r->token && !high) {
+                    if (excuse(in, r, w)) {
+                        rtok_excused++;
+                        continue;
+                    }
+                    high = 1;
+                    what = "not below exclusive token";
+                }
+                if (what && ++rtok <= 5) {
+                    fprintf(stderr, "nemesis: READER TOKEN name n%u: proc %u shared token %" PRIu64
+                            " (acquire %lld to %lld ms) %s %" PRIu64 " (proc %u, acquire %lld "
+                            "to %lld ms)\n", r->name, r->proc, r->token, MS(r->t_req),
+                            MS(r->t_acq), what, w->token, w->proc, MS(w->t_req), MS(w->t_acq));
+                    near(in, w->t_acq < r->t_acq ? w->t_acq : r->t_acq,
+                         w->t_acq > r->t_acq ? w->t_acq : r->t_acq);
+                }
+            }
+        }
         i = j;
     }
     if (!act) {
@@ -205,7 +299,7 @@ int nm_check(const nm_check_in *in, char *out, size_t outsz)
         violations++;
     }
     free(act);
-    violations += overlaps + order;
+    violations += overlaps + order + overlaps_shared + rtok + refused_held;
 
     /* The store: value and accepted writes per name. */
     long long fenced = 0, lost = 0;
@@ -302,9 +396,11 @@ int nm_check(const nm_check_in *in, char *out, size_t outsz)
         }
     violations += slow + stuck;
 
-    uint64_t acquired = 0, lostcb = 0, rel_lost = 0, store_err = 0, errs[NM_NERR] = {0};
+    uint64_t acquired = 0, shared_acq = 0, lostcb = 0, rel_lost = 0, store_err = 0;
+    uint64_t errs[NM_NERR] = {0};
     for (int p = 0; p < NM_MAX_PROCS; p++) {
         acquired += sh->procs[p].acquired;
+        shared_acq += sh->procs[p].shared_acquired;
         lostcb += sh->procs[p].lost;
         rel_lost += sh->procs[p].release_lost;
         store_err += sh->procs[p].store_errors;
@@ -322,6 +418,13 @@ int nm_check(const nm_check_in *in, char *out, size_t outsz)
         excused);
     PUT("\"token_order_violations\": %ld, \"token_order_excused\": %ld, "
         "\"held_lost_before_end\": %zu, ", order, order_excused, not_held);
+    PUT("\"read_pct\": %d, \"shared_acquisitions\": %" PRIu64 ", \"reads\": %zu, "
+        "\"reads_ok\": %zu, \"reads_refused\": %zu, ", sh->read_pct, shared_acq, reads,
+        reads_ok, reads_refused);
+    PUT("\"overlaps_shared\": %ld, \"reader_token_violations\": %ld, "
+        "\"reads_refused_held\": %ld, \"reader_excused\": %ld, \"reader_pairs_judged\": %"
+        PRIu64 ", ", overlaps_shared, rtok, refused_held, rtok_excused + refused_held_excused,
+        rpairs);
     PUT("\"on_lost_calls\": %" PRIu64 ", \"release_elost\": %" PRIu64 ", \"store_errors\": %" PRIu64
         ", ", lostcb, rel_lost, store_err);
     uint64_t other = 0;

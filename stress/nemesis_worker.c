@@ -21,6 +21,19 @@
  * same token, or a holder got a token below one already used: then the
  * store's count of accepted writes and its value part (nemesis_check.c).
  *
+ * With --read-pct P, P% of the iterations are a reader's instead:
+ * dlock_acquire_shared, then a read that writes nothing (the store's max is
+ * the writers' fence: a reader must not raise it, or a reader with a lower
+ * token, as legitimate as it, would be refused), then dlock_held, a wait as
+ * above for one in 16, dlock_held, dlock_release_shared:
+ *
+ *   peek(name, token):  refused if token <= the highest token seen for
+ *                       name (an exclusive holder read with a token handed
+ *                       out after this reader's grant: the guide promises
+ *                       a shared token above every token handed out before
+ *                       it, and every exclusive token after it above it);
+ *                       else returns the value
+ *
  * Shared state: the worker's own slot in sh->procs (counters written by its
  * threads with atomic adds) and the records it claims (nemesis.h). Each
  * thread owns its store connection. No lock is shared between threads here.
@@ -43,6 +56,11 @@ const char nm_store_read_lua[] =
     "local max = redis.call('HGET', KEYS[1], 'max')\n"
     "if max and tonumber(ARGV[1]) < tonumber(max) then return {0, max} end\n"
     "redis.call('HSET', KEYS[1], 'max', ARGV[1])\n"
+    "return {1, redis.call('HGET', KEYS[1], 'val') or '0'}\n";
+
+const char nm_store_peek_lua[] =
+    "local max = redis.call('HGET', KEYS[1], 'max')\n"
+    "if max and tonumber(ARGV[1]) <= tonumber(max) then return {0, max} end\n"
     "return {1, redis.call('HGET', KEYS[1], 'val') or '0'}\n";
 
 const char nm_store_write_lua[] =
@@ -133,8 +151,13 @@ static void *thread_main(void *arg)
         int n = (int)(rnd(&seed) % (uint64_t)S->names);
         snprintf(name, sizeof name, "n%d", n);
         uint64_t token = 0;
-        int planted = S->plant == NM_PLANT_NOLOCK && rnd(&seed) % 40 == 0;
-        int rc = planted ? DLOCK_OK : dlock_acquire(c, name, 3LL * S->lease_ms, &token);
+        int shared = S->read_pct > 0 && (int)(rnd(&seed) % 100) < S->read_pct;
+        int planted = shared ? S->plant == NM_PLANT_READERS_UNLOCKED
+                             : S->plant == NM_PLANT_NOLOCK && rnd(&seed) % 40 == 0;
+        int64_t t_req = nm_now_ns();
+        int rc = planted  ? DLOCK_OK
+                 : shared ? dlock_acquire_shared(c, name, 3LL * S->lease_ms, &token)
+                          : dlock_acquire(c, name, 3LL * S->lease_ms, &token);
         if (planted)
             token = last_token[n];
         else if (rc == DLOCK_OK)
@@ -146,31 +169,37 @@ static void *thread_main(void *arg)
                 usleep(20000); /* Redis is down or failing over: do not spin */
             continue;
         }
-        nm_rec rec = {.token = token, .t_acq = nm_now_ns(), .value = -1,
-                      .name = (uint16_t)n, .proc = (uint16_t)my_slot};
+        nm_rec rec = {.token = token, .t_req = t_req, .t_acq = nm_now_ns(), .value = -1,
+                      .name = (uint16_t)n, .proc = (uint16_t)my_slot, .shared = (uint8_t)shared};
         add(&P->acquired, 1);
+        if (shared)
+            add(&P->shared_acquired, 1);
         snprintf(skey, sizeof skey, "store:%s", name);
         snprintf(tok, sizeof tok, "%llu", (unsigned long long)token);
-        redisReply *r = store_call(&store, nm_store_read_lua, skey, tok, NULL);
+        redisReply *r = store_call(&store, shared ? nm_store_peek_lua : nm_store_read_lua, skey,
+                                   tok, NULL);
         if (!r) {
             add(&P->store_errors, 1);
             rec.store_error = 1;
         } else {
             if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
-                r->element[0]->type == REDIS_REPLY_INTEGER && r->element[0]->integer == 1 &&
+                r->element[0]->type == REDIS_REPLY_INTEGER &&
                 r->element[1]->type == REDIS_REPLY_STRING) {
-                rec.read_ok = 1;
-                rec.value = strtoll(r->element[1]->str, NULL, 10);
+                rec.read_ok = r->element[0]->integer == 1;
+                /* the value read; a reader refused: the store's max */
+                if (rec.read_ok || shared)
+                    rec.value = strtoll(r->element[1]->str, NULL, 10);
             }
             freeReplyObject(r);
         }
         int64_t t_mid = nm_now_ns();
         int held_mid = planted || dlock_held(c, name) == 1;
         /* One holder in 16 takes its time (up to half a lease) between its
-         * read and its write: a fault then finds holders inside. */
+         * read and its write (a reader: after its read): a fault then finds
+         * holders inside. */
         if (rnd(&seed) % 16 == 0)
             usleep((useconds_t)(rnd(&seed) % ((uint64_t)S->lease_ms * 500)));
-        if (rec.read_ok) {
+        if (rec.read_ok && !shared) {
             snprintf(val, sizeof val, "%lld", (long long)rec.value + 1);
             r = store_call(&store, write_lua, skey, tok, val);
             if (!r) {
@@ -186,7 +215,8 @@ static void *thread_main(void *arg)
             rec.t_end = t_end;
         else if (held_mid)
             rec.t_end = t_mid;
-        if (!planted && dlock_release(c, name) == DLOCK_ELOST)
+        if (!planted && (shared ? dlock_release_shared(c, name) : dlock_release(c, name)) ==
+                            DLOCK_ELOST)
             add(&P->release_lost, 1);
         uint64_t i = __atomic_fetch_add(&S->next, 1, __ATOMIC_RELAXED); /* only a slot number */
         if (i < S->cap) {
