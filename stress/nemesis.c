@@ -38,8 +38,9 @@
  * 1-4 lease times later, the burst waiting for it, since a dead holder's
  * lease granted before the step would stand for minutes). A restart,
  * failover or wipe waits until the clocks have caught up with every step
- * back (the docs promise nothing for a loss of data while the clock is
- * behind).
+ * back, and no step back after the wipe takes the clocks to before it (1 s
+ * of margin): the docs promise nothing for a loss of data while the clock
+ * is behind, or for a clock stepped back to before the loss.
  *
  * --read-pct R: each iteration of a worker thread is a reader's with
  * probability R% (default 0): dlock_acquire_shared, a read of the store that
@@ -82,6 +83,7 @@
 #include <getopt.h>
 #include <hiredis/hiredis.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -376,12 +378,32 @@ static int live_worker(void)
     return -1;
 }
 
+/* The wipe (CLOCK_MONOTONIC ns; 0: none yet) and the servers' clock offset
+ * then. */
+static int64_t wiped_at;
+static long wiped_offset_ms;
+
+/* How far the servers' clocks may step back now and still read above what
+ * they read at the wipe plus 1 s: the guide ("Fencing tokens") promises
+ * nothing for tokens once the clock steps back to before a loss of data
+ * (the marks that hold the tokens handed out before it are gone). */
+static long back_room_ms(void)
+{
+    if (!wiped_at)
+        return LONG_MAX;
+    return (long)((nm_now_ns() - wiped_at) / 1000000LL) + clock_offset_ms - wiped_offset_ms - 1000;
+}
+
 static void restart_master(int m, int wipe)
 {
     nm_event *e = begin(wipe ? NM_WIPE : NM_RESTART, m);
     if (!e)
         return;
     e->server_us = issued_bound_us(m);
+    if (wipe) {
+        wiped_at = nm_now_ns();
+        wiped_offset_ms = clock_offset_ms;
+    }
     fx_redis_signal(&srv[m], SIGKILL);
     if (wipe) {
         char c[400];
@@ -524,6 +546,8 @@ static void inject(int kind, int *wiped)
     }
     case NM_CLOCK_BACK: {
         long room = O.lease_ms - clock_debt_ms();
+        if (room > back_room_ms())
+            room = back_room_ms();
         if (!O.shim || m < 0 || room < 200)
             return;
         long ms = between(100, room);
@@ -546,6 +570,10 @@ static void inject(int kind, int *wiped)
         if (!O.shim || m < 0 || far_until || clock_debt_ms() > 0)
             return;
         long ms = between(60000, 600000);
+        if (ms > back_room_ms())
+            ms = back_room_ms();
+        if (ms < 60000)
+            return;
         /* Half of them quiet: every worker stopped for 2.5-4 lease times
          * first, so that every name's lease and fence keys are gone and
          * only the slots' marks bound the tokens after the step. */
@@ -860,7 +888,7 @@ int main(int argc, char **argv)
     if (O.shim && clock_offset_ms != 0) {
         nm_event *e = begin(clock_offset_ms > 0 ? NM_CLOCK_BACK : NM_CLOCK_FWD, labs(clock_offset_ms));
         long off = clock_offset_ms;
-        if (off > O.lease_ms - clock_debt_ms())
+        if (off > O.lease_ms - clock_debt_ms() || off > back_room_ms())
             off = 0; /* a step back of more than the bound allows: leave it */
         if (e)
             e->server_us = issued_bound_us(nm_master_index());
