@@ -65,14 +65,7 @@ static void *slow_taker_main(void *arg)
 static void slow_taker_start(taker *t, dlock_client *c, const char *name, int shared,
                              int64_t wait_ms)
 {
-    memset(t, 0, sizeof *t);
-    t->c = c;
-    t->name = name;
-    t->shared = shared;
-    t->wait_ms = wait_ms;
-    pthread_mutex_init(&t->mu, NULL);
-    pthread_cond_init(&t->cv, NULL);
-    assert_int_equal(pthread_create(&t->th, NULL, slow_taker_main, t), 0);
+    taker_start_on(t, c, name, shared, wait_ms, slow_taker_main);
 }
 
 /* An exclusive release opens a local handoff to a slow exclusive waiter;

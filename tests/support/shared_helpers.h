@@ -85,8 +85,9 @@ static inline void *taker_main(void *arg)
     return NULL;
 }
 
-static inline void taker_start(taker *t, dlock_client *c, const char *name, int shared,
-                               int64_t wait_ms)
+/* A taker on a thread running `run` (taker_main, or a wrapper of it). */
+static inline void taker_start_on(taker *t, dlock_client *c, const char *name, int shared,
+                                  int64_t wait_ms, void *(*run)(void *))
 {
     memset(t, 0, sizeof *t);
     t->c = c;
@@ -95,7 +96,13 @@ static inline void taker_start(taker *t, dlock_client *c, const char *name, int 
     t->wait_ms = wait_ms;
     pthread_mutex_init(&t->mu, NULL);
     pthread_cond_init(&t->cv, NULL);
-    assert_int_equal(pthread_create(&t->th, NULL, taker_main, t), 0);
+    assert_int_equal(pthread_create(&t->th, NULL, run, t), 0);
+}
+
+static inline void taker_start(taker *t, dlock_client *c, const char *name, int shared,
+                               int64_t wait_ms)
+{
+    taker_start_on(t, c, name, shared, wait_ms, taker_main);
 }
 
 /* Waits until t's acquire returned; its result. */
