@@ -148,6 +148,21 @@ static int example_shared(dlock_client *c)
 }
 /* end */
 
+/* example: dlock_sem_acquire */
+static int example_sem(dlock_client *c)
+{
+    /* at most 4 exports run at once across every process sharing the name */
+    int rc = dlock_sem_acquire(c, "exports", 4, 5000);
+    if (rc != DLOCK_OK) {
+        fprintf(stderr, "exports: %s\n", dlock_last_error());
+        return 1;
+    }
+    printf("running an export\n");
+    /* the permit goes to a waiting thread of this client, or to Redis */
+    return dlock_sem_release(c, "exports") == DLOCK_OK ? 0 : 1;
+}
+/* end */
+
 /* example: dlock_client_stats */
 static int example_stats(dlock_client *c)
 {
@@ -205,6 +220,7 @@ int main(int argc, char **argv)
     bad |= example_stats(c) << 4;
     bad |= example_errors(c) << 5;
     bad |= example_shared(c) << 6;
+    bad |= example_sem(c) << 7;
     dlock_client_close(c);
     printf("man examples: %s\n", bad ? "FAILED" : "all ran as shown");
     return bad ? 1 : 0;

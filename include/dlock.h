@@ -426,6 +426,54 @@ DLOCK_API int dlock_acquire_shared_ex(dlock_client *c, const char *name, int64_t
 DLOCK_API int dlock_release_shared(dlock_client *c, const char *name);
 
 /*
+ * Counting semaphore (docs/guide.md, "Semaphores"): at most `limit` permits
+ * of `name` are held at once across all clients and threads; each
+ * dlock_sem_acquire takes one permit for the calling thread, each
+ * dlock_sem_release gives one back (a thread may hold several). A name is
+ * a lock or a semaphore, never both: a name that holds a lock's data in
+ * Redis is refused with DLOCK_ESERVER, one this client uses as a lock with
+ * DLOCK_EINVAL (and the other way round).
+ *
+ * Permits belong to this client's lease of the name in Redis (protocol 2,
+ * whatever the protocol setting), renewed with the others; a client that
+ * dies frees its permits a lease time after its last renewal, never later.
+ * The limit holds as long as every lease stays valid, under dlock_acquire's
+ * assumptions (no failover or restart loses the writes, this host's clock
+ * runs at most 1% fast; the server's clock may step back by any amount:
+ * lua/p2/SEM.txt, "Clock"). Waiting clients are served first come, first
+ * served, in Redis; a client's threads queue locally behind one thread
+ * that asks Redis. A permit one thread gives back goes to another waiting
+ * thread of the same client without a Redis command, at most pass_limit
+ * times in a row, then back to Redis. Permits have no fencing token.
+ *
+ * `limit` (1 or more) must be the one every current holder and waiter of
+ * the name uses: otherwise DLOCK_EINVAL, with a message naming both; once
+ * nobody holds or waits, a new limit takes over. wait_ms as for
+ * dlock_acquire. Errors: those of dlock_acquire (DLOCK_EBUSY, DLOCK_ETIMEDOUT,
+ * DLOCK_EREDIS, DLOCK_ESERVER, DLOCK_ECLOSED, DLOCK_ENOMEM, DLOCK_EINVAL,
+ * DLOCK_EFORK). A thread that exits holding permits has them given back for
+ * it. on_lost runs with fence 0 when the renewal finds this client's
+ * permits of a name gone; each thread holding one then gets DLOCK_ELOST
+ * from its release.
+ */
+DLOCK_API int dlock_sem_acquire(dlock_client *c, const char *name, uint32_t limit,
+                                int64_t wait_ms);
+
+/* dlock_sem_acquire with options (NULL: the defaults). Errors: those of
+ * dlock_sem_acquire, and DLOCK_ECANCELED. */
+DLOCK_API int dlock_sem_acquire_ex(dlock_client *c, const char *name, uint32_t limit,
+                                   int64_t wait_ms, const dlock_acquire_opts *opts);
+
+/* Gives back one permit of `name` that the calling thread holds: to a
+ * thread of this client that waits for one, or to Redis. DLOCK_OK;
+ * DLOCK_ENOTHELD if the calling thread holds no permit of `name` (nothing
+ * changes); DLOCK_ELOST if the permit was lost, or ran out, while held
+ * (released locally all the same); DLOCK_EREDIS or DLOCK_ESERVER if Redis
+ * could not be told (the permit ends in Redis within lease_ms of this
+ * client's last permit of the name); DLOCK_EINVAL, DLOCK_EFORK. */
+DLOCK_API int dlock_sem_release(dlock_client *c, const char *name);
+
+/*
  * Unclean ends. Like a robust mutex's EOWNERDEAD, a holder learns whether
  * the hold before its own ended other than by its holder's release, so
  * that it can check the data the lock protects:
@@ -619,6 +667,10 @@ typedef struct dlock_stats {
     uint64_t shared_joins;       /* shared acquires that joined the client's held shared
                                     lease, with no Redis command (its grants count in
                                     grants, nested acquires in neither) */
+    uint64_t sem_acquisitions;   /* of acquisitions, semaphore permits taken
+                                    (dlock_sem_acquire) */
+    uint64_t sem_passes;         /* of those, permits passed from another thread of this
+                                    client with no Redis command */
 } dlock_stats;
 
 /* The client's id: 32 hex digits (128 random bits, new at every open), the

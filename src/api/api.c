@@ -16,6 +16,8 @@
 #include "common/error.h"
 #include "local/excl.h"
 #include "local/release.h"
+#include "local/orphan.h"
+#include "local/sem.h"
 #include "local/shared.h"
 
 /* An acquire registered on a cancel token (cancel.h). */
@@ -45,10 +47,24 @@ static void cancel_wake(dlock_cancel_reg *base)
     dlock_table_put(r->c->table, e);
 }
 
+/* The acquire's work in kind `kind`, or of a semaphore's permit (kind
+ * NULL: local/sem.h) of limit `limit`. */
+static int run(dlock_client *c, const dlock_kind *kind, uint32_t limit, const char *name,
+               size_t len, int64_t wait_ms, uint64_t *fence, dlock_cancel *k)
+{
+    if (kind)
+        return dlock_acquire_run(c, kind, name, len, wait_ms, fence, k);
+    int rc = dlock_sem_run(c, name, len, limit, wait_ms, k);
+    if (rc == DLOCK_OK)
+        dlock_orphan_arm(); /* a thread that exits holding it gives it back */
+    return rc;
+}
+
 /* The common path of the acquire calls: the arguments, the stop flags, and
- * the call's registration on its cancel token k (NULL: none) around it. */
-static int acquire(dlock_client *c, const dlock_kind *kind, const char *name, int64_t wait_ms,
-                   uint64_t *fence, dlock_cancel *k)
+ * the call's registration on its cancel token k (NULL: none) around it.
+ * kind NULL: a semaphore's permit, of limit `limit`. */
+static int acquire(dlock_client *c, const dlock_kind *kind, uint32_t limit, const char *name,
+                   int64_t wait_ms, uint64_t *fence, dlock_cancel *k)
 {
     size_t len;
     int rc = dlock_client_check(c, name, &len);
@@ -56,9 +72,12 @@ static int acquire(dlock_client *c, const dlock_kind *kind, const char *name, in
         return rc;
     if ((rc = dlock_client_stop_rc(c, k)) != DLOCK_OK)
         return dlock_client_stop_err(rc, name);
-    if (kind == &dlock_kind_shared) {
+    if (!kind && limit == 0)
+        return dlock_err_set(DLOCK_EINVAL, "the limit of semaphore '%s' is 0: at least 1",
+                             name);
+    if (kind != &dlock_kind_excl) {
         if ((rc = dlock_shold_reserve()) != DLOCK_OK)
-            return rc; /* (a hold is recorded under the entry's mutex: shared.h) */
+            return rc; /* (a hold or permit is recorded under the entry's mutex: shared.h) */
     } else {
         const dlock_shold *h = dlock_shold_find(c->serial, name, len);
         if (h && h->depth > 0)
@@ -68,18 +87,18 @@ static int acquire(dlock_client *c, const dlock_kind *kind, const char *name, in
                                  name);
     }
     if (!k) {
-        rc = dlock_acquire_run(c, kind, name, len, wait_ms, fence, NULL);
+        rc = run(c, kind, limit, name, len, wait_ms, fence, NULL);
     } else {
         cancel_reg reg = {.base.wake = cancel_wake, .c = c, .name = name, .len = len,
                           .w = dlock_waiter_self()};
         if (dlock_cancel_register(k, &reg.base) != 0) {
             rc = dlock_client_stop_err(DLOCK_ECANCELED, name);
         } else {
-            rc = dlock_acquire_run(c, kind, name, len, wait_ms, fence, k);
+            rc = run(c, kind, limit, name, len, wait_ms, fence, k);
             dlock_cancel_unregister(k, &reg.base);
         }
     }
-    if (rc != DLOCK_OK && kind == &dlock_kind_shared)
+    if (rc != DLOCK_OK && kind != &dlock_kind_excl)
         dlock_shold_trim(); /* the room reserved above, unused */
     return rc;
 }
@@ -128,7 +147,7 @@ static int release_shared(dlock_client *c, const char *name)
     if (rc != DLOCK_OK)
         return rc;
     dlock_shold *h = dlock_shold_find(c->serial, name, len);
-    if (!h)
+    if (!h || (h->depth == 0 && h->nested == 0)) /* (or a semaphore's permits: sem.h) */
         return dlock_err_set(DLOCK_ENOTHELD, "'%s' is not held shared by this thread", name);
     dlock_entry *e = h->e;
     dlock_table_ref(e); /* the lookup's: the holder's keeps e alive meanwhile */
@@ -214,15 +233,16 @@ void dlock_acquire_opts_init(dlock_acquire_opts *o)
 
 /* A public acquire call in kind `kind`: inside the call (enter ... leave),
  * counted (its code, its wait, a shared acquisition). */
-static int acquire_call(dlock_client *c, const dlock_kind *kind, const char *name,
-                        int64_t wait_ms, uint64_t *fence, const dlock_acquire_opts *opts)
+static int acquire_call(dlock_client *c, const dlock_kind *kind, uint32_t limit,
+                        const char *name, int64_t wait_ms, uint64_t *fence,
+                        const dlock_acquire_opts *opts)
 {
     dlock_err_clear();
     if (!c)
         return dlock_err_set(DLOCK_EINVAL, "client is NULL");
     dlock_client_enter(c);
     int64_t t0 = dlock_now_ns();
-    int rc = acquire(c, kind, name, wait_ms, fence, opts ? opts->cancel : NULL);
+    int rc = acquire(c, kind, limit, name, wait_ms, fence, opts ? opts->cancel : NULL);
     if (rc != DLOCK_EFORK) { /* a forked client's counters are not ours */
         dlock_count_rc(c->ctr.acquire_rc, rc);
         if (rc == DLOCK_OK) {
@@ -235,14 +255,29 @@ static int acquire_call(dlock_client *c, const dlock_kind *kind, const char *nam
     return rc;
 }
 
-/* A public release call (`shared` or exclusive), inside the call, counted. */
+/* dlock_sem_release's work, inside the call (local/sem.h). */
+static int release_sem(dlock_client *c, const char *name)
+{
+    size_t len;
+    int rc = dlock_client_check(c, name, &len);
+    if (rc != DLOCK_OK)
+        return rc;
+    dlock_shold *h = dlock_shold_find(c->serial, name, len);
+    if (!h || (h->permits == 0 && h->lost == 0))
+        return dlock_err_set(DLOCK_ENOTHELD, "this thread holds no permit of '%s'", name);
+    return dlock_sem_give(c, h);
+}
+
+/* A public release call (exclusive 0, `shared` 1, a semaphore's permit 2),
+ * inside the call, counted. */
 static int release_call(dlock_client *c, const char *name, int shared)
 {
     dlock_err_clear();
     if (!c)
         return dlock_err_set(DLOCK_EINVAL, "client is NULL");
     dlock_client_enter(c);
-    int rc = shared ? release_shared(c, name) : release(c, name);
+    int rc = shared == 2 ? release_sem(c, name) : shared ? release_shared(c, name)
+                                                           : release(c, name);
     if (rc != DLOCK_EFORK)
         dlock_count_rc(c->ctr.release_rc, rc);
     dlock_client_leave(c);
@@ -252,12 +287,12 @@ static int release_call(dlock_client *c, const char *name, int shared)
 int dlock_acquire_ex(dlock_client *c, const char *name, int64_t wait_ms, uint64_t *fence,
                      const dlock_acquire_opts *opts)
 {
-    return acquire_call(c, &dlock_kind_excl, name, wait_ms, fence, opts);
+    return acquire_call(c, &dlock_kind_excl, 0, name, wait_ms, fence, opts);
 }
 
 int dlock_acquire(dlock_client *c, const char *name, int64_t wait_ms, uint64_t *fence)
 {
-    return acquire_call(c, &dlock_kind_excl, name, wait_ms, fence, NULL);
+    return acquire_call(c, &dlock_kind_excl, 0, name, wait_ms, fence, NULL);
 }
 
 int dlock_release(dlock_client *c, const char *name)
@@ -268,17 +303,33 @@ int dlock_release(dlock_client *c, const char *name)
 int dlock_acquire_shared_ex(dlock_client *c, const char *name, int64_t wait_ms, uint64_t *fence,
                             const dlock_acquire_opts *opts)
 {
-    return acquire_call(c, &dlock_kind_shared, name, wait_ms, fence, opts);
+    return acquire_call(c, &dlock_kind_shared, 0, name, wait_ms, fence, opts);
 }
 
 int dlock_acquire_shared(dlock_client *c, const char *name, int64_t wait_ms, uint64_t *fence)
 {
-    return acquire_call(c, &dlock_kind_shared, name, wait_ms, fence, NULL);
+    return acquire_call(c, &dlock_kind_shared, 0, name, wait_ms, fence, NULL);
 }
 
 int dlock_release_shared(dlock_client *c, const char *name)
 {
     return release_call(c, name, 1);
+}
+
+int dlock_sem_acquire_ex(dlock_client *c, const char *name, uint32_t limit, int64_t wait_ms,
+                         const dlock_acquire_opts *opts)
+{
+    return acquire_call(c, NULL, limit, name, wait_ms, NULL, opts);
+}
+
+int dlock_sem_acquire(dlock_client *c, const char *name, uint32_t limit, int64_t wait_ms)
+{
+    return acquire_call(c, NULL, limit, name, wait_ms, NULL, NULL);
+}
+
+int dlock_sem_release(dlock_client *c, const char *name)
+{
+    return release_call(c, name, 2);
 }
 
 struct dlock_handle {

@@ -220,6 +220,8 @@ typedef struct dlock_counters {
     uint64_t protocol_resends;  /* acquire attempts sent again in the other protocol */
     uint64_t shared_acquisitions; /* of acquisitions, those in shared mode */
     uint64_t shared_joins;      /* shared acquires that joined a held shared lease */
+    uint64_t sem_acquisitions;  /* of acquisitions, semaphore permits taken */
+    uint64_t sem_passes;        /* permits passed between threads with no Redis command */
 } dlock_counters;
 
 static inline void dlock_count(uint64_t *counter, uint64_t n)

@@ -28,6 +28,10 @@ extern const char dlock_lua_p2_ctl_read[];
 extern const char dlock_lua_p2_force[];
 extern const char dlock_lua_p2_acquire_shared[];
 extern const char dlock_lua_p2_release_shared[];
+extern const char dlock_lua_p2_sem_acquire[];
+extern const char dlock_lua_p2_sem_release[];
+extern const char dlock_lua_p2_sem_leave[];
+extern const char dlock_lua_p2_sem_renew[];
 
 static const char *const key_suffixes[DLOCK_KEYS] = DLOCK_KEY_SUFFIXES;
 
@@ -57,7 +61,42 @@ static const char *const bodies[DLOCK_SCRIPT_COUNT] = {
     [DLOCK_SCRIPT_PER_PROTOCOL + DLOCK_SCRIPT_LEAVE] = dlock_lua_p2_leave,
     [DLOCK_SCRIPT_ACQUIRE_SHARED] = dlock_lua_p2_acquire_shared,
     [DLOCK_SCRIPT_RELEASE_SHARED] = dlock_lua_p2_release_shared,
+    [DLOCK_SCRIPT_SEM_ACQUIRE] = dlock_lua_p2_sem_acquire,
+    [DLOCK_SCRIPT_SEM_RELEASE] = dlock_lua_p2_sem_release,
+    [DLOCK_SCRIPT_SEM_LEAVE] = dlock_lua_p2_sem_leave,
+    [DLOCK_SCRIPT_SEM_RENEW] = dlock_lua_p2_sem_renew,
 };
+
+void dlock_script_sem_release_argv(const dlock_script_args *a, char *const *keys,
+                                   const char *name, const char *number, const char *count,
+                                   const char *attempt, const char **argv)
+{
+    for (int k = 0; k < DLOCK_SCRIPT_KEYS; k++)
+        argv[k] = keys[k];
+    argv += DLOCK_SCRIPT_KEYS;
+    argv[0] = a->client_id;
+    argv[1] = number;
+    argv[2] = count;
+    argv[3] = attempt;
+    argv[4] = a->wake_prefix;
+    argv[5] = name;
+    argv[6] = a->keep_ms;
+}
+
+void dlock_script_sem_leave_argv(const dlock_script_args *a, char *const *keys, const char *name,
+                                 const char *number, const char *gave_up, const char **argv)
+{
+    for (int k = 0; k < DLOCK_SCRIPT_KEYS; k++)
+        argv[k] = keys[k];
+    argv += DLOCK_SCRIPT_KEYS;
+    argv[0] = a->client_id;
+    argv[1] = a->wake_prefix;
+    argv[2] = name;
+    argv[3] = a->waiter_ttl_ms;
+    argv[4] = number;
+    argv[5] = a->keep_ms;
+    argv[6] = gave_up;
+}
 
 void dlock_script_release_argv(const dlock_script_args *a, char *const *keys, const char *name,
                                const char *field, const char *value, const char *last,

@@ -37,6 +37,10 @@ typedef enum dlock_script_id {
     DLOCK_SCRIPT_PER_PROTOCOL,
     DLOCK_SCRIPT_ACQUIRE_SHARED = DLOCK_SCRIPT_PER_PROTOCOL * 2,
     DLOCK_SCRIPT_RELEASE_SHARED,
+    DLOCK_SCRIPT_SEM_ACQUIRE, /* the counting semaphore's (lua/p2/SEM.txt) */
+    DLOCK_SCRIPT_SEM_RELEASE,
+    DLOCK_SCRIPT_SEM_LEAVE,
+    DLOCK_SCRIPT_SEM_RENEW,
     DLOCK_SCRIPT_COUNT
 } dlock_script_id;
 
@@ -71,8 +75,23 @@ enum {
     DLOCK_SCRIPT_KEYS = DLOCK_KEYS,
     DLOCK_ACQUIRE_ARGS = 10,
     DLOCK_RELEASE_ARGS = 10,
-    DLOCK_LEAVE_ARGS = 6
+    DLOCK_LEAVE_ARGS = 6,
+    DLOCK_SEM_ACQUIRE_ARGS = 12,
+    DLOCK_SEM_RELEASE_ARGS = 7,
+    DLOCK_SEM_LEAVE_ARGS = 7
 };
+
+/* Fills argv[0 .. DLOCK_SCRIPT_KEYS + DLOCK_SEM_RELEASE_ARGS) for
+ * lua/p2/sem_release.lua: call `number`, giving back `count` permits, or
+ * with count "0" the grant of attempt `attempt`. */
+void dlock_script_sem_release_argv(const dlock_script_args *a, char *const *keys,
+                                   const char *name, const char *number, const char *count,
+                                   const char *attempt, const char **argv);
+
+/* Fills argv[0 .. DLOCK_SCRIPT_KEYS + DLOCK_SEM_LEAVE_ARGS) for
+ * lua/p2/sem_leave.lua: call `number`, giving up attempt `gave_up`. */
+void dlock_script_sem_leave_argv(const dlock_script_args *a, char *const *keys, const char *name,
+                                 const char *number, const char *gave_up, const char **argv);
 
 /* Fills argv[0 .. DLOCK_SCRIPT_KEYS + DLOCK_RELEASE_ARGS) for the release
  * script: the lock's keys, then the grant's identity (field is "token" or

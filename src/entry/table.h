@@ -44,7 +44,10 @@ typedef struct dlock_renew_item dlock_renew_item;
  *          the readers named in excl.h);
  *   s      the shared kind's holders: how many threads share the lease,
  *          until when others may join it (src/local/shared.c alone
- *          writes it).
+ *          writes it);
+ *   m      a semaphore's permits: how many this client holds in Redis and
+ *          how many of them its threads use (src/local/sem.c alone writes
+ *          it; the lease is then the client's permits: local/sem.h).
  * Every field is guarded by mu unless it says otherwise.
  */
 typedef struct dlock_lease {
@@ -53,6 +56,8 @@ typedef struct dlock_lease {
                                     NULL before the entry's first grant */
     int shared;                  /* it was granted shared (lua/p2/acquire_shared.lua): it
                                     goes back with the shared release script */
+    int sem;                     /* the client's permits of a semaphore (local/sem.h):
+                                    renewed and given back with lua/p2/sem_*.lua */
     uint64_t grant_token;        /* token Redis gave the current grant */
     int grant_protocol;          /* the protocol it was granted in (1 or 2): its
                                     renewals and its release use that protocol's
@@ -138,6 +143,24 @@ typedef struct dlock_shr {
                                     of a shared lease */
 } dlock_shr;
 
+typedef struct dlock_semx {
+    unsigned users;              /* threads in a semaphore call of e or holding its
+                                    permits: while > 0, e is a semaphore in this client */
+    uint32_t limit;              /* the limit those threads use (0 while users == 0) */
+    unsigned held;               /* permits of e this client holds in Redis, as its last
+                                    granted acquire said (lease HELD while > 0) */
+    unsigned in_use;             /* of them, held by threads now; the rest are spare */
+    uint64_t gen;                /* bumped when the permits are lost: a thread's permit
+                                    of an older generation is lost (shared.h, record) */
+    unsigned passes;             /* permits passed between threads since the last one
+                                    from Redis (at most pass_limit in a row) */
+    int calling;                 /* a thread is in a Redis call for e: the client's calls
+                                    on a name go one at a time (lua/p2/SEM.txt) */
+    uint64_t doubt;              /* an attempt whose grant this client may hold without
+                                    knowing it (its reply lost, or a direct grant to a
+                                    queued try): the next try names it, 0 if none */
+} dlock_semx;
+
 /* The kinds of lock, as an index of dlock_entry.kind_waiters (local/kind.h). */
 enum { DLOCK_KIND_EXCL, DLOCK_KIND_SHARED, DLOCK_KINDS };
 
@@ -162,6 +185,7 @@ typedef struct dlock_entry {
     dlock_poll poll;
     dlock_excl x;
     dlock_shr s;
+    dlock_semx m;
 
     /* Immutable after creation. */
     uint64_t made;          /* the table's count of entries made, this one's

@@ -39,7 +39,7 @@ int dlock_renew_add(dlock_renew *r, dlock_entry *e)
         return DLOCK_ENOMEM;
     it->e = e;
     it->epoch = e->lease.epoch;
-    it->protocol = e->lease.grant_protocol;
+    it->protocol = e->lease.sem ? DLOCK_RENEW_SEM : e->lease.grant_protocol;
     it->shared = e->lease.shared;
     snprintf(it->token, sizeof it->token, "%" PRIu64, e->lease.grant_token);
     dlock_table_ref(e);

@@ -45,6 +45,8 @@ typedef struct dlock_renew_cfg {
      * argument is lost_arg. NULL: no check. */
     void (*server)(void *arg, int rc, const char *message);
     dlock_trace *trace;     /* the client's trace (trace.h), or NULL */
+    uint64_t *attempts;     /* the client's call sequence (atomic: client.h): numbers
+                               for the semaphore's give-backs */
 } dlock_renew_cfg;
 
 /* How often the manager checks the server's settings: every renewal period
@@ -96,6 +98,13 @@ void dlock_renew_by(dlock_renew *r, int64_t when_ns);
  * needed. */
 void dlock_renew_give_back(dlock_renew *r, const dlock_entry *e, const char *nonce,
                            int protocol, int shared);
+
+/* Hands over a semaphore's acquire attempt `nonce` of e whose outcome is
+ * unknown (local/sem.h): the manager thread gives back its grant, if Redis
+ * made one, with lua/p2/sem_release.lua by attempt, under a call number
+ * newer than the attempt (so that a late copy of the attempt is refused
+ * after it). Returns at once; no lock needed. */
+void dlock_renew_sem_give_back(dlock_renew *r, const dlock_entry *e, const char *nonce);
 
 /* Hands over the leave of e's wait queue (in protocol `protocol`, that of
  * the client's last attempt of e), numbered `number` from the client's

@@ -47,6 +47,11 @@ struct dlock_renew_item {
     char token[24]; /* decimal, as the scripts store it */
 };
 
+/* The protocol an item of a semaphore's permits (e->lease.sem) is filed
+ * under: not a protocol (they are protocol 2's), a group of its own, whose
+ * rounds run lua/p2/sem_renew.lua and whose give-backs lua/p2/sem_release.lua. */
+enum { DLOCK_RENEW_SEM = 3 };
+
 typedef struct dlock_renew_job {
     struct dlock_renew_job *next;
     int leave;              /* 0: release the grant of attempt `nonce`; 1: leave
@@ -62,6 +67,9 @@ typedef struct dlock_renew_job {
     int switched;           /* a leave switched protocol already (once only) */
     int shared;             /* a give-back of a shared attempt (protocol 2's only) */
     char nonce[24];         /* decimal */
+    char number[24];        /* a semaphore's give-back (protocol DLOCK_RENEW_SEM): the
+                               number of the release call, from the client's sequence,
+                               newer than the attempt: one try suffices */
     char *keys[DLOCK_KEYS]; /* copies of the entry's keys, in buf */
     char *name;             /* in buf */
     char buf[];

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/common.h"
 #include "common/error.h"
 #include "global/renew_jobs.h"
 #include "global/renew_int.h"
@@ -25,7 +26,7 @@
 /* Queues a background job for e (see dlock_renew_give_back and
  * dlock_renew_leave), given up after for_ms. */
 static void add_job(dlock_renew *r, const dlock_entry *e, int leave, const char *number,
-                    int protocol, int shared, uint32_t for_ms)
+                    int protocol, int shared, uint32_t for_ms, const char *sem_number)
 {
     size_t len[DLOCK_KEYS], total = e->name_len + 1;
     for (int k = 0; k < DLOCK_KEYS; k++)
@@ -44,6 +45,7 @@ static void add_job(dlock_renew *r, const dlock_entry *e, int leave, const char 
     o->protocol = protocol;
     o->shared = shared;
     o->switched = 0;
+    snprintf(o->number, sizeof o->number, "%s", sem_number ? sem_number : "");
     snprintf(o->nonce, sizeof o->nonce, "%s", number);
     o->until_ns = dlock_now_ns() + (int64_t)for_ms * DLOCK_NS_PER_MS;
     o->next_try_ns = 0; /* at once */
@@ -62,7 +64,14 @@ void dlock_renew_give_back(dlock_renew *r, const dlock_entry *e, const char *non
     /* As long as Redis remembers the client's attempts for this name: a
      * later copy of the attempt is refused by Redis itself. */
     dlock_trace_event(r->cfg.trace, "giveback", e->name, "%s %d", nonce, protocol);
-    add_job(r, e, 0, nonce, protocol, shared, r->cfg.keep_ms);
+    add_job(r, e, 0, nonce, protocol, shared, r->cfg.keep_ms, NULL);
+}
+
+void dlock_renew_sem_give_back(dlock_renew *r, const dlock_entry *e, const char *nonce)
+{
+    char number[24];
+    snprintf(number, sizeof number, "%" PRIu64, ck_pr_faa_64(r->cfg.attempts, 1) + 1);
+    add_job(r, e, 0, nonce, DLOCK_RENEW_SEM, 0, r->cfg.keep_ms, number);
 }
 
 void dlock_renew_leave(dlock_renew *r, const dlock_entry *e, const char *number,
@@ -70,7 +79,7 @@ void dlock_renew_leave(dlock_renew *r, const dlock_entry *e, const char *number,
 {
     /* After twice the waiter ttl the client's queue entry is dead anyway. */
     dlock_trace_event(r->cfg.trace, "leavebg", e->name, "%s %d", number, protocol);
-    add_job(r, e, 1, number, protocol, 0, 2 * r->cfg.waiter_ttl_ms);
+    add_job(r, e, 1, number, protocol, 0, 2 * r->cfg.waiter_ttl_ms, NULL);
 }
 
 /* Appends o's script call to c (after ASKING after an ASK redirect). 0 or
@@ -81,6 +90,12 @@ static int append_job(dlock_renew *r, redisContext *c, const dlock_renew_job *o,
     if (asking && dlock_lanes_append_asking(&r->lanes, c) != 0)
         return -1;
     const char *argv[DLOCK_SCRIPT_KEYS + DLOCK_RELEASE_ARGS];
+    if (o->protocol == DLOCK_RENEW_SEM) {
+        dlock_script_sem_release_argv(r->cfg.args, o->keys, o->name, o->number, "0", o->nonce,
+                                      argv);
+        return dlock_conn_append_eval(c, r->cfg.ctr, DLOCK_SCRIPT_SEM_RELEASE, use_sha,
+                                      DLOCK_SCRIPT_KEYS, DLOCK_SEM_RELEASE_ARGS, argv, NULL);
+    }
     if (o->leave) {
         dlock_script_leave_argv(r->cfg.args, o->keys, o->name, o->nonce, argv);
         return dlock_conn_append_eval(c, r->cfg.ctr,
@@ -102,6 +117,12 @@ static int append_job(dlock_renew *r, redisContext *c, const dlock_renew_job *o,
 static int job_result(dlock_renew_job *o, const redisReply *rep)
 {
     enum { UNKNOWN = -1, NOT_OWNED = 0, DONE = 1 };
+    if (o->protocol == DLOCK_RENEW_SEM)
+        /* any answer: given back, or none to give back, and a late copy
+         * of the attempt is refused from now on (its number is older) */
+        return rep && (rep->type == REDIS_REPLY_INTEGER || dlock_conn_is_other_protocol(rep))
+                   ? DONE
+                   : UNKNOWN;
     int other = dlock_conn_refusal_protocol(rep);
     if (other != o->protocol && other >= DLOCK_PROTOCOL_MIN && other <= DLOCK_PROTOCOL_MAX &&
         !(o->leave && o->switched) && !o->shared) {
@@ -235,13 +256,39 @@ int64_t dlock_renew_jobs_run(dlock_renew *r)
     return next_due;
 }
 
+/* The script that gives back `it` at stop: its grant's release, or a
+ * semaphore's (every permit held). */
+static dlock_script_id release_all_script(const dlock_renew_item *it)
+{
+    return it->protocol == DLOCK_RENEW_SEM ? DLOCK_SCRIPT_SEM_RELEASE
+                                           : dlock_script_release_of(it->protocol, it->shared);
+}
+
+/* Fills argv for release_all_script(it): `last` the last token handed out
+ * (a semaphore's: the permits held), `number` a semaphore's call number.
+ * Returns the argument count. "1" in a lock's: the client closes while a
+ * thread holds it (acquire.lua, End). */
+static int release_all_argv(dlock_renew *r, const dlock_renew_item *it, const char *last,
+                            const char *number, const char **argv)
+{
+    if (it->protocol == DLOCK_RENEW_SEM) {
+        dlock_script_sem_release_argv(r->cfg.args, it->e->keys, it->e->name, number, last, "0",
+                                      argv);
+        return DLOCK_SEM_RELEASE_ARGS;
+    }
+    dlock_script_release_argv(r->cfg.args, it->e->keys, it->e->name, "token", it->token, last,
+                              "1", argv);
+    return DLOCK_RELEASE_ARGS;
+}
+
 void dlock_renew_release_all(dlock_renew *r)
 {
     if (!r->items)
         return;
     typedef struct rel {
         dlock_renew_item *it;
-        char last[24];
+        char last[24];   /* the last token handed out; a semaphore's permits held */
+        char number[24]; /* a semaphore's release: its call number */
         int lane, sent, done;
     } rel;
     rel *v = malloc(sizeof *v * r->count);
@@ -255,19 +302,18 @@ void dlock_renew_release_all(dlock_renew *r)
         x->it = it;
         x->done = 0;
         pthread_mutex_lock(&it->e->mu);
-        snprintf(x->last, sizeof x->last, "%" PRIu64, it->e->lease.token);
+        snprintf(x->last, sizeof x->last, "%" PRIu64,
+                 it->e->lease.sem ? (uint64_t)it->e->m.held : it->e->lease.token);
         pthread_mutex_unlock(&it->e->mu);
+        if (it->protocol == DLOCK_RENEW_SEM)
+            snprintf(x->number, sizeof x->number, "%" PRIu64,
+                     ck_pr_faa_64(r->cfg.attempts, 1) + 1);
         x->lane = dlock_lanes_route(&r->lanes, it->e->keys[DLOCK_KEY_LEASE], &slot);
         redisContext *c = dlock_lanes_open(&r->lanes, x->lane);
         const char *argv[DLOCK_SCRIPT_KEYS + DLOCK_RELEASE_ARGS];
-        /* "1": the client closes while a thread holds it (acquire.lua, End) */
-        dlock_script_release_argv(r->cfg.args, it->e->keys, it->e->name, "token", it->token,
-                                  x->last, "1", argv);
-        x->sent = c && dlock_conn_append_eval(c, r->cfg.ctr,
-                                              dlock_script_release_of(it->protocol,
-                                                                      it->shared), 1,
-                                              DLOCK_SCRIPT_KEYS, DLOCK_RELEASE_ARGS, argv,
-                                              NULL) == 0;
+        int nargs = release_all_argv(r, x->it, x->last, x->number, argv);
+        x->sent = c && dlock_conn_append_eval(c, r->cfg.ctr, release_all_script(it), 1,
+                                              DLOCK_SCRIPT_KEYS, nargs, argv, NULL) == 0;
         if (x->sent)
             r->lanes.v[x->lane].wrote = 1;
         else if (c)
@@ -289,12 +335,10 @@ void dlock_renew_release_all(dlock_renew *r)
         if (!c || c->err)
             continue;
         const char *argv[DLOCK_SCRIPT_KEYS + DLOCK_RELEASE_ARGS];
-        dlock_script_release_argv(r->cfg.args, v[i].it->e->keys, v[i].it->e->name, "token",
-                                  v[i].it->token, v[i].last, "1", argv);
+        int nargs = release_all_argv(r, v[i].it, v[i].last, v[i].number, argv);
         redisReply *rep =
             dlock_conn_eval(c, r->cfg.ctr, dlock_lanes_deadline(&r->lanes),
-                            dlock_script_release_of(v[i].it->protocol, v[i].it->shared),
-                            DLOCK_SCRIPT_KEYS, DLOCK_RELEASE_ARGS, argv, NULL);
+                            release_all_script(v[i].it), DLOCK_SCRIPT_KEYS, nargs, argv, NULL);
         if (rep)
             freeReplyObject(rep);
     }

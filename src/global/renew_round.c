@@ -91,6 +91,13 @@ typedef struct chunk {
     int failed; /* answered with an error (TRYAGAIN, CLUSTERDOWN, ...): unknown */
 } chunk;
 
+/* The renew script of the grants filed under `protocol` (renew_int.h). */
+static dlock_script_id renew_script(int protocol)
+{
+    return protocol == DLOCK_RENEW_SEM ? DLOCK_SCRIPT_SEM_RENEW
+                                       : dlock_script_in(DLOCK_SCRIPT_RENEW, protocol);
+}
+
 /* Under r->mu: appends ch's call for its grants that are still registered
  * (a grant released since the snapshot is not renewed: its releaser did not
  * wait for this write) to c, as EVALSHA or (after NOSCRIPT) EVAL, after
@@ -116,7 +123,7 @@ static int append_chunk(dlock_renew *r, snap *s, snap **p, chunk *ch, redisConte
     argv[m + 1] = r->cfg.args->lease_ms;
     ch->sent_asking = ch->asking;
     if ((ch->asking && dlock_lanes_append_asking(&r->lanes, c) != 0) ||
-        dlock_conn_append_eval(c, r->cfg.ctr, dlock_script_in(DLOCK_SCRIPT_RENEW, s[ch->at].protocol),
+        dlock_conn_append_eval(c, r->cfg.ctr, renew_script(s[ch->at].protocol),
                                !ch->eval, (int)m, (int)m + 2, argv, NULL) != 0) {
         dlock_lanes_oom(c);
         return -1;

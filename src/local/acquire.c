@@ -16,6 +16,7 @@
 #include "local/orphan.h"
 #include "local/release.h"
 #include "local/rpc.h"
+#include "local/sem.h"
 
 /* A small per-thread generator for retry jitter (xorshift64*). */
 static uint64_t jitter_rand(void)
@@ -318,6 +319,13 @@ int dlock_acquire_run(dlock_client *c, const dlock_kind *kind, const char *name,
         return dlock_err_set(DLOCK_ENOMEM, "out of memory");
 
     pthread_mutex_lock(&e->mu);
+    if (dlock_sem_in_use(e)) {
+        /* (local/sem.h, M1) */
+        pthread_mutex_unlock(&e->mu);
+        dlock_table_put(c->table, e);
+        return dlock_err_set(DLOCK_EINVAL, "'%s' is used as a semaphore by this client: a name "
+                             "is a lock or a semaphore", name);
+    }
     if (kind->mine(c, e)) {
         /* Reentrant acquire: no Redis command. */
         rc = kind->reenter(c, e, fence);

@@ -285,6 +285,15 @@ static void wake_one(void *arg, const char *payload, size_t len)
     int unclean = 0, protocol = 1, shared = 0;
     if (len > 2 && p[0] == 'w' && p[1] == ' ') {
         p += 2;
+    } else if (len > 2 && p[0] == 'P' && p[1] == ' ') {
+        /* "P <attempt> <count> <name>": a semaphore's direct grant
+         * (lua/p2/SEM.txt): a wake-up for its poller, whose next try names
+         * the attempt it was queued with and so takes the grant over
+         * (local/sem.h) */
+        const char *q = p + 2;
+        if (!parse_u64(&q, end) || !parse_u64(&q, end))
+            return; /* malformed */
+        p = q;
     } else if (len > 2 && strchr("guGUS", p[0]) && p[1] == ' ') {
         /* "u <end> <attempt> <token> <name>": a direct grant after an
          * unclean end (release.lua, ARGV[10]); "G" and "U" the same of
@@ -556,6 +565,7 @@ int dlock_client_open(const dlock_config *cfg, dlock_client **out)
         .waiter_ttl_ms = c->waiter_ttl_ms,
         .min_replicas = cfg->min_replicas,
         .lost = lost_from_renewal,
+        .attempts = &c->attempts,
         .lost_arg = c,
         .log = log_from_renewal,
         .server = server_check,
@@ -800,6 +810,8 @@ int dlock_client_stats(dlock_client *c, dlock_stats *out)
     out->protocol_resends = dlock_load_64(&c->ctr.protocol_resends);
     out->shared_acquisitions = dlock_load_64(&c->ctr.shared_acquisitions);
     out->shared_joins = dlock_load_64(&c->ctr.shared_joins);
+    out->sem_acquisitions = dlock_load_64(&c->ctr.sem_acquisitions);
+    out->sem_passes = dlock_load_64(&c->ctr.sem_passes);
     dlock_client_leave(c);
     return DLOCK_OK;
 }

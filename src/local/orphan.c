@@ -14,6 +14,7 @@
 #include "common/error.h"
 #include "local/excl.h"
 #include "local/orphan.h"
+#include "local/sem.h"
 #include "local/release.h"
 #include "local/shared.h"
 
@@ -107,6 +108,25 @@ static void abandon_shared(dlock_client *c, dlock_shold *h)
                      depth, rc == DLOCK_OK ? "OK" : dlock_err_name(rc));
 }
 
+/* Gives back the semaphore permits of h (the exiting calling thread's, in
+ * the entered client c: sem.h), each as dlock_sem_release would. */
+static void abandon_sem(dlock_client *c, dlock_shold *h)
+{
+    unsigned n = h->permits + h->lost;
+    char name[DLOCK_NAME_MAX + 1];
+    memcpy(name, h->e->name, h->e->name_len + 1);
+    int rc = DLOCK_OK;
+    for (unsigned i = 0; i < n; i++) { /* (the last give drops the record h) */
+        int r = dlock_sem_give(c, h);
+        if (rc == DLOCK_OK)
+            rc = r;
+    }
+    dlock_count(&c->ctr.abandoned, n);
+    dlock_client_log(c, DLOCK_LOG_WARN, "thread %ld exited holding %u permit%s of '%s': given "
+                     "back for it (%s)", (long)syscall(SYS_gettid), n, n == 1 ? "" : "s", name,
+                     rc == DLOCK_OK ? "OK" : dlock_err_name(rc));
+}
+
 /* Adds e to the list in arg if the calling thread owns it (not through a
  * handle) and its cache does not hold it; with a reference for the list.
  * For dlock_table_each_ref. */
@@ -147,8 +167,10 @@ static void on_thread_exit(void *unused)
         dlock_client *c = dlock_client_find_enter(h->serial);
         if (!c || dlock_client_forked(c)) {
             /* its client closed (or is the parent's): nothing to do */
-            h->depth = h->nested = 0;
+            h->depth = h->nested = h->permits = h->lost = 0;
             dlock_shold_tidy(h);
+        } else if (h->permits || h->lost) {
+            abandon_sem(c, h);
         } else {
             abandon_shared(c, h);
         }

@@ -149,6 +149,14 @@ static int call_script(dlock_client *c, dlock_script_id id, int nargs, const cha
     }
 }
 
+int dlock_rpc_script(dlock_client *c, dlock_script_id id, int nargs, const char **argv,
+                     const char *what, const char *name, int64_t deadline, redisReply **out,
+                     int *sent, int *acked, int acquire, dlock_cancel *k)
+{
+    return call_script(c, id, nargs, argv, what, name, deadline, out, sent, acked,
+                       (stop_on){acquire, k});
+}
+
 /* The other protocol a call refused with `rep` should be sent again in (rep
  * refuses data of protocol P, which this build speaks, other than
  * `sent_in`), or 0. A refusal writes nothing, and every call matches its

@@ -10,6 +10,18 @@
 
 #include "local/client.h"
 
+/* Runs script `id` with argv (its keys, then nargs arguments) through the
+ * batcher, as rpc.c's calls do (Cluster redirects and busy slots, a pooled
+ * connection closed while idle): DLOCK_OK with the reply in *out, or an
+ * error with its message and *sent (whether it may have reached Redis).
+ * `what` names the call in messages; *acked (if acked) the replicas WAIT
+ * confirmed (-1 unknown); `acquire` 1 for a waiting acquire, which a
+ * shutdown or its cancel token k stops between retries of a busy slot.
+ * Without e->mu. */
+int dlock_rpc_script(dlock_client *c, dlock_script_id id, int nargs, const char **argv,
+                     const char *what, const char *name, int64_t deadline, redisReply **out,
+                     int *sent, int *acked, int acquire, dlock_cancel *k);
+
 /* The next number of the client's attempt sequence, in decimal. */
 void dlock_rpc_number(dlock_client *c, char out[24]);
 

@@ -89,7 +89,7 @@ void dlock_shold_trim(void)
 
 void dlock_shold_tidy(dlock_shold *h)
 {
-    if (h->depth || h->nested)
+    if (h->depth || h->nested || h->permits || h->lost)
         return;
     *h = holds[--nholds];
     dlock_shold_trim();

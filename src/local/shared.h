@@ -80,12 +80,19 @@ extern const dlock_kind dlock_kind_shared;
  * woken), else 0. e->mu held. */
 int dlock_shared_phase(dlock_client *c, dlock_entry *e, int64_t now);
 
+/* The calling thread's record of a name it holds shared, or of a
+ * semaphore it holds permits of (local/sem.h, M4: a name is never both in
+ * one client). */
 typedef struct dlock_shold {
     uint64_t serial;  /* its client's (client.h) */
-    dlock_entry *e;   /* alive while depth or nested is not 0 (the holder's reference) */
+    dlock_entry *e;   /* alive while depth, nested, permits or lost is not 0 (the
+                         holder's references: one per hold, one per permit) */
     unsigned depth;   /* the thread's shared holds of e not released yet (S4) */
     unsigned nested;  /* its shared acquires under its exclusive hold of e (S4) */
     int64_t since_ns; /* the outermost shared acquire (monotonic) */
+    unsigned permits; /* the semaphore's permits it holds, of generation gen */
+    unsigned lost;    /* permits it held that were lost since (sem.h, M8) */
+    uint64_t gen;     /* e->m.gen when it took its permits */
 } dlock_shold;
 
 /* The calling thread's record of `name` in the client with this serial, or
@@ -106,7 +113,8 @@ dlock_shold *dlock_shold_get(uint64_t serial, dlock_entry *e);
  * (after an acquire that reserved room and got no hold). */
 void dlock_shold_trim(void);
 
-/* Drops h if it records no hold any more (depth and nested 0). */
+/* Drops h if it records no hold any more (depth, nested, permits and lost
+ * 0). */
 void dlock_shold_tidy(dlock_shold *h);
 
 /* The calling thread's records, for its exit (orphan.c): the last one, or
