@@ -285,6 +285,64 @@ static void test_shared_on_every_master(void **state)
     dlock_client_close(w);
 }
 
+/* Semaphores on every master: permits counted per name on its slot's
+ * master, renewed there (held past the lease time), a waiter woken by a
+ * release through whichever node its subscriber listens on. */
+typedef struct sem_waiter {
+    dlock_client *c;
+    const char *name;
+    int rc;
+} sem_waiter;
+
+static void *sem_wait_for(void *arg)
+{
+    sem_waiter *w = arg;
+    w->rc = dlock_sem_acquire(w->c, w->name, 2, 10000);
+    if (w->rc == DLOCK_OK)
+        w->rc = dlock_sem_release(w->c, w->name);
+    return NULL;
+}
+
+static void test_sem_on_every_master(void **state)
+{
+    (void)state;
+    dlock_config cfg;
+    cluster_config(&cfg, "tc:m:");
+    cfg.lease_ms = 1500;
+    dlock_client *a, *b, *w;
+    assert_int_equal(dlock_client_open(&cfg, &a), DLOCK_OK);
+    assert_int_equal(dlock_client_open(&cfg, &b), DLOCK_OK);
+    assert_int_equal(dlock_client_open(&cfg, &w), DLOCK_OK);
+    enum { N = 24 };
+    char names[N][16];
+    for (int i = 0; i < N; i++) {
+        snprintf(names[i], sizeof names[i], "m%d", i);
+        assert_int_equal(dlock_sem_acquire(a, names[i], 2, 0), DLOCK_OK);
+        assert_int_equal(dlock_sem_acquire(b, names[i], 2, 0), DLOCK_OK);
+        assert_int_equal(dlock_sem_acquire(w, names[i], 2, 0), DLOCK_EBUSY);
+    }
+    fx_sleep_ms(2500); /* past the lease time: held only if renewed */
+    sem_waiter sw = {w, names[0], -1};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, sem_wait_for, &sw), 0);
+    fx_sleep_ms(200); /* (it waits all the more if it has not started) */
+    for (int i = 0; i < N; i++) {
+        if (i > 0)
+            assert_int_equal(dlock_sem_acquire(w, names[i], 2, 0), DLOCK_EBUSY);
+        assert_int_equal(dlock_sem_release(a, names[i]), DLOCK_OK);
+        if (i > 0) {
+            assert_int_equal(dlock_sem_acquire(w, names[i], 2, 0), DLOCK_OK);
+            assert_int_equal(dlock_sem_release(w, names[i]), DLOCK_OK);
+        }
+        assert_int_equal(dlock_sem_release(b, names[i]), DLOCK_OK);
+    }
+    pthread_join(th, NULL);
+    assert_int_equal(sw.rc, DLOCK_OK);
+    dlock_client_close(a);
+    dlock_client_close(b);
+    dlock_client_close(w);
+}
+
 static void *wait_for(void *arg)
 {
     waiter *w = arg;
@@ -1157,6 +1215,7 @@ int main(void)
         cmocka_unit_test(test_contract_on_every_master),
         cmocka_unit_test(test_wakeups_across_nodes),
         cmocka_unit_test(test_shared_on_every_master),
+        cmocka_unit_test(test_sem_on_every_master),
         cmocka_unit_test(test_lost_lease_reported),
         cmocka_unit_test(test_renew_10000),
         cmocka_unit_test(test_moved_followed),

@@ -177,6 +177,49 @@ static void test_shared_through_sentinels(void **state)
     dlock_client_close(b);
 }
 
+/* Semaphores through the sentinels, with min_replicas: permits on the
+ * master, renewed past the lease time; a grant fewer replicas
+ * acknowledged is given back (with the attempt's number: nothing stays
+ * counted). */
+static void test_sem_through_sentinels(void **state)
+{
+    (void)state;
+    dlock_config cfg;
+    sentinel_config(&cfg, "ts:p:", 1);
+    cfg.lease_ms = 1500;
+    dlock_client *a, *b;
+    assert_int_equal(dlock_client_open(&cfg, &a), DLOCK_OK);
+    assert_int_equal(dlock_client_open(&cfg, &b), DLOCK_OK);
+    assert_int_equal(dlock_sem_acquire(a, "p", 2, 0), DLOCK_OK);
+    assert_int_equal(dlock_sem_acquire(b, "p", 2, 0), DLOCK_OK);
+    assert_int_equal(key_exists(master_port(), "ts:p:{p}"), 1);
+    fx_sleep_ms(2500); /* held past the lease time only if renewed */
+    assert_int_equal(dlock_sem_acquire(a, "p", 2, 0), DLOCK_EBUSY);
+    assert_int_equal(dlock_sem_release(a, "p"), DLOCK_OK);
+    assert_int_equal(dlock_sem_acquire(a, "p", 2, 0), DLOCK_OK);
+    assert_int_equal(dlock_sem_release(a, "p"), DLOCK_OK);
+    assert_int_equal(dlock_sem_release(b, "p"), DLOCK_OK);
+    dlock_client_close(a);
+    dlock_client_close(b);
+
+    /* two replicas asked, one exists: the grant is given back */
+    dlock_client *c;
+    sentinel_config(&cfg, "ts:p:", 2);
+    assert_int_equal(dlock_client_open(&cfg, &c), DLOCK_OK);
+    assert_int_equal(dlock_sem_acquire(c, "q", 1, 0), DLOCK_EREDIS);
+    assert_non_null(strstr(dlock_last_error(), "reached 1 of the 2 replicas"));
+    dlock_client_close(c);
+    sentinel_config(&cfg, "ts:p:", 1);
+    assert_int_equal(dlock_client_open(&cfg, &c), DLOCK_OK);
+    /* given back in the background (or at close): free within 10 s (generous) */
+    int rc = DLOCK_EBUSY;
+    for (int i = 0; i < 100 && (rc = dlock_sem_acquire(c, "q", 1, 0)) == DLOCK_EBUSY; i++)
+        fx_sleep_ms(100);
+    assert_int_equal(rc, DLOCK_OK);
+    assert_int_equal(dlock_sem_release(c, "q"), DLOCK_OK);
+    dlock_client_close(c);
+}
+
 /* min_replicas: WAIT after each batch; a grant fewer replicas acknowledged
  * is given back; a renewal no replica acknowledged does not count. */
 static void test_min_replicas(void **state)
@@ -724,6 +767,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_resolves_master),
         cmocka_unit_test(test_shared_through_sentinels),
+        cmocka_unit_test(test_sem_through_sentinels),
 #ifdef DLOCKCTL_PATH
         cmocka_unit_test(test_dlockctl_through_sentinels),
 #endif

@@ -589,6 +589,21 @@ static void test_acl_user(void **state)
 /* The same rule for a client writing protocol 2, whose first release in a
  * hash of more than 16 fields prunes it (lua/p2/LAYOUT.txt: HLEN, HGETALL,
  * HDEL): 20 record fields past their time are put in first. */
+/* A thread that waits for a permit of "sem" (limit 2) and gives it back. */
+typedef struct sem_waiter {
+    dlock_client *c;
+    int rc;
+} sem_waiter;
+
+static void *sem_wait(void *arg)
+{
+    sem_waiter *w = arg;
+    w->rc = dlock_sem_acquire(w->c, "sem", 2, 10000);
+    if (w->rc == DLOCK_OK)
+        w->rc = dlock_sem_release(w->c, "sem");
+    return NULL;
+}
+
 static void test_acl_user_protocol_2(void **state)
 {
     (void)state;
@@ -633,6 +648,28 @@ static void test_acl_user_protocol_2(void **state)
     if (rc != DLOCK_OK)
         fail_msg("shared release as the ACL user: %s: %s", dlock_err_name(rc),
                  dlock_last_error());
+    /* The semaphore's scripts, as the same user: two permits held and
+     * renewed, a third client queued and granted directly at a release. */
+    assert_int_equal(dlock_sem_acquire(c, "sem", 2, 0), DLOCK_OK);
+    rc = dlock_sem_acquire(d, "sem", 2, 0);
+    if (rc != DLOCK_OK)
+        fail_msg("semaphore acquire as the ACL user: %s: %s", dlock_err_name(rc),
+                 dlock_last_error());
+    dlock_client *e = NULL;
+    assert_int_equal(dlock_client_open(&cfg, &e), DLOCK_OK);
+    sem_waiter sw = {e, -1};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, sem_wait, &sw), 0);
+    fx_sleep_ms(700); /* past two renewal periods; the waiter queued */
+    assert_int_equal(dlock_sem_release(d, "sem"), DLOCK_OK);
+    pthread_join(th, NULL);
+    if (sw.rc != DLOCK_OK)
+        fail_msg("semaphore wait as the ACL user: %s", dlock_err_name(sw.rc));
+    rc = dlock_sem_release(c, "sem");
+    if (rc != DLOCK_OK)
+        fail_msg("semaphore release as the ACL user: %s: %s", dlock_err_name(rc),
+                 dlock_last_error());
+    dlock_client_close(e);
     dlock_client_close(d);
     redisFree(k);
     dlock_client_close(c);
