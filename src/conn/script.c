@@ -32,6 +32,7 @@ extern const char dlock_lua_p2_sem_acquire[];
 extern const char dlock_lua_p2_sem_release[];
 extern const char dlock_lua_p2_sem_leave[];
 extern const char dlock_lua_p2_sem_renew[];
+extern const char dlock_lua_p2_sem_ctl_read[];
 
 static const char *const key_suffixes[DLOCK_KEYS] = DLOCK_KEY_SUFFIXES;
 
@@ -48,6 +49,11 @@ const char *dlock_script_ctl_read(int protocol)
 const char *dlock_script_force(int protocol)
 {
     return protocol == 2 ? dlock_lua_p2_force : dlock_lua_force;
+}
+
+const char *dlock_script_sem_ctl_read(void)
+{
+    return dlock_lua_p2_sem_ctl_read;
 }
 
 static const char *const bodies[DLOCK_SCRIPT_COUNT] = {

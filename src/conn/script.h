@@ -122,6 +122,10 @@ const char *dlock_script_key_suffix(int k);
 const char *dlock_script_ctl_read(int protocol);
 const char *dlock_script_force(int protocol);
 
+/* dlockctl's read of one counting semaphore (lua/p2/sem_ctl_read.lua:
+ * protocol 2 only, as the semaphore is; its head says its KEYS and reply). */
+const char *dlock_script_sem_ctl_read(void);
+
 /* Its 40-digit SHA1, or NULL while no SCRIPT LOAD has answered yet. */
 const char *dlock_script_sha(dlock_script_id id);
 
