@@ -9,7 +9,9 @@
  * speaks (DLOCK_PROTOCOL_MIN .. DLOCK_PROTOCOL_MAX, src/conn/script.h;
  * docs/design.md, "Protocol versions"): each name with the scripts of its
  * data's protocol (ctl_read_lock), and refuses only a protocol it does not
- * speak.
+ * speak. A name whose data is a counting semaphore's (lua/p2/SEM.txt) is
+ * read by the semaphore's own script and shown with its permits; it is
+ * never released by force.
  *
  * One thread: no locks. The globals are set by main (O) and ctl_setup
  * (CFG, MASTER, CL, CTR) before a command runs, and only read after.
@@ -51,6 +53,7 @@ typedef struct waiter {
     long long waited_ms;
     int alive; /* the server's verdict: its liveness deadline is ahead of server time */
     int shared; /* it waits to hold the name shared (lua/p2/LAYOUT.txt, "Shared mode") */
+    long long permits; /* a semaphore's waiter: the permits it waits for; else 0 */
 } waiter;
 
 /* A client holding the name shared (protocol 2's shared mode), as the read
@@ -60,9 +63,25 @@ typedef struct sharer {
     long long held_for_ms, remaining_ms;
 } sharer;
 
+/* A client holding permits of a counting semaphore (lua/p2/SEM.txt), as
+ * the read script saw it. Redis keeps no client name for holders: name is
+ * the one the client's liveness value in the wait queue gives, if it waits
+ * too, else "". */
+typedef struct permit_holder {
+    char id[64], name[DLOCK_CLIENT_NAME_MAX + 1];
+    long long permits, remaining_ms;
+} permit_holder;
+
 typedef struct lockinfo {
     int protocol; /* the protocol of the name's data: that of the read
                      script that read it (ctl_read_lock) */
+    int semaphore;             /* the name's data is a counting semaphore's (lua/p2/SEM.txt):
+                                  limit, permits and holders say the rest; the lock's
+                                  fields say nothing held */
+    long long limit;           /* a semaphore's: its limit; permits in use (of live holders) */
+    long long permits;
+    long long holding;         /* the clients holding permits */
+    permit_holder *holders;    /* them (free with ctl_lock_free) */
     int held;                  /* held exclusively: owner, holder and token say by whom */
     const char *mode;          /* "exclusive", "shared" or "free" */
     long long sharing;         /* clients holding it shared */
@@ -124,8 +143,11 @@ void ctl_key_of(char *out, size_t n, const char *name, const char *suffix);
 /* Reads lock `name` into li, in one script: protocol `first`'s (1 or 2),
  * and if that refuses the data as the other protocol's, the other's
  * (li->protocol says which read it; a name without a lease hash is read by
- * the first). Returns 0, or 1 if its data is of a protocol this dlockctl
- * does not speak: refused (said on stderr), li then holds nothing. */
+ * the first); a name whose data is a counting semaphore's (protocol 2's
+ * lock read refuses it as another kind) is read by the semaphore's read
+ * (lua/p2/sem_ctl_read.lua) instead, and li->semaphore says so. Returns 0,
+ * or 1 if its data is of a protocol this dlockctl does not speak: refused
+ * (said on stderr), li then holds nothing. */
 int ctl_read_lock(redisContext *c, const char *name, int first, lockinfo *li);
 void ctl_lock_free(lockinfo *li);
 
@@ -146,6 +168,9 @@ void ctl_fmt_ms(char *out, size_t n, long long ms);
 /* list's text: its header line, and one row per lock. */
 void ctl_print_header(void);
 void ctl_print_row(const char *name, const lockinfo *li);
+
+/* Held: a lock held exclusively or shared, a semaphore with permits in use. */
+int ctl_is_held(const lockinfo *li);
 
 /* dlockctl_list.c: calls fn for every held lock whose name matches pattern,
  * on every master (Cluster mode) or on the server, whichever protocol its

@@ -3,7 +3,9 @@
  * (never KEYS), on every master in Cluster mode, each read in one script.
  * Both protocols keep a name's lease hash at <prefix>{<name>} while it is
  * held (protocol 2 keeps it after a release too: lua/p2/LAYOUT.txt), so
- * the scan finds each held name by that one key, whatever its protocol.
+ * the scan finds each held name by that one key, whatever its protocol;
+ * a counting semaphore's hash lives at that key too (lua/p2/SEM.txt), and
+ * one with permits in use is listed among the locks.
  */
 #define _GNU_SOURCE
 #include <getopt.h>
@@ -91,9 +93,10 @@ static void scan_locks(redisContext *c, const char *pattern, seen_name **seen, i
             lockinfo li;
             if (ctl_read_lock(c, name, *first, &li) == 0)
                 *first = li.protocol;
-            if (li.held || li.sharing > 0)
+            if (ctl_is_held(&li))
                 fn(name, &li, arg); /* (else released since the scan saw it, or,
-                                       protocol 2's, kept after its release) */
+                                       protocol 2's, kept after its release; or a
+                                       semaphore with no permit in use) */
             ctl_lock_free(&li);
         }
         freeReplyObject(r);
@@ -151,6 +154,7 @@ static void list_one(const char *name, const lockinfo *li, void *arg)
     a->v[a->n].li = *li;
     a->v[a->n].li.queue = NULL; /* the caller frees them (list shows how many share it) */
     a->v[a->n].li.shared = NULL;
+    a->v[a->n].li.holders = NULL;
     a->n++;
 }
 
@@ -200,11 +204,13 @@ int ctl_show(const char *name, int watch)
     char e1[4 * DLOCK_NAME_MAX + 8], e2[4 * DLOCK_CLIENT_NAME_MAX + 8];
     if (O.json) {
         ctl_print_lock_json(name, &li, 1);
-        printf(",\"turn\":");
-        if (li.turn[0])
-            ctl_json_str(li.turn);
-        else
-            printf("null");
+        if (!li.semaphore) { /* (a semaphore has no turn: lua/p2/SEM.txt) */
+            printf(",\"turn\":");
+            if (li.turn[0])
+                ctl_json_str(li.turn);
+            else
+                printf("null");
+        }
         printf(",\"queue\":[");
     } else {
         if (watch) {
@@ -213,7 +219,28 @@ int ctl_show(const char *name, int watch)
             strftime(ts, sizeof ts, "%H:%M:%S", localtime(&now));
             printf("-- %s\n", ts);
         }
-        if (li.held) {
+        if (li.semaphore) {
+            if (li.permits > 0)
+                printf("%s: %lld of %lld permits in use, by %lld client%s\n",
+                       ctl_esc(name, e1, sizeof e1), li.permits, li.limit, li.holding,
+                       li.holding == 1 ? "" : "s");
+            else
+                printf("%s: free\n", ctl_esc(name, e1, sizeof e1));
+            for (long long i = 0; i < li.holding; i++) {
+                const permit_holder *h = &li.holders[i];
+                char rem[32];
+                ctl_fmt_ms(rem, sizeof rem, h->remaining_ms);
+                if (h->name[0])
+                    printf("  held by %s (client id %s), ", ctl_esc(h->name, e2, sizeof e2),
+                           h->id);
+                else
+                    printf("  held by client id %s, ", h->id);
+                printf("%lld permit%s, %s of lease left\n", h->permits,
+                       h->permits == 1 ? "" : "s", rem);
+            }
+            printf("  kind: semaphore\n  limit: %lld\n  permits in use: %lld\n", li.limit,
+                   li.permits);
+        } else if (li.held) {
             char rem[32], held[32];
             ctl_fmt_ms(rem, sizeof rem, li.remaining_ms);
             ctl_fmt_ms(held, sizeof held, li.held_for_ms);
@@ -247,20 +274,28 @@ int ctl_show(const char *name, int watch)
             ctl_json_str(w->id);
             printf(",\"name\":");
             ctl_json_str(w->name);
-            printf(",\"mode\":\"%s\",\"waiting_ms\":%lld,\"alive\":%s}",
-                   w->shared ? "shared" : "exclusive", w->waited_ms, w->alive ? "true" : "false");
+            if (li.semaphore)
+                printf(",\"permits\":%lld", w->permits);
+            else
+                printf(",\"mode\":\"%s\"", w->shared ? "shared" : "exclusive");
+            printf(",\"waiting_ms\":%lld,\"alive\":%s}", w->waited_ms,
+                   w->alive ? "true" : "false");
         } else {
-            char t[32];
+            char t[32], what[48] = "";
             ctl_fmt_ms(t, sizeof t, w->waited_ms);
+            if (li.semaphore)
+                snprintf(what, sizeof what, " for %lld permit%s", w->permits,
+                         w->permits == 1 ? "" : "s");
+            else if (w->shared)
+                snprintf(what, sizeof what, " to share it");
             printf("  %2lld. %s (%.8s) waiting %s%s, %s\n", i + 1,
-                   w->name[0] ? ctl_esc(w->name, e2, sizeof e2) : "?", w->id, t,
-                   w->shared ? " to share it" : "",
+                   w->name[0] ? ctl_esc(w->name, e2, sizeof e2) : "?", w->id, t, what,
                    w->alive ? "alive" : "dead (skipped at the next release)");
         }
     }
     if (O.json)
         printf("]}\n");
-    int held = li.held || li.sharing > 0;
+    int held = ctl_is_held(&li);
     ctl_lock_free(&li);
     ctl_conn_done(c, node);
     fflush(stdout);

@@ -1,6 +1,6 @@
 /*
- * dlockctl: connections, reading a lock in one script, printing it
- * (dlockctl.h).
+ * dlockctl: connections, reading a lock or a semaphore in one script,
+ * printing it (dlockctl.h).
  */
 #define _GNU_SOURCE
 #include <ctype.h>
@@ -181,6 +181,110 @@ void ctl_lock_free(lockinfo *li)
     li->queue = NULL;
     free(li->shared);
     li->shared = NULL;
+    free(li->holders);
+    li->holders = NULL;
+}
+
+int ctl_is_held(const lockinfo *li)
+{
+    return li->semaphore ? li->permits > 0 : li->held || li->sharing > 0;
+}
+
+/* 1 if r is a read script's refusal of the name's kind: protocol 2's lock
+ * read on a semaphore's data, or the semaphore's read on a lock's
+ * (DLOCKKIND: lua/p2/SEM.txt, "Wrong data"). */
+static int refused_kind(const redisReply *r)
+{
+    return r->type == REDIS_REPLY_ERROR && strncmp(r->str, "DLOCKKIND", 9) == 0;
+}
+
+static void unexpected_reply(const char *name)
+{
+    fprintf(stderr, "dlockctl: redis: unexpected reply reading %s\n", name);
+    exit(1);
+}
+
+/* The wait queue, e[at ..] of a read's reply of n elements: 4 per waiter
+ * {client id, arrival (us), liveness value, alive}. The liveness value is
+ * "<deadline> <attempt> <x> <ttl> <name>", x the lock's pass limit ("s" for
+ * a shared waiter: lua/p2/LAYOUT.txt) or a semaphore's permits wanted
+ * (lua/p2/SEM.txt). */
+static void read_waiters(redisReply **e, size_t n, size_t at, lockinfo *li)
+{
+    size_t m = at <= n ? (n - at) / 4 : 0;
+    li->waiting = (long long)m;
+    li->queue = calloc(m ? m : 1, sizeof *li->queue);
+    if (!li->queue)
+        ctl_die("out of memory");
+    for (size_t i = 0; i < m; i++) {
+        redisReply **w = e + at + 4 * i;
+        waiter *x = &li->queue[i];
+        snprintf(x->id, sizeof x->id, "%s", str_or(w[0], ""));
+        x->waited_ms = li->now_ms - atoll(str_or(w[1], "0")) / 1000;
+        const char *p = str_or(w[2], "");
+        for (int f = 0; f < 4 && p; f++) {
+            p = strchr(p, ' ');
+            if (p)
+                p++;
+            if (f == 1 && p && li->semaphore)
+                x->permits = atoll(p);
+            else if (f == 1 && p && p[0] == 's' && p[1] == ' ')
+                x->shared = 1;
+        }
+        snprintf(x->name, sizeof x->name, "%s", p ? p : "");
+        x->alive = w[3]->type == REDIS_REPLY_INTEGER && w[3]->integer == 1;
+    }
+}
+
+static int holder_by_id(const void *x, const void *y)
+{
+    return strcmp(((const permit_holder *)x)->id, ((const permit_holder *)y)->id);
+}
+
+/* The reply of lua/p2/sem_ctl_read.lua into li: {server ms, limit (nil
+ * without a hash), permits in use, m, then m x {client id, permits, end},
+ * then the waiters}. A name without a hash (its data gone since the lock's
+ * read refused it) is free and no semaphore. */
+static void read_semaphore(const redisReply *r, const char *name, lockinfo *li)
+{
+    if (r->type != REDIS_REPLY_ARRAY || r->elements < 4 ||
+        r->element[0]->type != REDIS_REPLY_INTEGER || r->element[3]->type != REDIS_REPLY_INTEGER)
+        unexpected_reply(name);
+    redisReply **e = r->element;
+    long long m = e[3]->integer;
+    if (m < 0 || (size_t)m > (r->elements - 4) / 3)
+        unexpected_reply(name);
+    li->now_ms = e[0]->integer;
+    li->remaining_ms = li->held_for_ms = -1;
+    li->mode = "free";
+    li->protocol = 2;
+    if (e[1]->type != REDIS_REPLY_STRING)
+        return; /* (no hash: no holder, no waiter) */
+    li->semaphore = 1;
+    li->limit = atoll(e[1]->str);
+    li->permits = e[2]->type == REDIS_REPLY_INTEGER ? e[2]->integer : 0;
+    li->holding = m;
+    li->holders = calloc(m ? (size_t)m : 1, sizeof *li->holders);
+    if (!li->holders)
+        ctl_die("out of memory");
+    for (long long i = 0; i < m; i++) {
+        redisReply **h = e + 4 + 3 * i;
+        permit_holder *x = &li->holders[i];
+        snprintf(x->id, sizeof x->id, "%s", str_or(h[0], ""));
+        x->permits = h[1]->type == REDIS_REPLY_INTEGER ? h[1]->integer : 0;
+        x->remaining_ms = (h[2]->type == REDIS_REPLY_INTEGER ? h[2]->integer : 0) - li->now_ms;
+        if (x->remaining_ms > li->remaining_ms)
+            li->remaining_ms = x->remaining_ms; /* list's row: the longest lease left */
+    }
+    if (m > 1)
+        qsort(li->holders, (size_t)m, sizeof *li->holders, holder_by_id);
+    read_waiters(e, r->elements, 4 + 3 * (size_t)m, li);
+    /* a holder's name, if it waits for more permits too */
+    for (long long i = 0; i < m; i++)
+        for (long long j = 0; j < li->waiting; j++)
+            if (!strcmp(li->holders[i].id, li->queue[j].id))
+                snprintf(li->holders[i].name, sizeof li->holders[i].name, "%s",
+                         li->queue[j].name);
 }
 
 /* Reads lock `name` into li (dlockctl.h). Returns 0, or 1 if its data is
@@ -196,28 +300,44 @@ int ctl_read_lock(redisContext *c, const char *name, int first, lockinfo *li)
     ctl_key_of(k[1], sizeof k[1], name, dlock_script_key_suffix(DLOCK_KEY_QUEUE));
     ctl_key_of(k[2], sizeof k[2], name, dlock_script_key_suffix(DLOCK_KEY_LIVE));
     ctl_key_of(k[3], sizeof k[3], name, dlock_script_key_suffix(DLOCK_KEY_TURN));
-    /* Protocol `first`'s script; refused as the other's data, the other's
-     * (and back again, at most once, if the name's data changed protocol
-     * between the two: its keys all expired and a client of the other
-     * protocol made them anew). */
-    int pv = first;
+    /* Protocol `first`'s script; refused as the other's data, the other's;
+     * protocol 2's lock read refused as a semaphore's data (another kind),
+     * the semaphore's read (lua/p2/sem_ctl_read.lua), which refuses a
+     * lock's data the same way, and protocol 1's as protocol 1's. And back
+     * again, a few times at most, if the name's data changed between two
+     * reads: its keys all expired and a client of the other protocol or
+     * kind made them anew. */
+    int pv = first, sem = 0;
     redisReply *r;
     for (int tries = 0;; tries++) {
         /* (protocol 2's read adds the mode and the shared holders when
          * asked: ARGV[1] "modes"; protocol 1's has no shared mode) */
-        r = redisCommand(c, "EVAL %s 4 %s %s %s %s %s", dlock_script_ctl_read(pv), k[0], k[1],
-                         k[2], k[3], pv == 2 ? "modes" : "");
+        if (sem)
+            r = redisCommand(c, "EVAL %s 3 %s %s %s", dlock_script_sem_ctl_read(), k[0], k[1],
+                             k[2]);
+        else
+            r = redisCommand(c, "EVAL %s 4 %s %s %s %s %s", dlock_script_ctl_read(pv), k[0],
+                             k[1], k[2], k[3], pv == 2 ? "modes" : "");
         if (!r) {
             fprintf(stderr, "dlockctl: redis: %s\n", c->errstr);
             exit(1);
         }
+        if (tries == 3)
+            break;
+        if (refused_kind(r)) {
+            freeReplyObject(r);
+            sem = !sem;
+            pv = 2; /* (the semaphore is protocol 2's only) */
+            continue;
+        }
         int named = ctl_refusal_names(r);
-        if (!named || named == pv || tries == 2)
+        if (!named || (named == pv && !sem))
             break;
         freeReplyObject(r);
         pv = named;
+        sem = 0;
     }
-    li->protocol = pv;
+    li->protocol = sem ? 2 : pv;
     if (ctl_refused_protocol(r)) {
         freeReplyObject(r);
         li->remaining_ms = li->held_for_ms = -1;
@@ -227,10 +347,13 @@ int ctl_read_lock(redisContext *c, const char *name, int first, lockinfo *li)
         fprintf(stderr, "dlockctl: redis: %s\n", r->str);
         exit(1);
     }
-    if (r->type != REDIS_REPLY_ARRAY || r->elements < 8) {
-        fprintf(stderr, "dlockctl: redis: unexpected reply reading %s\n", name);
-        exit(1);
+    if (sem) {
+        read_semaphore(r, name, li);
+        freeReplyObject(r);
+        return 0;
     }
+    if (r->type != REDIS_REPLY_ARRAY || r->elements < 8)
+        unexpected_reply(name);
     redisReply **e = r->element;
     li->now_ms = e[0]->integer;
     /* A grant past its exp (server ms) has expired: its key stays a lease
@@ -254,10 +377,8 @@ int ctl_read_lock(redisContext *c, const char *name, int first, lockinfo *li)
         /* the mode, the number m of shared holders, then m x {client id,
          * token, since, exp} (lua/p2/ctl_read.lua) */
         long long m = r->elements >= 10 && e[9]->type == REDIS_REPLY_INTEGER ? e[9]->integer : -1;
-        if (m < 0 || (size_t)m > (r->elements - 10) / 4) {
-            fprintf(stderr, "dlockctl: redis: unexpected reply reading %s\n", name);
-            exit(1);
-        }
+        if (m < 0 || (size_t)m > (r->elements - 10) / 4)
+            unexpected_reply(name);
         const char *mode = str_or(e[8], "");
         li->mode = !strcmp(mode, "shared") ? "shared" : !strcmp(mode, "exclusive") ? "exclusive"
                                                                                    : "free";
@@ -282,29 +403,7 @@ int ctl_read_lock(redisContext *c, const char *name, int first, lockinfo *li)
         }
         at = 10 + 4 * (size_t)m;
     }
-    size_t n = (r->elements - at) / 4;
-    li->waiting = (long long)n;
-    li->queue = calloc(n ? n : 1, sizeof *li->queue);
-    if (!li->queue)
-        ctl_die("out of memory");
-    for (size_t i = 0; i < n; i++) {
-        redisReply **w = e + at + 4 * i;
-        waiter *x = &li->queue[i];
-        snprintf(x->id, sizeof x->id, "%s", str_or(w[0], ""));
-        x->waited_ms = li->now_ms - atoll(str_or(w[1], "0")) / 1000;
-        /* "<deadline> <attempt> <pass limit> <ttl> <name>"; a shared
-         * waiter's has "s" for its pass limit (lua/p2/LAYOUT.txt) */
-        const char *p = str_or(w[2], "");
-        for (int f = 0; f < 4 && p; f++) {
-            p = strchr(p, ' ');
-            if (p)
-                p++;
-            if (f == 1 && p && p[0] == 's' && p[1] == ' ')
-                x->shared = 1;
-        }
-        snprintf(x->name, sizeof x->name, "%s", p ? p : "");
-        x->alive = w[3]->type == REDIS_REPLY_INTEGER && w[3]->integer == 1;
-    }
+    read_waiters(e, r->elements, at, li);
     freeReplyObject(r);
     return 0;
 }
@@ -352,7 +451,30 @@ void ctl_print_lock_json(const char *name, const lockinfo *li, int open)
 {
     printf("{\"name\":");
     ctl_json_str(name);
-    printf(",\"protocol\":%d,\"held\":%s", li->protocol, li->held ? "true" : "false");
+    if (li->semaphore) {
+        /* (no mode, token nor grant time: permits have none) */
+        printf(",\"protocol\":%d,\"kind\":\"semaphore\",\"held\":%s,\"limit\":%lld,"
+               "\"permits\":%lld,\"holding\":%lld",
+               li->protocol, ctl_is_held(li) ? "true" : "false", li->limit, li->permits,
+               li->holding);
+        if (li->holders) { /* (list leaves them out, as it does shared holders) */
+            printf(",\"holders\":[");
+            for (long long i = 0; i < li->holding; i++) {
+                const permit_holder *h = &li->holders[i];
+                printf("%s{\"client\":", i ? "," : "");
+                ctl_json_str(h->id);
+                printf(",\"name\":"); /* ("" unless it waits too: Redis keeps none) */
+                ctl_json_str(h->name);
+                printf(",\"permits\":%lld,\"remaining_ms\":%lld}", h->permits,
+                       h->remaining_ms);
+            }
+            printf("]");
+        }
+        printf(",\"waiting\":%lld%s", li->waiting, open ? "" : "}");
+        return;
+    }
+    printf(",\"protocol\":%d,\"kind\":\"lock\",\"held\":%s", li->protocol,
+           li->held ? "true" : "false");
     if (li->held) {
         printf(",\"owner\":");
         ctl_json_str(li->owner);
@@ -394,7 +516,10 @@ void ctl_print_row(const char *name, const lockinfo *li)
         e2[4 * DLOCK_CLIENT_NAME_MAX + 8];
     ctl_fmt_ms(rem, sizeof rem, li->remaining_ms);
     ctl_fmt_ms(held, sizeof held, li->held_for_ms);
-    if (li->held)
+    if (li->semaphore)
+        snprintf(who, sizeof who, "semaphore: %lld of %lld permits, %lld client%s", li->permits,
+                 li->limit, li->holding, li->holding == 1 ? "" : "s"); /* (show lists them) */
+    else if (li->held)
         snprintf(who, sizeof who, "%s (%.8s)",
                  li->holder[0] ? ctl_esc(li->holder, e2, sizeof e2) : "?", li->owner);
     else

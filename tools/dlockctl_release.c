@@ -94,6 +94,24 @@ static int release_in(const char *name, int first)
         return 1;
     }
     ctl_lock_free(&li); /* (its queue is not needed here) */
+    if (li.semaphore) {
+        /* Not released: a permit has no token to fence off its holder's
+         * writes, and only its client's own numbered calls may give it back
+         * (lua/p2/SEM.txt, "Idempotence"). */
+        if (O.json) {
+            json_item();
+            printf("{\"name\":");
+            ctl_json_str(name);
+            printf(",\"released\":false,\"reason\":\"a semaphore\"}\n");
+        } else {
+            printf("%s is a semaphore (%lld of %lld permits in use): release --force takes a "
+                   "lock's grants only; permits end a lease time after their client stops "
+                   "renewing them\n",
+                   ctl_esc(name, en, sizeof en), li.permits, li.limit);
+        }
+        ctl_conn_done(c, node);
+        return 1;
+    }
     int other = li.held && O.client && strcmp(li.owner, O.client) != 0;
     if (!li.held || other) {
         if (O.json) {

@@ -12,6 +12,7 @@
  * compiled into the library, which dlockctl runs too) with EVAL, as a
  * client of protocol 2 would.
  */
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -265,7 +266,8 @@ static void test_p2_show_list(void **state)
     assert_int_equal(ctl(out, sizeof out, "--json show p2:held"), 0);
     fprintf(stderr, "show --json: %s", out);
     snprintf(tok, sizeof tok, "\"token\":%lld,", t);
-    assert_non_null(strstr(out, "{\"name\":\"p2:held\",\"protocol\":2,\"held\":true,"
+    assert_non_null(strstr(out, "{\"name\":\"p2:held\",\"protocol\":2,"
+                                "\"kind\":\"lock\",\"held\":true,"
                                 "\"owner\":\"" X "\",\"holder_name\":\"p2-holder\""));
     assert_non_null(strstr(out, tok));
     assert_non_null(strstr(out, "\"queue\":[{\"client\":\"" Y "\",\"name\":\"p2-waiter\""));
@@ -278,7 +280,8 @@ static void test_p2_show_list(void **state)
     assert_non_null(strstr(out, "p2:gone: free"));
     assert_non_null(strstr(out, "  protocol: 2\n"));
     assert_int_equal(ctl(out, sizeof out, "--json show p2:gone"), 1);
-    assert_non_null(strstr(out, "{\"name\":\"p2:gone\",\"protocol\":2,\"held\":false,"));
+    assert_non_null(strstr(out, "{\"name\":\"p2:gone\",\"protocol\":2,"
+                                "\"kind\":\"lock\",\"held\":false,"));
 
     /* list: the held name once, not the released one */
     assert_int_equal(ctl(out, sizeof out, "list 'p2:*'"), 0);
@@ -288,7 +291,8 @@ static void test_p2_show_list(void **state)
     assert_null(strstr(out, "p2:gone"));
     assert_int_equal(ctl(out, sizeof out, "--json list 'p2:*'"), 0);
     assert_int_equal(count_of(out, "\"name\":"), 1);
-    assert_non_null(strstr(out, "[{\"name\":\"p2:held\",\"protocol\":2,\"held\":true,"));
+    assert_non_null(strstr(out, "[{\"name\":\"p2:held\",\"protocol\":2,"
+                                "\"kind\":\"lock\",\"held\":true,"));
     assert_non_null(strstr(out, "\"waiting\":1"));
 }
 
@@ -323,7 +327,8 @@ static void test_p2_shared(void **state)
 
     assert_int_equal(ctl(out, sizeof out, "--json show sh:r"), 0);
     fprintf(stderr, "show --json: %s", out);
-    assert_non_null(strstr(out, "{\"name\":\"sh:r\",\"protocol\":2,\"held\":false,"
+    assert_non_null(strstr(out, "{\"name\":\"sh:r\",\"protocol\":2,"
+                                "\"kind\":\"lock\",\"held\":false,"
                                 "\"mode\":\"shared\",\"sharing\":2,\"shared\":[{\"client\":\"" X
                                 "\",\"token\":"));
     snprintf(s, sizeof s, "{\"client\":\"" Y "\",\"token\":%lld,", t2);
@@ -385,10 +390,14 @@ static void test_mixed_list(void **state)
     assert_int_equal(ctl(out, sizeof out, "--json list 'mx:*'"), 0);
     fprintf(stderr, "list --json: %s", out);
     assert_int_equal(count_of(out, "\"name\":"), 4);
-    assert_non_null(strstr(out, "{\"name\":\"mx:a\",\"protocol\":2,\"held\":true"));
-    assert_non_null(strstr(out, "{\"name\":\"mx:b\",\"protocol\":1,\"held\":true"));
-    assert_non_null(strstr(out, "{\"name\":\"mx:c\",\"protocol\":2,\"held\":true"));
-    assert_non_null(strstr(out, "{\"name\":\"mx:d\",\"protocol\":1,\"held\":true"));
+    assert_non_null(strstr(out, "{\"name\":\"mx:a\",\"protocol\":2,"
+                                "\"kind\":\"lock\",\"held\":true"));
+    assert_non_null(strstr(out, "{\"name\":\"mx:b\",\"protocol\":1,"
+                                "\"kind\":\"lock\",\"held\":true"));
+    assert_non_null(strstr(out, "{\"name\":\"mx:c\",\"protocol\":2,"
+                                "\"kind\":\"lock\",\"held\":true"));
+    assert_non_null(strstr(out, "{\"name\":\"mx:d\",\"protocol\":1,"
+                                "\"kind\":\"lock\",\"held\":true"));
     /* show of protocol 1's name says so */
     assert_int_equal(ctl(out, sizeof out, "show mx:b"), 0);
     assert_non_null(strstr(out, "  protocol: 1\n"));
@@ -567,6 +576,138 @@ static void test_protocol_changes_before_force(void **state)
     dlock_client_close(a);
 }
 
+/* A client waiting for a permit of a semaphore, on a thread of its own:
+ * takes one (limit 2, up to 30 s) and gives it back. */
+typedef struct sem_waiter {
+    dlock_client *c;
+    const char *name;
+    int rc, release_rc;
+} sem_waiter;
+
+static void *sem_wait_main(void *arg)
+{
+    sem_waiter *w = arg;
+    w->rc = dlock_sem_acquire(w->c, w->name, 2, 30000);
+    if (w->rc == DLOCK_OK)
+        w->release_rc = dlock_sem_release(w->c, w->name);
+    return NULL;
+}
+
+/* A counting semaphore (lua/p2/SEM.txt) with limit 2, a permit held by
+ * each of two clients of the library and a third client queued for one,
+ * beside a lock: show names its kind, limit, permits in use, each holder
+ * with its permits and lease left, and the waiter with the permits it
+ * wants (text and JSON; watch too); list shows it with its permits in use
+ * of the limit among the locks; release --force leaves its permits alone
+ * (exit 1). Once its permits are given back, show says it is a free
+ * semaphore (exit 1) and list leaves it out. */
+static void test_semaphore(void **state)
+{
+    (void)state;
+    dlock_client *a = open_named("sem-a"), *b = open_named("sem-b"), *w = open_named("sem-w");
+    const char *ida = dlock_client_id(a), *idb = dlock_client_id(b), *idw = dlock_client_id(w);
+    assert_int_equal(dlock_sem_acquire(a, "sm:pool", 2, 0), DLOCK_OK);
+    assert_int_equal(dlock_sem_acquire(b, "sm:pool", 2, 0), DLOCK_OK);
+    assert_int_equal(dlock_acquire(a, "sm:lock", 0, NULL), DLOCK_OK);
+    sem_waiter sw = {w, "sm:pool", -1, -1};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, sem_wait_main, &sw), 0);
+    long long queued = 0;
+    for (int i = 0; i < 2000 && queued < 1; i++) { /* w queued in Redis (20 s at most) */
+        redisReply *r = fx_cmd_at(fx_server.port, "ZCARD " PREFIX "{sm:pool}:q");
+        queued = r->integer;
+        freeReplyObject(r);
+        if (queued < 1)
+            fx_sleep_ms(10);
+    }
+    assert_int_equal(queued, 1);
+    char out[8192], s[256];
+
+    assert_int_equal(ctl(out, sizeof out, "show sm:pool"), 0);
+    fprintf(stderr, "show: %s", out);
+    assert_non_null(strstr(out, "sm:pool: 2 of 2 permits in use, by 2 clients\n"));
+    snprintf(s, sizeof s, "  held by client id %s, 1 permit, ", ida);
+    assert_non_null(strstr(out, s));
+    snprintf(s, sizeof s, "  held by client id %s, 1 permit, ", idb);
+    assert_non_null(strstr(out, s));
+    assert_int_equal(count_of(out, " of lease left\n"), 2);
+    assert_non_null(strstr(out, "  kind: semaphore\n  limit: 2\n  permits in use: 2\n"
+                                "  protocol: 2\n  1 waiting\n"));
+    snprintf(s, sizeof s, "   1. sem-w (%.8s) waiting ", idw);
+    assert_non_null(strstr(out, s));
+    assert_non_null(strstr(out, " for 1 permit, alive\n"));
+
+    assert_int_equal(ctl(out, sizeof out, "--json show sm:pool"), 0);
+    fprintf(stderr, "show --json: %s", out);
+    assert_non_null(strstr(out, "{\"name\":\"sm:pool\",\"protocol\":2,\"kind\":\"semaphore\","
+                                "\"held\":true,\"limit\":2,\"permits\":2,\"holding\":2,"
+                                "\"holders\":[{\"client\":\""));
+    snprintf(s, sizeof s, "{\"client\":\"%s\",\"name\":\"\",\"permits\":1,\"remaining_ms\":",
+             ida);
+    assert_non_null(strstr(out, s));
+    snprintf(s, sizeof s, "{\"client\":\"%s\",\"name\":\"\",\"permits\":1,\"remaining_ms\":",
+             idb);
+    assert_non_null(strstr(out, s));
+    snprintf(s, sizeof s, "],\"waiting\":1,\"queue\":[{\"client\":\"%s\",\"name\":\"sem-w\","
+             "\"permits\":1,\"waiting_ms\":", idw);
+    assert_non_null(strstr(out, s));
+    assert_non_null(strstr(out, "\"alive\":true}]}"));
+    assert_null(strstr(out, "\"turn\""));
+
+    assert_int_equal(ctl(out, sizeof out, "--count 2 --interval 50 watch sm:pool"), 0);
+    assert_int_equal(count_of(out, "2 of 2 permits in use"), 2);
+
+    /* list: the semaphore among the locks, once */
+    assert_int_equal(ctl(out, sizeof out, "list 'sm:*'"), 0);
+    fprintf(stderr, "list: %s", out);
+    const char *pl = strstr(out, "sm:lock "), *pp = strstr(out, "sm:pool ");
+    assert_true(pl && pp && pl < pp);
+    assert_int_equal(count_of(out, "sm:pool "), 1);
+    assert_non_null(strstr(pp, "semaphore: 2 of 2 permits, 2 clients"));
+    assert_non_null(strstr(pl, "sem-a ("));
+    assert_int_equal(ctl(out, sizeof out, "--json list 'sm:*'"), 0);
+    fprintf(stderr, "list --json: %s", out);
+    assert_int_equal(count_of(out, "\"name\":"), 2);
+    const char *jl = strstr(out, "{\"name\":\"sm:lock\",\"protocol\":");
+    assert_non_null(jl); /* (the lock's protocol: the clients' setting) */
+    assert_non_null(strstr(jl, ",\"kind\":\"lock\",\"held\":true,"));
+    assert_non_null(strstr(out, "{\"name\":\"sm:pool\",\"protocol\":2,\"kind\":\"semaphore\","
+                                "\"held\":true,\"limit\":2,\"permits\":2,\"holding\":2,"
+                                "\"waiting\":1}"));
+
+    /* release --force: refused, the permits left as they were */
+    assert_int_equal(ctl(out, sizeof out, "release sm:pool --force"), 1);
+    fprintf(stderr, "release --force: %s", out);
+    assert_non_null(strstr(out, "sm:pool is a semaphore (2 of 2 permits in use): release "
+                                "--force takes a lock's grants only"));
+    assert_int_equal(ctl(out, sizeof out, "--json release sm:pool --force"), 1);
+    assert_non_null(strstr(out, "{\"name\":\"sm:pool\",\"released\":false,"
+                                "\"reason\":\"a semaphore\"}"));
+    assert_int_equal(ctl(out, sizeof out, "--json show sm:pool"), 0);
+    assert_non_null(strstr(out, "\"permits\":2,\"holding\":2,"));
+
+    /* a's permit goes to w, which gives it back; then b's: free */
+    assert_int_equal(dlock_sem_release(a, "sm:pool"), DLOCK_OK);
+    assert_int_equal(pthread_join(th, NULL), 0);
+    assert_int_equal(sw.rc, DLOCK_OK);
+    assert_int_equal(sw.release_rc, DLOCK_OK);
+    assert_int_equal(dlock_sem_release(b, "sm:pool"), DLOCK_OK);
+    assert_int_equal(ctl(out, sizeof out, "show sm:pool"), 1);
+    fprintf(stderr, "show, given back: %s", out);
+    assert_non_null(strstr(out, "sm:pool: free\n  kind: semaphore\n  limit: 2\n"
+                                "  permits in use: 0\n"));
+    assert_int_equal(ctl(out, sizeof out, "--json show sm:pool"), 1);
+    assert_non_null(strstr(out, "\"kind\":\"semaphore\",\"held\":false,\"limit\":2,"
+                                "\"permits\":0,\"holding\":0,\"holders\":[],"));
+    assert_int_equal(ctl(out, sizeof out, "list 'sm:*'"), 0);
+    assert_null(strstr(out, "sm:pool"));
+    assert_non_null(strstr(out, "sm:lock "));
+    assert_int_equal(dlock_release(a, "sm:lock"), DLOCK_OK);
+    dlock_client_close(w);
+    dlock_client_close(b);
+    dlock_client_close(a);
+}
+
 int main(void)
 {
     /* the library's clients here write protocol 1 whatever a suite asks
@@ -580,6 +721,7 @@ int main(void)
         cmocka_unit_test(test_release_client_both),
         cmocka_unit_test(test_protocol_3_refused),
         cmocka_unit_test(test_protocol_changes_before_force),
+        cmocka_unit_test(test_semaphore),
     };
     return cmocka_run_group_tests(tests, fx_group_setup, fx_group_teardown);
 }
