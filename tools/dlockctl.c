@@ -1,6 +1,6 @@
 /*
- * dlockctl: who holds a dlock lock, who waits for it, and a forced release,
- * for operators.
+ * dlockctl: who holds a dlock lock or semaphore, who waits for it, and a
+ * forced release of a lock, for operators.
  *
  *   dlockctl [connection options] [--json] list [PATTERN]
  *   dlockctl [connection options] [--json] show NAME
@@ -64,22 +64,29 @@ static void usage(FILE *f)
 {
     fprintf(f,
 "usage: dlockctl [options] COMMAND [ARGS]\n"
-"Shows who holds dlock locks and who waits for them; releases one by force.\n"
+"Shows who holds dlock locks and semaphores and who waits for them; releases a\n"
+"lock by force.\n"
 "\n"
 "commands:\n"
-"  list [PATTERN]        held locks whose name matches PATTERN (a glob, default *):\n"
-"                        name, holder (client name and id; or how many clients\n"
-"                        hold it shared), token, remaining lease, held for,\n"
+"  list [PATTERN]        held locks and semaphores with permits in use whose name\n"
+"                        matches PATTERN (a glob, default *): name, holder (client\n"
+"                        name and id; or how many clients hold it shared; or, for\n"
+"                        a semaphore, its permits in use of its limit and how many\n"
+"                        clients hold them), token, remaining lease, held for,\n"
 "                        waiting clients\n"
 "  show NAME             one lock: its holder (or each client holding it shared,\n"
 "                        with its token), the protocol of its data, and its wait\n"
 "                        queue (each waiter's client, name, time in the queue,\n"
-"                        whether it waits to share it, alive or not)\n"
+"                        whether it waits to share it, alive or not); a semaphore:\n"
+"                        its permits in use, each holder's client with its permits\n"
+"                        and lease left, its kind and limit, and its wait queue\n"
+"                        (with the permits each waiter wants)\n"
 "  release NAME --force  removes the lease now, tells the holder at once (its\n"
 "                        dlock_held() drops to 0, on_lost runs, its log says so)\n"
 "                        and hands the lock to the next live waiter, which is told\n"
 "                        (dlock_unclean: DLOCK_UNCLEAN_FORCED); exclusive grants\n"
-"                        only: a name held shared is left alone (exit 1)\n"
+"                        only: a name held shared, or a semaphore, is left alone\n"
+"                        (exit 1)\n"
 "  release --client ID --force\n"
 "                        the same for every lock the client ID holds (a dead\n"
 "                        process's: its id is in list's HOLDER column and in\n"
@@ -109,7 +116,8 @@ static void usage(FILE *f)
 "  -n, --db N             the database (default 0)\n"
 "      --prefix PREFIX    the key_prefix of the clients (default dlock:)\n"
 "      --json             JSON instead of text (list: an array; show, release: an\n"
-"                         object; watch: one object per line)\n"
+"                         object; watch: one object per line); each lock or\n"
+"                         semaphore says its \"kind\"\n"
 "      --help             this text\n"
 "      --version          dlockctl's version and protocol (the library's), and\n"
 "                         the protocols it reads\n"
