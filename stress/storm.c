@@ -38,7 +38,9 @@
  *    writer's, a writer's above every token seen (dlock's shared mode, or
  *    with --mutex a process-shared rwlock);
  *  - --sem N: never more than N holders inside (occupancy), the most seen
- *    kept for the report.
+ *    kept for the report (dlock's semaphore; with --mutex a process-shared
+ *    POSIX semaphore, with --naive a Redis counter raised by a script
+ *    below N: permits have no token to check).
  *
  * Wait percentiles come from per-thread log-scale histograms (8 sub-buckets
  * per power of two of microseconds): they are approximations within about
@@ -227,8 +229,9 @@ static info_snap read_info_at(const char *host, int port)
     s.top = fx_info_top_calls(host, port);
     if (O.naive && s.top >= 0) {
         /* The naive lock's SETs are its own top-level commands (its release
-         * script calls GET and DEL only); dlock's SETs run inside scripts. */
-        long long set = fx_info_calls(host, port, "set");
+         * script calls GET and DEL only); dlock's SETs run inside scripts.
+         * So are the naive semaphore's DECRs, its releases. */
+        long long set = fx_info_calls(host, port, O.sem_limit > 0 ? "decr" : "set");
         if (set > 0)
             s.top += set;
     }
@@ -693,7 +696,9 @@ int main(int argc, char **argv)
         cs.renew_rounds += PR[p].stats.renew_rounds;
         cs.renew_keys += PR[p].stats.renew_keys;
         cs.leases_lost += PR[p].stats.leases_lost;
+        cs.sem_passes += PR[p].stats.sem_passes;
     }
+    int dlock_mode = !O.mutex && !O.naive;
 
     int info_ok = before.ok && after.ok;
     /* the after-snapshot's own INFO calls are excluded by fx_info_calls */
@@ -724,8 +729,17 @@ int main(int argc, char **argv)
     json_num(o, "acq_per_sec", acq_per_sec, 1, 0);
     if (O.read_pct > 0)
         fprintf(o, "\"read_pct\":%d,\"reads\":%" PRIu64 ",", O.read_pct, reads);
-    if (O.sem_limit > 0)
+    if (O.sem_limit > 0) {
+        /* sem_passes: permits a thread took from another thread of its
+         * client, with no Redis command (dlock only) */
         fprintf(o, "\"sem_limit\":%ld,\"max_holders\":%d,", O.sem_limit, (int)most);
+        if (dlock_mode)
+            fprintf(o, "\"sem_passes\":%" PRIu64 ",", cs.sem_passes);
+        else
+            fprintf(o, "\"sem_passes\":null,");
+        json_num(o, "sem_passes_per_acq", acq ? (double)cs.sem_passes / (double)acq : 0,
+                 dlock_mode && acq, 0);
+    }
     fprintf(o, "\"violations\":%" PRIu64 ",\"token_regressions\":%" PRIu64 ","
                "\"counter_ok\":%s,\"counter_sum\":%" PRIu64 ",",
             viol, regr, counter_ok ? "true" : "false", counter_sum);
@@ -756,11 +770,13 @@ int main(int argc, char **argv)
     json_num(o, "redis_cpu_us_per_acq", acq ? d_cpu_us / (double)acq : 0, info_ok && acq, 0);
     /* the workers' user + system CPU, their set-up and critical sections
      * included (a busy critical section of X us costs X here) */
-    /* share of acquisitions that took the name from another process */
-    json_num(o, "crossings_per_acq", acq ? (double)crossings / (double)acq : 0, acq > 0, 0);
+    /* share of acquisitions that took the name from another process (not
+     * kept for a semaphore's permits: several hold one at once) */
+    json_num(o, "crossings_per_acq", acq ? (double)crossings / (double)acq : 0,
+             acq > 0 && O.sem_limit == 0, 0);
     json_num(o, "client_cpu_us_per_acq", acq ? workers_cpu_us / (double)acq : 0, acq > 0, 0);
     json_num(o, "client_cmds_per_acq", acq ? (double)cs.redis_commands / (double)acq : 0,
-             acq > 0 && !O.mutex && !O.naive, 0);
+             acq > 0 && dlock_mode, 0);
     fprintf(o, "\"client_redis_commands\":%" PRIu64 ",\"client_round_trips\":%" PRIu64 ","
                "\"renew_rounds\":%" PRIu64 ",\"leases_lost\":%" PRIu64 ",",
             cs.redis_commands, cs.redis_round_trips, cs.renew_rounds, cs.leases_lost);
@@ -808,15 +824,26 @@ int main(int argc, char **argv)
             fprintf(stderr, "  redis          %s\n",
                     have_redis ? "INFO unavailable" : "none (--mutex)");
         fprintf(stderr, "  client cpu     %.1f us per acquisition (the worker processes, user +"
-                        " system, critical sections included); %.3f of acquisitions took the"
-                        " name from another process\n",
-                acq ? workers_cpu_us / (double)acq : 0.0,
-                acq ? (double)crossings / (double)acq : 0.0);
+                        " system, critical sections included)",
+                acq ? workers_cpu_us / (double)acq : 0.0);
+        if (O.sem_limit == 0)
+            fprintf(stderr, "; %.3f of acquisitions took the name from another process",
+                    acq ? (double)crossings / (double)acq : 0.0);
+        fprintf(stderr, "\n");
         fprintf(stderr, "  wait           p50 ~%" PRIu64 " us, p99 ~%" PRIu64 " us, max %" PRIu64
                         " us (percentiles approximate)\n",
                 p50, p99, wait_max);
         fprintf(stderr, "  fairness       Jain %.3f over %zu threads, %" PRIu64 " starved\n", jain,
                 total, zero);
+        if (O.sem_limit > 0 && dlock_mode)
+            fprintf(stderr, "  semaphore      limit %ld, at most %d holders of a name inside at"
+                            " once; %" PRIu64 " of %" PRIu64 " permits (%.3f) passed between a"
+                            " client's threads with no Redis command\n",
+                    O.sem_limit, (int)most, cs.sem_passes, acq,
+                    acq ? (double)cs.sem_passes / (double)acq : 0.0);
+        else if (O.sem_limit > 0)
+            fprintf(stderr, "  semaphore      limit %ld, at most %d holders of a name inside at"
+                            " once\n", O.sem_limit, (int)most);
         fprintf(stderr, "  exclusion      %" PRIu64 " violations, counter %s (%" PRIu64
                         " vs %" PRIu64 "), %" PRIu64 " token regressions, %" PRIu64
                         " not-held-in-cs\n",

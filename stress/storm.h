@@ -79,7 +79,8 @@ typedef struct opts {
     int read_pct;             /* --read-pct: this share of acquisitions is shared (read)
                                  mode; with --mutex a process-shared rwlock per name */
     long sem_limit;           /* --sem: every name is a counting semaphore of this many
-                                 permits (0: none); with --mutex a POSIX semaphore */
+                                 permits (0: none); with --mutex a POSIX semaphore, with
+                                 --naive a counter in Redis */
     const char *plant;        /* --plant: a planted bug the checks must catch (NULL:
                                  none): "readers-unlocked", "sem-over" */
     long rtt_us;              /* > 0: clients reach Redis through a delaying proxy */

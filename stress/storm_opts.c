@@ -87,12 +87,17 @@ static void usage(FILE *f)
 "                       writer's above every token before it (the rwlock, with\n"
 "                       --mutex, prefers writers as dlock does)\n"
 "  --sem N              every name is a counting semaphore of N permits (1..%d):\n"
-"                       checked: never more than N holders inside at once. With\n"
-"                       --mutex only for now (a process-shared POSIX semaphore;\n"
-"                       no tokens)\n"
+"                       dlock_sem_acquire (with --mutex a process-shared POSIX\n"
+"                       semaphore; with --naive a counter per name that a Lua\n"
+"                       script (EVAL) raises while it is below N, retried every\n"
+"                       1 ms, and DECR lowers: no lease). Checked in every\n"
+"                       critical section: never more than N holders inside at\n"
+"                       once (the most seen: max_holders). Permits have no\n"
+"                       tokens\n"
 "  --plant BUG          a bug the checks must catch (for their tests):\n"
 "                       readers-unlocked (with --read-pct: readers take no lock),\n"
-"                       sem-over (with --sem: one permit more than N)\n"
+"                       sem-over (with --sem: the semaphore is given N + 1\n"
+"                       permits, the checks allow N)\n"
 "  --rtt-us N           clients reach Redis through the project's fault proxy\n"
 "                       (tests/support/proxy.c, in a process of its own) that delays\n"
 "                       each direction by N/2 us: a data-center round trip\n"
@@ -303,8 +308,6 @@ void parse_opts(int argc, char **argv)
                       O.rtt_us > 0 || O.min_replicas))
         bad_usage("--cluster starts a private Redis Cluster for dlock's Cluster mode: not with"
                   " --naive, --mutex, --redis, --unix, --sentinel, --rtt-us or --min-replicas");
-    if (O.sem_limit > 0 && !O.mutex)
-        bad_usage("--sem needs --mutex for now: dlock's semaphores are not in the library yet");
     if (O.read_pct > 0 && O.naive)
         bad_usage("--read-pct: dlock's shared mode or, with --mutex, a process-shared rwlock; "
                   "--naive has no shared mode");

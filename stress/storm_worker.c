@@ -1,7 +1,8 @@
 /*
  * storm_worker.c: storm's side that runs the locks: the shared region
  * (shm_create), the time, histogram and error-index helpers, the lock
- * modes (dlock, --mutex's process-shared mutexes, --naive's SET NX PX), a
+ * modes (dlock, --mutex's process-shared mutexes, --naive's SET NX PX; with
+ * --sem dlock's semaphore, a POSIX semaphore or --naive's counter), a
  * thread (thread_main: the checks of every critical section) and a worker
  * process (its clients and threads: worker_main).
  *
@@ -48,6 +49,14 @@ void *shm_base;
 size_t shm_size;
 
 static size_t align64(size_t x) { return (x + 63) & ~(size_t)63; }
+
+/* --sem: the limit the semaphore under test is given, whatever the mode:
+ * --sem, or one more with --plant sem-over (the checks still allow --sem
+ * holders). */
+static long sem_asked(void)
+{
+    return O.sem_limit + (O.plant && !strcmp(O.plant, "sem-over"));
+}
 
 void shm_create(void)
 {
@@ -99,8 +108,7 @@ void shm_create(void)
         pthread_rwlockattr_destroy(&ra);
     }
     if (O.mutex && O.sem_limit > 0) {
-        /* (--plant sem-over: one permit more than the checks allow) */
-        unsigned n = (unsigned)O.sem_limit + (O.plant && !strcmp(O.plant, "sem-over"));
+        unsigned n = (unsigned)sem_asked();
         for (int i = 0; i < O.locks; i++)
             if (sem_init(&MX[i].sem, 1, n) != 0) {
                 fprintf(stderr, "storm: process-shared semaphore setup failed: %s\n",
@@ -375,7 +383,7 @@ static int dlock_shared_release(dlock_client *c, const char *name)
 
 /* --mutex --sem: a permit of name li's semaphore, with mutex_acquire's
  * return codes (no token: a semaphore has none). */
-static int sem_acquire(int li)
+static int posix_sem_acquire(int li)
 {
     sem_t *s = &MX[li].sem;
     int e;
@@ -399,7 +407,7 @@ static int sem_acquire(int li)
     return DLOCK_EINVAL;
 }
 
-static int sem_release(int li)
+static int posix_sem_release(int li)
 {
     if (sem_post(&MX[li].sem) == 0)
         return DLOCK_OK;
@@ -497,6 +505,62 @@ static int naive_release(const char *name)
     if (!ok)
         snprintf(mx_err, sizeof mx_err, "the key was gone or another token's");
     return ok ? DLOCK_OK : DLOCK_ELOST;
+}
+
+/* --naive --sem: the simplest Redis semaphore, as written in ten lines: a
+ * counter per name that a script raises if it is below the limit (retried
+ * every 1 ms until --wait-ms, as the naive lock's SET), and DECR to give
+ * the permit back. No lease: a client that dies holding a permit keeps it
+ * taken for ever. */
+static const char naive_sem_take[] =
+    "local n = tonumber(redis.call('get', KEYS[1]) or '0') "
+    "if n < tonumber(ARGV[1]) then redis.call('incr', KEYS[1]) return 1 end return 0";
+
+static int naive_sem_acquire(const char *name)
+{
+    int64_t deadline = O.wait_ms < 0 ? INT64_MAX : now_ns() + O.wait_ms * 1000000LL;
+    for (;;) {
+        redisReply *r = naive_command("EVAL %s 1 %s{%s} %ld", naive_sem_take, key_prefix, name,
+                                      sem_asked());
+        if (!r)
+            return DLOCK_EREDIS;
+        int got = r->type == REDIS_REPLY_INTEGER && r->integer == 1;
+        freeReplyObject(r);
+        if (got)
+            return DLOCK_OK;
+        if (O.wait_ms == 0)
+            return DLOCK_EBUSY;
+        if (now_ns() >= deadline)
+            return DLOCK_ETIMEDOUT;
+        sleep_ns(1000000);
+    }
+}
+
+static int naive_sem_release(const char *name)
+{
+    redisReply *r = naive_command("DECR %s{%s}", key_prefix, name);
+    if (!r)
+        return DLOCK_EREDIS;
+    int ok = r->type == REDIS_REPLY_INTEGER && r->integer >= 0;
+    freeReplyObject(r);
+    if (!ok)
+        snprintf(mx_err, sizeof mx_err, "the count of permits went below 0");
+    return ok ? DLOCK_OK : DLOCK_EINVAL;
+}
+
+/* --sem: a permit of name li (whose text is name), in the mode under test,
+ * with dlock_sem_acquire's return codes; and its release. */
+static int sem_take(dlock_client *c, int li, const char *name)
+{
+    return O.mutex   ? posix_sem_acquire(li)
+           : O.naive ? naive_sem_acquire(name)
+                     : dlock_sem_acquire(c, name, (uint32_t)sem_asked(), O.wait_ms);
+}
+
+static int sem_give(dlock_client *c, int li, const char *name)
+{
+    return O.mutex ? posix_sem_release(li) : O.naive ? naive_sem_release(name)
+                                                     : dlock_sem_release(c, name);
 }
 
 static const char *last_error(void)
@@ -617,7 +681,7 @@ static void *thread_main(void *arg)
         __atomic_store_n(&r->name_idx, li, __ATOMIC_RELAXED);
         SET_PHASE(r, PH_ACQUIRE);
         int64_t t0 = now_ns();
-        int rc = O.sem_limit > 0               ? sem_acquire(li)
+        int rc = O.sem_limit > 0               ? sem_take(c, li, name)
                  : O.read_pct > 0 && O.mutex   ? rwlock_acquire(li, shared, &fence)
                  : O.mutex                     ? mutex_acquire(li, &fence)
                  : O.naive                     ? naive_acquire(li, name, &fence)
@@ -631,7 +695,7 @@ static void *thread_main(void *arg)
             else
                 read_section(r, a, li, name, fence);
             SET_PHASE(r, PH_RELEASE);
-            int rr = O.sem_limit > 0 ? sem_release(li)
+            int rr = O.sem_limit > 0 ? sem_give(c, li, name)
                      : O.mutex       ? rwlock_release(li, 1)
                                      : dlock_shared_release(c, name);
             if (rr != DLOCK_OK) {
@@ -829,6 +893,8 @@ void worker_main(int p)
             sum.leases_held += s.leases_held;
             sum.leases_lost += s.leases_lost;
             sum.entries += s.entries;
+            sum.sem_acquisitions += s.sem_acquisitions;
+            sum.sem_passes += s.sem_passes;
         }
     }
     pr->stats = sum;
