@@ -16,6 +16,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "dlock.h"
 #include "fixture.h"
@@ -329,6 +331,46 @@ static void test_thread_exit_and_close(void **state)
     dlock_client_close(b);
 }
 
+/* A client that dies holding a permit (a process that exits without
+ * closing it: no release, no more renewals) frees it a lease time after
+ * its last renewal, never later: nothing leaks. Forked before this test
+ * makes any thread (every client of the tests before it is closed). */
+static void test_dead_client_frees_its_permit(void **state)
+{
+    (void)state;
+    enum { LEASE_MS = 1500 };
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        close(fds[0]);
+        dlock_client *d = open_sem_client(LEASE_MS, 0);
+        char ok = dlock_sem_acquire(d, "dead", 1, 0) == DLOCK_OK ? 'y' : 'n';
+        if (write(fds[1], &ok, 1) != 1)
+            _exit(2);
+        _exit(0); /* no dlock_client_close: the process dies holding it */
+    }
+    close(fds[1]);
+    char ok = 0;
+    assert_int_equal(read(fds[0], &ok, 1), 1);
+    close(fds[0]);
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_int_equal(ok, 'y');
+    dlock_client *b = open_sem_client(0, 0);
+    long long t0 = fx_now_ns();
+    assert_int_equal(dlock_sem_acquire(b, "dead", 1, 0), DLOCK_EBUSY);
+    /* generous: the permit ends within a lease time of its grant */
+    assert_int_equal(dlock_sem_acquire(b, "dead", 1, 10 * LEASE_MS), DLOCK_OK);
+    long long waited_ms = (fx_now_ns() - t0) / 1000000;
+    print_message("dead client's permit free after %lld ms (lease %d ms)\n", waited_ms,
+                  LEASE_MS);
+    assert_int_equal(permits_in_redis("dead"), 1);
+    assert_int_equal(dlock_sem_release(b, "dead"), DLOCK_OK);
+    dlock_client_close(b);
+}
+
 static int lost_calls;
 static uint64_t lost_fence = 99;
 static pthread_mutex_t lost_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -511,6 +553,7 @@ int main(void)
         cmocka_unit_test_teardown(test_lock_or_semaphore, fx_ensure_server),
         cmocka_unit_test_teardown(test_thread_exit_and_close, fx_ensure_server),
         cmocka_unit_test_teardown(test_lost_permits, fx_ensure_server),
+        cmocka_unit_test_teardown(test_dead_client_frees_its_permit, fx_ensure_server),
         cmocka_unit_test_teardown(test_cancel_and_shutdown, fx_ensure_server),
         cmocka_unit_test_teardown(test_bad_input, fx_ensure_server),
         cmocka_unit_test_teardown(test_storm, fx_ensure_server),
