@@ -152,4 +152,49 @@ return {
     find = '    e->x.passes++;\n    e->lease.token++;\n    return 1;',
     replace = '    e->x.passes++;\n    return 1;',
   },
+  {
+    name = 'sem_spare_counted_during_release',
+    why = 'spare permits leave the count only after their release (threads take them meanwhile: more holders than the limit)',
+    file = 'src/local/sem.c',
+    find = [[
+    e->m.held -= n;
+    if (e->m.held == 0) {
+        e->lease.state = DLOCK_LEASE_NONE;
+        dlock_count(&c->ctr.leases_held, (uint64_t)-1);
+        *drop += dlock_renew_remove(c->renew, e);
+    }
+    uint64_t gen = e->m.gen;
+    pthread_mutex_unlock(&e->mu);
+    int rc = dlock_sem_rpc_release(c, e, n);
+    pthread_mutex_lock(&e->mu);
+    call_end(e);]],
+    replace = [[
+    uint64_t gen = e->m.gen;
+    pthread_mutex_unlock(&e->mu);
+    int rc = dlock_sem_rpc_release(c, e, n);
+    pthread_mutex_lock(&e->mu);
+    call_end(e);
+    if (gen == e->m.gen && e->lease.state == DLOCK_LEASE_HELD) {
+        e->m.held -= n;
+        if (e->m.held == 0) {
+            e->lease.state = DLOCK_LEASE_NONE;
+            dlock_count(&c->ctr.leases_held, (uint64_t)-1);
+            *drop += dlock_renew_remove(c->renew, e);
+        }
+    }]],
+  },
+  {
+    name = 'sem_calls_at_once',
+    why = "a client's calls on a semaphore go to Redis side by side (no call slot, M2): late numbers refused",
+    file = 'src/local/sem.c',
+    find = '    while (e->m.calling)\n        pthread_cond_wait(&e->pcv, &e->mu);\n    e->m.calling = 1;',
+    replace = '    e->m.calling = 1;',
+  },
+  {
+    name = 'sem_lost_kept',
+    why = 'permits found lost are not settled by generation (M8): their holders are not told DLOCK_ELOST',
+    file = 'src/local/sem.c',
+    find = '    e->m.gen++;\n    e->m.held = e->m.in_use = 0;',
+    replace = '    e->m.held = e->m.in_use = 0;',
+  },
 }
