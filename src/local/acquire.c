@@ -39,6 +39,7 @@ static int take_grant(dlock_client *c, const dlock_kind *k, dlock_entry *e, uint
     e->lease.state = DLOCK_LEASE_HELD;
     e->lease.kind = k;
     e->lease.shared = k->index == DLOCK_KIND_SHARED;
+    e->lease.sem = 0; /* a lock's, even on an entry once a semaphore's (local/sem.h) */
     e->lease.grant_protocol = protocol;
     e->lease.grant_token = token;
     e->lease.token = token;
