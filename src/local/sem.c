@@ -187,6 +187,10 @@ static int leave(dlock_client *c, dlock_entry *e, int *drop)
         }
         call_end(e);
     }
+    /* permits found lost (M8) are settled here too: the next semaphore
+     * call may never come, and a lost lease must not outlive the last
+     * user (a lock call would take it for a lost lock's) */
+    settle(e);
     if (!waiting(e) && e->lease.state == DLOCK_LEASE_HELD && e->m.held > e->m.in_use)
         rc = give_back(c, e, drop);
     if (e->m.doubt && !waiting(e) && !e->m.calling) {

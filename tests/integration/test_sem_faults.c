@@ -19,6 +19,77 @@
 #include "dlock.h"
 #include "fixture.h"
 #include "local/client.h"
+#include "local/sem_rpc.h"
+
+/* The wrapper (tests/CMakeLists.txt links this test with
+ * --wrap=dlock_sem_rpc_acquire): a thread marked `slow_thread` runs `hook`
+ * (once armed) right after its next try's reply, without e->mu and in
+ * e's call slot, as if Redis had answered late. */
+int __real_dlock_sem_rpc_acquire(dlock_client *c, dlock_entry *e, dlock_sem_try *t);
+int __wrap_dlock_sem_rpc_acquire(dlock_client *c, dlock_entry *e, dlock_sem_try *t);
+static __thread int slow_thread;
+static int armed;
+static void (*hook)(void);
+
+int __wrap_dlock_sem_rpc_acquire(dlock_client *c, dlock_entry *e, dlock_sem_try *t)
+{
+    int rc = __real_dlock_sem_rpc_acquire(c, e, t);
+    if (slow_thread && __atomic_exchange_n(&armed, 0, __ATOMIC_SEQ_CST))
+        hook();
+    return rc;
+}
+
+/* A flag one thread raises and another waits for. */
+typedef struct flag {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int up;
+} flag;
+
+static void flag_raise(flag *f)
+{
+    pthread_mutex_lock(&f->mu);
+    f->up = 1;
+    pthread_cond_broadcast(&f->cv);
+    pthread_mutex_unlock(&f->mu);
+}
+
+static void flag_wait(flag *f)
+{
+    pthread_mutex_lock(&f->mu);
+    while (!f->up)
+        pthread_cond_wait(&f->cv, &f->mu);
+    pthread_mutex_unlock(&f->mu);
+}
+
+static flag in_hook = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+static flag hook_go = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+
+static void hold_in_hook(void)
+{
+    flag_raise(&in_hook);
+    flag_wait(&hook_go);
+}
+
+/* A thread of the library's: one semaphore acquire, slowed down. */
+typedef struct slow_acq {
+    dlock_client *c;
+    const char *name;
+    uint32_t limit;
+    int64_t wait_ms;
+    int rc;
+    pthread_t th;
+} slow_acq;
+
+static void *slow_acq_main(void *arg)
+{
+    slow_acq *a = arg;
+    slow_thread = 1;
+    a->rc = dlock_sem_acquire(a->c, a->name, a->limit, a->wait_ms);
+    if (a->rc == DLOCK_OK)
+        (void)dlock_sem_release(a->c, a->name);
+    return NULL;
+}
 
 static int lost_calls;
 
@@ -74,10 +145,62 @@ static void test_lock_after_semaphore_on_one_entry(void **state)
     dlock_client_close(c);
 }
 
+/* Permits lost while the last thread using them leaves: the poller, whose
+ * last try was refused, leaves with its deadline passed after the renewal
+ * marked the permits lost (a permit released meanwhile waited spare for
+ * it). The entry must not keep the lost lease (sem.h, M8: settled by the
+ * semaphore's next call, which may never come): a lock call on the entry
+ * then took it for a lost lock's and called lease.kind->drop_lost, a NULL
+ * kind on an entry never used as a lock (SIGSEGV). */
+static void test_lost_while_the_last_user_leaves(void **state)
+{
+    (void)state;
+    dlock_config cfg;
+    fx_config(&cfg, &fx_server);
+    cfg.lease_ms = 1500; /* renewed every 500 ms */
+    cfg.on_lost = on_lost;
+    dlock_client *a, *b;
+    assert_int_equal(dlock_client_open(&cfg, &a), DLOCK_OK);
+    fx_config(&cfg, &fx_server);
+    assert_int_equal(dlock_client_open(&cfg, &b), DLOCK_OK);
+    assert_int_equal(dlock_sem_acquire(b, "ll", 2, 0), DLOCK_OK);
+    assert_int_equal(dlock_sem_acquire(a, "ll", 2, 0), DLOCK_OK); /* the limit is reached */
+    dlock_entry *e = dlock_table_find(a->table, "ll", 2); /* (as test 1) */
+    assert_non_null(e);
+    hook = hold_in_hook;
+    __atomic_store_n(&armed, 1, __ATOMIC_SEQ_CST);
+    slow_acq p = {.c = a, .name = "ll", .limit = 2, .wait_ms = 300};
+    assert_int_equal(pthread_create(&p.th, NULL, slow_acq_main, &p), 0);
+    flag_wait(&in_hook); /* its try was refused; it has not seen the reply yet */
+    int lost0 = __atomic_load_n(&lost_calls, __ATOMIC_SEQ_CST);
+    assert_int_equal(dlock_sem_release(a, "ll"), DLOCK_OK); /* passed to the poller: spare */
+    redis_del("dlock:{ll}");
+    for (int i = 0; i < 100 && __atomic_load_n(&lost_calls, __ATOMIC_SEQ_CST) == lost0; i++)
+        fx_sleep_ms(50);
+    assert_int_equal(__atomic_load_n(&lost_calls, __ATOMIC_SEQ_CST), lost0 + 1);
+    flag_raise(&hook_go); /* its deadline has passed: it leaves */
+    pthread_join(p.th, NULL);
+    assert_int_equal(p.rc, DLOCK_ETIMEDOUT);
+    pthread_mutex_lock(&e->mu);
+    int users = (int)e->m.users, left = e->lease.state;
+    pthread_mutex_unlock(&e->mu);
+    assert_int_equal(users, 0);
+    assert_int_equal(left, DLOCK_LEASE_NONE);
+    /* a lock call on it works as on any name (no crash) */
+    int rc = dlock_acquire(a, "ll", 0, NULL);
+    assert_true(rc == DLOCK_OK || rc == DLOCK_ESERVER);
+    if (rc == DLOCK_OK)
+        assert_int_equal(dlock_release(a, "ll"), DLOCK_OK);
+    dlock_table_put(a->table, e);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_lock_after_semaphore_on_one_entry, fx_ensure_server),
+        cmocka_unit_test_teardown(test_lost_while_the_last_user_leaves, fx_ensure_server),
     };
     return cmocka_run_group_tests(tests, fx_group_setup, fx_group_teardown);
 }
