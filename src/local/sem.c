@@ -269,6 +269,13 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
         }
         if (rc != DLOCK_EBUSY)
             return rc;
+        settle(e);
+        if (spare(c, e) > 0) {
+            /* passed to this thread while the try was out (M5): its, even
+             * past the deadline or for a single try */
+            e->m.in_use++;
+            return DLOCK_OK;
+        }
         if (once)
             return dlock_err_set(DLOCK_EBUSY, "no permit of '%s' is free (%lld free, %lld "
                                  "client%s in its wait queue in redis)", e->name, t.free, t.queued,

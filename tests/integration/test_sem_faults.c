@@ -101,6 +101,15 @@ static void on_lost(const char *name, uint64_t fence, void *arg)
     __atomic_add_fetch(&lost_calls, 1, __ATOMIC_SEQ_CST);
 }
 
+static dlock_client *open_client(void)
+{
+    dlock_config cfg;
+    fx_config(&cfg, &fx_server);
+    dlock_client *c;
+    assert_int_equal(dlock_client_open(&cfg, &c), DLOCK_OK);
+    return c;
+}
+
 static void redis_del(const char *key)
 {
     redisContext *rc = fx_connect("127.0.0.1", fx_server.port);
@@ -197,11 +206,51 @@ static void test_lost_while_the_last_user_leaves(void **state)
     dlock_client_close(b);
 }
 
+static void hold_past_deadline(void)
+{
+    flag_raise(&in_hook);
+    flag_wait(&hook_go);
+    fx_sleep_ms(400); /* past the poller's deadline (300 ms) */
+}
+
+/* A permit passed to the poller while its try was out (M5: the releaser
+ * counts a pass and broadcasts) is the poller's, even if the try was
+ * refused and its deadline passed meanwhile: it was free for this client
+ * before the deadline. Before the mend the poller returned
+ * DLOCK_ETIMEDOUT (DLOCK_EBUSY for a single try) without looking, and the
+ * permit went back to Redis with the pass counted. */
+static void test_pass_during_the_last_try(void **state)
+{
+    (void)state;
+    for (int once = 0; once < 2; once++) {
+        const char *name = once ? "pt1" : "pt0";
+        dlock_client *a = open_client();
+        assert_int_equal(dlock_sem_acquire(a, name, 1, 0), DLOCK_OK);
+        in_hook.up = hook_go.up = 0;
+        hook = hold_past_deadline;
+        __atomic_store_n(&armed, 1, __ATOMIC_SEQ_CST);
+        slow_acq p = {.c = a, .name = name, .limit = 1, .wait_ms = once ? 0 : 300};
+        assert_int_equal(pthread_create(&p.th, NULL, slow_acq_main, &p), 0);
+        flag_wait(&in_hook); /* its try was refused; it has not seen the reply yet */
+        dlock_stats s0;
+        assert_int_equal(dlock_client_stats(a, &s0), DLOCK_OK);
+        assert_int_equal(dlock_sem_release(a, name), DLOCK_OK); /* passed to the poller */
+        dlock_stats s1;
+        assert_int_equal(dlock_client_stats(a, &s1), DLOCK_OK);
+        assert_int_equal(s1.sem_passes - s0.sem_passes, 1);
+        flag_raise(&hook_go);
+        pthread_join(p.th, NULL);
+        assert_int_equal(p.rc, DLOCK_OK);
+        dlock_client_close(a);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_lock_after_semaphore_on_one_entry, fx_ensure_server),
         cmocka_unit_test_teardown(test_lost_while_the_last_user_leaves, fx_ensure_server),
+        cmocka_unit_test_teardown(test_pass_during_the_last_try, fx_ensure_server),
     };
     return cmocka_run_group_tests(tests, fx_group_setup, fx_group_teardown);
 }
