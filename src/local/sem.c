@@ -242,6 +242,21 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
         e->poll.woken = 0; /* a wake-up from now on makes another try */
         pthread_mutex_unlock(&e->mu);
         rc = dlock_sem_rpc_acquire(c, e, &t);
+        if (rc != DLOCK_OK && t.in_doubt && !t.answered) {
+            /* Its outcome unknown: the same attempt again makes it known
+             * (lua/p2/SEM.txt, Idempotence). Else the attempt it named in
+             * doubt would be forgotten (M7: m.doubt names this one from
+             * now), and if this one never ran, a direct grant to that one
+             * would stay this client's in Redis, renewed with its permits,
+             * which no leave names. */
+            int first = rc;
+            t.deadline = dlock_now_ns() + (int64_t)c->conn.command_timeout_ms * DLOCK_NS_PER_MS;
+            rc = dlock_sem_rpc_acquire(c, e, &t);
+            if (!t.answered) {
+                rc = first; /* still unknown */
+                t.in_doubt = 1;
+            }
+        }
         if (once && rc == DLOCK_ETIMEDOUT)
             rc = dlock_err_set(DLOCK_EREDIS, "timed out: redis took no try of '%s' within the "
                                "command timeout (%" PRIu32 " ms): every connection was busy or "

@@ -36,6 +36,7 @@ int dlock_sem_rpc_acquire(dlock_client *c, dlock_entry *e, dlock_sem_try *t)
     redisReply *rep;
     int sent, acked;
     t->in_doubt = 0;
+    t->answered = 0;
     t->sent_boot = dlock_boot_ns();
     int rc = dlock_rpc_script(c, DLOCK_SCRIPT_SEM_ACQUIRE, DLOCK_SEM_ACQUIRE_ARGS, argv,
                               "semaphore acquire", e->name, t->deadline, &rep, &sent, &acked, 1,
@@ -44,6 +45,7 @@ int dlock_sem_rpc_acquire(dlock_client *c, dlock_entry *e, dlock_sem_try *t)
         t->in_doubt = sent;
         return rc;
     }
+    t->answered = 1;
     if (rep->type == REDIS_REPLY_ARRAY && rep->elements >= 2 &&
         rep->element[0]->type == REDIS_REPLY_INTEGER &&
         rep->element[1]->type == REDIS_REPLY_INTEGER) {

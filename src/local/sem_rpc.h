@@ -27,6 +27,8 @@ typedef struct dlock_sem_try {
     int64_t sent_boot;      /* out: when it was sent (boot clock) */
     int in_doubt;           /* out: it may have been granted without this client
                                learning it (reply lost, or too few replicas) */
+    int answered;           /* out: Redis's reply came (else in_doubt says whether
+                               it may have run) */
 } dlock_sem_try;
 
 /* The acquire script, as attempt t->nonce. DLOCK_OK (granted: t->held),

@@ -31,8 +31,16 @@ static __thread int slow_thread;
 static int armed;
 static void (*hook)(void);
 
+static int fake_doubt_call; /* a slow thread's try of this number (1, 2, ...) is
+                               not sent, as if its reply were lost */
+static __thread int slow_calls;
+
 int __wrap_dlock_sem_rpc_acquire(dlock_client *c, dlock_entry *e, dlock_sem_try *t)
 {
+    if (slow_thread && ++slow_calls == __atomic_load_n(&fake_doubt_call, __ATOMIC_SEQ_CST)) {
+        t->in_doubt = 1; /* sent, maybe: its outcome unknown */
+        return DLOCK_ETIMEDOUT;
+    }
     int rc = __real_dlock_sem_rpc_acquire(c, e, t);
     if (slow_thread && __atomic_exchange_n(&armed, 0, __ATOMIC_SEQ_CST))
         hook();
@@ -245,12 +253,57 @@ static void test_pass_during_the_last_try(void **state)
     }
 }
 
+static int taken_in_redis(const char *name, const char *id)
+{
+    redisContext *rc = fx_connect("127.0.0.1", fx_server.port);
+    redisReply *r = redisCommand(rc, "HGET dlock:{%s} c:%s", name, id);
+    int n = r && r->type == REDIS_REPLY_STRING ? atoi(r->str) : 0;
+    if (r)
+        freeReplyObject(r);
+    redisFree(rc);
+    return n;
+}
+
+/* A try that names an earlier attempt in doubt (M7: the queued one, which
+ * a direct grant served) and whose own outcome is unknown: if it never ran
+ * (or ran after the next call, refused as a late copy), the grant stays
+ * the earlier attempt's. Before the mend the client then forgot the
+ * earlier attempt (m.doubt became the new one), its leave named the new
+ * one, and the direct grant stayed this client's in Redis: renewed with
+ * its other permits, one permit fewer for everybody for as long as it
+ * holds one. */
+static void test_doubt_on_doubt(void **state)
+{
+    (void)state;
+    dlock_client *a = open_client(), *b = open_client();
+    assert_int_equal(dlock_sem_acquire(a, "dd", 2, 0), DLOCK_OK); /* held on */
+    assert_int_equal(dlock_sem_acquire(b, "dd", 2, 0), DLOCK_OK);
+    __atomic_store_n(&fake_doubt_call, 2, __ATOMIC_SEQ_CST);
+    slow_acq p = {.c = a, .name = "dd", .limit = 2, .wait_ms = 20000};
+    assert_int_equal(pthread_create(&p.th, NULL, slow_acq_main, &p), 0);
+    fx_sleep_ms(300); /* its first try: refused, queued */
+    assert_int_equal(dlock_sem_release(b, "dd"), DLOCK_OK); /* a direct grant to it */
+    pthread_join(p.th, NULL); /* its second try's outcome unknown */
+    __atomic_store_n(&fake_doubt_call, 0, __ATOMIC_SEQ_CST);
+    assert_true(p.rc == DLOCK_OK || p.rc == DLOCK_ETIMEDOUT); /* (OK: released since) */
+    /* the direct grant goes back (at once, or from the renewal thread) */
+    for (int i = 0; i < 50 && taken_in_redis("dd", dlock_client_id(a)) != 1; i++)
+        fx_sleep_ms(100);
+    assert_int_equal(taken_in_redis("dd", dlock_client_id(a)), 1);
+    assert_int_equal(dlock_sem_acquire(b, "dd", 2, 0), DLOCK_OK);
+    assert_int_equal(dlock_sem_release(b, "dd"), DLOCK_OK);
+    assert_int_equal(dlock_sem_release(a, "dd"), DLOCK_OK);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_lock_after_semaphore_on_one_entry, fx_ensure_server),
         cmocka_unit_test_teardown(test_lost_while_the_last_user_leaves, fx_ensure_server),
         cmocka_unit_test_teardown(test_pass_during_the_last_try, fx_ensure_server),
+        cmocka_unit_test_teardown(test_doubt_on_doubt, fx_ensure_server),
     };
     return cmocka_run_group_tests(tests, fx_group_setup, fx_group_teardown);
 }
