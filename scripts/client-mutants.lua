@@ -197,4 +197,23 @@ return {
     find = '    e->m.gen++;\n    e->m.held = e->m.in_use = 0;',
     replace = '    e->m.held = e->m.in_use = 0;',
   },
+  {
+    name = 'sem_mark_kept_by_lock',
+    why = "a lock's grant keeps the semaphore's mark of its entry: renewed as permits, lost at once",
+    file = 'src/local/acquire.c',
+    find = '    e->lease.sem = 0; /* a lock',
+    replace = '    /* a lock',
+  },
+  {
+    name = 'sem_poller_misses_pass',
+    why = 'a permit passed to the poller while its last try was out goes back to Redis; the poller fails',
+    file = 'src/local/sem.c',
+    find = [[
+        settle(e);
+        if (spare(c, e) > 0) {
+            /* passed to this thread while the try was out (M5): its, even]],
+    replace = [[
+        if (0) {
+            /* passed to this thread while the try was out (M5): its, even]],
+  },
 }
