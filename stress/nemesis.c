@@ -3,7 +3,8 @@
  *
  *   nemesis [--seconds S] [--procs P] [--threads T] [--names K]
  *           [--lease-ms L] [--min-replicas M] [--faults LIST] [--seed N]
- *           [--recovery-bound-ms B] [--read-pct R] [--quiet]
+ *           [--recovery-bound-ms B] [--read-pct R]
+ *           [--sem-pct P [--sem-limit L]] [--quiet]
  *
  * The system: a master and two replicas (AOF, appendfsync always), each
  * behind a fault proxy of this process (tests/support/proxy.h) that all its traffic
@@ -47,9 +48,18 @@
  * writes nothing, dlock_release_shared (nemesis_worker.c); the checker
  * holds readers to the shared mode's promises (nemesis_check.c).
  *
- * --plant nolock|unfenced|readers-unlocked plants a bug (nemesis.h) that the
- * checker must catch: the test suite runs each and expects overlaps, lost
- * updates, readers beside writers and out of their tokens' order.
+ * --sem-pct P: each iteration of a worker thread takes a permit of a
+ * counting semaphore instead with probability P% (default 0; drawn before
+ * --read-pct's, which applies to the rest): one of ceil(K / 3) semaphore
+ * names ("s0"..; a name is a lock or a semaphore, never both), each of
+ * limit L (--sem-limit, default 2): dlock_sem_acquire, a short hold,
+ * dlock_sem_release (nemesis_worker.c); the checker counts the holders
+ * whose permits stayed valid against the limit (nemesis_check.c, "sem").
+ *
+ * --plant nolock|unfenced|readers-unlocked|sem-unlimited plants a bug
+ * (nemesis.h) that the checker must catch: the test suite runs each and
+ * expects overlaps, lost updates, readers beside writers and out of their
+ * tokens' order, and more holders of a semaphore than its limit.
  *
  * Defaults: S 120, P 3, T 6, K 6 names, L 2000 ms, M 2, B 30000 ms: the
  * bound on the time from the end of a burst until every name has been
@@ -107,6 +117,7 @@ const char *const nm_fault_names[NM_NFAULTS] = {
 
 static struct {
     int seconds, procs, threads, names, lease_ms, min_replicas, quiet, plant, read_pct;
+    int sem_pct, sem_limit;
     long recovery_bound_ms;
     unsigned faults;          /* bit per enum nm_fault */
     uint64_t seed;
@@ -114,7 +125,7 @@ static struct {
     const char *faketime;     /* libfaketimeMT */
     int protocol;             /* the workers' dlock_config.protocol: 0 the default,
                                  -1 mixed (worker slot s writes 1 + s % 2) */
-} O = {120, 3, 6, 6, 2000, 2, 0, 0, 0, 30000, (1u << NM_NFAULTS) - 1, 0, NULL,
+} O = {120, 3, 6, 6, 2000, 2, 0, 0, 0, 0, 2, 30000, (1u << NM_NFAULTS) - 1, 0, NULL,
        "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1", 0};
 
 static nm_shared *sh;
@@ -632,7 +643,7 @@ static void quiet_window(void)
             if (__atomic_load_n(&r->done, __ATOMIC_ACQUIRE) && r->t_acq > q && r->name < NM_MAX_NAMES)
                 seen[r->name] = 1;
         }
-        for (int k = 0; k < O.names; k++)
+        for (int k = 0; k < O.names + (O.sem_pct ? sh->sem_names : 0); k++)
             all &= seen[k];
         if (all) {
             say("burst over: every name acquired again in %lld ms",
@@ -653,10 +664,14 @@ static void usage(FILE *f)
 "usage: nemesis [--seconds S] [--procs P] [--threads T] [--names K] [--lease-ms L]\n"
 "               [--min-replicas M] [--faults LIST] [--seed N] [--recovery-bound-ms B]\n"
 "               [--clock-shim PATH [--faketime PATH]]\n"
-"               [--plant nolock|unfenced|readers-unlocked] [--protocol 1|2|mixed]\n"
-"               [--read-pct R] [--quiet]\n"
+"               [--plant nolock|unfenced|readers-unlocked|sem-unlimited]\n"
+"               [--protocol 1|2|mixed]\n"
+"               [--read-pct R] [--sem-pct P [--sem-limit L]] [--quiet]\n"
 "  --read-pct: the share (0-100, default 0) of the workers' iterations that\n"
 "          take the name shared and only read the store\n"
+"  --sem-pct: the share (0-99, default 0) of the workers' iterations that\n"
+"          take a permit of one of ceil(K / 3) semaphores \"s0\".. instead,\n"
+"          each of limit L (--sem-limit, default 2)\n"
 "  --protocol: what the workers write (each reads both); mixed: worker s\n"
 "          writes 1 + s %% 2 (docs/operations.md, \"Upgrades\")\n"
 "  faults: a comma-separated subset of pause,kill,restart,wipe,failover,delay,\n"
@@ -665,7 +680,8 @@ static void usage(FILE *f)
 "          libfaketimeMT: --faketime, default the path of Debian's)\n"
 "  --plant: a planted bug the checker must catch (nemesis.h): nolock, workers\n"
 "          sometimes skip the lock; unfenced, the store's write ignores tokens;\n"
-"          readers-unlocked, readers (--read-pct) take no lock\n");
+"          readers-unlocked, readers (--read-pct) take no lock; sem-unlimited,\n"
+"          one permit (--sem-pct) in 4 is taken without dlock_sem_acquire\n");
 }
 
 static long num(const char *opt, const char *s, long lo, long hi)
@@ -708,7 +724,7 @@ int main(int argc, char **argv)
         {"faults", 1, 0, 'f'}, {"seed", 1, 0, 'S'}, {"recovery-bound-ms", 1, 0, 'r'},
         {"clock-shim", 1, 0, 'c'}, {"faketime", 1, 0, 'T'}, {"quiet", 0, 0, 'q'}, {"worker", 1, 0, 'W'},
         {"fd", 1, 0, 'F'}, {"plant", 1, 0, 'P'}, {"protocol", 1, 0, 'V'},
-        {"read-pct", 1, 0, 'R'},
+        {"read-pct", 1, 0, 'R'}, {"sem-pct", 1, 0, 'M'}, {"sem-limit", 1, 0, 'L'},
         {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     int o;
     while ((o = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -734,8 +750,11 @@ int main(int argc, char **argv)
                 O.plant = NM_PLANT_UNFENCED;
             else if (!strcmp(optarg, "readers-unlocked"))
                 O.plant = NM_PLANT_READERS_UNLOCKED;
+            else if (!strcmp(optarg, "sem-unlimited"))
+                O.plant = NM_PLANT_SEM_UNLIMITED;
             else {
-                fprintf(stderr, "nemesis: --plant nolock, unfenced or readers-unlocked\n");
+                fprintf(stderr, "nemesis: --plant nolock, unfenced, readers-unlocked or "
+                                "sem-unlimited\n");
                 return 2;
             }
             break;
@@ -746,6 +765,8 @@ int main(int argc, char **argv)
                                         DLOCK_PROTOCOL_HIGHEST);
             break;
         case 'R': O.read_pct = (int)num("--read-pct", optarg, 0, 100); break;
+        case 'M': O.sem_pct = (int)num("--sem-pct", optarg, 0, 99); break;
+        case 'L': O.sem_limit = (int)num("--sem-limit", optarg, 1, 64); break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -756,6 +777,14 @@ int main(int argc, char **argv)
     }
     if (O.plant == NM_PLANT_READERS_UNLOCKED && !O.read_pct) {
         fprintf(stderr, "nemesis: --plant readers-unlocked needs --read-pct\n");
+        return 2;
+    }
+    if (O.plant == NM_PLANT_SEM_UNLIMITED && !O.sem_pct) {
+        fprintf(stderr, "nemesis: --plant sem-unlimited needs --sem-pct\n");
+        return 2;
+    }
+    if (O.sem_pct && O.names + (O.names + 2) / 3 > NM_MAX_NAMES) {
+        fprintf(stderr, "nemesis: with --sem-pct, --names is at most %d\n", NM_MAX_NAMES * 3 / 4);
         return 2;
     }
     if (worker >= 0) {
@@ -808,6 +837,9 @@ int main(int argc, char **argv)
     sh->think_us = 2000;
     sh->plant = O.plant;
     sh->read_pct = O.read_pct;
+    sh->sem_pct = O.sem_pct;
+    sh->sem_limit = O.sem_limit;
+    sh->sem_names = (O.names + 2) / 3;
 
     if (O.shim && fx_fake_clock_init(&fake, O.shim, O.faketime) != 0)
         return 2;
@@ -942,6 +974,7 @@ int main(int argc, char **argv)
            O.plant == NM_PLANT_NOLOCK              ? "nolock"
            : O.plant == NM_PLANT_UNFENCED          ? "unfenced"
            : O.plant == NM_PLANT_READERS_UNLOCKED  ? "readers-unlocked"
+           : O.plant == NM_PLANT_SEM_UNLIMITED     ? "sem-unlimited"
                                                    : "none",
            O.seconds, O.procs, O.threads, O.names, O.lease_ms, O.min_replicas, O.seed, unclean,
            final_master >= 0 ? "true" : "false", harness_errors, figures, violations);

@@ -6,7 +6,8 @@
  *   nemesis_topo.c   the Sentinel topology behind fault proxies
  *   nemesis_worker.c a worker process: one dlock client, threads doing a
  *                    fenced read-modify-write under the lock (or, with
- *                    --read-pct, a fenced read under a shared hold), the
+ *                    --read-pct, a fenced read under a shared hold; with
+ *                    --sem-pct, a hold of a semaphore's permit), the
  *                    history
  *   nemesis_check.c  the checker over the history, the store and the faults
  *
@@ -54,7 +55,12 @@ typedef struct nm_rec {
     uint8_t store_error; /* the store did not answer one of them */
     uint8_t shared;     /* a reader: dlock_acquire_shared, a read, no write */
     uint8_t done;       /* 1 once every field above is written (release) */
-    uint8_t pad[3];
+    uint8_t sem;        /* a semaphore permit (--sem-pct): dlock_sem_acquire
+                           of name index names + k ("s<k>"), a hold, then
+                           dlock_sem_release; t_end is when the release was
+                           called, token and the store's fields unused */
+    int8_t rel_rc;      /* a permit's: what dlock_sem_release returned */
+    uint8_t pad[1];
 } nm_rec;
 
 /* A worker slot (a killed worker's replacement takes its slot). */
@@ -67,6 +73,7 @@ typedef struct nm_proc {
     uint64_t lost;            /* on_lost calls */
     uint64_t release_lost;    /* dlock_release(_shared) DLOCK_ELOST */
     uint64_t store_errors;    /* the store did not answer (never expected) */
+    uint64_t sem_acquired;    /* dlock_sem_acquire DLOCK_OK (not in acquired) */
 } nm_proc;
 
 typedef struct nm_shared {
@@ -75,6 +82,9 @@ typedef struct nm_shared {
     int protocol;             /* dlock_config.protocol: 0 the default, -1 mixed */
     int store_port;
     int read_pct;             /* the share of iterations taken shared (0-100) */
+    int sem_pct;              /* the share of iterations that take a permit */
+    int sem_limit;            /* every semaphore's limit */
+    int sem_names;            /* semaphore names "s0".. (name index names + k) */
     int plant;                /* a planted bug, to show the checker catches it:
                                  NM_PLANT_* (0: none) */
     char sentinels[160];      /* "127.0.0.1:p,127.0.0.1:p,127.0.0.1:p" */
@@ -91,8 +101,12 @@ typedef struct nm_shared {
  * the read, or only with the write, is the advice that lost updates);
  * READERS_UNLOCKED, every reader (--read-pct) skips dlock_acquire_shared
  * and reads under the token its thread last got for that name, recording
- * its hold as held. */
-enum { NM_PLANT_NONE, NM_PLANT_NOLOCK, NM_PLANT_UNFENCED, NM_PLANT_READERS_UNLOCKED };
+ * its hold as held; SEM_UNLIMITED, one permit iteration (--sem-pct) in 4
+ * skips dlock_sem_acquire and records its hold as a permit released with
+ * DLOCK_OK (one holder more than the limit allows whenever the others hold
+ * every permit). */
+enum { NM_PLANT_NONE, NM_PLANT_NOLOCK, NM_PLANT_UNFENCED, NM_PLANT_READERS_UNLOCKED,
+       NM_PLANT_SEM_UNLIMITED };
 
 /* Kinds of fault, and what the checker needs to know of each injection. */
 enum nm_fault {

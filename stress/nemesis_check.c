@@ -41,10 +41,35 @@
  *             exclusive token handed out after its grant while its lease
  *             lived), unless a fault that may revoke a grant came after
  *             the reader's grant and before its hold ended
+ *   sem       a semaphore's limit (--sem-pct): never more than the limit
+ *             holders of a semaphore name at once, counting only the
+ *             holds the library still counted valid when they ended: a
+ *             hold [t_acq, t_end] (from dlock_sem_acquire's return to the
+ *             dlock_sem_release call) counts if that release returned
+ *             anything but DLOCK_ELOST (it checked the permit's validity,
+ *             a lease renewed in time by this host's clock less the drift
+ *             margin, after t_end: so the permit was valid through the
+ *             whole hold, as no renewal revives a permit that ran out); a
+ *             hold released with DLOCK_ELOST (lost or run out while held:
+ *             a paused holder, one cut off from Redis) is left out whole,
+ *             since when it was lost is not known; a killed worker's last
+ *             holds have no record. At each counted hold's t_acq, the
+ *             counted holds of its name open then (their t_end later) and
+ *             itself must number at most the limit. An excess is excused
+ *             only within a fault that may end permits in Redis while
+ *             their holders still count them (a restart that lost the
+ *             data, a forward step of the server clock, a failover when
+ *             min_replicas is 0: the lease assumptions of lua/p2/SEM.txt,
+ *             "CLOCK") and a lease time + 1 s after it healed, when every
+ *             permit granted before it has run out in its client (no
+ *             token tells a permit granted before the fault from one
+ *             granted after it, so the whole window is excused). Steps of
+ *             the clock back, of any size, excuse nothing.
  *   lost      no fenced update lost: per name, the store's value equals its
  *             count of accepted writes (each accepted write stored the value
  *             its holder read plus one)
- *   recovery  after each burst of faults, every name is acquired again
+ *   recovery  after each burst of faults, every name (semaphores' too) is
+ *             acquired again
  *             within the stated bound; and every name is acquired again
  *             after the last fault healed
  *
@@ -108,6 +133,23 @@ static const nm_event *excuse_span(const nm_check_in *in, uint64_t older, int64_
     return NULL;
 }
 
+/* A fault that may have ended permits in Redis that their holders still
+ * counted, and whose window ([start, heal + lease + 1 s]) holds t; or NULL
+ * (the "sem" check at the top). */
+static const nm_event *excuse_sem(const nm_check_in *in, int64_t t)
+{
+    for (int i = 0; i < in->nev; i++) {
+        const nm_event *e = &in->ev[i];
+        if (!e->done)
+            continue;
+        int revokes = e->kind == NM_WIPE || e->kind == NM_CLOCK_FWD ||
+                      (e->kind == NM_FAILOVER && in->excuse_failover);
+        if (revokes && e->t_start <= t && t <= e->t_heal + (in->lease_ms + 1000) * 1000000LL)
+            return e;
+    }
+    return NULL;
+}
+
 static const nm_event *excuse(const nm_check_in *in, const nm_rec *a, const nm_rec *b)
 {
     return excuse_span(in, a->token < b->token ? a->token : b->token, b->t_acq, b->t_acq);
@@ -148,9 +190,11 @@ int nm_check(const nm_check_in *in, char *out, size_t outsz)
     nm_shared *sh = in->sh;
     uint64_t n = sh->next < sh->cap ? sh->next : sh->cap;
     nm_rec **v = malloc((n ? n : 1) * sizeof *v);
+    nm_rec **sv = malloc((n ? n : 1) * sizeof *sv); /* permits' holds */
     int64_t *times = malloc((n ? n : 1) * sizeof *times);
-    if (!v || !times) {
+    if (!v || !sv || !times) {
         free(v);
+        free(sv);
         free(times);
         snprintf(out, outsz, "\"error\": \"out of memory\"");
         return 1;
@@ -158,6 +202,7 @@ int nm_check(const nm_check_in *in, char *out, size_t outsz)
     size_t nv = 0, nt = 0, incomplete = 0, read_ok = 0, write_ok = 0, not_held = 0;
     size_t read_refused = 0, write_refused = 0, reads = 0, reads_ok = 0, reads_refused = 0;
     long refused_held = 0, refused_held_excused = 0;
+    size_t nsv = 0, sem_holds = 0, sem_elost = 0;
     for (uint64_t i = 0; i < n; i++) {
         nm_rec *r = &sh->recs[i];
         if (!__atomic_load_n(&r->done, __ATOMIC_ACQUIRE)) { /* pairs with the worker's release */
@@ -165,6 +210,14 @@ int nm_check(const nm_check_in *in, char *out, size_t outsz)
             continue;
         }
         times[nt++] = r->t_acq;
+        if (r->sem) {
+            sem_holds++;
+            if (r->rel_rc == DLOCK_ELOST)
+                sem_elost++;
+            else
+                sv[nsv++] = r;
+            continue;
+        }
         if (r->shared) {
             reads++;
             reads_ok += r->read_ok;
@@ -301,6 +354,46 @@ int nm_check(const nm_check_in *in, char *out, size_t outsz)
     free(act);
     violations += overlaps + order + overlaps_shared + rtok + refused_held;
 
+    /* Semaphores: per name, in t_acq order, each counted hold against the
+     * counted holds still open at its t_acq (the "sem" check at the top). */
+    long sem_over = 0, sem_excused = 0;
+    int sem_max = 0;
+    qsort(sv, nsv, sizeof *sv, by_name_then_acq);
+    size_t sna = 0;
+    const nm_rec **sact = malloc((nsv ? nsv : 1) * sizeof *sact);
+    for (size_t i = 0; sact && i < nsv; i++) {
+        const nm_rec *b = sv[i];
+        if (i == 0 || sv[i - 1]->name != b->name)
+            sna = 0;
+        size_t k = 0;
+        for (size_t a = 0; a < sna; a++)
+            if (sact[a]->t_end > b->t_acq)
+                sact[k++] = sact[a];
+        sact[k++] = b;
+        sna = k;
+        if ((int)sna > sem_max)
+            sem_max = (int)sna;
+        if ((int)sna <= sh->sem_limit)
+            continue;
+        if (excuse_sem(in, b->t_acq)) {
+            sem_excused++;
+        } else if (++sem_over <= 5) {
+            fprintf(stderr, "nemesis: SEM OVER LIMIT name s%d: %zu holders at %lld ms (limit %d):",
+                    b->name - sh->names, sna, MS(b->t_acq), sh->sem_limit);
+            for (size_t a = 0; a < sna; a++)
+                fprintf(stderr, " proc %u [%lld, %lld]", sact[a]->proc, MS(sact[a]->t_acq),
+                        MS(sact[a]->t_end));
+            fputc('\n', stderr);
+            near(in, sact[0]->t_acq, b->t_acq);
+        }
+    }
+    if (!sact) {
+        fprintf(stderr, "nemesis: out of memory\n");
+        violations++;
+    }
+    free(sact);
+    violations += sem_over;
+
     /* The store: value and accepted writes per name. */
     long long fenced = 0, lost = 0;
     int store_ok = 1;
@@ -357,10 +450,11 @@ int nm_check(const nm_check_in *in, char *out, size_t outsz)
     }
     long slow = 0;
     long long worst_burst = -1;
+    int all_names = sh->names + (sh->sem_pct ? sh->sem_names : 0); /* <= NM_MAX_NAMES */
     for (int w = 0; w < in->nquiet; w++) {
         int64_t q = in->quiet[w], all = 0;
         int missing = 0;
-        for (int k = 0; k < sh->names && k < NM_MAX_NAMES; k++) {
+        for (int k = 0; k < all_names; k++) {
             int64_t first = 0; /* name k's first acquisition after q */
             for (uint64_t i = 0; i < n; i++) {
                 const nm_rec *r = &sh->recs[i];
@@ -389,18 +483,20 @@ int nm_check(const nm_check_in *in, char *out, size_t outsz)
             name_last[r->name] = r->t_acq;
     }
     int stuck = 0;
-    for (int k = 0; k < sh->names && k < NM_MAX_NAMES; k++)
+    for (int k = 0; k < all_names; k++)
         if (name_last[k] <= last_heal) {
             stuck++;
-            fprintf(stderr, "nemesis: STUCK name n%d: not acquired after the last fault healed\n", k);
+            fprintf(stderr, "nemesis: STUCK name %s%d: not acquired after the last fault healed\n",
+                    k < sh->names ? "n" : "s", k < sh->names ? k : k - sh->names);
         }
     violations += slow + stuck;
 
-    uint64_t acquired = 0, shared_acq = 0, lostcb = 0, rel_lost = 0, store_err = 0;
+    uint64_t acquired = 0, shared_acq = 0, sem_acq = 0, lostcb = 0, rel_lost = 0, store_err = 0;
     uint64_t errs[NM_NERR] = {0};
     for (int p = 0; p < NM_MAX_PROCS; p++) {
         acquired += sh->procs[p].acquired;
         shared_acq += sh->procs[p].shared_acquired;
+        sem_acq += sh->procs[p].sem_acquired;
         lostcb += sh->procs[p].lost;
         rel_lost += sh->procs[p].release_lost;
         store_err += sh->procs[p].store_errors;
@@ -425,6 +521,11 @@ int nm_check(const nm_check_in *in, char *out, size_t outsz)
         "\"reads_refused_held\": %ld, \"reader_excused\": %ld, \"reader_pairs_judged\": %"
         PRIu64 ", ", overlaps_shared, rtok, refused_held, rtok_excused + refused_held_excused,
         rpairs);
+    PUT("\"sem_pct\": %d, \"sem_limit\": %d, \"sem_names\": %d, \"sem_acquisitions\": %" PRIu64
+        ", \"sem_holds\": %zu, \"sem_holds_counted\": %zu, \"sem_release_elost\": %zu, "
+        "\"sem_max_holders\": %d, \"sem_over_limit\": %ld, \"sem_excused\": %ld, ", sh->sem_pct,
+        sh->sem_limit, sh->sem_pct ? sh->sem_names : 0, sem_acq, sem_holds, nsv, sem_elost, sem_max,
+        sem_over, sem_excused);
     PUT("\"on_lost_calls\": %" PRIu64 ", \"release_elost\": %" PRIu64 ", \"store_errors\": %" PRIu64
         ", ", lostcb, rel_lost, store_err);
     uint64_t other = 0;
@@ -466,6 +567,7 @@ int nm_check(const nm_check_in *in, char *out, size_t outsz)
         worst_burst, in->recovery_bound_ms, slow, stuck, violations);
 #undef PUT
     free(v);
+    free(sv);
     free(times);
     return violations > 0 ? (int)(violations > 1000000 ? 1000000 : violations) : 0;
 }

@@ -34,6 +34,15 @@
  *                       it, and every exclusive token after it above it);
  *                       else returns the value
  *
+ * With --sem-pct P, P% of the iterations (drawn first; the others are as
+ * above) take a permit of a semaphore instead: one of sh->sem_names names
+ * "s0".. (never a lock's name), all of limit sh->sem_limit:
+ * dlock_sem_acquire, a hold (a few ms; one in 16 up to half a lease, as
+ * above), dlock_sem_release, and one record with when the acquire
+ * returned, when the release was called and what it returned. Permits have
+ * no token and touch no store: the checker counts holders
+ * (nemesis_check.c, "sem").
+ *
  * Shared state: the worker's own slot in sh->procs (counters written by its
  * threads with atomic adds) and the records it claims (nemesis.h). Each
  * thread owns its store connection. No lock is shared between threads here.
@@ -138,6 +147,50 @@ static redisReply *store_call(redisContext **rc, const char *lua, const char *ke
     return r;
 }
 
+static void put_rec(const nm_rec *rec)
+{
+    uint64_t i = __atomic_fetch_add(&S->next, 1, __ATOMIC_RELAXED); /* only a slot number */
+    if (i < S->cap) {
+        nm_rec *d = &S->recs[i];
+        *d = *rec;
+        /* Release: the checker (after this process exited, or reading a
+         * killed one's records) takes `done` as "every field written". */
+        __atomic_store_n(&d->done, 1, __ATOMIC_RELEASE);
+    }
+}
+
+/* One permit iteration (--sem-pct). The record's hold is [t_acq, t_end]:
+ * from the acquire's return to the release's call, so it lies within the
+ * thread's real hold of the permit; the release's code says whether the
+ * library still counted the permit valid when it was given back. */
+static void sem_iteration(dlock_client *c, uint64_t *seed)
+{
+    int k = (int)(rnd(seed) % (uint64_t)S->sem_names);
+    char name[32];
+    snprintf(name, sizeof name, "s%d", k);
+    int planted = S->plant == NM_PLANT_SEM_UNLIMITED && rnd(seed) % 4 == 0;
+    int64_t t_req = nm_now_ns();
+    int rc = planted ? DLOCK_OK
+                     : dlock_sem_acquire(c, name, (uint32_t)S->sem_limit, 3LL * S->lease_ms);
+    if (rc != DLOCK_OK) {
+        int e = -rc;
+        add(&P->errors[e > 0 && e < NM_NERR ? e : 0], 1);
+        if (rc != DLOCK_ETIMEDOUT)
+            usleep(20000); /* Redis is down or failing over: do not spin */
+        return;
+    }
+    nm_rec rec = {.t_req = t_req, .t_acq = nm_now_ns(), .value = -1,
+                  .name = (uint16_t)(S->names + k), .proc = (uint16_t)my_slot, .sem = 1};
+    add(&P->sem_acquired, 1);
+    /* A few ms, so that holders meet; one in 16 up to half a lease. */
+    uint64_t most_us = rnd(seed) % 16 == 0 ? (uint64_t)S->lease_ms * 500 : 5000;
+    usleep((useconds_t)(rnd(seed) % most_us));
+    rec.t_end = nm_now_ns();
+    rc = planted ? DLOCK_OK : dlock_sem_release(c, name);
+    rec.rel_rc = (int8_t)rc;
+    put_rec(&rec);
+}
+
 static void *thread_main(void *arg)
 {
     dlock_client *c = arg;
@@ -148,6 +201,12 @@ static void *thread_main(void *arg)
     const char *write_lua = S->plant == NM_PLANT_UNFENCED ? nm_store_write_unfenced_lua
                                                           : nm_store_write_lua;
     while (!__atomic_load_n(&S->stop, __ATOMIC_RELAXED)) {
+        if (S->sem_pct > 0 && (int)(rnd(&seed) % 100) < S->sem_pct) {
+            sem_iteration(c, &seed);
+            if (S->think_us > 0)
+                usleep((useconds_t)(rnd(&seed) % (uint64_t)S->think_us));
+            continue;
+        }
         int n = (int)(rnd(&seed) % (uint64_t)S->names);
         snprintf(name, sizeof name, "n%d", n);
         uint64_t token = 0;
@@ -218,14 +277,7 @@ static void *thread_main(void *arg)
         if (!planted && (shared ? dlock_release_shared(c, name) : dlock_release(c, name)) ==
                             DLOCK_ELOST)
             add(&P->release_lost, 1);
-        uint64_t i = __atomic_fetch_add(&S->next, 1, __ATOMIC_RELAXED); /* only a slot number */
-        if (i < S->cap) {
-            nm_rec *d = &S->recs[i];
-            *d = rec;
-            /* Release: the checker (after this process exited, or reading a
-             * killed one's records) takes `done` as "every field written". */
-            __atomic_store_n(&d->done, 1, __ATOMIC_RELEASE);
-        }
+        put_rec(&rec);
         if (S->think_us > 0)
             usleep((useconds_t)(rnd(&seed) % (uint64_t)S->think_us));
     }
