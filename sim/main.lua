@@ -37,7 +37,13 @@
 local dir = arg[0]:match('^(.*)/[^/]*$') or '.'
 package.path = dir .. '/?.lua;' .. package.path
 local root = dir .. '/..'
-local W = require('world')
+-- (--sem, or --protocol sem as sim/test-mutants passes a mutant's run: the
+-- semaphore world, sim/sem.lua, in place of sim/world.lua)
+local sem_world = false
+for k = 1, #arg do
+  if arg[k] == '--sem' or (arg[k] == '--protocol' and arg[k + 1] == 'sem') then sem_world = true end
+end
+local W = require(sem_world and 'sem' or 'world')
 
 
 local function usage(msg)
@@ -64,8 +70,12 @@ while i <= #arg do
   elseif a == '--step-back-ms' then opts.step_back_ms = num()
   elseif a == '--step-back-leases' then opts.step_back_leases = num()
   elseif a == '--replay' then opts.replay = num()
+  elseif a == '--sem' then opts.sem = true
+  elseif a == '--protocol' and v == 'sem' then
+    opts.sem = true
+    i = i + 1
   elseif a == '--protocol' then
-    if v ~= '1' and v ~= '2' and v ~= 'mixed' then usage('--protocol is 1, 2 or mixed') end
+    if v ~= '1' and v ~= '2' and v ~= 'mixed' then usage('--protocol is 1, 2, mixed or sem') end
     opts.protocol = tonumber(v) or v
     i = i + 1
   elseif a == '--p2-share' then opts.p2_share = num()
@@ -106,7 +116,17 @@ if opts.mutant then
   if not m then usage('unknown mutant ' .. opts.mutant) end
   -- (a mutant of the shared mode runs in the shared worlds it names)
   if m.shared and opts.shared == nil then opts.shared = m.shared end
-  if m.file == 'client' then
+  if (m.run == 'sem') ~= (opts.sem == true) then
+    usage('mutant ' .. m.name .. (m.run == 'sem' and ' is of the semaphore world: run it with --sem'
+      or ' is not of the semaphore world: run it without --sem'))
+  end
+  if m.run == 'sem' then
+    if m.file == 'sem_model' then
+      W = mutants.load_sem(m, dir) -- the semaphore world's client model
+    else
+      mutate = function(texts) mutants.apply(m, texts) end
+    end
+  elseif m.file == 'client' then
     mutants.apply_client(m, dir) -- the client model
   elseif opts.protocol == 'mixed' then
     -- (its protocol's scripts, beside the other's unchanged)
@@ -117,6 +137,11 @@ if opts.mutant then
   else
     mutate = function(texts) mutants.apply(m, texts) end
   end
+end
+if opts.sem and (opts.protocol or opts.shared ~= nil or opts.coverage or opts.clients or opts.names
+    or opts.steps or opts.local_rule or opts.step_back_ms or opts.step_back_leases) then
+  usage('--sem takes none of --protocol 1|2|mixed, --shared, --coverage, --clients, --names, '
+    .. '--steps, --local-rule, --step-back-*')
 end
 if opts.shared ~= nil and opts.protocol ~= 2 then usage('--shared goes with --protocol 2') end
 if type(opts.shared) == 'number' and (opts.shared < 0 or opts.shared > 1) then
@@ -143,7 +168,7 @@ local function report(w)
   local from = math.max(1, #lines - 600)
   if from > 1 then io.stdout:write(string.format('... (%d earlier trace lines)\n', from - 1)) end
   for j = from, #lines do io.stdout:write(lines[j], '\n') end
-  io.stdout:write(string.format('replay: sim --replay %d%s%s', w.seed,
+  io.stdout:write(string.format('replay: sim --replay %d%s%s%s', w.seed, opts.sem and ' --sem' or '',
     opts.protocol and opts.protocol ~= 1 and ' --protocol ' .. opts.protocol or '',
     opts.shared ~= nil and ' --shared ' .. tostring(opts.shared) or ''))
   for _, a in ipairs(arg) do
@@ -156,6 +181,7 @@ local sacq = 0 -- the shared worlds: acquisitions of shared leases
 
 -- (the JSON's "protocol", for any but 1)
 local function protocol_json()
+  if opts.sem then return ',"world":"sem"' end
   if opts.protocol == 2 and opts.shared ~= nil then
     return ',"protocol":2,"shared":' .. (opts.shared == 'mix' and '"mix"' or tostring(opts.shared))
       .. string.format(',"shared_acquisitions":%d', sacq)

@@ -419,6 +419,23 @@ function M.apply_client(m, dir)
   for k, v in pairs(mutated) do C[k] = v end
 end
 
+-- The semaphore world (sim/sem.lua, in directory dir) with mutant m
+-- (file 'sem_model') applied to its text: returns the mutated module.
+function M.load_sem(m, dir)
+  local f = assert(io.open(dir .. '/sem.lua', 'rb'))
+  local text = f:read('*a')
+  f:close()
+  local i, j = string.find(text, m.find, 1, true)
+  if not i then
+    error(string.format('mutant %s: its text is no longer in sim/sem.lua: mend sim/mutants.lua',
+      m.name), 0)
+  end
+  if string.find(text, m.find, j + 1, true) then
+    error(string.format('mutant %s: its text occurs twice in sim/sem.lua', m.name), 0)
+  end
+  return assert(loadstring(text:sub(1, i - 1) .. m.replace .. text:sub(j + 1), '@' .. dir .. '/sem.lua'))()
+end
+
 -- Applies m to the scripts' texts (a table: script name -> text).
 function M.apply(m, texts)
   local text = texts[m.file]
