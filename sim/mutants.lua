@@ -390,6 +390,86 @@ M.list = {
     file = 'acquire', find = "elseif got[2] then\n  a, rt, rr = string.match(got[2], '^(%d+) (%d+) (%d+)$')",
     replace = "elseif false then",
   },
+  -- The counting semaphore (run = 'sem': the semaphore world, sim --sem,
+  -- sim/sem.lua): its scripts (lua/p2/sem_*.lua) and its client model
+  -- (file 'sem_model': sim/sem.lua, the C client's local tier).
+  {
+    name = 'sem_limit_check_removed', protocol = 2, run = 'sem',
+    schedules = 50,
+    why = 'an acquire is granted whether or not a permit is free',
+    file = 'sem_acquire', find = "if at ~= 'blocked' and want <= free then",
+    replace = "if at ~= 'blocked' then",
+  },
+  {
+    name = 'sem_release_does_not_subtract', protocol = 2, run = 'sem',
+    schedules = 50,
+    why = "a release gives permits to the waiters without taking them from the client's field",
+    file = 'sem_release', find = 'mine.n = mine.n - give\nused = used - give',
+    replace = 'used = used - give',
+  },
+  {
+    name = 'sem_takeover_adds', protocol = 2, run = 'sem',
+    schedules = 50,
+    why = 'an attempt that names a granted attempt in doubt adds its count instead of taking '
+      .. 'that grant over',
+    file = 'sem_acquire', find = "    mine.a, mine.x, mine.g = attempt, 'g', attempt\n    mine.exp = math.max(mine.exp, now + l)\n    redis.call('ZREM', KEYS[3], me)",
+    replace = "    mine.a, mine.x, mine.g = attempt, 'g', attempt\n    mine.n = mine.n + want\n    mine.exp = math.max(mine.exp, now + l)\n    redis.call('ZREM', KEYS[3], me)",
+  },
+  {
+    name = 'sem_clock_rule_removed', protocol = 2, run = 'sem',
+    schedules = 1500,
+    why = 'an acquire that hands on ended permits leaves them in their field (CLOCK): a step back '
+      .. 'of the server clock makes them count again beside their successors',
+    file = 'sem_acquire', find = 'for _, id in ipairs(ended) do',
+    replace = 'for _, id in ipairs({}) do',
+  },
+  {
+    name = 'sem_leave_keeps_direct_grant', protocol = 2, run = 'sem',
+    schedules = 200,
+    why = 'a leave takes the client out of the queue but keeps a direct grant to the attempt it '
+      .. 'gives up',
+    file = 'sem_leave', find = 'if gave_up > 0 and gave_up < num and mine.g == gave_up and mine.n > 0 then',
+    replace = 'if false then',
+  },
+  {
+    name = 'sem_giveback_ignores_attempt', protocol = 2, run = 'sem',
+    schedules = 50,
+    why = "a give-back by attempt (count 0) takes the client's last grant whatever attempt it "
+      .. 'names: an attempt in doubt that was refused takes away permits the client uses',
+    file = 'sem_release', find = 'give = (mine.g == tonumber(ARGV[4]) and mine.n > 0) and mine.gk or 0',
+    replace = 'give = (mine.n > 0) and mine.gk or 0',
+  },
+  {
+    name = 'sem_model_spare_counted_during_giveback', run = 'sem',
+    schedules = 50,
+    why = "the client counts the spare permits it gives back until the release's reply: its "
+      .. 'threads take them meanwhile while Redis frees them (the fault the C client had)',
+    file = 'sem_model', find = "  e.held = e.held - n\n  if e.held == 0 then e.lease = 'NONE' end\n  local gen = e.gen\n  local rc = self:rpc_release(th, e, n)\n",
+    replace = "  local gen = e.gen\n  local rc = self:rpc_release(th, e, n)\n  e.held = e.held - n\n  if e.held == 0 then e.lease = 'NONE' end\n",
+  },
+  {
+    name = 'sem_model_spare_ignores_validity', run = 'sem',
+    schedules = 100,
+    why = 'a spare permit is taken, or passed, whatever validity the lease has left',
+    file = 'sem_model', find = "if e.lease ~= 'HELD' or cnow(self, c) + self.cfg.margin_us >= e.valid then return 0 end",
+    replace = "if e.lease ~= 'HELD' then return 0 end",
+  },
+  {
+    name = 'sem_model_doubt_not_named', run = 'sem',
+    schedules = 50,
+    why = 'a try does not name the attempt in doubt (ARGV[10] 0): a direct grant to the queued '
+      .. 'attempt, or a grant whose reply was lost, is never taken over',
+    file = 'sem_model', find = "tostring(self.limit[e.name]), tostring(doubt), 'dlock:wake:', e.name})",
+    replace = "tostring(self.limit[e.name]), '0', 'dlock:wake:', e.name})",
+  },
+  {
+    name = 'sem_model_count_not_from_reply', run = 'sem',
+    schedules = 2000,
+    why = "a granted try adds one permit to the client's count instead of taking Redis's total "
+      .. '(the reply {1, held}): permits taken over or granted unseen are miscounted',
+    file = 'sem_model', find = '  e.held = held\n  e.passes = 0\n',
+    replace = '  e.held = e.held + 1\n  e.passes = 0\n',
+  },
 }
 
 function M.find(name)
