@@ -291,8 +291,10 @@ S.cnow = cnow
 -- Real time when c's clock reads t.
 function S:real_at(c, t) return math.max(self.now, t / c.rate) end
 
+-- The server's clock, in whole us (as TIME reads it), at least 1 us after
+-- the last reading (unless stepped back since).
 function S:srv_time()
-  local t = math.max(self.now + self.off, self.srv_last + 1)
+  local t = math.max(floor(self.now + self.off), self.srv_last + 1)
   self.srv_last = t
   return t
 end
@@ -944,7 +946,7 @@ function S:schedule_faults()
         if r < 0.5 then
           local x = r < 0.3 and self:rint(1, 2 * L) or r < 0.4 and self:rint(1, 60e6) or self:rint(1, 86400e6)
           self.off = self.off - x
-          self.srv_last = self.now + self.off - 1
+          self.srv_last = floor(self.now + self.off) - 1
           self.back_total = self.back_total + x
           self:fault('clock_back')
           self:trace(string.format('FAULT the server clock steps back %.3f ms', x / 1000))
