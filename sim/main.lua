@@ -8,6 +8,8 @@
 --       [--step-back-ms MS | --step-back-leases F] [--mutant NAME]
 --       [--replay SEED] [--coverage] [--quiet] [--protocol 1|2|mixed]
 --       [--p2-share F] [--shared F|mix] [--no-revival-excuse]
+--   sim --sem [--seconds S | --schedules N] [--seed N] [--faults LIST]
+--       [--mutant NAME] [--replay SEED] [--quiet]
 -- Prints progress on stderr and, last on stdout, one JSON line. On a
 -- violation: exits 1 after printing the schedule's seed and its trace (the
 -- same seed replays it exactly: sim --replay SEED with the same options).
@@ -34,6 +36,9 @@
 -- whose grant Redis holds live at the check is never excused as revoked
 -- (the default excuses one that a later grant superseded before a fault
 -- brought it back).
+-- --sem (or --protocol sem): the semaphore world instead (sim/sem.lua:
+-- lua/p2/sem_*.lua driven by a model of the C client's local tier, its
+-- own faults and invariants; a mutant with run = 'sem' runs there).
 local dir = arg[0]:match('^(.*)/[^/]*$') or '.'
 package.path = dir .. '/?.lua;' .. package.path
 local root = dir .. '/..'
