@@ -48,7 +48,8 @@
 --          after the leases, waiter ttls and steps back of the clock have
 --          run out, Redis counts none for anyone.
 --   stuck  no thread waits longer than a bound while no thread holds a
---          permit of its name (2 leases + 2 waiter ttls + 200 ms), in
+--          permit of its name (2 leases + 2 waiter ttls + 3 command
+--          timeouts, for a call whose reply was lost, + 200 ms), in
 --          schedules without faults or once that bound (plus every step
 --          back of the server's clock) has passed since the last fault.
 --   error  no script raises an error.
@@ -1071,12 +1072,11 @@ end
 
 function S:stuck_bound()
   local cfg = self.cfg
-  return 2 * cfg.lease_ms * 1000 + 2 * cfg.wttl_ms * 1000 + 200000
+  return 2 * cfg.lease_ms * 1000 + 2 * cfg.wttl_ms * 1000 + 3 * cfg.cmd_timeout_us + 200000
 end
 
 function S:check_stuck()
   local bound = self:stuck_bound()
-  if self.now - self.last_fault < bound + self.back_total then return end
   self.idle = self.idle or {}
   for _, name in ipairs(self.names) do
     local held = false
