@@ -469,8 +469,10 @@ DLOCK_API int dlock_sem_acquire_ex(dlock_client *c, const char *name, uint32_t l
  * DLOCK_ENOTHELD if the calling thread holds no permit of `name` (nothing
  * changes); DLOCK_ELOST if the permit was lost, or ran out, while held
  * (released locally all the same); DLOCK_EREDIS or DLOCK_ESERVER if Redis
- * could not be told (the permit ends in Redis within lease_ms of this
- * client's last permit of the name); DLOCK_EINVAL, DLOCK_EFORK. */
+ * could not be told (the permit ends in Redis within the longer of lease_ms
+ * and waiter_ttl_ms after this client stops holding permits of the name: a
+ * permit granted directly lasts at least the waiter ttl); DLOCK_EINVAL,
+ * DLOCK_EFORK. */
 DLOCK_API int dlock_sem_release(dlock_client *c, const char *name);
 
 /*

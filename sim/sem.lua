@@ -882,11 +882,15 @@ function S:renew_round(c)
       local e = it.e
       if e.lease == 'HELD' and e.epoch == it.epoch then
         local v = ok and rep[i]
-        if v == 1 then
+        -- (a 1 answered once the permits' validity had run out may have
+        -- renewed other permits of the client's field: a direct grant
+        -- made after they ended there; renew_round.c, apply)
+        local late = v == 1 and now >= e.valid
+        if v == 1 and not late then
           e.valid = sent + cfg.lease_ms * 1000 - cfg.drift_us
         elseif v == 0 or now >= e.valid then
           self:trace(string.format('%s: the permits of %s are lost (%s)', c.name, e.name,
-            v == 0 and 'renewal 0' or 'unrenewed past their validity'))
+            v == 0 and 'renewal 0' or late and 'renewed too late' or 'unrenewed past their validity'))
           e.lease = 'LOST'
         end
       end

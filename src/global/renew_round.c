@@ -188,7 +188,13 @@ static int64_t apply(dlock_renew *r, snap *s, size_t n, int64_t sent_boot)
             dlock_trace_event(r->cfg.trace, "verdict", e->name,
                               "%" PRIu64 " %d %" PRId64 " %" PRId64 " %" PRId64, e->lease.epoch,
                               s[i].verdict, sent_boot, now, e->lease.valid_until_ns);
-            if (s[i].verdict == 1) {
+            /* A semaphore's renewal names the client, not a grant: a 1
+             * answered once the permits' validity had run out may have
+             * renewed other permits of its field (a direct grant made
+             * after they ended in Redis and went to others), so it
+             * counts only if answered in time (local/sem.h, M8). */
+            int late = e->lease.sem && s[i].verdict == 1 && now >= e->lease.valid_until_ns;
+            if (s[i].verdict == 1 && !late) {
                 /* Set, not raised: the renewal reset the expiry in Redis to
                  * the lease time from this round, which may be sooner than a
                  * direct grant's waiter ttl. */

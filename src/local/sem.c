@@ -161,8 +161,9 @@ static int give_back(dlock_client *c, dlock_entry *e, int *drop)
     } else if (rc != DLOCK_OK && rc != DLOCK_ELOST) {
         char why[256];
         snprintf(why, sizeof why, "%s", dlock_last_error());
-        rc = dlock_err_set(rc, "%s (the permit ends in redis within %" PRIu32 " ms of this "
-                           "client's last permit of '%s')", why, c->lease_ms, e->name);
+        uint32_t ms = c->lease_ms > c->waiter_ttl_ms ? c->lease_ms : c->waiter_ttl_ms;
+        rc = dlock_err_set(rc, "%s (the permit ends in redis within %" PRIu32 " ms after this "
+                           "client stops holding permits of '%s')", why, ms, e->name);
     }
     return rc;
 }
