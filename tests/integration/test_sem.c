@@ -6,21 +6,11 @@
  * grants; the limit's mismatch named; a name is a lock or a semaphore;
  * thread exit, close, lost permits, cancel and shutdown; a storm.
  */
-#include <stdarg.h>
-#include <stddef.h>
-#include <setjmp.h>
-#include <cmocka.h>
-
-#include <pthread.h>
-#include <stdint.h>
 #include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "dlock.h"
-#include "fixture.h"
+#include "shared_helpers.h"
 
 static dlock_client *open_sem_client(uint32_t lease_ms, uint32_t waiter_ttl_ms)
 {
@@ -33,13 +23,6 @@ static dlock_client *open_sem_client(uint32_t lease_ms, uint32_t waiter_ttl_ms)
     dlock_client *c;
     assert_int_equal(dlock_client_open(&cfg, &c), DLOCK_OK);
     return c;
-}
-
-static dlock_stats stats(dlock_client *c)
-{
-    dlock_stats s;
-    assert_int_equal(dlock_client_stats(c, &s), DLOCK_OK);
-    return s;
 }
 
 /* The permits Redis counts for `name` now: the sum of the live client
@@ -64,97 +47,6 @@ static long long permits_in_redis(const char *name)
     return n;
 }
 
-/* A thread that takes a permit, reports, and gives it back when told (or
- * exits holding it). */
-typedef struct taker {
-    dlock_client *c;
-    const char *name;
-    uint32_t limit;
-    int64_t wait_ms;
-    dlock_cancel *cancel;
-    int rc, release_rc, got, go, exit_holding;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    pthread_t th;
-} taker;
-
-static void *taker_main(void *arg)
-{
-    taker *t = arg;
-    dlock_acquire_opts o;
-    dlock_acquire_opts_init(&o);
-    o.cancel = t->cancel;
-    int rc = dlock_sem_acquire_ex(t->c, t->name, t->limit, t->wait_ms, &o);
-    pthread_mutex_lock(&t->mu);
-    t->rc = rc;
-    t->got = 1;
-    pthread_cond_broadcast(&t->cv);
-    while (!t->go)
-        pthread_cond_wait(&t->cv, &t->mu);
-    pthread_mutex_unlock(&t->mu);
-    if (rc == DLOCK_OK && !t->exit_holding)
-        t->release_rc = dlock_sem_release(t->c, t->name);
-    return NULL;
-}
-
-/* A taker waiting with cancel token k (NULL: none). */
-static void taker_start_k(taker *t, dlock_client *c, const char *name, uint32_t limit,
-                          int64_t wait_ms, dlock_cancel *k)
-{
-    memset(t, 0, sizeof *t);
-    t->c = c;
-    t->name = name;
-    t->limit = limit;
-    t->wait_ms = wait_ms;
-    t->cancel = k;
-    pthread_mutex_init(&t->mu, NULL);
-    pthread_cond_init(&t->cv, NULL);
-    assert_int_equal(pthread_create(&t->th, NULL, taker_main, t), 0);
-}
-
-static void taker_start(taker *t, dlock_client *c, const char *name, uint32_t limit,
-                        int64_t wait_ms)
-{
-    taker_start_k(t, c, name, limit, wait_ms, NULL);
-}
-
-static int taker_got(taker *t)
-{
-    pthread_mutex_lock(&t->mu);
-    while (!t->got)
-        pthread_cond_wait(&t->cv, &t->mu);
-    int rc = t->rc;
-    pthread_mutex_unlock(&t->mu);
-    return rc;
-}
-
-static int taker_done(taker *t)
-{
-    pthread_mutex_lock(&t->mu);
-    int got = t->got;
-    pthread_mutex_unlock(&t->mu);
-    return got;
-}
-
-static void taker_finish(taker *t)
-{
-    (void)taker_got(t);
-    pthread_mutex_lock(&t->mu);
-    t->go = 1;
-    pthread_cond_broadcast(&t->cv);
-    pthread_mutex_unlock(&t->mu);
-    pthread_join(t->th, NULL);
-    pthread_cond_destroy(&t->cv);
-    pthread_mutex_destroy(&t->mu);
-}
-
-/* Time for a thread to reach its wait (the assertions that a thread still
- * waits hold all the more if it has not). */
-static void let_it_wait(void)
-{
-    fx_sleep_ms(200);
-}
-
 /* At most `limit` permits across clients; one given back goes to a waiting
  * client; Redis counts what the clients hold. */
 static void test_limit_across_clients(void **state)
@@ -168,7 +60,7 @@ static void test_limit_across_clients(void **state)
     assert_int_equal(dlock_sem_acquire(c, "s2", 2, 0), DLOCK_EBUSY);
     assert_non_null(strstr(dlock_last_error(), "s2"));
     taker t;
-    taker_start(&t, c, "s2", 2, 10000);
+    taker_start_sem(&t, c, "s2", 2, 10000, NULL);
     let_it_wait();
     assert_false(taker_done(&t));
     assert_int_equal(dlock_sem_release(a, "s2"), DLOCK_OK);
@@ -197,9 +89,9 @@ static void test_pass_between_threads_costs_no_redis_command(void **state)
     assert_int_equal(dlock_sem_acquire(c, "pass", 2, 0), DLOCK_OK); /* a second one */
     assert_int_equal(permits_in_redis("pass"), 2);
     taker poller, queued;
-    taker_start(&poller, c, "pass", 2, 30000); /* asks Redis, is queued there */
+    taker_start_sem(&poller, c, "pass", 2, 30000, NULL); /* asks Redis, is queued there */
     let_it_wait();
-    taker_start(&queued, c, "pass", 2, 30000); /* waits behind it, locally */
+    taker_start_sem(&queued, c, "pass", 2, 30000, NULL); /* waits behind it, locally */
     let_it_wait();
     assert_false(taker_done(&poller));
     assert_false(taker_done(&queued));
@@ -234,9 +126,9 @@ static void test_fifo_between_clients(void **state)
                  *c = open_sem_client(0, 0);
     assert_int_equal(dlock_sem_acquire(a, "fifo", 1, 0), DLOCK_OK);
     taker tb, tc;
-    taker_start(&tb, b, "fifo", 1, 20000);
+    taker_start_sem(&tb, b, "fifo", 1, 20000, NULL);
     let_it_wait();
-    taker_start(&tc, c, "fifo", 1, 20000);
+    taker_start_sem(&tc, c, "fifo", 1, 20000, NULL);
     let_it_wait();
     assert_int_equal(dlock_sem_release(a, "fifo"), DLOCK_OK);
     assert_int_equal(taker_got(&tb), DLOCK_OK);
@@ -266,7 +158,7 @@ static void test_limit_mismatch(void **state)
     assert_non_null(strstr(dlock_last_error(), "limit 2"));
     assert_non_null(strstr(dlock_last_error(), "limit 3"));
     taker t;
-    taker_start(&t, a, "lim", 5, 0); /* another thread of a */
+    taker_start_sem(&t, a, "lim", 5, 0, NULL); /* another thread of a */
     assert_int_equal(taker_got(&t), DLOCK_EINVAL);
     taker_finish(&t);
     assert_int_equal(dlock_sem_acquire(b, "lim", 2, 0), DLOCK_OK);
@@ -296,7 +188,7 @@ static void test_lock_or_semaphore(void **state)
     assert_int_equal(dlock_sem_release(a, "kind"), DLOCK_OK);
     assert_int_equal(dlock_acquire(a, "lockname", 0, NULL), DLOCK_OK);
     taker t;
-    taker_start(&t, a, "lockname", 2, 0);
+    taker_start_sem(&t, a, "lockname", 2, 0, NULL);
     assert_int_equal(taker_got(&t), DLOCK_EINVAL); /* used as a lock by this client */
     taker_finish(&t);
     assert_int_equal(dlock_sem_acquire(b, "lockname", 2, 0), DLOCK_ESERVER);
@@ -314,7 +206,7 @@ static void test_thread_exit_and_close(void **state)
     (void)state;
     dlock_client *a = open_sem_client(0, 0), *b = open_sem_client(0, 0);
     taker t;
-    taker_start(&t, a, "exit", 1, 0);
+    taker_start_sem(&t, a, "exit", 1, 0, NULL);
     t.exit_holding = 1;
     assert_int_equal(taker_got(&t), DLOCK_OK);
     assert_int_equal(permits_in_redis("exit"), 1);
@@ -400,7 +292,7 @@ static void test_lost_permits(void **state)
     assert_int_equal(dlock_client_open(&cfg, &a), DLOCK_OK);
     assert_int_equal(dlock_sem_acquire(a, "lost", 3, 0), DLOCK_OK);
     taker t;
-    taker_start(&t, a, "lost", 3, 0);
+    taker_start_sem(&t, a, "lost", 3, 0, NULL);
     assert_int_equal(taker_got(&t), DLOCK_OK);
     redisContext *rc = fx_connect("127.0.0.1", fx_server.port);
     freeReplyObject(redisCommand(rc, "DEL dlock:{lost}"));
@@ -439,9 +331,9 @@ static void test_cancel_and_shutdown(void **state)
     dlock_cancel *k;
     assert_int_equal(dlock_cancel_create(&k), DLOCK_OK);
     taker t1, t2;
-    taker_start(&t1, b, "stop", 1, -1);
+    taker_start_sem(&t1, b, "stop", 1, -1, NULL);
     let_it_wait();
-    taker_start_k(&t2, b, "stop", 1, -1, k); /* a second waiter of b, with a token */
+    taker_start_sem(&t2, b, "stop", 1, -1, k); /* a second waiter of b, with a token */
     let_it_wait();
     dlock_cancel_fire(k);
     assert_int_equal(taker_got(&t2), DLOCK_ECANCELED);

@@ -1,10 +1,11 @@
 /*
- * Helpers of the shared mode's tests (test_shared.c, test_shared_faults.c),
- * each a cmocka executable of its own against the private redis-server
- * fx_server (tests/support/fixture.h): a client writing protocol 2, its
- * stats, a thread that takes a name in a mode and releases it when told,
- * and the count of shared holders Redis keeps for a name. static inline:
- * each executable uses some of them.
+ * Helpers of the shared mode's and the semaphore's tests (test_shared.c,
+ * test_shared_faults.c, test_sem.c), each a cmocka executable of its own
+ * against the private redis-server fx_server (tests/support/fixture.h): a
+ * client writing protocol 2, its stats, a thread that takes a name in a
+ * mode (or a semaphore's permit) and releases it when told, and the count
+ * of shared holders Redis keeps for a name. static inline: each executable
+ * uses some of them.
  */
 #ifndef DLOCK_TESTS_SHARED_HELPERS_H
 #define DLOCK_TESTS_SHARED_HELPERS_H
@@ -47,11 +48,13 @@ static inline dlock_stats stats(dlock_client *c)
     return s;
 }
 
-/* A thread that takes `name` in a mode, reports, and releases when told. */
+/* A thread that takes `name` in a mode (or, with limit > 0, a permit of
+ * semaphore `name` of that limit), reports, and releases when told. */
 typedef struct taker {
     dlock_client *c;
     const char *name;
     int shared;
+    uint32_t limit;
     int64_t wait_ms;
     dlock_cancel *cancel;
     int rc, release_rc, unclean;
@@ -68,9 +71,10 @@ static inline void *taker_main(void *arg)
     dlock_acquire_opts o;
     dlock_acquire_opts_init(&o);
     o.cancel = t->cancel;
-    int rc = t->shared ? dlock_acquire_shared_ex(t->c, t->name, t->wait_ms, &t->fence, &o)
-                       : dlock_acquire_ex(t->c, t->name, t->wait_ms, &t->fence, &o);
-    int unclean = rc == DLOCK_OK ? dlock_unclean(t->c, t->name) : -1;
+    int rc = t->limit    ? dlock_sem_acquire_ex(t->c, t->name, t->limit, t->wait_ms, &o)
+             : t->shared ? dlock_acquire_shared_ex(t->c, t->name, t->wait_ms, &t->fence, &o)
+                         : dlock_acquire_ex(t->c, t->name, t->wait_ms, &t->fence, &o);
+    int unclean = rc == DLOCK_OK && !t->limit ? dlock_unclean(t->c, t->name) : -1;
     pthread_mutex_lock(&t->mu);
     t->rc = rc;
     t->unclean = unclean;
@@ -80,8 +84,9 @@ static inline void *taker_main(void *arg)
         pthread_cond_wait(&t->cv, &t->mu);
     pthread_mutex_unlock(&t->mu);
     if (rc == DLOCK_OK && !t->exit_holding)
-        t->release_rc = t->shared ? dlock_release_shared(t->c, t->name)
-                                  : dlock_release(t->c, t->name);
+        t->release_rc = t->limit    ? dlock_sem_release(t->c, t->name)
+                        : t->shared ? dlock_release_shared(t->c, t->name)
+                                    : dlock_release(t->c, t->name);
     return NULL;
 }
 
@@ -103,6 +108,22 @@ static inline void taker_start(taker *t, dlock_client *c, const char *name, int 
                                int64_t wait_ms)
 {
     taker_start_on(t, c, name, shared, wait_ms, taker_main);
+}
+
+/* A taker of a permit of semaphore `name` of limit `limit`, waiting with
+ * cancel token k (NULL: none). */
+static inline void taker_start_sem(taker *t, dlock_client *c, const char *name, uint32_t limit,
+                                   int64_t wait_ms, dlock_cancel *k)
+{
+    memset(t, 0, sizeof *t);
+    t->c = c;
+    t->name = name;
+    t->limit = limit;
+    t->wait_ms = wait_ms;
+    t->cancel = k;
+    pthread_mutex_init(&t->mu, NULL);
+    pthread_cond_init(&t->cv, NULL);
+    assert_int_equal(pthread_create(&t->th, NULL, taker_main, t), 0);
 }
 
 /* Waits until t's acquire returned; its result. */
