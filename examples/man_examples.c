@@ -128,6 +128,13 @@ static int example_handle(dlock_client *c)
     pthread_create(&t, NULL, release_it, h);
     void *out;
     pthread_join(t, &out);
+    if ((intptr_t)out != DLOCK_OK)
+        return 1;
+    /* a semaphore's permit (or a shared hold) can belong to a handle too */
+    if (dlock_sem_acquire_handle(c, "uploads", 4, 0, &h) != DLOCK_OK)
+        return 1;
+    pthread_create(&t, NULL, release_it, h);
+    pthread_join(t, &out);
     return (intptr_t)out == DLOCK_OK ? 0 : 1;
 }
 /* end */

@@ -530,9 +530,11 @@ DLOCK_API int dlock_held(dlock_client *c, const char *name);
  * It is not reentrant: an acquire of the same name by any thread of the
  * client, the acquiring one included, waits for the handle's release like
  * any other waiter. Renewal, fencing, loss and handoff to waiting threads
- * work as for a thread-owned lock. A handle must be released before
+ * work as for a thread-owned lock. A shared hold (dlock_acquire_shared_handle)
+ * and a semaphore's permit (dlock_sem_acquire_handle) can belong to a handle
+ * too, released the same way. A handle must be released before
  * dlock_client_close; one never released leaks its memory and holds the lease
- * until the client closes.
+ * until the client closes. A thread that exits leaves its handles held.
  */
 typedef struct dlock_handle dlock_handle;
 
@@ -549,21 +551,53 @@ DLOCK_API int dlock_acquire_handle_ex(dlock_client *c, const char *name, int64_t
                                       uint64_t *fence, dlock_handle **out,
                                       const dlock_acquire_opts *opts);
 
-/* Releases the handle's lock, from any thread, and frees the handle (it must
- * not be used again). Returns as dlock_release: DLOCK_OK, DLOCK_ELOST (lost
- * while held; released locally all the same), DLOCK_EREDIS or DLOCK_ESERVER
- * (Redis could not be told; the lease expires), DLOCK_EINVAL (NULL handle:
- * nothing freed), DLOCK_EFORK (in a forked child: nothing freed). */
+/* As dlock_acquire_handle, but the handle holds `name` shared (as
+ * dlock_acquire_shared): one more holder of the client's shared lease,
+ * beside its threads' shared holds and other handles; a thread asking
+ * `name` exclusively waits for its release like any other writer. Errors:
+ * those of dlock_acquire_shared, and DLOCK_EINVAL also for a NULL out or
+ * when the calling thread holds `name` already, exclusively or shared. */
+DLOCK_API int dlock_acquire_shared_handle(dlock_client *c, const char *name, int64_t wait_ms,
+                                          uint64_t *fence, dlock_handle **out);
+
+/* dlock_acquire_shared_handle with options (NULL: the defaults). Errors:
+ * those of dlock_acquire_shared_handle, and DLOCK_ECANCELED. */
+DLOCK_API int dlock_acquire_shared_handle_ex(dlock_client *c, const char *name,
+                                             int64_t wait_ms, uint64_t *fence,
+                                             dlock_handle **out,
+                                             const dlock_acquire_opts *opts);
+
+/* As dlock_sem_acquire, but the permit belongs to *out: any thread gives
+ * it back, with dlock_handle_release (which passes it to a waiting thread
+ * or to Redis, as dlock_sem_release does). The calling thread may hold
+ * permits of `name` besides. Errors: those of dlock_sem_acquire, and
+ * DLOCK_EINVAL also for a NULL out. */
+DLOCK_API int dlock_sem_acquire_handle(dlock_client *c, const char *name, uint32_t limit,
+                                       int64_t wait_ms, dlock_handle **out);
+
+/* dlock_sem_acquire_handle with options (NULL: the defaults). Errors:
+ * those of dlock_sem_acquire_handle, and DLOCK_ECANCELED. */
+DLOCK_API int dlock_sem_acquire_handle_ex(dlock_client *c, const char *name, uint32_t limit,
+                                          int64_t wait_ms, dlock_handle **out,
+                                          const dlock_acquire_opts *opts);
+
+/* Releases the handle's hold (exclusive, shared or a permit), from any
+ * thread, and frees the handle (it must not be used again). Returns as
+ * dlock_release (dlock_release_shared, dlock_sem_release): DLOCK_OK,
+ * DLOCK_ELOST (lost while held; released locally all the same),
+ * DLOCK_EREDIS or DLOCK_ESERVER (Redis could not be told; the lease
+ * expires), DLOCK_EINVAL (NULL handle: nothing freed), DLOCK_EFORK (in a
+ * forked child: nothing freed). */
 DLOCK_API int dlock_handle_release(dlock_handle *h);
 
-/* 1 if the handle's lease is still valid (as dlock_held), else 0; 0 for a
- * NULL handle and in a forked child (which holds nothing). Any thread; no
- * Redis command. */
+/* 1 if the handle's hold is still valid (as dlock_held; a permit: not lost
+ * and its lease valid), else 0; 0 for a NULL handle and in a forked child
+ * (which holds nothing). Any thread; no Redis command. */
 DLOCK_API int dlock_handle_held(dlock_handle *h);
 
-/* dlock_unclean for a handle's hold. Returns 0, DLOCK_UNCLEAN_*,
- * DLOCK_EINVAL for a NULL handle, or DLOCK_EFORK in a forked child. Any
- * thread. */
+/* dlock_unclean for a handle's hold (0 for a permit: a semaphore keeps no
+ * word of how permits ended). Returns 0, DLOCK_UNCLEAN_*, DLOCK_EINVAL for
+ * a NULL handle, or DLOCK_EFORK in a forked child. Any thread. */
 DLOCK_API int dlock_handle_unclean(dlock_handle *h);
 
 /* Acquires `name` (as dlock_acquire with wait_ms), runs fn(arg, fence)
@@ -573,6 +607,18 @@ DLOCK_API int dlock_handle_unclean(dlock_handle *h);
  * rejected by storage that checks fence). DLOCK_EINVAL for a NULL fn. */
 DLOCK_API int dlock_with(dlock_client *c, const char *name, int64_t wait_ms,
                          void (*fn)(void *arg, uint64_t fence), void *arg);
+
+/* dlock_with in shared mode: dlock_acquire_shared, fn(arg, fence),
+ * dlock_release_shared. Returns as dlock_with. */
+DLOCK_API int dlock_with_shared(dlock_client *c, const char *name, int64_t wait_ms,
+                                void (*fn)(void *arg, uint64_t fence), void *arg);
+
+/* dlock_with for one permit of a semaphore: dlock_sem_acquire, fn(arg),
+ * dlock_sem_release. Returns dlock_sem_acquire's error if no permit was
+ * taken (fn did not run), else dlock_sem_release's result (DLOCK_ELOST: the
+ * permit was lost while fn ran). DLOCK_EINVAL for a NULL fn. */
+DLOCK_API int dlock_sem_with(dlock_client *c, const char *name, uint32_t limit,
+                             int64_t wait_ms, void (*fn)(void *arg), void *arg);
 
 #if defined(__GNUC__) || defined(__clang__)
 /*
@@ -587,25 +633,43 @@ DLOCK_API int dlock_with(dlock_client *c, const char *name, int64_t wait_ms,
  *         ...                           (released at the closing brace)
  *     }
  *
- * The release's result is not reported (the guard ends with the scope):
- * where a lost lease matters, check dlock_held(c, name) before leaving the
- * scope. name must outlive the scope.
+ * dlock_guard_acquire_shared takes the name shared instead, and
+ * dlock_guard_sem_acquire one permit of a semaphore. The release's result
+ * is not reported (the guard ends with the scope): where a lost lease
+ * matters, check dlock_held(c, name) before leaving the scope. name must
+ * outlive the scope.
  */
 typedef struct dlock_guard {
     dlock_client *c;
     const char *name;
-    int held;
+    int held; /* 0: nothing; 1: exclusive; 2: shared; 3: a permit */
 } dlock_guard;
 
 static __inline__ void dlock_guard_release_(dlock_guard *g)
 {
-    if (g->held)
+    if (g->held == 1)
         (void)dlock_release(g->c, g->name);
+    else if (g->held == 2)
+        (void)dlock_release_shared(g->c, g->name);
+    else if (g->held == 3)
+        (void)dlock_sem_release(g->c, g->name);
     g->held = 0;
 }
 
 #define DLOCK_GUARD(var)                                                          \
     __attribute__((cleanup(dlock_guard_release_))) dlock_guard var = {0, 0, 0}
+
+/* The guard takes the hold that rc says was taken (held: its mode). */
+static __inline__ int dlock_guard_took_(dlock_guard *g, dlock_client *c, const char *name,
+                                        int rc, int held)
+{
+    if (rc == DLOCK_OK) {
+        g->c = c;
+        g->name = name;
+        g->held = held;
+    }
+    return rc;
+}
 
 /* Acquires into the guard (as dlock_acquire); on DLOCK_OK the scope's end
  * releases it. A guard holds one lock at a time: DLOCK_EINVAL if it holds
@@ -613,16 +677,28 @@ static __inline__ void dlock_guard_release_(dlock_guard *g)
 static __inline__ int dlock_guard_acquire(dlock_guard *g, dlock_client *c, const char *name,
                                           int64_t wait_ms, uint64_t *fence)
 {
-    int rc;
     if (g->held)
         return DLOCK_EINVAL;
-    rc = dlock_acquire(c, name, wait_ms, fence);
-    if (rc == DLOCK_OK) {
-        g->c = c;
-        g->name = name;
-        g->held = 1;
-    }
-    return rc;
+    return dlock_guard_took_(g, c, name, dlock_acquire(c, name, wait_ms, fence), 1);
+}
+
+/* As dlock_guard_acquire, shared (as dlock_acquire_shared). */
+static __inline__ int dlock_guard_acquire_shared(dlock_guard *g, dlock_client *c,
+                                                 const char *name, int64_t wait_ms,
+                                                 uint64_t *fence)
+{
+    if (g->held)
+        return DLOCK_EINVAL;
+    return dlock_guard_took_(g, c, name, dlock_acquire_shared(c, name, wait_ms, fence), 2);
+}
+
+/* As dlock_guard_acquire, one permit of a semaphore (as dlock_sem_acquire). */
+static __inline__ int dlock_guard_sem_acquire(dlock_guard *g, dlock_client *c, const char *name,
+                                              uint32_t limit, int64_t wait_ms)
+{
+    if (g->held)
+        return DLOCK_EINVAL;
+    return dlock_guard_took_(g, c, name, dlock_sem_acquire(c, name, limit, wait_ms), 3);
 }
 #endif
 

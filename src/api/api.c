@@ -1,8 +1,8 @@
 /*
  * The public lock calls (dlock.h): their argument checks, the count of
- * threads inside a call (client.h: dlock_client_enter), cancel tokens, and
- * handles. The work is acquire.c's and release.c's; no state of its own but
- * a handle, which only its holder uses.
+ * threads inside a call (client.h: dlock_client_enter) and cancel tokens.
+ * The work is acquire.c's, release.c's and sem.c's; no state of its own.
+ * Handles and dlock_with are handle.c's.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -170,18 +170,9 @@ static int release_shared(dlock_client *c, const char *name)
         dlock_table_put(c->table, e);
         return DLOCK_OK;
     }
-    dlock_hist_add(&c->ctr.hold, dlock_now_ns() - h->since_ns);
+    int64_t since = h->since_ns;
     dlock_shold_tidy(h);
-    /* Another holder keeps the lease: this release asks no Redis, so the
-     * lease's validity tells whether it lasted through this hold. */
-    int others = e->s.holders > 1;
-    uint64_t token = e->lease.token;
-    int ran_out = e->lease.state == DLOCK_LEASE_HELD && dlock_boot_ns() >= e->lease.valid_until_ns;
-    rc = dlock_release_outermost(c, &dlock_kind_shared, e, name);
-    if (rc == DLOCK_OK && others && ran_out)
-        rc = dlock_err_set(DLOCK_ELOST, "the shared lease of '%s' (token %" PRIu64 ") ran out "
-                           "while held (not renewed in time)", name, token);
-    return rc;
+    return dlock_release_shared_hold(c, e, name, since);
 }
 
 /* The entry `name` of c with a new reference, if the calling thread may
@@ -330,149 +321,6 @@ int dlock_sem_acquire(dlock_client *c, const char *name, uint32_t limit, int64_t
 int dlock_sem_release(dlock_client *c, const char *name)
 {
     return release_call(c, name, 2);
-}
-
-struct dlock_handle {
-    dlock_client *c;
-    dlock_entry *e;   /* the owner's reference, held by the handle */
-    int64_t since_ns; /* the acquire: the hold time's start */
-};
-
-/* dlock_acquire_handle_ex's work, inside the call (enter). */
-static int acquire_handle(dlock_client *c, const char *name, int64_t wait_ms, uint64_t *fence,
-                          dlock_handle **out, const dlock_acquire_opts *opts)
-{
-    size_t len;
-    int rc = dlock_client_check(c, name, &len);
-    if (rc != DLOCK_OK)
-        return rc;
-    dlock_entry *e = dlock_held_find(c, name, len);
-    if (e) {
-        /* (dlock_held_find may return an entry another thread holds or waits for,
-         * when this one holds more names than it caches) */
-        pthread_mutex_lock(&e->mu);
-        int mine = dlock_kind_excl.mine(c, e);
-        pthread_mutex_unlock(&e->mu);
-        dlock_table_put(c->table, e);
-        if (mine)
-            return dlock_err_set(DLOCK_EINVAL, "'%s' is held by the calling thread already: a "
-                                 "handle takes a hold of its own", name);
-    }
-    dlock_handle *h = malloc(sizeof *h);
-    if (!h)
-        return dlock_err_set(DLOCK_ENOMEM, "out of memory");
-    rc = dlock_acquire_ex(c, name, wait_ms, fence, opts);
-    if (rc != DLOCK_OK) {
-        free(h);
-        return rc;
-    }
-    int64_t t0 = dlock_now_ns(); /* the hold starts now, not with the wait */
-    /* The thread's hold becomes the handle's: out of the thread's cache,
-     * flagged on the entry so that no thread takes it for its own. */
-    e = dlock_held_find(c, name, len);
-    DLOCK_ASSERT(e);
-    pthread_mutex_lock(&e->mu);
-    e->x.by_handle = 1;
-    dlock_held_forget(c, e);
-    pthread_mutex_unlock(&e->mu);
-    dlock_table_put(c->table, e); /* the lookup's; the owner's stays, the handle's now */
-    h->c = c;
-    h->e = e;
-    h->since_ns = t0;
-    *out = h;
-    return DLOCK_OK;
-}
-
-int dlock_acquire_handle_ex(dlock_client *c, const char *name, int64_t wait_ms, uint64_t *fence,
-                            dlock_handle **out, const dlock_acquire_opts *opts)
-{
-    dlock_err_clear();
-    if (!out)
-        return dlock_err_set(DLOCK_EINVAL, "out is NULL");
-    *out = NULL;
-    if (!c)
-        return dlock_err_set(DLOCK_EINVAL, "client is NULL");
-    dlock_client_enter(c);
-    int rc = acquire_handle(c, name, wait_ms, fence, out, opts);
-    dlock_client_leave(c);
-    return rc;
-}
-
-int dlock_acquire_handle(dlock_client *c, const char *name, int64_t wait_ms, uint64_t *fence,
-                         dlock_handle **out)
-{
-    return dlock_acquire_handle_ex(c, name, wait_ms, fence, out, NULL);
-}
-
-int dlock_handle_release(dlock_handle *h)
-{
-    dlock_err_clear();
-    if (!h)
-        return dlock_err_set(DLOCK_EINVAL, "handle is NULL");
-    dlock_client *c = h->c;
-    if (dlock_client_forked(c))
-        return dlock_err_set(DLOCK_EFORK, "this handle's client was opened before fork()");
-    dlock_client_enter(c);
-    dlock_entry *e = h->e;
-    char name[DLOCK_NAME_MAX + 1]; /* for messages: e may be freed before they are made */
-    memcpy(name, e->name, e->name_len + 1);
-    dlock_table_ref(e); /* the lookup's, as dlock_release_outermost expects */
-    pthread_mutex_lock(&e->mu);
-    DLOCK_ASSERT(e->x.has_owner && e->x.by_handle && e->x.depth == 1);
-    e->x.by_handle = 0;
-    e->x.owner = pthread_self(); /* the calling thread releases it */
-    dlock_hist_add(&c->ctr.hold, dlock_now_ns() - h->since_ns);
-    int rc = dlock_release_outermost(c, &dlock_kind_excl, e, name);
-    dlock_count_rc(c->ctr.release_rc, rc);
-    free(h);
-    dlock_client_leave(c);
-    return rc;
-}
-
-int dlock_handle_held(dlock_handle *h)
-{
-    /* In a forked child the entry's mutex may have been held by a thread
-     * of the parent at the fork: not touched (the child holds nothing). */
-    if (!h || dlock_client_forked(h->c))
-        return 0;
-    dlock_client_enter(h->c);
-    dlock_entry *e = h->e;
-    pthread_mutex_lock(&e->mu);
-    int yes = e->x.has_owner && e->x.by_handle && e->lease.state == DLOCK_LEASE_HELD &&
-              dlock_boot_ns() < e->lease.valid_until_ns;
-    pthread_mutex_unlock(&e->mu);
-    dlock_client_leave(h->c);
-    return yes;
-}
-
-int dlock_handle_unclean(dlock_handle *h)
-{
-    if (!h)
-        return dlock_err_set(DLOCK_EINVAL, "handle is NULL");
-    if (dlock_client_forked(h->c))
-        return dlock_err_set(DLOCK_EFORK, "this handle's client was opened before fork()");
-    dlock_client_enter(h->c);
-    dlock_entry *e = h->e;
-    pthread_mutex_lock(&e->mu);
-    int rc = e->x.unclean;
-    pthread_mutex_unlock(&e->mu);
-    dlock_client_leave(h->c);
-    return rc;
-}
-
-int dlock_with(dlock_client *c, const char *name, int64_t wait_ms,
-               void (*fn)(void *arg, uint64_t fence), void *arg)
-{
-    if (!fn) {
-        dlock_err_clear();
-        return dlock_err_set(DLOCK_EINVAL, "fn is NULL");
-    }
-    uint64_t fence;
-    int rc = dlock_acquire(c, name, wait_ms, &fence);
-    if (rc != DLOCK_OK)
-        return rc;
-    fn(arg, fence);
-    return dlock_release(c, name);
 }
 
 static int held_check(dlock_client *c, const char *name)

@@ -122,3 +122,19 @@ int dlock_release_outermost(dlock_client *c, const dlock_kind *k, dlock_entry *e
     dlock_table_put(c->table, e); /* the owner's reference */
     return rc;
 }
+
+int dlock_release_shared_hold(dlock_client *c, dlock_entry *e, const char *name,
+                              int64_t since_ns)
+{
+    dlock_hist_add(&c->ctr.hold, dlock_now_ns() - since_ns);
+    /* Another holder keeps the lease: this release asks no Redis, so the
+     * lease's validity tells whether it lasted through this hold. */
+    int others = e->s.holders > 1;
+    uint64_t token = e->lease.token;
+    int ran_out = e->lease.state == DLOCK_LEASE_HELD && dlock_boot_ns() >= e->lease.valid_until_ns;
+    int rc = dlock_release_outermost(c, &dlock_kind_shared, e, name);
+    if (rc == DLOCK_OK && others && ran_out)
+        rc = dlock_err_set(DLOCK_ELOST, "the shared lease of '%s' (token %" PRIu64 ") ran out "
+                           "while held (not renewed in time)", name, token);
+    return rc;
+}

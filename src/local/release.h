@@ -16,4 +16,13 @@
 int dlock_release_outermost(dlock_client *c, const dlock_kind *k, dlock_entry *e,
                             const char *name);
 
+/* One holder's outermost shared release of e (shared.h, S5), its record
+ * (or its handle) already cleared: the hold time since since_ns counted,
+ * the lease left to the other holders or given back. e->mu held and two
+ * references (a lookup's and the hold's, both dropped here): returns with
+ * e->mu released. As dlock_release_outermost, and DLOCK_ELOST also when
+ * other holders keep a lease that ran out during this hold. */
+int dlock_release_shared_hold(dlock_client *c, dlock_entry *e, const char *name,
+                              int64_t since_ns);
+
 #endif

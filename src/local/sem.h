@@ -72,8 +72,8 @@
 int dlock_sem_run(dlock_client *c, const char *name, size_t len, uint32_t limit,
                   int64_t wait_ms, dlock_cancel *k);
 
-/* Gives back one permit of the record h (the calling thread's, with a
- * permit or a lost one): passed to a waiting thread or to Redis (M5).
+/* Gives back one permit of the record h (the calling thread's, or a
+ * handle's: api/handle.c; with a permit or a lost one): passed to a waiting thread or to Redis (M5).
  * DLOCK_OK, DLOCK_ELOST (it was lost: M8), or an error of the release
  * call. */
 int dlock_sem_give(dlock_client *c, dlock_shold *h);

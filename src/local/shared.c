@@ -6,6 +6,7 @@
  */
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -91,6 +92,9 @@ void dlock_shold_tidy(dlock_shold *h)
 {
     if (h->depth || h->nested || h->permits || h->lost)
         return;
+    uintptr_t at = (uintptr_t)h, lo = (uintptr_t)holds;
+    if (!holds || at < lo || at >= lo + nholds * sizeof *holds)
+        return; /* a handle's record (api/handle.c), not the thread's */
     *h = holds[--nholds];
     dlock_shold_trim();
 }

@@ -114,7 +114,8 @@ dlock_shold *dlock_shold_get(uint64_t serial, dlock_entry *e);
 void dlock_shold_trim(void);
 
 /* Drops h if it records no hold any more (depth, nested, permits and lost
- * 0). */
+ * 0) and is one of the calling thread's records (a handle's record, outside
+ * them, is left to its handle). */
 void dlock_shold_tidy(dlock_shold *h);
 
 /* The calling thread's records, for its exit (orphan.c): the last one, or

@@ -322,6 +322,53 @@ static void test_lost_permits(void **state)
     dlock_client_close(a);
 }
 
+/* A permit owned by a handle: beside the thread's own permits, kept when
+ * the acquiring thread exits, given back by another thread (passed to a
+ * waiting thread of the client, with no Redis command), counted in Redis
+ * meanwhile; lost, it says so and its release is DLOCK_ELOST. */
+static void test_permit_handle(void **state)
+{
+    (void)state;
+    dlock_client *c = open_sem_client(1500, 60000); /* renewed every 500 ms */
+    handle_job j = {.c = c, .name = "ph", .limit = 2};
+    assert_int_equal(handle_job_run(handle_job_take, &j), DLOCK_OK); /* its thread ended */
+    assert_int_equal(stats(c).abandoned, 0);
+    assert_int_equal(dlock_handle_held(j.h), 1);
+    assert_int_equal(dlock_handle_unclean(j.h), 0);
+    assert_int_equal(dlock_sem_release(c, "ph"), DLOCK_ENOTHELD); /* not the thread's */
+    assert_int_equal(dlock_sem_acquire(c, "ph", 2, 0), DLOCK_OK);  /* its own, beside it */
+    assert_int_equal(permits_in_redis("ph"), 2);
+    dlock_handle *h2 = NULL;
+    assert_int_equal(dlock_sem_acquire_handle(c, "ph", 2, 0, &h2), DLOCK_EBUSY);
+    assert_null(h2);
+    assert_int_equal(dlock_sem_acquire_handle(c, "ph", 3, 0, &h2), DLOCK_EINVAL); /* limit */
+    taker t;
+    taker_start_sem(&t, c, "ph", 2, 30000, NULL);
+    let_it_wait();
+    assert_false(taker_done(&t));
+    dlock_stats s0 = stats(c);
+    assert_int_equal(handle_job_run(handle_job_release, &j), DLOCK_OK);
+    assert_int_equal(taker_got(&t), DLOCK_OK);
+    assert_int_equal(stats(c).sem_passes - s0.sem_passes, 1);
+    taker_finish(&t);
+    assert_int_equal(t.release_rc, DLOCK_OK);
+    assert_int_equal(dlock_sem_release(c, "ph"), DLOCK_OK);
+    assert_int_equal(permits_in_redis("ph"), 0);
+
+    assert_int_equal(dlock_sem_acquire_handle(c, "ph", 2, 0, &h2), DLOCK_OK);
+    redisContext *rc = fx_connect("127.0.0.1", fx_server.port);
+    freeReplyObject(redisCommand(rc, "DEL dlock:{ph}"));
+    redisFree(rc);
+    /* generous: a renewal round comes within a third of the lease */
+    for (int i = 0; i < 200 && dlock_handle_held(h2); i++)
+        fx_sleep_ms(50);
+    assert_int_equal(dlock_handle_held(h2), 0);
+    assert_int_equal(dlock_handle_release(h2), DLOCK_ELOST);
+    assert_int_equal(dlock_sem_acquire_handle(c, "ph", 2, 0, NULL), DLOCK_EINVAL);
+    assert_int_equal(dlock_sem_acquire_handle(c, "ph", 0, 0, &h2), DLOCK_EINVAL);
+    dlock_client_close(c);
+}
+
 /* A waiting acquire stops on its cancel token and on a shutdown. */
 static void test_cancel_and_shutdown(void **state)
 {
@@ -446,6 +493,7 @@ int main(void)
         cmocka_unit_test_teardown(test_thread_exit_and_close, fx_ensure_server),
         cmocka_unit_test_teardown(test_lost_permits, fx_ensure_server),
         cmocka_unit_test_teardown(test_dead_client_frees_its_permit, fx_ensure_server),
+        cmocka_unit_test_teardown(test_permit_handle, fx_ensure_server),
         cmocka_unit_test_teardown(test_cancel_and_shutdown, fx_ensure_server),
         cmocka_unit_test_teardown(test_bad_input, fx_ensure_server),
         cmocka_unit_test_teardown(test_storm, fx_ensure_server),

@@ -357,6 +357,51 @@ static void test_thread_exit_and_close(void **state)
     dlock_client_close(w);
 }
 
+/* A shared hold owned by a handle: one more holder of the client's lease,
+ * not the thread's (by name it releases nothing; a shared acquire of the
+ * thread joins beside it), kept when the acquiring thread exits, released
+ * by another thread; a writer waits for it; no handle on top of a thread's
+ * own hold, shared or exclusive. */
+static void test_shared_handle(void **state)
+{
+    (void)state;
+    dlock_client *c = open_client(LONG_JOIN_MS), *w = open_client(20);
+    handle_job j = {.c = c, .name = "hh", .shared = 1};
+    assert_int_equal(handle_job_run(handle_job_take, &j), DLOCK_OK); /* its thread ended */
+    assert_int_equal(stats(c).abandoned, 0);
+    assert_int_equal(dlock_handle_held(j.h), 1);
+    assert_int_equal(dlock_handle_unclean(j.h), 0);
+    assert_int_equal(shared_fields("hh"), 1);
+    assert_int_equal(dlock_held(c, "hh"), 0);                        /* not the thread's */
+    assert_int_equal(dlock_release_shared(c, "hh"), DLOCK_ENOTHELD); /* not by name */
+    uint64_t f;
+    dlock_stats s0 = stats(c);
+    assert_int_equal(dlock_acquire_shared(c, "hh", 0, &f), DLOCK_OK); /* joins beside it */
+    assert_int_equal(stats(c).grants, s0.grants);
+    assert_int_equal(f, j.fence);
+    dlock_handle *h2 = NULL;
+    assert_int_equal(dlock_acquire_shared_handle(c, "hh", 0, NULL, &h2), DLOCK_EINVAL);
+    assert_null(h2);
+    assert_int_equal(dlock_release_shared(c, "hh"), DLOCK_OK);
+    assert_int_equal(shared_fields("hh"), 1); /* the handle holds it */
+    assert_int_equal(dlock_acquire(c, "hx", 0, NULL), DLOCK_OK);
+    assert_int_equal(dlock_acquire_shared_handle(c, "hx", 0, NULL, &h2), DLOCK_EINVAL);
+    assert_int_equal(dlock_release(c, "hx"), DLOCK_OK);
+    taker t;
+    taker_start(&t, w, "hh", 0, 10000);
+    let_it_wait();
+    assert_false(taker_done(&t));
+    assert_int_equal(handle_job_run(handle_job_release, &j), DLOCK_OK);
+    assert_int_equal(taker_got(&t), DLOCK_OK);
+    assert_true(t.fence > j.fence);
+    taker_finish(&t);
+    assert_int_equal(t.release_rc, DLOCK_OK);
+    assert_int_equal(shared_fields("hh"), 0);
+    assert_int_equal(dlock_acquire_shared_handle(c, "hh", 0, NULL, NULL), DLOCK_EINVAL);
+    dlock_client_close(c);
+    dlock_client_close(w);
+}
+
 static int lost_calls;
 static void on_lost(const char *name, uint64_t fence, void *arg)
 {
@@ -552,6 +597,7 @@ int main(void)
         cmocka_unit_test_teardown(test_protocol_1_writer, fx_ensure_server),
         cmocka_unit_test_teardown(test_reentrancy_nesting_upgrade, fx_ensure_server),
         cmocka_unit_test_teardown(test_thread_exit_and_close, fx_ensure_server),
+        cmocka_unit_test_teardown(test_shared_handle, fx_ensure_server),
         cmocka_unit_test_teardown(test_lost_shared_lease, fx_ensure_server),
         cmocka_unit_test_teardown(test_cancel_and_shutdown, fx_ensure_server),
         cmocka_unit_test_teardown(test_mixed_modes_storm, fx_ensure_server),

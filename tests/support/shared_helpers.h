@@ -159,6 +159,44 @@ static inline void taker_finish(taker *t)
     pthread_mutex_destroy(&t->mu);
 }
 
+/* A handle taken on a thread of its own, which then exits holding it
+ * (a handle belongs to no thread), or released on one (any thread may):
+ * shared 1 for a shared hold, else limit > 0 for a permit. */
+typedef struct handle_job {
+    dlock_client *c;
+    const char *name;
+    int shared;
+    uint32_t limit;
+    uint64_t fence;
+    dlock_handle *h;
+    int rc;
+} handle_job;
+
+static inline void *handle_job_take(void *arg)
+{
+    handle_job *j = arg;
+    j->rc = j->shared  ? dlock_acquire_shared_handle(j->c, j->name, 10000, &j->fence, &j->h)
+            : j->limit ? dlock_sem_acquire_handle(j->c, j->name, j->limit, 10000, &j->h)
+                       : dlock_acquire_handle(j->c, j->name, 10000, &j->fence, &j->h);
+    return NULL;
+}
+
+static inline void *handle_job_release(void *arg)
+{
+    handle_job *j = arg;
+    j->rc = dlock_handle_release(j->h);
+    return NULL;
+}
+
+/* Runs fn(j) on a new thread to its end; j->rc. */
+static inline int handle_job_run(void *(*fn)(void *), handle_job *j)
+{
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, fn, j), 0);
+    pthread_join(th, NULL);
+    return j->rc;
+}
+
 /* Time for a thread to reach its wait. The assertions after it hold
  * whether or not it has (they wait for results), but for the ones that say
  * a thread is still waiting, which it then is all the more. */
