@@ -449,7 +449,7 @@ M.list = {
   },
   {
     name = 'sem_model_spare_ignores_validity', run = 'sem',
-    schedules = 100,
+    schedules = 400,
     why = 'a spare permit is taken, or passed, whatever validity the lease has left',
     file = 'sem_model', find = "if e.lease ~= 'HELD' or cnow(self, c) + self.cfg.margin_us >= e.valid then return 0 end",
     replace = "if e.lease ~= 'HELD' then return 0 end",

@@ -760,8 +760,11 @@ function S:sem_run(th, e, wait_ms)
     settle(e)
     if w.granted then
       if w.token == e.gen then
-        rc = 'OK'
-        break
+        if cnow(self, c) < e.valid then
+          rc = 'OK'
+          break
+        end
+        self:lose(c, e) -- it ran out before th ran: every permit with it (M8)
       end
       w = {th = th} -- lost in passing (M8): a new wait
     elseif self:spare(c, e) > 0 and not e.poller and (not e.wq[1] or e.wq[1] == w) then

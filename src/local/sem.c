@@ -359,11 +359,17 @@ int dlock_sem_run(dlock_client *c, const char *name, size_t len, uint32_t limit,
     uint64_t fail_seq = e->poll.fail_seq;
     dlock_waiter *w = dlock_waiter_self();
     w->kind = DLOCK_KINDS; /* none of the lock's kinds */
+    int drop = 0;
     for (;;) {
         settle(e);
         if (dlock_waiter_granted(w)) {
-            if (w->token == e->m.gen)
-                break; /* a releaser passed its permit to this thread (M5) */
+            if (w->token == e->m.gen) {
+                if (dlock_boot_ns() < e->lease.valid_until_ns)
+                    break; /* a releaser passed its permit to this thread (M5) */
+                /* it ran out before this thread ran: every permit of the
+                 * lease with it (M8), found by their validity */
+                drop += lose(c, e);
+            }
             (void)dlock_waiter_self(); /* lost in passing (M8): a new wait */
             w->kind = DLOCK_KINDS;
             continue;
@@ -417,7 +423,6 @@ int dlock_sem_run(dlock_client *c, const char *name, size_t len, uint32_t limit,
     }
     dlock_waitq_remove(&e->wq, w);
     e->waiters--;
-    int drop = 0;
     if (rc == DLOCK_OK) {
         record(c, e);
         (void)leave(c, e, &drop); /* (the client may leave the queue; spare go back) */

@@ -34,7 +34,9 @@
  *       a spare permit between its tries), fewer than pass_limit permits
  *       were passed since the last one from Redis, and the lease has
  *       handoff_margin left; otherwise it goes back to Redis, with every
- *       other spare permit. A thread that leaves e when nobody waits gives
+ *       other spare permit. The thread passed one takes it if the lease is
+ *       still valid when it runs; else every permit of the lease ran out
+ *       with it (M8) and the thread waits on. A thread that leaves e when nobody waits gives
  *       back the spare permits it finds (no spare permit outlives the
  *       threads that could take it).
  *   M6. One poller (poll.poller): the only thread that asks Redis for a

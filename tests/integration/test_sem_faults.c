@@ -47,6 +47,24 @@ int __wrap_dlock_sem_rpc_acquire(dlock_client *c, dlock_entry *e, dlock_sem_try 
     return rc;
 }
 
+/* The wrapper of dlock_waiter_park (--wrap=dlock_waiter_park): a thread
+ * marked `late_waker`, woken with a permit passed to it, finds (e->mu
+ * held, as it does) that late_entry's lease ran out while it slept, as a
+ * thread woken late would. */
+void __real_dlock_waiter_park(dlock_waiter *w, pthread_mutex_t *mu, int64_t deadline_ns);
+void __wrap_dlock_waiter_park(dlock_waiter *w, pthread_mutex_t *mu, int64_t deadline_ns);
+static __thread int late_waker;
+static dlock_entry *late_entry;
+
+void __wrap_dlock_waiter_park(dlock_waiter *w, pthread_mutex_t *mu, int64_t deadline_ns)
+{
+    __real_dlock_waiter_park(w, mu, deadline_ns);
+    if (late_waker && dlock_waiter_granted(w)) {
+        late_waker = 0;
+        late_entry->lease.valid_until_ns = dlock_boot_ns();
+    }
+}
+
 /* A flag one thread raises and another waits for. */
 typedef struct flag {
     pthread_mutex_t mu;
@@ -297,6 +315,63 @@ static void test_doubt_on_doubt(void **state)
     dlock_client_close(b);
 }
 
+/* A thread that takes a permit, woken late when one is passed to it, and
+ * says whether the permits' lease was valid when its acquire returned. */
+typedef struct late_acq {
+    dlock_client *c;
+    dlock_entry *e;
+    int late, rc, valid;
+    pthread_t th;
+} late_acq;
+
+static void *late_acq_main(void *arg)
+{
+    late_acq *a = arg;
+    late_waker = a->late;
+    a->rc = dlock_sem_acquire(a->c, "late", 1, 30000);
+    pthread_mutex_lock(&a->e->mu);
+    a->valid = a->e->lease.state == DLOCK_LEASE_HELD &&
+               dlock_boot_ns() < a->e->lease.valid_until_ns;
+    pthread_mutex_unlock(&a->e->mu);
+    if (a->rc == DLOCK_OK)
+        (void)dlock_sem_release(a->c, "late");
+    return NULL;
+}
+
+/* A permit passed to a parked thread (M5) whose lease runs out before the
+ * thread runs is not taken: the permits are lost by their validity (M8),
+ * and the thread waits for a valid one. Before the mend the woken thread
+ * took it without a look at the lease: its acquire returned DLOCK_OK
+ * holding a permit that had run out, which Redis may already have given to
+ * another client. */
+static void test_pass_to_a_late_waker(void **state)
+{
+    (void)state;
+    dlock_config cfg;
+    fx_config(&cfg, &fx_server);
+    cfg.lease_ms = 1500; /* renewed every 500 ms; a lost permit ends in Redis within it */
+    dlock_client *c;
+    assert_int_equal(dlock_client_open(&cfg, &c), DLOCK_OK);
+    assert_int_equal(dlock_sem_acquire(c, "late", 1, 0), DLOCK_OK);
+    dlock_entry *e = dlock_table_find(c->table, "late", 4);
+    assert_non_null(e);
+    late_entry = e;
+    late_acq poller = {.c = c, .e = e}, late = {.c = c, .e = e, .late = 1};
+    assert_int_equal(pthread_create(&poller.th, NULL, late_acq_main, &poller), 0);
+    fx_sleep_ms(200); /* it asks Redis, and is queued there */
+    assert_int_equal(pthread_create(&late.th, NULL, late_acq_main, &late), 0);
+    fx_sleep_ms(200); /* it waits behind the poller, parked */
+    assert_int_equal(dlock_sem_release(c, "late"), DLOCK_OK); /* passed to it */
+    pthread_join(late.th, NULL);
+    pthread_join(poller.th, NULL);
+    assert_int_equal(late.rc, DLOCK_OK);
+    assert_int_equal(late.valid, 1);
+    assert_int_equal(poller.rc, DLOCK_OK);
+    assert_int_equal(poller.valid, 1);
+    dlock_table_put(c->table, e);
+    dlock_client_close(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -304,6 +379,7 @@ int main(void)
         cmocka_unit_test_teardown(test_lost_while_the_last_user_leaves, fx_ensure_server),
         cmocka_unit_test_teardown(test_pass_during_the_last_try, fx_ensure_server),
         cmocka_unit_test_teardown(test_doubt_on_doubt, fx_ensure_server),
+        cmocka_unit_test_teardown(test_pass_to_a_late_waker, fx_ensure_server),
     };
     return cmocka_run_group_tests(tests, fx_group_setup, fx_group_teardown);
 }
