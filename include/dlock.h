@@ -513,8 +513,8 @@ DLOCK_API int dlock_sem_release(dlock_client *c, const char *name);
  * calling thread does not hold `name`), DLOCK_EINVAL, DLOCK_EFORK. */
 DLOCK_API int dlock_unclean(dlock_client *c, const char *name);
 
-/* 1 if the calling thread holds `name` (exclusively or shared) and its
- * lease is still valid (known
+/* 1 if the calling thread holds `name` (exclusively, shared, or a permit
+ * of semaphore `name` not lost) and its lease is still valid (known
  * renewed in time, by the local clock with a drift margin), else 0. The local
  * clock is CLOCK_BOOTTIME, which keeps counting through a system suspend.
  * Costs no Redis command. Returns 0 for invalid arguments and in a forked
@@ -532,7 +532,9 @@ DLOCK_API int dlock_held(dlock_client *c, const char *name);
  * any other waiter. Renewal, fencing, loss and handoff to waiting threads
  * work as for a thread-owned lock. A shared hold (dlock_acquire_shared_handle)
  * and a semaphore's permit (dlock_sem_acquire_handle) can belong to a handle
- * too, released the same way. A handle must be released before
+ * too, released the same way; they are holds like a thread's of their mode
+ * (the client's other shared acquires join it within the join window and
+ * wait for its release after; other permits are taken beside it). A handle must be released before
  * dlock_client_close; one never released leaks its memory and holds the lease
  * until the client closes. A thread that exits leaves its handles held.
  */
@@ -554,7 +556,11 @@ DLOCK_API int dlock_acquire_handle_ex(dlock_client *c, const char *name, int64_t
 /* As dlock_acquire_handle, but the handle holds `name` shared (as
  * dlock_acquire_shared): one more holder of the client's shared lease,
  * beside its threads' shared holds and other handles; a thread asking
- * `name` exclusively waits for its release like any other writer. Errors:
+ * `name` exclusively waits for its release like any other writer, and so
+ * does a shared acquire of this client once the join window of the lease
+ * has closed (dlock_config.join_ms: as beside a thread's long shared hold),
+ * so a thread must not wait without a bound for a shared hold of a name
+ * while it keeps a shared handle of it. Errors:
  * those of dlock_acquire_shared, and DLOCK_EINVAL also for a NULL out or
  * when the calling thread holds `name` already, exclusively or shared. */
 DLOCK_API int dlock_acquire_shared_handle(dlock_client *c, const char *name, int64_t wait_ms,
@@ -613,10 +619,11 @@ DLOCK_API int dlock_with(dlock_client *c, const char *name, int64_t wait_ms,
 DLOCK_API int dlock_with_shared(dlock_client *c, const char *name, int64_t wait_ms,
                                 void (*fn)(void *arg, uint64_t fence), void *arg);
 
-/* dlock_with for one permit of a semaphore: dlock_sem_acquire, fn(arg),
- * dlock_sem_release. Returns dlock_sem_acquire's error if no permit was
- * taken (fn did not run), else dlock_sem_release's result (DLOCK_ELOST: the
- * permit was lost while fn ran). DLOCK_EINVAL for a NULL fn. */
+/* dlock_with for one permit of a semaphore: takes one (as
+ * dlock_sem_acquire), runs fn(arg), gives that permit back (not another the
+ * thread holds). Returns dlock_sem_acquire's error if no permit was taken
+ * (fn did not run), else the give-back's result (DLOCK_ELOST: the permit
+ * was lost while fn ran). DLOCK_EINVAL for a NULL fn. */
 DLOCK_API int dlock_sem_with(dlock_client *c, const char *name, uint32_t limit,
                              int64_t wait_ms, void (*fn)(void *arg), void *arg);
 
@@ -634,10 +641,11 @@ DLOCK_API int dlock_sem_with(dlock_client *c, const char *name, uint32_t limit,
  *     }
  *
  * dlock_guard_acquire_shared takes the name shared instead, and
- * dlock_guard_sem_acquire one permit of a semaphore. The release's result
- * is not reported (the guard ends with the scope): where a lost lease
- * matters, check dlock_held(c, name) before leaving the scope. name must
- * outlive the scope.
+ * dlock_guard_sem_acquire one permit of a semaphore (its scope's end gives
+ * back one permit of the name as dlock_sem_release does: a lost one the
+ * thread holds first). The release's result is not reported (the guard
+ * ends with the scope): where a lost lease matters, check dlock_held(c,
+ * name) before leaving the scope. name must outlive the scope.
  */
 typedef struct dlock_guard {
     dlock_client *c;

@@ -332,8 +332,11 @@ static int held_check(dlock_client *c, const char *name)
     if (!e)
         return 0;
     pthread_mutex_lock(&e->mu);
-    int yes = dlock_kind_shared.mine(c, e) && /* exclusive or shared */
-              e->lease.state == DLOCK_LEASE_HELD && dlock_boot_ns() < e->lease.valid_until_ns;
+    const dlock_shold *h = dlock_shold_of(c->serial, e);
+    int mine = dlock_kind_shared.mine(c, e) || /* exclusive or shared */
+               (h && h->permits > 0 && h->gen == e->m.gen); /* a permit, not lost (sem.h, M8) */
+    int yes = mine && e->lease.state == DLOCK_LEASE_HELD &&
+              dlock_boot_ns() < e->lease.valid_until_ns;
     pthread_mutex_unlock(&e->mu);
     dlock_table_put(c->table, e);
     return yes;

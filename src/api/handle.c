@@ -283,9 +283,12 @@ int dlock_sem_with(dlock_client *c, const char *name, uint32_t limit, int64_t wa
         dlock_err_clear();
         return dlock_err_set(DLOCK_EINVAL, "fn is NULL");
     }
-    int rc = dlock_sem_acquire(c, name, limit, wait_ms);
+    /* a handle: its own record, so that the permit given back is this one
+     * (a release by name gives back a lost one of the thread's first) */
+    dlock_handle *h;
+    int rc = dlock_sem_acquire_handle(c, name, limit, wait_ms, &h);
     if (rc != DLOCK_OK)
         return rc;
     fn(arg);
-    return dlock_sem_release(c, name);
+    return dlock_handle_release(h);
 }

@@ -322,10 +322,22 @@ static void test_lost_permits(void **state)
     dlock_client_close(a);
 }
 
+static int with_ran;
+
+/* dlock_sem_with's function: it holds one permit, counted in Redis. */
+static void count_in_fn(void *arg)
+{
+    (void)arg;
+    with_ran = (int)permits_in_redis("ph");
+}
+
 /* A permit owned by a handle: beside the thread's own permits, kept when
  * the acquiring thread exits, given back by another thread (passed to a
  * waiting thread of the client, with no Redis command), counted in Redis
- * meanwhile; lost, it says so and its release is DLOCK_ELOST. */
+ * meanwhile; lost, it says so and its release is DLOCK_ELOST. dlock_held
+ * answers for the thread's permits; dlock_sem_with gives back its own
+ * permit, not a lost one the thread holds (before, it gave back the lost
+ * one and said DLOCK_ELOST, leaving its own held). */
 static void test_permit_handle(void **state)
 {
     (void)state;
@@ -356,6 +368,9 @@ static void test_permit_handle(void **state)
     assert_int_equal(permits_in_redis("ph"), 0);
 
     assert_int_equal(dlock_sem_acquire_handle(c, "ph", 2, 0, &h2), DLOCK_OK);
+    assert_int_equal(dlock_held(c, "ph"), 0); /* the handle's, not the thread's */
+    assert_int_equal(dlock_sem_acquire(c, "ph", 2, 0), DLOCK_OK);
+    assert_int_equal(dlock_held(c, "ph"), 1); /* a permit of the thread's */
     redisContext *rc = fx_connect("127.0.0.1", fx_server.port);
     freeReplyObject(redisCommand(rc, "DEL dlock:{ph}"));
     redisFree(rc);
@@ -363,7 +378,14 @@ static void test_permit_handle(void **state)
     for (int i = 0; i < 200 && dlock_handle_held(h2); i++)
         fx_sleep_ms(50);
     assert_int_equal(dlock_handle_held(h2), 0);
+    assert_int_equal(dlock_held(c, "ph"), 0); /* lost */
     assert_int_equal(dlock_handle_release(h2), DLOCK_ELOST);
+    /* dlock_sem_with gives back its own permit, not the thread's lost one */
+    with_ran = 0;
+    assert_int_equal(dlock_sem_with(c, "ph", 2, 0, count_in_fn, NULL), DLOCK_OK);
+    assert_int_equal(with_ran, 1);
+    assert_int_equal(permits_in_redis("ph"), 0);
+    assert_int_equal(dlock_sem_release(c, "ph"), DLOCK_ELOST); /* the thread's */
     assert_int_equal(dlock_sem_acquire_handle(c, "ph", 2, 0, NULL), DLOCK_EINVAL);
     assert_int_equal(dlock_sem_acquire_handle(c, "ph", 0, 0, &h2), DLOCK_EINVAL);
     dlock_client_close(c);
