@@ -602,79 +602,6 @@ static void test_with_and_guard(void **state)
     dlock_client_close(c);
 }
 
-typedef struct with_ctx {
-    dlock_client *c, *other;
-    const char *name;
-    uint64_t fence;
-    int held, busy;
-} with_ctx;
-
-static void with_shared_body(void *arg, uint64_t fence)
-{
-    with_ctx *x = arg;
-    x->fence = fence;
-    x->held = dlock_held(x->c, x->name);
-    x->busy = dlock_acquire(x->other, x->name, 0, NULL); /* a writer beside a reader */
-}
-
-static void with_sem_body(void *arg)
-{
-    with_ctx *x = arg;
-    x->fence = 1;
-    x->busy = dlock_sem_acquire(x->other, x->name, 1, 0); /* the one permit is taken */
-}
-
-/* dlock_with_shared and dlock_sem_with hold the name shared, or a permit,
- * while the function runs; the guards of both modes release at the end of
- * their scope, whichever mode they took. */
-static void test_with_and_guard_modes(void **state)
-{
-    (void)state;
-    dlock_config cfg;
-    fx_config(&cfg, &fx_server);
-    cfg.key_prefix = "tc:wm:";
-    cfg.protocol = 2; /* the shared mode's */
-    dlock_client *c, *other;
-    assert_int_equal(dlock_client_open(&cfg, &c), DLOCK_OK);
-    assert_int_equal(dlock_client_open(&cfg, &other), DLOCK_OK);
-    with_ctx x = {.c = c, .other = other, .name = "ws"};
-    assert_int_equal(dlock_with_shared(c, "ws", 0, with_shared_body, &x), DLOCK_OK);
-    assert_true(x.fence > 0);
-    assert_int_equal(x.held, 1);
-    assert_int_equal(x.busy, DLOCK_EBUSY);
-    assert_int_equal(dlock_held(c, "ws"), 0);
-    assert_int_equal(dlock_with_shared(c, "ws", 0, NULL, NULL), DLOCK_EINVAL);
-    x = (with_ctx){.c = c, .other = other, .name = "wp"};
-    assert_int_equal(dlock_sem_with(c, "wp", 1, 0, with_sem_body, &x), DLOCK_OK);
-    assert_int_equal(x.fence, 1);
-    assert_int_equal(x.busy, DLOCK_EBUSY);
-    assert_int_equal(dlock_sem_with(c, "wp", 1, 0, NULL, NULL), DLOCK_EINVAL);
-    assert_int_equal(dlock_sem_acquire(other, "wp", 1, 0), DLOCK_OK); /* given back */
-    x.fence = 0;
-    assert_int_equal(dlock_sem_with(c, "wp", 1, 0, with_sem_body, &x), DLOCK_EBUSY);
-    assert_int_equal(x.fence, 0); /* not run */
-    assert_int_equal(dlock_sem_release(other, "wp"), DLOCK_OK);
-    {
-        DLOCK_GUARD(g);
-        DLOCK_GUARD(p);
-        uint64_t fence = 0;
-        assert_int_equal(dlock_guard_acquire_shared(&g, c, "gs", 0, &fence), DLOCK_OK);
-        assert_true(fence > 0);
-        assert_int_equal(dlock_guard_acquire(&g, c, "gx", 0, NULL), DLOCK_EINVAL);
-        assert_int_equal(dlock_guard_sem_acquire(&p, c, "gp", 1, 0), DLOCK_OK);
-        assert_int_equal(dlock_guard_sem_acquire(&p, c, "gp", 1, 0), DLOCK_EINVAL);
-        assert_int_equal(dlock_held(c, "gs"), 1);
-        assert_int_equal(dlock_sem_acquire(other, "gp", 1, 0), DLOCK_EBUSY);
-    }
-    assert_int_equal(dlock_held(c, "gs"), 0);
-    assert_int_equal(dlock_acquire(other, "gs", 0, NULL), DLOCK_OK); /* free again */
-    assert_int_equal(dlock_release(other, "gs"), DLOCK_OK);
-    assert_int_equal(dlock_sem_acquire(other, "gp", 1, 0), DLOCK_OK);
-    assert_int_equal(dlock_sem_release(other, "gp"), DLOCK_OK);
-    dlock_client_close(c);
-    dlock_client_close(other);
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -684,7 +611,6 @@ int main(void)
         cmocka_unit_test(test_handle_lost),
         cmocka_unit_test(test_handle_beyond_the_cache),
         cmocka_unit_test(test_with_and_guard),
-        cmocka_unit_test(test_with_and_guard_modes),
         cmocka_unit_test_teardown(test_log_renewal_failing, fx_ensure_server),
         cmocka_unit_test(test_log_lost_at_release),
         cmocka_unit_test_teardown(test_server_rechecked, restore_server),

@@ -391,6 +391,51 @@ static void test_permit_handle(void **state)
     dlock_client_close(c);
 }
 
+typedef struct with_ctx {
+    dlock_client *other;
+    int ran, busy;
+} with_ctx;
+
+static void with_sem_body(void *arg)
+{
+    with_ctx *x = arg;
+    x->ran = 1;
+    x->busy = dlock_sem_acquire(x->other, "wp", 1, 0); /* the one permit is taken */
+}
+
+/* dlock_sem_with runs the function holding a permit and gives it back;
+ * the permit guard gives it back at the end of its scope. */
+static void test_with_and_guard_sem(void **state)
+{
+    (void)state;
+    dlock_client *c = open_sem_client(0, 0), *other = open_sem_client(0, 0);
+    with_ctx x = {.other = other};
+    assert_int_equal(dlock_sem_with(c, "wp", 1, 0, with_sem_body, &x), DLOCK_OK);
+    assert_int_equal(x.ran, 1);
+    assert_int_equal(x.busy, DLOCK_EBUSY);
+    assert_int_equal(permits_in_redis("wp"), 0);
+    assert_int_equal(dlock_sem_with(c, "wp", 1, 0, NULL, NULL), DLOCK_EINVAL);
+    assert_int_equal(dlock_sem_acquire(other, "wp", 1, 0), DLOCK_OK);
+    x.ran = 0;
+    assert_int_equal(dlock_sem_with(c, "wp", 1, 0, with_sem_body, &x), DLOCK_EBUSY);
+    assert_int_equal(x.ran, 0); /* not run */
+    assert_int_equal(dlock_sem_release(other, "wp"), DLOCK_OK);
+    {
+        DLOCK_GUARD(p);
+        assert_int_equal(dlock_guard_sem_acquire(&p, c, "gp", 1, 0), DLOCK_OK);
+        assert_int_equal(dlock_guard_sem_acquire(&p, c, "gq", 1, 0), DLOCK_EINVAL);
+        assert_int_equal(dlock_held(c, "gp"), 1);
+        assert_int_equal(permits_in_redis("gp"), 1);
+        assert_int_equal(dlock_sem_acquire(other, "gp", 1, 0), DLOCK_EBUSY);
+    }
+    assert_int_equal(dlock_held(c, "gp"), 0);
+    assert_int_equal(permits_in_redis("gp"), 0);
+    assert_int_equal(dlock_sem_acquire(other, "gp", 1, 0), DLOCK_OK); /* free again */
+    assert_int_equal(dlock_sem_release(other, "gp"), DLOCK_OK);
+    dlock_client_close(c);
+    dlock_client_close(other);
+}
+
 /* A waiting acquire stops on its cancel token and on a shutdown. */
 static void test_cancel_and_shutdown(void **state)
 {
@@ -516,6 +561,7 @@ int main(void)
         cmocka_unit_test_teardown(test_lost_permits, fx_ensure_server),
         cmocka_unit_test_teardown(test_dead_client_frees_its_permit, fx_ensure_server),
         cmocka_unit_test_teardown(test_permit_handle, fx_ensure_server),
+        cmocka_unit_test_teardown(test_with_and_guard_sem, fx_ensure_server),
         cmocka_unit_test_teardown(test_cancel_and_shutdown, fx_ensure_server),
         cmocka_unit_test_teardown(test_bad_input, fx_ensure_server),
         cmocka_unit_test_teardown(test_storm, fx_ensure_server),

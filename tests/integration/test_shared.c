@@ -402,6 +402,57 @@ static void test_shared_handle(void **state)
     dlock_client_close(w);
 }
 
+typedef struct with_ctx {
+    dlock_client *c, *other;
+    uint64_t fence;
+    int held, busy;
+} with_ctx;
+
+static void with_shared_body(void *arg, uint64_t fence)
+{
+    with_ctx *x = arg;
+    x->fence = fence;
+    x->held = dlock_held(x->c, "ws");
+    x->busy = dlock_acquire(x->other, "ws", 0, NULL); /* a writer beside a reader */
+}
+
+/* dlock_with_shared runs the function holding the name shared and
+ * releases it; the shared guard releases at the end of its scope. */
+static void test_with_and_guard_shared(void **state)
+{
+    (void)state;
+    dlock_client *c = open_client(20), *other = open_client(20);
+    with_ctx x = {.c = c, .other = other};
+    assert_int_equal(dlock_with_shared(c, "ws", 0, with_shared_body, &x), DLOCK_OK);
+    assert_true(x.fence > 0);
+    assert_int_equal(x.held, 1);
+    assert_int_equal(x.busy, DLOCK_EBUSY);
+    assert_int_equal(dlock_held(c, "ws"), 0);
+    assert_int_equal(shared_fields("ws"), 0);
+    assert_int_equal(dlock_with_shared(c, "ws", 0, NULL, NULL), DLOCK_EINVAL);
+    assert_int_equal(dlock_acquire(other, "ws", 0, NULL), DLOCK_OK);
+    x.fence = 0;
+    assert_int_equal(dlock_with_shared(c, "ws", 0, with_shared_body, &x), DLOCK_EBUSY);
+    assert_int_equal(x.fence, 0); /* not run */
+    assert_int_equal(dlock_release(other, "ws"), DLOCK_OK);
+    {
+        DLOCK_GUARD(g);
+        uint64_t fence = 0;
+        assert_int_equal(dlock_guard_acquire_shared(&g, c, "gs", 0, &fence), DLOCK_OK);
+        assert_true(fence > 0);
+        assert_int_equal(dlock_guard_acquire(&g, c, "gx", 0, NULL), DLOCK_EINVAL);
+        assert_int_equal(dlock_guard_acquire_shared(&g, c, "gx", 0, NULL), DLOCK_EINVAL);
+        assert_int_equal(dlock_held(c, "gs"), 1);
+        assert_int_equal(shared_fields("gs"), 1);
+    }
+    assert_int_equal(dlock_held(c, "gs"), 0);
+    assert_int_equal(shared_fields("gs"), 0);
+    assert_int_equal(dlock_acquire(other, "gs", 0, NULL), DLOCK_OK); /* free again */
+    assert_int_equal(dlock_release(other, "gs"), DLOCK_OK);
+    dlock_client_close(c);
+    dlock_client_close(other);
+}
+
 static int lost_calls;
 static void on_lost(const char *name, uint64_t fence, void *arg)
 {
@@ -598,6 +649,7 @@ int main(void)
         cmocka_unit_test_teardown(test_reentrancy_nesting_upgrade, fx_ensure_server),
         cmocka_unit_test_teardown(test_thread_exit_and_close, fx_ensure_server),
         cmocka_unit_test_teardown(test_shared_handle, fx_ensure_server),
+        cmocka_unit_test_teardown(test_with_and_guard_shared, fx_ensure_server),
         cmocka_unit_test_teardown(test_lost_shared_lease, fx_ensure_server),
         cmocka_unit_test_teardown(test_cancel_and_shutdown, fx_ensure_server),
         cmocka_unit_test_teardown(test_mixed_modes_storm, fx_ensure_server),
