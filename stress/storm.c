@@ -45,11 +45,17 @@
  * Wait percentiles come from per-thread log-scale histograms (8 sub-buckets
  * per power of two of microseconds): they are approximations within about
  * 6 % (the middle of the bucket is reported, clipped to the exact maximum).
+ * With --read-pct they are also kept per mode: writers' (exclusive
+ * acquisitions) and readers' (shared), each with its timeouts, so that a
+ * writers' tail is not hidden among many short reads.
  *
  * Exit status: 0 if no violation, no token regression, the counters matched,
  * every worker finished cleanly, no call failed with an error (a timeout, or
- * DLOCK_EBUSY with --wait-ms 0, is the scenario's, not an error) and at most
- * as many acquisitions timed out as succeeded; 1 otherwise; 2 on bad usage.
+ * DLOCK_EBUSY with --wait-ms 0, is the scenario's, not an error), at most
+ * as many acquisitions timed out as succeeded and, with --read-pct, each
+ * mode that asked for the name got it at least once (writers, or readers,
+ * starved for the whole run fail it however many the other mode got); 1
+ * otherwise; 2 on bad usage.
  */
 /*
  * This file is the parent: the private servers and the delaying proxy,
@@ -639,8 +645,11 @@ int main(int argc, char **argv)
     uint64_t crossings = 0;
     uint64_t errors[NERR] = {0}, rel_errors[NERR] = {0};
     uint64_t wait_max = 0, wait_sum = 0;
+    /* --read-pct: per mode (r_: shared acquisitions, x_: exclusive ones) */
+    uint64_t r_timeouts = 0, r_failed = 0, r_wait_sum = 0, r_wait_max = 0, x_wait_max = 0;
     double sx = 0, sx2 = 0;
-    uint64_t *hist = calloc(NB, sizeof *hist);
+    uint64_t *hist = calloc(3 * NB, sizeof *hist);
+    uint64_t *r_hist = hist + NB, *x_hist = hist + 2 * NB; /* (x_hist: hist - r_hist) */
     if (!hist) {
         fprintf(stderr, "storm: out of memory\n");
         stop_proxy();
@@ -665,8 +674,18 @@ int main(int argc, char **argv)
         if (t->wait_max_us > wait_max)
             wait_max = t->wait_max_us;
         wait_sum += t->wait_sum_us;
-        for (int b = 0; b < NB; b++)
+        for (int b = 0; b < NB; b++) {
             hist[b] += t->hist[b];
+            r_hist[b] += t->r_hist[b];
+            x_hist[b] += t->hist[b] - t->r_hist[b];
+        }
+        r_timeouts += t->r_timeouts;
+        r_failed += t->r_failed;
+        r_wait_sum += t->r_wait_sum_us;
+        if (t->r_wait_max_us > r_wait_max)
+            r_wait_max = t->r_wait_max_us;
+        if (t->x_wait_max_us > x_wait_max)
+            x_wait_max = t->x_wait_max_us;
         double x = (double)t->acq;
         sx += x;
         sx2 += x * x;
@@ -688,6 +707,15 @@ int main(int argc, char **argv)
     double acq_per_sec = elapsed > 0 ? (double)acq / elapsed : 0;
     uint64_t p50 = hist_percentile(hist, acq, 0.50, wait_max);
     uint64_t p99 = hist_percentile(hist, acq, 0.99, wait_max);
+    /* --read-pct: each mode's waits, and whether each mode that asked got
+     * the name at all (a lock that starves its writers, or its readers,
+     * fails the storm even when the other mode's acquisitions outnumber
+     * every timeout) */
+    uint64_t writes = acq - reads;
+    uint64_t x_p50 = hist_percentile(x_hist, writes, 0.50, x_wait_max);
+    uint64_t x_p99 = hist_percentile(x_hist, writes, 0.99, x_wait_max);
+    uint64_t r_p50 = hist_percentile(r_hist, reads, 0.50, r_wait_max);
+    uint64_t r_p99 = hist_percentile(r_hist, reads, 0.99, r_wait_max);
     dlock_stats cs;
     memset(&cs, 0, sizeof cs);
     for (int p = 0; p < P; p++) {
@@ -711,6 +739,11 @@ int main(int argc, char **argv)
         rel_err_total += rel_errors[e];
         err_total += errors[e];
     }
+    /* --read-pct: the acquires of each mode that did not get the name */
+    uint64_t x_timeouts = timeouts - r_timeouts;
+    uint64_t x_failed = x_timeouts + busy + err_total - r_failed;
+    int writers_starved = O.read_pct > 0 && writes == 0 && x_failed > 0;
+    int readers_starved = O.read_pct > 0 && reads == 0 && r_timeouts + r_failed > 0;
 
     /* JSON on stdout: one line. */
     FILE *o = stdout;
@@ -784,6 +817,25 @@ int main(int argc, char **argv)
                ",",
             p50, p99, wait_max);
     json_num(o, "wait_mean_us", acq ? (double)wait_sum / (double)acq : 0, acq > 0, 0);
+    if (O.read_pct > 0) {
+        /* each mode's waits (writers: exclusive acquisitions, readers:
+         * shared), and each mode's timeouts */
+        fprintf(o, "\"writes\":%" PRIu64 ",\"writer_timeouts\":%" PRIu64
+                   ",\"reader_timeouts\":%" PRIu64 ",",
+                writes, x_timeouts, r_timeouts);
+        fprintf(o, "\"writer_wait_p50_us\":%" PRIu64 ",\"writer_wait_p99_us\":%" PRIu64
+                   ",\"writer_wait_max_us\":%" PRIu64 ",",
+                x_p50, x_p99, x_wait_max);
+        json_num(o, "writer_wait_mean_us",
+                 writes ? (double)(wait_sum - r_wait_sum) / (double)writes : 0, writes > 0, 0);
+        fprintf(o, "\"reader_wait_p50_us\":%" PRIu64 ",\"reader_wait_p99_us\":%" PRIu64
+                   ",\"reader_wait_max_us\":%" PRIu64 ",",
+                r_p50, r_p99, r_wait_max);
+        json_num(o, "reader_wait_mean_us", reads ? (double)r_wait_sum / (double)reads : 0,
+                 reads > 0, 0);
+        fprintf(o, "\"writers_starved\":%s,\"readers_starved\":%s,",
+                writers_starved ? "true" : "false", readers_starved ? "true" : "false");
+    }
     fprintf(o, "\"wait_percentiles\":\"log-histogram approx +-6%%\",");
     json_num(o, "jain", jain, 1, 0);
     fprintf(o, "\"proc_acquisitions\":[");
@@ -799,7 +851,9 @@ int main(int argc, char **argv)
      * violation. */
     int errors_ok = err_total == 0 && rel_err_total == 0;
     int timeouts_ok = acq > 0 && timeouts <= acq;
-    int ok = viol == 0 && regr == 0 && counter_ok && !worker_fail && errors_ok && timeouts_ok;
+    int modes_ok = !writers_starved && !readers_starved;
+    int ok = viol == 0 && regr == 0 && counter_ok && !worker_fail && errors_ok && timeouts_ok &&
+             modes_ok;
     fprintf(o, "\"starved\":%" PRIu64 ",\"workers_failed\":%s,\"interrupted\":%s,"
                "\"verdict\":\"%s\"}\n", zero,
             worker_fail ? "true" : "false", H->stop ? "true" : "false", ok ? "PASS" : "FAIL");
@@ -833,6 +887,16 @@ int main(int argc, char **argv)
         fprintf(stderr, "  wait           p50 ~%" PRIu64 " us, p99 ~%" PRIu64 " us, max %" PRIu64
                         " us (percentiles approximate)\n",
                 p50, p99, wait_max);
+        if (O.read_pct > 0) {
+            fprintf(stderr, "  writers' wait  p50 ~%" PRIu64 " us, p99 ~%" PRIu64 " us, max %"
+                            PRIu64 " us over %" PRIu64 " exclusive acquisitions (%" PRIu64
+                            " timed out)\n",
+                    x_p50, x_p99, x_wait_max, writes, x_timeouts);
+            fprintf(stderr, "  readers' wait  p50 ~%" PRIu64 " us, p99 ~%" PRIu64 " us, max %"
+                            PRIu64 " us over %" PRIu64 " shared acquisitions (%" PRIu64
+                            " timed out)\n",
+                    r_p50, r_p99, r_wait_max, reads, r_timeouts);
+        }
         fprintf(stderr, "  fairness       Jain %.3f over %zu threads, %" PRIu64 " starved\n", jain,
                 total, zero);
         if (O.sem_limit > 0 && dlock_mode)
@@ -848,10 +912,13 @@ int main(int argc, char **argv)
                         " vs %" PRIu64 "), %" PRIu64 " token regressions, %" PRIu64
                         " not-held-in-cs\n",
                 viol, counter_ok ? "ok" : "MISMATCH", counter_sum, acq, regr, not_held);
-        fprintf(stderr, "  verdict        %s%s%s%s\n", ok ? "PASS" : "FAIL",
+        fprintf(stderr, "  verdict        %s%s%s%s%s\n", ok ? "PASS" : "FAIL",
                 errors_ok ? "" : " (calls failed with errors)",
                 timeouts_ok ? "" : " (more acquisitions timed out than succeeded, or none did)",
-                viol || regr || !counter_ok || worker_fail ? " (exclusion or workers)" : "");
+                viol || regr || !counter_ok || worker_fail ? " (exclusion or workers)" : "",
+                writers_starved   ? " (writers asked but never got the name)"
+                : readers_starved ? " (readers asked but never got the name)"
+                                  : "");
     }
 
     shm_destroy_mutexes();

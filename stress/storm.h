@@ -145,7 +145,13 @@ typedef struct thread_res {
     uint64_t errors[NERR];
     uint64_t rel_errors[NERR];
     uint64_t wait_sum_us, wait_max_us;
-    uint64_t hist[NB];
+    uint64_t hist[NB];    /* every acquisition's wait */
+    /* --read-pct: the same per mode. The shared (read) acquisitions' waits
+     * apart; the exclusive ones' are the rest (hist - r_hist), but for their
+     * maximum. Timeouts and other failures of shared acquires too. */
+    uint64_t r_timeouts, r_failed; /* shared acquires that timed out, failed otherwise */
+    uint64_t r_wait_sum_us, r_wait_max_us, x_wait_max_us;
+    uint64_t r_hist[NB];
 } __attribute__((aligned(64))) thread_res;
 
 typedef struct proc_res {

@@ -568,14 +568,24 @@ static const char *last_error(void)
     return O.mutex || O.naive ? mx_err : dlock_last_error();
 }
 
-/* The wait of an acquisition that succeeded, into r's histogram. */
-static void count_wait(thread_res *r, int64_t t0, int64_t t1)
+/* The wait of an acquisition that succeeded, into r's histogram; with
+ * --read-pct into its mode's too (shared: 1 for a shared acquisition). */
+static void count_wait(thread_res *r, int64_t t0, int64_t t1, int shared)
 {
     uint64_t w = (uint64_t)(t1 - t0) / 1000;
+    int b = bucket_of(w);
     r->wait_sum_us += w;
     if (w > r->wait_max_us)
         r->wait_max_us = w;
-    r->hist[bucket_of(w)]++;
+    r->hist[b]++;
+    if (shared) {
+        r->r_wait_sum_us += w;
+        if (w > r->r_wait_max_us)
+            r->r_wait_max_us = w;
+        r->r_hist[b]++;
+    } else if (w > r->x_wait_max_us) {
+        r->x_wait_max_us = w;
+    }
 }
 
 /* A reader's critical section (--read-pct), holding name li shared with
@@ -704,7 +714,7 @@ static void *thread_main(void *arg)
                              last_error());
             }
             LIVE_INC(r->acq);
-            count_wait(r, t0, t1);
+            count_wait(r, t0, t1, shared);
         } else if (rc == DLOCK_OK) {
             SET_PHASE(r, PH_CS);
             name_state *ns = &NS[li];
@@ -753,12 +763,15 @@ static void *thread_main(void *arg)
                              last_error());
             }
             LIVE_INC(r->acq);
-            count_wait(r, t0, t1);
+            count_wait(r, t0, t1, 0);
         } else if (rc == DLOCK_ETIMEDOUT) {
             LIVE_INC(r->timeouts);
+            r->r_timeouts += shared;
         } else if (rc == DLOCK_EBUSY && O.wait_ms == 0) {
             r->busy++;
+            r->r_failed += shared;
         } else {
+            r->r_failed += shared;
             LIVE_INC(r->errors_total);
             r->errors[err_index(rc)]++;
             logf_limited("acquire of '%s' returned %d %s: %s", name, rc, dlock_err_name(rc),
