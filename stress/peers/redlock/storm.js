@@ -90,9 +90,10 @@ async function child(o) {
   let running = false; let stopping = false; let armed = false;
 
   await Promise.all([...nodes, store].map((c) => c.ping()));
+  process.on('disconnect', () => process.exit(1)); // the parent is gone
   process.on('message', (m) => {
     if (m.go) running = true;
-    if (m.stop) { running = false; stopping = true; }
+    if (m.stop) { running = false; stopping = true; armed = false; }
     if (m.arm) armed = true;
   });
   process.send({ ready: true });
@@ -113,7 +114,7 @@ async function child(o) {
       }
       if (running) { st.acquisitions++; st.waitsUs.push(nowUs() - t0); }
       const v = Number(await store.get(counterOf(n)) || 0);
-      if (armed) { armed = false; st.pauses++; process.kill(process.pid, 'SIGSTOP'); }
+      if (armed && running) { armed = false; st.pauses++; process.kill(process.pid, 'SIGSTOP'); }
       if (o.csSleep) await sleep(o.csUs / 1000);
       else { const end = nowUs() + o.csUs; while (nowUs() < end); }
       await store.set(counterOf(n), v + 1);
@@ -180,7 +181,12 @@ async function parent(o) {
       if (m.ready && ++ready === o.procs) readyAll();
       if (m.result) { results.push(m.result); if (results.length === o.procs) done(); }
     });
-    k.on('exit', (code) => { if (code) console.error(`storm.js: worker process ${k.pid} exited with ${code}`); });
+    k.on('exit', (code, sig) => {
+      if (code === 0) return;
+      console.error(`storm.js: worker process ${k.pid} exited with ${code === null ? sig : code}`);
+      for (const o2 of kids) { try { o2.kill('SIGCONT'); o2.kill('SIGKILL'); } catch (e) { /* gone */ } }
+      process.exit(2);
+    });
     kids.push(k);
   }
   // Every run is bounded: the worker processes are killed past this.
@@ -203,9 +209,9 @@ async function parent(o) {
         await sleep(o.pauseEveryMs);
         const k = kids[Math.floor(Math.random() * kids.length)];
         k.send({ arm: true });
-        const armedAt = Date.now();
-        while (procState(k.pid) !== 'T' && Date.now() - armedAt < 2000) await sleep(2);
-        if (procState(k.pid) !== 'T') continue;
+        // Until it stops itself (in its next critical section) or the run ends.
+        while (procState(k.pid) !== 'T' && Date.now() - t0 < o.seconds * 1000) await sleep(2);
+        if (procState(k.pid) !== 'T') break;
         const stoppedAt = Date.now();
         await sleep(o.pauseMs);
         k.kill('SIGCONT');
@@ -217,8 +223,11 @@ async function parent(o) {
   const after = await snapshot(nodes);
   const elapsed = (Date.now() - t0) / 1000;
   if (nemesis) await nemesis;
-  for (const k of kids) { k.kill('SIGCONT'); k.send({ stop: true }); }
+  for (const k of kids) k.send({ stop: true });
+  // An armed process may stop itself before it reads "stop": keep it going.
+  const cont = setInterval(() => { for (const k of kids) { try { k.kill('SIGCONT'); } catch (e) { /* gone */ } } }, 50);
   await allDone;
+  clearInterval(cont);
   clearTimeout(hard);
 
   let final = 0;
