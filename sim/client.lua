@@ -57,6 +57,7 @@ function C.settings(cfg)
   s.pool_size = cfg.pool_size
   s.local_rule = cfg.local_rule -- see dlock_release_outermost below
   s.min_replicas = cfg.min_replicas or 0 -- grants and renewals count once WAIT confirms them
+  s.join_us = (cfg.join_ms or 20) * 1000 -- the shared mode's join window (join_ms)
   return s
 end
 
@@ -92,10 +93,54 @@ end
 -- of its client (a local handoff) only below the pass limit, with enough validity
 -- left, in time by the clock rule, and while the client is not closing.
 function C.may_pass(s, e, now, waiting, closing)
-  local margin = e.provisional and s.grant_margin_us or s.handoff_margin_us
   local clock_ok = s.local_rule ~= 'clock' or C.in_time(e.passes, now - e.grant_at)
-  return waiting and e.passes < s.pass_limit and now + margin < e.valid_until and clock_ok
+  return waiting and e.passes < s.pass_limit and C.roomy(s, e, now) and clock_ok
     and not closing
+end
+
+-- The margin of validity a lease passed between threads keeps (excl.c,
+-- may_pass; shared.c, roomy): a quarter of the grant's time for a direct
+-- grant not renewed yet, else a third of the lease.
+function C.roomy(s, e, now)
+  local margin = e.provisional and s.grant_margin_us or s.handoff_margin_us
+  return now + margin < e.valid_until
+end
+
+-- The shared mode (src/local/shared.h, S1 to S8). A try is sent first in
+-- the client's setting, a shared one in protocol 2 whatever the setting
+-- (poll_redis: protocol 1 has no shared mode).
+function C.first_protocol(c, mode)
+  if mode == 'S' then return 2 end
+  return c.protocol
+end
+
+-- take_direct_grant, wake_one (S7): a direct grant is taken only in the
+-- mode its poller waits in ("S" shared, "X" exclusive); one of the other
+-- mode goes back.
+function C.direct_mode_ok(msg_mode, wait_mode) return (msg_mode or 'X') == (wait_mode or 'X') end
+
+-- S1 (shared.c, joinable): a thread asking shared joins the client's
+-- lease without Redis only while it is a shared lease or a reader phase,
+-- held, with the margin a handoff keeps, no thread of the client waiting
+-- for the name exclusively (xwaiting, their count), and its join window
+-- open: join_ms from the grant, or from the phase's start (e.join_until).
+-- The window bounds a writer's wait behind the client's readers (S3).
+function C.joins(s, e, now, xwaiting)
+  return (e.lmode == 'S' or e.phase == true) and e.state == 'HELD' and xwaiting == 0
+    and now < e.join_until and C.roomy(s, e, now)
+end
+
+-- S2: a thread invited to a new grant (or phase) holds it only if, when
+-- it runs, the lease is still held and valid (the take rule of handoffs).
+C.invited_takes = function(e, now) return C.takes(e, now) end
+
+-- S8 (dlock_shared_phase): when the holder of an exclusive lease releases
+-- it and no local handoff was made, the threads waiting shared (swaiting)
+-- hold it together, as one pass of the pass limit with the next token,
+-- only if none waits exclusively (xwaiting) and a pass is allowed.
+function C.phase_may(s, e, now, swaiting, xwaiting, closing)
+  return e.lmode ~= 'S' and e.state == 'HELD' and swaiting > 0 and xwaiting == 0
+    and C.may_pass(s, e, now, true, closing)
 end
 
 -- take_handoff, take_direct_handoff: a passed lease is taken only while it
@@ -466,7 +511,7 @@ local function take_direct_grant(c, e)
   trace(c, 'takes the direct grant of %s (attempt %d, token %.0f)', e.name, m.nonce, m.token)
   -- (the shared worlds: a direct grant is of the mode its attempt queued
   -- the client in: "S" for a shared try, "G"/"U" for an exclusive one)
-  if c.W.shared and m.mode ~= (e.try_mode or 'X') then
+  if c.W.shared and not C.direct_mode_ok(m.mode, e.try_mode) then
     c.W:violation('mode', string.format('%s: %s got a direct grant of mode %s for its %s attempt %d',
       e.name, c.name, m.mode, e.try_mode or 'X', m.nonce))
   end
@@ -498,10 +543,10 @@ function C.try(c, e)
   end
   local argv = C.acquire_argv(c, e, nonce, th.once)
   local sent = cnow(c)
-  local proto, resent = c.protocol, 0
   -- (the shared worlds: a shared try runs lua/p2/acquire_shared.lua, and
   -- its give-back lua/p2/release_shared.lua)
   local mode = th.mode or 'X'
+  local proto, resent = C.first_protocol(c, mode), 0
   local script = mode == 'S' and 'acquire_shared' or 'acquire'
   trace(c, '%s polls %s: acquire attempt %d', th.name, e.name, nonce)
   local function answered(rep, how, acked)

@@ -26,8 +26,8 @@
 --   names  ID PREFIX CLIENT_NAME WAKE_PREFIX
 --   open   ID LEASE_MS PASS_LIMIT WAITER_TTL_MS KEEP_MS MIN_REPLICAS DRIFT_NS
 --          HANDOFF_MARGIN_NS GRANT_MS GRANT_DRIFT_NS GRANT_MARGIN_NS FALLBACK_NS
---          PROTOCOL                           (the setting: dlock_config.protocol)
---   poll   NAME ONCE MADE                     a poll starts (poll_redis)
+--          PROTOCOL JOIN_NS                   (the setting: dlock_config.protocol; join_ms)
+--   poll   NAME ONCE MADE MODE                a poll starts (poll_redis), MODE x or s (shared)
 --   acq    NAME SENT KEYS(7) ARGV(10) PROTO   the acquire script sent in protocol PROTO
 --                                             (dlock_rpc_acquire)
 --   proto  NAME NONCE FROM TO                 attempt NONCE, sent in FROM, was refused as
@@ -37,29 +37,41 @@
 --   rep    NAME NONCE SENT GRANTED VALUE ACKED RC   its reply, as read
 --   tried  NAME NONCE RC SENT ANSWERED STOP  the try's outcome for the poller
 --   grant  NAME TOKEN UNCLEAN VALID_UNTIL GRANT_AT EPOCH   take_grant
---   msg    NAME NONCE TOKEN UNCLEAN STORED PROTOCOL   a wake-up message (wake_one); a
---                                             direct grant's protocol: g, u 1, G, U 2
+--   msg    NAME NONCE TOKEN UNCLEAN STORED PROTOCOL SHARED   a wake-up message (wake_one); a
+--                                             direct grant's protocol: g, u 1, G, U, S 2; S shared
 --   dgrant NAME MSG_NONCE MSG_TOKEN TRY_NONCE TRY_SENT NOW TAKEN   take_direct_grant
---   rdec   NAME PASS NOW WAITERS PASSES TOKEN VALID_UNTIL PROVISIONAL CLOSING ENDING
---                                             an outermost release decides
+--   rdec   NAME PASS NOW WAITERS PASSES TOKEN VALID_UNTIL PROVISIONAL CLOSING ENDING XWAITERS
+--                                             an outermost release decides (XWAITERS: those
+--                                             waiting exclusively, whom a handoff serves)
 --   take   NAME TOKEN NOW OK                  an open handoff taken (take_handoff)
 --   dtake  NAME TOKEN NOW OK                  a direct handoff taken (take_direct_handoff)
 --   reent  NAME TOKEN NOW OK                  a reentrant acquire
 --   ok     NAME TOKEN                         an acquire returns DLOCK_OK
 --   rlost  NAME                               an outermost release of a lost lease
---   rel    NAME KEYS(7) ARGV(10) PROTO        the release script sent, in PROTO
+--   rel    NAME KEYS(7) ARGV(10) PROTO MODE   the release script sent, in PROTO (MODE x, s)
 --   relproto NAME FROM TO                     it was refused as protocol TO's data: the
 --                                             next rel of NAME sends it again in TO
 --   released NAME RC                          its outcome, for the releaser
 --   verdict NAME EPOCH V SENT NOW VALID_UNTIL a renewal's verdict applied
 --   unconf NAME LAST END                      dlock_client_unconfirmed_end
---   giveback NAME NONCE PROTO                 a background release of an attempt, in PROTO
+--   giveback NAME NONCE PROTO MODE            a background release of an attempt, in PROTO
 --   leave  NAME KEYS(7) ARGV(6) PROTO         a leave sent (its protocol checked)
 --   leaveproto NAME FROM TO                   it was refused as protocol TO's data: the
 --                                             next leave of NAME sends it again in TO
 --   leavebg NAME NUMBER PROTO                 a leave left to the background (the same)
+-- and the shared mode's (src/local/shared.c; checked by sim/trace_shared.lua):
+--   sinv   NAME HOLDERS                       a shared grant's holders, its poller and the
+--                                             threads it invited (S2), before its grant line
+--   stake  NAME TOKEN NOW OK XWAITERS         an invitation taken (or refused: OK 0)
+--   sjoin  NAME TOKEN NOW OK XWAITERS         a join (S1) decided on its own reading NOW
+--   sreent NAME TOKEN NOW OK NESTED           a reentrant shared acquire (NESTED: in an
+--                                             exclusive hold, S4)
+--   srel   NAME HOLDERS NOW                   a holder's outermost release, HOLDERS left (S5)
+--   sphase NAME OK HOLDERS TOKEN NOW SWAITERS XWAITERS CLOSING   after an exclusive
+--                                             release kept no handoff: a reader phase (S8)
 local C = require('client')
 local SLOT = require('slot')
+local SH = require('trace_shared') -- the shared mode's lines (its head)
 
 local T = {}
 
@@ -181,7 +193,7 @@ function T.check_file(path)
     elseif kind == 'open' then
       if not c then bad('open before names') break end
       local cfg = {lease_ms = num(f[5]), pass_limit = num(f[6]), waiter_ttl_ms = num(f[7]),
-                   local_rule = 'clock'}
+                   local_rule = 'clock', join_ms = f[17] and num(f[17]) / 1e6}
       c.s = C.settings(cfg)
       c.min_replicas = num(f[9])
       local s = c.s
@@ -203,7 +215,10 @@ function T.check_file(path)
       local e = entry(unesc(f[4]))
       local s = c.s
       if kind ~= 'giveback' and kind ~= 'unconf' and kind ~= 'msg' and kind ~= 'rep' then settle(e) end
-      if kind == 'poll' then
+      local X = {c = c, bad = bad, stats = stats, need_giveback = need_giveback}
+      if SH.line(X, e, kind, f, tid, stamp) then
+        -- (a line of the shared mode: sim/trace_shared.lua)
+      elseif kind == 'poll' then
         if e.state ~= 'NONE' and e.state ~= 'LOST' then
           bad('a poll of %s while its lease is %s', e.name, e.state)
         end
@@ -255,7 +270,7 @@ function T.check_file(path)
             e.last_nonce)
         end
         e.last_nonce = nonce
-        if proto ~= c.protocol then
+        if proto ~= C.first_protocol(c, e.mode) then
           bad('attempt %d of %s sent first in protocol %d; the client\'s setting is %d', nonce,
             e.name, proto, c.protocol)
         end
@@ -338,7 +353,11 @@ function T.check_file(path)
           elseif r.rc ~= E.OK and rc == E.OK then
             bad('attempt %d failed (rc %d) but taken', nonce, r.rc)
           end
-          if r.rc ~= E.OK and r.sent and r.granted ~= 0 and r.granted ~= -1 and
+          -- (refused, written nowhere: granted 0, or EBUSY from an error
+          -- reply, DLOCKMODE or a shared try on protocol 1's data, which
+          -- the model reads as {0, -1}: sim/client.lua, C.try)
+          local refused = r.granted == 0 or r.rc == E.EBUSY
+          if r.rc ~= E.OK and r.sent and not refused and r.granted ~= -1 and
              rc ~= E.ESERVER then
             need_giveback(e, nonce) -- outcome unknown
           end
@@ -347,7 +366,7 @@ function T.check_file(path)
             e.expect = {token = r.value, valid = C.grant_valid(s, us(sent)), direct = false,
                         tid = tid, proto = p.proto}
           end
-          if r.granted == 0 and not e.once then
+          if refused and not e.once then
             e.try_nonce, e.try_sent = nonce, us(sent)
           end
         end
@@ -407,8 +426,8 @@ function T.check_file(path)
         e.owner, e.polling = tid, false
       elseif kind == 'rdec' then
         local pass, now, waiters, passes, token, valid, prov, closing, ending =
-          f[5] == '1', us(f[6]), num(f[7]), num(f[8]), num(f[9]), num(f[10]), f[11] == '1',
-          f[12] == '1', num(f[13])
+          f[5] == '1', us(f[6]), num(f[14] or f[7]), num(f[8]), num(f[9]), num(f[10]),
+          f[11] == '1', f[12] == '1', num(f[13]) -- (waiters: those waiting exclusively)
         if e.state ~= 'HELD' then
           bad('a release of %s whose lease is %s', e.name, e.state)
         elseif passes ~= e.passes or token ~= e.token then
@@ -608,6 +627,7 @@ function T.check_file(path)
           bad('a background leave of %s in protocol %d; the rule sends it in %d', e.name, proto, want)
         end
       end
+      SH.after(X, e, kind, f, tid, stamp)
       if e.expect_unconf and kind ~= 'released' and kind ~= 'unconf' then
         bad('the failed release of %s left no record of its tokens (unconfirmed.h)', e.name)
       end

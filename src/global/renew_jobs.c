@@ -63,7 +63,8 @@ void dlock_renew_give_back(dlock_renew *r, const dlock_entry *e, const char *non
 {
     /* As long as Redis remembers the client's attempts for this name: a
      * later copy of the attempt is refused by Redis itself. */
-    dlock_trace_event(r->cfg.trace, "giveback", e->name, "%s %d", nonce, protocol);
+    dlock_trace_event(r->cfg.trace, "giveback", e->name, "%s %d %c", nonce, protocol,
+                      shared ? 's' : 'x');
     add_job(r, e, 0, nonce, protocol, shared, r->cfg.keep_ms, NULL);
 }
 

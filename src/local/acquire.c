@@ -170,8 +170,9 @@ static int poll_redis(dlock_client *c, const dlock_kind *kind, dlock_entry *e, i
     e->poll.try_nonce = 0; /* a new wait: no direct grant yet */
     e->poll.msg_grant = 0;
     e->poll.busy_known = 0;
-    dlock_trace_event(c->trace, "poll", e->name, "%d %" PRIu64, once, e->made);
     int shared = kind->index == DLOCK_KIND_SHARED;
+    dlock_trace_event(c->trace, "poll", e->name, "%d %" PRIu64 " %c", once, e->made,
+                      shared ? 's' : 'x');
     for (;;) {
         DLOCK_ASSERT(!dlock_entry_held(e) && e->lease.state == DLOCK_LEASE_NONE);
         e->lease.state = DLOCK_LEASE_ACQUIRING;
@@ -380,8 +381,9 @@ int dlock_acquire_run(dlock_client *c, const dlock_kind *kind, const char *name,
             rc = kind->take(c, e, w, 0, &drop_registry, NULL);
             if (rc == DLOCK_OK)
                 break;
-            passed_lost = t;
-            continue; /* it expired in passing: poll Redis again */
+            if (rc == DLOCK_ELOST)
+                passed_lost = t; /* it expired in passing: poll Redis again */
+            continue;            /* (DLOCK_EBUSY: a join refused on its own reading) */
         }
         if (e->poll.fail_seq != fail_seq) {
             /* The poll this thread waited behind failed: so does this call,

@@ -352,8 +352,8 @@ static void wake_one(void *arg, const char *payload, size_t len)
         e->poll.msg_protocol = protocol;
         e->poll.msg_shared = shared;
     }
-    dlock_trace_event(c->trace, "msg", e->name, "%" PRIu64 " %" PRIu64 " %d %d %d", nonce, token,
-                      unclean, stored, protocol);
+    dlock_trace_event(c->trace, "msg", e->name, "%" PRIu64 " %" PRIu64 " %d %d %d %d", nonce,
+                      token, unclean, stored, protocol, shared);
     e->poll.woken = 1;
     pthread_cond_signal(&e->pcv); /* the poller only: the waiters have nothing to do */
     pthread_mutex_unlock(&e->mu);
@@ -532,10 +532,10 @@ int dlock_client_open(const dlock_config *cfg, dlock_client **out)
     }
     dlock_trace_event(c->trace, "open", c->id,
                       "%" PRIu32 " %" PRIu32 " %" PRIu32 " %" PRIu32 " %" PRIu32 " %" PRId64
-                      " %" PRId64 " %" PRIu32 " %" PRId64 " %" PRId64 " %" PRId64 " %d",
+                      " %" PRId64 " %" PRIu32 " %" PRId64 " %" PRId64 " %" PRId64 " %d %" PRId64,
                       c->lease_ms, c->pass_limit, c->waiter_ttl_ms, c->keep_ms, cfg->min_replicas,
                       c->drift_ns, c->handoff_margin_ns, c->grant_ms, c->grant_drift_ns,
-                      c->grant_margin_ns, c->fallback_ns, c->protocol);
+                      c->grant_margin_ns, c->fallback_ns, c->protocol, c->join_ns);
     if (cfg->cluster_nodes) {
         rc = dlock_cluster_create(&c->conn, cfg->cluster_nodes, cfg->pool_size,
                                   cfg->min_replicas, &c->ctr, &c->cluster);

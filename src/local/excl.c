@@ -178,10 +178,10 @@ static int may_pass(const dlock_client *c, const dlock_entry *e, int64_t now, in
            handoff_in_time(e, now);
 }
 
-int dlock_excl_take_pass(dlock_client *c, dlock_entry *e, int64_t now)
+int dlock_excl_take_pass(dlock_client *c, dlock_entry *e, int64_t now, int closing)
 {
     DLOCK_ASSERT(!e->x.has_owner && !e->lease.shared && e->lease.state == DLOCK_LEASE_HELD);
-    if (!may_pass(c, e, now, dlock_load_int(&c->closing)))
+    if (!may_pass(c, e, now, closing))
         return 0;
     e->x.passes++;
     e->lease.token++;
@@ -199,9 +199,10 @@ static int pass(dlock_client *c, dlock_entry *e, int64_t now, dlock_waiter **wak
      * shared are served by a reader phase, shared.c, or ask Redis) */
     int pass = e->kind_waiters[DLOCK_KIND_EXCL] > 0 && may_pass(c, e, now, closing);
     dlock_trace_event(c->trace, "rdec", e->name,
-                      "%d %" PRId64 " %u %u %" PRIu64 " %" PRId64 " %d %d %d", pass, now,
+                      "%d %" PRId64 " %u %u %" PRIu64 " %" PRId64 " %d %d %d %u", pass, now,
                       e->waiters, e->x.passes, e->lease.token, e->lease.valid_until_ns,
-                      e->lease.provisional, closing, e->x.ending);
+                      e->lease.provisional, closing, e->x.ending,
+                      e->kind_waiters[DLOCK_KIND_EXCL]);
     *wake = NULL;
     if (!pass)
         return 0;

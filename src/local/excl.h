@@ -18,8 +18,9 @@ extern const dlock_kind dlock_kind_excl;
 /* Takes one pass of the exclusive lease held by no thread of this client
  * (the next token, one more of the pass limit), as a local handoff
  * would, if one would be allowed now (the pass limit, the validity's
- * margin, the clock rule of tokens, not closing): for a reader phase
- * under the lease (shared.h, S8). 1 if taken, else 0. e->mu held. */
-int dlock_excl_take_pass(dlock_client *c, dlock_entry *e, int64_t now);
+ * margin, the clock rule of tokens, not `closing`, the caller's reading of
+ * c->closing): for a reader phase under the lease (shared.h, S8). 1 if
+ * taken, else 0. e->mu held. */
+int dlock_excl_take_pass(dlock_client *c, dlock_entry *e, int64_t now, int closing);
 
 #endif

@@ -335,7 +335,7 @@ int dlock_rpc_release(dlock_client *c, dlock_entry *e, uint64_t grant, int proto
     int shared = e->lease.shared;
     for (int resent = 0;; resent = 1) {
         char in[8];
-        snprintf(in, sizeof in, "%d", protocol);
+        snprintf(in, sizeof in, "%d %c", protocol, shared ? 's' : 'x');
         dlock_trace_argv(c->trace, "rel", e->name, NULL,
                          DLOCK_SCRIPT_KEYS + DLOCK_RELEASE_ARGS, argv, in);
         rc = call_script(c, dlock_script_release_of(protocol, shared),

@@ -118,10 +118,14 @@ static int mine(const dlock_client *c, const dlock_entry *e)
 static int reenter(dlock_client *c, dlock_entry *e, uint64_t *fence)
 {
     int64_t at = dlock_boot_ns();
-    if (e->lease.state != DLOCK_LEASE_HELD || at >= e->lease.valid_until_ns)
+    int nested = dlock_kind_excl.mine(c, e);
+    int ok = e->lease.state == DLOCK_LEASE_HELD && at < e->lease.valid_until_ns;
+    dlock_trace_event(c->trace, "sreent", e->name, "%" PRIu64 " %" PRId64 " %d %d", e->lease.token,
+                      at, ok, nested);
+    if (!ok)
         return dlock_err_set(DLOCK_ELOST, "the lease of '%s' is lost; release it", e->name);
     dlock_shold *h = dlock_shold_get(c->serial, e); /* room reserved by the caller */
-    if (dlock_kind_excl.mine(c, e)) {
+    if (nested) {
         h->nested++;
         e->x.depth++;
     } else {
@@ -159,6 +163,7 @@ static void hold(dlock_client *c, dlock_entry *e, int unclean)
     e->s.join_until_ns = e->lease.grant_boot_ns + c->join_ns;
     dlock_shold_get(c->serial, e)->depth = 1; /* room reserved by the caller */
     invite(e);
+    dlock_trace_event(c->trace, "sinv", e->name, "%u", e->s.holders);
 }
 
 static int held(const dlock_entry *e)
@@ -175,14 +180,19 @@ static int roomy(const dlock_client *c, const dlock_entry *e, int64_t now)
            e->lease.valid_until_ns;
 }
 
-/* S1: a thread asking shared may join the lease now. */
-static int passing(const dlock_client *c, const dlock_entry *e)
+/* S1 at `now`: a thread asking shared may join the lease. */
+static int joinable(const dlock_client *c, const dlock_entry *e, int64_t now)
 {
     if ((!e->lease.shared && !e->s.under_x) || e->lease.state != DLOCK_LEASE_HELD ||
         e->kind_waiters[DLOCK_KIND_EXCL] > 0)
         return 0;
-    int64_t now = dlock_boot_ns();
     return now < e->s.join_until_ns && roomy(c, e, now);
+}
+
+/* S1: a thread asking shared may join the lease now. */
+static int passing(const dlock_client *c, const dlock_entry *e)
+{
+    return joinable(c, e, dlock_boot_ns());
 }
 
 /* Nobody holds e's shared lease any more and it is not valid: it goes, as
@@ -203,20 +213,24 @@ static void lose(dlock_client *c, dlock_entry *e, int *drop, uint64_t *ran_out)
     e->s.under_x = 0;
 }
 
-/* A join (S1: the lease HELD with room left, as passing found it), or an
+/* A join (S1, as passing found it, checked again on this reading of the
+ * clock: the trace records the rule's inputs at the decision), or an
  * invitation (S2, `direct`: the granter counted the calling thread as a
  * holder of a fresh grant) taken only if the lease is still HELD and valid
- * now; else the thread waits again, and the last holder of a lease that
- * ran out or was lost drops it. */
+ * now; else the thread waits again (DLOCK_EBUSY: a join whose window
+ * closed, or whose lease has no room left for it, on a lease still valid),
+ * and the last holder of a lease that ran out or was lost drops it
+ * (DLOCK_ELOST). */
 static int take(dlock_client *c, dlock_entry *e, dlock_waiter *w, int direct, int *drop,
                 uint64_t *ran_out)
 {
     (void)w;
     int64_t now = dlock_boot_ns();
-    int valid = e->lease.state == DLOCK_LEASE_HELD &&
-                (direct ? now < e->lease.valid_until_ns : roomy(c, e, now));
-    dlock_trace_event(c->trace, direct ? "stake" : "sjoin", e->name, "%" PRIu64 " %" PRId64 " %d",
-                      e->lease.token, now, valid);
+    int valid = direct ? e->lease.state == DLOCK_LEASE_HELD && now < e->lease.valid_until_ns
+                       : joinable(c, e, now);
+    dlock_trace_event(c->trace, direct ? "stake" : "sjoin", e->name,
+                      "%" PRIu64 " %" PRId64 " %d %u", e->lease.token, now, valid,
+                      e->kind_waiters[DLOCK_KIND_EXCL]);
     if (!direct && valid) {
         e->s.holders++;
         dlock_count(&c->ctr.shared_joins, 1);
@@ -231,10 +245,10 @@ static int take(dlock_client *c, dlock_entry *e, dlock_waiter *w, int direct, in
         e->kind_waiters[DLOCK_KIND_SHARED]++;
         (void)dlock_waiter_self(); /* w, not granted any more: a new wait */
     }
-    if (e->s.holders == 0 && !e->x.has_owner &&
-        (e->lease.state != DLOCK_LEASE_HELD || now >= e->lease.valid_until_ns))
+    int gone = e->lease.state != DLOCK_LEASE_HELD || now >= e->lease.valid_until_ns;
+    if (e->s.holders == 0 && !e->x.has_owner && gone)
         lose(c, e, drop, ran_out); /* (a join found it HELD with room: never here) */
-    return DLOCK_ELOST;
+    return gone ? DLOCK_ELOST : DLOCK_EBUSY;
 }
 
 static void drop_lost(dlock_entry *e)
@@ -270,18 +284,27 @@ static void unused(dlock_entry *e)
 
 int dlock_shared_phase(dlock_client *c, dlock_entry *e, int64_t now)
 {
-    if (e->lease.shared || e->lease.state != DLOCK_LEASE_HELD || e->x.has_owner ||
-        e->s.holders > 0 || e->kind_waiters[DLOCK_KIND_SHARED] == 0 ||
-        e->kind_waiters[DLOCK_KIND_EXCL] > 0 || !dlock_excl_take_pass(c, e, now))
+    int closing = dlock_load_int(&c->closing);
+    int phase = !e->lease.shared && e->lease.state == DLOCK_LEASE_HELD && !e->x.has_owner &&
+                e->s.holders == 0 && e->kind_waiters[DLOCK_KIND_SHARED] > 0 &&
+                e->kind_waiters[DLOCK_KIND_EXCL] == 0 && dlock_excl_take_pass(c, e, now, closing);
+    if (!phase) {
+        dlock_trace_event(c->trace, "sphase", e->name, "0 0 %" PRIu64 " %" PRId64 " %u %u %d",
+                          e->lease.token, now, e->kind_waiters[DLOCK_KIND_SHARED],
+                          e->kind_waiters[DLOCK_KIND_EXCL], closing);
         return 0;
+    }
     e->s.under_x = 1;
     e->s.unclean = e->x.ending; /* how the exclusive hold before ended */
     e->x.ending = 0;
     if (e->s.unclean)
         dlock_count(&c->ctr.unclean, 1);
     e->s.join_until_ns = now + c->join_ns;
+    unsigned waiting = e->kind_waiters[DLOCK_KIND_SHARED];
     invite(e);
-    dlock_trace_event(c->trace, "sphase", e->name, "%u %" PRIu64, e->s.holders, e->lease.token);
+    dlock_trace_event(c->trace, "sphase", e->name, "1 %u %" PRIu64 " %" PRId64 " %u %u %d",
+                      e->s.holders, e->lease.token, now, waiting, e->kind_waiters[DLOCK_KIND_EXCL],
+                      closing);
     if (e->s.holders == 0) {
         /* (every thread waiting shared waits in the queue: never here) */
         e->s.under_x = 0;
