@@ -153,6 +153,20 @@ return {
     replace = '    e->x.passes++;\n    return 1;',
   },
   {
+    name = 'shared_phase_past_pass_limit',
+    why = 'a reader phase begins past the pass limit (readers and writers of one client keep the name from others)',
+    file = 'src/local/excl.c',
+    find = '    if (!may_pass(c, e, now, closing))',
+    replace = '    if (!may_pass(c, e, now, closing) && e->x.passes < c->pass_limit)',
+  },
+  {
+    name = 'shared_invited_grant_token',
+    why = "threads invited to a reader phase get the grant's token, not the pass's (below the writer's before them)",
+    file = 'src/local/shared.c',
+    find = 'dlock_waiter_unpark(dlock_waitq_grant(&e->wq, w, e->lease.token));',
+    replace = 'dlock_waiter_unpark(dlock_waitq_grant(&e->wq, w, e->lease.grant_token));',
+  },
+  {
     name = 'sem_spare_counted_during_release',
     why = 'spare permits leave the count only after their release (threads take them meanwhile: more holders than the limit)',
     file = 'src/local/sem.c',
