@@ -67,6 +67,10 @@
 --   sreent NAME TOKEN NOW OK NESTED           a reentrant shared acquire (NESTED: in an
 --                                             exclusive hold, S4)
 --   srel   NAME HOLDERS NOW                   a holder's outermost release, HOLDERS left (S5)
+--   shandle NAME take|release ID              the calling thread's shared hold becomes
+--                                             handle ID's (src/api/handle.c), or the
+--                                             calling thread releases handle ID's: its
+--                                             next srel or rlost is the handle's
 --   sphase NAME OK HOLDERS TOKEN NOW SWAITERS XWAITERS CLOSING   after an exclusive
 --                                             release kept no handoff: a reader phase (S8)
 local C = require('client')

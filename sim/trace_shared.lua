@@ -153,8 +153,27 @@ function S.line(X, e, kind, f, tid, stamp)
         e.phase and 'reader phase\'s (the writer\'s + 1)' or 'shared grant\'s', e.token)
     end
     return true
+  elseif kind == 'shandle' then
+    -- a hold moves between a thread and a handle (src/api/handle.c): the
+    -- handle is a holder of its own, released by any thread
+    local key = 'h' .. f[6]
+    if f[5] == 'take' then
+      if not e.holders[tid] then
+        bad('a shared hold of %s given to a handle by a thread that does not hold it', e.name)
+      end
+      e.holders[tid], e.holders[key] = nil, true
+    else
+      if not e.holders[key] then
+        bad('a release of handle %s of %s, which holds it not', f[6], e.name)
+      end
+      e.by_handle = {tid = tid, key = key}
+    end
+    return true
   elseif kind == 'srel' then
     local left, now = num(f[5]), us(f[6])
+    if e.by_handle and e.by_handle.tid == tid then
+      tid, e.by_handle = e.by_handle.key, nil -- the handle's release
+    end
     if not e.holders[tid] then
       bad('a shared release of %s by a thread that does not hold it', e.name)
     end
@@ -170,6 +189,15 @@ function S.line(X, e, kind, f, tid, stamp)
       e.phase = false
     elseif left == 0 then
       e.state, e.ending = 'RELEASING', 0 -- back to Redis (release_shared.lua)
+    end
+    return true
+  elseif kind == 'rlost' and e.by_handle and e.by_handle.tid == tid then
+    tid, e.by_handle = e.by_handle.key, nil -- the handle's release, of a lost lease
+    if e.state ~= 'LOST' then bad('a release of %s reported lost, which is %s', e.name, e.state) end
+    e.holders[tid] = nil
+    e.nh = e.nh - 1
+    if e.nh <= 0 and e.owner == nil then
+      e.state, e.phase = 'NONE', false
     end
     return true
   elseif kind == 'rlost' and (e.holders[tid] or (e.lmode == 'S' and e.state == 'LOST')) then

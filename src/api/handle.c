@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "common/error.h"
+#include "common/trace.h"
 #include "local/client.h"
 #include "local/excl.h"
 #include "local/release.h"
@@ -75,6 +76,7 @@ static void adopt_hold(dlock_client *c, const char *name, size_t len, dlock_hand
         if (h->mode == HANDLE_SHARED) {
             DLOCK_ASSERT(r->depth == 1 && r->nested == 0);
             r->depth = 0; /* the holder's reference and e->s.holders' count: the handle's */
+            dlock_trace_event(c->trace, "shandle", e->name, "take %p", (void *)h);
         } else {
             /* one permit of the record's generation (sem.c's record made it) */
             DLOCK_ASSERT(r->permits > 0);
@@ -195,6 +197,7 @@ int dlock_handle_release(dlock_handle *h)
         dlock_table_ref(e); /* the lookup's, as release.h expects */
         pthread_mutex_lock(&e->mu);
         if (h->mode == HANDLE_SHARED) {
+            dlock_trace_event(c->trace, "shandle", e->name, "release %p", (void *)h);
             rc = dlock_release_shared_hold(c, e, name, h->since_ns);
         } else {
             DLOCK_ASSERT(e->x.has_owner && e->x.by_handle && e->x.depth == 1);
