@@ -451,7 +451,7 @@ M.list = {
     name = 'sem_model_spare_ignores_validity', run = 'sem',
     schedules = 400,
     why = 'a spare permit is taken, or passed, whatever validity the lease has left',
-    file = 'sem_model', find = "if e.lease ~= 'HELD' or cnow(self, c) + self.cfg.margin_us >= e.valid then return 0 end",
+    file = 'sem_model', find = "if e.lease ~= 'HELD' or now + r.margin >= e.valid then return 0 end",
     replace = "if e.lease ~= 'HELD' then return 0 end",
   },
   {
@@ -459,8 +459,8 @@ M.list = {
     schedules = 50,
     why = 'a try does not name the attempt in doubt (ARGV[10] 0): a direct grant to the queued '
       .. 'attempt, or a grant whose reply was lost, is never taken over',
-    file = 'sem_model', find = "tostring(self.limit[e.name]), tostring(doubt), 'dlock:wake:', e.name})",
-    replace = "tostring(self.limit[e.name]), '0', 'dlock:wake:', e.name})",
+    file = 'sem_model', find = "tostring(k.keep_ms), k.client_name, tostring(limit), tostring(doubt), k.wake, name}",
+    replace = "tostring(k.keep_ms), k.client_name, tostring(limit), '0', k.wake, name}",
   },
   {
     name = 'sem_model_count_not_from_reply', run = 'sem',

@@ -210,6 +210,8 @@ function S.new(seed, opts, scripts)
   cfg.fallback_us = floor(cfg.wttl_ms * 1000 / 4)
   cfg.cmd_timeout_us = self:rint(20, 200) * 1000
   cfg.pass_limit = self:rint(0, 4)
+  self.rules = {lease = cfg.lease_ms * 1000, drift = cfg.drift_us, margin = cfg.margin_us,
+                pass_limit = cfg.pass_limit}
   cfg.horizon_us = self:rint(10, 40) * cfg.lease_ms * 1000
   cfg.faults = {}
   local allowed = opts.faults or S.ALL_FAULTS
@@ -251,6 +253,8 @@ function S:add_client(i)
     number = 0, jobs = 0, net = 0, msgs = 0, renewing = false}
   c.rate = 1 + (self.cfg.faults.clock and self:rint(-50, 50) / 10000 or 0)
   c.channel = 'dlock:wake:' .. c.id
+  c.k = {id = c.id, lease_ms = self.cfg.lease_ms, wttl_ms = self.cfg.wttl_ms,
+         keep_ms = self.cfg.keep_ms, client_name = c.name, wake = 'dlock:wake:'}
   self.by_channel[c.channel] = c
   self.clients[#self.clients + 1] = c
   for _, n in ipairs(self.names) do
@@ -522,21 +526,110 @@ function S:message(c, msg)
 end
 
 ------------------------------------------------------------------------
--- The client's local tier (src/local/sem.c).
+-- The client's rules (src/local/sem.c, sem.h's M1 to M8): pure functions
+-- of an entry's state, in one unit of time, which this world (us) and the
+-- trace checker (sim/trace_sem.lua, ns: the C client's decisions) both
+-- call. r: {lease, drift, margin (times), pass_limit}. An entry: lease
+-- ('NONE', 'HELD', 'LOST'), held, in_use, gen, passes, doubt, queued,
+-- valid, epoch.
+local rule = {}
+S.rule = rule
 
--- M8: permits found lost are forgotten.
-local function settle(e)
-  if e.lease ~= 'LOST' then return end
+-- M8: permits found lost are forgotten. Returns whether it settled.
+function rule.settle(e)
+  if e.lease ~= 'LOST' then return false end
   e.gen = e.gen + 1
   e.held, e.in_use = 0, 0
   e.passes = 0
   e.lease = 'NONE'
+  return true
 end
 
-function S:spare(c, e)
-  if e.lease ~= 'HELD' or cnow(self, c) + self.cfg.margin_us >= e.valid then return 0 end
+-- Spare permits (M3) with the handoff margin left at now.
+function rule.spare(r, e, now)
+  if e.lease ~= 'HELD' or now + r.margin >= e.valid then return 0 end
   return e.held - e.in_use
 end
+
+-- A permit is the thread's only while the lease is HELD and valid.
+function rule.valid(e, now) return e.lease == 'HELD' and now < e.valid end
+
+-- The validity of permits granted (or renewed) by a call sent at `sent`.
+function rule.grant_valid(r, sent) return sent + r.lease - r.drift end
+
+-- A granted try answered at `now` after its permits could have ended: in
+-- doubt, given back.
+function rule.too_late(r, sent, now) return now >= rule.grant_valid(r, sent) end
+
+-- A granted try's reply: the client holds `held` permits in Redis (its
+-- total), whose lease counts from `sent`.
+function rule.apply_grant(r, e, held, sent)
+  rule.settle(e)
+  local valid = rule.grant_valid(r, sent)
+  if e.lease == 'NONE' then
+    e.lease = 'HELD'
+    e.epoch = e.epoch + 1
+    e.valid = valid
+  elseif valid > e.valid then
+    e.valid = valid
+  end
+  if held < e.in_use + 1 then
+    e.gen = e.gen + 1
+    e.in_use = 0
+  end
+  e.held = held
+  e.passes = 0
+  e.doubt = 0
+  e.queued = false
+end
+
+-- M5: a released permit is passed on (not given back to Redis).
+function rule.may_pass(r, e, now, waiting)
+  return waiting and e.passes < r.pass_limit and rule.spare(r, e, now) > 0
+end
+
+-- A renewal sent at `sent`, answered v (1, 0, or nil: no answer) at `now`:
+-- 'renewed' and the new validity, 'lost' and why, or nil (nothing
+-- changes). A 1 answered once the validity ran out counts as lost (it may
+-- have renewed other permits of the client's field: renew_round.c, apply).
+function rule.verdict(r, e, v, sent, now)
+  local late = v == 1 and now >= e.valid
+  if v == 1 and not late then return 'renewed', rule.grant_valid(r, sent) end
+  if v == 0 or now >= e.valid then
+    return 'lost', v == 0 and 'renewal 0' or late and 'renewed too late'
+      or 'unrenewed past their validity'
+  end
+  return nil
+end
+
+-- M4, M8: a thread's record of its permits (permits, of generation gen;
+-- lost): permits of an older generation than gen are lost.
+function rule.record_settle(h, gen)
+  if h.permits > 0 and h.gen ~= gen then
+    h.lost = h.lost + h.permits
+    h.permits = 0
+  end
+end
+
+function rule.record(h, gen)
+  rule.record_settle(h, gen)
+  h.gen = gen
+  h.permits = h.permits + 1
+end
+
+-- The arguments of lua/p2/sem_acquire.lua for attempt num (sem_rpc.c). k:
+-- the client's {id, lease_ms, wttl_ms, keep_ms, client_name, wake}.
+function rule.acquire_argv(k, num, once, limit, doubt, name)
+  return {k.id, tostring(k.lease_ms), tostring(num), '1', tostring(k.wttl_ms), once and '0' or '1',
+    tostring(k.keep_ms), k.client_name, tostring(limit), tostring(doubt), k.wake, name}
+end
+
+------------------------------------------------------------------------
+-- The client's local tier (src/local/sem.c).
+
+local settle = rule.settle
+
+function S:spare(c, e) return rule.spare(self.rules, e, cnow(self, c)) end
 
 local function waiting(e) return e.poller ~= nil or e.wq[1] ~= nil end
 
@@ -555,25 +648,7 @@ function S:lose(c, e)
   settle(e)
 end
 
-function S:apply_grant(c, e, held, sent)
-  settle(e)
-  local valid = sent + self.cfg.lease_ms * 1000 - self.cfg.drift_us
-  if e.lease == 'NONE' then
-    e.lease = 'HELD'
-    e.epoch = e.epoch + 1
-    e.valid = valid
-  elseif valid > e.valid then
-    e.valid = valid
-  end
-  if held < e.in_use + 1 then
-    e.gen = e.gen + 1
-    e.in_use = 0
-  end
-  e.held = held
-  e.passes = 0
-  e.doubt = 0
-  e.queued = false
-end
+function S:apply_grant(c, e, held, sent) rule.apply_grant(self.rules, e, held, sent) end
 
 -- sem_rpc.c: the release of n permits: 'OK', 'ELOST' (Redis had fewer)
 -- or 'EREDIS'.
@@ -668,9 +743,8 @@ end
 function S:rpc_acquire(th, e, num, once, doubt)
   local c = th.c
   local t = {sent = cnow(self, c), in_doubt = false}
-  local rep, how = self:call(th, 'sem_acquire', e.name, e.keys, {c.id, tostring(self.cfg.lease_ms),
-    tostring(num), '1', tostring(self.cfg.wttl_ms), once and '0' or '1', tostring(self.cfg.keep_ms),
-    c.name, tostring(self.limit[e.name]), tostring(doubt), 'dlock:wake:', e.name})
+  local rep, how = self:call(th, 'sem_acquire', e.name, e.keys, rule.acquire_argv(c.k, num, once,
+    self.limit[e.name], doubt, e.name))
   if how ~= 'reply' then
     t.in_doubt = true
     t.rc = 'EREDIS'
@@ -703,7 +777,7 @@ function S:poll_redis(th, e, deadline, once)
       e.woken = false
       local t = self:rpc_acquire(th, e, num, once, e.doubt)
       local rc = t.rc
-      if rc == 'OK' and cnow(self, c) >= t.sent + cfg.lease_ms * 1000 - cfg.drift_us then
+      if rc == 'OK' and rule.too_late(self.rules, t.sent, cnow(self, c)) then
         t.in_doubt = true -- answered after the permit could have ended
         rc = 'EREDIS'
       end
@@ -737,12 +811,7 @@ local function record(th, e)
     h = {permits = 0, lost = 0, gen = 0}
     th.rec[e.name] = h
   end
-  if h.permits > 0 and h.gen ~= e.gen then
-    h.lost = h.lost + h.permits
-    h.permits = 0
-  end
-  h.gen = e.gen
-  h.permits = h.permits + 1
+  rule.record(h, e.gen)
 end
 
 -- dlock_sem_run: one permit of e for thread th, waiting up to wait_ms
@@ -806,7 +875,7 @@ function S:sem_run(th, e, wait_ms)
   wq_remove(e, w)
   th.waiting = nil
   if rc == 'OK' then
-    if e.lease ~= 'HELD' or cnow(self, c) >= e.valid then
+    if not rule.valid(e, cnow(self, c)) then
       self:violation('valid', string.format('%s got a permit of %s its client does not count valid '
         .. '(lease %s, clock %d, validity %d)', th.name, e.name, e.lease, cnow(self, c), e.valid))
     end
@@ -824,10 +893,7 @@ function S:sem_give(th, e)
   local c = th.c
   settle(e)
   local h = th.rec[e.name]
-  if h.permits > 0 and h.gen ~= e.gen then
-    h.lost = h.lost + h.permits
-    h.permits = 0
-  end
+  rule.record_settle(h, e.gen)
   local rc, wake = 'OK', nil
   if h.lost > 0 then
     h.lost = h.lost - 1
@@ -836,7 +902,7 @@ function S:sem_give(th, e)
     h.permits = h.permits - 1
     e.in_use = e.in_use - 1
     if cnow(self, c) >= e.valid then rc = 'ELOST' end
-    if waiting(e) and e.passes < self.cfg.pass_limit and self:spare(c, e) > 0 then
+    if rule.may_pass(self.rules, e, cnow(self, c), waiting(e)) then
       e.passes = e.passes + 1 -- M5: passed, without Redis
       if e.wq[1] then
         e.in_use = e.in_use + 1
@@ -885,15 +951,11 @@ function S:renew_round(c)
       local e = it.e
       if e.lease == 'HELD' and e.epoch == it.epoch then
         local v = ok and rep[i]
-        -- (a 1 answered once the permits' validity had run out may have
-        -- renewed other permits of the client's field: a direct grant
-        -- made after they ended there; renew_round.c, apply)
-        local late = v == 1 and now >= e.valid
-        if v == 1 and not late then
-          e.valid = sent + cfg.lease_ms * 1000 - cfg.drift_us
-        elseif v == 0 or now >= e.valid then
-          self:trace(string.format('%s: the permits of %s are lost (%s)', c.name, e.name,
-            v == 0 and 'renewal 0' or late and 'renewed too late' or 'unrenewed past their validity'))
+        local verdict, x = rule.verdict(self.rules, e, v or nil, sent, now)
+        if verdict == 'renewed' then
+          e.valid = x
+        elseif verdict == 'lost' then
+          self:trace(string.format('%s: the permits of %s are lost (%s)', c.name, e.name, x))
           e.lease = 'LOST'
         end
       end
