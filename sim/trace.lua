@@ -73,9 +73,11 @@
 --                                             next srel or rlost is the handle's
 --   sphase NAME OK HOLDERS TOKEN NOW SWAITERS XWAITERS CLOSING   after an exclusive
 --                                             release kept no handoff: a reader phase (S8)
+--   sem.*                                     the semaphore's (sim/trace_sem.lua checks them)
 local C = require('client')
 local SLOT = require('slot')
 local SH = require('trace_shared') -- the shared mode's lines (its head)
+local TS = require('trace_sem') -- the semaphore's lines (its head)
 
 local T = {}
 
@@ -106,6 +108,7 @@ function T.check_file(path)
   local stats = {lines = 0, grants = 0, passes = 0, takes = 0, verdicts = 0, tries = 0,
                  direct = 0, releases = 0, resends = 0}
   local c -- the model's client
+  local sem = TS.new(stats) -- the model of its semaphores
   local entries = {}
   local numbers = {} -- attempt numbers used by this client
   local lineno, fail = 0, nil
@@ -215,6 +218,9 @@ function T.check_file(path)
       c.protocol = proto_field(f[16], 'the setting')
     elseif not c or not c.s then
       bad('an event before the client opened')
+    elseif kind:sub(1, 4) == 'sem.' then
+      local why = sem:line(c, f)
+      if why then bad('%s', why) end
     else
       local e = entry(unesc(f[4]))
       local s = c.s
@@ -419,7 +425,7 @@ function T.check_file(path)
             x.direct and 'the named try\'s send + min(waiter ttl, lease) - drift'
               or 'the send + lease - drift')
         end
-        if epoch ~= e.epoch + 1 and epoch ~= 1 then
+        if epoch ~= e.epoch + 1 and epoch ~= 1 and not sem:epoch_before(e.name, epoch) then
           bad('grant epoch %d after %d', epoch, e.epoch)
         end
         e.state, e.grant_token, e.token, e.passes = 'HELD', token, token, 0

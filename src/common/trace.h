@@ -13,7 +13,8 @@
  * A line: "<boot ns> <thread> <kind> <fields...>", fields separated by one
  * space, strings escaped (bytes outside '!'..'~' and the backslash as
  * \xHH; the empty string as \x00), so that a line splits on spaces. The kinds and their fields are
- * listed in sim/trace.lua, the one reader.
+ * listed in sim/trace.lua, their reader (the semaphore's, "sem.*", in
+ * sim/trace_sem.lua, to which it hands them).
  *
  * Thread-safe: one mutex per trace, a leaf (taken with an entry mutex or
  * the renewal manager's held, never the other way round). Lines are

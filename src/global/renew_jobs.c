@@ -72,6 +72,7 @@ void dlock_renew_sem_give_back(dlock_renew *r, const dlock_entry *e, const char 
 {
     char number[24];
     snprintf(number, sizeof number, "%" PRIu64, ck_pr_faa_64(r->cfg.attempts, 1) + 1);
+    dlock_trace_event(r->cfg.trace, "sem.giveback", e->name, "%s %s", nonce, number);
     add_job(r, e, 0, nonce, DLOCK_RENEW_SEM, 0, r->cfg.keep_ms, number);
 }
 

@@ -185,7 +185,7 @@ static int64_t apply(dlock_renew *r, snap *s, size_t n, int64_t sent_boot)
         pthread_mutex_lock(&e->mu);
         if (e->lease.state == DLOCK_LEASE_HELD && e->lease.epoch == s[i].epoch &&
             e->lease.renew == s[i].item) {
-            dlock_trace_event(r->cfg.trace, "verdict", e->name,
+            dlock_trace_event(r->cfg.trace, e->lease.sem ? "sem.verdict" : "verdict", e->name,
                               "%" PRIu64 " %d %" PRId64 " %" PRId64 " %" PRId64, e->lease.epoch,
                               s[i].verdict, sent_boot, now, e->lease.valid_until_ns);
             /* A semaphore's renewal names the client, not a grant: a 1

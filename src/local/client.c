@@ -283,6 +283,7 @@ static void wake_one(void *arg, const char *payload, size_t len)
         return;
     }
     int unclean = 0, protocol = 1, shared = 0;
+    uint64_t sem_attempt = 0; /* a "P" message's attempt (for the trace) */
     if (len > 2 && p[0] == 'w' && p[1] == ' ') {
         p += 2;
     } else if (len > 2 && p[0] == 'P' && p[1] == ' ') {
@@ -291,7 +292,8 @@ static void wake_one(void *arg, const char *payload, size_t len)
          * the attempt it was queued with and so takes the grant over
          * (local/sem.h) */
         const char *q = p + 2;
-        if (!parse_u64(&q, end) || !parse_u64(&q, end))
+        sem_attempt = parse_u64(&q, end);
+        if (!sem_attempt || !parse_u64(&q, end))
             return; /* malformed */
         p = q;
     } else if (len > 2 && strchr("guGUS", p[0]) && p[1] == ' ') {
@@ -352,8 +354,12 @@ static void wake_one(void *arg, const char *payload, size_t len)
         e->poll.msg_protocol = protocol;
         e->poll.msg_shared = shared;
     }
-    dlock_trace_event(c->trace, "msg", e->name, "%" PRIu64 " %" PRIu64 " %d %d %d %d", nonce,
-                      token, unclean, stored, protocol, shared);
+    if (sem_attempt)
+        dlock_trace_event(c->trace, "sem.msg", e->name, "%" PRIu64 " %" PRIu64, sem_attempt,
+                          e->m.doubt);
+    else
+        dlock_trace_event(c->trace, "msg", e->name, "%" PRIu64 " %" PRIu64 " %d %d %d %d", nonce,
+                          token, unclean, stored, protocol, shared);
     e->poll.woken = 1;
     pthread_cond_signal(&e->pcv); /* the poller only: the waiters have nothing to do */
     pthread_mutex_unlock(&e->mu);

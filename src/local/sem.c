@@ -4,6 +4,9 @@
  * lock order; e->mu is held except around the Redis calls (sem_rpc.h),
  * which a thread makes only in e's call slot (M2). The calling thread's
  * records (shared.h) are its own: no lock.
+ * In a build with the trace (common/trace.h), each decision is recorded
+ * ("sem.*" lines, under e->mu but for the Redis calls', in the call slot)
+ * for sim/trace_sem.lua, which replays them through the simulator's rules.
  */
 #include <inttypes.h>
 #include <pthread.h>
@@ -31,7 +34,7 @@ static int lock_in_use(const dlock_entry *e)
 
 /* M8: permits the renewal found lost are forgotten: the threads' permits
  * of the generation before are lost. e->mu held. */
-static void settle(dlock_entry *e)
+static void settle(dlock_client *c, dlock_entry *e)
 {
     if (!e->lease.sem || e->lease.state != DLOCK_LEASE_LOST)
         return;
@@ -39,16 +42,26 @@ static void settle(dlock_entry *e)
     e->m.held = e->m.in_use = 0;
     e->m.passes = 0;
     e->lease.state = DLOCK_LEASE_NONE;
+    dlock_trace_event(c->trace, "sem.settle", e->name, "%" PRIu64, e->m.gen);
 }
 
-/* Spare permits (M3) with handoff_margin of validity left: one may be
- * taken by a waiting thread. e->mu held. */
-static unsigned spare(const dlock_client *c, const dlock_entry *e)
+/* Spare permits (M3) with handoff_margin of validity left at `now` (boot
+ * clock): one may be taken by a waiting thread. e->mu held. */
+static unsigned spare(const dlock_client *c, const dlock_entry *e, int64_t now)
 {
     if (e->lease.state != DLOCK_LEASE_HELD ||
-        dlock_boot_ns() + c->handoff_margin_ns >= e->lease.valid_until_ns)
+        now + c->handoff_margin_ns >= e->lease.valid_until_ns)
         return 0;
     return e->m.held - e->m.in_use;
+}
+
+/* The trace of a permit taken by the calling thread (sim/trace_sem.lua):
+ * `how` s a spare one, g its own try's grant, q one passed to it in the
+ * local queue; `now` the clock reading it was taken on. e->mu held. */
+static void traced_take(dlock_client *c, dlock_entry *e, char how, int64_t now)
+{
+    dlock_trace_event(c->trace, "sem.take", e->name, "%c %" PRId64 " %" PRIu64 " %u %u", how, now,
+                      e->m.gen, e->m.held, e->m.in_use);
 }
 
 /* Whether a thread waits for a permit of e: the poller, or one in the
@@ -82,7 +95,7 @@ static int lose(dlock_client *c, dlock_entry *e)
 {
     int drop = dlock_renew_mark_lost(c->renew, e);
     e->lease.lost_notified = 1;
-    settle(e);
+    settle(c, e);
     return drop;
 }
 
@@ -91,7 +104,7 @@ static int lose(dlock_client *c, dlock_entry *e)
  * renewal. DLOCK_OK or DLOCK_ENOMEM. e->mu held, in the call slot. */
 static int apply_grant(dlock_client *c, dlock_entry *e, unsigned held, int64_t sent_boot)
 {
-    settle(e);
+    settle(c, e);
     int64_t valid = sent_boot + (int64_t)c->lease_ms * DLOCK_NS_PER_MS - c->drift_ns;
     if (e->lease.state == DLOCK_LEASE_NONE) {
         e->lease.state = DLOCK_LEASE_HELD;
@@ -125,6 +138,8 @@ static int apply_grant(dlock_client *c, dlock_entry *e, unsigned held, int64_t s
     e->m.passes = 0;
     e->m.doubt = 0;
     e->poll.queued = 0; /* a granted acquire leaves the queue (sem_acquire.lua) */
+    dlock_trace_event(c->trace, "sem.grant", e->name, "%u %u %" PRIu64 " %" PRId64 " %" PRIu64,
+                      e->m.held, e->m.in_use, e->m.gen, e->lease.valid_until_ns, e->lease.epoch);
     return DLOCK_OK;
 }
 
@@ -137,7 +152,7 @@ static int apply_grant(dlock_client *c, dlock_entry *e, unsigned held, int64_t s
 static int give_back(dlock_client *c, dlock_entry *e, int *drop)
 {
     call_begin(e);
-    settle(e);
+    settle(c, e);
     unsigned n = e->lease.state == DLOCK_LEASE_HELD ? e->m.held - e->m.in_use : 0;
     if (n == 0) {
         call_end(e);
@@ -149,11 +164,13 @@ static int give_back(dlock_client *c, dlock_entry *e, int *drop)
         dlock_count(&c->ctr.leases_held, (uint64_t)-1);
         *drop += dlock_renew_remove(c->renew, e);
     }
+    dlock_trace_event(c->trace, "sem.back", e->name, "%u %u", n, e->m.held);
     uint64_t gen = e->m.gen;
     pthread_mutex_unlock(&e->mu);
     int rc = dlock_sem_rpc_release(c, e, n);
     pthread_mutex_lock(&e->mu);
     call_end(e);
+    dlock_trace_event(c->trace, "sem.backrc", e->name, "%d", rc);
     if (rc == DLOCK_ELOST && gen == e->m.gen && e->lease.state == DLOCK_LEASE_HELD) {
         /* Redis had fewer: they had ended, and with them every permit of
          * this client (one end for all) */
@@ -191,7 +208,7 @@ static int leave(dlock_client *c, dlock_entry *e, int *drop)
     /* permits found lost (M8) are settled here too: the next semaphore
      * call may never come, and a lost lease must not outlive the last
      * user (a lock call would take it for a lost lock's) */
-    settle(e);
+    settle(c, e);
     if (!waiting(e) && e->lease.state == DLOCK_LEASE_HELD && e->m.held > e->m.in_use)
         rc = give_back(c, e, drop);
     if (e->m.doubt && !waiting(e) && !e->m.calling) {
@@ -201,6 +218,7 @@ static int leave(dlock_client *c, dlock_entry *e, int *drop)
         dlock_renew_sem_give_back(c->renew, e, nonce);
         e->m.doubt = 0;
     }
+    dlock_trace_event(c->trace, "sem.left", e->name, "%d %d", waiting(e), e->m.calling);
     if (e->wq.head && !e->poll.poller)
         dlock_waitq_wake(e->wq.head); /* it polls, or takes a spare permit */
     return rc;
@@ -213,9 +231,11 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
                       dlock_cancel *k)
 {
     for (;;) {
-        settle(e);
-        if (spare(c, e) > 0) {
+        settle(c, e);
+        int64_t now = dlock_boot_ns();
+        if (spare(c, e, now) > 0) {
             e->m.in_use++;
+            traced_take(c, e, 's', now);
             return DLOCK_OK;
         }
         int rc = dlock_client_stop_rc(c, k);
@@ -229,8 +249,8 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
             return rc;
         }
         call_begin(e);
-        settle(e);
-        if (spare(c, e) > 0) { /* (passed while this thread waited for the slot) */
+        settle(c, e);
+        if (spare(c, e, dlock_boot_ns()) > 0) { /* (passed while this thread waited for the slot) */
             call_end(e);
             continue;
         }
@@ -262,8 +282,9 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
             rc = dlock_err_set(DLOCK_EREDIS, "timed out: redis took no try of '%s' within the "
                                "command timeout (%" PRIu32 " ms): every connection was busy or "
                                "stuck", e->name, c->conn.command_timeout_ms);
+        int64_t answered = dlock_boot_ns();
         if (rc == DLOCK_OK &&
-            dlock_boot_ns() >= t.sent_boot + (int64_t)c->lease_ms * DLOCK_NS_PER_MS - c->drift_ns) {
+            answered >= t.sent_boot + (int64_t)c->lease_ms * DLOCK_NS_PER_MS - c->drift_ns) {
             t.in_doubt = 1; /* answered after the permit could have ended: given back */
             rc = dlock_err_set(DLOCK_EREDIS, "timed out: redis answered the acquire of '%s' "
                                "after the permit could have ended", e->name);
@@ -273,6 +294,8 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
             e->m.doubt = strtoull(nonce, NULL, 10); /* M7: the next try names it */
         if (rc == DLOCK_EBUSY && !once)
             e->poll.queued = 1;
+        dlock_trace_event(c->trace, "sem.tried", e->name, "%s %d %" PRId64 " %d %" PRIu64 " %d",
+                          nonce, rc, answered, t.in_doubt, e->m.doubt, e->poll.queued);
         if (rc == DLOCK_OK) {
             rc = apply_grant(c, e, t.held, t.sent_boot);
             if (rc != DLOCK_OK)
@@ -281,22 +304,25 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
         call_end(e);
         if (rc == DLOCK_OK) {
             e->m.in_use++;
+            traced_take(c, e, 'g', answered);
             return DLOCK_OK;
         }
         if (rc != DLOCK_EBUSY)
             return rc;
-        settle(e);
-        if (spare(c, e) > 0) {
+        settle(c, e);
+        now = dlock_boot_ns();
+        if (spare(c, e, now) > 0) {
             /* passed to this thread while the try was out (M5): its, even
              * past the deadline or for a single try */
             e->m.in_use++;
+            traced_take(c, e, 's', now);
             return DLOCK_OK;
         }
         if (once)
             return dlock_err_set(DLOCK_EBUSY, "no permit of '%s' is free (%lld free, %lld "
                                  "client%s in its wait queue in redis)", e->name, t.free, t.queued,
                                  t.queued == 1 ? "" : "s");
-        int64_t now = dlock_now_ns();
+        now = dlock_now_ns();
         if (now >= deadline)
             return dlock_err_set(DLOCK_ETIMEDOUT, "timed out waiting for a permit of '%s' "
                                  "(limit %" PRIu32 ", %lld client%s in its wait queue in redis, "
@@ -305,12 +331,12 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
         int64_t delay = c->fallback_ns;
         delay -= (int64_t)((uint64_t)now % (uint64_t)(delay / 4 + 1)); /* jitter */
         int64_t wake = now + delay < deadline ? now + delay : deadline;
-        while (!e->poll.woken && spare(c, e) == 0 && e->lease.state != DLOCK_LEASE_LOST &&
+        while (!e->poll.woken && spare(c, e, dlock_boot_ns()) == 0 && e->lease.state != DLOCK_LEASE_LOST &&
                dlock_client_stop_rc(c, k) == DLOCK_OK && dlock_now_ns() < wake) {
             struct timespec ts = dlock_ts(wake);
             pthread_cond_timedwait(&e->pcv, &e->mu, &ts);
         }
-        if (spare(c, e) == 0 && dlock_client_stop_rc(c, k) == DLOCK_OK &&
+        if (spare(c, e, dlock_boot_ns()) == 0 && dlock_client_stop_rc(c, k) == DLOCK_OK &&
             dlock_now_ns() >= deadline)
             return dlock_err_set(DLOCK_ETIMEDOUT, "timed out waiting for a permit of '%s' "
                                  "(limit %" PRIu32 ")", e->name, e->m.limit);
@@ -361,13 +387,17 @@ int dlock_sem_run(dlock_client *c, const char *name, size_t len, uint32_t limit,
     w->kind = DLOCK_KINDS; /* none of the lock's kinds */
     int drop = 0;
     for (;;) {
-        settle(e);
+        settle(c, e);
         if (dlock_waiter_granted(w)) {
             if (w->token == e->m.gen) {
-                if (dlock_boot_ns() < e->lease.valid_until_ns)
+                int64_t now = dlock_boot_ns();
+                if (now < e->lease.valid_until_ns) {
+                    traced_take(c, e, 'q', now);
                     break; /* a releaser passed its permit to this thread (M5) */
+                }
                 /* it ran out before this thread ran: every permit of the
                  * lease with it (M8), found by their validity */
+                dlock_trace_event(c->trace, "sem.ranout", e->name, "%" PRId64, now);
                 drop += lose(c, e);
             }
             (void)dlock_waiter_self(); /* lost in passing (M8): a new wait */
@@ -378,8 +408,10 @@ int dlock_sem_run(dlock_client *c, const char *name, size_t len, uint32_t limit,
             rc = dlock_client_stop_err(rc, name);
             break;
         }
-        if (spare(c, e) > 0 && !e->poll.poller && (!e->wq.head || e->wq.head == w)) {
+        int64_t at = dlock_boot_ns();
+        if (spare(c, e, at) > 0 && !e->poll.poller && (!e->wq.head || e->wq.head == w)) {
             e->m.in_use++;
+            traced_take(c, e, 's', at);
             break;
         }
         if (e->poll.fail_seq != fail_seq) {
@@ -453,7 +485,8 @@ int dlock_sem_give(dlock_client *c, dlock_shold *h)
 {
     dlock_entry *e = h->e;
     pthread_mutex_lock(&e->mu);
-    settle(e);
+    settle(c, e);
+    dlock_trace_event(c->trace, "sem.rec", e->name, "%u %u %" PRIu64, h->permits, h->lost, h->gen);
     if (h->permits > 0 && h->gen != e->m.gen) {
         h->lost += h->permits; /* M8 */
         h->permits = 0;
@@ -461,6 +494,8 @@ int dlock_sem_give(dlock_client *c, dlock_shold *h)
     int rc = DLOCK_OK, drop = 0;
     dlock_waiter *wake = NULL;
     if (h->lost > 0) {
+        dlock_trace_event(c->trace, "sem.give", e->name, "l %" PRId64 " 0 %u 0 %u %u",
+                          dlock_boot_ns(), e->m.passes, e->m.held, e->m.in_use);
         h->lost--;
         rc = dlock_err_set(DLOCK_ELOST, "a permit of '%s' this thread held was lost (its lease "
                            "ran out or was not renewed in time); released locally", e->name);
@@ -468,10 +503,15 @@ int dlock_sem_give(dlock_client *c, dlock_shold *h)
         h->permits--;
         e->m.in_use--;
         int64_t now = dlock_boot_ns();
-        if (now >= e->lease.valid_until_ns)
+        int ranout = now >= e->lease.valid_until_ns;
+        if (ranout)
             rc = dlock_err_set(DLOCK_ELOST, "the permit of '%s' ran out while held (not renewed "
                                "in time)", e->name);
-        if (waiting(e) && e->m.passes < c->pass_limit && spare(c, e) > 0) {
+        int pass = waiting(e) && e->m.passes < c->pass_limit && spare(c, e, now) > 0;
+        dlock_trace_event(c->trace, "sem.give", e->name, "%c %" PRId64 " %d %u %d %u %u",
+                          !pass ? 'b' : e->wq.head ? 'q' : 'p', now, waiting(e), e->m.passes,
+                          ranout, e->m.held, e->m.in_use);
+        if (pass) {
             /* M5: passed, without Redis */
             e->m.passes++;
             dlock_count(&c->ctr.sem_passes, 1);

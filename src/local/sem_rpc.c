@@ -38,18 +38,29 @@ int dlock_sem_rpc_acquire(dlock_client *c, dlock_entry *e, dlock_sem_try *t)
     t->in_doubt = 0;
     t->answered = 0;
     t->sent_boot = dlock_boot_ns();
+    if (c->trace) {
+        char at[48]; /* its send, and which entry of the name (made anew when freed) */
+        snprintf(at, sizeof at, "%" PRId64 " %" PRIu64, t->sent_boot, e->made);
+        dlock_trace_argv(c->trace, "sem.try", e->name, at,
+                         DLOCK_SCRIPT_KEYS + DLOCK_SEM_ACQUIRE_ARGS, argv, NULL);
+    }
     int rc = dlock_rpc_script(c, DLOCK_SCRIPT_SEM_ACQUIRE, DLOCK_SEM_ACQUIRE_ARGS, argv,
                               "semaphore acquire", e->name, t->deadline, &rep, &sent, &acked, 1,
                               t->cancel);
     if (rc != DLOCK_OK) {
         t->in_doubt = sent;
+        dlock_trace_event(c->trace, "sem.rep", e->name, "%s %d 0 -9 0 -1 %d", t->nonce, sent,
+                          rc);
         return rc;
     }
     t->answered = 1;
+    long long traced_k = -9, traced_v = 0; /* the reply's two integers, for the trace */
     if (rep->type == REDIS_REPLY_ARRAY && rep->elements >= 2 &&
         rep->element[0]->type == REDIS_REPLY_INTEGER &&
         rep->element[1]->type == REDIS_REPLY_INTEGER) {
         long long k = rep->element[0]->integer, v = rep->element[1]->integer;
+        traced_k = k;
+        traced_v = v;
         if (k == 1 && c->min_replicas && (acked < 0 || (uint32_t)acked < c->min_replicas)) {
             /* a failover now could lose the grant: given back (by the
              * caller, as an attempt in doubt) */
@@ -85,6 +96,8 @@ int dlock_sem_rpc_acquire(dlock_client *c, dlock_entry *e, dlock_sem_try *t)
                            "acquire of '%s': %s", e->name,
                            rep->type == REDIS_REPLY_ERROR ? rep->str : "unexpected reply");
     }
+    dlock_trace_event(c->trace, "sem.rep", e->name, "%s 1 1 %lld %lld %d %d", t->nonce, traced_k,
+                      traced_v, acked, rc);
     freeReplyObject(rep);
     return rc;
 }
@@ -94,6 +107,7 @@ int dlock_sem_rpc_release(dlock_client *c, dlock_entry *e, unsigned count)
     char number[24], n[16];
     dlock_rpc_number(c, number);
     snprintf(n, sizeof n, "%u", count);
+    dlock_trace_event(c->trace, "sem.rel", e->name, "%s %u", number, count);
     const char *argv[DLOCK_SCRIPT_KEYS + DLOCK_SEM_RELEASE_ARGS];
     dlock_script_sem_release_argv(&c->args, e->keys, e->name, number, n, "0", argv);
     redisReply *rep;
@@ -123,6 +137,7 @@ void dlock_sem_rpc_leave(dlock_client *c, dlock_entry *e, uint64_t gave_up)
     char number[24], attempt[24];
     dlock_rpc_number(c, number);
     snprintf(attempt, sizeof attempt, "%" PRIu64, gave_up);
+    dlock_trace_event(c->trace, "sem.leave", e->name, "%s %s", number, attempt);
     const char *argv[DLOCK_SCRIPT_KEYS + DLOCK_SEM_LEAVE_ARGS];
     dlock_script_sem_leave_argv(&c->args, e->keys, e->name, number, attempt, argv);
     redisReply *rep;
