@@ -160,12 +160,22 @@ function TS:epoch_before(name, epoch)
   return e ~= nil and epoch == e.epoch + 1
 end
 
+-- The fields of each kind (with time, thread, kind and name).
+local FIELDS = {['sem.try'] = 25, ['sem.rep'] = 11, ['sem.tried'] = 10, ['sem.grant'] = 9,
+                ['sem.take'] = 9, ['sem.rec'] = 7, ['sem.give'] = 11, ['sem.back'] = 6,
+                ['sem.rel'] = 6, ['sem.backrc'] = 5, ['sem.settle'] = 5, ['sem.verdict'] = 9,
+                ['sem.leave'] = 6, ['sem.giveback'] = 6, ['sem.left'] = 6, ['sem.msg'] = 6}
+
 -- One line (fields f: f[1] time, f[2] thread, f[3] kind, f[4] name, ...) of
 -- client c (sim/trace.lua's). Returns why it does not conform, or nil.
 function TS:line(c, f)
   self:setup(c)
   local r, st = self.r, self.stats
   local tid, kind = f[2], f[3]
+  if not FIELDS[kind] then return 'a line of an unknown kind ' .. kind end
+  if #f ~= FIELDS[kind] then
+    return string.format('%d fields; a %s line has %d', #f, kind, FIELDS[kind])
+  end
   local e = self:entry(unesc(f[4]))
   local key = tid .. ' ' .. e.name
   if kind == 'sem.try' then

@@ -495,7 +495,7 @@ int dlock_sem_give(dlock_client *c, dlock_shold *h)
     dlock_waiter *wake = NULL;
     if (h->lost > 0) {
         dlock_trace_event(c->trace, "sem.give", e->name, "l %" PRId64 " 0 %u 0 %u %u",
-                          dlock_boot_ns(), e->m.passes, e->m.held, e->m.in_use);
+                          c->trace ? dlock_boot_ns() : 0, e->m.passes, e->m.held, e->m.in_use);
         h->lost--;
         rc = dlock_err_set(DLOCK_ELOST, "a permit of '%s' this thread held was lost (its lease "
                            "ran out or was not renewed in time); released locally", e->name);
