@@ -177,12 +177,14 @@ return {
         dlock_count(&c->ctr.leases_held, (uint64_t)-1);
         *drop += dlock_renew_remove(c->renew, e);
     }
+    dlock_trace_event(c->trace, "sem.back", e->name, "%u %u", n, e->m.held);
     uint64_t gen = e->m.gen;
     pthread_mutex_unlock(&e->mu);
     int rc = dlock_sem_rpc_release(c, e, n);
     pthread_mutex_lock(&e->mu);
     call_end(e);]],
     replace = [[
+    dlock_trace_event(c->trace, "sem.back", e->name, "%u %u", n, e->m.held);
     uint64_t gen = e->m.gen;
     pthread_mutex_unlock(&e->mu);
     int rc = dlock_sem_rpc_release(c, e, n);
@@ -223,8 +225,9 @@ return {
     why = 'a permit passed to the poller while its last try was out goes back to Redis; the poller fails',
     file = 'src/local/sem.c',
     find = [[
-        settle(e);
-        if (spare(c, e) > 0) {
+        settle(c, e);
+        now = dlock_boot_ns();
+        if (spare(c, e, now) > 0) {
             /* passed to this thread while the try was out (M5): its, even]],
     replace = [[
         if (0) {
@@ -234,7 +237,43 @@ return {
     name = 'sem_pass_not_rechecked',
     why = 'a permit passed to a parked thread is taken when it runs, whatever validity is left',
     file = 'src/local/sem.c',
-    find = '                if (dlock_boot_ns() < e->lease.valid_until_ns)\n                    break; /* a releaser',
-    replace = '                if (1)\n                    break; /* a releaser',
+    find = "                if (now < e->lease.valid_until_ns) {\n                    traced_take(c, e, 'q', now);",
+    replace = "                if (1) {\n                    traced_take(c, e, 'q', now);",
+  },
+  -- Caught by the semaphore's trace (sim/trace_sem.lua) first.
+  {
+    name = 'sem_pass_limit_off_by_one',
+    why = 'one local pass of a permit more than pass_limit',
+    file = 'src/local/sem.c',
+    find = 'e->m.passes < c->pass_limit',
+    replace = 'e->m.passes <= c->pass_limit',
+  },
+  {
+    name = 'sem_validity_plus_drift',
+    why = "granted permits counted valid past their lease in Redis (the drift margin added, not taken off)",
+    file = 'src/local/sem.c',
+    find = 'int64_t valid = sent_boot + (int64_t)c->lease_ms * DLOCK_NS_PER_MS - c->drift_ns;',
+    replace = 'int64_t valid = sent_boot + (int64_t)c->lease_ms * DLOCK_NS_PER_MS + c->drift_ns;',
+  },
+  {
+    name = 'sem_answered_too_late_taken',
+    why = "a try's grant answered after the permit's validity ran out is taken",
+    file = 'src/local/sem.c',
+    find = 'if (rc == DLOCK_OK &&\n            answered >= t.sent_boot',
+    replace = 'if (0 && rc == DLOCK_OK &&\n            answered >= t.sent_boot',
+  },
+  {
+    name = 'sem_giveback_forgotten',
+    why = 'an attempt in doubt that nobody will name is dropped, not given back (its grant stays until it expires)',
+    file = 'src/local/sem.c',
+    find = '        dlock_renew_sem_give_back(c->renew, e, nonce);\n        e->m.doubt = 0;',
+    replace = '        e->m.doubt = 0;',
+  },
+  {
+    name = 'sem_leave_names_no_attempt',
+    why = 'the leave reads the queued attempt after clearing it: a direct grant to it is never given back',
+    file = 'src/local/sem.c',
+    find = '            uint64_t gave_up = e->m.doubt;\n            e->poll.queued = 0;\n            e->m.doubt = 0;',
+    replace = '            e->m.doubt = 0;\n            uint64_t gave_up = e->m.doubt;\n            e->poll.queued = 0;',
   },
 }
