@@ -404,6 +404,42 @@ static void test_answer_after_validity(void **state)
     dlock_client_close(a);
 }
 
+/* A permit released while its validity is inside the handoff margin (M5):
+ * Redis paused past a renewal, so that the last validity the client knows
+ * is less than a third of the lease away. It goes back to Redis, not to
+ * the waiting thread; either way the waiter gets a permit. In the traced
+ * build the release's decision is compared with the model's (the margin
+ * rule: sim/trace_sem.lua), which no other test reaches: renewals keep
+ * two thirds of a lease ahead. */
+static void test_release_inside_the_margin(void **state)
+{
+    (void)state;
+    dlock_config cfg;
+    fx_config(&cfg, &fx_server);
+    cfg.lease_ms = 600; /* renewed every 200 ms; margin 200 ms */
+    dlock_client *a;
+    assert_int_equal(dlock_client_open(&cfg, &a), DLOCK_OK);
+    assert_int_equal(dlock_sem_acquire(a, "mg", 1, 0), DLOCK_OK);
+    slow_acq p = {.c = a, .name = "mg", .limit = 1, .wait_ms = 5000};
+    assert_int_equal(pthread_create(&p.th, NULL, slow_acq_main, &p), 0);
+    fx_sleep_ms(100); /* its try refused: it waits (the poller) */
+    redisContext *rc = fx_connect("127.0.0.1", fx_server.port);
+    redisReply *r = redisCommand(rc, "CLIENT PAUSE 600 WRITE");
+    assert_non_null(r);
+    assert_int_equal(r->type, REDIS_REPLY_STATUS);
+    freeReplyObject(r);
+    redisFree(rc);
+    /* the last renewal ran at most 200 ms before the pause: its validity
+     * (594 ms from its send) is 394 to 594 ms after the pause began, its
+     * margin from 194 to 394 ms */
+    fx_sleep_ms(380);
+    int rel = dlock_sem_release(a, "mg");
+    assert_true(rel == DLOCK_OK || rel == DLOCK_ELOST); /* (ended in Redis meanwhile) */
+    pthread_join(p.th, NULL);
+    assert_int_equal(p.rc, DLOCK_OK);
+    dlock_client_close(a);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -413,6 +449,7 @@ int main(void)
         cmocka_unit_test_teardown(test_doubt_on_doubt, fx_ensure_server),
         cmocka_unit_test_teardown(test_pass_to_a_late_waker, fx_ensure_server),
         cmocka_unit_test_teardown(test_answer_after_validity, fx_ensure_server),
+        cmocka_unit_test_teardown(test_release_inside_the_margin, fx_ensure_server),
     };
     return cmocka_run_group_tests(tests, fx_group_setup, fx_group_teardown);
 }
