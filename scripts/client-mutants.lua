@@ -263,6 +263,13 @@ return {
     replace = 'if (0 && rc == DLOCK_OK &&\n            answered >= t.sent_boot',
   },
   {
+    name = 'sem_spare_ignores_margin',
+    why = 'a spare permit is passed, or taken, with less than the handoff margin of validity left',
+    file = 'src/local/sem.c',
+    find = 'now + c->handoff_margin_ns >= e->lease.valid_until_ns)',
+    replace = 'now + 0 * c->handoff_margin_ns >= e->lease.valid_until_ns)',
+  },
+  {
     name = 'sem_giveback_forgotten',
     why = 'an attempt in doubt that nobody will name is dropped, not given back (its grant stays until it expires)',
     file = 'src/local/sem.c',
