@@ -62,6 +62,11 @@
 --   sem.giveback NAME NONCE NUMBER            a background give-back of attempt NONCE
 --   sem.left   NAME WAITING CALLING           a thread leaves the entry (sem.c, leave)
 --   sem.msg    NAME ATTEMPT DOUBT             a "P" message: a direct grant to ATTEMPT
+--   sem.handle NAME take|release ID GEN       a permit of generation GEN moves from the
+--                                             thread's record to handle ID's
+--                                             (src/api/handle.c), or the thread gives
+--                                             handle ID's back: its next sem.rec and
+--                                             sem.give are the handle's
 local S = require('sem')
 local SLOT = require('slot')
 local rule = S.rule
@@ -84,7 +89,7 @@ function TS.new(stats)
                       'sem_verdicts', 'sem_givebacks', 'sem_direct'}) do
     stats[k] = stats[k] or 0
   end
-  return setmetatable({entries = {}, recs = {}, numbers = {}, stats = stats}, TS)
+  return setmetatable({entries = {}, recs = {}, numbers = {}, by_handle = {}, stats = stats}, TS)
 end
 
 function TS:entry(name)
@@ -164,7 +169,8 @@ end
 local FIELDS = {['sem.try'] = 25, ['sem.rep'] = 11, ['sem.tried'] = 10, ['sem.grant'] = 9,
                 ['sem.take'] = 9, ['sem.rec'] = 7, ['sem.give'] = 11, ['sem.back'] = 6,
                 ['sem.rel'] = 6, ['sem.backrc'] = 5, ['sem.settle'] = 5, ['sem.verdict'] = 9,
-                ['sem.leave'] = 6, ['sem.giveback'] = 6, ['sem.left'] = 6, ['sem.msg'] = 6}
+                ['sem.leave'] = 6, ['sem.giveback'] = 6, ['sem.left'] = 6, ['sem.msg'] = 6,
+                ['sem.ranout'] = 5, ['sem.handle'] = 7}
 
 -- One line (fields f: f[1] time, f[2] thread, f[3] kind, f[4] name, ...) of
 -- client c (sim/trace.lua's). Returns why it does not conform, or nil.
@@ -178,6 +184,32 @@ function TS:line(c, f)
   end
   local e = self:entry(unesc(f[4]))
   local key = tid .. ' ' .. e.name
+  local hk = self.by_handle[key]
+  if hk and (kind == 'sem.rec' or kind == 'sem.give') then
+    key = hk -- a handle's permit, given back by this thread (sem.handle)
+    if kind == 'sem.give' then self.by_handle[tid .. ' ' .. e.name] = nil end
+  end
+  if kind == 'sem.handle' then
+    -- a permit moves from the thread's record to handle ID's, or this
+    -- thread gives handle ID's back (src/api/handle.c)
+    local how, hkey, gen = f[5], 'handle ' .. f[6] .. ' ' .. e.name, num(f[7])
+    if how == 'take' then
+      local h = self.recs[key]
+      if not h or h.permits == 0 or h.gen ~= gen then
+        return string.format('a permit of %s of generation %d given to a handle by a thread the '
+          .. 'model gave none of it', e.name, gen)
+      end
+      h.permits = h.permits - 1
+      self.recs[hkey] = {permits = 1, lost = 0, gen = gen}
+    else
+      local h = self.recs[hkey]
+      if not h or h.permits + h.lost == 0 then
+        return string.format('a release of handle %s of %s, which holds no permit', f[6], e.name)
+      end
+      self.by_handle[key] = hkey
+    end
+    return
+  end
   if kind == 'sem.try' then
     local sent, made, nonce = num(f[5]), num(f[6]), num(f[16])
     local p = e.pending

@@ -82,6 +82,8 @@ static void adopt_hold(dlock_client *c, const char *name, size_t len, dlock_hand
             DLOCK_ASSERT(r->permits > 0);
             h->rec = (dlock_shold){.serial = c->serial, .e = e, .permits = 1, .gen = r->gen};
             r->permits--;
+            dlock_trace_event(c->trace, "sem.handle", e->name, "take %p %" PRIu64, (void *)h,
+                              r->gen);
         }
         dlock_shold_tidy(r);
         pthread_mutex_unlock(&e->mu);
@@ -190,6 +192,10 @@ int dlock_handle_release(dlock_handle *h)
     dlock_entry *e = h->e;
     int rc;
     if (h->mode == HANDLE_PERMIT) {
+        pthread_mutex_lock(&e->mu);
+        dlock_trace_event(c->trace, "sem.handle", e->name, "release %p %" PRIu64, (void *)h,
+                          h->rec.gen);
+        pthread_mutex_unlock(&e->mu);
         rc = dlock_sem_give(c, &h->rec); /* drops the permit's reference */
     } else {
         char name[DLOCK_NAME_MAX + 1]; /* for messages: e may be freed before they are made */
