@@ -191,16 +191,11 @@ function S.line(X, e, kind, f, tid, stamp)
       e.state, e.ending = 'RELEASING', 0 -- back to Redis (release_shared.lua)
     end
     return true
-  elseif kind == 'rlost' and e.by_handle and e.by_handle.tid == tid then
-    tid, e.by_handle = e.by_handle.key, nil -- the handle's release, of a lost lease
-    if e.state ~= 'LOST' then bad('a release of %s reported lost, which is %s', e.name, e.state) end
-    e.holders[tid] = nil
-    e.nh = e.nh - 1
-    if e.nh <= 0 and e.owner == nil then
-      e.state, e.phase = 'NONE', false
+  elseif kind == 'rlost' and ((e.by_handle and e.by_handle.tid == tid) or e.holders[tid] or
+                               (e.lmode == 'S' and e.state == 'LOST')) then
+    if e.by_handle and e.by_handle.tid == tid then
+      tid, e.by_handle = e.by_handle.key, nil -- the handle's release, of a lost lease
     end
-    return true
-  elseif kind == 'rlost' and (e.holders[tid] or (e.lmode == 'S' and e.state == 'LOST')) then
     if not e.holders[tid] then
       bad('a shared release of %s by a thread that does not hold it', e.name)
     end

@@ -319,6 +319,18 @@ static void test_doubt_on_doubt(void **state)
     dlock_client_close(b);
 }
 
+/* Redis runs no write (scripts included) for the next ms milliseconds:
+ * renewals and tries go unanswered meanwhile. */
+static void pause_writes(int ms)
+{
+    redisContext *rc = fx_connect("127.0.0.1", fx_server.port);
+    redisReply *r = redisCommand(rc, "CLIENT PAUSE %d WRITE", ms);
+    assert_non_null(r);
+    assert_int_equal(r->type, REDIS_REPLY_STATUS);
+    freeReplyObject(r);
+    redisFree(rc);
+}
+
 /* A thread that takes a permit, woken late when one is passed to it, and
  * says whether the permits' lease was valid when its acquire returned. */
 typedef struct late_acq {
@@ -369,12 +381,7 @@ static void test_pass_to_a_late_waker(void **state)
     /* renewals go unanswered for longer than a lease, and the permit is
      * passed with at least 2/3 of a lease less the drift left (renewed
      * every third): more than the handoff margin */
-    redisContext *rc = fx_connect("127.0.0.1", fx_server.port);
-    redisReply *r = redisCommand(rc, "CLIENT PAUSE 2000 WRITE");
-    assert_non_null(r);
-    assert_int_equal(r->type, REDIS_REPLY_STATUS);
-    freeReplyObject(r);
-    redisFree(rc);
+    pause_writes(2000);
     assert_int_equal(dlock_sem_release(c, "woken"), DLOCK_OK); /* passed to it */
     pthread_join(late.th, NULL);
     pthread_join(poller.th, NULL);
@@ -437,12 +444,7 @@ static void test_release_inside_the_margin(void **state)
     slow_acq p = {.c = a, .name = "mg", .limit = 1, .wait_ms = 5000};
     assert_int_equal(pthread_create(&p.th, NULL, slow_acq_main, &p), 0);
     fx_sleep_ms(100); /* its try refused: it waits (the poller) */
-    redisContext *rc = fx_connect("127.0.0.1", fx_server.port);
-    redisReply *r = redisCommand(rc, "CLIENT PAUSE 600 WRITE");
-    assert_non_null(r);
-    assert_int_equal(r->type, REDIS_REPLY_STATUS);
-    freeReplyObject(r);
-    redisFree(rc);
+    pause_writes(600);
     /* the last renewal ran at most 200 ms before the pause: its validity
      * (594 ms from its send) is 394 to 594 ms after the pause began, its
      * margin from 194 to 394 ms */
