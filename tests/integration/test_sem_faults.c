@@ -367,6 +367,12 @@ static void test_pass_to_a_late_waker(void **state)
     dlock_config cfg;
     fx_config(&cfg, &fx_server);
     cfg.lease_ms = 1500; /* renewed every 500 ms; a lost permit ends in Redis within it */
+    /* The poller's second try comes 4 s after its first (a quarter of the
+     * waiter ttl), after the pause below: a try Redis held back for longer
+     * than a lease would be answered too late, and fail the waiting
+     * threads with it. A renewal waits the pause out. */
+    cfg.waiter_ttl_ms = 16000;
+    cfg.command_timeout_ms = 10000;
     dlock_client *c;
     assert_int_equal(dlock_client_open(&cfg, &c), DLOCK_OK);
     assert_int_equal(dlock_sem_acquire(c, "woken", 1, 0), DLOCK_OK);
@@ -378,10 +384,11 @@ static void test_pass_to_a_late_waker(void **state)
     fx_sleep_ms(200); /* it asks Redis, and is queued there */
     assert_int_equal(pthread_create(&late.th, NULL, late_acq_main, &late), 0);
     fx_sleep_ms(200); /* it waits behind the poller, parked */
-    /* renewals go unanswered for longer than a lease, and the permit is
-     * passed with at least 2/3 of a lease less the drift left (renewed
-     * every third): more than the handoff margin */
-    pause_writes(2000);
+    /* renewals go unanswered for longer than a lease (so the permit runs
+     * out before any is answered; it has ended in Redis by the pause's end),
+     * and the permit is passed with at least 2/3 of a lease less the drift
+     * left (renewed every third): more than the handoff margin */
+    pause_writes(1600);
     assert_int_equal(dlock_sem_release(c, "woken"), DLOCK_OK); /* passed to it */
     pthread_join(late.th, NULL);
     pthread_join(poller.th, NULL);
