@@ -896,25 +896,134 @@ void fx_cluster_stop(fx_cluster *c)
     c->n = 0;
 }
 
+/* A string reply's text, malloc'd, or NULL for any other reply (freed). */
+static char *reply_str(redisReply *r)
+{
+    char *s = NULL;
+    if (r && r->type == REDIS_REPLY_STRING)
+        s = strdup(r->str);
+    if (r)
+        freeReplyObject(r);
+    return s;
+}
+
+/* The server's TIME in ms, or -1. */
+static long long server_ms(redisContext *c)
+{
+    redisReply *r = redisCommand(c, "TIME");
+    long long now = -1;
+    if (r && r->type == REDIS_REPLY_ARRAY && r->elements == 2)
+        now = atoll(r->element[0]->str) * 1000 + atoll(r->element[1]->str) / 1000;
+    if (r)
+        freeReplyObject(r);
+    return now;
+}
+
+int fx_key_protocol(redisContext *c, const char *key)
+{
+    redisReply *r = redisCommand(c, "TYPE %s", key);
+    int hash = r && r->type == REDIS_REPLY_STATUS && !strcmp(r->str, "hash");
+    if (r)
+        freeReplyObject(r);
+    if (!hash)
+        return 0;
+    char *pv = reply_str(redisCommand(c, "HGET %s pv", key));
+    /* protocol 2 marks every hash it writes; protocol 1's lease has an
+     * owner and a token (and pv 1 since 0.2.0) */
+    int p = pv && !strcmp(pv, "2") ? 2 : 1;
+    free(pv);
+    return p;
+}
+
+/* Word `n` (0-based) of protocol 2's grant field g of key, malloc'd, or
+ * NULL (no g, or released: ''). */
+static char *p2_grant_word(redisContext *c, const char *key, int n)
+{
+    char *g = reply_str(redisCommand(c, "HGET %s g", key));
+    if (!g)
+        return NULL;
+    char *w = g, *out = NULL;
+    for (int i = 0; i < n && w; i++) {
+        w = strchr(w, ' ');
+        w = w ? w + 1 : NULL;
+    }
+    if (w && *w && *w != ' ')
+        out = strndup(w, strcspn(w, " "));
+    free(g);
+    return out;
+}
+
+char *fx_grant_get(redisContext *c, const char *key, const char *what)
+{
+    int p = fx_key_protocol(c, key);
+    int owner = !strcmp(what, "owner");
+    if (p == 1)
+        return reply_str(redisCommand(c, "HGET %s %s", key, owner ? "owner" : "token"));
+    if (p != 2)
+        return NULL;
+    char *token = p2_grant_word(c, key, 0);
+    if (!token || !owner)
+        return token;
+    free(token);
+    return reply_str(redisCommand(c, "HGET %s o", key));
+}
+
 long long fx_lease_ms(redisContext *c, const char *key)
 {
-    redisReply *r = redisCommand(c, "HGET %s exp", key);
-    if (!r || r->type != REDIS_REPLY_STRING) {
-        if (r)
-            freeReplyObject(r);
+    int p = fx_key_protocol(c, key);
+    char *exp = p == 1 ? reply_str(redisCommand(c, "HGET %s exp", key))
+              : p == 2 ? p2_grant_word(c, key, 3)
+                       : NULL;
+    if (!exp)
         return -2;
+    long long end = atoll(exp);
+    free(exp);
+    long long now = server_ms(c);
+    return now >= 0 && end >= now ? end - now : -2;
+}
+
+int fx_key_has_data(redisContext *c, const char *key)
+{
+    redisReply *r = redisCommand(c, "EXISTS %s", key);
+    int n = r && r->type == REDIS_REPLY_INTEGER && r->integer > 0;
+    if (r)
+        freeReplyObject(r);
+    return n;
+}
+
+/* A protocol 2 field "<...> <until ms>" of key, malloc'd, or NULL when
+ * absent or past its until by the server's clock. */
+static char *p2_field_live(redisContext *c, const char *key, const char *field)
+{
+    char *v = reply_str(redisCommand(c, "HGET %s %s", key, field));
+    const char *sp = v ? strrchr(v, ' ') : NULL;
+    if (v && (!sp || atoll(sp + 1) < server_ms(c))) {
+        free(v);
+        v = NULL;
     }
-    long long exp = atoll(r->str);
-    freeReplyObject(r);
-    r = redisCommand(c, "TIME");
-    if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 2) {
-        if (r)
-            freeReplyObject(r);
-        return -2;
+    return v;
+}
+
+int fx_turn_live(redisContext *c, const char *key)
+{
+    if (fx_key_protocol(c, key) == 2) {
+        char *t = p2_field_live(c, key, "t");
+        free(t);
+        return t != NULL;
     }
-    long long now = atoll(r->element[0]->str) * 1000 + atoll(r->element[1]->str) / 1000;
-    freeReplyObject(r);
-    return exp >= now ? exp - now : -2;
+    char turn[600];
+    snprintf(turn, sizeof turn, "%s:turn", key);
+    return fx_key_has_data(c, turn);
+}
+
+char *fx_record_get(redisContext *c, const char *key, const char *id)
+{
+    char field[300];
+    if (fx_key_protocol(c, key) == 2) {
+        snprintf(field, sizeof field, "c:%s", id);
+        return p2_field_live(c, key, field);
+    }
+    return reply_str(redisCommand(c, "GET %s:c:%s", key, id));
 }
 
 long long fx_server_lease_ms(const char *key)

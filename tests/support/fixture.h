@@ -175,11 +175,42 @@ long long fx_info_top_calls(const char *host, int port);
 /* used_cpu_sys + used_cpu_user of host:port in seconds, or -1 on error. */
 double fx_info_cpu(const char *host, int port);
 
-/* The time left of the grant in lease key `key`, in ms, by the server's
- * clock: its exp field (server ms) less the server's TIME; -2 when there is
- * no grant (no key, or the grant expired: the key outlives its grant by a
- * lease time, as a fence). */
+/* A lock name's data as the server holds it, in the layout of whichever
+ * protocol wrote it: `key` is the name's key, "<prefix>{<name>}" (protocol
+ * 1: the lease hash, with fence, turn and record keys beside it; protocol
+ * 2: one hash with the grant in field g, lua/p2/LAYOUT.txt). A test that
+ * asserts what a call did to a name asks these, so that it holds whatever
+ * protocol its clients write (DLOCK_TEST_PROTOCOL). */
+
+/* The protocol of the name's data: 1, 2, or 0 when there is none (no key;
+ * or a key of neither layout). */
+int fx_key_protocol(redisContext *c, const char *key);
+
+/* The time left of the grant of the name, in ms, by the server's clock:
+ * its end (server ms) less the server's TIME; -2 when there is no grant (no
+ * data, a grant released, or one that expired: protocol 1's key outlives
+ * its grant by a lease time, as a fence; protocol 2's hash keeps its
+ * fields). */
 long long fx_lease_ms(redisContext *c, const char *key);
+
+/* A field of the name's grant, malloc'd (free it), or NULL when there is
+ * no grant (released, or no data; an expired grant still answers while its
+ * data lives): what "token" (decimal) or "owner" (the client id). */
+char *fx_grant_get(redisContext *c, const char *key, const char *what);
+
+/* 1 if the name has data of any protocol, live or kept (protocol 1's lease
+ * key, protocol 2's hash), else 0. */
+int fx_key_has_data(redisContext *c, const char *key);
+
+/* 1 if the server holds a turn of the name that has not run out (protocol
+ * 1's turn key; protocol 2's field t, until its end), else 0. */
+int fx_turn_live(redisContext *c, const char *key);
+
+/* What the server remembers of client `id` for the name (protocol 1's
+ * record key, protocol 2's field c:<id>), malloc'd, or NULL when none or
+ * its time ran out. The first word is the client's newest attempt in both
+ * layouts. */
+char *fx_record_get(redisContext *c, const char *key, const char *id);
 
 /* fx_lease_ms on fx_server, over a connection of its own. */
 long long fx_server_lease_ms(const char *key);
