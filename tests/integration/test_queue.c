@@ -51,6 +51,64 @@ static long long rcmd_int(const char *fmt, const char *arg)
     return v;
 }
 
+/* What Redis holds of name's grant and records, read in the layout of
+ * whichever protocol the clients write (fixture.h): so each assertion
+ * means the same under DLOCK_TEST_PROTOCOL=1 and 2. */
+
+/* Field what ("owner" or "token") of name's grant, malloc'd, or NULL when
+ * there is none (released, or no data). */
+static char *grant_field(const char *name, const char *what)
+{
+    char key[64];
+    snprintf(key, sizeof key, "dlock:{%s}", name);
+    redisContext *rc = fx_connect("127.0.0.1", fx_server.port);
+    assert_non_null(rc);
+    char *v = fx_grant_get(rc, key, what);
+    redisFree(rc);
+    return v;
+}
+
+/* 1 if name has no grant in Redis: released (or never granted), not one
+ * still running or left to run out. */
+static int grant_released(const char *name)
+{
+    char key[64];
+    snprintf(key, sizeof key, "dlock:{%s}", name);
+    redisContext *rc = fx_connect("127.0.0.1", fx_server.port);
+    assert_non_null(rc);
+    char *token = fx_grant_get(rc, key, "token");
+    long long left = fx_lease_ms(rc, key);
+    redisFree(rc);
+    int none = token == NULL;
+    free(token);
+    return none && left == -2;
+}
+
+/* 1 if name has a turn that has not run out. */
+static int turn_live(const char *name)
+{
+    char key[64];
+    snprintf(key, sizeof key, "dlock:{%s}", name);
+    redisContext *rc = fx_connect("127.0.0.1", fx_server.port);
+    assert_non_null(rc);
+    int live = fx_turn_live(rc, key);
+    redisFree(rc);
+    return live;
+}
+
+/* Redis's record of client id for name, malloc'd ("<newest attempt> ..."),
+ * or NULL when none or run out. */
+static char *record_of(const char *name, const char *id)
+{
+    char key[64];
+    snprintf(key, sizeof key, "dlock:{%s}", name);
+    redisContext *rc = fx_connect("127.0.0.1", fx_server.port);
+    assert_non_null(rc);
+    char *v = fx_record_get(rc, key, id);
+    redisFree(rc);
+    return v;
+}
+
 /* Subscriptions to this process's wake channels (pattern "dlock:wake:*"). */
 static long long wake_channels(void)
 {
@@ -200,7 +258,7 @@ static void test_timeout_leaves_queue_try_never_joins(void **state)
     assert_int_equal(rcmd_int("EXISTS %s", "dlock:{q2}:q"), 0);
     assert_int_equal(rcmd_int("EXISTS %s", "dlock:{q2}:qd"), 0);
     assert_int_equal(dlock_release(a, "q2"), DLOCK_OK);
-    assert_int_equal(rcmd_int("EXISTS %s", "dlock:{q2}:turn"), 0);
+    assert_int_equal(turn_live("q2"), 0);
     dlock_client_close(a);
     dlock_client_close(b);
 }
@@ -364,21 +422,9 @@ static void test_last_waiter_leaves(void **state)
     assert_int_equal(rcmd_int("EXISTS %s", "dlock:{q7}:q"), 0);
     assert_int_equal(rcmd_int("EXISTS %s", "dlock:{q7}:qd"), 0);
     assert_int_equal(dlock_release(a, "q7"), DLOCK_OK);
-    assert_int_equal(rcmd_int("EXISTS %s", "dlock:{q7}:turn"), 0);
+    assert_int_equal(turn_live("q7"), 0);
     dlock_client_close(a);
     dlock_client_close(b);
-}
-
-/* HGET of the lease field of name, malloc'd, NULL when absent. */
-static char *lease_field(const char *name, const char *field)
-{
-    redisContext *rc = fx_connect("127.0.0.1", fx_server.port);
-    assert_non_null(rc);
-    redisReply *r = redisCommand(rc, "HGET dlock:{%s} %s", name, field);
-    char *v = r && r->type == REDIS_REPLY_STRING ? strdup(r->str) : NULL;
-    freeReplyObject(r);
-    redisFree(rc);
-    return v;
 }
 
 /* A crossing between clients costs the waiter's refused try and the
@@ -411,7 +457,7 @@ static void test_direct_grant_no_acquire_after_release(void **state)
     assert_int_equal(s1.direct_grants - s0.direct_grants, 1);
     assert_int_equal(s1.redis_commands - s0.redis_commands, 2); /* its try and its release */
     assert_int_equal(s1.leases_lost, 0);
-    assert_int_equal(rcmd_int("EXISTS %s", "dlock:{dg1}"), 0);
+    assert_true(grant_released("dg1"));
     dlock_client_close(a);
     dlock_client_close(b);
 }
@@ -424,7 +470,7 @@ static void test_direct_grant_to_dead_waiter_lasts_its_ttl(void **state)
     (void)state;
     ghost_run g;
     ghost_start(&g, "dg2", 600, 1);
-    char *owner = lease_field("dg2", "owner");
+    char *owner = grant_field("dg2", "owner");
     assert_non_null(owner);
     assert_string_equal(owner, "ghost");
     free(owner);
@@ -492,7 +538,7 @@ static void test_direct_grant_racing_a_retry(void **state)
     dlock_client_stats(b, &s1);
     assert_int_equal(s1.direct_grants - s0.direct_grants, 0); /* the retry's grant won */
     assert_int_equal(s1.leases_lost, 0);
-    assert_int_equal(rcmd_int("EXISTS %s", "dlock:{dg3}"), 0); /* released, not left */
+    assert_true(grant_released("dg3")); /* released, not left */
     trio_close(&t);
 }
 
@@ -513,13 +559,13 @@ static void test_direct_grant_racing_a_leave(void **state)
     fx_proxy_hold_next(px, "{dg4}");
     assert_int_equal(fx_proxy_wait_held(px, 10000), 0); /* b's leave, held */
     assert_int_equal(dlock_release(a, "dg4"), DLOCK_OK); /* grants b */
-    char *owner = lease_field("dg4", "owner");
+    char *owner = grant_field("dg4", "owner");
     assert_non_null(owner); /* b's, provisionally */
     free(owner);
     fx_proxy_release_held(px);
     pthread_join(wb.th, NULL);
     assert_int_equal(wb.rc, DLOCK_ETIMEDOUT);
-    assert_int_equal(rcmd_int("EXISTS %s", "dlock:{dg4}"), 0); /* given back */
+    assert_true(grant_released("dg4")); /* given back */
     assert_int_equal(dlock_acquire(c, "dg4", 0, NULL), DLOCK_OK);
     assert_int_equal(dlock_release(c, "dg4"), DLOCK_OK);
     trio_close(&t);
@@ -646,17 +692,20 @@ static void test_late_leave_spares_newer_grant(void **state)
     keeper_start(&kb, b, "dg6", 5000);
     wait_flag(&kb.got);
     assert_int_equal(kb.rc, DLOCK_OK);
-    char *owner = lease_field("dg6", "owner");
+    char *owner = grant_field("dg6", "owner");
     assert_non_null(owner);
-    char rec[128];
-    snprintf(rec, sizeof rec, "dlock:{dg6}:c:%s", owner);
-    for (int i = 0; i < 1000 && rcmd_int("EXISTS %s", rec) == 1; i++)
+    char *rec = record_of("dg6", owner);
+    assert_non_null(rec);
+    for (int i = 0; i < 1000 && rec; i++) {
+        free(rec);
         fx_sleep_ms(10); /* b's record expires; b keeps renewing */
-    assert_int_equal(rcmd_int("EXISTS %s", rec), 0);
+        rec = record_of("dg6", owner);
+    }
+    assert_null(rec);
     fx_proxy_release_held(px);
     assert_int_equal(fx_proxy_wait_released(px, 10000), 0);
     fx_sleep_ms(100); /* the late leave runs */
-    char *now_owner = lease_field("dg6", "owner");
+    char *now_owner = grant_field("dg6", "owner");
     assert_non_null(now_owner);
     assert_string_equal(now_owner, owner);
     assert_int_equal(dlock_acquire(c, "dg6", 0, NULL), DLOCK_EBUSY);
@@ -690,25 +739,24 @@ static void test_direct_grant_of_an_older_try_dropped(void **state)
     wait_queued("old", 1);
     /* B's newest attempt, as Redis recorded it (its record: "<attempt> ..."),
      * then at least two tries more (a fallback retry every <= 50 ms). */
-    char rec[128];
-    snprintf(rec, sizeof rec, "dlock:{old}:c:%s", dlock_client_id(b));
-    redisContext *rc = fx_connect("127.0.0.1", fx_server.port);
-    redisReply *r = redisCommand(rc, "GET %s", rec);
-    assert_int_equal(r->type, REDIS_REPLY_STRING);
-    unsigned long long old_try = strtoull(r->str, NULL, 10);
-    freeReplyObject(r);
+    char *rec = record_of("old", dlock_client_id(b));
+    assert_non_null(rec);
+    unsigned long long old_try = strtoull(rec, NULL, 10);
+    free(rec);
     assert_true(old_try > 0);
     unsigned long long now_try = old_try;
     for (int i = 0; i < 1000 && now_try < old_try + 2; i++) {
         fx_sleep_ms(10);
-        r = redisCommand(rc, "GET %s", rec);
-        now_try = r->type == REDIS_REPLY_STRING ? strtoull(r->str, NULL, 10) : 0;
-        freeReplyObject(r);
+        rec = record_of("old", dlock_client_id(b));
+        now_try = rec ? strtoull(rec, NULL, 10) : 0;
+        free(rec);
     }
     assert_true(now_try >= old_try + 2);
     char msg[64];
     snprintf(msg, sizeof msg, "g %llu 12345 old", old_try);
-    r = redisCommand(rc, "PUBLISH dlock:wake:%s %s", dlock_client_id(b), msg);
+    redisContext *rc = fx_connect("127.0.0.1", fx_server.port);
+    assert_non_null(rc);
+    redisReply *r = redisCommand(rc, "PUBLISH dlock:wake:%s %s", dlock_client_id(b), msg);
     assert_int_equal(r->type, REDIS_REPLY_INTEGER);
     assert_int_equal(r->integer, 1);
     freeReplyObject(r);
