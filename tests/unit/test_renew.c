@@ -160,15 +160,89 @@ static long long cmd_int(const char *fmt, const char *key)
     return v;
 }
 
-static long long key_exists(const char *key) { return cmd_int("EXISTS %s", key); }
-static long long key_pttl(const char *key) { return cmd_int("PTTL %s", key); }
+/* What Redis holds of a name, read in the layout of whichever protocol the
+ * clients write (fixture.h): each assertion means the same under
+ * DLOCK_TEST_PROTOCOL=1 and 2. */
 
-static char *key_hget(const char *key, const char *field)
+/* 1 if the name has data of either protocol (live or kept), else 0. */
+static int key_has_data(const char *key)
 {
-    redisReply *r = cmd("HGET %s %s", key, field);
-    char *v = r->type == REDIS_REPLY_STRING ? strdup(r->str) : NULL;
-    freeReplyObject(r);
+    redisContext *k = fx_connect("127.0.0.1", fx_server.port);
+    if (!k)
+        fail_msg("cannot connect to the test redis on port %d", fx_server.port);
+    int n = fx_key_has_data(k, key);
+    redisFree(k);
+    return n;
+}
+
+/* Field what ("token" or "owner") of the name's grant, malloc'd, or NULL
+ * (released, or no data). */
+static char *grant_get(const char *key, const char *what)
+{
+    redisContext *k = fx_connect("127.0.0.1", fx_server.port);
+    if (!k)
+        fail_msg("cannot connect to the test redis on port %d", fx_server.port);
+    char *v = fx_grant_get(k, key, what);
+    redisFree(k);
     return v;
+}
+
+/* 1 if the name has no grant: released (no token left), and no time left
+ * of any grant. */
+static int grant_released(const char *key)
+{
+    char *token = grant_get(key, "token");
+    int none = token == NULL;
+    free(token);
+    return none && fx_server_lease_ms(key) == -2;
+}
+
+/* Tampering behind the client's back, in the layout of the name's data. */
+
+/* The grant's owner becomes "intruder". */
+static void tamper_owner(const char *key)
+{
+    redisContext *k = fx_connect("127.0.0.1", fx_server.port);
+    assert_non_null(k);
+    int p = fx_key_protocol(k, key);
+    redisFree(k);
+    assert_true(p == 1 || p == 2);
+    /* protocol 1: the lease hash's field owner; 2: the hash's field o */
+    freeReplyObject(cmd("HSET %s %s intruder", key, p == 1 ? "owner" : "o"));
+}
+
+/* The grant's token becomes 12345, all else kept (another grant's token). */
+static void tamper_token(const char *key)
+{
+    redisContext *k = fx_connect("127.0.0.1", fx_server.port);
+    assert_non_null(k);
+    int p = fx_key_protocol(k, key);
+    redisFree(k);
+    assert_true(p == 1 || p == 2);
+    if (p == 1) {
+        freeReplyObject(cmd("HSET %s token 12345", key));
+        return;
+    }
+    /* protocol 2: g is "<token> <nonce> ..." (lua/p2/LAYOUT.txt) */
+    redisReply *r = cmd("EVAL %s 1 %s",
+                        "local g = redis.call('HGET', KEYS[1], 'g') "
+                        "local rest = string.match(g or '', '^%d+( .+)$') "
+                        "if not rest then return 0 end "
+                        "redis.call('HSET', KEYS[1], 'g', '12345' .. rest) return 1",
+                        key);
+    assert_int_equal(r->type, REDIS_REPLY_INTEGER);
+    assert_int_equal(r->integer, 1);
+    freeReplyObject(r);
+    char *token = grant_get(key, "token");
+    assert_non_null(token);
+    assert_string_equal(token, "12345");
+    free(token);
+}
+
+/* The name's data is gone (either layout: one key). */
+static void tamper_delete(const char *key)
+{
+    freeReplyObject(cmd("DEL %s", key));
 }
 
 static dlock_stats stats(dlock_client *c)
@@ -227,7 +301,7 @@ static void test_short_lease_kept(void **state)
      * (renewal happens every lease/3, so readings sit between ~lease/3 and
      * lease; the key would otherwise be long gone). */
     assert_true(max_pttl_late > lease / 3);
-    char *token = key_hget(key, "token");
+    char *token = grant_get(key, "token");
     char want[32];
     snprintf(want, sizeof want, "%" PRIu64, f);
     assert_non_null(token);
@@ -241,7 +315,7 @@ static void test_short_lease_kept(void **state)
     assert_int_equal(s1.leases_lost, 0);
     assert_int_equal(dlock_held(c, "k"), 1);
     assert_int_equal(dlock_release(c, "k"), DLOCK_OK);
-    assert_int_equal(key_exists(key), 0);
+    assert_true(grant_released(key));
     assert_int_equal(lost_count(l), 0);
     assert_table_empty(c);
     dlock_client_close(c);
@@ -249,9 +323,9 @@ static void test_short_lease_kept(void **state)
     lost_free(l);
 }
 
-/* Acquires `name`, tampers with its key via `tamper` (a redis command format
- * taking the key), and checks the loss is reported once and handled. */
-static void lost_case(const char *prefix, const char *name, const char *tamper,
+/* Acquires `name`, tampers with its data via `tamper` (given the key), and
+ * checks the loss is reported once and handled. */
+static void lost_case(const char *prefix, const char *name, void (*tamper)(const char *key),
                       int key_survives)
 {
     lost_log *l = lost_new();
@@ -261,11 +335,11 @@ static void lost_case(const char *prefix, const char *name, const char *tamper,
     snprintf(key, sizeof key, "%s{%s}", prefix, name);
     uint64_t f = 0;
     assert_int_equal(dlock_acquire(c, name, 0, &f), DLOCK_OK);
-    assert_int_equal(key_exists(key), 1);
+    assert_true(fx_server_lease_ms(key) > 0);
     /* A second, untouched lease of the same client stays fine. */
     assert_int_equal(dlock_acquire(c, "bystander", 0, NULL), DLOCK_OK);
 
-    freeReplyObject(cmd(tamper, key));
+    tamper(key);
     /* A key now owned by someone else must outlive the checks below (nobody
      * renews it): make it persistent. */
     if (key_survives)
@@ -275,7 +349,7 @@ static void lost_case(const char *prefix, const char *name, const char *tamper,
      * periods: only a missing report runs into it. */
     int n = lost_wait(l, 1, 10000);
     if (n < 1)
-        fail_msg("on_lost not called within 10 s after '%s'", tamper);
+        fail_msg("on_lost not called within 10 s after tampering with %s", key);
     pthread_mutex_lock(&l->mu);
     char got_name[64];
     memcpy(got_name, l->names[0], sizeof got_name);
@@ -297,7 +371,7 @@ static void lost_case(const char *prefix, const char *name, const char *tamper,
     assert_int_equal(dlock_held(c, name), 0);
     assert_int_equal(dlock_held(c, "bystander"), 1);
     if (!key_survives)
-        assert_int_equal(key_exists(key), 0);
+        assert_int_equal(key_has_data(key), 0);
     dlock_stats s = stats(c);
     assert_int_equal(s.leases_lost, 1);
 
@@ -312,8 +386,8 @@ static void lost_case(const char *prefix, const char *name, const char *tamper,
     assert_int_equal(dlock_release(c, name), DLOCK_ENOTHELD);
     assert_int_equal(dlock_held(c, name), 0);
     if (key_survives) {
-        assert_int_equal(key_exists(key), 1);
-        char *owner = key_hget(key, "owner");
+        assert_int_equal(key_has_data(key), 1);
+        char *owner = grant_get(key, "owner");
         assert_non_null(owner);
         assert_string_equal(owner, "intruder");
         free(owner);
@@ -344,13 +418,13 @@ static void lost_case(const char *prefix, const char *name, const char *tamper,
 static void test_lost_deleted(void **state)
 {
     (void)state;
-    lost_case("tr:del:", "victim", "DEL %s", 0);
+    lost_case("tr:del:", "victim", tamper_delete, 0);
 }
 
 static void test_lost_owner_overwritten(void **state)
 {
     (void)state;
-    lost_case("tr:own:", "taken", "HSET %s owner intruder", 1);
+    lost_case("tr:own:", "taken", tamper_owner, 1);
 }
 
 static void test_lost_token_overwritten(void **state)
@@ -361,7 +435,7 @@ static void test_lost_token_overwritten(void **state)
     dlock_client *c = open_client("tr:tok:", 600, l);
     uint64_t f = 0;
     assert_int_equal(dlock_acquire(c, "t", 0, &f), DLOCK_OK);
-    freeReplyObject(cmd("HSET %s token 12345", "tr:tok:{t}"));
+    tamper_token("tr:tok:{t}");
     if (lost_wait(l, 1, 10000) < 1)
         fail_msg("on_lost not called within 10 s after the token changed");
     assert_int_equal(l->fences[0], f);
@@ -469,8 +543,8 @@ static void test_lost_not_handed_off(void **state)
     assert_int_equal(w->held, 1);
     assert_true(w->fence > f);
     /* A real grant in Redis, with the waiter's token. */
-    assert_int_equal(key_exists(key), 1);
-    char *token = key_hget(key, "token");
+    assert_true(fx_server_lease_ms(key) > 0);
+    char *token = grant_get(key, "token");
     char want[32];
     snprintf(want, sizeof want, "%" PRIu64, w->fence);
     assert_non_null(token);
@@ -479,7 +553,7 @@ static void test_lost_not_handed_off(void **state)
     waiter_finish(w, th);
     assert_int_equal(w->rel, DLOCK_OK);
     dlock_client_close(c);
-    assert_int_equal(key_exists(key), 0);
+    assert_true(grant_released(key));
     assert_int_equal(lost_count(l), 1);
     pthread_mutex_destroy(&w->mu);
     free(w);
@@ -606,7 +680,7 @@ static void test_connections_dropped(void **state)
     assert_int_equal(w->rc, DLOCK_OK);
     assert_true(w->fence > f);
     dlock_client_close(c2);
-    assert_int_equal(key_exists("tr:drop:{w}"), 0);
+    assert_true(grant_released("tr:drop:{w}"));
     pthread_mutex_destroy(&w->mu);
     free(w);
 
@@ -618,7 +692,7 @@ static void test_connections_dropped(void **state)
         assert_int_equal(dlock_held(c, "held"), 1);
     }
     assert_int_equal(lost_count(l), 0);
-    assert_true(key_pttl("tr:drop:{held}") > 0);
+    assert_true(fx_server_lease_ms("tr:drop:{held}") > 0);
 
     /* 3. Redis was reachable all along, so the release after the drops must
      * work: a dead pooled connection is the client's to replace (scripts are
@@ -627,7 +701,7 @@ static void test_connections_dropped(void **state)
     if (rc != DLOCK_OK)
         fail_msg("release after the server closed the pooled connection: %s (%s)",
                  dlock_err_name(rc), dlock_last_error());
-    assert_int_equal(key_exists("tr:drop:{held}"), 0);
+    assert_true(grant_released("tr:drop:{held}"));
     assert_int_equal(lost_count(l), 0);
     assert_int_equal(stats(c).leases_lost, 0);
     assert_table_empty(c);
@@ -860,7 +934,10 @@ static void test_restart_found_at_once(void **state)
  * pipeline after the server lost its script cache (NOSCRIPT) must all be
  * released; one whose release reaches Redis before its acquire (here: the
  * grant is made only after the first try) is tried again. White-box: the
- * module's own API, on leases written directly. */
+ * module's own API, on leases written directly, in protocol 1's layout and
+ * given back with protocol 1's release (dlock_renew_give_back's protocol
+ * argument), whatever DLOCK_TEST_PROTOCOL says: the module's batching and
+ * retries are the point, and they are the same for both protocols. */
 static void test_give_backs_released(void **state)
 {
     (void)state;
