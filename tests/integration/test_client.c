@@ -236,18 +236,18 @@ static void test_name_arguments(void **state)
     assert_int_equal(dlock_acquire(c, longest, 0, &f), DLOCK_OK);
     assert_true(f > 0);
     assert_int_equal(dlock_held(c, longest), 1);
-    assert_int_equal(key_exists(key), 1);
+    assert_int_equal(lease_live(key), 1);
     assert_int_equal(dlock_release(c, longest), DLOCK_OK);
-    assert_int_equal(key_exists(key), 0);
+    assert_int_equal(lease_live(key), 0);
     assert_int_equal(dlock_held(c, longest), 0);
 
     /* A name may hold any bytes but NUL: braces, colons, spaces. */
     const char *odd = "a:{b} c";
     lease_key(key, sizeof key, prefix, odd);
     assert_int_equal(dlock_acquire(c, odd, 0, &f), DLOCK_OK);
-    assert_int_equal(key_exists(key), 1);
+    assert_int_equal(lease_live(key), 1);
     assert_int_equal(dlock_release(c, odd), DLOCK_OK);
-    assert_int_equal(key_exists(key), 0);
+    assert_int_equal(lease_live(key), 0);
 
     assert_table_empty(c);
     dlock_client_close(c);
@@ -413,15 +413,15 @@ static void test_fork_child(void **state)
 
     /* The parent's lease survived the child's close. */
     assert_int_equal(dlock_held(c, "fk"), 1);
-    assert_int_equal(key_exists(key), 1);
-    char *token = key_hget(key, "token");
+    assert_int_equal(lease_live(key), 1);
+    char *token = grant_get(key, "token");
     char want[32];
     snprintf(want, sizeof want, "%" PRIu64, f);
     assert_non_null(token);
     assert_string_equal(token, want);
     free(token);
     assert_int_equal(dlock_release(c, "fk"), DLOCK_OK);
-    assert_int_equal(key_exists(key), 0);
+    assert_int_equal(lease_live(key), 0);
     assert_table_empty(c);
     dlock_client_close(c);
 }
@@ -455,15 +455,15 @@ static void test_close_releases(void **state)
     char key[64];
     for (int i = 0; i < 5; i++) {
         lease_key(key, sizeof key, prefix, names[i]);
-        assert_int_equal(key_exists(key), 1);
+        assert_int_equal(lease_live(key), 1);
     }
     dlock_client_close(c);
     for (int i = 0; i < 5; i++) {
         lease_key(key, sizeof key, prefix, names[i]);
-        assert_int_equal(key_exists(key), 0);
+        assert_int_equal(lease_live(key), 0);
     }
     lease_key(key, sizeof key, prefix, "thread-held");
-    assert_int_equal(key_exists(key), 0);
+    assert_int_equal(lease_live(key), 0);
 
     /* So another client gets them at once, long before the 60 s lease. */
     dlock_client *c2 = open_client(prefix, lease);

@@ -136,7 +136,7 @@ static void test_redis_stopped(void **state)
     assert_int_equal(dlock_release(c, "s"), DLOCK_OK);
     char key[64];
     lease_key(key, sizeof key, prefix, "s");
-    assert_int_equal(key_exists(key), 0);
+    assert_int_equal(lease_live(key), 0);
     assert_table_empty(c);
     dlock_client_close(c);
 }
@@ -285,7 +285,7 @@ static void test_idle_connection_closed_by_server(void **state)
     if (rc != DLOCK_OK)
         fail_msg("release after an idle period: %s (%s)", dlock_err_name(rc),
                  dlock_last_error());
-    assert_int_equal(key_exists(key), 0);
+    assert_int_equal(lease_live(key), 0);
     assert_int_equal(dlock_acquire(c2, "i", 0, NULL), DLOCK_OK);
 
     fx_sleep_ms(2500);
@@ -350,11 +350,11 @@ static void test_redis_restarted(void **state)
             fail_msg("no recovery after restart: %s (%s)", dlock_err_name(rc), dlock_last_error());
         char key[64];
         lease_key(key, sizeof key, prefix, "r");
-        assert_int_equal(key_exists(key), 1);
+        assert_int_equal(lease_live(key), 1);
         assert_true(f > f0);
         f0 = f;
         assert_int_equal(dlock_release(c, "r"), DLOCK_OK);
-        assert_int_equal(key_exists(key), 0);
+        assert_int_equal(lease_live(key), 0);
         /* And the next call works at once, also for a new name. */
         assert_int_equal(dlock_acquire(c, "r2", 0, NULL), DLOCK_OK);
         assert_int_equal(dlock_release(c, "r2"), DLOCK_OK);

@@ -3,7 +3,8 @@
  * test_client_locking.c, test_client_faults.c, test_client_ops.c), each a
  * cmocka executable of its own against the private redis-server fx_server
  * (tests/support/fixture.h): a client on it, commands to it and what its keys
- * hold, a client's stats, and one acquire on another thread (op).
+ * hold (the grant in either protocol's layout), a client's stats, and one
+ * acquire on another thread (op).
  * static inline: each executable uses some of them.
  */
 #ifndef DLOCK_TESTS_CLIENT_HELPERS_H
@@ -81,6 +82,27 @@ static inline char *key_hget(const char *key, const char *field)
         assert_int_equal(r->type, REDIS_REPLY_NIL);
     freeReplyObject(r);
     return v;
+}
+
+/* A field of the grant of a name's key, "token" or "owner", in the layout
+ * of whichever protocol wrote it (fx_grant_get), malloc'd, or NULL when no
+ * grant stands. */
+static inline char *grant_get(const char *key, const char *what)
+{
+    redisContext *k = fx_connect("127.0.0.1", fx_server.port);
+    if (!k)
+        fail_msg("cannot connect to the test redis on port %d", fx_server.port);
+    char *v = fx_grant_get(k, key, what);
+    redisFree(k);
+    return v;
+}
+
+/* 1 if the name of key has a grant that has not run out by the server's
+ * clock, in either protocol's layout (fx_server_lease_ms >= 0), 0 if it has
+ * none (-2: released, expired, or never written). */
+static inline int lease_live(const char *key)
+{
+    return fx_server_lease_ms(key) >= 0;
 }
 
 static inline dlock_stats stats(dlock_client *c)
