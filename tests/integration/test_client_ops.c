@@ -34,12 +34,27 @@
 
 /* ------------------------------------------------------------------ tests */
 
-/* A lease field, "" when absent (the caller frees nothing). */
-static void lease_field_str(const char *key, const char *field, char *out, size_t n)
+/* What the grant of key says of its holder, in the layout of whichever
+ * protocol wrote it: "owner" (client id), "name" (client name) or "since"
+ * (server ms of the grant, decimal); "" when there is no grant. */
+static void grant_str(const char *key, const char *what, char *out, size_t n)
 {
-    redisReply *r = cmd("HGET %s %s", key, field);
-    snprintf(out, n, "%s", r->type == REDIS_REPLY_STRING ? r->str : "");
-    freeReplyObject(r);
+    redisContext *k = fx_connect("127.0.0.1", fx_server.port);
+    if (!k)
+        fail_msg("cannot connect to the test redis on port %d", fx_server.port);
+    char *v = NULL;
+    if (!strcmp(what, "since")) {
+        long long ms = fx_grant_since_ms(k, key);
+        if (ms >= 0 && asprintf(&v, "%lld", ms) < 0)
+            v = NULL;
+    } else if (!strcmp(what, "name")) {
+        v = fx_grant_client_name(k, key);
+    } else {
+        v = fx_grant_get(k, key, what);
+    }
+    redisFree(k);
+    snprintf(out, n, "%s", v ? v : "");
+    free(v);
 }
 
 typedef struct waiter_arg {
@@ -62,7 +77,7 @@ static void *wait_and_hold(void *arg)
 }
 
 /* Who holds a lease, for operators: the client's id as owner, its name and
- * the grant's server time in the lease hash (also for a direct grant, which
+ * the grant's server time in the name's data (also for a direct grant, which
  * the releasing client makes for the waiter); its connections named with
  * CLIENT SETNAME; names Redis would refuse are DLOCK_EINVAL. */
 static void test_holder_identity(void **state)
@@ -99,11 +114,11 @@ static void test_holder_identity(void **state)
     freeReplyObject(t);
     assert_int_equal(dlock_acquire(a, "who", 0, NULL), DLOCK_OK);
     char v[100];
-    lease_field_str("tc:who:{who}", "owner", v, sizeof v);
+    grant_str("tc:who:{who}", "owner", v, sizeof v);
     assert_string_equal(v, id);
-    lease_field_str("tc:who:{who}", "name", v, sizeof v);
+    grant_str("tc:who:{who}", "name", v, sizeof v);
     assert_string_equal(v, "alpha-1");
-    lease_field_str("tc:who:{who}", "since", v, sizeof v);
+    grant_str("tc:who:{who}", "since", v, sizeof v);
     assert_true(atoll(v) >= now_ms && atoll(v) < now_ms + 10000); /* generous: a slow box */
 
     /* b waits; a's release grants it directly: the lease names b */
@@ -123,9 +138,9 @@ static void test_holder_identity(void **state)
     while (!__atomic_load_n(&w.got, __ATOMIC_ACQUIRE))
         fx_sleep_ms(5);
     assert_int_equal(w.rc, DLOCK_OK);
-    lease_field_str("tc:who:{who}", "owner", v, sizeof v);
+    grant_str("tc:who:{who}", "owner", v, sizeof v);
     assert_string_equal(v, dlock_client_id(b));
-    lease_field_str("tc:who:{who}", "name", v, sizeof v);
+    grant_str("tc:who:{who}", "name", v, sizeof v);
     assert_string_equal(v, "beta-2");
     __atomic_store_n(&w.release, 1, __ATOMIC_RELEASE);
     pthread_join(th, NULL);
@@ -137,7 +152,7 @@ static void test_holder_identity(void **state)
     host[sizeof host - 1] = '\0';
     snprintf(want, sizeof want, "%.40s:%ld", host, (long)getpid());
     assert_int_equal(dlock_acquire(d, "who", 0, NULL), DLOCK_OK);
-    lease_field_str("tc:who:{who}", "name", v, sizeof v);
+    grant_str("tc:who:{who}", "name", v, sizeof v);
     assert_string_equal(v, want);
     assert_int_equal(dlock_release(d, "who"), DLOCK_OK);
     redisReply *cl = cmd("CLIENT LIST");
@@ -383,15 +398,16 @@ static void test_server_rechecked(void **state)
 /* Data of another protocol (a later release marks it with the lease
  * hash's field pv: lua/acquire.lua, "Protocol") is refused, not misread:
  * an acquire, waiting or not, fails with DLOCK_ESERVER naming both
- * protocols and leaves the data as it was; so does the release of a lease
- * this client holds if its hash gains the mark (released locally all the
- * same). pv 1, this protocol's own, changes nothing. */
+ * protocols (the client's: the one it writes, config_protocol) and leaves
+ * the data as it was; so does the release of a lease this client holds if
+ * its hash gains the mark (released locally all the same). pv 1 or 2, a
+ * protocol this release speaks, changes nothing. */
 static void test_other_protocol_refused(void **state)
 {
     (void)state;
     dlock_client *c = open_client("tc:pv:", 2000);
     char mine[48];
-    snprintf(mine, sizeof mine, "speaks protocol %d", DLOCK_PROTOCOL_VERSION);
+    snprintf(mine, sizeof mine, "speaks protocol %d", config_protocol());
     freeReplyObject(cmd("HSET tc:pv:{p} pv 3"));
     long long scripts0 = fx_info_calls("127.0.0.1", fx_server.port, "evalsha") +
                          fx_info_calls("127.0.0.1", fx_server.port, "eval");
@@ -411,11 +427,17 @@ static void test_other_protocol_refused(void **state)
                          fx_info_calls("127.0.0.1", fx_server.port, "eval") - scripts0,
                      2);
     assert_int_equal(key_exists("tc:pv:{p}:q"), 0); /* not queued */
-    char *owner = key_hget("tc:pv:{p}", "owner");
-    assert_null(owner);
-    char *pv = key_hget("tc:pv:{p}", "pv");
-    assert_string_equal(pv, "3");
-    free(pv);
+    /* the hash as written: pv alone (no grant, record or flag of either
+     * layout), and no time to live */
+    redisReply *r = cmd("HGETALL tc:pv:{p}");
+    assert_int_equal(r->type, REDIS_REPLY_ARRAY);
+    assert_int_equal(r->elements, 2);
+    assert_string_equal(r->element[0]->str, "pv");
+    assert_string_equal(r->element[1]->str, "3");
+    freeReplyObject(r);
+    r = cmd("PTTL tc:pv:{p}");
+    assert_int_equal(r->integer, -1);
+    freeReplyObject(r);
 
     assert_int_equal(dlock_acquire(c, "q", 0, NULL), DLOCK_OK);
     freeReplyObject(cmd("HSET tc:pv:{q} pv 3"));
@@ -424,11 +446,24 @@ static void test_other_protocol_refused(void **state)
     assert_int_equal(dlock_held(c, "q"), 0);
 
     freeReplyObject(cmd("DEL tc:pv:{q}"));
-    freeReplyObject(cmd("HSET tc:pv:{p} pv 1"));
-    assert_int_equal(dlock_acquire(c, "p", 0, NULL), DLOCK_OK);
-    assert_int_equal(dlock_release(c, "p"), DLOCK_OK);
     assert_int_equal(dlock_acquire(c, "q", 0, NULL), DLOCK_OK);
     assert_int_equal(dlock_release(c, "q"), DLOCK_OK);
+    /* a mark of a protocol this build speaks (either, but in a build of
+     * one: CMakeLists.txt, DLOCK_PROTOCOL_ONLY): granted in it */
+#ifdef DLOCK_PROTOCOL_ONLY
+    const int pv_lo = DLOCK_PROTOCOL_ONLY, pv_hi = DLOCK_PROTOCOL_ONLY;
+#else
+    const int pv_lo = DLOCK_PROTOCOL_LOWEST, pv_hi = DLOCK_PROTOCOL_HIGHEST;
+#endif
+    for (int pv = pv_lo; pv <= pv_hi; pv++) {
+        freeReplyObject(cmd("DEL tc:pv:{p}"));
+        freeReplyObject(cmd("HSET tc:pv:{p} pv %d", pv));
+        assert_int_equal(dlock_acquire(c, "p", 0, NULL), DLOCK_OK);
+        assert_int_equal(key_protocol("tc:pv:{p}"), pv);
+        assert_int_equal(lease_live("tc:pv:{p}"), 1);
+        assert_int_equal(dlock_release(c, "p"), DLOCK_OK);
+        assert_int_equal(lease_live("tc:pv:{p}"), 0);
+    }
     dlock_client_close(c);
 }
 

@@ -97,6 +97,26 @@ static inline char *grant_get(const char *key, const char *what)
     return v;
 }
 
+/* The protocol of the name's data (fx_key_protocol: 1, 2, or 0 none). */
+static inline int key_protocol(const char *key)
+{
+    redisContext *k = fx_connect("127.0.0.1", fx_server.port);
+    if (!k)
+        fail_msg("cannot connect to the test redis on port %d", fx_server.port);
+    int p = fx_key_protocol(k, key);
+    redisFree(k);
+    return p;
+}
+
+/* The protocol a client of fx_config writes to a name without data:
+ * DLOCK_TEST_PROTOCOL's, else the library's default. */
+static inline int config_protocol(void)
+{
+    dlock_config cfg;
+    fx_config(&cfg, &fx_server);
+    return (int)cfg.protocol;
+}
+
 /* 1 if the name of key has a grant that has not run out by the server's
  * clock, in either protocol's layout (fx_server_lease_ms >= 0), 0 if it has
  * none (-2: released, expired, or never written). */

@@ -1035,3 +1035,33 @@ long long fx_server_lease_ms(const char *key)
     redisFree(k);
     return v;
 }
+
+char *fx_grant_client_name(redisContext *c, const char *key)
+{
+    int p = fx_key_protocol(c, key);
+    if (p == 1)
+        return reply_str(redisCommand(c, "HGET %s name", key));
+    char *token = p == 2 ? p2_grant_word(c, key, 0) : NULL;
+    if (!token)
+        return NULL;
+    free(token);
+    return reply_str(redisCommand(c, "HGET %s n", key));
+}
+
+long long fx_grant_since_ms(redisContext *c, const char *key)
+{
+    int p = fx_key_protocol(c, key);
+    if (p == 1) {
+        char *since = reply_str(redisCommand(c, "HGET %s since", key));
+        long long v = since ? atoll(since) : -1;
+        free(since);
+        return v;
+    }
+    /* protocol 2: g's exp less its dur */
+    char *exp = p == 2 ? p2_grant_word(c, key, 3) : NULL;
+    char *dur = exp ? p2_grant_word(c, key, 4) : NULL;
+    long long v = exp && dur ? atoll(exp) - atoll(dur) : -1;
+    free(exp);
+    free(dur);
+    return v;
+}

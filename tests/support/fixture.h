@@ -215,6 +215,16 @@ char *fx_record_get(redisContext *c, const char *key, const char *id);
 /* fx_lease_ms on fx_server, over a connection of its own. */
 long long fx_server_lease_ms(const char *key);
 
+/* The client name of the holder of the name's grant (dlock_config
+ * client_name: protocol 1's field name, protocol 2's n), malloc'd, or NULL
+ * when there is no grant (as fx_grant_get). */
+char *fx_grant_client_name(redisContext *c, const char *key);
+
+/* The server ms at which the name's grant was made (renewals keep it:
+ * protocol 1's field since, protocol 2's exp less dur in g), or -1 when
+ * there is no grant (as fx_grant_get). */
+long long fx_grant_since_ms(redisContext *c, const char *key);
+
 /* dlock_config_init, then points it at r with test-friendly timeouts
  * (connect 500 ms, command 1000 ms), and the protocol DLOCK_TEST_PROTOCOL
  * names, if set. */
