@@ -1,11 +1,12 @@
 /*
  * Integration tests of the public client API against a private redis-server
- * (tests/support/fixture.h): what acquire, release and held do. The Redis lease key,
- * release of a lock not held, try and timed waits across clients and
- * threads, a waiter getting the lock, many names held by one thread,
- * reentrancy at zero Redis cost, fencing tokens, and the local table
- * emptying. Helpers shared with the other test_client*.c files are in
- * client_helpers.h.
+ * (tests/support/fixture.h): what acquire, release and held do. The name's
+ * data in Redis (read in either protocol's layout: the suite holds whatever
+ * protocol its clients write, DLOCK_TEST_PROTOCOL), release of a lock not
+ * held, try and timed waits across clients and threads, a waiter getting
+ * the lock, many names held by one thread, reentrancy at zero Redis cost,
+ * fencing tokens, and the local table emptying. Helpers shared with the
+ * other test_client*.c files are in client_helpers.h.
  *
  * One server per executable (group setup/teardown); the per-test teardown
  * fx_ensure_server resumes or restarts it if a test left it stopped.
