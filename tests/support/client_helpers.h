@@ -118,11 +118,17 @@ static inline int config_protocol(void)
 }
 
 /* 1 if the name of key has a grant that has not run out by the server's
- * clock, in either protocol's layout (fx_server_lease_ms >= 0), 0 if it has
- * none (-2: released, expired, or never written). */
+ * clock, in either protocol's layout (fx_lease_ms >= 0), 0 if it has none
+ * (-2: released, expired, or never written). An unreachable server fails
+ * the test rather than read as "no grant". */
 static inline int lease_live(const char *key)
 {
-    return fx_server_lease_ms(key) >= 0;
+    redisContext *k = fx_connect("127.0.0.1", fx_server.port);
+    if (!k)
+        fail_msg("cannot connect to the test redis on port %d", fx_server.port);
+    long long ms = fx_lease_ms(k, key);
+    redisFree(k);
+    return ms >= 0;
 }
 
 static inline dlock_stats stats(dlock_client *c)
