@@ -1008,8 +1008,9 @@ int fx_turn_live(redisContext *c, const char *key)
 {
     if (fx_key_protocol(c, key) == 2) {
         char *t = p2_field_live(c, key, "t");
+        int live = t != NULL;
         free(t);
-        return t != NULL;
+        return live;
     }
     char turn[600];
     snprintf(turn, sizeof turn, "%s:turn", key);
