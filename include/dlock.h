@@ -70,9 +70,9 @@ enum {
 
 /* The version of this header; dlock_version() gives the library's. */
 #define DLOCK_VERSION_MAJOR 0
-#define DLOCK_VERSION_MINOR 3
+#define DLOCK_VERSION_MINOR 4
 #define DLOCK_VERSION_PATCH 0
-#define DLOCK_VERSION_STRING "0.3.0"
+#define DLOCK_VERSION_STRING "0.4.0"
 /* MAJOR * 10000 + MINOR * 100 + PATCH, for #if comparisons */
 #define DLOCK_VERSION_NUMBER                                                   \
     (DLOCK_VERSION_MAJOR * 10000 + DLOCK_VERSION_MINOR * 100 + DLOCK_VERSION_PATCH)
@@ -80,13 +80,14 @@ enum {
 /* The protocol this release writes by default with Redis (the layout of
  * its keys and messages and what its scripts expect: docs/design.md,
  * "Protocol versions"), and the protocols it reads and writes: 1 and 2,
- * chosen per client by dlock_config.protocol. Clients of releases that
- * speak a common protocol share one Redis and one key prefix, whatever
- * their versions. Data of a protocol a client does not speak (a later
- * release marks it in the name's lease hash) is refused with
- * DLOCK_ESERVER, naming both protocols, and left as it was: never misread
- * (docs/operations.md, "Upgrades"). */
-#define DLOCK_PROTOCOL_VERSION 1
+ * chosen per client by dlock_config.protocol (2 by default since 0.4.0; 1
+ * in 0.3.0). Clients share one Redis and one key prefix, whatever their
+ * versions, when each reads the protocol every other writes. Data of a
+ * protocol a client does not speak (0.2.0 meeting protocol 2's; any
+ * release meeting a later one's, marked in the name's hash) is refused
+ * with DLOCK_ESERVER, naming both protocols, and left as it was: never
+ * misread (docs/operations.md, "Upgrades"). */
+#define DLOCK_PROTOCOL_VERSION 2
 #define DLOCK_PROTOCOL_LOWEST 1
 #define DLOCK_PROTOCOL_HIGHEST 2
 
@@ -202,9 +203,11 @@ typedef struct dlock_config {
                                       is sent again in that one, once, and the grant
                                       lives in it. Moving a fleet from 1 to 2 takes two
                                       steps (docs/operations.md, "Upgrades"): first
-                                      every host runs this release with 1, then the
-                                      setting goes to 2. Default
-                                      DLOCK_PROTOCOL_VERSION */
+                                      every host runs a release that reads both
+                                      (0.3.0, which writes 1 by default, or this one
+                                      set to 1), then the hosts write 2. Default
+                                      DLOCK_PROTOCOL_VERSION: 2 since 0.4.0 (1
+                                      before); set 1 for a Redis older than 7.0 */
     uint32_t join_ms;                  /* the shared mode's join window
                                           (dlock_acquire_shared): other threads join
                                           this client's shared lease without Redis

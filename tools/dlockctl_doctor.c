@@ -124,15 +124,15 @@ static void doctor_one(const char *host, int port, const char *unix_path)
     info_get(info, "role", role, sizeof role);
     info_get(info, "connected_slaves", slaves, sizeof slaves);
     info_get(info, "cluster_enabled", cluster, sizeof cluster);
-    /* protocol 2 (which this release reads, and which the second step of
-     * the roll writes) needs Redis 7.0: PEXPIRE ... GT (lua/p2/LAYOUT.txt) */
+    /* protocol 2 (which this release reads, and writes by default) needs
+     * Redis 7.0: PEXPIRE ... GT (lua/p2/LAYOUT.txt) */
     if (atoi(v) >= 7)
         finding(where, "ok", "version", "Redis %s (dlock needs 5 or later; protocol 2, 7.0 or "
                 "later)", v);
     else if (atoi(v) >= 5)
         finding(where, "warn", "version", "Redis %s: enough for dlock protocol 1; protocol 2 "
-                "needs Redis 7.0 or later (PEXPIRE ... GT): upgrade the server before clients "
-                "write protocol 2", v);
+                "(the default since 0.4.0) needs Redis 7.0 or later (PEXPIRE ... GT): upgrade "
+                "the server, or set dlock_config.protocol to 1", v);
     else
         finding(where, "FAIL", "version", "Redis %s: dlock needs Redis 5 or later (its scripts "
                 "read TIME before writing); upgrade the server", v[0] ? v : "(unknown)");

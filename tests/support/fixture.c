@@ -611,9 +611,9 @@ void fx_config(dlock_config *cfg, const fx_redis *r)
     cfg->redis_port = r->port;
     cfg->connect_timeout_ms = 500;
     cfg->command_timeout_ms = 1000;
-    /* DLOCK_TEST_PROTOCOL=2: the clients write protocol 2 (the suites
-     * that run that way: tests/CMakeLists.txt, "_p2"; a test that sets
-     * cfg->protocol itself overrides it) */
+    /* DLOCK_TEST_PROTOCOL=1: the clients write protocol 1, not the
+     * default 2 (the suites that run that way: tests/CMakeLists.txt,
+     * "_p1"; a test that sets cfg->protocol itself overrides it) */
     const char *p = getenv("DLOCK_TEST_PROTOCOL");
     if (p && *p)
         cfg->protocol = (uint32_t)atoi(p);
