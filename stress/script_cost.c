@@ -28,6 +28,9 @@
  * (lua/p2/, protocol 2's scripts, is such a pair). Then, for each, what
  * the released names keep in Redis: keys and bytes (used_memory) per name.
  *
+ * "dlock" is the scripts of the protocol the library writes by default
+ * (protocol 2: lua/p2/), or of --protocol's.
+ *
  * Starts a private redis-server on a free loopback port unless --redis is
  * given (then it uses db 0 of that server and deletes its keys after).
  */
@@ -415,6 +418,7 @@ static void load_file(const char *path, char sha[41])
 int main(int argc, char **argv)
 {
     int names = 1000, rounds = 40, batch = 50, with_parts = 0;
+    int protocol = DLOCK_PROTOCOL_DEFAULT; /* whose scripts are "dlock" */
     const char *redis = NULL, *also[2] = {NULL, NULL};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--names") && i + 1 < argc)
@@ -425,6 +429,8 @@ int main(int argc, char **argv)
             batch = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--redis") && i + 1 < argc)
             redis = argv[++i];
+        else if (!strcmp(argv[i], "--protocol") && i + 1 < argc)
+            protocol = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--parts"))
             with_parts = 1;
         else if (!strcmp(argv[i], "--also") && i + 2 < argc) {
@@ -435,6 +441,7 @@ int main(int argc, char **argv)
             fprintf(stderr,
                     "usage: script_cost [--names L (1000)] [--rounds R (40)] [--batch B (50)]\n"
                     "                   [--redis HOST:PORT] [--parts] [--also ACQ.lua REL.lua]\n"
+                    "                   [--protocol 1|2 (the library's default)]\n"
                     "What an uncontended acquire and a release cost inside Redis, beside the\n"
                     "simplest lock's SET NX PX and compare-and-delete (see the top of\n"
                     "stress/script_cost.c). Prints a Markdown table; with --parts a second\n"
@@ -447,6 +454,8 @@ int main(int argc, char **argv)
     if (names < 1 || names > 1000000 || rounds < 1 || rounds > 100000 || batch < 1 ||
         batch > 10000)
         die("--names 1..1000000, --rounds 1..100000, --batch 1..10000");
+    if (protocol < DLOCK_PROTOCOL_LOWEST || protocol > DLOCK_PROTOCOL_HIGHEST)
+        die("--protocol: 1 or 2");
     fx_redis server = {0};
     char host[256] = "127.0.0.1";
     int port;
@@ -468,7 +477,8 @@ int main(int argc, char **argv)
     tokens = calloc((size_t)names, sizeof *tokens);
     if (!tokens)
         die("out of memory");
-    const dlock_script_id ids[2] = {DLOCK_SCRIPT_ACQUIRE, DLOCK_SCRIPT_RELEASE};
+    const dlock_script_id ids[2] = {dlock_script_in(DLOCK_SCRIPT_ACQUIRE, protocol),
+                                    dlock_script_in(DLOCK_SCRIPT_RELEASE, protocol)};
     char *shas[2] = {sha_acquire, sha_release};
     for (int s = 0; s < 2; s++)
         load(dlock_script_body(ids[s]), shas[s], s ? "release.lua" : "acquire.lua");
@@ -519,6 +529,7 @@ int main(int argc, char **argv)
             add(&ncad, b2, c, names);
         }
     }
+    printf("dlock: protocol %d's scripts\n", protocol);
     printf("%d names, %d rounds (the first not counted), %d calls per write\n\n", names,
            rounds, batch);
     printf("| operation | commands inside | its own time us | server CPU us |\n");
