@@ -10,6 +10,8 @@
 --       [--p2-share F] [--shared F|mix] [--no-revival-excuse]
 --   sim --sem [--seconds S | --schedules N] [--seed N] [--faults LIST]
 --       [--mutant NAME] [--replay SEED] [--quiet]
+--   sim --redlock [--nodes 3|5] [--seconds S | --schedules N] [--seed N]
+--       [--faults LIST] [--mutant NAME] [--replay SEED] [--quiet]
 -- Prints progress on stderr and, last on stdout, one JSON line. On a
 -- violation: exits 1 after printing the schedule's seed and its trace (the
 -- same seed replays it exactly: sim --replay SEED with the same options).
@@ -39,16 +41,23 @@
 -- --sem (or --protocol sem): the semaphore world instead (sim/sem.lua:
 -- lua/p2/sem_*.lua driven by a model of the C client's local tier, its
 -- own faults and invariants; a mutant with run = 'sem' runs there).
+-- --redlock (or --protocol redlock): the Redlock world (sim/redlock.lua: a
+-- lock over --nodes independent masters, 3 unless told, each running
+-- lua/p2/acquire.lua, release.lua and mark.lua; the quorum client's token
+-- rule, docs/design.md "Redlock"; a mutant with run = 'redlock' runs there).
 local dir = arg[0]:match('^(.*)/[^/]*$') or '.'
 package.path = dir .. '/?.lua;' .. package.path
 local root = dir .. '/..'
 -- (--sem, or --protocol sem as sim/test-mutants passes a mutant's run: the
 -- semaphore world, sim/sem.lua, in place of sim/world.lua)
-local sem_world = false
+local sem_world, redlock_world = false, false
 for k = 1, #arg do
   if arg[k] == '--sem' or (arg[k] == '--protocol' and arg[k + 1] == 'sem') then sem_world = true end
+  if arg[k] == '--redlock' or (arg[k] == '--protocol' and arg[k + 1] == 'redlock') then
+    redlock_world = true
+  end
 end
-local W = require(sem_world and 'sem' or 'world')
+local W = require(sem_world and 'sem' or redlock_world and 'redlock' or 'world')
 
 
 local function usage(msg)
@@ -79,6 +88,13 @@ while i <= #arg do
   elseif a == '--protocol' and v == 'sem' then
     opts.sem = true
     i = i + 1
+  elseif a == '--redlock' then opts.redlock = true
+  elseif a == '--protocol' and v == 'redlock' then
+    opts.redlock = true
+    i = i + 1
+  elseif a == '--nodes' then
+    opts.nodes = num()
+    if opts.nodes ~= 3 and opts.nodes ~= 5 then usage('--nodes is 3 or 5') end
   elseif a == '--protocol' then
     if v ~= '1' and v ~= '2' and v ~= 'mixed' then usage('--protocol is 1, 2, mixed or sem') end
     opts.protocol = tonumber(v) or v
@@ -121,26 +137,38 @@ if opts.mutant then
   if not m then usage('unknown mutant ' .. opts.mutant) end
   -- (a mutant of the shared mode runs in the shared worlds it names)
   if m.shared and opts.shared == nil then opts.shared = m.shared end
-  if (m.run == 'sem') ~= (opts.sem == true) then
-    usage('mutant ' .. m.name .. (m.run == 'sem' and ' is of the semaphore world: run it with --sem'
-      or ' is not of the semaphore world: run it without --sem'))
+  if (m.run == 'redlock') ~= (opts.redlock == true) then
+    usage('mutant ' .. m.name .. (m.run == 'redlock' and ' is of the Redlock world: run it with --redlock'
+      or ' is not of the Redlock world: run it without --redlock'))
   end
-  if m.run == 'sem' then
-    if m.file == 'sem_model' then
-      W = mutants.load_sem(m, dir) -- the semaphore world's client model
+  if m.run == 'redlock' then
+    if m.file == 'redlock_model' then
+      W = mutants.load_world(m, dir, 'redlock') -- the quorum client's model
     else
       mutate = function(texts) mutants.apply(m, texts) end
     end
-  elseif m.file == 'client' then
-    mutants.apply_client(m, dir) -- the client model
-  elseif opts.protocol == 'mixed' then
-    -- (its protocol's scripts, beside the other's unchanged)
-    mutate = function(texts, p) if p == (m.protocol or 1) then mutants.apply(m, texts) end end
-  elseif (m.protocol or 1) ~= (opts.protocol or 1) then
-    usage('mutant ' .. m.name .. ' changes protocol ' .. (m.protocol or 1) .. '\'s scripts: run it with --protocol '
-      .. (m.protocol or 1))
   else
-    mutate = function(texts) mutants.apply(m, texts) end
+    if (m.run == 'sem') ~= (opts.sem == true) then
+      usage('mutant ' .. m.name .. (m.run == 'sem' and ' is of the semaphore world: run it with --sem'
+        or ' is not of the semaphore world: run it without --sem'))
+    end
+    if m.run == 'sem' then
+      if m.file == 'sem_model' then
+        W = mutants.load_sem(m, dir) -- the semaphore world's client model
+      else
+        mutate = function(texts) mutants.apply(m, texts) end
+      end
+    elseif m.file == 'client' then
+      mutants.apply_client(m, dir) -- the client model
+    elseif opts.protocol == 'mixed' then
+      -- (its protocol's scripts, beside the other's unchanged)
+      mutate = function(texts, p) if p == (m.protocol or 1) then mutants.apply(m, texts) end end
+    elseif (m.protocol or 1) ~= (opts.protocol or 1) then
+      usage('mutant ' .. m.name .. ' changes protocol ' .. (m.protocol or 1) .. '\'s scripts: run it with --protocol '
+        .. (m.protocol or 1))
+    else
+      mutate = function(texts) mutants.apply(m, texts) end
+    end
   end
 end
 if opts.sem and (opts.protocol or opts.shared ~= nil or opts.coverage or opts.clients or opts.names
@@ -148,6 +176,12 @@ if opts.sem and (opts.protocol or opts.shared ~= nil or opts.coverage or opts.cl
   usage('--sem takes none of --protocol 1|2|mixed, --shared, --coverage, --clients, --names, '
     .. '--steps, --local-rule, --step-back-*')
 end
+if opts.redlock and (opts.sem or opts.protocol or opts.shared ~= nil or opts.coverage or opts.clients
+    or opts.names or opts.steps or opts.local_rule or opts.step_back_ms or opts.step_back_leases) then
+  usage('--redlock takes none of --sem, --protocol 1|2|mixed, --shared, --coverage, --clients, '
+    .. '--names, --steps, --local-rule, --step-back-*')
+end
+if opts.nodes and not opts.redlock then usage('--nodes goes with --redlock') end
 if opts.shared ~= nil and opts.protocol ~= 2 then usage('--shared goes with --protocol 2') end
 if type(opts.shared) == 'number' and (opts.shared < 0 or opts.shared > 1) then
   usage('--shared is a fraction from 0 to 1, or mix')
@@ -173,7 +207,8 @@ local function report(w)
   local from = math.max(1, #lines - 600)
   if from > 1 then io.stdout:write(string.format('... (%d earlier trace lines)\n', from - 1)) end
   for j = from, #lines do io.stdout:write(lines[j], '\n') end
-  io.stdout:write(string.format('replay: sim --replay %d%s%s%s', w.seed, opts.sem and ' --sem' or '',
+  io.stdout:write(string.format('replay: sim --replay %d%s%s%s', w.seed, opts.sem and ' --sem' or
+    opts.redlock and ' --redlock' .. (opts.nodes and ' --nodes ' .. opts.nodes or '') or '',
     opts.protocol and opts.protocol ~= 1 and ' --protocol ' .. opts.protocol or '',
     opts.shared ~= nil and ' --shared ' .. tostring(opts.shared) or ''))
   for _, a in ipairs(arg) do
@@ -187,6 +222,7 @@ local sacq = 0 -- the shared worlds: acquisitions of shared leases
 -- (the JSON's "protocol", for any but 1)
 local function protocol_json()
   if opts.sem then return ',"world":"sem"' end
+  if opts.redlock then return string.format(',"world":"redlock","nodes":%d', opts.nodes or 3) end
   if opts.protocol == 2 and opts.shared ~= nil then
     return ',"protocol":2,"shared":' .. (opts.shared == 'mix' and '"mix"' or tostring(opts.shared))
       .. string.format(',"shared_acquisitions":%d', sacq)

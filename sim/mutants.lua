@@ -470,6 +470,52 @@ M.list = {
     file = 'sem_model', find = '  e.held = held\n  e.passes = 0\n',
     replace = '  e.held = e.held + 1\n  e.passes = 0\n',
   },
+  -- The Redlock world (run = 'redlock': sim --redlock, sim/redlock.lua):
+  -- its quorum client (file 'redlock_model') and the mark's write-back
+  -- (lua/p2/mark.lua).
+  {
+    name = 'redlock_handout_past_validity', run = 'redlock',
+    schedules = 100,
+    why = 'a token confirmed by the write-back is handed out whatever validity is left',
+    file = 'redlock_model', find = 'if not ok or cnow(self, c) >= valid then',
+    replace = 'if not ok then',
+  },
+  {
+    name = 'redlock_no_writeback', run = 'redlock',
+    schedules = 100,
+    why = 'the token is handed out without raising the marks of a majority to it',
+    file = 'redlock_model', find = 'local ok = false\n  for _ = 1, 3 do',
+    replace = 'local ok = true\n  for _ = 1, 0 do',
+  },
+  {
+    name = 'redlock_writeback_one_node', run = 'redlock',
+    schedules = 1500,
+    why = 'one node\'s mark raised to the token is taken as enough',
+    file = 'redlock_model', find = 'ok = acks >= cfg.m',
+    replace = 'ok = acks >= 1',
+  },
+  {
+    name = 'redlock_restarted_node_votes_at_once', run = 'redlock',
+    schedules = 800,
+    why = 'a restarted node\'s vote counts at once: no wait of a lease, no seeding of its marks',
+    file = 'redlock_model', find = 'return meta.seed == meta.run and meta.up >= self.cfg.lease_ms',
+    replace = 'return true',
+  },
+  {
+    name = 'redlock_validity_from_handout', run = 'redlock',
+    schedules = 100,
+    why = 'the validity runs from the hand-out, not from the first send: the time the quorum '
+      .. 'and the write-back took is counted twice',
+    file = 'redlock_model', find = 'valid = valid, handout = self.now}',
+    replace = 'valid = cnow(self, c) + cfg.L - cfg.drift_us, handout = self.now}',
+  },
+  {
+    name = 'redlock_mark_lowered', run = 'redlock', protocol = 2,
+    schedules = 3000,
+    why = 'mark.lua writes the token even below the mark it found',
+    file = 'mark', find = 'if want > before then',
+    replace = 'if want > 0 then',
+  },
 }
 
 function M.find(name)
@@ -499,22 +545,27 @@ function M.apply_client(m, dir)
   for k, v in pairs(mutated) do C[k] = v end
 end
 
--- The semaphore world (sim/sem.lua, in directory dir) with mutant m
--- (file 'sem_model') applied to its text: returns the mutated module.
-function M.load_sem(m, dir)
-  local f = assert(io.open(dir .. '/sem.lua', 'rb'))
+-- A world of its own (sim/<file>.lua, in directory dir: 'sem' for the
+-- semaphore world, 'redlock' for the Redlock world) with mutant m (file
+-- 'sem_model' or 'redlock_model') applied to its text: returns the mutated
+-- module.
+function M.load_world(m, dir, file)
+  local f = assert(io.open(dir .. '/' .. file .. '.lua', 'rb'))
   local text = f:read('*a')
   f:close()
   local i, j = string.find(text, m.find, 1, true)
   if not i then
-    error(string.format('mutant %s: its text is no longer in sim/sem.lua: mend sim/mutants.lua',
-      m.name), 0)
+    error(string.format('mutant %s: its text is no longer in sim/%s.lua: mend sim/mutants.lua',
+      m.name, file), 0)
   end
   if string.find(text, m.find, j + 1, true) then
-    error(string.format('mutant %s: its text occurs twice in sim/sem.lua', m.name), 0)
+    error(string.format('mutant %s: its text occurs twice in sim/%s.lua', m.name, file), 0)
   end
-  return assert(loadstring(text:sub(1, i - 1) .. m.replace .. text:sub(j + 1), '@' .. dir .. '/sem.lua'))()
+  return assert(loadstring(text:sub(1, i - 1) .. m.replace .. text:sub(j + 1),
+    '@' .. dir .. '/' .. file .. '.lua'))()
 end
+
+function M.load_sem(m, dir) return M.load_world(m, dir, 'sem') end
 
 -- Applies m to the scripts' texts (a table: script name -> text).
 function M.apply(m, texts)

@@ -1,0 +1,749 @@
+-- The Redlock world (sim --redlock): one lock over N independent Redis
+-- masters, each its own model of Redis (sim/redis.lua) with its own clock,
+-- running protocol 2's real scripts (lua/p2/acquire.lua, release.lua, and
+-- the write-back of the slot's mark, lua/p2/mark.lua), driven by a model of
+-- the quorum client (docs/design.md, "Redlock"): the rule for fencing
+-- tokens across majorities is proven here before any C is written.
+--
+-- The quorum acquire of a client (acquire below):
+--   G  acquire.lua on every node with one attempt number; a node's grant is
+--      a vote if the node counts (counts below); granted when a majority
+--      voted within validity = first send + lease - drift (1% of the lease
+--      + 2 ms), by the client's clock. Else every node is sent a release
+--      (by attempt) and the acquire failed.
+--   T  = the highest token of the votes + 1.
+--   W  mark.lua(T) on every node: a reply whose mark before was >= T
+--      (another token at least as high was written there) makes T = that
+--      mark + 1 and W runs again (3 rounds at most); else T is confirmed
+--      once a majority of nodes that count replied below T. Then, if the
+--      validity has not run out, T is handed out; else released.
+--   A node counts if its seed key holds its run id (it keeps every mark
+--   written since it was seeded) and its uptime is at least a lease (a
+--   restarted node may have lost a live grant). A node that does not hold
+--   its run id there and has been up a lease + drift is seeded: the marks
+--   of a majority of the other nodes that count are read (mark.lua 0), and
+--   their highest written to it with its run id (mark.lua T run_id).
+-- Not modeled in this step: renewals (a holder keeps a lease at most its
+-- validity; past it, it is not a valid holder), local handoffs (pass limit
+-- 0: a local tier needs the write-back of T + pass limit), wait queues and
+-- wake-ups (a refused client retries after a pause).
+--
+-- Invariants (a violation ends the schedule; its kind names it):
+--   order  every token handed out for a name is above every token handed
+--          out for it before that acquire's first send (always); and above
+--          the last token handed out for it at all (strict hand-out order),
+--          until the schedule's first clock jump (jump below).
+--   mutex  no two clients count a lease of one name valid at one instant
+--          (held, not released, client clock before the validity), until
+--          the schedule's first clock jump.
+--   fence  a fenced store per name, which refuses a write whose token is
+--          below the highest it took, never takes a write of a holder
+--          after a write of a holder whose acquire began after the first
+--          holder's token was handed out (always).
+--   stuck  once the faults are over and a bound has passed (leases, steps
+--          back of clocks, restarts), a fresh client acquires each name.
+--   error  no script raises an error.
+--
+-- Faults (each drawn per schedule, in four schedules of five):
+--   net     requests and replies lost per client-node link (cuts lasting up
+--           to 2 leases, and single losses), requests late past the command
+--           timeout (they run after the client gave up)
+--   restart a node restarts (down up to 2 leases): empty (no persistence),
+--           its data as of a recent snapshot, or all of it; a new run id
+--           either way (one node at a time without its seed)
+--   clock   a node's clock steps back (up to 2 leases, a minute or a day)
+--           or forward by up to 0.3% of a lease + 1 ms (at most once in
+--           2 leases); the clients' and the nodes' clocks run up to 0.3%
+--           fast or slow (all together less than the drift allowance)
+--   jump    a node's clock steps forward by more than the drift allowance
+--           (up to 3 leases): outside the clock assumption
+--   pause   a client pauses (up to 3 leases) before handing a token out,
+--           or while holding, then writes to the fenced store
+--   crash   a client dies, holding or not
+local R = require('redis')
+
+local W = {}
+W.__index = W
+
+local floor = math.floor
+local M31 = 2147483647
+
+W.ALL_FAULTS = {'net', 'restart', 'clock', 'jump', 'pause', 'crash'}
+
+local function new_rng(seed)
+  local s = (seed * 48271 + 12345) % M31
+  if s == 0 then s = 1 end
+  for _ = 1, 3 do s = (s * 16807) % M31 end
+  return s
+end
+
+function W:rand()
+  self.rs = (self.rs * 16807) % M31
+  return self.rs / M31
+end
+
+function W:rint(a, b)
+  if b <= a then return a end
+  return a + floor(self:rand() * (b - a + 1))
+end
+
+------------------------------------------------------------------------
+-- The scripts.
+
+local NAMES = {'acquire', 'release', 'mark'}
+
+local function read(path)
+  local f = assert(io.open(path, 'rb'))
+  local s = f:read('*a')
+  f:close()
+  return s
+end
+
+function W.load_scripts(root, mutate)
+  local texts = {}
+  for _, n in ipairs(NAMES) do texts[n] = read(root .. '/lua/p2/' .. n .. '.lua') end
+  if mutate then mutate(texts, 2) end
+  local fns = {}
+  for _, n in ipairs(NAMES) do fns[n] = R.compile(texts[n], '@lua/p2/' .. n .. '.lua') end
+  fns.keys = assert(loadstring(read(root .. '/lua/keys.lua'), '@lua/keys.lua'))()
+  return fns
+end
+
+------------------------------------------------------------------------
+-- Events: a binary heap on (time, sequence).
+
+local function before(a, b) return a.t < b.t or (a.t == b.t and a.seq < b.seq) end
+
+local function heap_push(h, ev)
+  local n = #h + 1
+  h[n] = ev
+  while n > 1 do
+    local p = floor(n / 2)
+    if before(h[p], ev) then break end
+    h[n], h[p] = h[p], ev
+    n = p
+  end
+end
+
+local function heap_pop(h)
+  local top, n = h[1], #h
+  h[1] = h[n]
+  h[n] = nil
+  n = n - 1
+  local i = 1
+  while true do
+    local l, r, m = 2 * i, 2 * i + 1, i
+    if l <= n and before(h[l], h[m]) then m = l end
+    if r <= n and before(h[r], h[m]) then m = r end
+    if m == i then break end
+    h[i], h[m] = h[m], h[i]
+    i = m
+  end
+  return top
+end
+
+-- fn at real time t (us); c: a client whose death drops the event
+function W:at(t, fn, c)
+  self.seq = self.seq + 1
+  if t < self.now then t = self.now end
+  heap_push(self.events, {t = t, seq = self.seq, fn = fn, c = c})
+end
+
+function W:trace(line)
+  if self.tracing then
+    self.tr[#self.tr + 1] = string.format('%10.3f ms  %s', self.now / 1000, line)
+  end
+end
+
+function W:violation(kind, msg)
+  if #self.violations == 0 then
+    self.violations[1] = {kind = kind, msg = msg}
+    self:trace('VIOLATION ' .. kind .. ': ' .. msg)
+  end
+end
+
+function W:fault(kind)
+  self.faults[kind] = (self.faults[kind] or 0) + 1
+end
+
+------------------------------------------------------------------------
+-- A schedule.
+
+function W.new(seed, opts, scripts)
+  local self = setmetatable({}, W)
+  self.seed, self.opts, self.fns = seed, opts, scripts
+  self.rs = new_rng(seed)
+  self.tracing = opts.trace
+  self.tr = {}
+  self.events, self.seq, self.now, self.steps = {}, 0, 0, 0
+  self.violations, self.faults = {}, {}
+  self.acquisitions = 0
+  local cfg = {}
+  self.cfg = cfg
+  cfg.n = opts.nodes or 3
+  cfg.m = floor(cfg.n / 2) + 1
+  cfg.lease_ms = self:rint(100, 1000)
+  cfg.L = cfg.lease_ms * 1000
+  cfg.drift_us = cfg.lease_ms * 10 + 2000
+  cfg.timeout_us = self:rint(5, 50) * 1000
+  cfg.keep_ms = 4 * cfg.lease_ms
+  cfg.horizon_us = self:rint(10, 40) * cfg.L
+  cfg.faults = {}
+  local allowed = opts.faults or W.ALL_FAULTS
+  if self:rand() >= 0.2 then
+    for _, f in ipairs(allowed) do
+      if self:rand() < 0.5 then cfg.faults[f] = true end
+    end
+  end
+  self.nodes = {}
+  local rates = cfg.faults.clock
+  for i = 1, cfg.n do
+    local nd = {i = i, srv = R.new(), off = 1700000000e6 + self:rint(-5e6, 5e6), last = 0, k = 0,
+      down = false, back = 0, snap = {}, snap_t = 0, rate = 1 + (rates and self:rint(-30, 30) / 10000 or 0)}
+    self.nodes[i] = nd
+    nd.run = 'run' .. i .. '.0'
+    nd.start = -3600e6 -- (real time, as its monotonic clock counts: up an hour before the first call)
+    -- deployed seeded: an empty node given its run id (docs/design.md, "Redlock")
+    nd.srv.db['dlock:redlock:seed'] = {type = 'string', v = nd.run}
+  end
+  self.names = {}
+  for i = 1, self:rint(1, 2) do self.names[i] = 'r' .. i end
+  self.store = {}
+  self.handed = {}
+  for _, n in ipairs(self.names) do
+    self.store[n] = {high = -1, max_first = -math.huge}
+    self.handed[n] = {}
+  end
+  self.clients = {}
+  for i = 1, self:rint(2, 4) do self:add_client(i) end
+  self:trace(string.format('schedule %d: %d nodes, lease %d ms, command timeout %d ms, %d clients, '
+    .. '%d names, faults %s', seed, cfg.n, cfg.lease_ms, cfg.timeout_us / 1000, #self.clients,
+    #self.names, self:faults_text()))
+  return self
+end
+
+function W:faults_text()
+  local p = {}
+  for _, f in ipairs(W.ALL_FAULTS) do
+    if self.cfg.faults[f] then p[#p + 1] = f end
+  end
+  return #p > 0 and table.concat(p, ',') or 'none'
+end
+
+function W:add_client(i, probe)
+  local c = {name = 'c' .. i, id = string.format('%032x', i * 7919), number = 0, seeding = {},
+    cut = {}, probe = probe}
+  c.rate = 1 + ((self.cfg.faults.clock and not probe) and self:rint(-30, 30) / 10000 or 0)
+  self.clients[#self.clients + 1] = c
+  c.co = coroutine.create(function() if probe then self:probe_main(c) else self:client_main(c) end end)
+  self:at(self.now + self:rint(0, 20000), function() self:resume(c) end, c)
+  return c
+end
+
+local function cnow(self, c) return floor(self.now * c.rate) end
+
+-- Real time when c's clock reads t.
+function W:real_at(c, t) return math.max(self.now, t / c.rate) end
+
+function W:resume(c)
+  if c.dead or c.finished then return end
+  local ok, err = coroutine.resume(c.co)
+  if not ok then error(err, 0) end
+  if coroutine.status(c.co) == 'dead' then c.finished = true end
+end
+
+function W:sleep(c, us)
+  self:at(self.now + us, function() self:resume(c) end, c)
+  coroutine.yield()
+end
+
+function W:keys_of(name, c)
+  local out = {}
+  for i, k in ipairs(self.fns.keys) do
+    if k[1] == 'HW' then
+      out[i] = 'dlock:hw:{0}'
+    else
+      out[i] = 'dlock:{' .. name .. '}' .. k[2] .. (k[1] == 'CLIENT' and c.id or '')
+    end
+  end
+  return out
+end
+
+------------------------------------------------------------------------
+-- The nodes and the network.
+
+-- Node nd's clock, in whole us, at least 1 us after its last reading
+-- (unless stepped back since).
+function W:srv_time(nd)
+  local t = math.max(floor(self.now * nd.rate + nd.off), nd.last + 1)
+  nd.last = t
+  return t
+end
+
+-- Runs a script on node nd now: its reply, and what the client's pipeline
+-- reads beside it (INFO's run_id and uptime, GET of the seed key).
+function W:run_on(nd, c, script, keys, argv)
+  local now_us = self:srv_time(nd)
+  local rep = R.run(nd.srv, self.fns[script], keys, argv, now_us)
+  self.steps = self.steps + 1
+  if type(rep) == 'table' and rep.err then
+    self:violation('error', script .. ' failed on node ' .. nd.i .. ': ' .. rep.err)
+  end
+  local seed = R.live(nd.srv, 'dlock:redlock:seed')
+  local meta = {run = nd.run, up = floor((self.now - nd.start) / 1000), seed = seed and seed.v or ''}
+  if self.tracing then
+    self:trace(string.format('node %d runs %s(%s) for %s -> %s  [%s up %d ms seed %s]', nd.i, script,
+      table.concat(argv, ' ', script == 'mark' and 1 or 2), c.name, self:describe(rep), meta.run,
+      meta.up, meta.seed))
+  end
+  return rep, meta
+end
+
+function W:describe(v)
+  if type(v) ~= 'table' then return tostring(v) end
+  if v.err then return 'ERR ' .. v.err end
+  local p = {}
+  for i, x in ipairs(v) do p[i] = self:describe(x) end
+  return '{' .. table.concat(p, ', ') .. '}'
+end
+
+function W:link_up(c, i) return not (c.cut[i] and c.cut[i] > self.now) end
+
+-- A one-way delay on the link c - node i: up to the command timeout while
+-- the link is slow.
+function W:delay(c, i)
+  if c.slow and c.slow[i] and c.slow[i] > self.now then
+    return self:rint(floor(self.cfg.timeout_us / 4), self.cfg.timeout_us)
+  end
+  return self:rand() < 0.8 and self:rint(50, 500) or self:rint(500, 3000)
+end
+
+-- Sends a script to node i for client c; cb(reply, meta) when the reply
+-- comes back, never if the request or the reply is lost.
+function W:send(c, i, script, keys, argv, cb)
+  local f = self.cfg.faults
+  local calm = self.calm or c.probe
+  local lossy = f.net and not calm
+  if not self:link_up(c, i) or (lossy and self:rand() < 0.08) then return end
+  local d = self:delay(c, i)
+  if lossy and self:rand() < 0.03 then d = self:rint(self.cfg.timeout_us, 3 * self.cfg.timeout_us) end
+  self:at(self.now + d, function()
+    local nd = self.nodes[i]
+    if nd.down then return end
+    local rep, meta = self:run_on(nd, c, script, keys, argv)
+    if not self:link_up(c, i) or (lossy and self:rand() < 0.08) then return end
+    self:at(self.now + self:delay(c, i), function() cb(rep, meta) end, c)
+  end)
+end
+
+-- Sends to every node of list, and blocks c until each replied or the
+-- command timeout passed (by c's clock): the replies by node, {rep, meta}.
+function W:gather(c, list, script, keys, argv)
+  local out, left, tok = {}, #list, {}
+  c.gtok = tok
+  for _, i in ipairs(list) do
+    self:send(c, i, script, keys, argv, function(rep, meta)
+      if c.gtok ~= tok then return end
+      out[i] = {rep = rep, meta = meta}
+      left = left - 1
+      if left == 0 then
+        c.gtok = nil
+        self:resume(c)
+      end
+    end)
+  end
+  self:at(self:real_at(c, cnow(self, c) + self.cfg.timeout_us), function()
+    if c.gtok == tok then
+      c.gtok = nil
+      self:resume(c)
+    end
+  end, c)
+  coroutine.yield()
+  return out
+end
+
+function W:all_nodes()
+  local l = {}
+  for i = 1, self.cfg.n do l[i] = i end
+  return l
+end
+
+------------------------------------------------------------------------
+-- The quorum client.
+
+-- Does node's vote count: seeded in this run, and up a lease at least?
+function W:counts(meta)
+  return meta.seed == meta.run and meta.up >= self.cfg.lease_ms
+end
+
+-- A node not seeded in this run and up a lease + drift: seed it (in the
+-- background) from a majority of the other nodes that count.
+function W:maybe_seed(c, i, meta)
+  local cfg = self.cfg
+  if meta.seed == meta.run or meta.up * 1000 < cfg.L + cfg.drift_us or c.seeding[i] then return end
+  c.seeding[i] = true
+  local got, top, done = 0, 0, false
+  local function finish()
+    if done then return end
+    done = true
+    c.seeding[i] = nil
+    if got >= cfg.m then
+      self:trace(string.format('%s seeds node %d (%s) with mark %.0f', c.name, i, meta.run, top))
+      self:send(c, i, 'mark', {'dlock:hw:{0}', 'dlock:redlock:seed'},
+        {string.format('%.0f', top), meta.run}, function() end)
+    end
+  end
+  for j = 1, cfg.n do
+    if j ~= i then
+      self:send(c, j, 'mark', {'dlock:hw:{0}', 'dlock:redlock:seed'}, {'0', ''}, function(rep, m)
+        if type(rep) == 'table' and not rep.err and self:counts(m) then
+          got = got + 1
+          top = math.max(top, tonumber(rep[1]))
+          if got >= cfg.m then finish() end
+        end
+      end)
+    end
+  end
+  self:at(self:real_at(c, cnow(self, c) + cfg.timeout_us), finish, c)
+end
+
+-- Releases attempt att of name on every node (fire and forget); last: the
+-- token handed out under it for release.lua to raise the mark to, always
+-- '0' here: the rule must not rely on a release's write-back (a holder
+-- that crashes or pauses past its lease sends none).
+function W:release_all(c, name, att, last)
+  local cfg = self.cfg
+  for i = 1, cfg.n do
+    self:send(c, i, 'release', self:keys_of(name, c), {c.id, 'nonce', tostring(att),
+      tostring(cfg.lease_ms), last, 'dlock:wake:', name, tostring(cfg.lease_ms),
+      tostring(cfg.keep_ms), '0'}, function() end)
+  end
+end
+
+-- The quorum acquire: a hold {name, token, att, first, valid, handout} or nil.
+function W:acquire(c, name)
+  local cfg = self.cfg
+  c.number = c.number + 1
+  local att = c.number
+  local first_real, first = self.now, cnow(self, c)
+  local valid = first + cfg.L - cfg.drift_us
+  local keys = self:keys_of(name, c)
+  local reps = self:gather(c, self:all_nodes(), 'acquire', keys, {c.id, tostring(cfg.lease_ms),
+    tostring(att), '0', tostring(cfg.lease_ms), '0', tostring(cfg.keep_ms), c.name})
+  local votes, tokens = 0, {}
+  c.pttl = nil
+  for i = 1, cfg.n do
+    local r = reps[i]
+    if r then
+      if type(r.rep) == 'table' and r.rep[1] == 1 and self:counts(r.meta) then
+        votes = votes + 1
+        tokens[#tokens + 1] = r.rep[2]
+      elseif type(r.rep) == 'table' and r.rep[1] == 0 and r.rep[2] > 0 then
+        c.pttl = math.max(c.pttl or 0, r.rep[2])
+      end
+      self:maybe_seed(c, i, r.meta)
+    end
+  end
+  if votes < cfg.m or cnow(self, c) >= valid then
+    self:trace(string.format('%s: %s refused (%d votes)', c.name, name, votes))
+    self:release_all(c, name, att, '0')
+    return nil
+  end
+  local T = 0
+  for _, t in ipairs(tokens) do T = math.max(T, t) end
+  T = T + 1
+  local ok = false
+  for _ = 1, 3 do
+    local wr = self:gather(c, self:all_nodes(), 'mark', {'dlock:hw:{0}', 'dlock:redlock:seed'},
+      {string.format('%.0f', T), ''})
+    local acks, top = 0, nil
+    for i = 1, cfg.n do
+      local w = wr[i]
+      if w and type(w.rep) == 'table' and not w.rep.err then
+        local b = tonumber(w.rep[1])
+        if b >= T then
+          top = math.max(top or 0, b)
+        elseif self:counts(w.meta) then
+          acks = acks + 1
+        end
+      end
+    end
+    if top then
+      self:trace(string.format('%s: %s token %.0f met mark %.0f', c.name, name, T, top))
+      T = top + 1
+    else
+      ok = acks >= cfg.m
+      break
+    end
+  end
+  if ok and cfg.faults.pause and not c.probe and self:rand() < 0.05 then
+    self:fault('pause')
+    local d = self:rint(1, 3 * cfg.L)
+    self:trace(string.format('FAULT %s pauses %.3f ms before handing out %.0f', c.name, d / 1000, T))
+    self:sleep(c, d)
+  end
+  if not ok or cnow(self, c) >= valid then
+    self:trace(string.format('%s: %s not confirmed (token %.0f)', c.name, name, T))
+    self:release_all(c, name, att, '0')
+    return nil
+  end
+  return {name = name, token = T, att = att, first = first_real, valid = valid, handout = self.now}
+end
+
+-- A token handed out: the order invariant.
+function W:hand_out(c, h)
+  local list = self.handed[h.name]
+  local prior, last = nil, list[#list]
+  for _, x in ipairs(list) do
+    if x.handout < h.first and (not prior or x.token > prior.token) then prior = x end
+  end
+  if prior and h.token <= prior.token then
+    self:violation('order', string.format('%s got token %.0f of %s, not above %.0f, handed out to %s '
+      .. 'before its acquire began', c.name, h.token, h.name, prior.token, prior.c))
+  elseif last and h.token <= last.token and not self.jumped then
+    self:violation('order', string.format('%s got token %.0f of %s, not above %.0f, handed out '
+      .. 'before (to %s)', c.name, h.token, h.name, last.token, last.c))
+  end
+  h.c = c.name
+  list[#list + 1] = h
+  self.acquisitions = self.acquisitions + 1
+  self:trace(string.format('%s holds %s with token %.0f (valid %.3f ms more)', c.name, h.name,
+    h.token, (h.valid - cnow(self, c)) / 1000 / c.rate))
+end
+
+-- A holder's write to the fenced store of its name.
+function W:store_write(c, h)
+  local s = self.store[h.name]
+  if h.token < s.high then
+    self:trace(string.format('store of %s refuses %s (token %.0f < %.0f)', h.name, c.name, h.token, s.high))
+    return
+  end
+  if s.max_first > h.handout then
+    self:violation('fence', string.format('the store of %s took a write of %s (token %.0f) after one '
+      .. 'of an acquire that began after that token was handed out', h.name, c.name, h.token))
+  end
+  s.high = h.token
+  s.max_first = math.max(s.max_first, h.first)
+  self:trace(string.format('store of %s takes %s (token %.0f)', h.name, c.name, h.token))
+end
+
+function W:client_main(c)
+  local cfg = self.cfg
+  while self.now < cfg.horizon_us do
+    self:sleep(c, self:rint(0, floor(cfg.L / 2)))
+    local name = self.names[self:rint(1, #self.names)]
+    local h = self:acquire(c, name)
+    if h then
+      self:hand_out(c, h)
+      c.hold = h
+      self:store_write(c, h)
+      -- held briefly, a while, or to the end of its validity
+      local left = math.max(0, floor((h.valid - cnow(self, c)) / c.rate))
+      local r = self:rand()
+      self:sleep(c, r < 0.3 and self:rint(0, 2000) or r < 0.8 and self:rint(0, floor(left * 0.8))
+        or math.max(0, left - self:rint(0, 200)))
+      if cfg.faults.pause and self:rand() < 0.1 then
+        self:fault('pause')
+        local d = self:rint(1, 3 * cfg.L)
+        self:trace(string.format('FAULT %s pauses %.3f ms holding %s', c.name, d / 1000, name))
+        self:sleep(c, d)
+      end
+      self:store_write(c, h)
+      c.hold = nil
+      self:trace(string.format('%s releases %s', c.name, name))
+      self:release_all(c, name, h.att, '0')
+    elseif c.pttl and self:rand() < 0.5 then
+      self:sleep(c, c.pttl * 1000 + self:rint(0, 2000)) -- when the lease that refused it ends
+    else
+      self:sleep(c, self:rint(1000, floor(cfg.L / 4)))
+    end
+  end
+end
+
+-- After the faults: a fresh client must acquire every name.
+function W:probe_main(c)
+  local cfg = self.cfg
+  for _, name in ipairs(self.names) do
+    local h
+    for _ = 1, 4 do
+      h = self:acquire(c, name)
+      if h then break end
+      self:sleep(c, cfg.L)
+    end
+    if not h then
+      self:violation('stuck', string.format('a fresh client could not acquire %s once the faults were '
+        .. 'over', name))
+      return
+    end
+    self:hand_out(c, h)
+    self:release_all(c, name, h.att, '0')
+  end
+end
+
+------------------------------------------------------------------------
+-- Faults.
+
+function W:schedule_faults()
+  local f, cfg = self.cfg.faults, self.cfg
+  local h, L = cfg.horizon_us, cfg.L
+  if f.net then
+    -- cuts and slow links between a client and some nodes
+    for _ = 1, self:rint(2, 12) do
+      self:at(self:rint(0, h), function()
+        local c = self.clients[self:rint(1, #self.clients)]
+        local slow = self:rand() < 0.4
+        local d = self:rint(1000, 2 * L)
+        local which = {}
+        for i = 1, cfg.n do
+          if self:rand() < 0.4 then
+            which[#which + 1] = i
+            if slow then
+              c.slow = c.slow or {}
+              c.slow[i] = math.max(c.slow[i] or 0, self.now + d)
+            else
+              c.cut[i] = math.max(c.cut[i] or 0, self.now + d)
+            end
+          end
+        end
+        self:fault(slow and 'slow' or 'cut')
+        self:trace(string.format('FAULT the links %s - nodes %s are %s for %.3f ms', c.name,
+          table.concat(which, ','), slow and 'slow' or 'cut', d / 1000))
+      end)
+    end
+  end
+  if f.restart then
+    for _ = 1, self:rint(1, 5) do
+      self:at(self:rint(0, h), function() self:restart(self.nodes[self:rint(1, cfg.n)]) end)
+    end
+    for _, nd in ipairs(self.nodes) do self:at(self:rint(0, L), function() self:snapshot(nd) end) end
+  end
+  if f.clock then
+    for _ = 1, self:rint(1, 8) do
+      self:at(self:rint(0, h), function()
+        local nd = self.nodes[self:rint(1, cfg.n)]
+        local r = self:rand()
+        if r < 0.5 then
+          local x = r < 0.3 and self:rint(1, 2 * L) or r < 0.4 and self:rint(1, 60e6) or self:rint(1, 86400e6)
+          nd.off = nd.off - x
+          nd.last = floor(self.now * nd.rate + nd.off) - 1
+          nd.back = nd.back + x
+          self:fault('clock_back')
+          self:trace(string.format('FAULT node %d clock steps back %.3f ms', nd.i, x / 1000))
+        else
+          if self.now - (nd.last_fwd or -math.huge) < 2 * L then return end
+          nd.last_fwd = self.now
+          local x = self:rint(1, floor(L * 0.003) + 1000)
+          nd.off = nd.off + x
+          self:fault('clock_forward')
+          self:trace(string.format('FAULT node %d clock steps forward %.3f ms', nd.i, x / 1000))
+        end
+      end)
+    end
+  end
+  if f.jump then
+    self:at(self:rint(0, h), function()
+      local nd = self.nodes[self:rint(1, cfg.n)]
+      local x = self:rint(cfg.drift_us, 3 * L)
+      nd.off = nd.off + x
+      self.jumped = true
+      self:fault('jump')
+      self:trace(string.format('FAULT node %d clock jumps forward %.3f ms', nd.i, x / 1000))
+    end)
+  end
+  if f.crash and self:rand() < 0.7 then
+    self:at(self:rint(0, h), function()
+      local c = self.clients[self:rint(1, #self.clients)]
+      if c.dead then return end
+      c.dead, c.hold = true, nil
+      self:fault('crash')
+      self:trace('FAULT ' .. c.name .. ' crashes')
+    end)
+  end
+end
+
+-- What a restart from a recent snapshot finds: the data now and then.
+function W:snapshot(nd)
+  if self.now > self.cfg.horizon_us then return end
+  if not nd.down then
+    nd.snap = R.copy_db(nd.srv.db)
+    nd.snap_t = self.now
+  end
+  self:at(self.now + self:rint(1000, self.cfg.L), function() self:snapshot(nd) end)
+end
+
+function W:restart(nd)
+  -- (one node at a time without its seed: else no majority of seeded
+  -- nodes may be left to seed the others, docs/design.md "Redlock")
+  for _, o in ipairs(self.nodes) do
+    local s = R.live(o.srv, 'dlock:redlock:seed')
+    if o.down or not (s and s.v == o.run) then return end
+  end
+  local kind = self:rand() < 0.4 and 'empty' or self:rand() < 0.5 and 'snapshot' or 'kept'
+  local d = self:rand() < 0.5 and self:rint(100, 20000) or self:rint(1000, 2 * self.cfg.L)
+  nd.down = true
+  self:fault('restart_' .. kind)
+  self:trace(string.format('FAULT node %d restarts (%s), down %.3f ms', nd.i, kind, d / 1000))
+  local db = kind == 'kept' and nd.srv.db or kind == 'snapshot' and R.copy_db(nd.snap) or {}
+  self:at(self.now + d, function()
+    nd.down = false
+    nd.k = nd.k + 1
+    nd.run = 'run' .. nd.i .. '.' .. nd.k
+    nd.srv = R.new()
+    nd.srv.db = db
+    nd.start = self.now
+    self:trace(string.format('node %d is up again (%s)', nd.i, nd.run))
+  end)
+end
+
+------------------------------------------------------------------------
+-- The invariants checked after every event (order and fence: as tokens
+-- are handed out and written).
+
+function W:check()
+  if self.jumped then return end
+  for _, name in ipairs(self.names) do
+    local who
+    for _, c in ipairs(self.clients) do
+      local h = c.hold
+      if h and h.name == name and not c.dead and cnow(self, c) < h.valid then
+        if who then
+          self:violation('mutex', string.format('%s and %s both hold %s (tokens %.0f, %.0f)', who.c,
+            c.name, name, who.token, h.token))
+        end
+        who = who or h
+      end
+    end
+  end
+end
+
+------------------------------------------------------------------------
+
+function W:run()
+  self:schedule_faults()
+  local h = self.events
+  local probed = false
+  while #self.violations == 0 do
+    if not h[1] then
+      if probed then break end
+      probed = true
+      -- The faults are over: every cut heals (they last 2 leases at most),
+      -- every node is up; a fresh client comes once the leases, the steps
+      -- back of the clocks and the restarts' wait have run out.
+      local back = 0
+      for _, nd in ipairs(self.nodes) do back = math.max(back, nd.back) end
+      self.calm = true
+      self.now = self.now + 4 * self.cfg.L + 2 * self.cfg.drift_us + back
+      self:add_client(#self.clients + 1, true)
+    else
+      local ev = heap_pop(h)
+      self.now = ev.t
+      if not (ev.c and ev.c.dead) then
+        ev.fn()
+        self:check()
+      end
+    end
+  end
+  return self
+end
+
+return W
