@@ -496,7 +496,7 @@ M.list = {
   },
   {
     name = 'redlock_restarted_node_votes_at_once', run = 'redlock',
-    schedules = 800,
+    schedules = 300,
     why = 'a restarted node\'s vote counts at once: no wait of a lease, no seeding of its marks',
     file = 'redlock_model', find = 'return meta.seed == meta.run and meta.up >= self.cfg.lease_ms',
     replace = 'return true',

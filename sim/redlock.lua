@@ -536,19 +536,24 @@ function W:client_main(c)
     if h then
       self:hand_out(c, h)
       c.hold = h
-      self:store_write(c, h)
-      -- held briefly, a while, or to the end of its validity
+      -- held briefly, a while, or to the end of its validity, writing to
+      -- the fenced store at a point of it and at its end; a pause may come
+      -- before either write
       local left = math.max(0, floor((h.valid - cnow(self, c)) / c.rate))
       local r = self:rand()
-      self:sleep(c, r < 0.3 and self:rint(0, 2000) or r < 0.8 and self:rint(0, floor(left * 0.8))
-        or math.max(0, left - self:rint(0, 200)))
-      if cfg.faults.pause and self:rand() < 0.1 then
-        self:fault('pause')
-        local d = self:rint(1, 3 * cfg.L)
-        self:trace(string.format('FAULT %s pauses %.3f ms holding %s', c.name, d / 1000, name))
-        self:sleep(c, d)
+      local hold = r < 0.3 and self:rint(0, 2000) or r < 0.8 and self:rint(0, floor(left * 0.8))
+        or math.max(0, left - self:rint(0, 200))
+      local part = self:rint(0, hold)
+      for k = 1, 2 do
+        self:sleep(c, k == 1 and part or hold - part)
+        if cfg.faults.pause and self:rand() < 0.05 then
+          self:fault('pause')
+          local d = self:rint(1, 3 * cfg.L)
+          self:trace(string.format('FAULT %s pauses %.3f ms holding %s', c.name, d / 1000, name))
+          self:sleep(c, d)
+        end
+        self:store_write(c, h)
       end
-      self:store_write(c, h)
       c.hold = nil
       self:trace(string.format('%s releases %s', c.name, name))
       self:release_all(c, name, h.att, '0')
