@@ -510,6 +510,13 @@ M.list = {
     replace = 'valid = cnow(self, c) + cfg.L - cfg.drift_us, handout = self.now}',
   },
   {
+    name = 'redlock_validity_without_drift', run = 'redlock',
+    schedules = 4000,
+    why = 'the validity is the lease less the time elapsed, with no allowance for clock drift',
+    file = 'redlock_model', find = 'local valid = first + cfg.L - cfg.drift_us',
+    replace = 'local valid = first + cfg.L',
+  },
+  {
     name = 'redlock_mark_lowered', run = 'redlock', protocol = 2,
     schedules = 3000,
     why = 'mark.lua writes the token even below the mark it found',
