@@ -185,7 +185,7 @@ function W.new(seed, opts, scripts)
   cfg.lease_ms = self:rint(100, 1000)
   cfg.L = cfg.lease_ms * 1000
   cfg.drift_us = cfg.lease_ms * 10 + 2000
-  cfg.timeout_us = self:rint(5, 50) * 1000
+  cfg.timeout_us = self:rint(10, 50) * 1000 -- the longest; each client draws its own up to it
   cfg.keep_ms = 4 * cfg.lease_ms
   cfg.horizon_us = self:rint(10, 40) * cfg.L
   cfg.faults = {}
@@ -216,7 +216,7 @@ function W.new(seed, opts, scripts)
   end
   self.clients = {}
   for i = 1, self:rint(2, 4) do self:add_client(i) end
-  self:trace(string.format('schedule %d: %d nodes, lease %d ms, command timeout %d ms, %d clients, '
+  self:trace(string.format('schedule %d: %d nodes, lease %d ms, command timeouts up to %d ms, %d clients, '
     .. '%d names, faults %s', seed, cfg.n, cfg.lease_ms, cfg.timeout_us / 1000, #self.clients,
     #self.names, self:faults_text()))
   return self
@@ -230,13 +230,19 @@ function W:faults_text()
   return #p > 0 and table.concat(p, ',') or 'none'
 end
 
-function W:add_client(i, probe)
+-- probe: the client that comes once the faults are over; main: a
+-- scenario's own (sim/redlock_scenarios.lua), instead of client_main.
+function W:add_client(i, probe, main)
   local c = {name = 'c' .. i, id = string.format('%032x', i * 7919), number = 0, seeding = {},
     cut = {}, probe = probe}
+  -- (clients configured apart: a command timeout of their own)
+  c.timeout_us = probe and self.cfg.timeout_us or self:rint(7000, self.cfg.timeout_us)
   c.rate = 1 + ((self.cfg.faults.clock and not probe) and self:rint(-30, 30) / 10000 or 0)
   self.clients[#self.clients + 1] = c
-  c.co = coroutine.create(function() if probe then self:probe_main(c) else self:client_main(c) end end)
-  self:at(self.now + self:rint(0, 20000), function() self:resume(c) end, c)
+  c.co = coroutine.create(function()
+    if main then main(self, c) elseif probe then self:probe_main(c) else self:client_main(c) end
+  end)
+  self:at(self.now + (main and 0 or self:rint(0, 20000)), function() self:resume(c) end, c)
   return c
 end
 
@@ -313,7 +319,7 @@ function W:link_up(c, i) return not (c.cut[i] and c.cut[i] > self.now) end
 -- the link is slow.
 function W:delay(c, i)
   if c.slow and c.slow[i] and c.slow[i] > self.now then
-    return self:rint(floor(self.cfg.timeout_us / 4), self.cfg.timeout_us)
+    return self:rint(floor(c.timeout_us / 4), c.timeout_us)
   end
   return self:rand() < 0.8 and self:rint(50, 500) or self:rint(500, 3000)
 end
@@ -324,15 +330,19 @@ function W:send(c, i, script, keys, argv, cb)
   local f = self.cfg.faults
   local calm = self.calm or c.probe
   local lossy = f.net and not calm
-  if not self:link_up(c, i) or (lossy and self:rand() < 0.08) then return end
-  local d = self:delay(c, i)
-  if lossy and self:rand() < 0.03 then d = self:rint(self.cfg.timeout_us, 3 * self.cfg.timeout_us) end
+  -- (a scenario, sim/redlock_scenarios.lua, may lose or delay a message
+  -- by its own choice: net_hook returns 'lose', a delay in us, or nil)
+  local hook = self.net_hook and self.net_hook(c, i, script, 'request')
+  if hook == 'lose' or not self:link_up(c, i) or (lossy and self:rand() < 0.08) then return end
+  local d = hook or self:delay(c, i)
+  if lossy and self:rand() < 0.03 then d = self:rint(c.timeout_us, 3 * c.timeout_us) end
   self:at(self.now + d, function()
     local nd = self.nodes[i]
     if nd.down then return end
     local rep, meta = self:run_on(nd, c, script, keys, argv)
-    if not self:link_up(c, i) or (lossy and self:rand() < 0.08) then return end
-    self:at(self.now + self:delay(c, i), function() cb(rep, meta) end, c)
+    local back = self.net_hook and self.net_hook(c, i, script, 'reply')
+    if back == 'lose' or not self:link_up(c, i) or (lossy and self:rand() < 0.08) then return end
+    self:at(self.now + (back or self:delay(c, i)), function() cb(rep, meta) end, c)
   end)
 end
 
@@ -352,7 +362,7 @@ function W:gather(c, list, script, keys, argv)
       end
     end)
   end
-  self:at(self:real_at(c, cnow(self, c) + self.cfg.timeout_us), function()
+  self:at(self:real_at(c, cnow(self, c) + c.timeout_us), function()
     if c.gtok == tok then
       c.gtok = nil
       self:resume(c)
@@ -404,7 +414,7 @@ function W:maybe_seed(c, i, meta)
       end)
     end
   end
-  self:at(self:real_at(c, cnow(self, c) + cfg.timeout_us), finish, c)
+  self:at(self:real_at(c, cnow(self, c) + c.timeout_us), finish, c)
 end
 
 -- Releases attempt att of name on every node (fire and forget); last: the
@@ -676,15 +686,16 @@ function W:snapshot(nd)
   self:at(self.now + self:rint(1000, self.cfg.L), function() self:snapshot(nd) end)
 end
 
-function W:restart(nd)
+-- kind ('empty', 'snapshot', 'kept') and d (us down): drawn unless given.
+function W:restart(nd, kind, d)
   -- (one node at a time without its seed: else no majority of seeded
   -- nodes may be left to seed the others, docs/design.md "Redlock")
   for _, o in ipairs(self.nodes) do
     local s = R.live(o.srv, 'dlock:redlock:seed')
     if o.down or not (s and s.v == o.run) then return end
   end
-  local kind = self:rand() < 0.4 and 'empty' or self:rand() < 0.5 and 'snapshot' or 'kept'
-  local d = self:rand() < 0.5 and self:rint(100, 20000) or self:rint(1000, 2 * self.cfg.L)
+  kind = kind or (self:rand() < 0.4 and 'empty' or self:rand() < 0.5 and 'snapshot' or 'kept')
+  d = d or (self:rand() < 0.5 and self:rint(100, 20000) or self:rint(1000, 2 * self.cfg.L))
   nd.down = true
   self:fault('restart_' .. kind)
   self:trace(string.format('FAULT node %d restarts (%s), down %.3f ms', nd.i, kind, d / 1000))
