@@ -523,6 +523,20 @@ M.list = {
     file = 'mark', find = 'if want > before then',
     replace = 'if want > 0 then',
   },
+  {
+    name = 'redlock_attempt_reused', run = 'redlock',
+    schedules = 400,
+    why = 'every quorum acquire of a client sends one attempt number: a late copy, or the same '
+      .. 'attempt seen again, takes a grant the client no longer counts',
+    file = 'redlock_model', find = '  c.number = c.number + 1\n', replace = '  c.number = 1\n',
+  },
+  {
+    name = 'redlock_expired_grant_never_ends', run = 'redlock', protocol = 2,
+    schedules = 300,
+    why = 'acquire.lua takes a grant past its exp for a live one: a lease whose holder never '
+      .. 'released it holds the name for ever',
+    file = 'acquire', find = 'if owner and now_ms > tonumber(exp) then', replace = 'if false then',
+  },
 }
 
 -- Mutants that a second defence covers in random schedules: caught by a
