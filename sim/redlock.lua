@@ -199,10 +199,12 @@ function W.new(seed, opts, scripts)
   local rates = cfg.faults.clock
   for i = 1, cfg.n do
     local nd = {i = i, srv = R.new(), off = 1700000000e6 + self:rint(-5e6, 5e6), last = 0, k = 0,
-      down = false, back = 0, snap = {}, snap_t = 0, rate = 1 + (rates and self:rint(-30, 30) / 10000 or 0)}
+      down = false, back = 0, snap = {}, snap_t = 0,
+      rate = 1 + (rates and self:rint(-30, 30) / 10000 or 0)}
     self.nodes[i] = nd
     nd.run = 'run' .. i .. '.0'
-    nd.start = -3600e6 -- (real time, as its monotonic clock counts: up an hour before the first call)
+    -- (real time, as its monotonic clock counts: up an hour before the first call)
+    nd.start = -3600e6
     -- deployed seeded: an empty node given its run id (docs/design.md, "Redlock")
     nd.srv.db['dlock:redlock:seed'] = {type = 'string', v = nd.run}
   end
@@ -216,8 +218,8 @@ function W.new(seed, opts, scripts)
   end
   self.clients = {}
   for i = 1, self:rint(2, 4) do self:add_client(i) end
-  self:trace(string.format('schedule %d: %d nodes, lease %d ms, command timeouts up to %d ms, %d clients, '
-    .. '%d names, faults %s', seed, cfg.n, cfg.lease_ms, cfg.timeout_us / 1000, #self.clients,
+  self:trace(string.format('schedule %d: %d nodes, lease %d ms, command timeouts up to %d ms, '
+    .. '%d clients, %d names, faults %s', seed, cfg.n, cfg.lease_ms, cfg.timeout_us / 1000, #self.clients,
     #self.names, self:faults_text()))
   return self
 end
@@ -306,6 +308,7 @@ function W:run_on(nd, c, script, keys, argv)
 end
 
 function W:describe(v)
+  if type(v) == 'number' and v == floor(v) then return string.format('%.0f', v) end
   if type(v) ~= 'table' then return tostring(v) end
   if v.err then return 'ERR ' .. v.err end
   local p = {}
@@ -525,7 +528,8 @@ end
 function W:store_write(c, h)
   local s = self.store[h.name]
   if h.token < s.high then
-    self:trace(string.format('store of %s refuses %s (token %.0f < %.0f)', h.name, c.name, h.token, s.high))
+    self:trace(string.format('store of %s refuses %s (token %.0f < %.0f)', h.name, c.name, h.token,
+      s.high))
     return
   end
   if s.max_first > h.handout then
