@@ -1,0 +1,83 @@
+-- Schedules of the Redlock world (sim/redlock.lua) that step outside what
+-- its random schedules draw, to test the claims of docs/design.md
+-- "Redlock" at their edges. Unlike sim/redlock_scenarios.lua these are
+-- expected to end in a violation (named by kind) where the stated rule
+-- has a hole: sim/test-redlock-holes runs them and prints each trace.
+local H = {}
+
+local function setup(w, lease_ms)
+  local cfg = w.cfg
+  cfg.lease_ms, cfg.L = lease_ms, lease_ms * 1000
+  cfg.drift_us = lease_ms * 10 + 2000
+  cfg.keep_ms = 4 * lease_ms
+  cfg.timeout_us = 50000
+  for _, nd in ipairs(w.nodes) do nd.off, nd.rate = 1700000000e6, 1 end
+  w.clients, w.events = {}, {}
+end
+
+H.list = {
+  {
+    -- "Sequential order, whatever the clocks do" rests on the client's
+    -- clock too: the seeding's wait (a lease + drift of uptime) is long
+    -- enough only if a hand-out comes within a lease + drift, in real
+    -- time, of its acquire's first send. A's clock runs at a tenth of real
+    -- time (or steps back; the effect is the same) and its command timeout
+    -- is 100 ms by that clock. Node 1, its clock a minute ahead, gives
+    -- A's highest vote; it acks A's write-back and restarts
+    -- empty; A's write-back to node 2 is late (700 ms), to node 3 lost.
+    -- B, a lease + drift after node 1 came back, seeds node 1 from nodes
+    -- 2 and 3, which do not hold T_A yet. Node 2 then acks A, whose clock
+    -- says its validity is not over: A hands T_A out. C, begun after
+    -- that and cut from node 2, is voted by nodes 1 and 3 and confirmed
+    -- below T_A.
+    name = 'client_clock_slow',
+    kind = 'order',
+    run = function(w)
+      setup(w, 500)
+      w.nodes[1].off = w.nodes[1].off + 60e6
+      w.net_hook = function(c, i, script, leg)
+        if c.name == 'A' and script == 'mark' and leg == 'request' then
+          if i == 2 then return 700000 end
+          if i == 3 then return 'lose' end
+        end
+        if c.name == 'C' and i == 2 then return 'lose' end
+        return 200
+      end
+      local A = w:add_client(1, false, function(w, c)
+        local h = w:acquire(c, 'r1')
+        if h then
+          w:hand_out(c, h)
+          w:release_all(c, 'r1', h.att, '0')
+        end
+      end)
+      A.name, A.rate, A.timeout_us = 'A', 0.1, 100000
+      w:at(1000, function()
+        w:restart(w.nodes[1], 'empty', 10000)
+        w.nodes[1].off, w.nodes[1].last = w.nodes[1].off - 60e6, 0 -- (its clock set right)
+      end)
+      local B = w:add_client(2, false, function(w, c)
+        w:sleep(c, 540000)
+        local h = w:acquire(c, 'r1')
+        if h then
+          w:hand_out(c, h)
+          w:release_all(c, 'r1', h.att, '0')
+        end
+      end)
+      B.name = 'B'
+      local C = w:add_client(3, false, function(w, c)
+        w:sleep(c, 1100000)
+        local h = w:acquire(c, 'r1')
+        if h then w:hand_out(c, h) end
+      end)
+      C.name = 'C'
+    end,
+  },
+}
+
+function H.run(W, fns, s)
+  local w = W.new(1, {faults = {}, trace = true}, fns)
+  s.run(w)
+  return w:run()
+end
+
+return H
