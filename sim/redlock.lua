@@ -205,6 +205,7 @@ function W.new(seed, opts, scripts)
     nd.run = 'run' .. i .. '.0'
     -- (real time, as its monotonic clock counts: up an hour before the first call)
     nd.start = -3600e6
+    nd.start_wall = nd.off - 3600e6
     -- deployed seeded: an empty node given its run id (docs/design.md, "Redlock")
     nd.srv.db['dlock:redlock:seed'] = {type = 'string', v = nd.run}
   end
@@ -298,7 +299,12 @@ function W:run_on(nd, c, script, keys, argv)
     self:violation('error', script .. ' failed on node ' .. nd.i .. ': ' .. rep.err)
   end
   local seed = R.live(nd.srv, 'dlock:redlock:seed')
-  local meta = {run = nd.run, up = floor((self.now - nd.start) / 1000), seed = seed and seed.v or ''}
+  -- (uptime by the node's monotonic clock; with wall_uptime, as Redis's
+  -- INFO computes uptime_in_seconds: its wall clock now less its wall
+  -- clock at start, so a step of its clock moves it)
+  local up = self.wall_uptime and floor((now_us - nd.start_wall) / 1000)
+    or floor((self.now - nd.start) / 1000)
+  local meta = {run = nd.run, up = up, seed = seed and seed.v or ''}
   if self.tracing then
     self:trace(string.format('node %d runs %s(%s) for %s -> %s  [%s up %d ms seed %s]', nd.i, script,
       table.concat(argv, ' ', script == 'mark' and 1 or 2), c.name, self:describe(rep), meta.run,
@@ -711,6 +717,7 @@ function W:restart(nd, kind, d)
     nd.srv = R.new()
     nd.srv.db = db
     nd.start = self.now
+    nd.start_wall = floor(self.now * nd.rate + nd.off)
     self:trace(string.format('node %d is up again (%s)', nd.i, nd.run))
   end)
 end

@@ -2,7 +2,8 @@
 -- its random schedules draw, to test the claims of docs/design.md
 -- "Redlock" at their edges. Unlike sim/redlock_scenarios.lua these are
 -- expected to end in a violation (named by kind) where the stated rule
--- has a hole: sim/test-redlock-holes runs them and prints each trace.
+-- has a hole, and without one in the same schedule brought back within
+-- the assumption it steps out of (its control): sim/test-redlock-holes.
 local H = {}
 
 local function setup(w, lease_ms)
@@ -11,7 +12,10 @@ local function setup(w, lease_ms)
   cfg.drift_us = lease_ms * 10 + 2000
   cfg.keep_ms = 4 * lease_ms
   cfg.timeout_us = 50000
-  for _, nd in ipairs(w.nodes) do nd.off, nd.rate = 1700000000e6, 1 end
+  for _, nd in ipairs(w.nodes) do
+    nd.off, nd.rate = 1700000000e6, 1
+    nd.start_wall = nd.off - 3600e6
+  end
   w.clients, w.events = {}, {}
 end
 
@@ -32,7 +36,7 @@ H.list = {
     -- below T_A.
     name = 'client_clock_slow',
     kind = 'order',
-    run = function(w)
+    run = function(w, control)
       setup(w, 500)
       w.nodes[1].off = w.nodes[1].off + 60e6
       w.net_hook = function(c, i, script, leg)
@@ -50,7 +54,7 @@ H.list = {
           w:release_all(c, 'r1', h.att, '0')
         end
       end)
-      A.name, A.rate, A.timeout_us = 'A', 0.1, 100000
+      A.name, A.rate, A.timeout_us = 'A', control and 1 or 0.1, 100000
       w:at(1000, function()
         w:restart(w.nodes[1], 'empty', 10000)
         w.nodes[1].off, w.nodes[1].last = w.nodes[1].off - 60e6, 0 -- (its clock set right)
@@ -72,11 +76,71 @@ H.list = {
       C.name = 'C'
     end,
   },
+  {
+    -- The Redlock section says a forward jump of a node's clock beyond the
+    -- allowance breaks mutual exclusion only, sequential order holding;
+    -- so it does in the world, whose uptime is a monotonic clock. Redis's
+    -- uptime_in_seconds is its wall clock now less its wall clock at start
+    -- (server.unixtime - server.stat_starttime), so a jump moves it too
+    -- (wall_uptime). Node 1, its clock a minute ahead, gives A's highest
+    -- vote, acks A's write-back and restarts empty, its clock set right;
+    -- 1 ms after it is up, its clock steps forward 600 ms: its uptime
+    -- reads a lease + drift at once. B (refused: A's lease) seeds node 1
+    -- from nodes 2 and 3 before A's write-back, late by 30 ms, reaches
+    -- node 2. A hands T_A out; C, begun after that and cut from node 2, is
+    -- voted by nodes 1 and 3 and confirmed below T_A.
+    name = 'uptime_by_wall_clock',
+    kind = 'order',
+    run = function(w, control)
+      setup(w, 500)
+      w.wall_uptime = not control
+      w.nodes[1].off = w.nodes[1].off + 60e6
+      w.net_hook = function(c, i, script, leg)
+        if c.name == 'A' and script == 'mark' and leg == 'request' then
+          if i == 2 then return 30000 end
+          if i == 3 then return 'lose' end
+        end
+        if c.name == 'C' and i == 2 then return 'lose' end
+        return 200
+      end
+      local A = w:add_client(1, false, function(w, c)
+        local h = w:acquire(c, 'r1')
+        if h then
+          w:hand_out(c, h)
+          w:release_all(c, 'r1', h.att, '0')
+        end
+      end)
+      A.name, A.timeout_us = 'A', 50000
+      w:at(1000, function()
+        w:restart(w.nodes[1], 'empty', 10000)
+        w.nodes[1].off, w.nodes[1].last = w.nodes[1].off - 60e6, 0 -- (its clock set right)
+      end)
+      w:at(12000, function() w.nodes[1].off = w.nodes[1].off + 600000 end)
+      local B = w:add_client(2, false, function(w, c)
+        w:sleep(c, 15000)
+        local h = w:acquire(c, 'r1')
+        if h then
+          w:hand_out(c, h)
+          w:release_all(c, 'r1', h.att, '0')
+        end
+      end)
+      B.name = 'B'
+      local C = w:add_client(3, false, function(w, c)
+        w:sleep(c, 100000)
+        local h = w:acquire(c, 'r1')
+        if h then w:hand_out(c, h) end
+      end)
+      C.name = 'C'
+    end,
+  },
 }
 
-function H.run(W, fns, s)
+-- control: the same schedule within the assumption the hole steps out of
+-- (the client's clock at real rate; uptime by a monotonic clock), which
+-- must end without a violation.
+function H.run(W, fns, s, control)
   local w = W.new(1, {faults = {}, trace = true}, fns)
-  s.run(w)
+  s.run(w, control)
   return w:run()
 end
 
