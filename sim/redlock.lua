@@ -270,7 +270,7 @@ function W:keys_of(name, c)
   local out = {}
   for i, k in ipairs(self.fns.keys) do
     if k[1] == 'HW' then
-      out[i] = 'dlock:hw:{0}'
+      out[i] = self:hw(name)
     else
       out[i] = 'dlock:{' .. name .. '}' .. k[2] .. (k[1] == 'CLIENT' and c.id or '')
     end
@@ -396,35 +396,67 @@ function W:counts(meta)
 end
 
 -- A node not seeded in this run and up a lease + drift: seed it (in the
--- background) from a majority of the other nodes that count.
-function W:maybe_seed(c, i, meta)
+-- background) from a majority of the other nodes that count. hw: the mark
+-- of the slot of the name acquired. Every name shares one slot's mark
+-- unless per_slot (each name its own slot); then the seeding copies hw
+-- only, unless seed_all_slots (every slot's mark, then the run id last,
+-- once every mark is written).
+function W:maybe_seed(c, i, meta, hw)
   local cfg = self.cfg
   if meta.seed == meta.run or meta.up * 1000 < cfg.L + cfg.drift_us or c.seeding[i] then return end
   c.seeding[i] = true
-  local got, top, done = 0, 0, false
+  local list = self.seed_all_slots and self:slot_marks() or {hw}
+  local got, top, done = {}, {}, false
+  for k = 1, #list do got[k], top[k] = 0, 0 end
+  local function all_got()
+    for k = 1, #list do if got[k] < cfg.m then return false end end
+    return true
+  end
+  local function write(k)
+    self:send(c, i, 'mark', {list[k], 'dlock:redlock:seed'},
+      {string.format('%.0f', top[k]), k == #list and meta.run or ''}, function(rep)
+        if k < #list and type(rep) == 'table' and not rep.err then write(k + 1) end
+      end)
+  end
   local function finish()
     if done then return end
     done = true
     c.seeding[i] = nil
-    if got >= cfg.m then
-      self:trace(string.format('%s seeds node %d (%s) with mark %.0f', c.name, i, meta.run, top))
-      self:send(c, i, 'mark', {'dlock:hw:{0}', 'dlock:redlock:seed'},
-        {string.format('%.0f', top), meta.run}, function() end)
+    if all_got() then
+      for k = 1, #list do
+        self:trace(string.format('%s seeds node %d (%s) with mark %.0f', c.name, i, meta.run, top[k])
+          .. (self.per_slot and ' (' .. list[k] .. ')' or ''))
+      end
+      write(1)
     end
   end
   for j = 1, cfg.n do
     if j ~= i then
-      self:send(c, j, 'mark', {'dlock:hw:{0}', 'dlock:redlock:seed'}, {'0', ''}, function(rep, m)
-        if type(rep) == 'table' and not rep.err and self:counts(m) then
-          got = got + 1
-          top = math.max(top, tonumber(rep[1]))
-          if got >= cfg.m then finish() end
-        end
-      end)
+      for k = 1, #list do
+        self:send(c, j, 'mark', {list[k], 'dlock:redlock:seed'}, {'0', ''}, function(rep, m)
+          if type(rep) == 'table' and not rep.err and self:counts(m) then
+            got[k] = got[k] + 1
+            top[k] = math.max(top[k], tonumber(rep[1]))
+            if all_got() then finish() end
+          end
+        end)
+      end
     end
   end
   self:at(self:real_at(c, cnow(self, c) + c.timeout_us), finish, c)
 end
+
+-- The slots' marks of the world's names (one unless per_slot).
+function W:slot_marks()
+  local out, seen = {}, {}
+  for _, n in ipairs(self.names) do
+    local k = self:hw(n)
+    if not seen[k] then seen[k], out[#out + 1] = true, k end
+  end
+  return out
+end
+
+function W:hw(name) return self.per_slot and 'dlock:hw:{' .. name .. '}' or 'dlock:hw:{0}' end
 
 -- Releases attempt att of name on every node (fire and forget); last: the
 -- token handed out under it for release.lua to raise the mark to, always
@@ -460,7 +492,7 @@ function W:acquire(c, name)
       elseif type(r.rep) == 'table' and r.rep[1] == 0 and r.rep[2] > 0 then
         c.pttl = math.max(c.pttl or 0, r.rep[2])
       end
-      self:maybe_seed(c, i, r.meta)
+      self:maybe_seed(c, i, r.meta, keys[7])
     end
   end
   if votes < cfg.m or cnow(self, c) >= valid then
@@ -473,7 +505,7 @@ function W:acquire(c, name)
   T = T + 1
   local ok = false
   for _ = 1, 3 do
-    local wr = self:gather(c, self:all_nodes(), 'mark', {'dlock:hw:{0}', 'dlock:redlock:seed'},
+    local wr = self:gather(c, self:all_nodes(), 'mark', {keys[7], 'dlock:redlock:seed'},
       {string.format('%.0f', T), ''})
     local acks, top = 0, nil
     for i = 1, cfg.n do

@@ -133,10 +133,66 @@ H.list = {
       C.name = 'C'
     end,
   },
+  {
+    -- Marks are per hash slot (lua/keys.lua, HW: up to 16384 per prefix),
+    -- the seed key per node and prefix (lua/p2/LAYOUT.txt): a seeding that
+    -- copies the mark of the slot of the name being acquired, then writes
+    -- the run id, leaves every other slot's mark as the restart left it,
+    -- and the node votes for their names. docs/design.md says "the marks
+    -- ... are read, and their highest is written", which does not say
+    -- every slot's. (The world gives every name one slot: per_slot gives
+    -- each its own.) Node 1, its clock a minute ahead, gives A's token
+    -- for r1; A's write-back misses node 3; node 2 restarts empty; B's
+    -- acquire of r2 (another slot) seeds node 2 with r2's slot only; C,
+    -- cut from node 1, is voted by nodes 2 and 3 for r1 and confirmed
+    -- below T_A. The control seeds every slot, the run id last.
+    name = 'seed_one_slot',
+    kind = 'order',
+    run = function(w, control)
+      setup(w, 500)
+      w.per_slot, w.seed_all_slots = true, control
+      w.names = {'r1', 'r2'}
+      for _, n in ipairs(w.names) do
+        w.store[n] = {high = -1, max_first = -math.huge}
+        w.handed[n] = {}
+      end
+      w.nodes[1].off = w.nodes[1].off + 60e6
+      w.net_hook = function(c, i, script, leg)
+        if c.name == 'A' and i == 3 and script == 'mark' and leg == 'request' then return 'lose' end
+        if c.name == 'C' and i == 1 then return 'lose' end
+        return 200
+      end
+      local A = w:add_client(1, false, function(w, c)
+        local h = w:acquire(c, 'r1')
+        if h then
+          w:hand_out(c, h)
+          w:release_all(c, 'r1', h.att, '0')
+        end
+      end)
+      A.name, A.timeout_us = 'A', 20000
+      w:at(100000, function() w:restart(w.nodes[2], 'empty', 10000) end)
+      local B = w:add_client(2, false, function(w, c)
+        w:sleep(c, 640000)
+        local h = w:acquire(c, 'r2')
+        if h then
+          w:hand_out(c, h)
+          w:release_all(c, 'r2', h.att, '0')
+        end
+      end)
+      B.name = 'B'
+      local C = w:add_client(3, false, function(w, c)
+        w:sleep(c, 700000)
+        local h = w:acquire(c, 'r1')
+        if h then w:hand_out(c, h) end
+      end)
+      C.name = 'C'
+    end,
+  },
 }
 
 -- control: the same schedule within the assumption the hole steps out of
--- (the client's clock at real rate; uptime by a monotonic clock), which
+-- (the client's clock at real rate; uptime by a monotonic clock; every
+-- slot seeded), which
 -- must end without a violation.
 function H.run(W, fns, s, control)
   local w = W.new(1, {faults = {}, trace = true}, fns)
