@@ -731,11 +731,16 @@ end
 -- kind ('empty', 'snapshot', 'kept') and d (us down): drawn unless given.
 function W:restart(nd, kind, d)
   -- (one node at a time without its seed: else no majority of seeded
-  -- nodes may be left to seed the others, docs/design.md "Redlock")
+  -- nodes may be left to seed the others, docs/design.md "Redlock"; with
+  -- unseeded_max, up to that many, and a node restarts again before it
+  -- is seeded)
+  local unseeded = 0
   for _, o in ipairs(self.nodes) do
     local s = R.live(o.srv, 'dlock:redlock:seed')
-    if o.down or not (s and s.v == o.run) then return end
+    if o ~= nd and (o.down or not (s and s.v == o.run)) then unseeded = unseeded + 1 end
+    if not self.unseeded_max and (o.down or not (s and s.v == o.run)) then return end
   end
+  if nd.down or unseeded >= (self.unseeded_max or 1) then return end
   kind = kind or (self:rand() < 0.4 and 'empty' or self:rand() < 0.5 and 'snapshot' or 'kept')
   d = d or (self:rand() < 0.5 and self:rint(100, 20000) or self:rint(1000, 2 * self.cfg.L))
   nd.down = true
