@@ -188,6 +188,13 @@ function W.new(seed, opts, scripts)
   cfg.timeout_us = self:rint(10, 50) * 1000 -- the longest; each client draws its own up to it
   cfg.keep_ms = 4 * cfg.lease_ms
   cfg.horizon_us = self:rint(10, 40) * cfg.L
+  -- A forward jump excuses mutual exclusion and hand-out order only for
+  -- the leases it can shorten (jump_window), and restarts may leave up to
+  -- N - m nodes unseeded, a node restarting again before it was seeded
+  -- (unseeded_max): what docs/design.md, "Redlock", allows. A scenario
+  -- may set either otherwise.
+  self.jump_window = true
+  self.unseeded_max = cfg.n - cfg.m
   cfg.faults = {}
   local allowed = opts.faults or W.ALL_FAULTS
   if self:rand() >= 0.2 then
