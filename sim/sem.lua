@@ -78,26 +78,12 @@ local S = {}
 S.__index = S
 
 local floor = math.floor
-local M31 = 2147483647
 
 S.ALL_FAULTS = {'net', 'msg', 'crash', 'clock', 'restart'}
 
-local function new_rng(seed)
-  local s = (seed * 48271 + 12345) % M31
-  if s == 0 then s = 1 end
-  for _ = 1, 3 do s = (s * 16807) % M31 end
-  return s
-end
-
-function S:rand()
-  self.rs = (self.rs * 16807) % M31
-  return self.rs / M31
-end
-
-function S:rint(a, b)
-  if b <= a then return a end
-  return a + floor(self:rand() * (b - a + 1))
-end
+local rng = require('rng')
+local new_rng = rng.seed
+rng.mixin(S)
 
 ------------------------------------------------------------------------
 -- The scripts.

@@ -66,26 +66,12 @@ W.__index = W
 local floor = math.floor
 
 ------------------------------------------------------------------------
--- A seeded generator (Park-Miller, exact in doubles): the same on every
--- machine, unlike math.random.
-local M31 = 2147483647
-
-local function new_rng(seed)
-  local s = (seed * 48271 + 12345) % M31
-  if s == 0 then s = 1 end
-  for _ = 1, 3 do s = (s * 16807) % M31 end
-  return s
-end
-
-function W:rand()
-  self.rs = (self.rs * 16807) % M31
-  return self.rs / M31
-end
-
-function W:rint(a, b)
-  if b <= a then return a end
-  return a + floor(self:rand() * (b - a + 1))
-end
+-- A seeded generator (Park-Miller, exact in doubles, sim/rng.lua): the
+-- same on every machine, unlike math.random.
+local rng = require('rng')
+local M31 = rng.M31
+local new_rng = rng.seed
+rng.mixin(W)
 
 function W:pick(list) return list[self:rint(1, #list)] end
 
