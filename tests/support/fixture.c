@@ -929,8 +929,9 @@ int fx_key_protocol(redisContext *c, const char *key)
         return 0;
     char *pv = reply_str(redisCommand(c, "HGET %s pv", key));
     /* protocol 2 marks every hash it writes; protocol 1's lease has an
-     * owner and a token (and pv 1 since 0.2.0) */
-    int p = pv && !strcmp(pv, "2") ? 2 : 1;
+     * owner and a token (and pv 1 since 0.2.0, none before); any other
+     * mark is a protocol of neither layout */
+    int p = !pv || !strcmp(pv, "1") ? 1 : !strcmp(pv, "2") ? 2 : 0;
     free(pv);
     return p;
 }
