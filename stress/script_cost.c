@@ -18,7 +18,8 @@
  * Redis it also counts the server's preemptions).
  *
  * With --parts it then measures, the same way, each piece that scripts are
- * made of alone in a script (run_parts).
+ * made of alone in a script (run_parts): the pieces of protocol 1's
+ * scripts, on protocol 1's layout, whatever --protocol says.
  *
  * With --also ACQ REL it runs two other scripts (Lua files taking the same
  * keys, arguments and replies as lua/acquire.lua and lua/release.lua, on
@@ -445,7 +446,8 @@ int main(int argc, char **argv)
                     "What an uncontended acquire and a release cost inside Redis, beside the\n"
                     "simplest lock's SET NX PX and compare-and-delete (see the top of\n"
                     "stress/script_cost.c). Prints a Markdown table; with --parts a second\n"
-                    "one: what each command and step scripts are made of costs inside one;\n"
+                    "one: what each command and step scripts are made of costs inside one\n"
+                    "(protocol 1's pieces, on its layout, whatever --protocol says);\n"
                     "with --also, the rows of two other scripts with the same keys, arguments\n"
                     "and replies, run beside dlock's in the same rounds.\n");
             return 2;

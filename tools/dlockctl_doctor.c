@@ -135,7 +135,8 @@ static void doctor_one(const char *host, int port, const char *unix_path)
                 "the server, or set dlock_config.protocol to 1", v);
     else
         finding(where, "FAIL", "version", "Redis %s: dlock needs Redis 5 or later (its scripts "
-                "read TIME before writing); upgrade the server", v[0] ? v : "(unknown)");
+                "read TIME before writing), 7.0 or later for protocol 2, the default; upgrade "
+                "the server", v[0] ? v : "(unknown)");
     if (!mm[0] || strtoull(mm, NULL, 10) == 0 || !strcmp(pol, "noeviction"))
         finding(where, "ok", "eviction", "maxmemory %s, maxmemory-policy %s: no lease is evicted",
                 mm[0] ? mm : "0", pol[0] ? pol : "(unknown)");

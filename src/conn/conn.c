@@ -336,7 +336,8 @@ int dlock_conn_check_info(const char *info, int protocol)
                                             "server dlock can check");
     if (atoi(version) < 5)
         return dlock_err_set(DLOCK_ESERVER, "redis %s is too old: dlock needs Redis 5 or later "
-                                            "(its scripts read TIME before writing)", version);
+                                            "(its scripts read TIME before writing), 7.0 or "
+                                            "later for protocol 2, the default", version);
     if (protocol == 2 && atoi(version) < 7)
         return dlock_err_set(DLOCK_ESERVER, "redis %s is too old for protocol 2 "
                              "(dlock_config.protocol): it needs Redis 7.0 or later (PEXPIRE "
