@@ -758,8 +758,21 @@ int fx_sentinel_wait(fx_sentinel_set *t, int master_port, int replica_port)
             return 0;
         fx_sleep_ms(10);
     }
-    fprintf(stderr, "fixture: sentinel topology not ready: master %d, replica %d\n",
-            master_port, replica_port);
+    fprintf(stderr, "fixture: sentinel topology not ready: master %d (%s), replica %d (%s)\n",
+            master_port, fx_is_master(master_port) ? "a master" : "not a master", replica_port,
+            replica_linked(replica_port) ? "linked" : "not linked");
+    for (int i = 0; i < FX_SENTINELS; i++) {
+        redisReply *r = fx_cmd_at(t->sentinel[i].port, "SENTINEL master %s", t->name);
+        fprintf(stderr, "fixture: sentinel %d names master %d:", i, fx_sentinel_reported(t, i));
+        for (size_t k = 0; r && r->type == REDIS_REPLY_ARRAY && k + 1 < r->elements; k += 2)
+            if (!strcmp(r->element[k]->str, "flags") ||
+                !strcmp(r->element[k]->str, "num-slaves") ||
+                !strcmp(r->element[k]->str, "num-other-sentinels"))
+                fprintf(stderr, " %s %s", r->element[k]->str, r->element[k + 1]->str);
+        fprintf(stderr, "\n");
+        if (r)
+            freeReplyObject(r);
+    }
     return -1;
 }
 
