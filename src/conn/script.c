@@ -33,6 +33,7 @@ extern const char dlock_lua_p2_sem_release[];
 extern const char dlock_lua_p2_sem_leave[];
 extern const char dlock_lua_p2_sem_renew[];
 extern const char dlock_lua_p2_sem_ctl_read[];
+extern const char dlock_lua_p2_mark[];
 
 static const char *const key_suffixes[DLOCK_KEYS] = DLOCK_KEY_SUFFIXES;
 
@@ -71,6 +72,7 @@ static const char *const bodies[DLOCK_SCRIPT_COUNT] = {
     [DLOCK_SCRIPT_SEM_RELEASE] = dlock_lua_p2_sem_release,
     [DLOCK_SCRIPT_SEM_LEAVE] = dlock_lua_p2_sem_leave,
     [DLOCK_SCRIPT_SEM_RENEW] = dlock_lua_p2_sem_renew,
+    [DLOCK_SCRIPT_MARK] = dlock_lua_p2_mark,
 };
 
 void dlock_script_sem_release_argv(const dlock_script_args *a, char *const *keys,

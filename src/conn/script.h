@@ -41,6 +41,8 @@ typedef enum dlock_script_id {
     DLOCK_SCRIPT_SEM_RELEASE,
     DLOCK_SCRIPT_SEM_LEAVE,
     DLOCK_SCRIPT_SEM_RENEW,
+    DLOCK_SCRIPT_MARK, /* Redlock's write-back of the slot's mark (lua/p2/mark.lua;
+                          src/route/redlock.h) */
     DLOCK_SCRIPT_COUNT
 } dlock_script_id;
 

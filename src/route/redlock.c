@@ -1,0 +1,976 @@
+/*
+ * Redlock's node set, its quorum acquire and release, and the seeding of
+ * restarted nodes (see redlock.h for the rule, the invariants and the
+ * lock order). The calls to the nodes of one step are pipelined: one
+ * connection checked out per node, every request appended and flushed,
+ * then every reply read by one deadline; no thread per node.
+ */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "route/redlock.h"
+#include "common/error.h"
+
+#define RUN_ID_MAX 48
+
+typedef struct rl_node {
+    dlock_conn_cfg cfg; /* base's, with this node's address */
+    dlock_pool *pool;
+    char addr[280];     /* "host:port", for messages */
+    /* under rl->mu */
+    char run[RUN_ID_MAX]; /* the run id last seen, "" none yet */
+    int64_t seen_boot;  /* when this client first saw it (CLOCK_BOOTTIME) */
+    int seeded;         /* its seed key held it at the last reading */
+    int seeding;        /* a seeding of this node is under way */
+} rl_node;
+
+struct dlock_redlock {
+    dlock_counters *ctr;
+    unsigned n, m;
+    uint32_t lease_ms;
+    int64_t lease_ns, drift_ns;
+    char lease_str[16];
+    char *prefix;
+    char *seed_key;   /* "<prefix>redlock:seed" */
+    char *hw_match;   /* SCAN pattern of every slot's mark: "<prefix, escaped>hw:{*}" */
+    char *hw_any;     /* "<prefix>hw:{0}": mark.lua's KEYS[1] when only the seed is written */
+    pthread_mutex_t mu;
+    rl_node node[DLOCK_REDLOCK_NODES_MAX];
+};
+
+/* One node's side of a step. */
+typedef struct peer {
+    redisContext *c; /* checked out for the step, NULL if none */
+    int failed;      /* no connection, or it failed: no more calls this step */
+    char run[RUN_ID_MAX]; /* the run id this connection reported, "" unknown */
+    char seed[RUN_ID_MAX]; /* the seed key as last read on it */
+    redisReply *rep; /* the last script's reply (owned), NULL none */
+    char why[200];   /* failed: why */
+} peer;
+
+unsigned dlock_redlock_nodes(const dlock_redlock *rl)
+{
+    return rl->n;
+}
+
+unsigned dlock_redlock_majority(const dlock_redlock *rl)
+{
+    return rl->m;
+}
+
+int64_t dlock_redlock_drift_ns(const dlock_redlock *rl)
+{
+    return rl->drift_ns;
+}
+
+void dlock_redlock_destroy(dlock_redlock *rl)
+{
+    if (!rl)
+        return;
+    for (unsigned i = 0; i < rl->n; i++) {
+        dlock_pool_destroy(rl->node[i].pool);
+        free(rl->node[i].cfg.host);
+    }
+    pthread_mutex_destroy(&rl->mu);
+    free(rl->prefix);
+    free(rl->seed_key);
+    free(rl->hw_match);
+    free(rl->hw_any);
+    free(rl);
+}
+
+/* prefix with SCAN's glob characters escaped, then "hw:{*}" */
+static char *hw_pattern(const char *prefix)
+{
+    char *p = malloc(2 * strlen(prefix) + 8);
+    if (!p)
+        return NULL;
+    char *o = p;
+    for (const char *s = prefix; *s; s++) {
+        if (strchr("*?[]\\", *s))
+            *o++ = '\\';
+        *o++ = *s;
+    }
+    strcpy(o, "hw:{*}");
+    return p;
+}
+
+static char *concat(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    char *s = malloc(la + lb + 1);
+    if (s) {
+        memcpy(s, a, la);
+        memcpy(s + la, b, lb + 1);
+    }
+    return s;
+}
+
+int dlock_redlock_create(const dlock_conn_cfg *base, const char *nodes, const char *prefix,
+                         uint32_t lease_ms, unsigned pool_size, dlock_counters *ctr,
+                         dlock_redlock **out)
+{
+    *out = NULL;
+    if (base->protocol != 2)
+        return dlock_err_set(DLOCK_EINVAL, "redlock_nodes: Redlock runs protocol 2's scripts "
+                             "(protocol is %d)", base->protocol);
+    if (lease_ms < 10)
+        return dlock_err_set(DLOCK_EINVAL, "redlock: a lease of %" PRIu32 " ms is too short "
+                             "(at least 10 ms)", lease_ms);
+    dlock_addr *a;
+    unsigned n;
+    int rc = dlock_addrs_parse(nodes, "redlock_nodes", &a, &n);
+    if (rc != DLOCK_OK)
+        return rc;
+    if (n < 3 || n % 2 == 0 || n > DLOCK_REDLOCK_NODES_MAX) {
+        dlock_addrs_free(a, n);
+        return dlock_err_set(DLOCK_EINVAL, "redlock_nodes: %u nodes; Redlock needs an odd number "
+                             "of independent masters, at least 3 and at most %d", n,
+                             DLOCK_REDLOCK_NODES_MAX);
+    }
+    dlock_redlock *rl = calloc(1, sizeof *rl);
+    if (!rl) {
+        dlock_addrs_free(a, n);
+        return dlock_err_set(DLOCK_ENOMEM, "out of memory");
+    }
+    pthread_mutex_init(&rl->mu, NULL);
+    DLOCK_LOCKSTAT_NAME(&rl->mu, "redlock");
+    rl->ctr = ctr;
+    rl->n = n;
+    rl->m = n / 2 + 1;
+    rl->lease_ms = lease_ms;
+    rl->lease_ns = (int64_t)lease_ms * DLOCK_NS_PER_MS;
+    rl->drift_ns = rl->lease_ns / 100 + 2 * DLOCK_NS_PER_MS;
+    snprintf(rl->lease_str, sizeof rl->lease_str, "%" PRIu32, lease_ms);
+    rl->prefix = strdup(prefix);
+    rl->seed_key = concat(prefix, "redlock:seed");
+    rl->hw_match = hw_pattern(prefix);
+    rl->hw_any = concat(prefix, "hw:{0}");
+    int ok = rl->prefix && rl->seed_key && rl->hw_match && rl->hw_any;
+    for (unsigned i = 0; ok && i < n; i++) {
+        rl_node *nd = &rl->node[i];
+        nd->cfg = *base;
+        nd->cfg.cluster = NULL;
+        nd->cfg.route = NULL;
+        nd->cfg.sentinels = NULL;
+        nd->cfg.nsentinels = 0;
+        nd->cfg.unix_path = NULL;
+        nd->cfg.host = strdup(a[i].host);
+        nd->cfg.port = a[i].port;
+        snprintf(nd->addr, sizeof nd->addr, "%s:%d", a[i].host, a[i].port);
+        nd->pool = nd->cfg.host ? dlock_pool_create(&nd->cfg, pool_size, ctr) : NULL;
+        ok = nd->pool != NULL;
+    }
+    dlock_addrs_free(a, n);
+    if (!ok) {
+        dlock_redlock_destroy(rl);
+        return dlock_err_set(DLOCK_ENOMEM, "out of memory");
+    }
+    *out = rl;
+    return DLOCK_OK;
+}
+
+/* ------------------------------------------------------------------ */
+/* The node records. */
+
+/* Records that node i's server has run id run (a connection's INFO said
+ * so): a run id not seen before starts its count now. */
+static void saw_run(dlock_redlock *rl, unsigned i, const char *run)
+{
+    if (!run[0])
+        return;
+    rl_node *nd = &rl->node[i];
+    pthread_mutex_lock(&rl->mu);
+    if (strcmp(nd->run, run) != 0) {
+        snprintf(nd->run, sizeof nd->run, "%s", run);
+        nd->seen_boot = dlock_boot_ns();
+        nd->seeded = 0;
+    }
+    pthread_mutex_unlock(&rl->mu);
+}
+
+/* Whether a reply of node i through a connection to run id run, with seed
+ * key seed, counts (and records whether the seed key held the run id). */
+static int counts_now(dlock_redlock *rl, unsigned i, const char *run, const char *seed)
+{
+    rl_node *nd = &rl->node[i];
+    if (!run[0])
+        return 0;
+    pthread_mutex_lock(&rl->mu);
+    int same = strcmp(nd->run, run) == 0;
+    if (same)
+        nd->seeded = strcmp(seed, run) == 0;
+    int c = same && nd->seeded && dlock_boot_ns() - nd->seen_boot >= rl->lease_ns;
+    pthread_mutex_unlock(&rl->mu);
+    return c;
+}
+
+int dlock_redlock_counts(dlock_redlock *rl, unsigned i)
+{
+    if (i >= rl->n)
+        return 0;
+    rl_node *nd = &rl->node[i];
+    pthread_mutex_lock(&rl->mu);
+    int c = nd->run[0] && nd->seeded && dlock_boot_ns() - nd->seen_boot >= rl->lease_ns;
+    pthread_mutex_unlock(&rl->mu);
+    return c;
+}
+
+/* ------------------------------------------------------------------ */
+/* Steps: every node's connection, pipelined calls, replies by a deadline. */
+
+static void peer_fail(peer *p, const char *fmt, const char *what)
+{
+    if (p->failed)
+        return;
+    p->failed = 1;
+    snprintf(p->why, sizeof p->why, fmt, what);
+}
+
+/* Checks out a connection to every node not failed yet (DLOCK_NEVER as
+ * the pool's wait: a node's pool is this set's own, rarely all busy). */
+static void peers_open(dlock_redlock *rl, peer *p, int64_t deadline)
+{
+    for (unsigned i = 0; i < rl->n; i++) {
+        p[i].rep = NULL;
+        if (p[i].failed || p[i].c)
+            continue;
+        if (dlock_pool_get(rl->node[i].pool, deadline, &p[i].c) != DLOCK_OK) {
+            p[i].c = NULL;
+            peer_fail(&p[i], "unreachable: %s", dlock_last_error());
+        }
+    }
+}
+
+/* Gives every connection back (a failed one is closed) and frees replies. */
+static void peers_close(dlock_redlock *rl, peer *p)
+{
+    for (unsigned i = 0; i < rl->n; i++) {
+        if (p[i].c)
+            dlock_pool_put(rl->node[i].pool, p[i].c, p[i].failed);
+        p[i].c = NULL;
+        if (p[i].rep)
+            freeReplyObject(p[i].rep);
+        p[i].rep = NULL;
+    }
+}
+
+/* The run id in INFO server's text into run ("" if none). */
+static void parse_run(const redisReply *r, char *run)
+{
+    run[0] = '\0';
+    if (!r || r->type != REDIS_REPLY_STRING)
+        return;
+    const char *s = strstr(r->str, "run_id:");
+    if (!s)
+        return;
+    s += 7;
+    size_t k = 0;
+    while (k < RUN_ID_MAX - 1 && ((s[k] >= '0' && s[k] <= '9') || (s[k] >= 'a' && s[k] <= 'f')))
+        k++;
+    memcpy(run, s, k);
+    run[k] = '\0';
+}
+
+/* Appends peer i's requests: INFO server if info, the script (EVALSHA
+ * unless eval), GET of the seed key if get_seed. 0 or -1. */
+static int append_one(dlock_redlock *rl, peer *p, int info, dlock_script_id id, int eval,
+                      int nkeys, int nargs, const char **argv, int get_seed)
+{
+    redisContext *c = p->c;
+    if (info) {
+        const char *v[] = {"INFO", "server"};
+        if (redisAppendCommandArgv(c, 2, v, NULL) != REDIS_OK)
+            return -1;
+        dlock_count(&rl->ctr->redis_commands, 1);
+    }
+    if (dlock_conn_append_eval(c, rl->ctr, id, !eval, nkeys, nargs, argv, NULL) != 0)
+        return -1;
+    if (get_seed) {
+        const char *v[] = {"GET", rl->seed_key};
+        if (redisAppendCommandArgv(c, 2, v, NULL) != REDIS_OK)
+            return -1;
+        dlock_count(&rl->ctr->redis_commands, 1);
+    }
+    return 0;
+}
+
+/* Reads peer i's replies to append_one by deadline: 1 if the script
+ * answered NOSCRIPT (send again with EVAL), 0, or -1 (failed). */
+static int read_one(dlock_redlock *rl, unsigned i, peer *p, int info, int get_seed,
+                    int64_t deadline)
+{
+    redisReply *r = NULL;
+    if (info) {
+        if (dlock_conn_read(p->c, deadline, &r) != 0)
+            return -1;
+        parse_run(r, p->run);
+        freeReplyObject(r);
+        saw_run(rl, i, p->run);
+    }
+    if (dlock_conn_read(p->c, deadline, &r) != 0)
+        return -1;
+    int noscript = dlock_conn_is_noscript(r);
+    if (p->rep)
+        freeReplyObject(p->rep);
+    p->rep = r;
+    if (get_seed) {
+        if (dlock_conn_read(p->c, deadline, &r) != 0)
+            return -1;
+        snprintf(p->seed, sizeof p->seed, "%s", r->type == REDIS_REPLY_STRING ? r->str : "");
+        freeReplyObject(r);
+    }
+    return noscript;
+}
+
+/* Runs one script on every peer of `only` (NULL: every peer) not failed,
+ * the same argv for all: appended, flushed, then read by deadline. A
+ * NOSCRIPT answer (a restarted server) is sent again with EVAL as soon as
+ * it is read, before the next peer's replies are waited for, and its reply
+ * read after the others'. Each peer's reply in rep (an error reply
+ * included), or the peer failed. */
+static void peers_call(dlock_redlock *rl, peer *p, const int *only, int info, dlock_script_id id,
+                       int nkeys, int nargs, const char **argv, int get_seed, int64_t deadline)
+{
+    int again[DLOCK_REDLOCK_NODES_MAX] = {0}, any = 0;
+#define IN(i) (!p[i].failed && p[i].c && (!only || only[i]))
+    for (unsigned i = 0; i < rl->n; i++) {
+        if (!IN(i))
+            continue;
+        if (append_one(rl, &p[i], info, id, 0, nkeys, nargs, argv, get_seed) != 0)
+            peer_fail(&p[i], "%s", "out of memory");
+        else
+            any = 1;
+    }
+    if (!any)
+        return;
+    dlock_count(&rl->ctr->redis_round_trips, 1);
+    for (unsigned i = 0; i < rl->n; i++)
+        if (IN(i) && dlock_conn_flush(p[i].c, deadline) != 0)
+            peer_fail(&p[i], "%s", p[i].c->errstr);
+    for (unsigned i = 0; i < rl->n; i++) {
+        if (!IN(i))
+            continue;
+        int r = read_one(rl, i, &p[i], info, get_seed, deadline);
+        if (r < 0) {
+            peer_fail(&p[i], "%s", p[i].c->errstr);
+        } else if (r == 1) {
+            again[i] = 1;
+            dlock_count(&rl->ctr->redis_round_trips, 1);
+            if (append_one(rl, &p[i], 0, id, 1, nkeys, nargs, argv, get_seed) != 0)
+                peer_fail(&p[i], "%s", "out of memory");
+            else if (dlock_conn_flush(p[i].c, deadline) != 0)
+                peer_fail(&p[i], "%s", p[i].c->errstr);
+        }
+    }
+    for (unsigned i = 0; i < rl->n; i++)
+        if (again[i] && IN(i) && read_one(rl, i, &p[i], 0, get_seed, deadline) < 0)
+            peer_fail(&p[i], "%s", p[i].c->errstr);
+#undef IN
+}
+
+/* The deadline of one exchange: a command timeout from now, at most the
+ * caller's. */
+static int64_t step_deadline(dlock_redlock *rl, int64_t caller)
+{
+    int64_t d = dlock_conn_deadline(rl->node[0].cfg.command_timeout_ms);
+    return caller < d ? caller : d;
+}
+
+/* Why node i does not count, for a message. */
+static void why_not(dlock_redlock *rl, unsigned i, const peer *p, char *out, size_t size)
+{
+    rl_node *nd = &rl->node[i];
+    if (p->failed) {
+        snprintf(out, size, "%s %s", nd->addr, p->why);
+        return;
+    }
+    pthread_mutex_lock(&rl->mu);
+    int64_t seen = dlock_boot_ns() - nd->seen_boot;
+    int seeded = nd->seeded;
+    pthread_mutex_unlock(&rl->mu);
+    if (!seeded)
+        snprintf(out, size, "%s not seeded in its run %.12s (restarted?)", nd->addr, p->run);
+    else
+        snprintf(out, size, "%s seen for %" PRId64 " ms of the %" PRIu32 " it must be", nd->addr,
+                 (int64_t)(seen / DLOCK_NS_PER_MS), rl->lease_ms);
+}
+
+/* ------------------------------------------------------------------ */
+/* Refresh, seeding. */
+
+int dlock_redlock_refresh(dlock_redlock *rl, int64_t deadline)
+{
+    peer p[DLOCK_REDLOCK_NODES_MAX];
+    memset(p, 0, sizeof p);
+    peers_open(rl, p, deadline);
+    int64_t d = step_deadline(rl, deadline);
+    /* mark.lua with token 0 writes nothing and replies with the seed key */
+    const char *argv[] = {rl->hw_any, rl->seed_key, "0", ""};
+    peers_call(rl, p, NULL, 1, DLOCK_SCRIPT_MARK, 2, 2, argv, 1, d);
+    char msg[600] = "";
+    size_t len = 0;
+    for (unsigned i = 0; i < rl->n; i++) {
+        if (!p[i].failed)
+            counts_now(rl, i, p[i].run, p[i].seed);
+        else if (len < sizeof msg)
+            len += (size_t)snprintf(msg + len, sizeof msg - len, "%s%s %s", len ? "; " : "",
+                                    rl->node[i].addr, p[i].why);
+    }
+    peers_close(rl, p);
+    return msg[0] ? dlock_err_set(DLOCK_EREDIS, "redlock: %s", msg) : DLOCK_OK;
+}
+
+/* The keys of a SCAN reply's page into *keys (grown), with the cursor
+ * into cursor. 0 or -1. */
+static int scan_page(const redisReply *r, char *cursor, size_t csize, char ***keys, size_t *nk,
+                     size_t *cap)
+{
+    if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
+        r->element[0]->type != REDIS_REPLY_STRING || r->element[1]->type != REDIS_REPLY_ARRAY)
+        return -1;
+    snprintf(cursor, csize, "%s", r->element[0]->str);
+    const redisReply *a = r->element[1];
+    for (size_t k = 0; k < a->elements; k++) {
+        if (a->element[k]->type != REDIS_REPLY_STRING)
+            return -1;
+        if (*nk == *cap) {
+            size_t nc = *cap ? 2 * *cap : 64;
+            char **nkeys = realloc(*keys, nc * sizeof *nkeys);
+            if (!nkeys)
+                return -1;
+            *keys = nkeys;
+            *cap = nc;
+        }
+        if (!((*keys)[*nk] = strdup(a->element[k]->str)))
+            return -1;
+        (*nk)++;
+    }
+    return 0;
+}
+
+/* Every key matching `match` on peer p's server, appended to *keys. 0, or
+ * -1 (p failed). */
+static int scan_all(dlock_redlock *rl, peer *p, const char *match, int64_t deadline, char ***keys,
+                    size_t *nk, size_t *cap, size_t stop_after)
+{
+    char cursor[32] = "0";
+    size_t start = *nk;
+    do {
+        const char *v[] = {"SCAN", cursor, "MATCH", match, "COUNT", "1000"};
+        redisReply *r = NULL;
+        dlock_count(&rl->ctr->redis_commands, 1);
+        dlock_count(&rl->ctr->redis_round_trips, 1);
+        if (redisAppendCommandArgv(p->c, 6, v, NULL) != REDIS_OK ||
+            dlock_conn_flush(p->c, deadline) != 0 || dlock_conn_read(p->c, deadline, &r) != 0) {
+            peer_fail(p, "%s", p->c->errstr);
+            return -1;
+        }
+        int bad = scan_page(r, cursor, sizeof cursor, keys, nk, cap);
+        freeReplyObject(r);
+        if (bad) {
+            peer_fail(p, "%s", "SCAN failed");
+            return -1;
+        }
+    } while (strcmp(cursor, "0") != 0 && *nk - start < stop_after);
+    return 0;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static void keys_free(char **keys, size_t nk)
+{
+    for (size_t k = 0; k < nk; k++)
+        free(keys[k]);
+    free(keys);
+}
+
+/* Marks read or written per pipelined exchange. */
+enum { SEED_BATCH = 256 };
+
+/* mark.lua on peer p for keys[from .. to) with tokens toks (NULL: "0"),
+ * pipelined; each reply's mark before into before[] (may be NULL), and
+ * its seed key into p->seed. 0, or -1 (p failed). */
+static int marks_on(dlock_redlock *rl, peer *p, char **keys, size_t from, size_t to,
+                    char (*toks)[24], uint64_t *before, int64_t deadline)
+{
+    for (size_t k = from; k < to; k++) {
+        const char *argv[] = {keys[k], rl->seed_key, toks ? toks[k - from] : "0", ""};
+        if (dlock_conn_append_eval(p->c, rl->ctr, DLOCK_SCRIPT_MARK, 0, 2, 2, argv, NULL) != 0) {
+            peer_fail(p, "%s", "out of memory");
+            return -1;
+        }
+    }
+    dlock_count(&rl->ctr->redis_round_trips, 1);
+    if (dlock_conn_flush(p->c, deadline) != 0) {
+        peer_fail(p, "%s", p->c->errstr);
+        return -1;
+    }
+    int bad = 0;
+    for (size_t k = from; k < to; k++) {
+        redisReply *r = NULL;
+        if (dlock_conn_read(p->c, deadline, &r) != 0) {
+            peer_fail(p, "%s", p->c->errstr);
+            return -1;
+        }
+        if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
+            r->element[0]->type != REDIS_REPLY_STRING || r->element[1]->type != REDIS_REPLY_STRING)
+            bad = 1;
+        else {
+            if (before)
+                before[k - from] = strtoull(r->element[0]->str, NULL, 10);
+            snprintf(p->seed, sizeof p->seed, "%s", r->element[1]->str);
+        }
+        freeReplyObject(r);
+    }
+    if (bad)
+        peer_fail(p, "%s", "mark.lua failed");
+    return bad ? -1 : 0;
+}
+
+/* The seeding of node i, with its connection and the others' in p, the
+ * seeding flag set. */
+static int seed_with(dlock_redlock *rl, unsigned i, peer *p, int64_t deadline)
+{
+    rl_node *nd = &rl->node[i];
+    int64_t d = step_deadline(rl, deadline);
+    const char *argv0[] = {rl->hw_any, rl->seed_key, "0", ""};
+    peers_call(rl, p, NULL, 1, DLOCK_SCRIPT_MARK, 2, 2, argv0, 1, d);
+    if (p[i].failed)
+        return dlock_err_set(DLOCK_EREDIS, "redlock: seeding %s: %s", nd->addr, p[i].why);
+    if (counts_now(rl, i, p[i].run, p[i].seed))
+        return DLOCK_OK; /* seeded meanwhile */
+    pthread_mutex_lock(&rl->mu);
+    int64_t seen = strcmp(nd->run, p[i].run) == 0 ? dlock_boot_ns() - nd->seen_boot : 0;
+    int seeded = nd->seeded;
+    pthread_mutex_unlock(&rl->mu);
+    if (!seeded && seen < rl->lease_ns + rl->drift_ns)
+        return dlock_err_set(DLOCK_EBUSY, "redlock: %s (run %.12s) seen for %" PRId64 " ms: not "
+                             "seeded before a lease + the drift allowance (%" PRId64 " ms)",
+                             nd->addr, p[i].run, (int64_t)(seen / DLOCK_NS_PER_MS),
+                             (int64_t)((rl->lease_ns + rl->drift_ns) / DLOCK_NS_PER_MS));
+    if (seeded)
+        return DLOCK_OK; /* seeded, only not seen for a lease yet: it will count */
+    /* the sources: every other node that counts */
+    int src[DLOCK_REDLOCK_NODES_MAX] = {0};
+    unsigned nsrc = 0;
+    char why[700] = "";
+    size_t wl = 0;
+    for (unsigned j = 0; j < rl->n; j++) {
+        if (j == i)
+            continue;
+        if (!p[j].failed && counts_now(rl, j, p[j].run, p[j].seed)) {
+            src[j] = 1;
+            nsrc++;
+        } else if (wl < sizeof why) {
+            char w[300];
+            why_not(rl, j, &p[j], w, sizeof w);
+            wl += (size_t)snprintf(why + wl, sizeof why - wl, "; %s", w);
+        }
+    }
+    if (nsrc < rl->m)
+        return dlock_err_set(DLOCK_EREDIS, "redlock: seeding %s needs %u other nodes that count; "
+                             "%u do%s", nd->addr, rl->m, nsrc, why);
+    /* every slot's mark any source holds (one that holds none reads 0 on
+     * all m sources, as a mark never written) */
+    char **keys = NULL;
+    size_t nk = 0, cap = 0;
+    for (unsigned j = 0; j < rl->n; j++)
+        if (src[j] && scan_all(rl, &p[j], rl->hw_match, deadline, &keys, &nk, &cap, SIZE_MAX) != 0)
+            src[j] = 0, nsrc--;
+    if (nsrc < rl->m) {
+        keys_free(keys, nk);
+        return dlock_err_set(DLOCK_EREDIS, "redlock: seeding %s: fewer than %u sources answered "
+                             "the scan of the marks", nd->addr, rl->m);
+    }
+    if (nk > 1)
+        qsort(keys, nk, sizeof *keys, cmp_str);
+    size_t u = 0;
+    for (size_t k = 0; k < nk; k++) {
+        if (u && strcmp(keys[u - 1], keys[k]) == 0)
+            free(keys[k]);
+        else
+            keys[u++] = keys[k];
+    }
+    nk = u;
+    uint64_t *top = calloc(nk ? nk : 1, sizeof *top);
+    char (*toks)[24] = malloc((nk ? nk : 1) * sizeof *toks);
+    int rc = top && toks ? DLOCK_OK : dlock_err_set(DLOCK_ENOMEM, "out of memory");
+    uint64_t before[SEED_BATCH];
+    for (size_t from = 0; rc == DLOCK_OK && from < nk; from += SEED_BATCH) {
+        size_t to = from + SEED_BATCH < nk ? from + SEED_BATCH : nk;
+        for (unsigned j = 0; j < rl->n; j++) {
+            if (!src[j])
+                continue;
+            /* a source restarted meanwhile fails (its connection closed);
+             * one whose seed key changed stops counting */
+            if (marks_on(rl, &p[j], keys, from, to, NULL, before, deadline) != 0 ||
+                !counts_now(rl, j, p[j].run, p[j].seed)) {
+                src[j] = 0;
+                nsrc--;
+                continue;
+            }
+            for (size_t k = from; k < to; k++)
+                if (before[k - from] > top[k])
+                    top[k] = before[k - from];
+        }
+        if (nsrc < rl->m)
+            rc = dlock_err_set(DLOCK_EREDIS, "redlock: seeding %s: fewer than %u sources answered "
+                               "the reads of the marks", nd->addr, rl->m);
+    }
+    /* the marks, then (every write answered) the run id */
+    for (size_t from = 0; rc == DLOCK_OK && from < nk; from += SEED_BATCH) {
+        size_t to = from + SEED_BATCH < nk ? from + SEED_BATCH : nk;
+        for (size_t k = from; k < to; k++)
+            snprintf(toks[k - from], sizeof toks[0], "%" PRIu64, top[k]);
+        if (marks_on(rl, &p[i], keys, from, to, toks, NULL, deadline) != 0)
+            rc = dlock_err_set(DLOCK_EREDIS, "redlock: seeding %s: %s", nd->addr, p[i].why);
+    }
+    if (rc == DLOCK_OK) {
+        const char *argv[] = {rl->hw_any, rl->seed_key, "0", p[i].run};
+        int only[DLOCK_REDLOCK_NODES_MAX] = {0};
+        only[i] = 1;
+        peers_call(rl, p, only, 0, DLOCK_SCRIPT_MARK, 2, 2, argv, 0, step_deadline(rl, deadline));
+        const redisReply *r = p[i].rep;
+        if (p[i].failed || !r || r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
+            r->element[1]->type != REDIS_REPLY_STRING)
+            rc = dlock_err_set(DLOCK_EREDIS, "redlock: seeding %s: the write of its run id "
+                               "failed%s%s", nd->addr, p[i].failed ? ": " : "", p[i].why);
+        else
+            counts_now(rl, i, p[i].run, r->element[1]->str);
+    }
+    free(top);
+    free(toks);
+    keys_free(keys, nk);
+    return rc;
+}
+
+int dlock_redlock_seed(dlock_redlock *rl, unsigned i, int64_t deadline)
+{
+    if (i >= rl->n)
+        return dlock_err_set(DLOCK_EINVAL, "redlock: no node %u", i);
+    pthread_mutex_lock(&rl->mu);
+    int busy = rl->node[i].seeding;
+    rl->node[i].seeding = 1;
+    pthread_mutex_unlock(&rl->mu);
+    if (busy)
+        return dlock_err_set(DLOCK_EBUSY, "redlock: %s is being seeded", rl->node[i].addr);
+    peer p[DLOCK_REDLOCK_NODES_MAX];
+    memset(p, 0, sizeof p);
+    peers_open(rl, p, deadline);
+    int rc = seed_with(rl, i, p, deadline);
+    peers_close(rl, p);
+    pthread_mutex_lock(&rl->mu);
+    rl->node[i].seeding = 0;
+    pthread_mutex_unlock(&rl->mu);
+    return rc;
+}
+
+int dlock_redlock_seed_due(dlock_redlock *rl, int64_t deadline)
+{
+    dlock_redlock_refresh(rl, deadline); /* a node that did not answer is not due */
+    int seeded = 0, rc = DLOCK_OK;
+    for (unsigned i = 0; i < rl->n; i++) {
+        rl_node *nd = &rl->node[i];
+        pthread_mutex_lock(&rl->mu);
+        int due = nd->run[0] && !nd->seeded &&
+                  dlock_boot_ns() - nd->seen_boot >= rl->lease_ns + rl->drift_ns;
+        pthread_mutex_unlock(&rl->mu);
+        if (!due)
+            continue;
+        int r = dlock_redlock_seed(rl, i, deadline);
+        if (r == DLOCK_OK)
+            seeded++;
+        else if (r != DLOCK_EBUSY)
+            rc = r;
+    }
+    return rc == DLOCK_OK ? seeded : rc;
+}
+
+int dlock_redlock_seed_fresh(dlock_redlock *rl, int64_t deadline)
+{
+    peer p[DLOCK_REDLOCK_NODES_MAX];
+    memset(p, 0, sizeof p);
+    peers_open(rl, p, deadline);
+    int64_t d = step_deadline(rl, deadline);
+    const char *argv0[] = {rl->hw_any, rl->seed_key, "0", ""};
+    peers_call(rl, p, NULL, 1, DLOCK_SCRIPT_MARK, 2, 2, argv0, 1, d);
+    int rc = DLOCK_OK;
+    char match[600];
+    snprintf(match, sizeof match, "%.*s*", (int)(strlen(rl->hw_match) - 6), rl->hw_match);
+    for (unsigned i = 0; rc == DLOCK_OK && i < rl->n; i++) {
+        if (p[i].failed || !p[i].run[0]) {
+            rc = dlock_err_set(DLOCK_EREDIS, "redlock: a fresh seeding needs every node; %s %s",
+                               rl->node[i].addr, p[i].failed ? p[i].why : "told no run id");
+            break;
+        }
+        char **keys = NULL;
+        size_t nk = 0, cap = 0;
+        if (scan_all(rl, &p[i], match, d, &keys, &nk, &cap, 1) != 0)
+            rc = dlock_err_set(DLOCK_EREDIS, "redlock: a fresh seeding needs every node; %s %s",
+                               rl->node[i].addr, p[i].why);
+        else if (nk)
+            rc = dlock_err_set(DLOCK_EINVAL, "redlock: %s already holds keys of prefix '%s' (such "
+                               "as '%s'): a node with data is seeded from the others, never "
+                               "fresh", rl->node[i].addr, rl->prefix, keys[0]);
+        keys_free(keys, nk);
+    }
+    for (unsigned i = 0; rc == DLOCK_OK && i < rl->n; i++) {
+        const char *argv[] = {rl->hw_any, rl->seed_key, "0", p[i].run};
+        int only[DLOCK_REDLOCK_NODES_MAX] = {0};
+        only[i] = 1;
+        peers_call(rl, p, only, 0, DLOCK_SCRIPT_MARK, 2, 2, argv, 0, d);
+        const redisReply *r = p[i].rep;
+        if (p[i].failed || !r || r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
+            r->element[1]->type != REDIS_REPLY_STRING)
+            rc = dlock_err_set(DLOCK_EREDIS, "redlock: the fresh seeding of %s failed%s%s",
+                               rl->node[i].addr, p[i].failed ? ": " : "", p[i].why);
+        else
+            counts_now(rl, i, p[i].run, r->element[1]->str);
+    }
+    peers_close(rl, p);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ */
+/* Acquire and release. */
+
+/* The release script on every peer that has a connection and did not
+ * fail, by the node's token where known (tok[i] != 0), else by attempt;
+ * replies read by deadline. How many answered. */
+static unsigned release_on(dlock_redlock *rl, peer *p, const dlock_redlock_req *q,
+                           const uint64_t *tok, int64_t deadline)
+{
+    dlock_script_args a = *q->args;
+    a.lease_ms = rl->lease_str;
+    char att[24];
+    snprintf(att, sizeof att, "%" PRIu64, q->attempt);
+    for (int by_token = 0; by_token < 2; by_token++) {
+        int only[DLOCK_REDLOCK_NODES_MAX] = {0}, any = 0;
+        for (unsigned i = 0; i < rl->n; i++)
+            if ((tok && tok[i]) == by_token) {
+                only[i] = 1;
+                any = 1;
+            }
+        if (!any)
+            continue;
+        /* by token: one call per node, each its own token */
+        for (unsigned i = 0; i < rl->n; i++) {
+            if (!only[i])
+                continue;
+            char t[24];
+            snprintf(t, sizeof t, "%" PRIu64, by_token ? tok[i] : 0);
+            const char *argv[DLOCK_SCRIPT_KEYS + DLOCK_RELEASE_ARGS];
+            dlock_script_release_argv(&a, q->keys, q->name, by_token ? "token" : "nonce",
+                                      by_token ? t : att, "0", "0", argv);
+            int one[DLOCK_REDLOCK_NODES_MAX] = {0};
+            one[i] = 1;
+            if (!by_token) {
+                peers_call(rl, p, only, 0, dlock_script_in(DLOCK_SCRIPT_RELEASE, 2),
+                           DLOCK_SCRIPT_KEYS, DLOCK_RELEASE_ARGS, argv, 0, deadline);
+                break;
+            }
+            peers_call(rl, p, one, 0, dlock_script_in(DLOCK_SCRIPT_RELEASE, 2), DLOCK_SCRIPT_KEYS,
+                       DLOCK_RELEASE_ARGS, argv, 0, deadline);
+        }
+    }
+    unsigned answered = 0;
+    for (unsigned i = 0; i < rl->n; i++)
+        if (!p[i].failed && p[i].c && p[i].rep && p[i].rep->type == REDIS_REPLY_INTEGER)
+            answered++;
+    return answered;
+}
+
+int dlock_redlock_release(dlock_redlock *rl, const dlock_redlock_req *q,
+                          const dlock_redlock_grant *g)
+{
+    peer p[DLOCK_REDLOCK_NODES_MAX];
+    memset(p, 0, sizeof p);
+    peers_open(rl, p, q->deadline);
+    int64_t d = step_deadline(rl, q->deadline);
+    dlock_redlock_req r = *q;
+    r.attempt = g->attempt;
+    unsigned answered = release_on(rl, p, &r, g->node_token, d);
+    char msg[600] = "";
+    size_t len = 0;
+    for (unsigned i = 0; i < rl->n; i++)
+        if (p[i].failed && len < sizeof msg)
+            len += (size_t)snprintf(msg + len, sizeof msg - len, "; %s %s", rl->node[i].addr,
+                                    p[i].why);
+    peers_close(rl, p);
+    if (answered >= rl->m)
+        return DLOCK_OK;
+    return dlock_err_set(DLOCK_EREDIS, "redlock: the release of '%s' reached %u of %u nodes "
+                         "(%u needed; the others' grants end within a lease)%s", q->name,
+                         answered, rl->n, rl->m, msg);
+}
+
+/* Ends a failed acquire: a release by attempt on every node that answered,
+ * then the connections back. Returns rc. */
+static int acquire_failed(dlock_redlock *rl, peer *p, const dlock_redlock_req *q, int rc)
+{
+    release_on(rl, p, q, NULL, step_deadline(rl, q->deadline));
+    peers_close(rl, p);
+    return rc;
+}
+
+int dlock_redlock_acquire(dlock_redlock *rl, const dlock_redlock_req *q, dlock_redlock_grant *g,
+                          dlock_redlock_busy *busy)
+{
+    memset(g, 0, sizeof *g);
+    busy->refused = 0;
+    busy->pttl_ms = -1;
+    busy->holder[0] = '\0';
+    peer p[DLOCK_REDLOCK_NODES_MAX];
+    memset(p, 0, sizeof p);
+    char att[24];
+    snprintf(att, sizeof att, "%" PRIu64, q->attempt);
+    const char *argv[DLOCK_SCRIPT_KEYS + DLOCK_ACQUIRE_ARGS];
+    for (int k = 0; k < DLOCK_SCRIPT_KEYS; k++)
+        argv[k] = q->keys[k];
+    const char **a = argv + DLOCK_SCRIPT_KEYS;
+    a[0] = q->args->client_id;
+    a[1] = rl->lease_str;
+    a[2] = att;
+    a[3] = "0"; /* pass limit: no local handoffs in this step */
+    a[4] = q->args->waiter_ttl_ms;
+    a[5] = "0"; /* a single try: no wait queue in this step */
+    a[6] = q->args->keep_ms;
+    a[7] = q->client_name;
+    a[8] = "0";
+    a[9] = "0";
+
+    /* 1. Votes, read until a command timeout, the caller's deadline or the
+     * validity, whichever comes first; the validity counts from the first
+     * send, once every node's connection is open (opening one costs up to
+     * a connect and a command timeout, node after node). */
+    peers_open(rl, p, q->deadline);
+    int64_t first = dlock_boot_ns(), mono = dlock_now_ns();
+    int64_t valid = first + rl->lease_ns - rl->drift_ns;
+    int64_t d = step_deadline(rl, q->deadline);
+    if (mono + (valid - first) < d)
+        d = mono + (valid - first);
+    g->first_boot = first;
+    g->valid_boot = valid;
+    g->attempt = q->attempt;
+    peers_call(rl, p, NULL, 1, dlock_script_in(DLOCK_SCRIPT_ACQUIRE, 2), DLOCK_SCRIPT_KEYS,
+               DLOCK_ACQUIRE_ARGS, argv, 1, d);
+    unsigned votes = 0, counting = 0;
+    uint64_t top = 0;
+    char why[900] = "", err[300] = "";
+    size_t wl = 0;
+    for (unsigned i = 0; i < rl->n; i++) {
+        const redisReply *r = p[i].rep;
+        if (!p[i].failed && r && r->type == REDIS_REPLY_ARRAY && r->elements >= 2 &&
+            r->element[0]->type == REDIS_REPLY_INTEGER &&
+            r->element[1]->type == REDIS_REPLY_INTEGER) {
+            if (r->element[0]->integer == 1)
+                g->node_token[i] = (uint64_t)r->element[1]->integer;
+            if (counts_now(rl, i, p[i].run, p[i].seed)) {
+                counting++;
+                if (r->element[0]->integer == 1) {
+                    votes++;
+                    if ((uint64_t)r->element[1]->integer > top)
+                        top = (uint64_t)r->element[1]->integer;
+                } else if (r->element[0]->integer == 0) {
+                    busy->refused++;
+                    if (r->element[1]->integer > busy->pttl_ms)
+                        busy->pttl_ms = r->element[1]->integer;
+                    if (r->elements >= 3 && r->element[2]->type == REDIS_REPLY_STRING &&
+                        r->element[2]->str[0] && !busy->holder[0])
+                        snprintf(busy->holder, sizeof busy->holder, "%s", r->element[2]->str);
+                }
+            } else if (wl < sizeof why) {
+                char w[300];
+                why_not(rl, i, &p[i], w, sizeof w);
+                wl += (size_t)snprintf(why + wl, sizeof why - wl, "; %s", w);
+            }
+        } else {
+            if (!p[i].failed && r && r->type == REDIS_REPLY_ERROR && !err[0])
+                snprintf(err, sizeof err, "; %s refused: %s", rl->node[i].addr, r->str);
+            if (!p[i].failed)
+                peer_fail(&p[i], "answered %s", r && r->type == REDIS_REPLY_ERROR ? r->str
+                                                                                 : "no vote");
+            if (wl < sizeof why) {
+                char w[300];
+                why_not(rl, i, &p[i], w, sizeof w);
+                wl += (size_t)snprintf(why + wl, sizeof why - wl, "; %s", w);
+            }
+        }
+    }
+    if (counting < rl->m)
+        return acquire_failed(rl, p, q, dlock_err_set(DLOCK_EREDIS, "redlock acquire of '%s': %u "
+                              "of %u nodes count and answered, %u needed%s%s", q->name, counting,
+                              rl->n, rl->m, why, err));
+    if (votes < rl->m)
+        return acquire_failed(rl, p, q, dlock_err_set(DLOCK_EBUSY, "redlock acquire of '%s': %u "
+                              "of %u nodes granted, %u needed; held by '%s' for %" PRId64
+                              " ms more", q->name, votes, rl->n, rl->m, busy->holder,
+                              busy->pttl_ms));
+    if (dlock_boot_ns() >= valid)
+        return acquire_failed(rl, p, q, dlock_err_set(DLOCK_EREDIS, "redlock acquire of '%s': "
+                              "the votes came after the validity (%" PRIu32 " ms lease)",
+                              q->name, rl->lease_ms));
+
+    /* 2., 3. The token, and its write-back. */
+    uint64_t T = top + 1;
+    int confirmed = 0, met = 0;
+    unsigned acks = 0;
+    for (int round = 0; round < DLOCK_REDLOCK_ROUNDS && !confirmed; round++) {
+        char t[24];
+        snprintf(t, sizeof t, "%" PRIu64, T);
+        const char *wargv[] = {q->keys[DLOCK_KEY_HW], rl->seed_key, t, ""};
+        int64_t wd = step_deadline(rl, q->deadline);
+        if (mono + (valid - first) < wd)
+            wd = mono + (valid - first);
+        peers_call(rl, p, NULL, 0, DLOCK_SCRIPT_MARK, 2, 2, wargv, 0, wd);
+        uint64_t high = 0;
+        met = 0;
+        acks = 0;
+        for (unsigned i = 0; i < rl->n; i++) {
+            const redisReply *r = p[i].rep;
+            if (p[i].failed || !r || r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
+                r->element[0]->type != REDIS_REPLY_STRING ||
+                r->element[1]->type != REDIS_REPLY_STRING)
+                continue;
+            uint64_t before = strtoull(r->element[0]->str, NULL, 10);
+            if (before >= T) {
+                met = 1;
+                if (before > high)
+                    high = before;
+            } else if (counts_now(rl, i, p[i].run, r->element[1]->str)) {
+                acks++;
+            }
+        }
+        if (met)
+            T = high + 1;
+        else
+            confirmed = acks >= rl->m;
+        if (!met)
+            break;
+    }
+    if (!confirmed) {
+        if (met)
+            return acquire_failed(rl, p, q, dlock_err_set(DLOCK_EBUSY, "redlock acquire of '%s': "
+                                  "the write-back met higher marks in %d rounds (contended)",
+                                  q->name, DLOCK_REDLOCK_ROUNDS));
+        return acquire_failed(rl, p, q, dlock_err_set(DLOCK_EREDIS, "redlock acquire of '%s': "
+                              "the token's write-back reached %u counting nodes, %u needed",
+                              q->name, acks, rl->m));
+    }
+    /* 4. The hand-out, only within the validity. */
+    if (dlock_boot_ns() >= valid)
+        return acquire_failed(rl, p, q, dlock_err_set(DLOCK_EREDIS, "redlock acquire of '%s': "
+                              "confirmed after the validity (%" PRIu32 " ms lease); released",
+                              q->name, rl->lease_ms));
+    g->token = T;
+    g->votes = votes;
+    peers_close(rl, p);
+    return DLOCK_OK;
+}

@@ -1,0 +1,163 @@
+/*
+ * Redlock: one lock over N independent Redis masters, and the rule that
+ * keeps its fencing tokens increasing although two grants may be voted by
+ * different majorities (docs/design.md, "Redlock"; proven by the
+ * simulator's Redlock world, sim/redlock.lua, which this module follows:
+ * acquire = W:acquire, seed = W:maybe_seed, counts = W:counts).
+ *
+ * N is odd and at least 3; a majority m = N/2 + 1 (rounded down). Every
+ * node runs protocol 2's scripts unchanged, plus lua/p2/mark.lua (the
+ * slot's mark write-back, which also writes the node's seed key).
+ *
+ *   counts  a node's reply counts when its seed key ("<prefix>redlock:seed")
+ *           holds the run id of the server that answered (INFO server's
+ *           run_id, read in the same pipeline as the script) and this
+ *           client has seen that run id for at least a lease, on
+ *           CLOCK_BOOTTIME, from its first sight (a client that starts
+ *           fresh waits a lease before any node counts).
+ *   acquire acquire.lua on every node with one attempt number; votes
+ *           only from nodes that count; T = highest vote + 1; mark.lua T on
+ *           every node, at most 3 rounds (a reply whose mark was T or more
+ *           makes T that mark + 1 and the round run again), confirmed once
+ *           m counting nodes replied with marks below T; handed out only
+ *           before the validity: the first send + the lease - the drift
+ *           allowance (1% of the lease + 2 ms), on CLOCK_BOOTTIME. Any
+ *           failure: a release by attempt on every node that answered.
+ *   seed    a node that does not count (it restarted: a new run id) and
+ *           was seen for a lease + the drift allowance gets, for every
+ *           slot's mark of the prefix ("<prefix>hw:{<tag>}") that any of
+ *           at least m other counting nodes holds, the highest of their
+ *           marks (mark.lua 0 reads them), and only once every mark is
+ *           written its run id in its seed key.
+ *
+ * Not here yet: renewals, the local tier's handoffs, wait queues and
+ * wake-ups (a refused caller retries after the pttl it was told).
+ *
+ * Shared state: each node's record (the run id last seen, when it was
+ * first seen, whether its seed key held it at the last reading, whether a
+ * seeding is under way) is guarded by rl->mu, which is never held during
+ * I/O; a node's pool has its own mutex (conn.c), never taken under rl->mu.
+ * Any thread may call any function here; a seeding of one node runs at
+ * most once at a time (the others return DLOCK_EBUSY).
+ */
+#ifndef DLOCK_REDLOCK_H
+#define DLOCK_REDLOCK_H
+
+#include <stdint.h>
+
+#include "common/common.h"
+#include "conn/conn.h"
+#include "conn/script.h"
+
+/* The most nodes a set holds. */
+#define DLOCK_REDLOCK_NODES_MAX 15
+/* Write-back rounds of one acquire. */
+#define DLOCK_REDLOCK_ROUNDS 3
+
+typedef struct dlock_redlock dlock_redlock;
+
+/* A node set from "host:port,host:port,..." (dlock_addrs_parse, what
+ * "redlock_nodes"), each node with base's settings (credentials,
+ * timeouts, client name; base->protocol must be 2; base must outlive the
+ * set) and its own address, and a pool of pool_size connections. Keys are
+ * under `prefix` ("dlock:" as the client's); lease_ms is every grant's
+ * lease. Nothing is connected yet. DLOCK_OK, DLOCK_EINVAL (a bad list, an
+ * even N or fewer than 3 nodes, more than DLOCK_REDLOCK_NODES_MAX, a
+ * protocol other than 2, a lease under 10 ms: the message says which) or
+ * DLOCK_ENOMEM. */
+int dlock_redlock_create(const dlock_conn_cfg *base, const char *nodes, const char *prefix,
+                         uint32_t lease_ms, unsigned pool_size, dlock_counters *ctr,
+                         dlock_redlock **out);
+
+/* Frees the set and its pools; no call may be running. */
+void dlock_redlock_destroy(dlock_redlock *rl);
+
+/* N, and the majority m. */
+unsigned dlock_redlock_nodes(const dlock_redlock *rl);
+unsigned dlock_redlock_majority(const dlock_redlock *rl);
+
+/* The drift allowance of the set's lease, in ns: 1% of it + 2 ms. */
+int64_t dlock_redlock_drift_ns(const dlock_redlock *rl);
+
+/* Reads every node's run id and seed key now (one pipelined exchange per
+ * node, by deadline, monotonic) and records them. DLOCK_OK if every node
+ * answered, else DLOCK_EREDIS naming those that did not. */
+int dlock_redlock_refresh(dlock_redlock *rl, int64_t deadline);
+
+/* Whether node i (0 .. N-1) counts, as of the last reading of its run id
+ * and seed key (an acquire's, a seeding's or a refresh's): 1 or 0. */
+int dlock_redlock_counts(dlock_redlock *rl, unsigned i);
+
+/* Seeds every node that does not count and was seen for a lease + the
+ * drift allowance (dlock_redlock_seed), after a refresh. Meant to be
+ * called periodically (the later step's background thread; the tests).
+ * Returns how many nodes it seeded (>= 0), or DLOCK_EREDIS when a node
+ * due could not be seeded (message set: why). */
+int dlock_redlock_seed_due(dlock_redlock *rl, int64_t deadline);
+
+/* Seeds node i: reads its run id, refuses unless it was seen for a lease +
+ * the drift allowance (DLOCK_EBUSY "not yet") and does not count already
+ * (DLOCK_OK at once); finds every slot's mark of the prefix on the other
+ * nodes that count (SCAN), needing at least m of them (else DLOCK_EREDIS:
+ * how many count and answered), reads each mark on each of them
+ * (mark.lua 0), writes each mark's highest to node i (mark.lua), and then,
+ * once every write was answered, its run id to its seed key. DLOCK_OK,
+ * DLOCK_EBUSY (not due, or another thread seeds it now) or DLOCK_EREDIS. */
+int dlock_redlock_seed(dlock_redlock *rl, unsigned i, int64_t deadline);
+
+/* Seeds a fresh deployment: gives every node its run id in its seed key.
+ * For a deployment's first start and for tests only: it refuses, writing
+ * nothing, unless every node answers and holds no key of the prefix at all
+ * (no lock data, no mark, no seed key): a node with data is seeded from
+ * the others (dlock_redlock_seed), never fresh, since a fresh seed would
+ * let it vote on marks it lost. DLOCK_OK, DLOCK_EINVAL (a node holds keys
+ * of the prefix: the message names it and one key) or DLOCK_EREDIS. */
+int dlock_redlock_seed_fresh(dlock_redlock *rl, int64_t deadline);
+
+/* One quorum acquire of one name by one client. */
+typedef struct dlock_redlock_req {
+    const char *name;
+    char *const *keys;            /* the name's DLOCK_SCRIPT_KEYS keys (lua/keys.lua) */
+    const dlock_script_args *args; /* the client's id, waiter ttl, wake prefix, keep;
+                                     lease_ms and pass_limit are the set's own */
+    const char *client_name;      /* acquire.lua ARGV[8] */
+    uint64_t attempt;             /* unique and increasing per client and name */
+    int64_t deadline;             /* monotonic: waits for connections and replies end
+                                     here (and one command timeout after each send) */
+} dlock_redlock_req;
+
+/* A quorum grant. */
+typedef struct dlock_redlock_grant {
+    uint64_t token;       /* T: above every token handed out before the first send */
+    int64_t first_boot;   /* CLOCK_BOOTTIME (dlock_boot_ns) of the first send */
+    int64_t valid_boot;   /* the validity: first_boot + lease - drift allowance */
+    uint64_t attempt;
+    unsigned votes;       /* counting nodes that granted */
+    uint64_t node_token[DLOCK_REDLOCK_NODES_MAX]; /* each node's own grant, 0: none known */
+} dlock_redlock_grant;
+
+/* Why an acquire was refused. */
+typedef struct dlock_redlock_busy {
+    unsigned refused;     /* counting nodes that refused */
+    int64_t pttl_ms;      /* the longest pttl they told, -1 none */
+    char holder[64];      /* a holder's client name they told, "" none */
+} dlock_redlock_busy;
+
+/* The quorum acquire (above). DLOCK_OK with *g; DLOCK_EBUSY with *busy
+ * (enough nodes count and answered, but fewer than m granted, or the
+ * write-back met higher marks in every round; the message says which);
+ * DLOCK_EREDIS (fewer than m counting nodes answered, or the validity ran
+ * out before the hand-out: the message names how many and why). Every
+ * failure first sends a release by attempt to every node that answered
+ * (what a node that did not answer granted ends within a lease). */
+int dlock_redlock_acquire(dlock_redlock *rl, const dlock_redlock_req *q, dlock_redlock_grant *g,
+                          dlock_redlock_busy *busy);
+
+/* Releases grant g of q's name on every node: by its node's token where it
+ * is known, else by attempt (release.lua; no token of the hand-out is
+ * written: the rule does not rely on it). DLOCK_OK when at least m nodes
+ * answered (the others' grants end within a lease), else DLOCK_EREDIS. */
+int dlock_redlock_release(dlock_redlock *rl, const dlock_redlock_req *q,
+                          const dlock_redlock_grant *g);
+
+#endif
