@@ -1,0 +1,589 @@
+/*
+ * Redlock's quorum client (src/route/redlock.h) against 3 and 5 private
+ * redis-servers (tests/support/fixture.h): the token rule of
+ * docs/design.md, "Redlock", as the simulator's Redlock world proves it
+ * (sim/redlock.lua), on real servers that stop, pause and restart empty.
+ *
+ * Each test runs on a key prefix of its own, seeded fresh (every node
+ * given its run id), so that a node one test restarted, emptied, is a
+ * fresh node to the next. The per-test teardown resumes every paused
+ * server and starts every killed one again.
+ *
+ * Tokens "ahead": on one machine every server reads the same clock, so
+ * grants' tokens (server time in us) increase by themselves. The rule
+ * exists for tokens ahead of a node's clock (a grant made while its clock
+ * was behind, a local tier's handoffs): the tests write such a mark with
+ * mark.lua, as the write-back of a token handed out ahead would, and check
+ * that no later token falls below it.
+ *
+ * Timing: leases of 400 ms; every bound below is the lease, the command
+ * timeout or the drift allowance the rule itself uses, plus a margin of at
+ * least 100 ms for a loaded machine.
+ */
+#define _GNU_SOURCE
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <inttypes.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dlock.h"
+#include "fixture.h"
+#include "common/common.h"
+#include "common/error.h"
+#include "common/slot.h"
+#include "conn/script.h"
+#include "route/redlock.h"
+
+#define NSRV 5
+#define LEASE_MS 400
+
+static fx_redis srv[NSRV];
+static int prefix_no;
+
+/* ---------------------------------------------------------------- helpers */
+
+typedef struct client {
+    dlock_conn_cfg cfg;
+    dlock_counters ctr;
+    dlock_redlock *rl;
+    char prefix[32];
+    char id[33];
+    char name[32];
+    dlock_script_args args;
+    char wake[64];
+    uint64_t attempt;
+} client;
+
+/* A client of the first n servers, on prefix (its id from `who`), with
+ * that command timeout. */
+static client *client_new(int n, const char *prefix, int who, uint32_t cmd_ms)
+{
+    client *c = calloc(1, sizeof *c);
+    assert_non_null(c);
+    snprintf(c->prefix, sizeof c->prefix, "%s", prefix);
+    snprintf(c->id, sizeof c->id, "%032x", 0x1000 + who);
+    snprintf(c->name, sizeof c->name, "client%d", who);
+    snprintf(c->wake, sizeof c->wake, "%swake:", prefix);
+    c->cfg.protocol = 2;
+    c->cfg.connect_timeout_ms = 300;
+    c->cfg.command_timeout_ms = cmd_ms;
+    c->cfg.client_name = c->name;
+    c->args = (dlock_script_args){.client_id = c->id, .lease_ms = "0", .pass_limit = "0",
+                                  .waiter_ttl_ms = "1000", .wake_prefix = c->wake,
+                                  .keep_ms = "4000"};
+    char addrs[NSRV * 24] = "";
+    for (int i = 0; i < n; i++)
+        snprintf(addrs + strlen(addrs), sizeof addrs - strlen(addrs), "%s127.0.0.1:%d",
+                 i ? "," : "", srv[i].port);
+    assert_int_equal(dlock_redlock_create(&c->cfg, addrs, prefix, LEASE_MS, 2, &c->ctr, &c->rl),
+                     DLOCK_OK);
+    return c;
+}
+
+static void client_free(client *c)
+{
+    dlock_redlock_destroy(c->rl);
+    free(c);
+}
+
+/* A fresh prefix for one test. */
+static const char *new_prefix(char *buf, size_t n)
+{
+    snprintf(buf, n, "rl%d:", ++prefix_no);
+    return buf;
+}
+
+/* The keys of name under c's prefix, as lua/keys.lua lays them out. */
+typedef struct keys {
+    char k[DLOCK_SCRIPT_KEYS][128];
+    char *p[DLOCK_SCRIPT_KEYS];
+} keys;
+
+static void keys_of(const client *c, const char *name, keys *k)
+{
+    for (int i = 0; i < DLOCK_SCRIPT_KEYS; i++) {
+        k->p[i] = k->k[i];
+        if (i == DLOCK_KEY_HW)
+            continue;
+        snprintf(k->k[i], sizeof k->k[i], "%s{%s}%s%s", c->prefix, name,
+                 dlock_script_key_suffix(i), i == DLOCK_KEY_CLIENT ? c->id : "");
+    }
+    unsigned slot = dlock_cluster_slot(k->k[DLOCK_KEY_LEASE], strlen(k->k[DLOCK_KEY_LEASE]));
+    snprintf(k->k[DLOCK_KEY_HW], sizeof k->k[0], "%shw:{%s}", c->prefix, dlock_slot_tag(slot));
+}
+
+static int64_t ms_from_now(long ms)
+{
+    return dlock_now_ns() + ms * DLOCK_NS_PER_MS;
+}
+
+/* One quorum acquire of name by c: its result code, *g, *busy. */
+static int acquire(client *c, const char *name, dlock_redlock_grant *g, dlock_redlock_busy *busy)
+{
+    keys k;
+    keys_of(c, name, &k);
+    dlock_redlock_req q = {.name = name, .keys = k.p, .args = &c->args, .client_name = c->name,
+                           .attempt = ++c->attempt, .deadline = ms_from_now(2000)};
+    dlock_redlock_busy b;
+    return dlock_redlock_acquire(c->rl, &q, g, busy ? busy : &b);
+}
+
+static void release(client *c, const char *name, const dlock_redlock_grant *g)
+{
+    keys k;
+    keys_of(c, name, &k);
+    dlock_redlock_req q = {.name = name, .keys = k.p, .args = &c->args, .client_name = c->name,
+                           .attempt = g->attempt, .deadline = ms_from_now(2000)};
+    assert_int_equal(dlock_redlock_release(c->rl, &q, g), DLOCK_OK);
+}
+
+/* Acquires name, which must be granted, and releases it: the token. */
+static uint64_t grant_token(client *c, const char *name)
+{
+    dlock_redlock_grant g;
+    int rc = acquire(c, name, &g, NULL);
+    if (rc != DLOCK_OK)
+        fail_msg("acquire of %s: %d %s", name, rc, dlock_last_error());
+    release(c, name, &g);
+    return g.token;
+}
+
+/* The slot's mark of name on server i as mark.lua reads it (0 none). */
+static uint64_t mark_on(int i, const client *c, const char *name)
+{
+    keys k;
+    keys_of(c, name, &k);
+    char seed[64];
+    snprintf(seed, sizeof seed, "%sredlock:seed", c->prefix);
+    redisReply *r = fx_cmd_at(srv[i].port, "EVAL %s 2 %s %s 0 %s",
+                              dlock_script_body(DLOCK_SCRIPT_MARK), k.k[DLOCK_KEY_HW], seed, "");
+    assert_non_null(r);
+    assert_int_equal(r->type, REDIS_REPLY_ARRAY);
+    uint64_t v = strtoull(r->element[0]->str, NULL, 10);
+    freeReplyObject(r);
+    return v;
+}
+
+/* Raises the slot's mark of name on server i to t, as the write-back of a
+ * token t handed out would. */
+static void raise_mark(int i, const client *c, const char *name, uint64_t t)
+{
+    keys k;
+    keys_of(c, name, &k);
+    char seed[64], tok[24];
+    snprintf(seed, sizeof seed, "%sredlock:seed", c->prefix);
+    snprintf(tok, sizeof tok, "%" PRIu64, t);
+    redisReply *r = fx_cmd_at(srv[i].port, "EVAL %s 2 %s %s %s %s",
+                              dlock_script_body(DLOCK_SCRIPT_MARK), k.k[DLOCK_KEY_HW], seed, tok,
+                              "");
+    assert_non_null(r);
+    assert_int_equal(r->type, REDIS_REPLY_ARRAY);
+    freeReplyObject(r);
+}
+
+/* Server i's clock in us, plus an hour: a token ahead of every clock. */
+static uint64_t ahead_us(int i)
+{
+    redisReply *r = fx_cmd_at(srv[i].port, "TIME");
+    assert_non_null(r);
+    uint64_t t = strtoull(r->element[0]->str, NULL, 10) * 1000000 +
+                 strtoull(r->element[1]->str, NULL, 10);
+    freeReplyObject(r);
+    return t + 3600ull * 1000000;
+}
+
+/* Seeds c's nodes fresh, then waits until every node counts for c (a
+ * lease from its first sight). */
+static void seed_and_wait(client *c)
+{
+    assert_int_equal(dlock_redlock_seed_fresh(c->rl, ms_from_now(2000)), DLOCK_OK);
+    fx_sleep_ms(LEASE_MS + 20);
+    assert_int_equal(dlock_redlock_refresh(c->rl, ms_from_now(2000)), DLOCK_OK);
+    for (unsigned i = 0; i < dlock_redlock_nodes(c->rl); i++)
+        assert_true(dlock_redlock_counts(c->rl, i));
+}
+
+static void kill_srv(int i)
+{
+    assert_int_equal(fx_redis_signal(&srv[i], SIGKILL), 0);
+}
+
+static void restart_srv(int i)
+{
+    assert_int_equal(fx_redis_restart(&srv[i]), 0);
+}
+
+static int restore(void **state)
+{
+    (void)state;
+    for (int i = 0; i < NSRV; i++) {
+        if (srv[i].pid > 0)
+            fx_redis_signal(&srv[i], SIGCONT);
+        else if (fx_redis_restart(&srv[i]) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+static int group_setup(void **state)
+{
+    (void)state;
+    for (int i = 0; i < NSRV; i++)
+        if (fx_redis_start(&srv[i]) != 0)
+            return -1;
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    for (int i = 0; i < NSRV; i++)
+        fx_redis_stop(&srv[i]);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ tests */
+
+/* A set of an even number of nodes, or fewer than 3, is refused. */
+static void test_node_count_refused(void **state)
+{
+    (void)state;
+    dlock_conn_cfg cfg = {.protocol = 2, .connect_timeout_ms = 300, .command_timeout_ms = 300};
+    dlock_counters ctr = {0};
+    dlock_redlock *rl = NULL;
+    assert_int_equal(dlock_redlock_create(&cfg, "127.0.0.1:1,127.0.0.1:2", "x:", LEASE_MS, 1, &ctr,
+                                          &rl), DLOCK_EINVAL);
+    assert_non_null(strstr(dlock_last_error(), "odd number"));
+    assert_int_equal(dlock_redlock_create(&cfg, "127.0.0.1:1,127.0.0.1:2,127.0.0.1:3,127.0.0.1:4",
+                                          "x:", LEASE_MS, 1, &ctr, &rl), DLOCK_EINVAL);
+    assert_int_equal(dlock_redlock_create(&cfg, "127.0.0.1:1", "x:", LEASE_MS, 1, &ctr, &rl),
+                     DLOCK_EINVAL);
+    cfg.protocol = 1;
+    assert_int_equal(dlock_redlock_create(&cfg, "127.0.0.1:1,127.0.0.1:2,127.0.0.1:3", "x:",
+                                          LEASE_MS, 1, &ctr, &rl), DLOCK_EINVAL);
+    assert_null(rl);
+}
+
+/* A fresh deployment seeded; a fresh client counts no node before a lease
+ * from its first sight; then grants by quorum with strictly increasing
+ * tokens, each valid until first send + lease - drift allowance at most,
+ * each token written back to every node's mark; a second fresh seeding is
+ * refused. */
+static void test_fresh_deployment(void **state)
+{
+    (void)state;
+    char px[32];
+    client *a = client_new(3, new_prefix(px, sizeof px), 1, 300);
+    assert_int_equal(dlock_redlock_seed_fresh(a->rl, ms_from_now(2000)), DLOCK_OK);
+    /* seen only now: no node counts yet */
+    dlock_redlock_grant g;
+    assert_int_equal(acquire(a, "n", &g, NULL), DLOCK_EREDIS);
+    assert_non_null(strstr(dlock_last_error(), "0 of 3 nodes count"));
+    for (unsigned i = 0; i < 3; i++)
+        assert_false(dlock_redlock_counts(a->rl, i));
+    fx_sleep_ms(LEASE_MS + 20);
+    uint64_t last = 0;
+    /* the drift allowance, as docs/design.md says it: 1% of the lease + 2 ms */
+    int64_t drift = LEASE_MS * DLOCK_NS_PER_MS / 100 + 2 * DLOCK_NS_PER_MS;
+    for (int k = 0; k < 5; k++) {
+        int64_t before = dlock_boot_ns();
+        int rc = acquire(a, "n", &g, NULL);
+        if (rc != DLOCK_OK)
+            fail_msg("acquire %d: %d %s", k, rc, dlock_last_error());
+        int64_t after = dlock_boot_ns();
+        assert_true(g.token > last);
+        assert_int_equal(g.votes, 3);
+        assert_true(g.first_boot >= before && g.first_boot <= after);
+        assert_true(g.valid_boot == g.first_boot + LEASE_MS * DLOCK_NS_PER_MS - drift);
+        assert_true(g.valid_boot > after);
+        for (int i = 0; i < 3; i++)
+            assert_true(mark_on(i, a, "n") >= g.token);
+        last = g.token;
+        release(a, "n", &g);
+    }
+    assert_int_equal(dlock_redlock_drift_ns(a->rl), drift);
+    assert_int_equal(dlock_redlock_seed_fresh(a->rl, ms_from_now(2000)), DLOCK_EINVAL);
+    assert_non_null(strstr(dlock_last_error(), "already holds keys"));
+    client_free(a);
+}
+
+/* A second client is refused while the first holds (the holder's name and
+ * a pttl told), and granted a higher token once it released. */
+static void test_second_client_refused(void **state)
+{
+    (void)state;
+    char px[32];
+    client *a = client_new(3, new_prefix(px, sizeof px), 1, 300);
+    client *b = client_new(3, px, 2, 300);
+    seed_and_wait(a);
+    assert_int_equal(dlock_redlock_refresh(b->rl, ms_from_now(2000)), DLOCK_OK);
+    fx_sleep_ms(LEASE_MS + 20);
+    dlock_redlock_grant ga, gb;
+    dlock_redlock_busy busy;
+    assert_int_equal(acquire(a, "n", &ga, NULL), DLOCK_OK);
+    assert_int_equal(acquire(b, "n", &gb, &busy), DLOCK_EBUSY);
+    assert_int_equal(busy.refused, 3);
+    assert_string_equal(busy.holder, "client1");
+    if (!(busy.pttl_ms > 0 && busy.pttl_ms <= LEASE_MS + 1))
+        fail_msg("pttl %" PRId64, busy.pttl_ms);
+    release(a, "n", &ga);
+    assert_int_equal(acquire(b, "n", &gb, NULL), DLOCK_OK);
+    assert_true(gb.token > ga.token);
+    release(b, "n", &gb);
+    client_free(a);
+    client_free(b);
+}
+
+/* One of 3 nodes stopped: still granted, tokens still increasing; two of
+ * 3 stopped: DLOCK_EREDIS within the command timeout (+ margin). */
+static void test_nodes_down(void **state)
+{
+    (void)state;
+    char px[32];
+    client *a = client_new(3, new_prefix(px, sizeof px), 1, 300);
+    seed_and_wait(a);
+    uint64_t t1 = grant_token(a, "n");
+    kill_srv(2);
+    uint64_t t2 = grant_token(a, "n");
+    assert_true(t2 > t1);
+    dlock_redlock_grant g;
+    assert_int_equal(acquire(a, "n", &g, NULL), DLOCK_OK);
+    assert_int_equal(g.votes, 2);
+    assert_true(g.token > t2);
+    release(a, "n", &g);
+    kill_srv(1);
+    int64_t t0 = dlock_now_ns();
+    assert_int_equal(acquire(a, "n", &g, NULL), DLOCK_EREDIS);
+    assert_true(dlock_now_ns() - t0 < (300 + 200) * DLOCK_NS_PER_MS);
+    assert_non_null(strstr(dlock_last_error(), "1 of 3 nodes count and answered, 2 needed"));
+    assert_non_null(strstr(dlock_last_error(), "unreachable"));
+    client_free(a);
+}
+
+/* The case the rule exists for. A token T1 handed out while node 2 was
+ * paused is marked on nodes 0 and 1 only (of two names in two slots, T1
+ * and T2); node 0 restarts empty and node 1 pauses: node 0 and node 2
+ * alone would make a majority whose marks are all below T1. Node 0 does
+ * not count until seeded; it cannot be seeded while only node 2 counts
+ * beside it; once node 1 is back it is seeded, every slot's mark to the
+ * highest of the others'; then node 0 and node 2 alone grant tokens above
+ * T1 and T2. */
+static void test_restart_seeded(void **state)
+{
+    (void)state;
+    char px[32];
+    client *a = client_new(3, new_prefix(px, sizeof px), 1, 200);
+    seed_and_wait(a);
+    /* two names in two slots */
+    keys k1, k2;
+    keys_of(a, "n1", &k1);
+    keys_of(a, "n2", &k2);
+    assert_string_not_equal(k1.k[DLOCK_KEY_HW], k2.k[DLOCK_KEY_HW]);
+    assert_int_equal(fx_redis_signal(&srv[2], SIGSTOP), 0);
+    uint64_t x = ahead_us(0);
+    raise_mark(0, a, "n1", x);
+    raise_mark(1, a, "n1", x);
+    raise_mark(0, a, "n2", x + 1000);
+    raise_mark(1, a, "n2", x + 1000);
+    uint64_t t1 = grant_token(a, "n1");
+    uint64_t t2 = grant_token(a, "n2");
+    assert_true(t1 > x && t2 > x + 1000);
+    assert_int_equal(fx_redis_signal(&srv[2], SIGCONT), 0);
+    assert_true(mark_on(2, a, "n1") < x && mark_on(2, a, "n2") < x);
+
+    kill_srv(0);
+    restart_srv(0);
+    assert_int_equal(fx_redis_signal(&srv[1], SIGSTOP), 0);
+    /* node 0's new run id seen now (node 1 does not answer) */
+    assert_int_equal(dlock_redlock_refresh(a->rl, ms_from_now(2000)), DLOCK_EREDIS);
+    dlock_redlock_grant g;
+    assert_int_equal(acquire(a, "n1", &g, NULL), DLOCK_EREDIS);
+    /* up a lease and more: still not counted, and not seeded with only
+     * node 2 counting beside it */
+    fx_sleep_ms(LEASE_MS + 50);
+    int rc = acquire(a, "n1", &g, NULL);
+    if (rc == DLOCK_OK)
+        fail_msg("granted token %" PRIu64 " (T1 %" PRIu64 ") by the unseeded node and node 2",
+                 g.token, t1);
+    assert_int_equal(rc, DLOCK_EREDIS);
+    assert_non_null(strstr(dlock_last_error(), "not seeded"));
+    assert_true(dlock_redlock_seed_due(a->rl, ms_from_now(2000)) < 0);
+    assert_non_null(strstr(dlock_last_error(), "needs 2 other nodes that count; 1 do"));
+    assert_false(dlock_redlock_counts(a->rl, 0));
+
+    assert_int_equal(fx_redis_signal(&srv[1], SIGCONT), 0);
+    assert_int_equal(dlock_redlock_seed_due(a->rl, ms_from_now(3000)), 1);
+    assert_true(dlock_redlock_counts(a->rl, 0));
+    assert_true(mark_on(0, a, "n1") >= t1);
+    assert_true(mark_on(0, a, "n2") >= t2);
+    /* node 0 and node 2 alone: above T1 and T2 */
+    assert_int_equal(fx_redis_signal(&srv[1], SIGSTOP), 0);
+    uint64_t u1 = grant_token(a, "n1");
+    uint64_t u2 = grant_token(a, "n2");
+    assert_int_equal(fx_redis_signal(&srv[1], SIGCONT), 0);
+    if (u1 <= t1 || u2 <= t2)
+        fail_msg("after the restart: %" PRIu64 " after %" PRIu64 ", %" PRIu64 " after %" PRIu64,
+                 u1, t1, u2, t2);
+    assert_true(grant_token(a, "n1") > u1);
+    client_free(a);
+}
+
+/* A node whose mark is above every vote (it refused: another client's
+ * lone grant there) makes the write-back raise the token above that mark
+ * before it is handed out. */
+static void test_write_back_meets_higher_mark(void **state)
+{
+    (void)state;
+    char px[32];
+    client *a = client_new(3, new_prefix(px, sizeof px), 1, 300);
+    client *b = client_new(3, px, 2, 300);
+    seed_and_wait(a);
+    /* b's lone grant on node 1 (as a quorum acquire that failed leaves
+     * one until its release) */
+    keys k;
+    keys_of(b, "n", &k);
+    redisReply *r = fx_cmd_at(srv[1].port, "EVAL %s 7 %s %s %s %s %s %s %s %s %s 1 %s %s %s %s %s 0 0",
+                              dlock_script_body(dlock_script_in(DLOCK_SCRIPT_ACQUIRE, 2)),
+                              k.k[0], k.k[1], k.k[2], k.k[3], k.k[4], k.k[5], k.k[6], b->id,
+                              "5000", "0", "1000", "0", "4000", b->name);
+    assert_non_null(r);
+    assert_int_equal(r->type, REDIS_REPLY_ARRAY);
+    assert_int_equal(r->element[0]->integer, 1);
+    freeReplyObject(r);
+    uint64_t x = ahead_us(1);
+    raise_mark(1, a, "n", x);
+    dlock_redlock_grant g;
+    int rc = acquire(a, "n", &g, NULL);
+    if (rc != DLOCK_OK)
+        fail_msg("acquire: %d %s", rc, dlock_last_error());
+    assert_int_equal(g.votes, 2);
+    if (g.token <= x)
+        fail_msg("token %" PRIu64 " handed out below the mark %" PRIu64 " the write-back met",
+                 g.token, x);
+    release(a, "n", &g);
+    client_free(a);
+    client_free(b);
+}
+
+/* A node paused (SIGSTOP) past the validity: with a command timeout above
+ * the lease the votes' wait ends at the validity, and the acquire fails
+ * (released on the nodes that answered: another client is granted at
+ * once); with one below it, the others grant before the validity ends. */
+static void test_paused_past_validity(void **state)
+{
+    (void)state;
+    char px[32];
+    client *a = client_new(3, new_prefix(px, sizeof px), 1, 1000);
+    client *b = client_new(3, px, 2, 1000);
+    client *c = client_new(3, px, 3, 150);
+    seed_and_wait(a);
+    assert_int_equal(dlock_redlock_refresh(b->rl, ms_from_now(2000)), DLOCK_OK);
+    assert_int_equal(dlock_redlock_refresh(c->rl, ms_from_now(2000)), DLOCK_OK);
+    fx_sleep_ms(LEASE_MS + 20);
+    assert_int_equal(fx_redis_signal(&srv[2], SIGSTOP), 0);
+    dlock_redlock_grant g;
+    int64_t t0 = dlock_boot_ns();
+    int rc = acquire(a, "n", &g, NULL);
+    int64_t t1 = dlock_boot_ns();
+    if (rc == DLOCK_OK)
+        assert_true(t1 < g.valid_boot);
+    assert_int_equal(rc, DLOCK_EREDIS);
+    assert_non_null(strstr(dlock_last_error(), "validity"));
+    assert_true(t1 - t0 < (LEASE_MS + 200) * DLOCK_NS_PER_MS);
+    assert_int_equal(fx_redis_signal(&srv[2], SIGCONT), 0);
+    /* a's grants on nodes 0 and 1 were released */
+    assert_int_equal(acquire(b, "n", &g, NULL), DLOCK_OK);
+    release(b, "n", &g);
+    /* a command timeout below the lease: granted by the others in time */
+    assert_int_equal(fx_redis_signal(&srv[2], SIGSTOP), 0);
+    t0 = dlock_boot_ns();
+    rc = acquire(c, "n", &g, NULL);
+    t1 = dlock_boot_ns();
+    if (rc != DLOCK_OK)
+        fail_msg("acquire: %d %s", rc, dlock_last_error());
+    assert_int_equal(g.votes, 2);
+    assert_true(t1 < g.valid_boot);
+    assert_true(t1 - t0 >= 150 * DLOCK_NS_PER_MS); /* it waited for node 2 */
+    assert_int_equal(fx_redis_signal(&srv[2], SIGCONT), 0);
+    release(c, "n", &g);
+    client_free(a);
+    client_free(b);
+    client_free(c);
+}
+
+/* 5 nodes: granted with two down; the two restarted empty do not count
+ * and are not seeded before a lease + the drift allowance, then are
+ * seeded from the three others, and with one of those make a majority
+ * whose token is above every earlier one; three down: DLOCK_EREDIS. */
+static void test_five_nodes(void **state)
+{
+    (void)state;
+    char px[32];
+    client *a = client_new(5, new_prefix(px, sizeof px), 1, 300);
+    seed_and_wait(a);
+    uint64_t t = grant_token(a, "n");
+    uint64_t x = ahead_us(0);
+    for (int i = 0; i < 3; i++)
+        raise_mark(i, a, "n", x);
+    uint64_t u = grant_token(a, "n");
+    assert_true(u > x && u > t);
+    kill_srv(3);
+    kill_srv(4);
+    dlock_redlock_grant g;
+    assert_int_equal(acquire(a, "n", &g, NULL), DLOCK_OK);
+    assert_int_equal(g.votes, 3);
+    assert_true(g.token > u);
+    u = g.token;
+    release(a, "n", &g);
+    restart_srv(3);
+    restart_srv(4);
+    assert_int_equal(dlock_redlock_refresh(a->rl, ms_from_now(2000)), DLOCK_OK);
+    assert_false(dlock_redlock_counts(a->rl, 3));
+    assert_false(dlock_redlock_counts(a->rl, 4));
+    /* not seeded before a lease + the drift allowance */
+    assert_int_equal(dlock_redlock_seed(a->rl, 3, ms_from_now(2000)), DLOCK_EBUSY);
+    assert_int_equal(dlock_redlock_seed_due(a->rl, ms_from_now(2000)), 0);
+    assert_int_equal(acquire(a, "n", &g, NULL), DLOCK_OK);
+    assert_int_equal(g.votes, 3);
+    assert_true(g.token > u);
+    u = g.token;
+    release(a, "n", &g);
+    fx_sleep_ms(LEASE_MS + 50);
+    assert_int_equal(dlock_redlock_seed_due(a->rl, ms_from_now(3000)), 2);
+    for (int i = 0; i < 5; i++) {
+        assert_true(dlock_redlock_counts(a->rl, (unsigned)i));
+        assert_true(mark_on(i, a, "n") >= u);
+    }
+    /* nodes 2, 3, 4 (two of them restarted) make a majority alone */
+    kill_srv(0);
+    kill_srv(1);
+    uint64_t v = grant_token(a, "n");
+    if (v <= u)
+        fail_msg("token %" PRIu64 " after %" PRIu64, v, u);
+    kill_srv(2);
+    assert_int_equal(acquire(a, "n", &g, NULL), DLOCK_EREDIS);
+    assert_non_null(strstr(dlock_last_error(), "2 of 5 nodes count and answered, 3 needed"));
+    client_free(a);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_node_count_refused),
+        cmocka_unit_test_teardown(test_fresh_deployment, restore),
+        cmocka_unit_test_teardown(test_second_client_refused, restore),
+        cmocka_unit_test_teardown(test_nodes_down, restore),
+        cmocka_unit_test_teardown(test_restart_seeded, restore),
+        cmocka_unit_test_teardown(test_write_back_meets_higher_mark, restore),
+        cmocka_unit_test_teardown(test_paused_past_validity, restore),
+        cmocka_unit_test_teardown(test_five_nodes, restore),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
