@@ -46,6 +46,7 @@
 
 static fx_redis srv[NSRV];
 static int prefix_no;
+static uint32_t lease_ms = LEASE_MS; /* the lease of the clients client_new makes */
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -82,7 +83,7 @@ static client *client_new(int n, const char *prefix, int who, uint32_t cmd_ms)
     for (int i = 0; i < n; i++)
         snprintf(addrs + strlen(addrs), sizeof addrs - strlen(addrs), "%s127.0.0.1:%d",
                  i ? "," : "", srv[i].port);
-    assert_int_equal(dlock_redlock_create(&c->cfg, addrs, prefix, LEASE_MS, 2, &c->ctr, &c->rl),
+    assert_int_equal(dlock_redlock_create(&c->cfg, addrs, prefix, lease_ms, 2, &c->ctr, &c->rl),
                      DLOCK_OK);
     return c;
 }
@@ -204,7 +205,7 @@ static uint64_t ahead_us(int i)
 static void seed_and_wait(client *c)
 {
     assert_int_equal(dlock_redlock_seed_fresh(c->rl, ms_from_now(2000)), DLOCK_OK);
-    fx_sleep_ms(LEASE_MS + 20);
+    fx_sleep_ms(lease_ms + 20);
     assert_int_equal(dlock_redlock_refresh(c->rl, ms_from_now(2000)), DLOCK_OK);
     for (unsigned i = 0; i < dlock_redlock_nodes(c->rl); i++)
         assert_true(dlock_redlock_counts(c->rl, i));
@@ -223,6 +224,7 @@ static void restart_srv(int i)
 static int restore(void **state)
 {
     (void)state;
+    lease_ms = LEASE_MS;
     for (int i = 0; i < NSRV; i++) {
         if (srv[i].pid > 0)
             fx_redis_signal(&srv[i], SIGCONT);
@@ -518,6 +520,53 @@ static void test_paused_past_validity(void **state)
     client_free(c);
 }
 
+/* A client that starts fresh counts every node from its first sight: it
+ * neither counts nor seeds a node before a lease of it, whatever the node's
+ * uptime. Client 1 holds a name on nodes 0 and 1 (its grant on node 2
+ * gone, as if its request never reached it); node 0 restarts empty. A
+ * fresh client that took node 0 for seen long ago would seed it from
+ * nodes 1 and 2 at once, and nodes 0 and 2 would grant it the name while
+ * client 1 holds it. (Leases of 2 s: all of this fits in one.) */
+static void test_fresh_client_waits(void **state)
+{
+    (void)state;
+    lease_ms = 2000;
+    char px[32];
+    client *a = client_new(3, new_prefix(px, sizeof px), 1, 300);
+    seed_and_wait(a);
+    dlock_redlock_grant ga, gc;
+    assert_int_equal(acquire(a, "n", &ga, NULL), DLOCK_OK);
+    keys k;
+    keys_of(a, "n", &k);
+    char att[24];
+    snprintf(att, sizeof att, "%" PRIu64, ga.attempt);
+    redisReply *r = fx_cmd_at(srv[2].port, "EVAL %s 7 %s %s %s %s %s %s %s %s nonce %s 2000 0 %s n 1000 4000 0",
+                              dlock_script_body(dlock_script_in(DLOCK_SCRIPT_RELEASE, 2)),
+                              k.k[0], k.k[1], k.k[2], k.k[3], k.k[4], k.k[5], k.k[6], a->id, att,
+                              a->wake);
+    assert_non_null(r);
+    assert_int_equal(r->type, REDIS_REPLY_INTEGER);
+    assert_int_equal(r->integer, 1);
+    freeReplyObject(r);
+    kill_srv(0);
+    restart_srv(0);
+    client *c = client_new(3, px, 3, 300);
+    dlock_redlock_refresh(c->rl, ms_from_now(2000));
+    int seeded = dlock_redlock_seed_due(c->rl, ms_from_now(2000));
+    int rc = acquire(c, "n", &gc, NULL);
+    int64_t now = dlock_boot_ns();
+    if (now >= ga.valid_boot)
+        fail_msg("too slow: client 1's validity ran out before the check");
+    if (rc == DLOCK_OK)
+        fail_msg("a fresh client got the name held by client 1 (votes %u, seeded %d)", gc.votes,
+                 seeded);
+    assert_int_equal(seeded, 0);
+    assert_int_equal(rc, DLOCK_EREDIS);
+    assert_non_null(strstr(dlock_last_error(), "0 of 3 nodes count"));
+    client_free(a);
+    client_free(c);
+}
+
 /* 5 nodes: granted with two down; the two restarted empty do not count
  * and are not seeded before a lease + the drift allowance, then are
  * seeded from the three others, and with one of those make a majority
@@ -583,6 +632,7 @@ int main(void)
         cmocka_unit_test_teardown(test_restart_seeded, restore),
         cmocka_unit_test_teardown(test_write_back_meets_higher_mark, restore),
         cmocka_unit_test_teardown(test_paused_past_validity, restore),
+        cmocka_unit_test_teardown(test_fresh_client_waits, restore),
         cmocka_unit_test_teardown(test_five_nodes, restore),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
