@@ -100,7 +100,7 @@ M.list = {
   },
   {
     name = 'mark_without_reservation',
-    schedules = 6000,
+    schedules = 2000, seed = 16,
     why = "after a step back a grant goes above the mark's token only, not its pass limit: "
       .. 'the local handoffs of a grant that expired unreleased are undercut',
     file = 'acquire', find = '  mark = mark + tonumber(mpl)',
@@ -311,7 +311,7 @@ M.list = {
   },
   {
     name = 'p2s_expired_grant_kept', protocol = 2, shared = 0.5,
-    schedules = 2500,
+    schedules = 200, seed = 2,
     why = 'a shared grant leaves an expired exclusive grant in g: after a step back of the clock '
       .. 'it counts again and is renewed beside the readers (the fault the shared worlds found)',
     file = 'acquire_shared', find = '  if tok and not owner then',
@@ -417,7 +417,7 @@ M.list = {
   },
   {
     name = 'sem_clock_rule_removed', protocol = 2, run = 'sem',
-    schedules = 1500,
+    schedules = 200, seed = 2,
     why = 'an acquire that hands on ended permits leaves them in their field (CLOCK): a step back '
       .. 'of the server clock makes them count again beside their successors',
     file = 'sem_acquire', find = 'for _, id in ipairs(ended) do',
@@ -464,7 +464,7 @@ M.list = {
   },
   {
     name = 'sem_model_count_not_from_reply', run = 'sem',
-    schedules = 2000,
+    schedules = 400, seed = 8,
     why = "a granted try adds one permit to the client's count instead of taking Redis's total "
       .. '(the reply {1, held}): permits taken over or granted unseen are miscounted',
     file = 'sem_model', find = '  e.held = held\n  e.passes = 0\n',
@@ -518,7 +518,7 @@ M.list = {
   },
   {
     name = 'redlock_mark_lowered', run = 'redlock', protocol = 2,
-    schedules = 3000, seed = 4,
+    schedules = 100, seed = 12,
     why = 'mark.lua writes the token even below the mark it found',
     file = 'mark', find = 'if want > before then',
     replace = 'if want > 0 then',
