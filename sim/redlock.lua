@@ -12,7 +12,7 @@
 --      + 2 ms), by the client's clock. Else every node is sent a release
 --      (by attempt) and the acquire failed.
 --   T  = the highest token of the votes + 1.
---   W  mark.lua(T) on every node: a reply whose mark before was >= T
+--   W  mark.lua(T + pass limit) on every node: a reply whose mark before was >= T
 --      (another token at least as high was written there) makes T = that
 --      mark + 1 and W runs again (3 rounds at most); else T is confirmed
 --      once a majority of nodes that count replied below T. Then, if the
@@ -23,10 +23,16 @@
 --   its run id there and has been up a lease + drift is seeded: the marks
 --   of a majority of the other nodes that count are read (mark.lua 0), and
 --   their highest written to it with its run id (mark.lua T run_id).
--- Not modeled in this step: renewals (a holder keeps a lease at most its
--- validity; past it, it is not a valid holder), local handoffs (pass limit
--- 0: a local tier needs the write-back of T + pass limit), wait queues and
--- wake-ups (a refused client retries after a pause).
+--   R  a holder renews every third of a lease: renew.lua on every node by
+--      that node's own grant; confirmed by a majority of nodes that count
+--      within the validity, which is then the renewal's first send + lease
+--      - drift; not confirmed by the end of the validity, the hold is lost.
+--   P  local handoffs: the acquire sends the schedule's pass limit (0 to
+--      3), the write-back writes T + pass limit, and the holder may hand
+--      out T + 1 .. T + pass limit to its other threads while the validity
+--      lasts (passes below).
+-- Not modeled in this step: wait queues and wake-ups (a refused client
+-- retries after a pause).
 --
 -- Invariants (a violation ends the schedule; its kind names it):
 --   order  every token handed out for a name is above every token handed
@@ -76,7 +82,7 @@ rng.mixin(W)
 ------------------------------------------------------------------------
 -- The scripts.
 
-local NAMES = {'acquire', 'release', 'mark'}
+local NAMES = {'acquire', 'release', 'mark', 'renew'}
 
 local function read(path)
   local f = assert(io.open(path, 'rb'))
@@ -164,6 +170,7 @@ function W.new(seed, opts, scripts)
   self.events, self.seq, self.now, self.steps = {}, 0, 0, 0
   self.violations, self.faults = {}, {}
   self.acquisitions = 0
+  self.renewals, self.holds_lost = 0, 0 -- renewals confirmed; holds lost (hold_renewed)
   local cfg = {}
   self.cfg = cfg
   cfg.n = opts.nodes or 3
@@ -173,6 +180,7 @@ function W.new(seed, opts, scripts)
   cfg.drift_us = cfg.lease_ms * 10 + 2000
   cfg.timeout_us = self:rint(10, 50) * 1000 -- the longest; each client draws its own up to it
   cfg.keep_ms = 4 * cfg.lease_ms
+  cfg.pl = self:rint(0, 3) -- the pass limit: local handoffs of one grant (passes below)
   cfg.horizon_us = self:rint(10, 40) * cfg.L
   -- A forward jump excuses mutual exclusion and hand-out order only for
   -- the leases it can shorten (jump_window), and restarts may leave up to
@@ -350,11 +358,12 @@ end
 
 -- Sends to every node of list, and blocks c until each replied or the
 -- command timeout passed (by c's clock): the replies by node, {rep, meta}.
+-- argv: the arguments, or a function of the node giving them.
 function W:gather(c, list, script, keys, argv)
   local out, left, tok = {}, #list, {}
   c.gtok = tok
   for _, i in ipairs(list) do
-    self:send(c, i, script, keys, argv, function(rep, meta)
+    self:send(c, i, script, keys, type(argv) == 'function' and argv(i) or argv, function(rep, meta)
       if c.gtok ~= tok then return end
       out[i] = {rep = rep, meta = meta}
       left = left - 1
@@ -467,18 +476,20 @@ end
 -- The quorum acquire: a hold {name, token, att, first, valid, handout} or nil.
 function W:acquire(c, name)
   local cfg = self.cfg
+  local pl = c.pl or cfg.pl -- (a scenario may give a client a pass limit of its own)
   c.number = c.number + 1
   local att = c.number
   local first_real, first = self.now, cnow(self, c)
   local valid = first + cfg.L - cfg.drift_us
   local keys = self:keys_of(name, c)
   local reps = self:gather(c, self:all_nodes(), 'acquire', keys, {c.id, tostring(cfg.lease_ms),
-    tostring(att), '0', tostring(cfg.lease_ms), '0', tostring(cfg.keep_ms), c.name})
-  local votes, tokens = 0, {}
+    tostring(att), tostring(pl), tostring(cfg.lease_ms), '0', tostring(cfg.keep_ms), c.name})
+  local votes, tokens, node_tok = 0, {}, {}
   c.pttl = nil
   for i = 1, cfg.n do
     local r = reps[i]
     if r then
+      if type(r.rep) == 'table' and r.rep[1] == 1 then node_tok[i] = r.rep[2] end
       if type(r.rep) == 'table' and r.rep[1] == 1 and self:counts(r.meta) then
         votes = votes + 1
         tokens[#tokens + 1] = r.rep[2]
@@ -499,7 +510,7 @@ function W:acquire(c, name)
   local ok = false
   for _ = 1, 3 do
     local wr = self:gather(c, self:all_nodes(), 'mark', {keys[7], 'dlock:redlock:seed'},
-      {string.format('%.0f', T), ''})
+      {string.format('%.0f', T + pl), ''})
     local acks, top = 0, nil
     for i = 1, cfg.n do
       local w = wr[i]
@@ -531,7 +542,69 @@ function W:acquire(c, name)
     self:release_all(c, name, att, '0')
     return nil
   end
-  return {name = name, token = T, att = att, first = first_real, valid = valid, handout = self.now}
+  return {name = name, token = T, att = att, first = first_real, valid = valid, handout = self.now,
+    node_tok = node_tok}
+end
+
+-- A renewal of hold h: renew.lua on every node, each naming the grant
+-- that node made (its own token); confirmed when a majority of nodes that
+-- count renewed it while the validity lasts, and then the validity is the
+-- renewal's first send + the lease - the drift allowance, by the client's
+-- clock (a node's renewal runs after that send, and lasts a lease from
+-- then by its clock). True if confirmed.
+function W:renew(c, h)
+  local cfg = self.cfg
+  local first = cnow(self, c)
+  local reps = self:gather(c, self:all_nodes(), 'renew', {self:keys_of(h.name, c)[1]}, function(i)
+    return {c.id, tostring(cfg.lease_ms), string.format('%.0f', h.node_tok[i] or 0)}
+  end)
+  local acks = 0
+  for i = 1, cfg.n do
+    local r = reps[i]
+    if r and type(r.rep) == 'table' and r.rep[1] == 1 and self:counts(r.meta) then
+      acks = acks + 1
+    end
+  end
+  if acks >= cfg.m and cnow(self, c) < h.valid then
+    h.valid = first + cfg.L - cfg.drift_us
+    self.renewals = self.renewals + 1
+    self:trace(string.format('%s renewed %s (%d acks, valid %.3f ms more)', c.name, h.name, acks,
+      (h.valid - cnow(self, c)) / 1000 / c.rate))
+    return true
+  end
+  self:trace(string.format('%s: renewal of %s not confirmed (%d acks)', c.name, h.name, acks))
+  return false
+end
+
+-- Holds h for about hold us (real time), renewing it every third of a
+-- lease, as the renewal thread does; a renewal not confirmed is tried
+-- again while the validity lasts, and past it the hold is lost (the holder
+-- knows: it writes no more). Writes to the fenced store at a point of the
+-- hold and at its end, a pause possibly before either. False if lost.
+function W:hold_renewed(c, h, hold)
+  local cfg = self.cfg
+  local start, part = self.now, self:rint(0, hold)
+  local writes = {start + part, start + hold}
+  local k = 1
+  while k <= 2 do
+    local step = math.min(writes[k] - self.now, floor(cfg.L / 3))
+    if step > 0 then self:sleep(c, step) end
+    if self.now >= writes[k] then
+      if cfg.faults.pause and self:rand() < 0.05 then
+        self:fault('pause')
+        local d = self:rint(1, 3 * cfg.L)
+        self:trace(string.format('FAULT %s pauses %.3f ms holding %s', c.name, d / 1000, h.name))
+        self:sleep(c, d)
+      end
+      self:store_write(c, h)
+      k = k + 1
+    elseif not self:renew(c, h) and cnow(self, c) >= h.valid then
+      self:trace(string.format('%s lost %s', c.name, h.name))
+      self.holds_lost = self.holds_lost + 1
+      return false
+    end
+  end
+  return true
 end
 
 -- A token handed out: the order invariant.
@@ -584,21 +657,27 @@ function W:client_main(c)
       -- held briefly, a while, or to the end of its validity, writing to
       -- the fenced store at a point of it and at its end; a pause may come
       -- before either write
+      -- (or, one hold in ten, for up to 3 leases, renewed: hold_renewed)
       local left = math.max(0, floor((h.valid - cnow(self, c)) / c.rate))
       local r = self:rand()
-      local hold = r < 0.3 and self:rint(0, 2000) or r < 0.8 and self:rint(0, floor(left * 0.8))
-        or math.max(0, left - self:rint(0, 200))
-      local part = self:rint(0, hold)
-      for k = 1, 2 do
-        self:sleep(c, k == 1 and part or hold - part)
-        if cfg.faults.pause and self:rand() < 0.05 then
-          self:fault('pause')
-          local d = self:rint(1, 3 * cfg.L)
-          self:trace(string.format('FAULT %s pauses %.3f ms holding %s', c.name, d / 1000, name))
-          self:sleep(c, d)
+      if r >= 0.9 then
+        self:hold_renewed(c, h, self:rint(0, 3 * cfg.L))
+      else
+        local hold = r < 0.3 and self:rint(0, 2000) or r < 0.8 and self:rint(0, floor(left * 0.8))
+          or math.max(0, left - self:rint(0, 200))
+        local part = self:rint(0, hold)
+        for k = 1, 2 do
+          self:sleep(c, k == 1 and part or hold - part)
+          if cfg.faults.pause and self:rand() < 0.05 then
+            self:fault('pause')
+            local d = self:rint(1, 3 * cfg.L)
+            self:trace(string.format('FAULT %s pauses %.3f ms holding %s', c.name, d / 1000, name))
+            self:sleep(c, d)
+          end
+          self:store_write(c, h)
         end
-        self:store_write(c, h)
       end
+      self:passes(c, h)
       c.hold = nil
       self:trace(string.format('%s releases %s', c.name, name))
       self:release_all(c, name, h.att, '0')
@@ -607,6 +686,29 @@ function W:client_main(c)
     else
       self:sleep(c, self:rint(1000, floor(cfg.L / 4)))
     end
+  end
+end
+
+-- Local handoffs of hold h to other threads of c, while its validity
+-- lasts: at most the pass limit, each handing out the next token (T + k,
+-- which the write-back covered), held briefly and written to the store.
+function W:passes(c, h)
+  local cfg = self.cfg
+  for k = 1, c.pl or cfg.pl do
+    if self:rand() >= 0.5 or cnow(self, c) >= h.valid then return end
+    local p = {name = h.name, token = h.token + k, att = h.att, first = h.first, valid = h.valid,
+      handout = self.now, node_tok = h.node_tok}
+    self:trace(string.format('%s passes %s locally', c.name, h.name))
+    self:hand_out(c, p)
+    c.hold = p
+    self:sleep(c, self:rint(0, 2000))
+    if cfg.faults.pause and self:rand() < 0.05 then
+      self:fault('pause')
+      local d = self:rint(1, 3 * cfg.L)
+      self:trace(string.format('FAULT %s pauses %.3f ms holding %s', c.name, d / 1000, h.name))
+      self:sleep(c, d)
+    end
+    self:store_write(c, p)
   end
 end
 

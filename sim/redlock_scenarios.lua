@@ -8,8 +8,11 @@
 -- (sim/mutants.lua; a violation of the kind named).
 --
 -- A scenario gets a world with no random faults, sets it up (clocks,
--- lease, timeouts), loses or delays chosen messages (net_hook), and runs
--- its own clients.
+-- lease, timeouts, pass limit 0 unless it says), loses or delays chosen
+-- messages (net_hook), and runs its own clients. Three more write out the
+-- cases of rules that random schedules rarely reach: the drift allowance,
+-- a renewal's validity from its first send, and the write-back of T + the
+-- pass limit.
 local S = {}
 
 local function setup(w, lease_ms)
@@ -18,8 +21,28 @@ local function setup(w, lease_ms)
   cfg.drift_us = lease_ms * 10 + 2000
   cfg.keep_ms = 4 * lease_ms
   cfg.timeout_us = 50000
+  cfg.pl = 0
   for _, nd in ipairs(w.nodes) do nd.off, nd.rate = 1700000000e6, 1 end
   w.clients, w.events = {}, {}
+end
+
+-- c's clock, in us.
+local function cnow(w, c) return math.floor(w.now * c.rate) end
+
+-- Holds h until c's clock says its validity ended.
+local function hold_to_validity(w, c, h)
+  c.hold = h
+  while cnow(w, c) < h.valid do w:sleep(c, 500) end
+  c.hold = nil
+end
+
+-- Acquires name, trying every 500 us up to n times: the hold, or nil.
+local function acquire_soon(w, c, name, n)
+  for _ = 1, n do
+    local h = w:acquire(c, name)
+    if h then return h end
+    w:sleep(c, 500)
+  end
 end
 
 -- The hand-outs of name, in order: their tokens.
@@ -116,6 +139,152 @@ S.list = {
         end
         local h = w.handed.r1
         if h[2].first >= h[1].handout then return 'B began after A\'s hand-out: no overlap' end
+      end
+    end,
+  },
+  {
+    -- The nodes' clocks run 0.3% fast, A's 0.3% slow (within the drift
+    -- allowance together): A's lease ends on the nodes, by their clocks,
+    -- 3 ms before A's clock says 500 ms passed. B acquires just after it
+    -- ends there; A must have counted its validity over by then.
+    name = 'clocks_apart',
+    mutants = {'redlock_validity_without_drift'},
+    kind = 'mutex',
+    run = function(w)
+      setup(w, 500)
+      for _, nd in ipairs(w.nodes) do nd.rate = 1.003 end
+      w.net_hook = function() return 200 end
+      local A = w:add_client(1, false, function(w, c)
+        local h = w:acquire(c, 'r1')
+        if h then
+          w:hand_out(c, h)
+          hold_to_validity(w, c, h)
+        end
+      end)
+      A.name, A.rate = 'A', 0.997
+      local B = w:add_client(2, false, function(w, c)
+        w:sleep(c, 499000) -- the nodes' 500 ms have passed (498.7 ms real)
+        local h = acquire_soon(w, c, 'r1', 20)
+        if h then
+          w:hand_out(c, h)
+          c.hold = h
+          w:sleep(c, 5000)
+          c.hold = nil
+          w:release_all(c, 'r1', h.att, '0')
+        end
+      end)
+      B.name = 'B'
+      w.scenario_check = function()
+        local t = tokens(w, 'r1')
+        if not (t[1] and t[1]:match('^A=') and t[2] and t[2]:match('^B=')) then
+          return 'the hand-outs were ' .. table.concat(t, ' ') .. ', not A then B'
+        end
+        -- (before A's clock says 500 ms: 501.5 ms real)
+        if w.handed.r1[2].handout > 501000 then return 'B held r1 only after 501 ms' end
+      end
+    end,
+  },
+  {
+    -- A renews 100 ms into its lease; the renewal runs on the nodes at
+    -- once, its replies come 40 ms late (A's command timeout is 50 ms).
+    -- The nodes' leases end a lease after the renewal ran; B acquires just
+    -- then. A's new validity must count from the renewal's first send.
+    name = 'renewal_answered_late',
+    mutants = {'redlock_renewal_validity_late'},
+    kind = 'mutex',
+    run = function(w)
+      setup(w, 500)
+      w.net_hook = function(c, _, script, leg)
+        if c.name == 'A' and script == 'renew' and leg == 'reply' then return 40000 end
+        return 200
+      end
+      local A = w:add_client(1, false, function(w, c)
+        local h = w:acquire(c, 'r1')
+        if h then
+          w:hand_out(c, h)
+          c.hold = h
+          w:sleep(c, 100000)
+          if w:renew(c, h) then hold_to_validity(w, c, h) end
+          c.hold = nil
+        end
+      end)
+      A.name, A.timeout_us = 'A', 50000
+      local B = w:add_client(2, false, function(w, c)
+        w:sleep(c, 601500) -- the renewal ran at 101 ms: the nodes' lease ends at 601
+        local h = acquire_soon(w, c, 'r1', 20)
+        if h then
+          w:hand_out(c, h)
+          c.hold = h
+          w:sleep(c, 5000)
+          c.hold = nil
+          w:release_all(c, 'r1', h.att, '0')
+        end
+      end)
+      B.name = 'B'
+      w.scenario_check = function()
+        local t = tokens(w, 'r1')
+        if not (t[1] and t[1]:match('^A=') and t[2] and t[2]:match('^B=')) then
+          return 'the hand-outs were ' .. table.concat(t, ' ') .. ', not A then B'
+        end
+        if w.renewals ~= 1 then return 'A renewed ' .. w.renewals .. ' times, not once' end
+        if w.handed.r1[2].handout > 610000 then return 'B held r1 only after 610 ms' end
+      end
+    end,
+  },
+  {
+    -- Pass limit 3. Node 1's clock is a minute ahead: A's token T is its
+    -- vote + 1, and A passes T + 1 .. T + 3 to its threads. Node 3 never
+    -- granted A (the request is lost), so its mark holds only what A's
+    -- write-back wrote, with no pass limit of its own; node 2, which
+    -- granted A, restarts empty and is seeded from nodes 1 and 3. B, cut
+    -- from node 1, is voted by nodes 2 and 3, their clocks a minute behind
+    -- T: only the marks the write-back left keep B's token above T + 3
+    -- (B and S, with a pass limit of 0, reserve nothing above their votes).
+    name = 'passes_after_writeback',
+    mutants = {'redlock_writeback_without_passes'},
+    kind = 'order',
+    run = function(w)
+      setup(w, 500)
+      w.cfg.pl = 3
+      w.nodes[1].off = w.nodes[1].off + 60e6
+      w.net_hook = function(c, i, script)
+        if c.name == 'A' and i == 3 and script == 'acquire' then return 'lose' end
+        if c.name == 'B' and i == 1 and script == 'acquire' then return 'lose' end
+        if c.name == 'S' and i ~= 2 and script == 'acquire' then return 'lose' end
+        return 200
+      end
+      local A = w:add_client(1, false, function(w, c)
+        local h = w:acquire(c, 'r1')
+        if h then
+          w:hand_out(c, h)
+          for k = 1, 3 do
+            w:sleep(c, 100)
+            w:hand_out(c, {name = 'r1', token = h.token + k, att = h.att, first = h.first,
+              valid = h.valid, handout = w.now, node_tok = h.node_tok})
+          end
+          w:release_all(c, 'r1', h.att, '0')
+        end
+      end)
+      A.name = 'A'
+      w:at(50000, function() w:restart(w.nodes[2], 'empty', 10000) end)
+      -- S, with a pass limit of 0 and reaching node 2 alone, tries once
+      -- when node 2 has been up a lease + drift: its reply seeds node 2
+      local S = w:add_client(3, false, function(w, c)
+        w:sleep(c, 575000)
+        w:acquire(c, 'r1')
+      end)
+      S.name, S.pl = 'S', 0
+      local B = w:add_client(2, false, function(w, c)
+        w:sleep(c, 640000) -- after S's seeding (S waits out its timeout first)
+        local h = acquire_soon(w, c, 'r1', 20)
+        if h then w:hand_out(c, h) end
+      end)
+      B.name, B.pl = 'B', 0 -- (its own grants reserve no passes above its votes)
+      w.scenario_check = function()
+        local t = tokens(w, 'r1')
+        if not (t[5] and t[4]:match('^A=') and t[5]:match('^B=')) then
+          return 'the hand-outs were ' .. table.concat(t, ' ') .. ', not A four times, then B'
+        end
       end
     end,
   },
