@@ -327,20 +327,21 @@ static int read_one(dlock_redlock *rl, unsigned i, peer *p, int info, int get_se
 }
 
 /* Runs one script on every peer of `only` (NULL: every peer) not failed,
- * the same argv for all: appended, flushed, then read by deadline. A
+ * peer i with argv[i]: appended, flushed, then read by deadline. A
  * NOSCRIPT answer (a restarted server) is sent again with EVAL as soon as
  * it is read, before the next peer's replies are waited for, and its reply
  * read after the others'. Each peer's reply in rep (an error reply
  * included), or the peer failed. */
-static void peers_call(dlock_redlock *rl, peer *p, const int *only, int info, dlock_script_id id,
-                       int nkeys, int nargs, const char **argv, int get_seed, int64_t deadline)
+static void peers_call_each(dlock_redlock *rl, peer *p, const int *only, int info,
+                            dlock_script_id id, int nkeys, int nargs, const char **const *argv,
+                            int get_seed, int64_t deadline)
 {
     int again[DLOCK_REDLOCK_NODES_MAX] = {0}, any = 0;
 #define IN(i) (!p[i].failed && p[i].c && (!only || only[i]))
     for (unsigned i = 0; i < rl->n; i++) {
         if (!IN(i))
             continue;
-        if (append_one(rl, &p[i], info, id, 0, nkeys, nargs, argv, get_seed) != 0)
+        if (append_one(rl, &p[i], info, id, 0, nkeys, nargs, argv[i], get_seed) != 0)
             peer_fail(&p[i], "%s", "out of memory");
         else
             any = 1;
@@ -360,7 +361,7 @@ static void peers_call(dlock_redlock *rl, peer *p, const int *only, int info, dl
         } else if (r == 1) {
             again[i] = 1;
             dlock_count(&rl->ctr->redis_round_trips, 1);
-            if (append_one(rl, &p[i], 0, id, 1, nkeys, nargs, argv, get_seed) != 0)
+            if (append_one(rl, &p[i], 0, id, 1, nkeys, nargs, argv[i], get_seed) != 0)
                 peer_fail(&p[i], "%s", "out of memory");
             else if (dlock_conn_flush(p[i].c, deadline) != 0)
                 peer_fail(&p[i], "%s", p[i].c->errstr);
@@ -370,6 +371,17 @@ static void peers_call(dlock_redlock *rl, peer *p, const int *only, int info, dl
         if (again[i] && IN(i) && read_one(rl, i, &p[i], 0, get_seed, deadline) < 0)
             peer_fail(&p[i], "%s", p[i].c->errstr);
 #undef IN
+}
+
+/* peers_call_each with the same argv for every peer. */
+static void peers_call(dlock_redlock *rl, peer *p, const int *only, int info, dlock_script_id id,
+                       int nkeys, int nargs, const char **argv, int get_seed, int64_t deadline)
+{
+    const char **each[DLOCK_REDLOCK_NODES_MAX];
+    for (unsigned i = 0; i < rl->n; i++)
+        each[i] = argv;
+    peers_call_each(rl, p, only, info, id, nkeys, nargs, (const char **const *)each, get_seed,
+                    deadline);
 }
 
 /* The deadline of one exchange: a command timeout from now, at most the
@@ -751,34 +763,27 @@ static unsigned release_on(dlock_redlock *rl, peer *p, const dlock_redlock_req *
     a.lease_ms = rl->lease_str;
     char att[24];
     snprintf(att, sizeof att, "%" PRIu64, q->attempt);
+    /* by attempt where no token is known (one argv for all); by token
+     * elsewhere, each node its own (pipelined together: one deadline) */
     for (int by_token = 0; by_token < 2; by_token++) {
         int only[DLOCK_REDLOCK_NODES_MAX] = {0}, any = 0;
-        for (unsigned i = 0; i < rl->n; i++)
-            if ((tok && tok[i]) == by_token) {
-                only[i] = 1;
-                any = 1;
-            }
-        if (!any)
-            continue;
-        /* by token: one call per node, each its own token */
+        char t[DLOCK_REDLOCK_NODES_MAX][24];
+        const char *argv[DLOCK_REDLOCK_NODES_MAX][DLOCK_SCRIPT_KEYS + DLOCK_RELEASE_ARGS];
+        const char **each[DLOCK_REDLOCK_NODES_MAX];
         for (unsigned i = 0; i < rl->n; i++) {
-            if (!only[i])
+            if ((tok && tok[i]) != by_token)
                 continue;
-            char t[24];
-            snprintf(t, sizeof t, "%" PRIu64, by_token ? tok[i] : 0);
-            const char *argv[DLOCK_SCRIPT_KEYS + DLOCK_RELEASE_ARGS];
+            only[i] = 1;
+            any = 1;
+            snprintf(t[i], sizeof t[i], "%" PRIu64, by_token ? tok[i] : 0);
             dlock_script_release_argv(&a, q->keys, q->name, by_token ? "token" : "nonce",
-                                      by_token ? t : att, "0", "0", argv);
-            int one[DLOCK_REDLOCK_NODES_MAX] = {0};
-            one[i] = 1;
-            if (!by_token) {
-                peers_call(rl, p, only, 0, dlock_script_in(DLOCK_SCRIPT_RELEASE, 2),
-                           DLOCK_SCRIPT_KEYS, DLOCK_RELEASE_ARGS, argv, 0, deadline);
-                break;
-            }
-            peers_call(rl, p, one, 0, dlock_script_in(DLOCK_SCRIPT_RELEASE, 2), DLOCK_SCRIPT_KEYS,
-                       DLOCK_RELEASE_ARGS, argv, 0, deadline);
+                                      by_token ? t[i] : att, "0", "0", argv[i]);
+            each[i] = argv[i];
         }
+        if (any)
+            peers_call_each(rl, p, only, 0, dlock_script_in(DLOCK_SCRIPT_RELEASE, 2),
+                            DLOCK_SCRIPT_KEYS, DLOCK_RELEASE_ARGS, (const char **const *)each,
+                            0, deadline);
     }
     unsigned answered = 0;
     for (unsigned i = 0; i < rl->n; i++)
