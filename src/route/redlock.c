@@ -843,7 +843,9 @@ int dlock_redlock_acquire(dlock_redlock *rl, const dlock_redlock_req *q, dlock_r
     a[0] = q->args->client_id;
     a[1] = rl->lease_str;
     a[2] = att;
-    a[3] = "0"; /* pass limit: no local handoffs in this step */
+    char pl[16];
+    snprintf(pl, sizeof pl, "%" PRIu32, q->pass_limit);
+    a[3] = pl; /* the node reserves the handoffs in its own mark too (acquire.lua) */
     a[4] = q->args->waiter_ttl_ms;
     a[5] = "0"; /* a single try: no wait queue in this step */
     a[6] = q->args->keep_ms;
@@ -928,8 +930,9 @@ int dlock_redlock_acquire(dlock_redlock *rl, const dlock_redlock_req *q, dlock_r
     int confirmed = 0, met = 0;
     unsigned acks = 0;
     for (int round = 0; round < DLOCK_REDLOCK_ROUNDS && !confirmed; round++) {
+        /* T + the pass limit: the holder's local handoffs hand out up to it */
         char t[24];
-        snprintf(t, sizeof t, "%" PRIu64, T);
+        snprintf(t, sizeof t, "%" PRIu64, T + q->pass_limit);
         const char *wargv[] = {q->keys[DLOCK_KEY_HW], rl->seed_key, t, ""};
         int64_t wd = step_deadline(rl, q->deadline);
         if (mono + (valid - first) < wd)
@@ -978,4 +981,63 @@ int dlock_redlock_acquire(dlock_redlock *rl, const dlock_redlock_req *q, dlock_r
     g->votes = votes;
     peers_close(rl, p);
     return DLOCK_OK;
+}
+
+/* ------------------------------------------------------------------ */
+/* Renewal. */
+
+int dlock_redlock_renew(dlock_redlock *rl, const dlock_redlock_req *q,
+                        const dlock_redlock_grant *g, int64_t *valid_boot)
+{
+    peer p[DLOCK_REDLOCK_NODES_MAX];
+    memset(p, 0, sizeof p);
+    int only[DLOCK_REDLOCK_NODES_MAX] = {0};
+    for (unsigned i = 0; i < rl->n; i++) {
+        only[i] = g->node_token[i] != 0;
+        if (!only[i])
+            peer_fail(&p[i], "%s", "granted nothing");
+    }
+    peers_open(rl, p, q->deadline);
+    int64_t first = dlock_boot_ns();
+    int64_t valid = first + rl->lease_ns - rl->drift_ns;
+    int64_t d = step_deadline(rl, q->deadline);
+    /* One call per node, each its own grant's token, pipelined. */
+    char tok[DLOCK_REDLOCK_NODES_MAX][24];
+    const char *argv[DLOCK_REDLOCK_NODES_MAX][4];
+    const char **each[DLOCK_REDLOCK_NODES_MAX];
+    for (unsigned i = 0; i < rl->n; i++) {
+        snprintf(tok[i], sizeof tok[i], "%" PRIu64, g->node_token[i]);
+        argv[i][0] = q->keys[DLOCK_KEY_LEASE];
+        argv[i][1] = q->args->client_id;
+        argv[i][2] = rl->lease_str;
+        argv[i][3] = tok[i];
+        each[i] = argv[i];
+    }
+    peers_call_each(rl, p, only, 1, dlock_script_in(DLOCK_SCRIPT_RENEW, 2), 1, 3,
+                    (const char **const *)each, 1, d);
+    unsigned ok = 0, gone = 0;
+    char msg[600] = "";
+    size_t len = 0;
+    for (unsigned i = 0; i < rl->n; i++) {
+        const redisReply *r = p[i].rep;
+        int one = !p[i].failed && r && r->type == REDIS_REPLY_ARRAY && r->elements == 1 &&
+                  r->element[0]->type == REDIS_REPLY_INTEGER;
+        if (one && r->element[0]->integer == 1 && counts_now(rl, i, p[i].run, p[i].seed))
+            ok++;
+        else if (one && r->element[0]->integer != 1)
+            gone++;
+        else if (len < sizeof msg)
+            len += (size_t)snprintf(msg + len, sizeof msg - len, "; %s %s", rl->node[i].addr,
+                                    p[i].failed ? p[i].why : "does not count");
+    }
+    peers_close(rl, p);
+    if (ok >= rl->m && dlock_boot_ns() < valid) {
+        *valid_boot = valid;
+        return DLOCK_OK;
+    }
+    if (gone > rl->n - rl->m)
+        return dlock_err_set(DLOCK_ELOST, "redlock renewal of '%s': %u of %u nodes no longer "
+                             "hold the grant", q->name, gone, rl->n);
+    return dlock_err_set(DLOCK_EREDIS, "redlock renewal of '%s': %u of %u counting nodes "
+                         "renewed it, %u needed%s", q->name, ok, rl->n, rl->m, msg);
 }

@@ -30,8 +30,12 @@
  *           marks (mark.lua 0 reads them), and only once every mark is
  *           written its run id in its seed key.
  *
- * Not here yet: renewals, the local tier's handoffs, wait queues and
- * wake-ups (a refused caller retries after the pttl it was told).
+ *   renew   renew.lua on every node by that node's own grant; confirmed
+ *           once m counting nodes renewed it; the new validity counts from
+ *           the renewal's first send, as an acquire's.
+ *
+ * Not here: wait queues and wake-ups (a refused caller retries after the
+ * pttl it was told).
  *
  * Shared state: each node's record (the run id last seen, when it was
  * first seen, whether its seed key held it at the last reading, whether a
@@ -122,6 +126,9 @@ typedef struct dlock_redlock_req {
                                      lease_ms and pass_limit are the set's own */
     const char *client_name;      /* acquire.lua ARGV[8] */
     uint64_t attempt;             /* unique and increasing per client and name */
+    uint32_t pass_limit;          /* local handoffs the holder may make: the write-back
+                                     writes T + pass_limit (the holder hands out
+                                     T .. T + pass_limit); 0: none */
     int64_t deadline;             /* monotonic: waits for connections and replies end
                                      here (and one command timeout after each send) */
 } dlock_redlock_req;
@@ -159,5 +166,15 @@ int dlock_redlock_acquire(dlock_redlock *rl, const dlock_redlock_req *q, dlock_r
  * answered (the others' grants end within a lease), else DLOCK_EREDIS. */
 int dlock_redlock_release(dlock_redlock *rl, const dlock_redlock_req *q,
                           const dlock_redlock_grant *g);
+
+/* Renews grant g of q's name (q->attempt unused) on every node by its
+ * node's token (renew.lua; a node without one is not asked). DLOCK_OK when
+ * at least m counting nodes renewed it, with *valid_boot = the first send
+ * + the lease - the drift allowance (CLOCK_BOOTTIME), and only if that
+ * confirmation came before it; DLOCK_ELOST when more than N - m nodes
+ * answered that the grant is gone (no majority can renew it again);
+ * DLOCK_EREDIS otherwise (too few answered: the message says how many). */
+int dlock_redlock_renew(dlock_redlock *rl, const dlock_redlock_req *q,
+                        const dlock_redlock_grant *g, int64_t *valid_boot);
 
 #endif
