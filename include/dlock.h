@@ -215,6 +215,50 @@ typedef struct dlock_config {
                                           how long a writer of another client waits
                                           behind this client's readers; at most
                                           lease_ms; default 20 */
+    /* Redlock mode (docs/guide.md, "Redlock"; docs/design.md, "Redlock"):
+     * "host:port,host:port,...", an odd number (3 to 15) of independent
+     * Redis masters (7.0 or later, each with maxmemory-policy
+     * noeviction); one exclusive lease of a name is granted by a majority
+     * m = N/2 + 1 of them. It names the servers instead of
+     * redis_host/redis_port, redis_unix_path, sentinels and cluster_nodes
+     * (setting two is DLOCK_EINVAL), and needs protocol 2 (DLOCK_EINVAL
+     * otherwise; min_replicas too). A fresh deployment is seeded once by
+     * an operator (`dlockctl --redlock-nodes LIST seed-fresh`, before any
+     * client runs); until then acquires fail with DLOCK_EREDIS saying so.
+     * What it guarantees:
+     *   - fencing tokens of a name strictly increase from one acquire to
+     *     any acquire whose first send comes after the first's grant
+     *     (local handoffs included: a grant of token T reserves T ..
+     *     T + pass_limit on a majority), whatever the servers' clocks do,
+     *     as long as each node keeps what it wrote while its run lasts
+     *     (no eviction, no rollback without a restart: any restart, with
+     *     or without its data, is seen, and the node is re-seeded from a
+     *     majority by the clients a lease + the drift allowance after they
+     *     see it), at most N - m nodes are unseeded at once, and this
+     *     host's CLOCK_BOOTTIME does not run slow by more than the drift
+     *     allowance (1% of the lease + 2 ms);
+     *   - mutual exclusion (no two clients hold a valid lease of a name at
+     *     once) under the lease assumption besides: no node's lease runs
+     *     out, in real time, before the validity its client computed
+     *     (client and node clock rates and forward steps together within
+     *     the drift allowance);
+     *   - a held lease is renewed on every node; it is lost (on_lost,
+     *     dlock_held() 0, its release DLOCK_ELOST) once no majority of
+     *     counting nodes confirmed a renewal before its validity ended.
+     * An acquire needs m reachable nodes that count; a client counts a
+     * node only once it has seen the node's current run for a lease (its
+     * first acquires wait for that; a try fails with DLOCK_EREDIS
+     * meanwhile). command_timeout_ms bounds how long a stopped node delays
+     * each acquire and renewal: keep it well below lease_ms / 3.
+     * Not in this version: shared mode and semaphores (their calls return
+     * DLOCK_EINVAL), wait queues and wake-ups (a refused acquire retries
+     * after the holder's lease time left, 5 ms to lease_ms / 3, jittered:
+     * no fairness between clients), batched renewals (each held name is
+     * renewed by an exchange of its own: a stopped node costs each up to
+     * a connect and a command timeout, so a client should hold few names
+     * at once), and dlockctl's list and show across the nodes. Default
+     * NULL: not Redlock mode. */
+    const char *redlock_nodes;
 } dlock_config;
 
 /* Fills *cfg with the defaults above. Always call it before setting fields,

@@ -16,6 +16,7 @@
 #include "common/error.h"
 #include "local/excl.h"
 #include "local/release.h"
+#include "local/rlmode.h"
 #include "local/orphan.h"
 #include "local/sem.h"
 #include "local/shared.h"
@@ -231,6 +232,10 @@ static int acquire_call(dlock_client *c, const dlock_kind *kind, uint32_t limit,
     dlock_err_clear();
     if (!c)
         return dlock_err_set(DLOCK_EINVAL, "client is NULL");
+    if (kind != &dlock_kind_excl)
+        /* (a handle's and dlock_with*'s acquires come here too) */
+        if (dlock_rlmode_refuse(c, kind ? "shared mode" : "semaphores") != DLOCK_OK)
+            return DLOCK_EINVAL;
     dlock_client_enter(c);
     int64_t t0 = dlock_now_ns();
     int rc = acquire(c, kind, limit, name, wait_ms, fence, opts ? opts->cancel : NULL);

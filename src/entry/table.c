@@ -67,6 +67,7 @@ static void entry_free(dlock_entry *e)
     pthread_cond_destroy(&e->pcv);
     pthread_mutex_destroy(&e->mu);
     free(e->keys[0]); /* the one allocation of all keys */
+    free(e->lease.rl);
     free(e);
 }
 

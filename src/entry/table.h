@@ -78,6 +78,11 @@ typedef struct dlock_lease {
                                     none: the next acquire tells Redis; kept past the
                                     entry's life in unconfirmed.h */
     dlock_renew_item *renew;     /* registration with the renewal manager, or NULL */
+    struct dlock_redlock_grant *rl; /* Redlock mode: the entry's last quorum grant
+                                       (each node's token, for its renewals and its
+                                       release), written by e's poller before the
+                                       grant is taken; owned by the entry. NULL
+                                       outside the mode */
 } dlock_lease;
 
 typedef struct dlock_poll {

@@ -42,6 +42,13 @@ int dlock_renew_add(dlock_renew *r, dlock_entry *e)
     it->protocol = e->lease.sem ? DLOCK_RENEW_SEM : e->lease.grant_protocol;
     it->shared = e->lease.shared;
     snprintf(it->token, sizeof it->token, "%" PRIu64, e->lease.grant_token);
+    if (r->cfg.redlock && e->lease.rl) {
+        if (!(it->rl = malloc(sizeof *it->rl))) {
+            free(it);
+            return DLOCK_ENOMEM;
+        }
+        *it->rl = *e->lease.rl;
+    }
     dlock_table_ref(e);
     pthread_mutex_lock(&r->mu);
     it->next = r->items;
@@ -67,6 +74,7 @@ static void unlink_item(dlock_renew *r, dlock_renew_item *it)
         it->next->prev = it->prev;
     r->count--;
     it->e->lease.renew = NULL;
+    free(it->rl);
     free(it);
 }
 

@@ -15,6 +15,7 @@
 #include "common/trace.h"
 #include "conn/conn.h"
 #include "entry/table.h"
+#include "route/redlock.h"
 
 typedef struct dlock_renew dlock_renew;
 
@@ -47,6 +48,9 @@ typedef struct dlock_renew_cfg {
     dlock_trace *trace;     /* the client's trace (trace.h), or NULL */
     uint64_t *attempts;     /* the client's call sequence (atomic: client.h): numbers
                                for the semaphore's give-backs */
+    dlock_redlock *redlock; /* Redlock mode: every lease is renewed, given back and
+                               released on this node set (renew_redlock.c), and
+                               its restarted nodes are seeded; NULL otherwise */
 } dlock_renew_cfg;
 
 /* How often the manager checks the server's settings: every renewal period

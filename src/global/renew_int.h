@@ -28,6 +28,7 @@
 
 #include "global/lanes.h"
 #include "global/renew.h"
+#include "route/redlock.h"
 
 enum {
     DLOCK_RENEW_RETRY_MS = 100, /* pause after a failed round, at most; a failed
@@ -45,6 +46,8 @@ struct dlock_renew_item {
     int protocol;   /* the grant's (1 or 2): its renewals run that protocol's script */
     int shared;     /* the grant is a shared lease: it goes back with the shared release */
     char token[24]; /* decimal, as the scripts store it */
+    dlock_redlock_grant *rl; /* Redlock mode: a copy of the grant (its nodes' tokens),
+                                owned by the item; NULL otherwise */
 };
 
 /* The protocol an item of a semaphore's permits (e->lease.sem) is filed

@@ -21,6 +21,7 @@
 #include "common/common.h"
 #include "common/error.h"
 #include "global/renew_jobs.h"
+#include "global/renew_redlock.h"
 #include "global/renew_int.h"
 
 /* Queues a background job for e (see dlock_renew_give_back and
@@ -155,6 +156,8 @@ static int job_result(dlock_renew_job *o, const redisReply *rep)
  * (DLOCK_NEVER: none left). */
 int64_t dlock_renew_jobs_run(dlock_renew *r)
 {
+    if (r->cfg.redlock)
+        return dlock_renew_redlock_jobs(r);
     pthread_mutex_lock(&r->mu);
     dlock_renew_job *list = r->jobs;
     r->jobs = NULL;
@@ -287,6 +290,10 @@ void dlock_renew_release_all(dlock_renew *r)
 {
     if (!r->items)
         return;
+    if (r->cfg.redlock) {
+        dlock_renew_redlock_release_all(r);
+        return;
+    }
     typedef struct rel {
         dlock_renew_item *it;
         char last[24];   /* the last token handed out; a semaphore's permits held */

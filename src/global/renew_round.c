@@ -23,6 +23,7 @@
 
 #include "route/cluster.h"
 #include "common/error.h"
+#include "global/renew_redlock.h"
 #include "global/renew_round.h"
 #include "global/renew_int.h"
 
@@ -289,6 +290,8 @@ static size_t make_chunks(const snap *s, size_t n, chunk *ch)
 
 int64_t dlock_renew_round(dlock_renew *r)
 {
+    if (r->cfg.redlock)
+        return dlock_renew_redlock_round(r);
     int64_t now = dlock_now_ns();
     snap *s;
     pthread_mutex_lock(&r->mu);

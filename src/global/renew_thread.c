@@ -20,6 +20,7 @@
 #include "common/error.h"
 #include "global/renew.h"
 #include "global/renew_jobs.h"
+#include "global/renew_redlock.h"
 #include "global/renew_round.h"
 #include "global/renew_int.h"
 
@@ -78,6 +79,8 @@ static void *manager_main(void *arg)
             next_check = now + r->check_ns;
             pthread_mutex_unlock(&r->mu);
             check_server(r);
+            if (r->cfg.redlock)
+                dlock_renew_redlock_seed(r); /* restarted nodes, once due */
             pthread_mutex_lock(&r->mu);
             continue;
         }

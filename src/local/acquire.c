@@ -15,6 +15,7 @@
 #include "common/error.h"
 #include "local/orphan.h"
 #include "local/release.h"
+#include "local/rlmode.h"
 #include "local/rpc.h"
 #include "local/sem.h"
 
@@ -208,7 +209,7 @@ static int poll_redis(dlock_client *c, const dlock_kind *kind, dlock_entry *e, i
                            .unconfirmed_end = unconfirmed_how, .deadline = by, .cancel = k,
                            .protocol = shared ? 2 : c->protocol, .shared = shared,
                            .busy = {"", -1, -1}};
-        int rc = dlock_rpc_acquire(c, e, &t);
+        int rc = c->redlock ? dlock_rlmode_acquire(c, e, &t) : dlock_rpc_acquire(c, e, &t);
         uint64_t token = t.token;
         int unclean = t.unclean;
         int64_t pttl = t.pttl_ms, sent_boot = t.sent_boot;
@@ -240,7 +241,9 @@ static int poll_redis(dlock_client *c, const dlock_kind *kind, dlock_entry *e, i
             if (rc == DLOCK_OK) {
                 dlock_renew_give_back(c->renew, e, nonce, t.protocol, t.shared);
             } else if (rc == DLOCK_EBUSY && !once) {
-                e->poll.queued = 1; /* the last waiter to go takes the client out */
+                /* the last waiter to go takes the client out (Redlock
+                 * mode queues none) */
+                e->poll.queued = !c->redlock;
                 e->poll.queue_protocol = t.protocol;
             }
             return dlock_client_stop_err(stop, e->name);
@@ -263,7 +266,7 @@ static int poll_redis(dlock_client *c, const dlock_kind *kind, dlock_entry *e, i
         e->poll.busy_at_ns = dlock_now_ns() - (dlock_boot_ns() - sent_boot); /* the send */
         if (once)
             return busy_err(e, DLOCK_EBUSY);
-        e->poll.queued = 1;
+        e->poll.queued = !c->redlock; /* (Redlock mode queues none in Redis) */
         e->poll.queue_protocol = t.protocol;
         e->poll.try_nonce = strtoull(nonce, NULL, 10);
         e->poll.try_sent_boot = sent_boot;

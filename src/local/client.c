@@ -190,6 +190,7 @@ static void client_free(dlock_client *c)
 {
     dlock_sub_stop(c->sub);
     dlock_renew_stop(c->renew);
+    dlock_redlock_destroy(c->redlock); /* (after the renewals that use it) */
     dlock_trace_close(c->trace); /* after the threads that write it */
     dlock_batch_destroy(c->batch);
     dlock_pool_destroy(c->pool);
@@ -432,6 +433,32 @@ static void lost_from_renewal(void *arg, const char *name, uint64_t token)
         c->on_lost(name, token, c->on_lost_arg);
 }
 
+/* Redlock mode (local/rlmode.h), before c's pool, batcher and threads
+ * exist: the node set (c->redlock), and c->conn aimed at the first node
+ * (the client's own pool, subscriber and periodic server check use it; no
+ * lock goes through them). DLOCK_OK, DLOCK_EINVAL (a bad list: the
+ * message says why) or DLOCK_ENOMEM. */
+static int redlock_setup(dlock_client *c, const dlock_config *cfg)
+{
+    dlock_addr *a;
+    unsigned n;
+    int rc = dlock_addrs_parse(cfg->redlock_nodes, "redlock_nodes", &a, &n);
+    if (rc != DLOCK_OK)
+        return rc;
+    char *host = strdup(a[0].host);
+    c->conn.port = a[0].port;
+    dlock_addrs_free(a, n);
+    if (!host)
+        return dlock_err_set(DLOCK_ENOMEM, "out of memory");
+    free(c->conn.host);
+    c->conn.host = host;
+    /* a refused waiter retries by the holder's lease time left, at most
+     * this (acquire.c): no wake-up comes in this mode */
+    c->fallback_ns = (int64_t)c->lease_ms * DLOCK_NS_PER_MS / 3;
+    return dlock_redlock_create(&c->conn, cfg->redlock_nodes, c->prefix, c->lease_ms,
+                                c->pool_size, &c->ctr, &c->redlock);
+}
+
 int dlock_client_open(const dlock_config *cfg, dlock_client **out)
 {
     dlock_err_clear();
@@ -542,6 +569,10 @@ int dlock_client_open(const dlock_config *cfg, dlock_client **out)
                       c->lease_ms, c->pass_limit, c->waiter_ttl_ms, c->keep_ms, cfg->min_replicas,
                       c->drift_ns, c->handoff_margin_ns, c->grant_ms, c->grant_drift_ns,
                       c->grant_margin_ns, c->fallback_ns, c->protocol, c->join_ns);
+    if (cfg->redlock_nodes && (rc = redlock_setup(c, cfg)) != DLOCK_OK) {
+        client_free(c);
+        return rc;
+    }
     if (cfg->cluster_nodes) {
         rc = dlock_cluster_create(&c->conn, cfg->cluster_nodes, cfg->pool_size,
                                   cfg->min_replicas, &c->ctr, &c->cluster);
@@ -576,6 +607,7 @@ int dlock_client_open(const dlock_config *cfg, dlock_client **out)
         .log = log_from_renewal,
         .server = server_check,
         .trace = c->trace,
+        .redlock = c->redlock,
     };
     rc = dlock_renew_start(&rc_cfg, &c->renew);
     if (rc != DLOCK_OK) {
@@ -603,6 +635,8 @@ int dlock_client_open(const dlock_config *cfg, dlock_client **out)
         dlock_cluster_refresh(c->cluster, 1, DLOCK_NEVER);
     else if (dlock_pool_get(c->pool, DLOCK_NEVER, &rc_conn) == DLOCK_OK)
         dlock_pool_put(c->pool, rc_conn, 0);
+    if (c->redlock) /* this client's count of each node's time starts now */
+        (void)dlock_redlock_refresh(c->redlock, dlock_conn_deadline(c->conn.command_timeout_ms));
     dlock_err_clear();
     pthread_mutex_lock(&open_mu);
     c->open_next = open_clients;

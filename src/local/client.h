@@ -96,6 +96,7 @@
 #include "conn/batch.h"
 #include "local/cancel.h"
 #include "route/cluster.h"
+#include "route/redlock.h"
 #include "conn/conn.h"
 #include "common/metrics.h"
 #include "common/trace.h"
@@ -151,6 +152,7 @@ struct dlock_client {
     dlock_pool *pool;   /* NULL in Cluster mode: each node has its own */
     dlock_batch *batch; /* the caller threads' script calls, pipelined over pool */
     dlock_cluster *cluster; /* Cluster mode: the slot map and the nodes */
+    dlock_redlock *redlock; /* Redlock mode: the node set (local/rlmode.h), else NULL */
     dlock_renew *renew;
     dlock_sub *sub;
     dlock_unconfirmed *unconfirmed; /* tokens of grants whose end Redis never confirmed */

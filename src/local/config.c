@@ -32,14 +32,14 @@ void dlock_config_init(dlock_config *cfg)
 }
 
 /* Which settings name the server: exactly one of host/port, the Unix
- * socket and the sentinels. */
+ * socket, the sentinels, the cluster's nodes and Redlock's nodes. */
 static int check_server_config(const dlock_config *cfg)
 {
     int by_unix = cfg->redis_unix_path != NULL, by_sentinel = cfg->sentinels != NULL;
-    int by_cluster = cfg->cluster_nodes != NULL;
+    int by_cluster = cfg->cluster_nodes != NULL, by_redlock = cfg->redlock_nodes != NULL;
     int host_set = (cfg->redis_host && strcmp(cfg->redis_host, "127.0.0.1") != 0) ||
                    cfg->redis_port != 6379;
-    const char *set[3];
+    const char *set[4];
     int nset = 0;
     if (by_unix)
         set[nset++] = "redis_unix_path";
@@ -47,6 +47,8 @@ static int check_server_config(const dlock_config *cfg)
         set[nset++] = "sentinels";
     if (by_cluster)
         set[nset++] = "cluster_nodes";
+    if (by_redlock)
+        set[nset++] = "redlock_nodes";
     if (nset > 1)
         return dlock_err_set(DLOCK_EINVAL, "%s and %s both name the server: set one of them",
                              set[0], set[1]);
@@ -128,6 +130,12 @@ int dlock_config_check(const dlock_config *cfg)
                              "protocols %d to %d", cfg->protocol, DLOCK_PROTOCOL_MIN,
                              DLOCK_PROTOCOL_MAX);
     }
+    if (cfg->redlock_nodes && cfg->min_replicas)
+        return dlock_err_set(DLOCK_EINVAL, "redlock_nodes with min_replicas %" PRIu32 ": Redlock "
+                             "mode has no replicas to wait for", cfg->min_replicas);
+    if (cfg->redlock_nodes && cfg->protocol != 2)
+        return dlock_err_set(DLOCK_EINVAL, "redlock_nodes needs protocol 2 (protocol is %" PRIu32
+                             "): Redlock runs protocol 2's scripts on every node", cfg->protocol);
     if (cfg->pool_size == 0 || cfg->pool_size > 1024)
         return dlock_err_set(DLOCK_EINVAL, "pool_size %" PRIu32 " is not in 1..1024",
                              cfg->pool_size);

@@ -15,6 +15,7 @@
 #include "common/error.h"
 #include "local/excl.h"
 #include "local/release.h"
+#include "local/rlmode.h"
 #include "local/rpc.h"
 #include "local/shared.h"
 
@@ -83,7 +84,8 @@ int dlock_release_outermost(dlock_client *c, const dlock_kind *k, dlock_entry *e
         dlock_table_put(c->table, e); /* we still hold two references */
     dlock_renew_quiesce(c->renew); /* no renewal of this grant after the release */
 
-    rc = dlock_rpc_release(c, e, grant, protocol, token, ending);
+    rc = c->redlock ? dlock_rlmode_release(c, e)
+                    : dlock_rpc_release(c, e, grant, protocol, token, ending);
 
     int notify = 0;
     pthread_mutex_lock(&e->mu);

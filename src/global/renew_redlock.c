@@ -1,0 +1,247 @@
+/*
+ * The renewal manager's work in Redlock mode (renew_redlock.h), under the
+ * rules of renew_int.h: a lease's renewal is sent only while it is
+ * registered, with r->writing set from the check to the end of its
+ * exchange, so that a releaser (which unregisters, then waits out
+ * r->writing) sends its release after every renewal of its grant.
+ */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/error.h"
+#include "global/renew_redlock.h"
+#include "global/renew_int.h"
+
+typedef struct rsnap {
+    dlock_entry *e;
+    dlock_renew_item *item; /* identity only: compared, never dereferenced */
+    uint64_t epoch;
+    dlock_redlock_grant g;
+    int verdict;       /* 1 renewed, 0 gone, -1 not confirmed */
+    int64_t valid;     /* renewed: the new validity (boot clock) */
+    uint64_t lost_token;
+} rsnap;
+
+/* The deadline of one exchange with the node set: connections opened node
+ * after node (a stopped node's takes up to a connect and a command
+ * timeout, route/redlock.h), then a command timeout for the replies. */
+static int64_t command_deadline(dlock_renew *r)
+{
+    return dlock_now_ns() + ((int64_t)r->cfg.conn->connect_timeout_ms +
+                             2 * (int64_t)r->cfg.conn->command_timeout_ms) * DLOCK_NS_PER_MS;
+}
+
+/* A request naming e's keys, for the node set's calls. */
+static dlock_redlock_req req_of(dlock_renew *r, dlock_entry *e, uint64_t attempt)
+{
+    return (dlock_redlock_req){.name = e->name, .keys = e->keys, .args = r->cfg.args,
+                               .client_name = r->cfg.conn->client_name, .attempt = attempt,
+                               .deadline = command_deadline(r)};
+}
+
+/* Sends the renewal of s if its grant is still registered. */
+static void renew_one(dlock_renew *r, rsnap *s)
+{
+    pthread_mutex_lock(&r->mu);
+    dlock_renew_item *it = s->e->lease.renew; /* readable under r->mu */
+    int live = it == s->item && it->epoch == s->epoch;
+    r->writing = live;
+    pthread_mutex_unlock(&r->mu);
+    if (!live)
+        return;
+    dlock_redlock_req q = req_of(r, s->e, s->g.attempt);
+    int rc = dlock_redlock_renew(r->cfg.redlock, &q, &s->g, &s->valid);
+    pthread_mutex_lock(&r->mu);
+    r->writing = 0;
+    pthread_cond_broadcast(&r->wrote);
+    pthread_mutex_unlock(&r->mu);
+    s->verdict = rc == DLOCK_OK ? 1 : rc == DLOCK_ELOST ? 0 : -1;
+    dlock_trace_event(r->cfg.trace, "rl.renew", s->e->name, "%" PRIu64 " %d %s", s->epoch, rc,
+                      rc == DLOCK_OK ? "" : dlock_last_error());
+}
+
+/* The verdict of s on its entry, as renew_round.c's apply: 1 if the lease
+ * was found lost now (the caller tells), with *drop set when the registry's
+ * reference is to be dropped. *earliest lowers to the validity of a lease
+ * left unconfirmed. */
+static int apply_one(dlock_renew *r, rsnap *s, int64_t *earliest, int *drop)
+{
+    dlock_entry *e = s->e;
+    int lost = 0;
+    int64_t now = dlock_boot_ns();
+    *drop = 0;
+    pthread_mutex_lock(&e->mu);
+    if (e->lease.state == DLOCK_LEASE_HELD && e->lease.epoch == s->epoch &&
+        e->lease.renew == s->item) {
+        if (s->verdict == 1) {
+            e->lease.valid_until_ns = s->valid;
+            e->lease.provisional = 0;
+        } else if (s->verdict == 0 || now >= e->lease.valid_until_ns) {
+            if (e->lease.token >= e->lease.unconfirmed) {
+                e->lease.unconfirmed = e->lease.token;
+                e->lease.unconfirmed_end = DLOCK_UNCLEAN_EXPIRED;
+            }
+            *drop = dlock_renew_mark_lost(r, e);
+            s->lost_token = e->lease.token;
+            if (!e->lease.lost_notified) {
+                e->lease.lost_notified = 1;
+                lost = 1;
+            }
+        } else if (e->lease.valid_until_ns < *earliest) {
+            *earliest = e->lease.valid_until_ns;
+        }
+    }
+    pthread_mutex_unlock(&e->mu);
+    return lost;
+}
+
+int64_t dlock_renew_redlock_round(dlock_renew *r)
+{
+    int64_t start = dlock_now_ns();
+    pthread_mutex_lock(&r->mu);
+    size_t n = 0;
+    rsnap *s = r->count ? malloc(sizeof *s * r->count) : NULL;
+    for (dlock_renew_item *it = s ? r->items : NULL; it; it = it->next) {
+        if (!it->rl)
+            continue; /* (every lease of the mode has its grant) */
+        dlock_table_ref(it->e);
+        s[n] = (rsnap){.e = it->e, .item = it, .epoch = it->epoch, .g = *it->rl, .verdict = -1};
+        n++;
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (!n) {
+        free(s);
+        return start + r->period_ns;
+    }
+    int ok = 1;
+    for (size_t i = 0; i < n; i++) {
+        renew_one(r, &s[i]);
+        ok &= s[i].verdict == 1;
+    }
+    dlock_count(&r->cfg.ctr->renew_rounds, 1);
+    dlock_count(&r->cfg.ctr->renew_keys, (uint64_t)n);
+    int64_t earliest = DLOCK_NEVER;
+    size_t nlost = 0, renewed = 0;
+    for (size_t i = 0; i < n; i++) {
+        int drop;
+        renewed += s[i].verdict == 1;
+        int lost = apply_one(r, &s[i], &earliest, &drop);
+        if (drop)
+            dlock_table_put(r->cfg.table, s[i].e);
+        if (lost)
+            s[nlost++] = s[i]; /* kept referenced until the callback */
+        else
+            dlock_table_put(r->cfg.table, s[i].e);
+    }
+    dlock_count(&r->cfg.ctr->renewed, renewed);
+    if (!ok)
+        dlock_count(&r->cfg.ctr->renew_failures, 1);
+    if (r->cfg.log && ok != !r->failing) {
+        char line[400];
+        if (!ok)
+            snprintf(line, sizeof line, "redlock renewal failing: %zu of %zu leases not "
+                     "confirmed by a majority (%s); each lease is lost when its validity runs "
+                     "out", n - renewed, n, dlock_last_error());
+        else
+            snprintf(line, sizeof line, "redlock renewal works again: %zu leases renewed",
+                     renewed);
+        r->cfg.log(r->cfg.lost_arg, ok ? DLOCK_LOG_INFO : DLOCK_LOG_WARN, line);
+    }
+    r->failing = !ok;
+    for (size_t i = 0; i < nlost; i++) {
+        if (r->cfg.lost)
+            r->cfg.lost(r->cfg.lost_arg, s[i].e->name, s[i].lost_token);
+        dlock_table_put(r->cfg.table, s[i].e);
+    }
+    free(s);
+    int64_t next = ok ? start + r->period_ns
+                      : dlock_now_ns() + DLOCK_RENEW_RETRY_MS * DLOCK_NS_PER_MS;
+    if (!ok && next > start + r->period_ns)
+        next = start + r->period_ns;
+    if (earliest != DLOCK_NEVER) {
+        int64_t e = dlock_now_ns() + (earliest - dlock_boot_ns()); /* monotonic */
+        if (e < next)
+            next = e;
+    }
+    return next;
+}
+
+int64_t dlock_renew_redlock_jobs(dlock_renew *r)
+{
+    pthread_mutex_lock(&r->mu);
+    dlock_renew_job *list = r->jobs;
+    r->jobs = NULL;
+    pthread_mutex_unlock(&r->mu);
+    int64_t now = dlock_now_ns(), next_due = DLOCK_NEVER;
+    dlock_renew_job *later = NULL, *next;
+    for (dlock_renew_job *o = list; o; o = next) {
+        next = o->next;
+        if (o->next_try_ns <= now && !o->leave) {
+            dlock_redlock_grant g;
+            memset(&g, 0, sizeof g);
+            g.attempt = strtoull(o->nonce, NULL, 10);
+            dlock_redlock_req q = {.name = o->name, .keys = o->keys, .args = r->cfg.args,
+                                   .client_name = r->cfg.conn->client_name,
+                                   .attempt = g.attempt, .deadline = command_deadline(r)};
+            int rc = dlock_redlock_release(r->cfg.redlock, &q, &g);
+            dlock_trace_event(r->cfg.trace, "rl.giveback", o->name, "%s %d", o->nonce, rc);
+            now = dlock_now_ns();
+            if (rc != DLOCK_OK && now < o->until_ns) {
+                o->next_try_ns = now + o->backoff_ns;
+                if (o->backoff_ns < DLOCK_RENEW_JOB_PAUSE_MAX_MS * DLOCK_NS_PER_MS / 2)
+                    o->backoff_ns *= 2;
+                else
+                    o->backoff_ns = DLOCK_RENEW_JOB_PAUSE_MAX_MS * DLOCK_NS_PER_MS;
+            } else {
+                free(o);
+                continue;
+            }
+        } else if (o->leave) {
+            free(o); /* no wait queue in Redlock mode: nothing to leave */
+            continue;
+        }
+        if (o->next_try_ns < next_due)
+            next_due = o->next_try_ns;
+        o->next = later;
+        later = o;
+    }
+    if (later) {
+        pthread_mutex_lock(&r->mu);
+        dlock_renew_job **tail = &later;
+        while (*tail)
+            tail = &(*tail)->next;
+        *tail = r->jobs;
+        r->jobs = later;
+        pthread_mutex_unlock(&r->mu);
+    }
+    return next_due;
+}
+
+void dlock_renew_redlock_release_all(dlock_renew *r)
+{
+    for (dlock_renew_item *it = r->items; it; it = it->next) {
+        if (!it->rl)
+            continue;
+        dlock_redlock_req q = req_of(r, it->e, it->rl->attempt);
+        (void)dlock_redlock_release(r->cfg.redlock, &q, it->rl);
+    }
+}
+
+void dlock_renew_redlock_seed(dlock_renew *r)
+{
+    int rc = dlock_redlock_seed_due(r->cfg.redlock, command_deadline(r));
+    if (rc > 0 && r->cfg.log) {
+        char line[160];
+        snprintf(line, sizeof line, "redlock: %d restarted node%s seeded from the others", rc,
+                 rc == 1 ? "" : "s");
+        r->cfg.log(r->cfg.lost_arg, DLOCK_LOG_INFO, line);
+    } else if (rc < 0 && r->cfg.log) {
+        char line[400];
+        snprintf(line, sizeof line, "redlock: a restarted node could not be seeded yet: %s",
+                 dlock_last_error());
+        r->cfg.log(r->cfg.lost_arg, DLOCK_LOG_WARN, line);
+    }
+}

@@ -1,0 +1,36 @@
+/*
+ * The renewal manager's work in Redlock mode (renew.h, dlock_renew_cfg's
+ * redlock; docs/design.md, "Redlock"): the rounds, the give-backs and the
+ * release at stop go to the node set instead of one server's lanes, and
+ * restarted nodes are seeded. On the manager thread (or dlock_renew_stop
+ * after it), without locks held, under renew_int.h's rules.
+ */
+#ifndef DLOCK_RENEW_REDLOCK_H
+#define DLOCK_RENEW_REDLOCK_H
+
+#include "global/renew.h"
+
+/* A round: every registered lease renewed on the node set, one quorum
+ * exchange per lease (dlock_redlock_renew). Confirmed: its validity is the
+ * renewal's first send + the lease - the drift allowance. Found gone on
+ * more than N - m nodes, or not confirmed before its validity ended: lost
+ * (the callback, as a round of one server's). Returns when the next round
+ * is due (monotonic): a period after this one, or after a short pause
+ * when a lease was not confirmed (never after its validity). */
+int64_t dlock_renew_redlock_round(dlock_renew *r);
+
+/* One try of each give-back due now: a release by attempt on every node
+ * (a leave has nothing to do: Redlock mode queues no waiter in Redis).
+ * Returns when the next try is due (DLOCK_NEVER: none left). */
+int64_t dlock_renew_redlock_jobs(dlock_renew *r);
+
+/* After the thread stopped: releases every registered lease on the node
+ * set (best effort within the command timeout). */
+void dlock_renew_redlock_release_all(dlock_renew *r);
+
+/* Seeds the node set's restarted nodes that are due
+ * (dlock_redlock_seed_due), within a command timeout; a failure is logged
+ * once until it works again. */
+void dlock_renew_redlock_seed(dlock_renew *r);
+
+#endif

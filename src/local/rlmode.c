@@ -1,0 +1,108 @@
+/*
+ * Redlock mode's glue (rlmode.h).
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/error.h"
+#include "local/rlmode.h"
+
+/* How a refused or failed waiting try paces its next one: at least this,
+ * and at most a third of the lease. */
+#define RETRY_MIN_MS 5
+
+int dlock_rlmode_refuse(const dlock_client *c, const char *what)
+{
+    if (!c || !c->redlock)
+        return DLOCK_OK;
+    return dlock_err_set(DLOCK_EINVAL, "%s: not in Redlock mode yet (redlock_nodes is set; "
+                         "only exclusive locks are)", what);
+}
+
+/* The pause before the next try, in ms: pttl bounded to 5 .. lease/3. */
+static int64_t retry_ms(const dlock_client *c, int64_t pttl)
+{
+    int64_t hi = c->lease_ms / 3 > RETRY_MIN_MS ? c->lease_ms / 3 : RETRY_MIN_MS;
+    if (pttl < RETRY_MIN_MS)
+        return RETRY_MIN_MS;
+    return pttl > hi ? hi : pttl;
+}
+
+/* The deadline of one exchange with the node set: connections opened node
+ * after node (a stopped node's takes up to a connect and a command
+ * timeout, route/redlock.h), then a command timeout for the replies. */
+static int64_t exchange_deadline(const dlock_client *c)
+{
+    return dlock_now_ns() + ((int64_t)c->conn.connect_timeout_ms +
+                             2 * (int64_t)c->conn.command_timeout_ms) * DLOCK_NS_PER_MS;
+}
+
+int dlock_rlmode_acquire(dlock_client *c, dlock_entry *e, dlock_rpc_try *t)
+{
+    if (!e->lease.rl && !(e->lease.rl = calloc(1, sizeof *e->lease.rl)))
+        return dlock_err_set(DLOCK_ENOMEM, "out of memory");
+    t->protocol = 2;
+    dlock_redlock_req q = {.name = e->name, .keys = e->keys, .args = &c->args,
+                           .client_name = c->conn.client_name,
+                           .attempt = strtoull(t->nonce, NULL, 10),
+                           .pass_limit = c->pass_limit,
+                           /* a try started before the caller's deadline gets
+                            * a whole exchange (a single try's deadline bounds
+                            * the wait for a connection only: acquire.c) */
+                           .deadline = exchange_deadline(c)};
+    if (t->queue && t->deadline > q.deadline)
+        q.deadline = t->deadline; /* (waits for a pooled connection until then) */
+    dlock_redlock_grant g;
+    dlock_redlock_busy busy;
+    t->sent_boot = dlock_boot_ns();
+    int rc = dlock_redlock_acquire(c->redlock, &q, &g, &busy);
+    dlock_trace_event(c->trace, "rl.acq", e->name, "%s %d %" PRIu64 " %u", t->nonce, rc, g.token,
+                      g.votes);
+    if (rc == DLOCK_OK) {
+        *e->lease.rl = g;
+        t->token = g.token;
+        t->unclean = 0;
+        t->sent_boot = g.first_boot;
+        return DLOCK_OK;
+    }
+    t->busy.holder[0] = '\0';
+    t->busy.held_ms = t->busy.queue = -1;
+    if (rc == DLOCK_EBUSY) {
+        t->pttl_ms = retry_ms(c, busy.pttl_ms);
+        snprintf(t->busy.holder, sizeof t->busy.holder, "%s", busy.holder);
+        return DLOCK_EBUSY;
+    }
+    if (rc != DLOCK_EREDIS)
+        return rc;
+    char why[700];
+    snprintf(why, sizeof why, "%s", dlock_last_error());
+    if (strstr(why, "not seeded"))
+        rc = dlock_err_set(rc, "%s. A fresh deployment is seeded once by an operator: "
+                           "dlockctl --redlock-nodes HOST:PORT,... seed-fresh (docs/operations.md, "
+                           "\"Redlock\"); a restarted node is seeded by the clients a lease after "
+                           "they see it", why);
+    /* A waiting try goes on while its deadline leaves time for another:
+     * nodes a fresh client has not seen for a lease yet, a node back. */
+    int64_t pause = retry_ms(c, c->lease_ms / 10) * DLOCK_NS_PER_MS;
+    if (t->queue && t->deadline != DLOCK_NEVER ? dlock_now_ns() + pause + DLOCK_NS_PER_MS < t->deadline
+                                                : t->queue) {
+        t->pttl_ms = pause / DLOCK_NS_PER_MS;
+        snprintf(t->busy.holder, sizeof t->busy.holder, "%s", "");
+        return DLOCK_EBUSY;
+    }
+    return rc;
+}
+
+int dlock_rlmode_release(dlock_client *c, dlock_entry *e)
+{
+    if (!e->lease.rl)
+        return dlock_err_set(DLOCK_EREDIS, "redlock release of '%s': no grant known", e->name);
+    dlock_redlock_req q = {.name = e->name, .keys = e->keys, .args = &c->args,
+                           .client_name = c->conn.client_name, .attempt = e->lease.rl->attempt,
+                           .deadline = exchange_deadline(c)};
+    int rc = dlock_redlock_release(c->redlock, &q, e->lease.rl);
+    dlock_trace_event(c->trace, "rl.rel", e->name, "%" PRIu64 " %d", e->lease.rl->token, rc);
+    return rc;
+}

@@ -1,0 +1,630 @@
+/*
+ * Redlock mode through dlock.h (dlock_config.redlock_nodes; docs/guide.md,
+ * "Redlock"): clients of 3 private redis-servers (tests/support/fixture.h)
+ * that stop, pause and restart empty. Exclusive locks, fencing tokens,
+ * mutual exclusion between clients, local handoffs, renewals, the loss of
+ * a lease no majority renews, the seeding of a restarted node by the
+ * client, and what the mode refuses.
+ *
+ * Each test runs on a key prefix of its own, seeded fresh (as
+ * `dlockctl seed-fresh` does) before its clients open, so that a node one
+ * test restarted, emptied, is a fresh node to the next. The per-test
+ * teardown resumes every paused server and starts every killed one again.
+ *
+ * Timing: leases of 500 ms, command and connect timeouts of 100 ms (a
+ * stopped node costs each exchange that much); a client counts a node a
+ * lease after it first saw it, so each test's first acquire waits up to
+ * 2 s. Every bound below is the lease or the timeouts plus a margin of at
+ * least 300 ms for a loaded machine.
+ */
+#define _GNU_SOURCE
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dlock.h"
+#include "fixture.h"
+#include "common/common.h"
+#include "common/error.h"
+#include "common/slot.h"
+#include "conn/script.h"
+#include "route/redlock.h"
+
+#define NSRV 3
+#define LEASE_MS 500
+#define FIRST_WAIT_MS 2000 /* a fresh client's first acquire: a lease + margin */
+
+static fx_redis srv[NSRV];
+static int prefix_no;
+static char nodes[NSRV * 24];
+static char prefix[32];
+
+/* ---------------------------------------------------------------- helpers */
+
+static int lost_calls;
+static pthread_mutex_t lost_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void on_lost(const char *name, uint64_t fence, void *arg)
+{
+    (void)name;
+    (void)fence;
+    (void)arg;
+    pthread_mutex_lock(&lost_mu);
+    lost_calls++;
+    pthread_mutex_unlock(&lost_mu);
+}
+
+static int lost_count(void)
+{
+    pthread_mutex_lock(&lost_mu);
+    int n = lost_calls;
+    pthread_mutex_unlock(&lost_mu);
+    return n;
+}
+
+static void config(dlock_config *cfg, uint32_t pass_limit)
+{
+    dlock_config_init(cfg);
+    cfg->redlock_nodes = nodes;
+    cfg->key_prefix = prefix;
+    cfg->lease_ms = LEASE_MS;
+    cfg->connect_timeout_ms = 100;
+    cfg->command_timeout_ms = 100;
+    cfg->pass_limit = pass_limit;
+    cfg->on_lost = on_lost;
+}
+
+static dlock_client *open_client(uint32_t pass_limit)
+{
+    dlock_config cfg;
+    config(&cfg, pass_limit);
+    dlock_client *c = NULL;
+    if (dlock_client_open(&cfg, &c) != DLOCK_OK)
+        fail_msg("open: %s", dlock_last_error());
+    return c;
+}
+
+/* A node set of the servers on this test's prefix, as dlockctl's. */
+static dlock_redlock *node_set(dlock_conn_cfg *cfg, dlock_counters *ctr)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->protocol = 2;
+    cfg->connect_timeout_ms = 300;
+    cfg->command_timeout_ms = 300;
+    dlock_redlock *rl = NULL;
+    assert_int_equal(dlock_redlock_create(cfg, nodes, prefix, LEASE_MS, 1, ctr, &rl), DLOCK_OK);
+    return rl;
+}
+
+/* A fresh prefix, seeded fresh on every node. */
+static void fresh_prefix(int seed)
+{
+    snprintf(prefix, sizeof prefix, "rlc%d:", ++prefix_no);
+    if (!seed)
+        return;
+    dlock_conn_cfg cfg;
+    dlock_counters ctr = {0};
+    dlock_redlock *rl = node_set(&cfg, &ctr);
+    int rc = dlock_redlock_seed_fresh(rl, dlock_now_ns() + 2000 * DLOCK_NS_PER_MS);
+    if (rc != DLOCK_OK)
+        fail_msg("seed-fresh: %s", dlock_last_error());
+    dlock_redlock_destroy(rl);
+}
+
+static int64_t now_ms(void)
+{
+    return dlock_now_ns() / DLOCK_NS_PER_MS;
+}
+
+/* Acquires name on c, which must succeed within `wait`: the token. */
+static uint64_t must_acquire(dlock_client *c, const char *name, int64_t wait)
+{
+    uint64_t t = 0;
+    int rc = dlock_acquire(c, name, wait, &t);
+    if (rc != DLOCK_OK)
+        fail_msg("acquire of %s: %s: %s", name, dlock_strerror(rc), dlock_last_error());
+    return t;
+}
+
+/* Waits until c counts its nodes (a lease after it first saw them): an
+ * acquire and release of a name of its own. */
+static void warm(dlock_client *c)
+{
+    must_acquire(c, "warm", FIRST_WAIT_MS);
+    assert_int_equal(dlock_release(c, "warm"), DLOCK_OK);
+}
+
+/* The slot's mark key of name under this test's prefix (lua/keys.lua). */
+static void hw_key(const char *name, char *out, size_t n)
+{
+    char lease[128];
+    snprintf(lease, sizeof lease, "%s{%s}%s", prefix, name,
+             dlock_script_key_suffix(DLOCK_KEY_LEASE));
+    unsigned slot = dlock_cluster_slot(lease, strlen(lease));
+    snprintf(out, n, "%shw:{%s}", prefix, dlock_slot_tag(slot));
+}
+
+/* Raises the slot's mark of name on server i to t (mark.lua), as the
+ * write-back of a token t handed out would. With t 0: reads it. */
+static uint64_t mark_at(int i, const char *name, uint64_t t)
+{
+    char hw[160], seed[64], tok[24];
+    hw_key(name, hw, sizeof hw);
+    snprintf(seed, sizeof seed, "%sredlock:seed", prefix);
+    snprintf(tok, sizeof tok, "%" PRIu64, t);
+    redisReply *r = fx_cmd_at(srv[i].port, "EVAL %s 2 %s %s %s %s",
+                              dlock_script_body(DLOCK_SCRIPT_MARK), hw, seed, tok, "");
+    assert_non_null(r);
+    assert_int_equal(r->type, REDIS_REPLY_ARRAY);
+    uint64_t v = strtoull(r->element[0]->str, NULL, 10);
+    freeReplyObject(r);
+    return v;
+}
+
+/* Server i's clock in us, plus an hour: a token ahead of every clock. */
+static uint64_t ahead_us(int i)
+{
+    redisReply *r = fx_cmd_at(srv[i].port, "TIME");
+    assert_non_null(r);
+    uint64_t t = strtoull(r->element[0]->str, NULL, 10) * 1000000 +
+                 strtoull(r->element[1]->str, NULL, 10);
+    freeReplyObject(r);
+    return t + 3600ull * 1000000;
+}
+
+static void sig(int i, int s)
+{
+    assert_int_equal(fx_redis_signal(&srv[i], s), 0);
+}
+
+static int restore(void **state)
+{
+    (void)state;
+    for (int i = 0; i < NSRV; i++) {
+        if (srv[i].pid > 0)
+            fx_redis_signal(&srv[i], SIGCONT);
+        else if (fx_redis_restart(&srv[i]) != 0)
+            return -1;
+    }
+    pthread_mutex_lock(&lost_mu);
+    lost_calls = 0;
+    pthread_mutex_unlock(&lost_mu);
+    return 0;
+}
+
+static int group_setup(void **state)
+{
+    (void)state;
+    nodes[0] = '\0';
+    for (int i = 0; i < NSRV; i++) {
+        if (fx_redis_start(&srv[i]) != 0)
+            return -1;
+        snprintf(nodes + strlen(nodes), sizeof nodes - strlen(nodes), "%s127.0.0.1:%d",
+                 i ? "," : "", srv[i].port);
+    }
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    for (int i = 0; i < NSRV; i++)
+        fx_redis_stop(&srv[i]);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ tests */
+
+/* redlock_nodes names the servers alone, needs protocol 2, an odd number
+ * of at least 3 nodes, and no min_replicas. */
+static void test_config_errors(void **state)
+{
+    (void)state;
+    fresh_prefix(0);
+    dlock_config cfg;
+    dlock_client *c = NULL;
+    config(&cfg, 0);
+    cfg.protocol = 1;
+    assert_int_equal(dlock_client_open(&cfg, &c), DLOCK_EINVAL);
+    assert_non_null(strstr(dlock_last_error(), "redlock_nodes"));
+    assert_non_null(strstr(dlock_last_error(), "protocol"));
+    config(&cfg, 0);
+    cfg.cluster_nodes = "127.0.0.1:7000";
+    assert_int_equal(dlock_client_open(&cfg, &c), DLOCK_EINVAL);
+    assert_non_null(strstr(dlock_last_error(), "redlock_nodes"));
+    config(&cfg, 0);
+    cfg.sentinels = "127.0.0.1:26379";
+    cfg.sentinel_master = "m";
+    assert_int_equal(dlock_client_open(&cfg, &c), DLOCK_EINVAL);
+    config(&cfg, 0);
+    cfg.redis_port = 6380;
+    assert_int_equal(dlock_client_open(&cfg, &c), DLOCK_EINVAL);
+    assert_non_null(strstr(dlock_last_error(), "redis_host/redis_port"));
+    config(&cfg, 0);
+    cfg.redlock_nodes = "127.0.0.1:1,127.0.0.1:2";
+    assert_int_equal(dlock_client_open(&cfg, &c), DLOCK_EINVAL);
+    assert_non_null(strstr(dlock_last_error(), "odd number"));
+    config(&cfg, 0);
+    cfg.redlock_nodes = "127.0.0.1:1,127.0.0.1";
+    assert_int_equal(dlock_client_open(&cfg, &c), DLOCK_EINVAL);
+    config(&cfg, 0);
+    cfg.min_replicas = 1;
+    assert_int_equal(dlock_client_open(&cfg, &c), DLOCK_EINVAL);
+    assert_non_null(strstr(dlock_last_error(), "min_replicas"));
+    assert_null(c);
+    config(&cfg, 0);
+    assert_int_equal(dlock_client_open(&cfg, &c), DLOCK_OK);
+    dlock_client_close(c);
+}
+
+/* Shared mode and semaphores are refused, whichever call asks. */
+static void test_shared_and_sem_refused(void **state)
+{
+    (void)state;
+    fresh_prefix(1);
+    dlock_client *c = open_client(0);
+    uint64_t t;
+    assert_int_equal(dlock_acquire_shared(c, "s", 0, &t), DLOCK_EINVAL);
+    assert_non_null(strstr(dlock_last_error(), "not in Redlock mode yet"));
+    assert_int_equal(dlock_sem_acquire(c, "s", 2, 0), DLOCK_EINVAL);
+    assert_non_null(strstr(dlock_last_error(), "not in Redlock mode yet"));
+    dlock_handle *h = NULL;
+    assert_int_equal(dlock_acquire_shared_handle(c, "s", 0, &t, &h), DLOCK_EINVAL);
+    assert_int_equal(dlock_sem_acquire_handle(c, "s", 2, 0, &h), DLOCK_EINVAL);
+    assert_null(h);
+    dlock_client_close(c);
+}
+
+/* Nodes never seeded: acquires fail with DLOCK_EREDIS, saying how to seed
+ * them, a waiting one once its wait is over. */
+static void test_unseeded_refused(void **state)
+{
+    (void)state;
+    fresh_prefix(0);
+    dlock_client *c = open_client(0);
+    int64_t t0 = now_ms();
+    assert_int_equal(dlock_acquire(c, "u", 1000, NULL), DLOCK_EREDIS);
+    int64_t took = now_ms() - t0;
+    assert_true(took >= 900 && took < 1000 + 600);
+    assert_non_null(strstr(dlock_last_error(), "seed-fresh"));
+    assert_int_equal(dlock_acquire(c, "u", 0, NULL), DLOCK_EREDIS);
+    assert_non_null(strstr(dlock_last_error(), "seed-fresh"));
+    assert_int_equal(dlock_held(c, "u"), 0);
+    dlock_client_close(c);
+}
+
+/* Two clients in turn: every token above every one before it. */
+static void test_tokens_increase(void **state)
+{
+    (void)state;
+    fresh_prefix(1);
+    dlock_client *a = open_client(0), *b = open_client(0);
+    warm(a);
+    warm(b);
+    uint64_t last = 0;
+    for (int k = 0; k < 6; k++) {
+        dlock_client *c = k % 2 ? b : a;
+        uint64_t t = must_acquire(c, "n", FIRST_WAIT_MS);
+        assert_true(t > last);
+        last = t;
+        assert_int_equal(dlock_held(c, "n"), 1);
+        /* the other client is refused while it is held */
+        assert_int_equal(dlock_acquire(c == a ? b : a, "n", 0, NULL), DLOCK_EBUSY);
+        assert_int_equal(dlock_release(c, "n"), DLOCK_OK);
+        assert_int_equal(dlock_held(c, "n"), 0);
+    }
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+/* Two clients, two threads each, on one name: never two in the critical
+ * section, and the tokens handed out in it strictly increase. */
+typedef struct excl_run {
+    dlock_client *c;
+    int64_t until_ms;
+    int errors;
+} excl_run;
+
+static pthread_mutex_t cs_mu = PTHREAD_MUTEX_INITIALIZER;
+static int inside, overlaps, entries;
+static uint64_t last_token, backwards;
+
+static void *excl_worker(void *arg)
+{
+    excl_run *r = arg;
+    while (now_ms() < r->until_ms) {
+        uint64_t t;
+        int rc = dlock_acquire(r->c, "x", 1000, &t);
+        if (rc == DLOCK_ETIMEDOUT)
+            continue;
+        if (rc != DLOCK_OK) {
+            fprintf(stderr, "acquire: %s: %s\n", dlock_strerror(rc), dlock_last_error());
+            r->errors++;
+            continue;
+        }
+        pthread_mutex_lock(&cs_mu);
+        if (inside++)
+            overlaps++;
+        if (t <= last_token)
+            backwards++;
+        last_token = t;
+        entries++;
+        pthread_mutex_unlock(&cs_mu);
+        fx_sleep_ms(2);
+        pthread_mutex_lock(&cs_mu);
+        inside--;
+        pthread_mutex_unlock(&cs_mu);
+        if ((rc = dlock_release(r->c, "x")) != DLOCK_OK) {
+            fprintf(stderr, "release: %s: %s\n", dlock_strerror(rc), dlock_last_error());
+            r->errors++;
+        }
+    }
+    return NULL;
+}
+
+static void test_two_clients_exclusive(void **state)
+{
+    (void)state;
+    fresh_prefix(1);
+    dlock_client *a = open_client(4), *b = open_client(4);
+    warm(a); /* both count their nodes first */
+    warm(b);
+    inside = overlaps = entries = 0;
+    last_token = backwards = 0;
+    excl_run r[4];
+    pthread_t th[4];
+    int64_t until = now_ms() + 2000;
+    for (int i = 0; i < 4; i++) {
+        r[i] = (excl_run){.c = i % 2 ? b : a, .until_ms = until};
+        assert_int_equal(pthread_create(&th[i], NULL, excl_worker, &r[i]), 0);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(r[i].errors, 0);
+    }
+    assert_int_equal(overlaps, 0);
+    assert_int_equal(backwards, 0);
+    assert_true(entries >= 20);
+    assert_int_equal(lost_count(), 0);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+/* Local handoffs between threads of one client: every token of a grant T
+ * within T .. T + pass_limit, every node of a majority holding a mark of
+ * at least the highest (the write-back's T + pass_limit), and the next
+ * client's token above all of them, although the tokens are ahead of the
+ * servers' clocks (a mark raised an hour ahead: the nodes' own tokens do
+ * not outgrow the handoffs by time passing). */
+#define PASS_LIMIT 8
+typedef struct pass_run {
+    dlock_client *c;
+    int n;
+    uint64_t tok[64];
+    int errors;
+} pass_run;
+
+static void *pass_worker(void *arg)
+{
+    pass_run *r = arg;
+    for (int k = 0; k < 64; k++) {
+        int rc = dlock_acquire(r->c, "p", 3000, &r->tok[r->n]);
+        if (rc != DLOCK_OK) {
+            fprintf(stderr, "acquire: %s: %s\n", dlock_strerror(rc), dlock_last_error());
+            r->errors++;
+            continue;
+        }
+        r->n++;
+        fx_sleep_ms(1);
+        if ((rc = dlock_release(r->c, "p")) != DLOCK_OK) {
+            fprintf(stderr, "release: %s: %s\n", dlock_strerror(rc), dlock_last_error());
+            r->errors++;
+        }
+    }
+    return NULL;
+}
+
+static int cmp_u64(const void *x, const void *y)
+{
+    uint64_t a = *(const uint64_t *)x, b = *(const uint64_t *)y;
+    return a < b ? -1 : a > b;
+}
+
+static void test_local_handoffs(void **state)
+{
+    (void)state;
+    fresh_prefix(1);
+    uint64_t ahead = ahead_us(0);
+    for (int i = 0; i < NSRV; i++)
+        mark_at(i, "p", ahead);
+    dlock_client *a = open_client(PASS_LIMIT), *b = open_client(0);
+    uint64_t first = must_acquire(a, "p", FIRST_WAIT_MS);
+    assert_true(first > ahead);
+    assert_int_equal(dlock_release(a, "p"), DLOCK_OK);
+    dlock_stats st0, st1;
+    assert_int_equal(dlock_client_stats(a, &st0), DLOCK_OK);
+    pass_run r[4];
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++) {
+        r[i] = (pass_run){.c = a};
+        assert_int_equal(pthread_create(&th[i], NULL, pass_worker, &r[i]), 0);
+    }
+    uint64_t all[4 * 64];
+    size_t n = 0;
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(r[i].errors, 0);
+        for (int k = 0; k < r[i].n; k++)
+            all[n++] = r[i].tok[k];
+    }
+    assert_int_equal(dlock_client_stats(a, &st1), DLOCK_OK);
+    assert_true(st1.handoffs - st0.handoffs >= 10);
+    /* grants: the tokens that do not follow the one before by one (a
+     * handoff takes the next); each grant's run at most pass_limit long */
+    qsort(all, n, sizeof *all, cmp_u64);
+    size_t run = 0;
+    for (size_t i = 1; i < n; i++) {
+        assert_true(all[i] > all[i - 1]); /* no token twice */
+        run = all[i] == all[i - 1] + 1 ? run + 1 : 0;
+        assert_true(run <= PASS_LIMIT);
+    }
+    uint64_t top = all[n - 1];
+    int marked = 0;
+    for (int i = 0; i < NSRV; i++)
+        marked += mark_at(i, "p", 0) >= top;
+    assert_true(marked >= 2);
+    uint64_t t = must_acquire(b, "p", FIRST_WAIT_MS);
+    if (t <= top)
+        fail_msg("the next client's token %" PRIu64 " is not above the handoffs' %" PRIu64, t,
+                 top);
+    assert_int_equal(dlock_release(b, "p"), DLOCK_OK);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+/* A lease held over several lease times is renewed: held all along, no
+ * loss, released cleanly, and the next client's token above it. */
+static void test_renewed(void **state)
+{
+    (void)state;
+    fresh_prefix(1);
+    dlock_client *a = open_client(0), *b = open_client(0);
+    warm(b);
+    uint64_t t = must_acquire(a, "r", FIRST_WAIT_MS);
+    for (int k = 0; k < 12; k++) {
+        fx_sleep_ms(LEASE_MS / 4);
+        assert_int_equal(dlock_held(a, "r"), 1);
+        assert_int_equal(dlock_acquire(b, "r", 0, NULL), DLOCK_EBUSY);
+    }
+    assert_int_equal(lost_count(), 0);
+    assert_int_equal(dlock_release(a, "r"), DLOCK_OK);
+    assert_true(must_acquire(b, "r", 0) > t);
+    assert_int_equal(dlock_release(b, "r"), DLOCK_OK);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+/* One node of three stopped (the first: the client's own connections'
+ * node too): renewals and acquires go on. */
+static void test_one_node_stopped(void **state)
+{
+    (void)state;
+    fresh_prefix(1);
+    dlock_client *a = open_client(0), *b = open_client(0);
+    warm(b);
+    uint64_t t = must_acquire(a, "o", FIRST_WAIT_MS);
+    sig(0, SIGSTOP);
+    fx_sleep_ms(3 * LEASE_MS);
+    assert_int_equal(dlock_held(a, "o"), 1);
+    assert_int_equal(lost_count(), 0);
+    assert_int_equal(dlock_acquire(b, "o", 0, NULL), DLOCK_EBUSY);
+    assert_int_equal(dlock_release(a, "o"), DLOCK_OK);
+    uint64_t t2 = must_acquire(b, "o", 1000);
+    assert_true(t2 > t);
+    assert_int_equal(dlock_release(b, "o"), DLOCK_OK);
+    sig(0, SIGCONT);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+/* Two of three stopped: the holder's lease is lost once its validity ends
+ * (on_lost, dlock_held 0, its release DLOCK_ELOST), and new acquires fail
+ * with DLOCK_EREDIS within their bounds. */
+static void test_majority_stopped(void **state)
+{
+    (void)state;
+    fresh_prefix(1);
+    dlock_client *a = open_client(0), *b = open_client(0);
+    warm(b);
+    must_acquire(a, "m", FIRST_WAIT_MS);
+    sig(1, SIGSTOP);
+    sig(2, SIGSTOP);
+    int64_t t0 = now_ms();
+    while (lost_count() == 0 && now_ms() - t0 < LEASE_MS + 1000)
+        fx_sleep_ms(10);
+    assert_int_equal(lost_count(), 1);
+    assert_true(now_ms() - t0 <= LEASE_MS + 300);
+    assert_int_equal(dlock_held(a, "m"), 0);
+    assert_int_equal(dlock_release(a, "m"), DLOCK_ELOST);
+    t0 = now_ms();
+    assert_int_equal(dlock_acquire(b, "m", 600, NULL), DLOCK_EREDIS);
+    assert_true(now_ms() - t0 < 600 + 500);
+    t0 = now_ms();
+    assert_int_equal(dlock_acquire(b, "m3", 0, NULL), DLOCK_EREDIS);
+    assert_true(now_ms() - t0 < 500);
+    sig(1, SIGCONT);
+    sig(2, SIGCONT);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+/* A node restarted without its data is seeded by the client once it has
+ * seen it for a lease (its renewal thread), and counts again: with
+ * another node stopped, acquires need it. */
+static void test_restarted_node_seeded(void **state)
+{
+    (void)state;
+    fresh_prefix(1);
+    dlock_client *a = open_client(0);
+    uint64_t t = must_acquire(a, "s", FIRST_WAIT_MS);
+    assert_int_equal(dlock_release(a, "s"), DLOCK_OK);
+    sig(2, SIGKILL);
+    assert_int_equal(fx_redis_restart(&srv[2]), 0);
+    /* not seeded: its seed key is gone with its data */
+    char seed[64];
+    snprintf(seed, sizeof seed, "%sredlock:seed", prefix);
+    redisReply *r = fx_cmd_at(srv[2].port, "GET %s", seed);
+    assert_non_null(r);
+    assert_int_equal(r->type, REDIS_REPLY_NIL);
+    freeReplyObject(r);
+    /* the nodes that count grant meanwhile */
+    uint64_t t1 = must_acquire(a, "s", 1000);
+    assert_true(t1 > t);
+    assert_int_equal(dlock_release(a, "s"), DLOCK_OK);
+    /* seeded within a lease + the drift allowance of the client's first
+     * sight, plus the renewal thread's period for it (at least 1 s) */
+    int64_t t0 = now_ms();
+    int seeded = 0;
+    while (!seeded && now_ms() - t0 < 4000) {
+        fx_sleep_ms(50);
+        r = fx_cmd_at(srv[2].port, "GET %s", seed);
+        assert_non_null(r);
+        seeded = r->type == REDIS_REPLY_STRING;
+        freeReplyObject(r);
+    }
+    assert_true(seeded);
+    assert_true(mark_at(2, "s", 0) >= t1);
+    /* and it counts: with node 0 stopped, nodes 1 and 2 grant */
+    sig(0, SIGSTOP);
+    uint64_t t2 = must_acquire(a, "s", 1000);
+    assert_true(t2 > t1);
+    assert_int_equal(dlock_release(a, "s"), DLOCK_OK);
+    sig(0, SIGCONT);
+    dlock_client_close(a);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_config_errors, restore),
+        cmocka_unit_test_teardown(test_shared_and_sem_refused, restore),
+        cmocka_unit_test_teardown(test_unseeded_refused, restore),
+        cmocka_unit_test_teardown(test_tokens_increase, restore),
+        cmocka_unit_test_teardown(test_two_clients_exclusive, restore),
+        cmocka_unit_test_teardown(test_local_handoffs, restore),
+        cmocka_unit_test_teardown(test_renewed, restore),
+        cmocka_unit_test_teardown(test_one_node_stopped, restore),
+        cmocka_unit_test_teardown(test_majority_stopped, restore),
+        cmocka_unit_test_teardown(test_restarted_node_seeded, restore),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
