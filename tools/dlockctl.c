@@ -7,6 +7,7 @@
  *   dlockctl [connection options] [--json] release NAME --force
  *   dlockctl [connection options] [--json] release --client ID --force
  *   dlockctl [connection options] [--json] watch NAME [--interval MS] [--count N]
+ *   dlockctl --redlock-nodes LIST [options] [--json] seed-fresh
  *
  * It connects as the library does (host and port, a Unix socket, an ACL user
  * and password, Sentinel, Cluster; the same key prefix) and reads the data
@@ -96,6 +97,13 @@ static void usage(FILE *f)
 "  doctor                checks the server (every master of a cluster) against\n"
 "                        what dlock needs: version, eviction policy, role,\n"
 "                        persistence, replicas; says what to change\n"
+"  seed-fresh            Redlock mode (--redlock-nodes): seeds a fresh deployment\n"
+"                        once, before any client runs: gives every node its run\n"
+"                        id in its seed key (\"<prefix>redlock:seed\"), so that\n"
+"                        its votes count; refused, writing nothing, unless every\n"
+"                        node answers and holds no key of the prefix (a node\n"
+"                        with data, or restarted, is seeded by the clients from\n"
+"                        the others, never fresh)\n"
 "\n"
 "Each lock is read in one step (a script: a consistent snapshot); a waiter is\n"
 "alive by the server's clock; names are printed with control characters\n"
@@ -111,6 +119,9 @@ static void usage(FILE *f)
 "      --cluster LIST     Redis Cluster seed nodes \"host:port,...\"\n"
 "      --sentinels LIST   Sentinel mode: the sentinels \"host:port,...\", with\n"
 "      --master NAME      the master's name (and --sentinel-password PW)\n"
+"      --redlock-nodes LIST  Redlock mode's masters \"host:port,...\" (seed-fresh\n"
+"                         only; list, show, release, watch and doctor read one\n"
+"                         node: give it with --host)\n"
 "  -u, --user USER        an ACL user (with --password)\n"
 "  -a, --password PW      AUTH password (or the DLOCK_PASSWORD environment variable)\n"
 "  -n, --db N             the database (default 0)\n"
@@ -174,6 +185,11 @@ static int run_doctor(const char *arg)
     (void)arg;
     return ctl_doctor();
 }
+static int run_seed_fresh(const char *arg)
+{
+    (void)arg;
+    return ctl_seed_fresh();
+}
 
 typedef struct ctl_command {
     const char *name;
@@ -184,12 +200,13 @@ typedef struct ctl_command {
 static const ctl_command commands[] = {
     {"list", 0, run_list},       {"show", 1, run_show},     {"release", 1, run_release},
     {"watch", 1, run_watch},     {"doctor", 0, run_doctor},
+    {"seed-fresh", 0, run_seed_fresh},
 };
 
 int main(int argc, char **argv)
 {
     enum { O_CLUSTER = 256, O_SENTINELS, O_MASTER, O_SPW, O_JSON, O_FORCE, O_INTERVAL, O_COUNT,
-           O_HELP, O_CLIENT, O_VERSION, O_PREFIX };
+           O_HELP, O_CLIENT, O_VERSION, O_PREFIX, O_REDLOCK };
     static const struct option lo[] = {
         {"host", required_argument, 0, 'h'},       {"socket", required_argument, 0, 's'},
         {"user", required_argument, 0, 'u'},       {"password", required_argument, 0, 'a'},
@@ -199,6 +216,7 @@ int main(int argc, char **argv)
         {"sentinels", required_argument, 0, O_SENTINELS},
         {"master", required_argument, 0, O_MASTER},
         {"sentinel-password", required_argument, 0, O_SPW},
+        {"redlock-nodes", required_argument, 0, O_REDLOCK},
         {"json", no_argument, 0, O_JSON},          {"force", no_argument, 0, O_FORCE},
         {"interval", required_argument, 0, O_INTERVAL},
         {"count", required_argument, 0, O_COUNT},  {"help", no_argument, 0, O_HELP},
@@ -246,6 +264,7 @@ int main(int argc, char **argv)
         case O_CLUSTER: O.cluster = optarg; where++; break;
         case O_SENTINELS: O.sentinels = optarg; where++; break;
         case O_MASTER: O.master = optarg; break;
+        case O_REDLOCK: O.redlock_nodes = optarg; where++; break;
         case O_SPW: O.sentinel_password = optarg; break;
         case O_JSON: O.json = 1; break;
         case O_FORCE: O.force = 1; break;
@@ -263,11 +282,12 @@ int main(int argc, char **argv)
         }
     }
     if (where > 1)
-        ctl_die_usage("%s", "--host, --socket, --cluster and --sentinels each name the server: "
-                        "give one");
+        ctl_die_usage("%s", "--host, --socket, --cluster, --sentinels and --redlock-nodes each "
+                        "name the server: give one");
     if (port) {
-        if (O.unix_path || O.cluster || O.sentinels)
-            ctl_die_usage("%s", "--port goes with --host, not --socket, --cluster or --sentinels");
+        if (O.unix_path || O.cluster || O.sentinels || O.redlock_nodes)
+            ctl_die_usage("%s", "--port goes with --host, not --socket, --cluster, --sentinels "
+                          "or --redlock-nodes");
         if (host_port && O.port != port) {
             char msg[120];
             snprintf(msg, sizeof msg, "--host says port %d, --port %d: give one", O.port, port);
@@ -307,7 +327,16 @@ int main(int argc, char **argv)
         if (!strcmp(command, commands[i].name))
             cmd = &commands[i];
     if (!cmd)
-        ctl_die_usage("unknown command '%s' (list, show, watch, release, doctor)", command);
+        ctl_die_usage("unknown command '%s' (list, show, watch, release, doctor, seed-fresh)",
+                      command);
+    if (cmd->run == run_seed_fresh && !O.redlock_nodes)
+        ctl_die_usage("%s", "seed-fresh needs --redlock-nodes LIST (the masters of the "
+                      "Redlock deployment)");
+    if (cmd->run != run_seed_fresh && O.redlock_nodes)
+        ctl_die_usage("--redlock-nodes goes with seed-fresh only: %s reads one node (--host)",
+                      command);
+    if (cmd->run == run_seed_fresh && arg)
+        ctl_die_usage("seed-fresh takes no argument ('%s')", arg);
     if (O.client && cmd->run != run_release)
         ctl_die_usage("--client goes with release, not %s", command);
     if (O.client && arg)
@@ -318,6 +347,8 @@ int main(int argc, char **argv)
         ctl_die_usage("%s needs a lock name", command);
     if (arg && strlen(arg) > DLOCK_NAME_MAX)
         ctl_die_usage("the name is longer than %s bytes", "DLOCK_NAME_MAX");
+    if (cmd->run == run_seed_fresh)
+        return cmd->run(arg); /* its own connections: the node set's */
     ctl_setup();
     int rc = cmd->run(arg);
     ctl_teardown();

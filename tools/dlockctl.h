@@ -35,6 +35,7 @@ typedef struct ctl_options {
     char host[256];
     int port;
     const char *unix_path, *user, *password, *prefix, *cluster, *sentinels, *master;
+    const char *redlock_nodes; /* --redlock-nodes: seed-fresh's node set */
     const char *sentinel_password;
     const char *client; /* release --client ID */
     int db, json, force;
@@ -185,5 +186,11 @@ int ctl_watch(const char *name);
 int ctl_release(const char *name);          /* dlockctl_release.c */
 int ctl_release_client(void);
 int ctl_doctor(void);                       /* dlockctl_doctor.c */
+
+/* seed-fresh (dlockctl_redlock.c): gives every node of --redlock-nodes
+ * its run id in its seed key, refused unless every node answers and holds
+ * no key of the prefix (dlock_redlock_seed_fresh). Returns the exit
+ * status. */
+int ctl_seed_fresh(void);
 
 #endif

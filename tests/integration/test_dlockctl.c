@@ -29,13 +29,18 @@
 #endif
 
 /* Runs a shell command; returns its exit status (-1 if it did not exit)
- * and its stdout in out (truncated to n). */
+ * and its stdout in out (truncated to n). The rest of the output is read
+ * and dropped: a command still writing when the pipe closed would die of
+ * SIGPIPE (dlockctl --help writes more than stdio's buffer). */
 static int run_command(char *out, size_t n, const char *command)
 {
     FILE *f = popen(command, "r");
     assert_non_null(f);
     size_t got = fread(out, 1, n - 1, f);
     out[got] = '\0';
+    char drop[4096];
+    while (fread(drop, 1, sizeof drop, f) > 0)
+        ;
     int st = pclose(f);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }

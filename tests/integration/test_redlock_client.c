@@ -30,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #include "dlock.h"
 #include "fixture.h"
@@ -612,6 +613,56 @@ static void test_restarted_node_seeded(void **state)
     dlock_client_close(a);
 }
 
+#ifdef DLOCKCTL_PATH
+/* dlockctl's command, exit status, and its stdout and stderr in out. */
+static int ctl_run(char *out, size_t n, const char *args)
+{
+    char command[1200];
+    snprintf(command, sizeof command, "%s %s 2>&1", DLOCKCTL_PATH, args);
+    FILE *f = popen(command, "r");
+    assert_non_null(f);
+    size_t got = fread(out, 1, n - 1, f);
+    out[got] = '\0';
+    char drop[4096];
+    while (fread(drop, 1, sizeof drop, f) > 0)
+        ; /* (the rest: a writer cut off would die of SIGPIPE) */
+    int st = pclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* An operator seeds a fresh deployment with dlockctl seed-fresh: clients
+ * then acquire; a second seeding is refused (the nodes hold keys now), and
+ * so are seed-fresh without the node set and the node set with another
+ * command. */
+static void test_dlockctl_seed_fresh(void **state)
+{
+    (void)state;
+    fresh_prefix(0);
+    char out[2048], args[400];
+    snprintf(args, sizeof args, "--redlock-nodes %s --prefix %s seed-fresh", nodes, prefix);
+    assert_int_equal(ctl_run(out, sizeof out, args), 0);
+    assert_non_null(strstr(out, "seeded 3 nodes"));
+    dlock_client *c = open_client(0);
+    must_acquire(c, "d", FIRST_WAIT_MS);
+    assert_int_equal(dlock_release(c, "d"), DLOCK_OK);
+    dlock_client_close(c);
+    assert_int_equal(ctl_run(out, sizeof out, args), 1);
+    assert_non_null(strstr(out, "already holds keys"));
+    snprintf(args, sizeof args, "--redlock-nodes %s --prefix %s --json seed-fresh", nodes,
+             prefix);
+    assert_int_equal(ctl_run(out, sizeof out, args), 1);
+    assert_non_null(strstr(out, "\"seeded\": false"));
+    snprintf(args, sizeof args, "--prefix %s seed-fresh", prefix);
+    assert_int_equal(ctl_run(out, sizeof out, args), 2);
+    assert_non_null(strstr(out, "needs --redlock-nodes"));
+    snprintf(args, sizeof args, "--redlock-nodes %s --prefix %s list", nodes, prefix);
+    assert_int_equal(ctl_run(out, sizeof out, args), 2);
+    snprintf(args, sizeof args, "--redlock-nodes 127.0.0.1:1,127.0.0.1:2 seed-fresh");
+    assert_int_equal(ctl_run(out, sizeof out, args), 1);
+    assert_non_null(strstr(out, "odd number"));
+}
+#endif
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -625,6 +676,9 @@ int main(void)
         cmocka_unit_test_teardown(test_one_node_stopped, restore),
         cmocka_unit_test_teardown(test_majority_stopped, restore),
         cmocka_unit_test_teardown(test_restarted_node_seeded, restore),
+#ifdef DLOCKCTL_PATH
+        cmocka_unit_test_teardown(test_dlockctl_seed_fresh, restore),
+#endif
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
