@@ -94,13 +94,14 @@ static dlock_client *open_client(uint32_t pass_limit)
     return c;
 }
 
-/* A node set of the servers on this test's prefix, as dlockctl's. */
-static dlock_redlock *node_set(dlock_conn_cfg *cfg, dlock_counters *ctr)
+/* A node set of the servers on this test's prefix, with that connect and
+ * command timeout. */
+static dlock_redlock *node_set(dlock_conn_cfg *cfg, dlock_counters *ctr, uint32_t timeout_ms)
 {
     memset(cfg, 0, sizeof *cfg);
     cfg->protocol = 2;
-    cfg->connect_timeout_ms = 300;
-    cfg->command_timeout_ms = 300;
+    cfg->connect_timeout_ms = timeout_ms;
+    cfg->command_timeout_ms = timeout_ms;
     dlock_redlock *rl = NULL;
     assert_int_equal(dlock_redlock_create(cfg, nodes, prefix, LEASE_MS, 1, ctr, &rl), DLOCK_OK);
     return rl;
@@ -114,7 +115,7 @@ static void fresh_prefix(int seed)
         return;
     dlock_conn_cfg cfg;
     dlock_counters ctr = {0};
-    dlock_redlock *rl = node_set(&cfg, &ctr);
+    dlock_redlock *rl = node_set(&cfg, &ctr, 300);
     int rc = dlock_redlock_seed_fresh(rl, dlock_now_ns() + 2000 * DLOCK_NS_PER_MS);
     if (rc != DLOCK_OK)
         fail_msg("seed-fresh: %s", dlock_last_error());
@@ -613,6 +614,65 @@ static void test_restarted_node_seeded(void **state)
     dlock_client_close(a);
 }
 
+/* The node set's renewal (dlock_redlock_renew, which the mode's renewal
+ * thread runs for each held lease) on its own: the new validity is the
+ * renewal's first send + the lease - the drift allowance (1% of the lease
+ * + 2 ms), so it lies between the call's start and its end plus that; a
+ * renewal with one node stopped is confirmed by the two others, with two
+ * stopped it is not. */
+static void test_renewal_validity(void **state)
+{
+    (void)state;
+    fresh_prefix(1);
+    dlock_conn_cfg cfg;
+    dlock_counters ctr = {0};
+    dlock_redlock *rl = node_set(&cfg, &ctr, 100); /* (as the clients': well under lease/3) */
+    char id[33] = "0123456789abcdef0123456789abcdef", wake[64];
+    snprintf(wake, sizeof wake, "%swake:", prefix);
+    dlock_script_args args = {.client_id = id, .lease_ms = "0", .pass_limit = "0",
+                              .waiter_ttl_ms = "1000", .wake_prefix = wake, .keep_ms = "4000"};
+    char k[DLOCK_SCRIPT_KEYS][160], *kp[DLOCK_SCRIPT_KEYS];
+    for (int i = 0; i < DLOCK_SCRIPT_KEYS; i++) {
+        kp[i] = k[i];
+        snprintf(k[i], sizeof k[i], "%s{v}%s%s", prefix, dlock_script_key_suffix(i),
+                 i == DLOCK_KEY_CLIENT ? id : "");
+    }
+    hw_key("v", k[DLOCK_KEY_HW], sizeof k[DLOCK_KEY_HW]);
+    /* every node counts for this set a lease after its first sight */
+    assert_int_equal(dlock_redlock_refresh(rl, dlock_now_ns() + 1000 * DLOCK_NS_PER_MS), DLOCK_OK);
+    fx_sleep_ms(LEASE_MS + 20);
+    dlock_redlock_req q = {.name = "v", .keys = kp, .args = &args, .client_name = "v",
+                           .attempt = 1, .deadline = dlock_now_ns() + 1000 * DLOCK_NS_PER_MS};
+    dlock_redlock_grant g;
+    dlock_redlock_busy busy;
+    assert_int_equal(dlock_redlock_acquire(rl, &q, &g, &busy), DLOCK_OK);
+    int64_t drift = LEASE_MS * DLOCK_NS_PER_MS / 100 + 2 * DLOCK_NS_PER_MS;
+    assert_int_equal(dlock_redlock_drift_ns(rl), drift);
+    for (int k2 = 0; k2 < 5; k2++) {
+        fx_sleep_ms(50);
+        int64_t valid = 0, before = dlock_boot_ns();
+        q.deadline = dlock_now_ns() + 1000 * DLOCK_NS_PER_MS;
+        assert_int_equal(dlock_redlock_renew(rl, &q, &g, &valid), DLOCK_OK);
+        int64_t after = dlock_boot_ns();
+        assert_true(valid >= before + LEASE_MS * DLOCK_NS_PER_MS - drift);
+        if (valid > after + LEASE_MS * DLOCK_NS_PER_MS - drift)
+            fail_msg("a renewal's validity %" PRId64 " ns past its call's end + lease - drift",
+                     valid - (after + LEASE_MS * DLOCK_NS_PER_MS - drift));
+    }
+    int64_t valid;
+    sig(0, SIGSTOP);
+    q.deadline = dlock_now_ns() + 1000 * DLOCK_NS_PER_MS;
+    assert_int_equal(dlock_redlock_renew(rl, &q, &g, &valid), DLOCK_OK);
+    sig(1, SIGSTOP);
+    q.deadline = dlock_now_ns() + 1000 * DLOCK_NS_PER_MS;
+    assert_int_equal(dlock_redlock_renew(rl, &q, &g, &valid), DLOCK_EREDIS);
+    if (!strstr(dlock_last_error(), "1 of 3 counting nodes renewed it, 2 needed"))
+        fail_msg("%s", dlock_last_error());
+    sig(0, SIGCONT);
+    sig(1, SIGCONT);
+    dlock_redlock_destroy(rl);
+}
+
 #ifdef DLOCKCTL_PATH
 /* dlockctl's command, exit status, and its stdout and stderr in out. */
 static int ctl_run(char *out, size_t n, const char *args)
@@ -676,6 +736,7 @@ int main(void)
         cmocka_unit_test_teardown(test_one_node_stopped, restore),
         cmocka_unit_test_teardown(test_majority_stopped, restore),
         cmocka_unit_test_teardown(test_restarted_node_seeded, restore),
+        cmocka_unit_test_teardown(test_renewal_validity, restore),
 #ifdef DLOCKCTL_PATH
         cmocka_unit_test_teardown(test_dlockctl_seed_fresh, restore),
 #endif
