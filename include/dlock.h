@@ -248,7 +248,9 @@ typedef struct dlock_config {
      * An acquire needs m reachable nodes that count; a client counts a
      * node only once it has seen the node's current run for a lease (its
      * first acquires wait for that; a try fails with DLOCK_EREDIS
-     * meanwhile). command_timeout_ms bounds how long a stopped node delays
+     * meanwhile). A waiting acquire that finds too few nodes counting
+     * tries again until its wait ends, then fails with DLOCK_EREDIS (one
+     * that waits forever waits for the nodes). command_timeout_ms bounds how long a stopped node delays
      * each acquire and renewal: keep it well below lease_ms / 3.
      * Not in this version: shared mode and semaphores (their calls return
      * DLOCK_EINVAL), wait queues and wake-ups (a refused acquire retries
