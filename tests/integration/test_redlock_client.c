@@ -614,6 +614,74 @@ static void test_restarted_node_seeded(void **state)
     dlock_client_close(a);
 }
 
+/* A waiting acquire (its poller retrying by the holder's pttl) stops on a
+ * cancel token and on a shutdown within a try, as with one server; a
+ * handle and dlock_with take the lock as dlock_acquire does. */
+typedef struct waiting {
+    dlock_client *c;
+    dlock_cancel *k;
+    int rc;
+    int64_t ended_ms;
+} waiting;
+
+static void *wait_for(void *arg)
+{
+    waiting *w = arg;
+    dlock_acquire_opts o;
+    dlock_acquire_opts_init(&o);
+    o.cancel = w->k;
+    w->rc = dlock_acquire_ex(w->c, "w", 10000, NULL, &o);
+    w->ended_ms = now_ms();
+    return NULL;
+}
+
+static void with_fn(void *arg, uint64_t fence)
+{
+    *(uint64_t *)arg = fence;
+}
+
+static void test_cancel_shutdown_handles(void **state)
+{
+    (void)state;
+    fresh_prefix(1);
+    dlock_client *a = open_client(0), *b = open_client(0);
+    warm(b);
+    uint64_t t = must_acquire(a, "w", FIRST_WAIT_MS);
+    waiting w = {.c = b};
+    assert_int_equal(dlock_cancel_create(&w.k), DLOCK_OK);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, wait_for, &w), 0);
+    fx_sleep_ms(300);
+    int64_t fired = now_ms();
+    dlock_cancel_fire(w.k);
+    pthread_join(th, NULL);
+    assert_int_equal(w.rc, DLOCK_ECANCELED);
+    assert_true(w.ended_ms - fired < 300); /* (a try under way ends first) */
+    dlock_cancel_destroy(w.k);
+    w = (waiting){.c = b};
+    assert_int_equal(pthread_create(&th, NULL, wait_for, &w), 0);
+    fx_sleep_ms(300);
+    fired = now_ms();
+    dlock_client_shutdown(b);
+    pthread_join(th, NULL);
+    assert_int_equal(w.rc, DLOCK_ECLOSED);
+    assert_true(w.ended_ms - fired < 300);
+    dlock_client_close(b);
+    /* a handle, released from another thread's view; dlock_with */
+    assert_int_equal(dlock_release(a, "w"), DLOCK_OK);
+    dlock_handle *h = NULL;
+    uint64_t th_tok = 0;
+    assert_int_equal(dlock_acquire_handle(a, "w", 1000, &th_tok, &h), DLOCK_OK);
+    assert_true(th_tok > t);
+    assert_int_equal(dlock_handle_held(h), 1);
+    assert_int_equal(dlock_handle_release(h), DLOCK_OK);
+    uint64_t wt = 0;
+    assert_int_equal(dlock_with(a, "w", 1000, with_fn, &wt), DLOCK_OK);
+    assert_true(wt > th_tok);
+    assert_int_equal(dlock_held(a, "w"), 0);
+    dlock_client_close(a);
+}
+
 /* The node set's renewal (dlock_redlock_renew, which the mode's renewal
  * thread runs for each held lease) on its own: the new validity is the
  * renewal's first send + the lease - the drift allowance (1% of the lease
@@ -737,6 +805,7 @@ int main(void)
         cmocka_unit_test_teardown(test_majority_stopped, restore),
         cmocka_unit_test_teardown(test_restarted_node_seeded, restore),
         cmocka_unit_test_teardown(test_renewal_validity, restore),
+        cmocka_unit_test_teardown(test_cancel_shutdown_handles, restore),
 #ifdef DLOCKCTL_PATH
         cmocka_unit_test_teardown(test_dlockctl_seed_fresh, restore),
 #endif
