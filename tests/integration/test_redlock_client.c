@@ -614,6 +614,44 @@ static void test_restarted_node_seeded(void **state)
     dlock_client_close(a);
 }
 
+/* The quorum grant's write-back reserves the holder's local handoffs: a
+ * majority's marks hold at least T + pass_limit once T is handed out (on
+ * tokens of the servers' own time, where no node's mark adds its pass
+ * limit by itself: the clock is not behind them). */
+static void test_write_back_reserves_pass_limit(void **state)
+{
+    (void)state;
+    fresh_prefix(1);
+    dlock_conn_cfg cfg;
+    dlock_counters ctr = {0};
+    dlock_redlock *rl = node_set(&cfg, &ctr, 100);
+    char id[33] = "00112233445566778899aabbccddeeff", wake[64];
+    snprintf(wake, sizeof wake, "%swake:", prefix);
+    dlock_script_args args = {.client_id = id, .lease_ms = "0", .pass_limit = "0",
+                              .waiter_ttl_ms = "1000", .wake_prefix = wake, .keep_ms = "4000"};
+    char k[DLOCK_SCRIPT_KEYS][160], *kp[DLOCK_SCRIPT_KEYS];
+    for (int i = 0; i < DLOCK_SCRIPT_KEYS; i++) {
+        kp[i] = k[i];
+        snprintf(k[i], sizeof k[i], "%s{pl}%s%s", prefix, dlock_script_key_suffix(i),
+                 i == DLOCK_KEY_CLIENT ? id : "");
+    }
+    hw_key("pl", k[DLOCK_KEY_HW], sizeof k[DLOCK_KEY_HW]);
+    assert_int_equal(dlock_redlock_refresh(rl, dlock_now_ns() + 1000 * DLOCK_NS_PER_MS), DLOCK_OK);
+    fx_sleep_ms(LEASE_MS + 20);
+    dlock_redlock_req q = {.name = "pl", .keys = kp, .args = &args, .client_name = "pl",
+                           .attempt = 1, .pass_limit = 1000,
+                           .deadline = dlock_now_ns() + 1000 * DLOCK_NS_PER_MS};
+    dlock_redlock_grant g;
+    dlock_redlock_busy busy;
+    assert_int_equal(dlock_redlock_acquire(rl, &q, &g, &busy), DLOCK_OK);
+    int marked = 0;
+    for (int i = 0; i < NSRV; i++)
+        marked += mark_at(i, "pl", 0) >= g.token + 1000;
+    assert_true(marked >= 2);
+    assert_int_equal(dlock_redlock_release(rl, &q, &g), DLOCK_OK);
+    dlock_redlock_destroy(rl);
+}
+
 /* A waiting acquire (its poller retrying by the holder's pttl) stops on a
  * cancel token and on a shutdown within a try, as with one server; a
  * handle and dlock_with take the lock as dlock_acquire does. */
@@ -805,6 +843,7 @@ int main(void)
         cmocka_unit_test_teardown(test_majority_stopped, restore),
         cmocka_unit_test_teardown(test_restarted_node_seeded, restore),
         cmocka_unit_test_teardown(test_renewal_validity, restore),
+        cmocka_unit_test_teardown(test_write_back_reserves_pass_limit, restore),
         cmocka_unit_test_teardown(test_cancel_shutdown_handles, restore),
 #ifdef DLOCKCTL_PATH
         cmocka_unit_test_teardown(test_dlockctl_seed_fresh, restore),
