@@ -255,11 +255,13 @@ typedef struct dlock_config {
      * Not in this version: shared mode and semaphores (their calls return
      * DLOCK_EINVAL), wait queues and wake-ups (a refused acquire retries
      * after the holder's lease time left, 5 ms to lease_ms / 3, jittered:
-     * no fairness between clients), batched renewals (each held name is
-     * renewed by an exchange of its own: a stopped node costs each up to
-     * a connect and a command timeout, so a client should hold few names
-     * at once), and dlockctl's list and show across the nodes. Default
-     * NULL: not Redlock mode. */
+     * no fairness between clients), dlock_unclean after a grant of the
+     * nodes (0: how another client's hold ended is not gathered from
+     * them; a local handoff still tells), batched renewals (each held
+     * name is renewed by an exchange of its own: a stopped node costs
+     * each up to a connect and a command timeout, so a client should
+     * hold few names at once), and dlockctl's list and show across the
+     * nodes. Default NULL: not Redlock mode. */
     const char *redlock_nodes;
 } dlock_config;
 

@@ -86,8 +86,9 @@ int dlock_rlmode_acquire(dlock_client *c, dlock_entry *e, dlock_rpc_try *t)
     /* A waiting try goes on while its deadline leaves time for another:
      * nodes a fresh client has not seen for a lease yet, a node back. */
     int64_t pause = retry_ms(c, c->lease_ms / 10) * DLOCK_NS_PER_MS;
-    if (t->queue && t->deadline != DLOCK_NEVER ? dlock_now_ns() + pause + DLOCK_NS_PER_MS < t->deadline
-                                                : t->queue) {
+    int again = t->queue && (t->deadline == DLOCK_NEVER ||
+                             dlock_now_ns() + pause + DLOCK_NS_PER_MS < t->deadline);
+    if (again) {
         t->pttl_ms = pause / DLOCK_NS_PER_MS;
         snprintf(t->busy.holder, sizeof t->busy.holder, "%s", "");
         return DLOCK_EBUSY;
