@@ -30,12 +30,14 @@ typedef struct rl_node {
 struct dlock_redlock {
     dlock_counters *ctr;
     unsigned n, m;
+    unsigned pool_size;
     uint32_t lease_ms;
     int64_t lease_ns, drift_ns;
     char lease_str[16];
     char *prefix;
     char *seed_key;   /* "<prefix>redlock:seed" */
     char *hw_match;   /* SCAN pattern of every slot's mark: "<prefix, escaped>hw:{*}" */
+    char *any_match;  /* SCAN pattern of every key of the prefix: "<prefix, escaped>*" */
     char *hw_any;     /* "<prefix>hw:{0}": mark.lua's KEYS[1] when only the seed is written */
     pthread_mutex_t mu;
     rl_node node[DLOCK_REDLOCK_NODES_MAX];
@@ -44,7 +46,10 @@ struct dlock_redlock {
 /* One node's side of a step. */
 typedef struct peer {
     redisContext *c; /* checked out for the step, NULL if none */
-    int failed;      /* no connection, or it failed: no more calls this step */
+    int failed;      /* no connection, or it failed, or an unusable reply: no more calls */
+    int broken;      /* its connection failed (closed, timed out, out of step): not pooled */
+    int used;        /* a reply was read on c since it was checked out */
+    int sent;        /* a request of this step was flushed to it (it may have run) */
     char run[RUN_ID_MAX]; /* the run id this connection reported, "" unknown */
     char seed[RUN_ID_MAX]; /* the seed key as last read on it */
     redisReply *rep; /* the last script's reply (owned), NULL none */
@@ -78,14 +83,15 @@ void dlock_redlock_destroy(dlock_redlock *rl)
     free(rl->prefix);
     free(rl->seed_key);
     free(rl->hw_match);
+    free(rl->any_match);
     free(rl->hw_any);
     free(rl);
 }
 
-/* prefix with SCAN's glob characters escaped, then "hw:{*}" */
-static char *hw_pattern(const char *prefix)
+/* prefix with SCAN's glob characters escaped, then tail (a pattern) */
+static char *glob_pattern(const char *prefix, const char *tail)
 {
-    char *p = malloc(2 * strlen(prefix) + 8);
+    char *p = malloc(2 * strlen(prefix) + strlen(tail) + 1);
     if (!p)
         return NULL;
     char *o = p;
@@ -94,7 +100,7 @@ static char *hw_pattern(const char *prefix)
             *o++ = '\\';
         *o++ = *s;
     }
-    strcpy(o, "hw:{*}");
+    strcpy(o, tail);
     return p;
 }
 
@@ -131,6 +137,17 @@ int dlock_redlock_create(const dlock_conn_cfg *base, const char *nodes, const ch
                              "of independent masters, at least 3 and at most %d", n,
                              DLOCK_REDLOCK_NODES_MAX);
     }
+    /* the same address twice would be one server with two votes (the same
+     * server under two names is caught later: two nodes that report one run
+     * id do not both count) */
+    for (unsigned i = 0; i < n; i++)
+        for (unsigned j = 0; j < i; j++)
+            if (a[i].port == a[j].port && strcmp(a[i].host, a[j].host) == 0) {
+                rc = dlock_err_set(DLOCK_EINVAL, "redlock_nodes: %s:%d is listed twice; Redlock "
+                                   "needs independent masters", a[i].host, a[i].port);
+                dlock_addrs_free(a, n);
+                return rc;
+            }
     dlock_redlock *rl = calloc(1, sizeof *rl);
     if (!rl) {
         dlock_addrs_free(a, n);
@@ -147,9 +164,11 @@ int dlock_redlock_create(const dlock_conn_cfg *base, const char *nodes, const ch
     snprintf(rl->lease_str, sizeof rl->lease_str, "%" PRIu32, lease_ms);
     rl->prefix = strdup(prefix);
     rl->seed_key = concat(prefix, "redlock:seed");
-    rl->hw_match = hw_pattern(prefix);
+    rl->hw_match = glob_pattern(prefix, "hw:{*}");
+    rl->any_match = glob_pattern(prefix, "*");
     rl->hw_any = concat(prefix, "hw:{0}");
-    int ok = rl->prefix && rl->seed_key && rl->hw_match && rl->hw_any;
+    rl->pool_size = pool_size ? pool_size : 1;
+    int ok = rl->prefix && rl->seed_key && rl->hw_match && rl->any_match && rl->hw_any;
     for (unsigned i = 0; ok && i < n; i++) {
         rl_node *nd = &rl->node[i];
         nd->cfg = *base;
@@ -193,8 +212,13 @@ static void saw_run(dlock_redlock *rl, unsigned i, const char *run)
 }
 
 /* Whether a reply of node i through a connection to run id run, with seed
- * key seed, counts (and records whether the seed key held the run id). */
-static int counts_now(dlock_redlock *rl, unsigned i, const char *run, const char *seed)
+ * key seed as read at or before the script's instant, counts when the
+ * request was sent at `at` (CLOCK_BOOTTIME): its seed key holds its run id
+ * and this client first saw that run id a lease or more before `at` (the
+ * script ran after the send, so the server was up a lease at least when
+ * it ran). Records whether the seed key held the run id. */
+static int counts_now(dlock_redlock *rl, unsigned i, const char *run, const char *seed,
+                      int64_t at)
 {
     rl_node *nd = &rl->node[i];
     if (!run[0])
@@ -203,7 +227,7 @@ static int counts_now(dlock_redlock *rl, unsigned i, const char *run, const char
     int same = strcmp(nd->run, run) == 0;
     if (same)
         nd->seeded = strcmp(seed, run) == 0;
-    int c = same && nd->seeded && dlock_boot_ns() - nd->seen_boot >= rl->lease_ns;
+    int c = same && nd->seeded && at - nd->seen_boot >= rl->lease_ns;
     pthread_mutex_unlock(&rl->mu);
     return c;
 }
@@ -222,6 +246,8 @@ int dlock_redlock_counts(dlock_redlock *rl, unsigned i)
 /* ------------------------------------------------------------------ */
 /* Steps: every node's connection, pipelined calls, replies by a deadline. */
 
+/* Peer p takes no more calls this step (its connection stays usable: an
+ * unusable reply was read whole). */
 static void peer_fail(peer *p, const char *fmt, const char *what)
 {
     if (p->failed)
@@ -230,14 +256,45 @@ static void peer_fail(peer *p, const char *fmt, const char *what)
     snprintf(p->why, sizeof p->why, fmt, what);
 }
 
-/* Checks out a connection to every node not failed yet (DLOCK_NEVER as
- * the pool's wait: a node's pool is this set's own, rarely all busy). */
+/* Peer p's connection failed (closed, timed out, a request half written):
+ * no more calls this step, and it is closed, not pooled. */
+static void peer_broke(peer *p, const char *fmt, const char *what)
+{
+    p->broken = 1;
+    peer_fail(p, fmt, what);
+}
+
+/* The first node before i that reported i's run id (the same server
+ * listed under two names), or -1: its replies count once. */
+static int same_run(const dlock_redlock *rl, const peer *p, unsigned i)
+{
+    if (!p[i].run[0])
+        return -1;
+    for (unsigned j = 0; j < i && j < rl->n; j++)
+        if (strcmp(p[j].run, p[i].run) == 0)
+            return (int)j;
+    return -1;
+}
+
+/* 1 if c failed because it was closed or reset under the exchange (an idle
+ * timeout, a restart): another connection may succeed. */
+static int conn_was_closed(const redisContext *c)
+{
+    return c->err == REDIS_ERR_EOF ||
+           (c->err == REDIS_ERR_IO &&
+            (strstr(c->errstr, "reset") || strstr(c->errstr, "Broken pipe")));
+}
+
+/* Checks out a connection to every node not failed yet, waiting for one
+ * at most until the caller's deadline (a node's pool is this set's own,
+ * rarely all busy). */
 static void peers_open(dlock_redlock *rl, peer *p, int64_t deadline)
 {
     for (unsigned i = 0; i < rl->n; i++) {
         p[i].rep = NULL;
         if (p[i].failed || p[i].c)
             continue;
+        p[i].used = 0;
         if (dlock_pool_get(rl->node[i].pool, deadline, &p[i].c) != DLOCK_OK) {
             p[i].c = NULL;
             peer_fail(&p[i], "unreachable: %s", dlock_last_error());
@@ -245,12 +302,12 @@ static void peers_open(dlock_redlock *rl, peer *p, int64_t deadline)
     }
 }
 
-/* Gives every connection back (a failed one is closed) and frees replies. */
+/* Gives every connection back (a broken one is closed) and frees replies. */
 static void peers_close(dlock_redlock *rl, peer *p)
 {
     for (unsigned i = 0; i < rl->n; i++) {
         if (p[i].c)
-            dlock_pool_put(rl->node[i].pool, p[i].c, p[i].failed);
+            dlock_pool_put(rl->node[i].pool, p[i].c, p[i].broken);
         p[i].c = NULL;
         if (p[i].rep)
             freeReplyObject(p[i].rep);
@@ -275,8 +332,17 @@ static void parse_run(const redisReply *r, char *run)
     run[k] = '\0';
 }
 
-/* Appends peer i's requests: INFO server if info, the script (EVALSHA
- * unless eval), GET of the seed key if get_seed. 0 or -1. */
+/* Appends peer p's requests: INFO server if info, GET of the seed key if
+ * get_seed, then the script (EVALSHA unless eval). The seed key is read
+ * BEFORE the script, in the same pipeline on the same connection: a node's
+ * seed key changes within one run of its server only from another run's id
+ * (or none) to this run's id (mark.lua writes the run id its caller read
+ * from this very server, and only a restart, which changes the run id,
+ * loses data), so a reading that holds the run id before the script proves
+ * it held it when the script ran. A reading after the script could see a
+ * seeding made in between, and count a vote made on a node not seeded
+ * yet. (A node wiped without a restart, FLUSHALL or an eviction, is
+ * outside this assumption: docs/design.md, "Redlock".) 0 or -1. */
 static int append_one(dlock_redlock *rl, peer *p, int info, dlock_script_id id, int eval,
                       int nkeys, int nargs, const char **argv, int get_seed)
 {
@@ -287,14 +353,14 @@ static int append_one(dlock_redlock *rl, peer *p, int info, dlock_script_id id, 
             return -1;
         dlock_count(&rl->ctr->redis_commands, 1);
     }
-    if (dlock_conn_append_eval(c, rl->ctr, id, !eval, nkeys, nargs, argv, NULL) != 0)
-        return -1;
     if (get_seed) {
         const char *v[] = {"GET", rl->seed_key};
         if (redisAppendCommandArgv(c, 2, v, NULL) != REDIS_OK)
             return -1;
         dlock_count(&rl->ctr->redis_commands, 1);
     }
+    if (dlock_conn_append_eval(c, rl->ctr, id, !eval, nkeys, nargs, argv, NULL) != 0)
+        return -1;
     return 0;
 }
 
@@ -307,69 +373,149 @@ static int read_one(dlock_redlock *rl, unsigned i, peer *p, int info, int get_se
     if (info) {
         if (dlock_conn_read(p->c, deadline, &r) != 0)
             return -1;
+        p->used = 1;
         parse_run(r, p->run);
         freeReplyObject(r);
         saw_run(rl, i, p->run);
     }
+    if (get_seed) {
+        if (dlock_conn_read(p->c, deadline, &r) != 0)
+            return -1;
+        p->used = 1;
+        snprintf(p->seed, sizeof p->seed, "%s", r->type == REDIS_REPLY_STRING ? r->str : "");
+        freeReplyObject(r);
+    }
     if (dlock_conn_read(p->c, deadline, &r) != 0)
         return -1;
+    p->used = 1;
     int noscript = dlock_conn_is_noscript(r);
     if (p->rep)
         freeReplyObject(p->rep);
     p->rep = r;
-    if (get_seed) {
-        if (dlock_conn_read(p->c, deadline, &r) != 0)
-            return -1;
-        snprintf(p->seed, sizeof p->seed, "%s", r->type == REDIS_REPLY_STRING ? r->str : "");
-        freeReplyObject(r);
-    }
     return noscript;
+}
+
+/* Sends peer i its requests again with EVAL after a NOSCRIPT (the seed
+ * key read again before it: the same order as the first send), and reads
+ * the replies by deadline. 0 or -1 (p broke). */
+static int resend_eval(dlock_redlock *rl, unsigned i, peer *p, dlock_script_id id, int nkeys,
+                       int nargs, const char **argv, int get_seed, int64_t deadline)
+{
+    dlock_count(&rl->ctr->redis_round_trips, 1);
+    if (append_one(rl, p, 0, id, 1, nkeys, nargs, argv, get_seed) != 0) {
+        peer_broke(p, "%s", "out of memory");
+        return -1;
+    }
+    if (dlock_conn_flush(p->c, deadline) != 0 || read_one(rl, i, p, 0, get_seed, deadline) < 0) {
+        peer_broke(p, "%s", p->c->errstr);
+        return -1;
+    }
+    return 0;
+}
+
+/* Peer i's pooled connection was closed under it while idle (a restart, an
+ * idle timeout: it failed at once with EOF or a reset, before any reply):
+ * its requests again on another connection, as often as the pool holds
+ * connections + 1 (each may be as stale). Safe although the first send may
+ * have run: every script here is idempotent for its caller (an acquire
+ * with the same attempt is granted again in place, a release matches its
+ * grant, mark.lua raises to a value). */
+static void retry_fresh(dlock_redlock *rl, unsigned i, peer *p, int info, dlock_script_id id,
+                        int nkeys, int nargs, const char **argv, int get_seed, int64_t deadline)
+{
+    for (unsigned t = 0; t <= rl->pool_size; t++) {
+        char err[200];
+        snprintf(err, sizeof err, "%s", p->c->errstr);
+        dlock_pool_put(rl->node[i].pool, p->c, 1);
+        p->c = NULL;
+        if (dlock_pool_get(rl->node[i].pool, deadline, &p->c) != DLOCK_OK) {
+            p->c = NULL;
+            peer_fail(p, "unreachable: %s", dlock_last_error());
+            return;
+        }
+        p->used = 0;
+        dlock_count(&rl->ctr->redis_round_trips, 1);
+        if (append_one(rl, p, info, id, 0, nkeys, nargs, argv, get_seed) != 0) {
+            peer_broke(p, "%s", "out of memory");
+            return;
+        }
+        int r = -1;
+        if (dlock_conn_flush(p->c, deadline) == 0)
+            r = read_one(rl, i, p, info, get_seed, deadline);
+        if (r == 1) {
+            resend_eval(rl, i, p, id, nkeys, nargs, argv, get_seed, deadline);
+            return;
+        }
+        if (r == 0)
+            return;
+        if (p->used || !conn_was_closed(p->c)) {
+            peer_broke(p, "%s", p->c->errstr);
+            return;
+        }
+    }
+    peer_broke(p, "%s", p->c->errstr);
 }
 
 /* Runs one script on every peer of `only` (NULL: every peer) not failed,
  * peer i with argv[i]: appended, flushed, then read by deadline. A
- * NOSCRIPT answer (a restarted server) is sent again with EVAL as soon as
- * it is read, before the next peer's replies are waited for, and its reply
- * read after the others'. Each peer's reply in rep (an error reply
- * included), or the peer failed. */
+ * NOSCRIPT answer (a restarted server) is sent again with EVAL (the seed
+ * key's GET before it again) as soon as it is read, before the next peer's
+ * replies are waited for, and its reply read after the others'. A pooled
+ * connection closed while idle is replaced (retry_fresh). Each peer's
+ * reply in rep (an error reply included), or the peer failed. */
 static void peers_call_each(dlock_redlock *rl, peer *p, const int *only, int info,
                             dlock_script_id id, int nkeys, int nargs, const char **const *argv,
                             int get_seed, int64_t deadline)
 {
-    int again[DLOCK_REDLOCK_NODES_MAX] = {0}, any = 0;
+    int again[DLOCK_REDLOCK_NODES_MAX] = {0}, retry[DLOCK_REDLOCK_NODES_MAX] = {0}, any = 0;
 #define IN(i) (!p[i].failed && p[i].c && (!only || only[i]))
     for (unsigned i = 0; i < rl->n; i++) {
         if (!IN(i))
             continue;
         if (append_one(rl, &p[i], info, id, 0, nkeys, nargs, argv[i], get_seed) != 0)
-            peer_fail(&p[i], "%s", "out of memory");
+            peer_broke(&p[i], "%s", "out of memory");
         else
             any = 1;
     }
     if (!any)
         return;
     dlock_count(&rl->ctr->redis_round_trips, 1);
-    for (unsigned i = 0; i < rl->n; i++)
-        if (IN(i) && dlock_conn_flush(p[i].c, deadline) != 0)
-            peer_fail(&p[i], "%s", p[i].c->errstr);
     for (unsigned i = 0; i < rl->n; i++) {
         if (!IN(i))
             continue;
+        p[i].sent = 1; /* (even a failed flush may have sent a part) */
+        if (dlock_conn_flush(p[i].c, deadline) != 0) {
+            if (!p[i].used && conn_was_closed(p[i].c))
+                retry[i] = 1;
+            else
+                peer_broke(&p[i], "%s", p[i].c->errstr);
+        }
+    }
+    for (unsigned i = 0; i < rl->n; i++) {
+        if (!IN(i) || retry[i])
+            continue;
+        int fresh = !p[i].used;
         int r = read_one(rl, i, &p[i], info, get_seed, deadline);
         if (r < 0) {
-            peer_fail(&p[i], "%s", p[i].c->errstr);
+            if (fresh && !p[i].used && conn_was_closed(p[i].c))
+                retry[i] = 1;
+            else
+                peer_broke(&p[i], "%s", p[i].c->errstr);
         } else if (r == 1) {
             again[i] = 1;
             dlock_count(&rl->ctr->redis_round_trips, 1);
             if (append_one(rl, &p[i], 0, id, 1, nkeys, nargs, argv[i], get_seed) != 0)
-                peer_fail(&p[i], "%s", "out of memory");
+                peer_broke(&p[i], "%s", "out of memory");
             else if (dlock_conn_flush(p[i].c, deadline) != 0)
-                peer_fail(&p[i], "%s", p[i].c->errstr);
+                peer_broke(&p[i], "%s", p[i].c->errstr);
         }
     }
     for (unsigned i = 0; i < rl->n; i++)
         if (again[i] && IN(i) && read_one(rl, i, &p[i], 0, get_seed, deadline) < 0)
-            peer_fail(&p[i], "%s", p[i].c->errstr);
+            peer_broke(&p[i], "%s", p[i].c->errstr);
+    for (unsigned i = 0; i < rl->n; i++)
+        if (retry[i] && IN(i))
+            retry_fresh(rl, i, &p[i], info, id, nkeys, nargs, argv[i], get_seed, deadline);
 #undef IN
 }
 
@@ -392,12 +538,19 @@ static int64_t step_deadline(dlock_redlock *rl, int64_t caller)
     return caller < d ? caller : d;
 }
 
-/* Why node i does not count, for a message. */
-static void why_not(dlock_redlock *rl, unsigned i, const peer *p, char *out, size_t size)
+/* Why node i (of peers ps) does not count, for a message. */
+static void why_not(dlock_redlock *rl, unsigned i, const peer *ps, char *out, size_t size)
 {
     rl_node *nd = &rl->node[i];
+    const peer *p = &ps[i];
     if (p->failed) {
         snprintf(out, size, "%s %s", nd->addr, p->why);
+        return;
+    }
+    int j = same_run(rl, ps, i);
+    if (j >= 0) {
+        snprintf(out, size, "%s reports the run id of %s (one server listed twice?): counted "
+                 "once", nd->addr, rl->node[j].addr);
         return;
     }
     pthread_mutex_lock(&rl->mu);
@@ -422,12 +575,13 @@ int dlock_redlock_refresh(dlock_redlock *rl, int64_t deadline)
     int64_t d = step_deadline(rl, deadline);
     /* mark.lua with token 0 writes nothing and replies with the seed key */
     const char *argv[] = {rl->hw_any, rl->seed_key, "0", ""};
+    int64_t at = dlock_boot_ns();
     peers_call(rl, p, NULL, 1, DLOCK_SCRIPT_MARK, 2, 2, argv, 1, d);
     char msg[600] = "";
     size_t len = 0;
     for (unsigned i = 0; i < rl->n; i++) {
         if (!p[i].failed)
-            counts_now(rl, i, p[i].run, p[i].seed);
+            counts_now(rl, i, p[i].run, p[i].seed, at);
         else if (len < sizeof msg)
             len += (size_t)snprintf(msg + len, sizeof msg - len, "%s%s %s", len ? "; " : "",
                                     rl->node[i].addr, p[i].why);
@@ -436,10 +590,26 @@ int dlock_redlock_refresh(dlock_redlock *rl, int64_t deadline)
     return msg[0] ? dlock_err_set(DLOCK_EREDIS, "redlock: %s", msg) : DLOCK_OK;
 }
 
-/* The keys of a SCAN reply's page into *keys (grown), with the cursor
- * into cursor. 0 or -1. */
-static int scan_page(const redisReply *r, char *cursor, size_t csize, char ***keys, size_t *nk,
-                     size_t *cap)
+/* Whether key is a slot's mark of rl's prefix: exactly
+ * "<prefix>hw:{<tag>}", the tag without braces (SCAN's pattern also
+ * matches, say, "<prefix>hw:{a}b}" or another client's keys under the
+ * prefix "<prefix>hw:"). */
+static int is_mark_key(const dlock_redlock *rl, const char *key)
+{
+    size_t lp = strlen(rl->prefix), lk = strlen(key);
+    if (lk < lp + 6 || strncmp(key, rl->prefix, lp) != 0 || strncmp(key + lp, "hw:{", 4) != 0 ||
+        key[lk - 1] != '}')
+        return 0;
+    for (size_t k = lp + 4; k < lk - 1; k++)
+        if (key[k] == '{' || key[k] == '}')
+            return 0;
+    return 1;
+}
+
+/* The keys of a SCAN reply's page into *keys (grown; only slots' marks if
+ * rl is not NULL), with the cursor into cursor. 0 or -1. */
+static int scan_page(const dlock_redlock *rl, const redisReply *r, char *cursor, size_t csize,
+                     char ***keys, size_t *nk, size_t *cap)
 {
     if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
         r->element[0]->type != REDIS_REPLY_STRING || r->element[1]->type != REDIS_REPLY_ARRAY)
@@ -449,6 +619,8 @@ static int scan_page(const redisReply *r, char *cursor, size_t csize, char ***ke
     for (size_t k = 0; k < a->elements; k++) {
         if (a->element[k]->type != REDIS_REPLY_STRING)
             return -1;
+        if (rl && !is_mark_key(rl, a->element[k]->str))
+            continue;
         if (*nk == *cap) {
             size_t nc = *cap ? 2 * *cap : 64;
             char **nkeys = realloc(*keys, nc * sizeof *nkeys);
@@ -464,24 +636,27 @@ static int scan_page(const redisReply *r, char *cursor, size_t csize, char ***ke
     return 0;
 }
 
-/* Every key matching `match` on peer p's server, appended to *keys. 0, or
- * -1 (p failed). */
-static int scan_all(dlock_redlock *rl, peer *p, const char *match, int64_t deadline, char ***keys,
-                    size_t *nk, size_t *cap, size_t stop_after)
+/* Every key matching `match` on peer p's server (marks: only the string
+ * keys of a slot's mark's exact form), appended to *keys, until at least
+ * stop_after were found; each page by its own command timeout (at most
+ * deadline). 0, or -1 (p failed). */
+static int scan_all(dlock_redlock *rl, peer *p, const char *match, int marks, int64_t deadline,
+                    char ***keys, size_t *nk, size_t *cap, size_t stop_after)
 {
     char cursor[32] = "0";
     size_t start = *nk;
     do {
-        const char *v[] = {"SCAN", cursor, "MATCH", match, "COUNT", "1000"};
+        const char *v[] = {"SCAN", cursor, "MATCH", match, "COUNT", "1000", "TYPE", "string"};
         redisReply *r = NULL;
+        int64_t d = step_deadline(rl, deadline);
         dlock_count(&rl->ctr->redis_commands, 1);
         dlock_count(&rl->ctr->redis_round_trips, 1);
-        if (redisAppendCommandArgv(p->c, 6, v, NULL) != REDIS_OK ||
-            dlock_conn_flush(p->c, deadline) != 0 || dlock_conn_read(p->c, deadline, &r) != 0) {
-            peer_fail(p, "%s", p->c->errstr);
+        if (redisAppendCommandArgv(p->c, marks ? 8 : 6, v, NULL) != REDIS_OK ||
+            dlock_conn_flush(p->c, d) != 0 || dlock_conn_read(p->c, d, &r) != 0) {
+            peer_broke(p, "%s", p->c->errstr);
             return -1;
         }
-        int bad = scan_page(r, cursor, sizeof cursor, keys, nk, cap);
+        int bad = scan_page(marks ? rl : NULL, r, cursor, sizeof cursor, keys, nk, cap);
         freeReplyObject(r);
         if (bad) {
             peer_fail(p, "%s", "SCAN failed");
@@ -507,31 +682,38 @@ static void keys_free(char **keys, size_t nk)
 enum { SEED_BATCH = 256 };
 
 /* mark.lua on peer p for keys[from .. to) with tokens toks (NULL: "0"),
- * pipelined; each reply's mark before into before[] (may be NULL), and
- * its seed key into p->seed. 0, or -1 (p failed). */
+ * pipelined, by one command timeout (at most deadline); each reply's mark
+ * before into before[] (may be NULL), and its seed key into p->seed. A
+ * WRONGTYPE reply (the key holds no string there: not a mark of this
+ * prefix but another client's key of the same name) reads as no mark and
+ * writes nothing. 0, or -1 (p failed). */
 static int marks_on(dlock_redlock *rl, peer *p, char **keys, size_t from, size_t to,
                     char (*toks)[24], uint64_t *before, int64_t deadline)
 {
+    deadline = step_deadline(rl, deadline);
     for (size_t k = from; k < to; k++) {
         const char *argv[] = {keys[k], rl->seed_key, toks ? toks[k - from] : "0", ""};
         if (dlock_conn_append_eval(p->c, rl->ctr, DLOCK_SCRIPT_MARK, 0, 2, 2, argv, NULL) != 0) {
-            peer_fail(p, "%s", "out of memory");
+            peer_broke(p, "%s", "out of memory");
             return -1;
         }
     }
     dlock_count(&rl->ctr->redis_round_trips, 1);
     if (dlock_conn_flush(p->c, deadline) != 0) {
-        peer_fail(p, "%s", p->c->errstr);
+        peer_broke(p, "%s", p->c->errstr);
         return -1;
     }
     int bad = 0;
     for (size_t k = from; k < to; k++) {
         redisReply *r = NULL;
         if (dlock_conn_read(p->c, deadline, &r) != 0) {
-            peer_fail(p, "%s", p->c->errstr);
+            peer_broke(p, "%s", p->c->errstr);
             return -1;
         }
-        if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
+        if (r->type == REDIS_REPLY_ERROR && strncmp(r->str, "WRONGTYPE", 9) == 0) {
+            if (before)
+                before[k - from] = 0;
+        } else if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
             r->element[0]->type != REDIS_REPLY_STRING || r->element[1]->type != REDIS_REPLY_STRING)
             bad = 1;
         else {
@@ -553,13 +735,14 @@ static int seed_with(dlock_redlock *rl, unsigned i, peer *p, int64_t deadline)
     rl_node *nd = &rl->node[i];
     int64_t d = step_deadline(rl, deadline);
     const char *argv0[] = {rl->hw_any, rl->seed_key, "0", ""};
+    int64_t at = dlock_boot_ns();
     peers_call(rl, p, NULL, 1, DLOCK_SCRIPT_MARK, 2, 2, argv0, 1, d);
     if (p[i].failed)
         return dlock_err_set(DLOCK_EREDIS, "redlock: seeding %s: %s", nd->addr, p[i].why);
-    if (counts_now(rl, i, p[i].run, p[i].seed))
+    if (counts_now(rl, i, p[i].run, p[i].seed, at))
         return DLOCK_OK; /* seeded meanwhile */
     pthread_mutex_lock(&rl->mu);
-    int64_t seen = strcmp(nd->run, p[i].run) == 0 ? dlock_boot_ns() - nd->seen_boot : 0;
+    int64_t seen = strcmp(nd->run, p[i].run) == 0 ? at - nd->seen_boot : 0;
     int seeded = nd->seeded;
     pthread_mutex_unlock(&rl->mu);
     if (!seeded && seen < rl->lease_ns + rl->drift_ns)
@@ -577,12 +760,13 @@ static int seed_with(dlock_redlock *rl, unsigned i, peer *p, int64_t deadline)
     for (unsigned j = 0; j < rl->n; j++) {
         if (j == i)
             continue;
-        if (!p[j].failed && counts_now(rl, j, p[j].run, p[j].seed)) {
+        if (!p[j].failed && same_run(rl, p, j) < 0 && strcmp(p[j].run, p[i].run) != 0 &&
+            counts_now(rl, j, p[j].run, p[j].seed, at)) {
             src[j] = 1;
             nsrc++;
         } else if (wl < sizeof why) {
             char w[300];
-            why_not(rl, j, &p[j], w, sizeof w);
+            why_not(rl, j, p, w, sizeof w);
             wl += (size_t)snprintf(why + wl, sizeof why - wl, "; %s", w);
         }
     }
@@ -594,7 +778,8 @@ static int seed_with(dlock_redlock *rl, unsigned i, peer *p, int64_t deadline)
     char **keys = NULL;
     size_t nk = 0, cap = 0;
     for (unsigned j = 0; j < rl->n; j++)
-        if (src[j] && scan_all(rl, &p[j], rl->hw_match, deadline, &keys, &nk, &cap, SIZE_MAX) != 0)
+        if (src[j] &&
+            scan_all(rl, &p[j], rl->hw_match, 1, deadline, &keys, &nk, &cap, SIZE_MAX) != 0)
             src[j] = 0, nsrc--;
     if (nsrc < rl->m) {
         keys_free(keys, nk);
@@ -622,8 +807,9 @@ static int seed_with(dlock_redlock *rl, unsigned i, peer *p, int64_t deadline)
                 continue;
             /* a source restarted meanwhile fails (its connection closed);
              * one whose seed key changed stops counting */
+            int64_t bat = dlock_boot_ns();
             if (marks_on(rl, &p[j], keys, from, to, NULL, before, deadline) != 0 ||
-                !counts_now(rl, j, p[j].run, p[j].seed)) {
+                !counts_now(rl, j, p[j].run, p[j].seed, bat)) {
                 src[j] = 0;
                 nsrc--;
                 continue;
@@ -655,7 +841,7 @@ static int seed_with(dlock_redlock *rl, unsigned i, peer *p, int64_t deadline)
             rc = dlock_err_set(DLOCK_EREDIS, "redlock: seeding %s: the write of its run id "
                                "failed%s%s", nd->addr, p[i].failed ? ": " : "", p[i].why);
         else
-            counts_now(rl, i, p[i].run, r->element[1]->str);
+            counts_now(rl, i, p[i].run, r->element[1]->str, at);
     }
     free(top);
     free(toks);
@@ -710,41 +896,46 @@ int dlock_redlock_seed_fresh(dlock_redlock *rl, int64_t deadline)
     peer p[DLOCK_REDLOCK_NODES_MAX];
     memset(p, 0, sizeof p);
     peers_open(rl, p, deadline);
-    int64_t d = step_deadline(rl, deadline);
+    /* each step (the run ids, each node's scan, each write) by its own
+     * command timeout, at most the caller's deadline */
     const char *argv0[] = {rl->hw_any, rl->seed_key, "0", ""};
-    peers_call(rl, p, NULL, 1, DLOCK_SCRIPT_MARK, 2, 2, argv0, 1, d);
+    int64_t at = dlock_boot_ns();
+    peers_call(rl, p, NULL, 1, DLOCK_SCRIPT_MARK, 2, 2, argv0, 1, step_deadline(rl, deadline));
     int rc = DLOCK_OK;
-    char match[600];
-    snprintf(match, sizeof match, "%.*s*", (int)(strlen(rl->hw_match) - 6), rl->hw_match);
     for (unsigned i = 0; rc == DLOCK_OK && i < rl->n; i++) {
         if (p[i].failed || !p[i].run[0]) {
             rc = dlock_err_set(DLOCK_EREDIS, "redlock: a fresh seeding needs every node; %s %s",
                                rl->node[i].addr, p[i].failed ? p[i].why : "told no run id");
             break;
         }
+        /* empty, or (a fresh seeding that failed part way, run again) its
+         * only key of the prefix is its seed key holding its own run id */
         char **keys = NULL;
         size_t nk = 0, cap = 0;
-        if (scan_all(rl, &p[i], match, d, &keys, &nk, &cap, 1) != 0)
+        if (scan_all(rl, &p[i], rl->any_match, 0, deadline, &keys, &nk, &cap, 2) != 0)
             rc = dlock_err_set(DLOCK_EREDIS, "redlock: a fresh seeding needs every node; %s %s",
                                rl->node[i].addr, p[i].why);
-        else if (nk)
+        else if (nk && !(nk == 1 && strcmp(keys[0], rl->seed_key) == 0 &&
+                         strcmp(p[i].seed, p[i].run) == 0))
             rc = dlock_err_set(DLOCK_EINVAL, "redlock: %s already holds keys of prefix '%s' (such "
                                "as '%s'): a node with data is seeded from the others, never "
-                               "fresh", rl->node[i].addr, rl->prefix, keys[0]);
+                               "fresh", rl->node[i].addr, rl->prefix,
+                               strcmp(keys[0], rl->seed_key) == 0 && nk > 1 ? keys[1] : keys[0]);
         keys_free(keys, nk);
     }
     for (unsigned i = 0; rc == DLOCK_OK && i < rl->n; i++) {
         const char *argv[] = {rl->hw_any, rl->seed_key, "0", p[i].run};
         int only[DLOCK_REDLOCK_NODES_MAX] = {0};
         only[i] = 1;
-        peers_call(rl, p, only, 0, DLOCK_SCRIPT_MARK, 2, 2, argv, 0, d);
+        peers_call(rl, p, only, 0, DLOCK_SCRIPT_MARK, 2, 2, argv, 0, step_deadline(rl, deadline));
         const redisReply *r = p[i].rep;
         if (p[i].failed || !r || r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
             r->element[1]->type != REDIS_REPLY_STRING)
-            rc = dlock_err_set(DLOCK_EREDIS, "redlock: the fresh seeding of %s failed%s%s",
+            rc = dlock_err_set(DLOCK_EREDIS, "redlock: the fresh seeding of %s failed%s%s (the "
+                               "nodes written hold only their seed key: it may run again)",
                                rl->node[i].addr, p[i].failed ? ": " : "", p[i].why);
         else
-            counts_now(rl, i, p[i].run, r->element[1]->str);
+            counts_now(rl, i, p[i].run, r->element[1]->str, at);
     }
     peers_close(rl, p);
     return rc;
@@ -816,13 +1007,61 @@ int dlock_redlock_release(dlock_redlock *rl, const dlock_redlock_req *q,
                          answered, rl->n, rl->m, msg);
 }
 
-/* Ends a failed acquire: a release by attempt on every node that answered,
- * then the connections back. Returns rc. */
-static int acquire_failed(dlock_redlock *rl, peer *p, const dlock_redlock_req *q, int rc)
+/* A release by attempt of q on node i over a connection of its own,
+ * opened with timeouts that end by deadline, then closed. */
+static void release_fresh(dlock_redlock *rl, unsigned i, const dlock_redlock_req *q,
+                          int64_t deadline)
 {
-    release_on(rl, p, q, NULL, step_deadline(rl, q->deadline));
+    int64_t left = (deadline - dlock_now_ns()) / DLOCK_NS_PER_MS;
+    if (left < 2)
+        return;
+    dlock_conn_cfg cfg = rl->node[i].cfg;
+    uint32_t ms = (uint32_t)(left / 2); /* a connect and a setup at most */
+    if (cfg.connect_timeout_ms > ms)
+        cfg.connect_timeout_ms = ms;
+    if (cfg.command_timeout_ms > ms)
+        cfg.command_timeout_ms = ms;
+    peer one[DLOCK_REDLOCK_NODES_MAX];
+    memset(one, 0, sizeof one);
+    for (unsigned j = 0; j < rl->n; j++)
+        one[j].failed = j != i;
+    if (dlock_conn_open(&cfg, rl->ctr, &one[i].c) != DLOCK_OK)
+        return;
+    one[i].used = 1; /* (not the pool's: never replaced by retry_fresh) */
+    release_on(rl, one, q, NULL, deadline);
+    if (one[i].rep)
+        freeReplyObject(one[i].rep);
+    redisFree(one[i].c);
+}
+
+/* Ends a failed acquire: a release by attempt on every node its votes'
+ * request was sent to (may[i]: it may have granted, whatever it answered,
+ * if anything), within one command timeout from now, even past the
+ * caller's deadline: over the step's connection while that is in step (a
+ * node that answered an error, or did not count), else over a fresh one
+ * (its reply or the write-back's timed out, or its connection failed).
+ * Then the connections back. Returns rc, its message kept. */
+static int acq_failed(dlock_redlock *rl, peer *p, const dlock_redlock_req *q, const int *may,
+                      int rc)
+{
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", dlock_last_error());
+    int64_t d = dlock_conn_deadline(rl->node[0].cfg.command_timeout_ms);
+    int fresh[DLOCK_REDLOCK_NODES_MAX] = {0};
+    for (unsigned i = 0; i < rl->n; i++) {
+        if (!may[i])
+            p[i].failed = 1;
+        else if (p[i].c && !p[i].broken)
+            p[i].failed = 0;
+        else
+            fresh[i] = 1;
+    }
+    release_on(rl, p, q, NULL, d);
+    for (unsigned i = 0; i < rl->n; i++)
+        if (fresh[i])
+            release_fresh(rl, i, q, d);
     peers_close(rl, p);
-    return rc;
+    return dlock_err_set(rc, "%s", msg);
 }
 
 int dlock_redlock_acquire(dlock_redlock *rl, const dlock_redlock_req *q, dlock_redlock_grant *g,
@@ -868,6 +1107,12 @@ int dlock_redlock_acquire(dlock_redlock *rl, const dlock_redlock_req *q, dlock_r
     g->attempt = q->attempt;
     peers_call(rl, p, NULL, 1, dlock_script_in(DLOCK_SCRIPT_ACQUIRE, 2), DLOCK_SCRIPT_KEYS,
                DLOCK_ACQUIRE_ARGS, argv, 1, d);
+    /* may[i]: the request reached node i, perhaps (a release goes there on
+     * a failure); counted[i]: node i counts for this acquire, judged at the
+     * first send (its seed key read before the script: append_one) */
+    int may[DLOCK_REDLOCK_NODES_MAX], counted[DLOCK_REDLOCK_NODES_MAX] = {0};
+    for (unsigned i = 0; i < rl->n; i++)
+        may[i] = p[i].sent;
     unsigned votes = 0, counting = 0;
     uint64_t top = 0;
     char why[900] = "", err[300] = "";
@@ -879,7 +1124,8 @@ int dlock_redlock_acquire(dlock_redlock *rl, const dlock_redlock_req *q, dlock_r
             r->element[1]->type == REDIS_REPLY_INTEGER) {
             if (r->element[0]->integer == 1)
                 g->node_token[i] = (uint64_t)r->element[1]->integer;
-            if (counts_now(rl, i, p[i].run, p[i].seed)) {
+            if (same_run(rl, p, i) < 0 && counts_now(rl, i, p[i].run, p[i].seed, first)) {
+                counted[i] = 1;
                 counting++;
                 if (r->element[0]->integer == 1) {
                     votes++;
@@ -895,7 +1141,7 @@ int dlock_redlock_acquire(dlock_redlock *rl, const dlock_redlock_req *q, dlock_r
                 }
             } else if (wl < sizeof why) {
                 char w[300];
-                why_not(rl, i, &p[i], w, sizeof w);
+                why_not(rl, i, p, w, sizeof w);
                 wl += (size_t)snprintf(why + wl, sizeof why - wl, "; %s", w);
             }
         } else {
@@ -906,24 +1152,24 @@ int dlock_redlock_acquire(dlock_redlock *rl, const dlock_redlock_req *q, dlock_r
                                                                                  : "no vote");
             if (wl < sizeof why) {
                 char w[300];
-                why_not(rl, i, &p[i], w, sizeof w);
+                why_not(rl, i, p, w, sizeof w);
                 wl += (size_t)snprintf(why + wl, sizeof why - wl, "; %s", w);
             }
         }
     }
     if (counting < rl->m)
-        return acquire_failed(rl, p, q, dlock_err_set(DLOCK_EREDIS, "redlock acquire of '%s': %u "
-                              "of %u nodes count and answered, %u needed%s%s", q->name, counting,
-                              rl->n, rl->m, why, err));
+        return acq_failed(rl, p, q, may, dlock_err_set(DLOCK_EREDIS, "redlock acquire of '%s': "
+                          "%u of %u nodes count and answered, %u needed%s%s", q->name, counting,
+                          rl->n, rl->m, why, err));
     if (votes < rl->m)
-        return acquire_failed(rl, p, q, dlock_err_set(DLOCK_EBUSY, "redlock acquire of '%s': %u "
-                              "of %u nodes granted, %u needed; held by '%s' for %" PRId64
-                              " ms more", q->name, votes, rl->n, rl->m, busy->holder,
-                              busy->pttl_ms));
+        return acq_failed(rl, p, q, may, dlock_err_set(DLOCK_EBUSY, "redlock acquire of '%s': "
+                          "%u of %u nodes granted, %u needed; held by '%s' for %" PRId64
+                          " ms more", q->name, votes, rl->n, rl->m, busy->holder,
+                          busy->pttl_ms));
     if (dlock_boot_ns() >= valid)
-        return acquire_failed(rl, p, q, dlock_err_set(DLOCK_EREDIS, "redlock acquire of '%s': "
-                              "the votes came after the validity (%" PRIu32 " ms lease)",
-                              q->name, rl->lease_ms));
+        return acq_failed(rl, p, q, may, dlock_err_set(DLOCK_EREDIS, "redlock acquire of '%s': "
+                          "the votes came after the validity (%" PRIu32 " ms lease)",
+                          q->name, rl->lease_ms));
 
     /* 2., 3. The token, and its write-back. */
     uint64_t T = top + 1;
@@ -937,7 +1183,11 @@ int dlock_redlock_acquire(dlock_redlock *rl, const dlock_redlock_req *q, dlock_r
         int64_t wd = step_deadline(rl, q->deadline);
         if (mono + (valid - first) < wd)
             wd = mono + (valid - first);
-        peers_call(rl, p, NULL, 0, DLOCK_SCRIPT_MARK, 2, 2, wargv, 0, wd);
+        /* once per server: a server listed twice would meet its own T */
+        int once[DLOCK_REDLOCK_NODES_MAX];
+        for (unsigned i = 0; i < rl->n; i++)
+            once[i] = same_run(rl, p, i) < 0;
+        peers_call(rl, p, once, 0, DLOCK_SCRIPT_MARK, 2, 2, wargv, 0, wd);
         uint64_t high = 0;
         met = 0;
         acks = 0;
@@ -947,13 +1197,15 @@ int dlock_redlock_acquire(dlock_redlock *rl, const dlock_redlock_req *q, dlock_r
                 r->element[0]->type != REDIS_REPLY_STRING ||
                 r->element[1]->type != REDIS_REPLY_STRING)
                 continue;
+            if (!once[i])
+                continue; /* (its reply is still the vote's) */
             uint64_t before = strtoull(r->element[0]->str, NULL, 10);
             if (before >= T) {
                 met = 1;
                 if (before > high)
                     high = before;
-            } else if (counts_now(rl, i, p[i].run, r->element[1]->str)) {
-                acks++;
+            } else if (counts_now(rl, i, p[i].run, r->element[1]->str, first) && counted[i]) {
+                acks++; /* (its seed key as the write-back's script read it) */
             }
         }
         if (met)
@@ -965,18 +1217,18 @@ int dlock_redlock_acquire(dlock_redlock *rl, const dlock_redlock_req *q, dlock_r
     }
     if (!confirmed) {
         if (met)
-            return acquire_failed(rl, p, q, dlock_err_set(DLOCK_EBUSY, "redlock acquire of '%s': "
-                                  "the write-back met higher marks in %d rounds (contended)",
-                                  q->name, DLOCK_REDLOCK_ROUNDS));
-        return acquire_failed(rl, p, q, dlock_err_set(DLOCK_EREDIS, "redlock acquire of '%s': "
-                              "the token's write-back reached %u counting nodes, %u needed",
-                              q->name, acks, rl->m));
+            return acq_failed(rl, p, q, may, dlock_err_set(DLOCK_EBUSY, "redlock acquire of "
+                              "'%s': the write-back met higher marks in %d rounds (contended)",
+                              q->name, DLOCK_REDLOCK_ROUNDS));
+        return acq_failed(rl, p, q, may, dlock_err_set(DLOCK_EREDIS, "redlock acquire of '%s': "
+                          "the token's write-back reached %u counting nodes, %u needed",
+                          q->name, acks, rl->m));
     }
     /* 4. The hand-out, only within the validity. */
     if (dlock_boot_ns() >= valid)
-        return acquire_failed(rl, p, q, dlock_err_set(DLOCK_EREDIS, "redlock acquire of '%s': "
-                              "confirmed after the validity (%" PRIu32 " ms lease); released",
-                              q->name, rl->lease_ms));
+        return acq_failed(rl, p, q, may, dlock_err_set(DLOCK_EREDIS, "redlock acquire of '%s': "
+                          "confirmed after the validity (%" PRIu32 " ms lease); released",
+                          q->name, rl->lease_ms));
     g->token = T;
     g->votes = votes;
     peers_close(rl, p);

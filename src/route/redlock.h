@@ -11,21 +11,29 @@
  *
  *   counts  a node's reply counts when its seed key ("<prefix>redlock:seed")
  *           holds the run id of the server that answered (INFO server's
- *           run_id, read in the same pipeline as the script) and this
- *           client has seen that run id for at least a lease, on
- *           CLOCK_BOOTTIME, from its first sight (a client that starts
- *           fresh waits a lease before any node counts).
+ *           run_id, and a GET of the seed key, read before the script in
+ *           the same pipeline: within one run the seed key only ever takes
+ *           that run's id, so a reading before the script holds at the
+ *           script; mark.lua's replies carry the key as the script read
+ *           it), and this client first saw that run id at least a lease
+ *           before the request was sent (the acquire's first send), on
+ *           CLOCK_BOOTTIME (a client that starts fresh waits a lease before
+ *           any node counts). Two nodes that report one run id (one server
+ *           listed under two names) count once.
  *   acquire acquire.lua on every node with one attempt number; votes
  *           only from nodes that count; T = highest vote + 1; mark.lua T on
  *           every node, at most 3 rounds (a reply whose mark was T or more
  *           makes T that mark + 1 and the round run again), confirmed once
- *           m counting nodes replied with marks below T; handed out only
+ *           m nodes that counted for the votes replied with marks below T
+ *           and their seed key holding their run id; handed out only
  *           before the validity: the first send + the lease - the drift
  *           allowance (1% of the lease + 2 ms), on CLOCK_BOOTTIME. Any
- *           failure: a release by attempt on every node that answered.
+ *           failure: a release by attempt on every node the votes' request
+ *           was sent to (whatever it answered, if anything).
  *   seed    a node that does not count (it restarted: a new run id) and
  *           was seen for a lease + the drift allowance gets, for every
- *           slot's mark of the prefix ("<prefix>hw:{<tag>}") that any of
+ *           slot's mark of the prefix (a string key "<prefix>hw:{<tag>}",
+ *           the tag without braces) that any of
  *           at least m other counting nodes holds, the highest of their
  *           marks (mark.lua 0 reads them), and only once every mark is
  *           written its run id in its seed key.
@@ -66,9 +74,11 @@ typedef struct dlock_redlock dlock_redlock;
  * set) and its own address, and a pool of pool_size connections. Keys are
  * under `prefix` ("dlock:" as the client's); lease_ms is every grant's
  * lease. Nothing is connected yet. DLOCK_OK, DLOCK_EINVAL (a bad list, an
- * even N or fewer than 3 nodes, more than DLOCK_REDLOCK_NODES_MAX, a
- * protocol other than 2, a lease under 10 ms: the message says which) or
- * DLOCK_ENOMEM. */
+ * address listed twice, an even N or fewer than 3 nodes, more than
+ * DLOCK_REDLOCK_NODES_MAX, a protocol other than 2, a lease under 10 ms:
+ * the message says which) or DLOCK_ENOMEM. (One server under two names,
+ * "localhost:1" and "127.0.0.1:1", is not refused here; its two nodes
+ * count once: dlock_redlock_acquire.) */
 int dlock_redlock_create(const dlock_conn_cfg *base, const char *nodes, const char *prefix,
                          uint32_t lease_ms, unsigned pool_size, dlock_counters *ctr,
                          dlock_redlock **out);
@@ -112,10 +122,14 @@ int dlock_redlock_seed(dlock_redlock *rl, unsigned i, int64_t deadline);
 /* Seeds a fresh deployment: gives every node its run id in its seed key.
  * For a deployment's first start and for tests only: it refuses, writing
  * nothing, unless every node answers and holds no key of the prefix at all
- * (no lock data, no mark, no seed key): a node with data is seeded from
- * the others (dlock_redlock_seed), never fresh, since a fresh seed would
- * let it vote on marks it lost. DLOCK_OK, DLOCK_EINVAL (a node holds keys
- * of the prefix: the message names it and one key) or DLOCK_EREDIS. */
+ * (no lock data, no mark, no seed key; or, a fresh seeding that failed
+ * part way run again, only its seed key holding its own run id): a node
+ * with data is seeded from the others (dlock_redlock_seed), never fresh,
+ * since a fresh seed would let it vote on marks it lost. Each step (the
+ * run ids, each node's scan, each write) has its own command timeout, at
+ * most until deadline. DLOCK_OK, DLOCK_EINVAL (a node holds keys of the
+ * prefix: the message names it and one key) or DLOCK_EREDIS (a node did not
+ * answer: nothing written, or the nodes before it written; run again). */
 int dlock_redlock_seed_fresh(dlock_redlock *rl, int64_t deadline);
 
 /* One quorum acquire of one name by one client. */
@@ -130,7 +144,9 @@ typedef struct dlock_redlock_req {
                                      writes T + pass_limit (the holder hands out
                                      T .. T + pass_limit); 0: none */
     int64_t deadline;             /* monotonic: waits for connections and replies end
-                                     here (and one command timeout after each send) */
+                                     here (and one command timeout after each send);
+                                     a failed acquire's release may take one command
+                                     timeout more */
 } dlock_redlock_req;
 
 /* A quorum grant. */
@@ -154,9 +170,15 @@ typedef struct dlock_redlock_busy {
  * (enough nodes count and answered, but fewer than m granted, or the
  * write-back met higher marks in every round; the message says which);
  * DLOCK_EREDIS (fewer than m counting nodes answered, or the validity ran
- * out before the hand-out: the message names how many and why). Every
- * failure first sends a release by attempt to every node that answered
- * (what a node that did not answer granted ends within a lease). */
+ * out before the hand-out: the message names how many and why; nodes that
+ * count once as one server say so). Every failure first sends a release by
+ * attempt to every node the request was sent to, whatever it answered:
+ * over the step's connection while it is in step, else over a fresh one,
+ * all within one command timeout from the failure (a node that does not
+ * answer it in time keeps its grant at most a lease). A pooled connection
+ * that fails at once with EOF or a reset (the server restarted, or closed
+ * it while idle) is replaced and its request sent again (safe: every
+ * script is idempotent for its attempt). */
 int dlock_redlock_acquire(dlock_redlock *rl, const dlock_redlock_req *q, dlock_redlock_grant *g,
                           dlock_redlock_busy *busy);
 

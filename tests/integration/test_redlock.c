@@ -476,8 +476,8 @@ static void test_write_back_meets_higher_mark(void **state)
 
 /* A node paused (SIGSTOP) past the validity: with a command timeout above
  * the lease the votes' wait ends at the validity, and the acquire fails
- * (released on the nodes that answered: another client is granted at
- * once); with one below it, the others grant before the validity ends. */
+ * (released on every node: another client is granted at once); with one
+ * below it, the others grant before the validity ends. */
 static void test_paused_past_validity(void **state)
 {
     (void)state;
@@ -498,7 +498,10 @@ static void test_paused_past_validity(void **state)
         assert_true(t1 < g.valid_boot);
     assert_int_equal(rc, DLOCK_EREDIS);
     assert_non_null(strstr(dlock_last_error(), "validity"));
-    assert_true(t1 - t0 < (LEASE_MS + 200) * DLOCK_NS_PER_MS);
+    /* the votes' wait ends at the validity; the release to the paused node
+     * (over a fresh connection) takes one command timeout more at most */
+    if (!(t1 - t0 < (LEASE_MS + 1000 + 200) * DLOCK_NS_PER_MS))
+        fail_msg("the failed acquire took %" PRId64 " ms", (t1 - t0) / DLOCK_NS_PER_MS);
     assert_int_equal(fx_redis_signal(&srv[2], SIGCONT), 0);
     /* a's grants on nodes 0 and 1 were released */
     assert_int_equal(acquire(b, "n", &g, NULL), DLOCK_OK);
