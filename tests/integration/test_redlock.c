@@ -27,6 +27,7 @@
 #include <cmocka.h>
 
 #include <inttypes.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -209,6 +210,57 @@ static void seed_and_wait(client *c)
     assert_int_equal(dlock_redlock_refresh(c->rl, ms_from_now(2000)), DLOCK_OK);
     for (unsigned i = 0; i < dlock_redlock_nodes(c->rl); i++)
         assert_true(dlock_redlock_counts(c->rl, i));
+}
+
+/* Server i's run id (INFO server). */
+static void run_id_of(int i, char *out, size_t size)
+{
+    redisReply *r = fx_cmd_at(srv[i].port, "INFO server");
+    assert_non_null(r);
+    assert_int_equal(r->type, REDIS_REPLY_STRING);
+    const char *s = strstr(r->str, "run_id:");
+    assert_non_null(s);
+    s += 7;
+    size_t k = strspn(s, "0123456789abcdef");
+    assert_true(k > 0 && k < size);
+    memcpy(out, s, k);
+    out[k] = '\0';
+    freeReplyObject(r);
+}
+
+/* Writes server i's run id into c's seed key there, as another client's
+ * seeding of it would. */
+static void seed_by_hand(int i, const client *c)
+{
+    char run[64];
+    run_id_of(i, run, sizeof run);
+    redisReply *r = fx_cmd_at(srv[i].port, "SET %sredlock:seed %s", c->prefix, run);
+    assert_non_null(r);
+    freeReplyObject(r);
+}
+
+/* Loads protocol 2's acquire and release scripts and mark.lua into server
+ * i (restarted: so that no NOSCRIPT's send again, read after the other
+ * nodes' replies, changes a test's timing). */
+static void load_scripts(int i)
+{
+    dlock_script_id ids[] = {dlock_script_in(DLOCK_SCRIPT_ACQUIRE, 2),
+                             dlock_script_in(DLOCK_SCRIPT_RELEASE, 2), DLOCK_SCRIPT_MARK};
+    for (int k = 0; k < 3; k++) {
+        redisReply *r = fx_cmd_at(srv[i].port, "SCRIPT LOAD %s", dlock_script_body(ids[k]));
+        assert_non_null(r);
+        assert_int_equal(r->type, REDIS_REPLY_STRING);
+        freeReplyObject(r);
+    }
+}
+
+/* Runs a command on server i, its reply dropped. */
+static void cmd_at(int i, const char *cmd, const char *a1, const char *a2)
+{
+    redisReply *r = a2 ? fx_cmd_at(srv[i].port, cmd, a1, a2)
+                       : a1 ? fx_cmd_at(srv[i].port, cmd, a1) : fx_cmd_at(srv[i].port, cmd);
+    assert_non_null(r);
+    freeReplyObject(r);
 }
 
 static void kill_srv(int i)
@@ -625,6 +677,478 @@ static void test_five_nodes(void **state)
     client_free(a);
 }
 
+/* A slot's mark held by one source only (the other never had the key),
+ * and 3000 marks (several SCAN pages, several batches): the seeding copies
+ * every one, and writes node 0's run id only after the last mark (its
+ * MONITOR shows no mark raised after the run id). */
+static void test_seed_union_and_pages(void **state)
+{
+    (void)state;
+    char px[32];
+    client *a = client_new(3, new_prefix(px, sizeof px), 1, 300);
+    seed_and_wait(a);
+    uint64_t x = ahead_us(0);
+    raise_mark(2, a, "n1", x); /* node 1 never had this slot's mark */
+    char lua[512];
+    snprintf(lua, sizeof lua, "for i = 1, 3000 do redis.call('SET', '%shw:{p' .. i .. '}', "
+             "'%" PRIu64 " 0 0') end return 1", px, x);
+    for (int i = 1; i < 3; i++)
+        cmd_at(i, "EVAL %s 0", lua, NULL);
+    kill_srv(0);
+    restart_srv(0);
+    assert_int_equal(dlock_redlock_refresh(a->rl, ms_from_now(2000)), DLOCK_OK);
+    fx_sleep_ms(LEASE_MS + 50);
+    redisContext *mon = fx_connect("127.0.0.1", srv[0].port);
+    assert_non_null(mon);
+    redisReply *mr = redisCommand(mon, "MONITOR");
+    assert_non_null(mr);
+    freeReplyObject(mr);
+    int rc = dlock_redlock_seed_due(a->rl, ms_from_now(5000));
+    if (rc != 1)
+        fail_msg("seed_due %d: %s", rc, dlock_last_error());
+    /* the order node 0 ran them in: mark.lua's last argument is "" for a
+     * mark, the run id (40 hex digits) for the seed key */
+    struct timeval tv = {0, 300000};
+    redisSetTimeout(mon, tv);
+    long line = 0, run_at = -1, last_mark = -1;
+    void *vr;
+    while (redisGetReply(mon, &vr) == REDIS_OK) {
+        redisReply *l = vr;
+        line++;
+        const char *str = l->str ? l->str : "";
+        size_t len = strlen(str);
+        if (strstr(str, "redlock:seed") && len > 4 && strcmp(str + len - 4, "\" \"\"") == 0 &&
+            !strstr(str, "\"0\" \"\""))
+            last_mark = line;
+        else if (strstr(str, "redlock:seed") && len > 44 && str[len - 42] == '"' &&
+                 strspn(str + len - 41, "0123456789abcdef") == 40)
+            run_at = line;
+        freeReplyObject(l);
+    }
+    redisFree(mon);
+    if (!(run_at > 0 && last_mark > 0 && run_at > last_mark))
+        fail_msg("run id written at line %ld, last mark raised at line %ld", run_at, last_mark);
+    if (mark_on(0, a, "n1") < x)
+        fail_msg("node 0 not seeded with the mark only node 2 held");
+    snprintf(lua, sizeof lua, "local n = 0 for i = 1, 3000 do local v = redis.call('GET', "
+             "'%shw:{p' .. i .. '}') if v and tonumber(string.match(v, '^(%%d+)')) >= %" PRIu64
+             " then n = n + 1 end end return n", px, x);
+    redisReply *r = fx_cmd_at(srv[0].port, "EVAL %s 0", lua);
+    assert_non_null(r);
+    long long got = r->integer;
+    freeReplyObject(r);
+    if (got != 3000)
+        fail_msg("node 0 seeded with %lld of 3000 marks", got);
+    client_free(a);
+}
+
+/* Keys of the mark's pattern that are not marks (another client's hash
+ * under the prefix "<prefix>hw:", a string "<prefix>hw:{a}b}") do not
+ * block the seeding, and are not copied; a mark on node 1 whose key is
+ * such a hash on node 2 reads there as no mark, and is copied. */
+static void test_seed_skips_other_keys(void **state)
+{
+    (void)state;
+    char px[32];
+    client *a = client_new(3, new_prefix(px, sizeof px), 1, 300);
+    seed_and_wait(a);
+    uint64_t t = grant_token(a, "n");
+    char k1[64], k2[64];
+    snprintf(k1, sizeof k1, "%shw:{zz}", px);
+    snprintf(k2, sizeof k2, "%shw:{a}b}", px);
+    for (int i = 1; i < 3; i++) {
+        cmd_at(i, "HSET %s f v", k1, NULL);
+        cmd_at(i, "SET %s 5", k2, NULL);
+    }
+    char k3[64];
+    snprintf(k3, sizeof k3, "%shw:{yy}", px);
+    cmd_at(1, "SET %s %s", k3, "7 0 0");
+    cmd_at(2, "HSET %s f v", k3, NULL);
+    kill_srv(0);
+    restart_srv(0);
+    assert_int_equal(dlock_redlock_refresh(a->rl, ms_from_now(2000)), DLOCK_OK);
+    fx_sleep_ms(LEASE_MS + 50);
+    int rc = dlock_redlock_seed_due(a->rl, ms_from_now(3000));
+    if (rc != 1)
+        fail_msg("seed_due %d: %s", rc, dlock_last_error());
+    assert_true(mark_on(0, a, "n") >= t);
+    redisReply *r = fx_cmd_at(srv[0].port, "EXISTS %s %s", k1, k2);
+    assert_non_null(r);
+    assert_int_equal(r->integer, 0);
+    freeReplyObject(r);
+    r = fx_cmd_at(srv[0].port, "GET %s", k3);
+    assert_non_null(r);
+    if (r->type != REDIS_REPLY_STRING || strncmp(r->str, "7 ", 2) != 0)
+        fail_msg("node 0's %s: %s", k3, r->type == REDIS_REPLY_STRING ? r->str : "none");
+    freeReplyObject(r);
+    client_free(a);
+}
+
+/* A fresh seeding that failed part way (node 0 holds its seed key, the
+ * others nothing) runs again; a seed key of another run, or beside other
+ * keys, is refused; so is a node with keys under a prefix longer than
+ * any fixed buffer. */
+static void test_seed_fresh_rerun(void **state)
+{
+    (void)state;
+    char px[32];
+    client *a = client_new(3, new_prefix(px, sizeof px), 1, 300);
+    seed_by_hand(0, a);
+    int rc = dlock_redlock_seed_fresh(a->rl, ms_from_now(2000));
+    if (rc != DLOCK_OK)
+        fail_msg("a fresh seeding run again: %d %s", rc, dlock_last_error());
+    client_free(a);
+
+    a = client_new(3, new_prefix(px, sizeof px), 1, 300);
+    char seed[64];
+    snprintf(seed, sizeof seed, "%sredlock:seed", px);
+    cmd_at(1, "SET %s %s", seed, "0123456789abcdef0123456789abcdef01234567");
+    assert_int_equal(dlock_redlock_seed_fresh(a->rl, ms_from_now(2000)), DLOCK_EINVAL);
+    assert_non_null(strstr(dlock_last_error(), "already holds keys"));
+    seed_by_hand(1, a);
+    cmd_at(1, "SET %s%s 1", px, "x");
+    assert_int_equal(dlock_redlock_seed_fresh(a->rl, ms_from_now(2000)), DLOCK_EINVAL);
+    assert_non_null(strstr(dlock_last_error(), "already holds keys"));
+    client_free(a);
+
+    /* a prefix of 700 characters */
+    char *lp = malloc(720);
+    assert_non_null(lp);
+    memset(lp, 'q', 700);
+    snprintf(lp + 700, 20, "%d:", ++prefix_no);
+    dlock_conn_cfg cfg = {.protocol = 2, .connect_timeout_ms = 300, .command_timeout_ms = 300};
+    dlock_counters ctr = {0};
+    dlock_redlock *rl = NULL;
+    char addrs[80];
+    snprintf(addrs, sizeof addrs, "127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d", srv[0].port,
+             srv[1].port, srv[2].port);
+    assert_int_equal(dlock_redlock_create(&cfg, addrs, lp, LEASE_MS, 1, &ctr, &rl), DLOCK_OK);
+    cmd_at(1, "SET %szz 1", lp, NULL);
+    rc = dlock_redlock_seed_fresh(rl, ms_from_now(2000));
+    if (rc != DLOCK_EINVAL)
+        fail_msg("a node with a key of a long prefix seeded fresh: %d %s", rc,
+                 dlock_last_error());
+    dlock_redlock_destroy(rl);
+    free(lp);
+}
+
+/* An address listed twice is refused; one server under two names counts
+ * once (with node 2 down, the two names alone are no majority). */
+static void test_same_server_twice(void **state)
+{
+    (void)state;
+    dlock_conn_cfg cfg = {.protocol = 2, .connect_timeout_ms = 300, .command_timeout_ms = 300};
+    dlock_counters ctr = {0};
+    dlock_redlock *rl = NULL;
+    char addrs[120];
+    snprintf(addrs, sizeof addrs, "127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d", srv[0].port,
+             srv[1].port, srv[0].port);
+    assert_int_equal(dlock_redlock_create(&cfg, addrs, "x:", LEASE_MS, 1, &ctr, &rl),
+                     DLOCK_EINVAL);
+    assert_non_null(strstr(dlock_last_error(), "listed twice"));
+    assert_null(rl);
+
+    char px[32];
+    client *a = client_new(3, new_prefix(px, sizeof px), 1, 300);
+    dlock_redlock_destroy(a->rl);
+    snprintf(addrs, sizeof addrs, "127.0.0.1:%d,localhost:%d,127.0.0.1:%d", srv[0].port,
+             srv[0].port, srv[1].port);
+    assert_int_equal(dlock_redlock_create(&a->cfg, addrs, px, LEASE_MS, 2, &a->ctr, &a->rl),
+                     DLOCK_OK);
+    assert_int_equal(dlock_redlock_seed_fresh(a->rl, ms_from_now(2000)), DLOCK_OK);
+    fx_sleep_ms(LEASE_MS + 20);
+    dlock_redlock_grant g;
+    int rc0 = acquire(a, "n", &g, NULL);
+    if (rc0 != DLOCK_OK)
+        fail_msg("acquire: %d %s", rc0, dlock_last_error());
+    assert_int_equal(g.votes, 2);
+    release(a, "n", &g);
+    kill_srv(1);
+    int rc = acquire(a, "n", &g, NULL);
+    if (rc == DLOCK_OK)
+        fail_msg("granted by one server under two names (votes %u)", g.votes);
+    assert_int_equal(rc, DLOCK_EREDIS);
+    assert_non_null(strstr(dlock_last_error(), "reports the run id of"));
+    client_free(a);
+}
+
+/* The seed key is read before the script, on the acquire's first send and
+ * on its send again after a NOSCRIPT (node 0's scripts flushed): in node
+ * 0's MONITOR every script of the acquire follows a GET of the seed key on
+ * its connection. (That a seeding between the script and a GET after it
+ * is not counted cannot be timed on one machine: this checks the order
+ * that excludes it, redlock.c append_one.) */
+static void test_seed_read_before_script(void **state)
+{
+    (void)state;
+    char px[32];
+    client *a = client_new(3, new_prefix(px, sizeof px), 1, 300);
+    seed_and_wait(a);
+    cmd_at(0, "SCRIPT FLUSH", NULL, NULL);
+    redisContext *mon = fx_connect("127.0.0.1", srv[0].port);
+    assert_non_null(mon);
+    redisReply *mr = redisCommand(mon, "MONITOR");
+    assert_non_null(mr);
+    freeReplyObject(mr);
+    dlock_redlock_grant g;
+    assert_int_equal(acquire(a, "n", &g, NULL), DLOCK_OK);
+    release(a, "n", &g);
+    struct timeval tv = {0, 300000};
+    redisSetTimeout(mon, tv);
+    char last[16][64];
+    char conn[16][64];
+    int nconn = 0, scripts = 0, evals = 0;
+    char want[64];
+    snprintf(want, sizeof want, "\"GET\" \"%sredlock:seed\"", px);
+    char lease_key[64];
+    snprintf(lease_key, sizeof lease_key, "\"%s{n}", px);
+    void *vr;
+    while (redisGetReply(mon, &vr) == REDIS_OK) {
+        redisReply *l = vr;
+        const char *str = l->str ? l->str : "";
+        const char *b = strchr(str, '['), *e = b ? strchr(b, ']') : NULL;
+        if (b && e && e - b < 60) {
+            char who[64];
+            snprintf(who, sizeof who, "%.*s", (int)(e - b), b);
+            int k = 0;
+            while (k < nconn && strcmp(conn[k], who) != 0)
+                k++;
+            if (k == nconn && nconn < 16)
+                snprintf(conn[nconn++], sizeof conn[0], "%s", who);
+            if (k < 16) {
+                int is_acq = (strstr(e, "\"EVALSHA\"") || strstr(e, "\"EVAL\"")) &&
+                             strstr(e, lease_key) && !strstr(e, "\"nonce\"") &&
+                             !strstr(e, "\"token\"");
+                if (is_acq) {
+                    scripts++;
+                    evals += strstr(e, "\"EVAL\"") != NULL;
+                    if (strcmp(last[k], "get") != 0)
+                        fail_msg("an acquire's script not right after a GET of the seed key: "
+                                 "%.200s", str);
+                }
+                snprintf(last[k], sizeof last[0], "%s", strstr(e, want) ? "get" : "other");
+            }
+        }
+        freeReplyObject(l);
+    }
+    redisFree(mon);
+    if (scripts != 2 || evals != 1)
+        fail_msg("node 0 ran %d acquire scripts, %d by EVAL (2, 1: NOSCRIPT, sent again)", scripts,
+                 evals);
+    client_free(a);
+}
+
+/* A node counts only if first seen a lease before the acquire's first
+ * send, not before its reply is read. Node 2 restarted and seeded (by
+ * hand, as another client would), first seen by this client at s; the
+ * acquire's first send is at s + lease - 150 ms, and its replies read
+ * after node 0 (paused) timed out, 300 ms later: node 2's vote does not
+ * count, and node 1 alone is no majority. */
+static void test_counts_at_send(void **state)
+{
+    (void)state;
+    char px[32];
+    client *a = client_new(3, new_prefix(px, sizeof px), 1, 300);
+    seed_and_wait(a);
+    kill_srv(2);
+    restart_srv(2);
+    seed_by_hand(2, a);
+    load_scripts(2);
+    assert_int_equal(dlock_redlock_refresh(a->rl, ms_from_now(2000)), DLOCK_OK);
+    int64_t seen = dlock_now_ns();
+    assert_false(dlock_redlock_counts(a->rl, 2));
+    assert_int_equal(fx_redis_signal(&srv[0], SIGSTOP), 0);
+    fx_sleep_ms(LEASE_MS - 150);
+    dlock_redlock_grant g;
+    int rc = acquire(a, "n", &g, NULL);
+    assert_int_equal(fx_redis_signal(&srv[0], SIGCONT), 0);
+    if (dlock_now_ns() - seen < (LEASE_MS + 50) * DLOCK_NS_PER_MS)
+        fail_msg("too fast: node 0's timeout did not delay the replies past the lease");
+    if (rc == DLOCK_OK)
+        fail_msg("granted with node 2's vote, made within a lease of its first sight");
+    assert_int_equal(rc, DLOCK_EREDIS);
+    assert_non_null(strstr(dlock_last_error(), "1 of 3 nodes count and answered"));
+    client_free(a);
+}
+
+static void *kill_later(void *arg)
+{
+    fx_sleep_ms(100);
+    fx_redis_signal(arg, SIGKILL);
+    return NULL;
+}
+
+/* Write-back acks count only from nodes that counted for the votes. Of
+ * 5 nodes, node 3 restarted and seeded by hand, first seen within a lease
+ * of the acquire's first send (it does not count), node 4 paused (the
+ * votes wait 300 ms for it), and node 2 killed after its vote, before the
+ * write-back: nodes 0, 1, 2 vote; only 0 and 1 of them ack, and node 3's
+ * ack, read after its lease from first sight, does not make a third. */
+static void test_write_back_acks_count(void **state)
+{
+    (void)state;
+    char px[32];
+    client *a = client_new(5, new_prefix(px, sizeof px), 1, 300);
+    seed_and_wait(a);
+    kill_srv(3);
+    restart_srv(3);
+    seed_by_hand(3, a);
+    load_scripts(3);
+    assert_int_equal(dlock_redlock_refresh(a->rl, ms_from_now(2000)), DLOCK_OK);
+    assert_false(dlock_redlock_counts(a->rl, 3));
+    fx_sleep_ms(LEASE_MS - 150);
+    assert_int_equal(fx_redis_signal(&srv[4], SIGSTOP), 0);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, kill_later, &srv[2]), 0);
+    dlock_redlock_grant g;
+    int rc = acquire(a, "n", &g, NULL);
+    pthread_join(th, NULL);
+    assert_int_equal(fx_redis_signal(&srv[4], SIGCONT), 0);
+    if (rc == DLOCK_OK)
+        fail_msg("confirmed by node 3's ack (votes %u)", g.votes);
+    assert_int_equal(rc, DLOCK_EREDIS);
+    assert_non_null(strstr(dlock_last_error(), "write-back reached 2 counting nodes"));
+    client_free(a);
+}
+
+static void *pause_writes_later(void *arg)
+{
+    (void)arg;
+    fx_sleep_ms(100);
+    for (int i = 1; i < 4; i++) {
+        redisReply *r = fx_cmd_at(srv[i].port, "CLIENT PAUSE 600 WRITE");
+        if (r)
+            freeReplyObject(r);
+    }
+    return NULL;
+}
+
+/* A failed acquire releases every node it sent its request to, also those
+ * whose reply was lost. Of 5 nodes, node 4 is paused (the votes wait
+ * 300 ms for it); nodes 0 to 3 vote, then, before the write-back, nodes
+ * 1 to 3 hold writes for 600 ms: their write-back replies time out, the
+ * acquire fails, and its release reaches them over fresh connections once
+ * the hold ends. Another client is granted at once, not a lease later.
+ * (Leases of 2 s.) */
+static void test_failed_acquire_releases_all(void **state)
+{
+    (void)state;
+    lease_ms = 2000;
+    char px[32];
+    client *a = client_new(5, new_prefix(px, sizeof px), 1, 300);
+    client *b = client_new(5, px, 2, 300);
+    assert_int_equal(dlock_redlock_seed_fresh(a->rl, ms_from_now(2000)), DLOCK_OK);
+    assert_int_equal(dlock_redlock_refresh(b->rl, ms_from_now(2000)), DLOCK_OK);
+    fx_sleep_ms(lease_ms + 20);
+    assert_int_equal(dlock_redlock_refresh(a->rl, ms_from_now(2000)), DLOCK_OK);
+    assert_int_equal(dlock_redlock_refresh(b->rl, ms_from_now(2000)), DLOCK_OK);
+    assert_int_equal(fx_redis_signal(&srv[4], SIGSTOP), 0);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, pause_writes_later, NULL), 0);
+    dlock_redlock_grant g;
+    int64_t t0 = dlock_boot_ns();
+    int rc = acquire(a, "n", &g, NULL);
+    int64_t t1 = dlock_boot_ns();
+    pthread_join(th, NULL);
+    if (rc != DLOCK_EREDIS || !strstr(dlock_last_error(), "write-back reached 1 counting"))
+        fail_msg("acquire: %d %s", rc, dlock_last_error());
+    /* its votes' wait, its write-back's, and one command timeout more */
+    if (t1 - t0 > (3 * 300 + 200) * DLOCK_NS_PER_MS)
+        fail_msg("the failed acquire took %" PRId64 " ms", (t1 - t0) / DLOCK_NS_PER_MS);
+    rc = acquire(b, "n", &g, NULL);
+    int64_t t2 = dlock_boot_ns();
+    assert_int_equal(fx_redis_signal(&srv[4], SIGCONT), 0);
+    if (t2 - t0 >= (int64_t)lease_ms * DLOCK_NS_PER_MS)
+        fail_msg("too slow: a's grants would have ended by themselves");
+    if (rc != DLOCK_OK)
+        fail_msg("a's grants linger after its failed acquire: %d %s", rc, dlock_last_error());
+    assert_int_equal(g.votes, 4);
+    client_free(a);
+    client_free(b);
+}
+
+/* A restart closes every idle pooled connection to the node: the first
+ * call after it uses another connection, so the refresh reaches all three,
+ * and the acquire's request reaches node 0 (its grant known by token). */
+static void test_restart_pooled_retry(void **state)
+{
+    (void)state;
+    char px[32];
+    client *a = client_new(3, new_prefix(px, sizeof px), 1, 300);
+    seed_and_wait(a);
+    kill_srv(0);
+    restart_srv(0);
+    int rc = dlock_redlock_refresh(a->rl, ms_from_now(2000));
+    if (rc != DLOCK_OK)
+        fail_msg("the first refresh after node 0's restart: %d %s", rc, dlock_last_error());
+    kill_srv(0);
+    restart_srv(0);
+    dlock_redlock_grant g;
+    assert_int_equal(acquire(a, "n", &g, NULL), DLOCK_OK);
+    assert_int_equal(g.votes, 2);
+    assert_true(g.node_token[0] != 0);
+    release(a, "n", &g);
+    client_free(a);
+}
+
+/* Two threads acquire and release names on one set at once (for the
+ * thread sanitizer: the node records, the pools). */
+typedef struct runner {
+    client *c;
+    client me; /* c's settings with an id of its own (copied before the threads start) */
+    const char *name;
+    int failures;
+    uint64_t last;
+} runner;
+
+static void *run_grants(void *arg)
+{
+    runner *r = arg;
+    keys k;
+    keys_of(&r->me, r->name, &k);
+    for (int n = 0; n < 15; n++) {
+        dlock_redlock_req q = {.name = r->name, .keys = k.p, .args = &r->me.args,
+                               .client_name = r->me.name, .attempt = (uint64_t)n + 1,
+                               .deadline = ms_from_now(2000)};
+        dlock_redlock_grant g;
+        dlock_redlock_busy b;
+        if (dlock_redlock_acquire(r->c->rl, &q, &g, &b) != DLOCK_OK || g.token <= r->last) {
+            r->failures++;
+            continue;
+        }
+        r->last = g.token;
+        if (dlock_redlock_release(r->c->rl, &q, &g) != DLOCK_OK)
+            r->failures++;
+        if (n % 5 == 0)
+            dlock_redlock_refresh(r->c->rl, ms_from_now(2000));
+    }
+    return NULL;
+}
+
+static void test_two_threads(void **state)
+{
+    (void)state;
+    char px[32];
+    client *a = client_new(3, new_prefix(px, sizeof px), 1, 300);
+    seed_and_wait(a);
+    runner r[2];
+    pthread_t th[2];
+    for (int t = 0; t < 2; t++) {
+        r[t] = (runner){.c = a, .me = *a, .name = t ? "t1" : "t0"};
+        snprintf(r[t].me.id, sizeof r[t].me.id, "%032x", 0x2000 + t);
+        r[t].me.args.client_id = r[t].me.id;
+    }
+    for (int t = 0; t < 2; t++)
+        assert_int_equal(pthread_create(&th[t], NULL, run_grants, &r[t]), 0);
+    for (int t = 0; t < 2; t++)
+        pthread_join(th[t], NULL);
+    for (int t = 0; t < 2; t++)
+        if (r[t].failures)
+            fail_msg("thread %d: %d of 15 acquires failed or gave no higher token", t,
+                     r[t].failures);
+    client_free(a);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -637,6 +1161,16 @@ int main(void)
         cmocka_unit_test_teardown(test_paused_past_validity, restore),
         cmocka_unit_test_teardown(test_fresh_client_waits, restore),
         cmocka_unit_test_teardown(test_five_nodes, restore),
+        cmocka_unit_test_teardown(test_seed_union_and_pages, restore),
+        cmocka_unit_test_teardown(test_seed_skips_other_keys, restore),
+        cmocka_unit_test_teardown(test_seed_fresh_rerun, restore),
+        cmocka_unit_test_teardown(test_same_server_twice, restore),
+        cmocka_unit_test_teardown(test_seed_read_before_script, restore),
+        cmocka_unit_test_teardown(test_counts_at_send, restore),
+        cmocka_unit_test_teardown(test_write_back_acks_count, restore),
+        cmocka_unit_test_teardown(test_failed_acquire_releases_all, restore),
+        cmocka_unit_test_teardown(test_restart_pooled_retry, restore),
+        cmocka_unit_test_teardown(test_two_threads, restore),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
