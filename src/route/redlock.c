@@ -1274,7 +1274,7 @@ int dlock_redlock_renew(dlock_redlock *rl, const dlock_redlock_req *q,
         const redisReply *r = p[i].rep;
         int one = !p[i].failed && r && r->type == REDIS_REPLY_ARRAY && r->elements == 1 &&
                   r->element[0]->type == REDIS_REPLY_INTEGER;
-        if (one && r->element[0]->integer == 1 && counts_now(rl, i, p[i].run, p[i].seed))
+        if (one && r->element[0]->integer == 1 && counts_now(rl, i, p[i].run, p[i].seed, first))
             ok++;
         else if (one && r->element[0]->integer != 1)
             gone++;
