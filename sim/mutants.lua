@@ -498,8 +498,16 @@ M.list = {
     name = 'redlock_restarted_node_votes_at_once', run = 'redlock',
     schedules = 300,
     why = 'a restarted node\'s vote counts at once: no wait of a lease, no seeding of its marks',
-    file = 'redlock_model', find = 'return meta.seed == meta.run and meta.up >= self.cfg.lease_ms',
-    replace = 'return true',
+    file = 'redlock_model', find = '  return meta.seed == meta.run\n',
+    replace = '  return true\n',
+  },
+  {
+    name = 'redlock_seeded_at_once', run = 'redlock',
+    schedules = 1000,
+    why = 'a restarted node is seeded at once, not a lease + drift after its run began: it votes '
+      .. 'while a grant it lost may live',
+    file = 'redlock_model', find = ' or meta.up * 1000 < cfg.L + cfg.drift_us or c.seeding[i]',
+    replace = ' or c.seeding[i]',
   },
   {
     name = 'redlock_validity_from_handout', run = 'redlock',
@@ -567,8 +575,8 @@ M.scenario_only = {
   {
     name = 'redlock_unseeded_node_votes', run = 'redlock',
     why = 'a node that restarted counts once up a lease, its marks not seeded from the others',
-    file = 'redlock_model', find = 'return meta.seed == meta.run and meta.up >= self.cfg.lease_ms',
-    replace = 'return meta.up >= self.cfg.lease_ms',
+    file = 'redlock_model', find = '  return meta.seed == meta.run\n',
+    replace = '  return meta.seed == meta.run or meta.up >= self.cfg.lease_ms\n',
   },
   {
     name = 'redlock_conflict_ignored', run = 'redlock',

@@ -18,9 +18,10 @@
 --      once a majority of nodes that count replied below T. Then, if the
 --      validity has not run out, T is handed out; else released.
 --   A node counts if its seed key holds its run id (it keeps every mark
---   written since it was seeded) and its uptime is at least a lease (a
---   restarted node may have lost a live grant). A node that does not hold
---   its run id there and has been up a lease + drift is seeded: the marks
+--   written since it was seeded, and has been up a lease: a restarted
+--   node may have lost a live grant, and is seeded only a lease + drift
+--   after its run began). A node that does not hold its run id there and
+--   has been up a lease + drift is seeded: the marks
 --   of a majority of the other nodes that count are read (mark.lua 0), and
 --   their highest written to it with its run id (mark.lua T run_id).
 --   R  a holder renews every third of a lease: renew.lua on every node by
@@ -392,9 +393,11 @@ end
 ------------------------------------------------------------------------
 -- The quorum client.
 
--- Does node's vote count: seeded in this run, and up a lease at least?
+-- Does node's vote count: seeded in this run? (A seeding comes a lease
+-- + drift after the run began, maybe_seed below, and a fresh deployment
+-- has no grant to lose: a seeded node has been up a lease, whoever asks.)
 function W:counts(meta)
-  return meta.seed == meta.run and meta.up >= self.cfg.lease_ms
+  return meta.seed == meta.run
 end
 
 -- A node not seeded in this run and up a lease + drift: seed it (in the
