@@ -3,8 +3,9 @@
  *
  * The parent (which never opens a dlock client nor starts a thread) starts a
  * private redis-server unless --redis is given (with --sentinel a Sentinel
- * topology, with --cluster a 3-master Redis Cluster), reads the server's INFO
- * (commandstats and cpu; with --cluster summed over the masters), maps one
+ * topology, with --cluster a 3-master Redis Cluster, with --redlock N
+ * independent masters seeded fresh), reads the server's INFO (commandstats
+ * and cpu; with --cluster and --redlock summed over the masters), maps one
  * shared anonymous region, and forks
  * --procs worker processes. Each worker opens one dlock_client (or one per
  * thread with --client-per-thread: the library without its local tier) and
@@ -91,6 +92,9 @@
 #include "fixture.h"
 #include "proxy.h"
 #include "storm.h"
+#include "common/common.h"
+#include "common/error.h"
+#include "route/redlock.h"
 #include <hiredis/hiredis.h>
 
 #define SETUP_TIMEOUT_NS (20LL * 1000000000LL)
@@ -127,6 +131,11 @@ fx_sentinel_set sentinel_set;
 fx_cluster cluster_set;
 #define CLUSTER_MASTERS 3
 
+/* --redlock: the independent masters and their list. */
+static fx_redis redlock_srv[REDLOCK_MAX];
+static int redlock_started;
+char redlock_addrs[REDLOCK_MAX * 24];
+
 /* Stops the private server's replicas, then the server (or the whole
  * Sentinel topology, or the cluster). */
 static void stop_private(fx_redis *r)
@@ -138,6 +147,9 @@ static void stop_private(fx_redis *r)
         fx_sentinel_stop(&sentinel_set);
     else if (O.cluster)
         fx_cluster_stop(&cluster_set);
+    else if (O.redlock)
+        for (; redlock_started > 0; redlock_started--)
+            fx_redis_stop(&redlock_srv[redlock_started - 1]);
     else
         fx_redis_stop(r);
 }
@@ -175,6 +187,7 @@ static void on_signal(int sig)
 typedef struct info_snap {
     long long calls, evalsha, eval, top;
     double cpu;
+    double node_cpu[REDLOCK_MAX]; /* --redlock: each node's */
     int ok;
 } info_snap;
 
@@ -219,10 +232,56 @@ static info_snap read_info_cluster(void)
     return s;
 }
 
+/* --redlock: the figures of every node, summed (each node's CPU kept). */
+static info_snap read_info_redlock(void)
+{
+    info_snap s = { .ok = 1 };
+    for (int i = 0; i < O.redlock; i++) {
+        info_snap n = read_info_at("127.0.0.1", redlock_srv[i].port);
+        if (!n.ok)
+            s.ok = 0;
+        s.calls += n.calls;
+        s.evalsha += n.evalsha;
+        s.eval += n.eval;
+        s.top += n.top > 0 ? n.top : 0;
+        s.cpu += n.cpu;
+        s.node_cpu[i] = n.cpu;
+    }
+    return s;
+}
+
+/* --redlock: seeds the fresh nodes on the storm's key prefix, as `dlockctl
+ * --redlock-nodes LIST seed-fresh` does. 0, or -1 with a message. */
+static int redlock_seed(void)
+{
+    dlock_conn_cfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.protocol = 2;
+    cfg.connect_timeout_ms = 1000;
+    cfg.command_timeout_ms = 2000;
+    cfg.client_name = "storm";
+    dlock_counters ctr;
+    memset(&ctr, 0, sizeof ctr);
+    dlock_redlock *rl;
+    int rc = dlock_redlock_create(&cfg, redlock_addrs, key_prefix, (uint32_t)O.lease_ms, 1, &ctr,
+                                  &rl);
+    if (rc == DLOCK_OK) {
+        rc = dlock_redlock_seed_fresh(rl, dlock_now_ns() + 10000 * DLOCK_NS_PER_MS);
+        dlock_redlock_destroy(rl);
+    }
+    if (rc != DLOCK_OK) {
+        fprintf(stderr, "storm: seeding the Redlock nodes fresh failed: %s\n", dlock_last_error());
+        return -1;
+    }
+    return 0;
+}
+
 static info_snap read_info(void)
 {
     if (O.cluster)
         return read_info_cluster();
+    if (O.redlock)
+        return read_info_redlock();
     return read_info_at(O.host, O.port);
 }
 
@@ -384,6 +443,20 @@ int main(int argc, char **argv)
         snprintf(O.host, sizeof O.host, "127.0.0.1");
         O.port = cluster_set.node[0].port; /* a first master, for messages; INFO of
                                               every master (read_info_cluster) */
+    } else if (private_redis && O.redlock) {
+        size_t at = 0;
+        for (; redlock_started < O.redlock; redlock_started++) {
+            if (fx_redis_start(&redlock_srv[redlock_started]) != 0) {
+                fprintf(stderr, "storm: could not start Redlock node %d\n", redlock_started + 1);
+                stop_private(&r);
+                return 1;
+            }
+            at += (size_t)snprintf(redlock_addrs + at, sizeof redlock_addrs - at, "%s127.0.0.1:%d",
+                                   at ? "," : "", redlock_srv[redlock_started].port);
+        }
+        snprintf(O.host, sizeof O.host, "127.0.0.1");
+        O.port = redlock_srv[0].port; /* a first node, for messages; INFO of every node
+                                         (read_info_redlock) */
     } else if (private_redis) {
         fx_redis_opts ro = {.unix_socket = O.unix_socket};
         if (fx_redis_start_opts(&r, &ro) != 0) {
@@ -410,6 +483,10 @@ int main(int argc, char **argv)
      * the name between braces, its hash tag) */
     snprintf(key_prefix, sizeof key_prefix, "storm:%d:", (int)getpid());
     client_port = O.port;
+    if (O.redlock && redlock_seed() != 0) {
+        stop_private(&r);
+        return 1;
+    }
     if (O.rtt_us > 0) {
         client_port = start_proxy();
         if (!client_port) {
@@ -426,7 +503,8 @@ int main(int argc, char **argv)
         before = read_info();
     if (have_redis && !before.ok)
         fprintf(stderr, "storm: warning: could not read INFO from %s:%d%s before the run\n",
-                O.host, O.port, O.cluster ? " (or another master of the cluster)" : "");
+                O.host, O.port, O.cluster ? " (or another master of the cluster)"
+                : O.redlock ? " (or another Redlock node)" : "");
 
     shm_create();
     names = malloc((size_t)O.locks * NAME_LEN);
@@ -448,13 +526,17 @@ int main(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
 
     const char *mode = O.mutex ? "mutex" : O.naive ? "naive"
-                                         : O.client_per_thread ? "client-per-thread" : "dlock";
+                                         : O.client_per_thread ? "client-per-thread"
+                                         : O.redlock ? "redlock" : "dlock";
     if (!O.quiet) {
         char where[400];
         if (O.cluster)
             snprintf(where, sizeof where, "a private redis cluster of %d masters with %d"
                      " replica(s) each (%d nodes, the first %s:%d)", CLUSTER_MASTERS,
                      O.cluster_replicas, cluster_set.n, O.host, O.port);
+        else if (O.redlock)
+            snprintf(where, sizeof where, "%d private independent redis masters (Redlock: %s),"
+                     " lease %ld ms", O.redlock, redlock_addrs, O.lease_ms);
         else if (have_redis)
             snprintf(where, sizeof where, "redis %s:%d%s%s%s", O.host, O.port,
                      private_redis ? " (private)" : "", O.mutex ? " (INFO only)" : "",
@@ -486,6 +568,10 @@ int main(int argc, char **argv)
     struct rusage ru0, ru1;
     getrusage(RUSAGE_CHILDREN, &ru0);
     int64_t fork_ns = now_ns();
+    /* --redlock: each worker first waits until its client counts the nodes
+     * (about a lease: redlock_warm_up) */
+    int64_t warm_up_ns = O.redlock ? (2 * O.lease_ms + 5000) * 1000000LL : 0;
+    int64_t setup_timeout_ns = SETUP_TIMEOUT_NS + warm_up_ns;
     for (int p = 0; p < P; p++) {
         pid_t pid = fork();
         if (pid < 0) {
@@ -519,20 +605,28 @@ int main(int argc, char **argv)
         }
         if (done == P || n_alive == 0)
             break;
-        if (now_ns() - fork_ns > SETUP_TIMEOUT_NS) {
+        if (now_ns() - fork_ns > setup_timeout_ns) {
             fprintf(stderr, "storm: workers not ready after %lld s; starting anyway\n",
-                    SETUP_TIMEOUT_NS / 1000000000LL);
+                    (long long)(setup_timeout_ns / 1000000000LL));
             worker_fail = 1;
             break;
         }
         sleep_ns(2000000);
+    }
+    /* --redlock: the figures leave out the warm-ups (read again now that
+     * they are done) */
+    if (O.redlock) {
+        before = read_info();
+        if (!before.ok)
+            fprintf(stderr, "storm: warning: could not read INFO from every Redlock node after"
+                            " the warm-up\n");
     }
     int64_t start = now_ns();
     __atomic_store_n(&H->start_ns, start, __ATOMIC_RELAXED);
     __atomic_store_n(&H->deadline_ns, start + (int64_t)(O.seconds * 1e9), __ATOMIC_RELAXED);
     __atomic_store_n(&H->go, 1, __ATOMIC_RELEASE);
     syscall(SYS_futex, &H->go, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
-    int64_t kill_at = fork_ns + (int64_t)(O.seconds * 1e9) + OVERRUN_NS;
+    int64_t kill_at = fork_ns + (int64_t)(O.seconds * 1e9) + OVERRUN_NS + warm_up_ns;
 
     /* Monitor: progress once a second, reap, kill overrunning workers. */
     int64_t next_report = start + 1000000000LL;
@@ -616,7 +710,8 @@ int main(int argc, char **argv)
         after = read_info();
     if (have_redis && !after.ok)
         fprintf(stderr, "storm: warning: could not read INFO from %s:%d%s after the run\n",
-                O.host, O.port, O.cluster ? " (or another master of the cluster)" : "");
+                O.host, O.port, O.cluster ? " (or another master of the cluster)"
+                : O.redlock ? " (or another Redlock node)" : "");
 
     /* Workers' exit statuses. */
     for (int p = 0; p < P; p++) {
@@ -801,6 +896,18 @@ int main(int argc, char **argv)
     json_num(o, "redis_cmds_per_acq", acq ? (double)d_cmds / (double)acq : 0, info_ok && acq, 0);
     json_num(o, "redis_evals", (double)d_evals, info_ok, 0);
     json_num(o, "redis_cpu_us_per_acq", acq ? d_cpu_us / (double)acq : 0, info_ok && acq, 0);
+    if (O.redlock) {
+        /* each node's share of redis_cpu_us_per_acq */
+        fprintf(o, "\"redlock_nodes\":%d,\"redis_cpu_us_per_acq_per_node\":[", O.redlock);
+        for (int i = 0; i < O.redlock; i++) {
+            if (info_ok && acq)
+                fprintf(o, "%s%.6g", i ? "," : "",
+                        (after.node_cpu[i] - before.node_cpu[i]) * 1e6 / (double)acq);
+            else
+                fprintf(o, "%snull", i ? "," : "");
+        }
+        fprintf(o, "],");
+    }
     /* the workers' user + system CPU, their set-up and critical sections
      * included (a busy critical section of X us costs X here) */
     /* share of acquisitions that took the name from another process (not
@@ -873,7 +980,15 @@ int main(int argc, char **argv)
                     "with those inside scripts, %.1f us of redis cpu per acquisition%s\n",
                     d_top, acq ? (double)d_top / (double)acq : 0.0, d_cmds,
                     acq ? d_cpu_us / (double)acq : 0.0,
-                    O.cluster ? " (summed over the cluster's masters)" : "");
+                    O.cluster ? " (summed over the cluster's masters)"
+                    : O.redlock ? " (summed over the Redlock nodes)" : "");
+        if (info_ok && O.redlock && acq) {
+            fprintf(stderr, "  redlock nodes  redis cpu per acquisition, node by node:");
+            for (int i = 0; i < O.redlock; i++)
+                fprintf(stderr, " %.1f us", (after.node_cpu[i] - before.node_cpu[i]) * 1e6 /
+                                                (double)acq);
+            fprintf(stderr, "\n");
+        }
         else
             fprintf(stderr, "  redis          %s\n",
                     have_redis ? "INFO unavailable" : "none (--mutex)");

@@ -12,7 +12,7 @@
  *
  * State shared across processes and threads, and its rules:
  *  - O, names, key_prefix, client_port, unix_path, sentinel_set,
- *    cluster_set and parent_pid are written by the parent before it forks
+ *    cluster_set, redlock_addrs and parent_pid are written by the parent before it forks
  *    the workers and never after: each worker reads its own copy.
  *  - The shared region (H, PR, NS, TR; MX in storm_worker.c) is one
  *    anonymous MAP_SHARED mapping that shm_create makes before the fork, at
@@ -95,6 +95,9 @@ typedef struct opts {
                                  clients in Cluster mode */
     int cluster_replicas;     /* --cluster-replicas: replicas per master (0..1) */
     int cluster_replicas_set; /* --cluster-replicas given */
+    int redlock;              /* --redlock N: N private masters (3 or 5); clients in
+                                 Redlock mode (0: not) */
+    int lease_set;            /* --lease-ms given */
     long stack_kb;
     int quiet;
     const char *metrics_path; /* --metrics: worker 0's client's Prometheus text */
@@ -188,6 +191,11 @@ extern char unix_path[300]; /* --unix: the private server's socket */
 extern fx_sentinel_set sentinel_set; /* --sentinel: the private topology */
 #define SENTINEL_MASTER "storm"
 extern fx_cluster cluster_set; /* --cluster: the private Redis Cluster */
+extern char redlock_addrs[]; /* --redlock: "127.0.0.1:p,..." of the nodes */
+#define REDLOCK_MAX 5
+/* --redlock: the client's connect and command timeouts (ms), well below
+ * lease_ms / 3 (docs/guide.md, "Redlock") */
+#define REDLOCK_TIMEOUT_MS(lease) ((lease) >= 1000 ? 200 : (lease) / 5)
 extern pid_t parent_pid;
 
 /* Where a thread is (thread_res.phase; their names: storm.c). */

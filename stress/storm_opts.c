@@ -55,7 +55,8 @@ static void usage(FILE *f)
 "                       --read-pct; default: the library's)\n"
 "  --pass-limit K       dlock pass_limit (local handoffs before the lease goes\n"
 "                       back to Redis; default: the library's)\n"
-"  --lease-ms M         lease time (%u..%u, default 30000)\n"
+"  --lease-ms M         lease time (%u..%u, default 30000; 1000 with\n"
+"                       --redlock)\n"
 "  --protocol P         the protocol the clients write: 1, 2, or mixed (worker\n"
 "                       p writes 1 + p %% 2; each reads both: docs/operations.md,\n"
 "                       \"Upgrades\"); default: the library's\n"
@@ -119,6 +120,19 @@ static void usage(FILE *f)
 "                       that say ROLE master when INFO is read. Not with\n"
 "                       --naive, --mutex, --redis, --unix, --sentinel, --rtt-us\n"
 "                       or --min-replicas\n"
+"  --redlock N          N private redis-servers (3 or 5), independent masters,\n"
+"                       seeded fresh (as `dlockctl seed-fresh`); the clients run\n"
+"                       in Redlock mode (redlock_nodes, protocol 2). Each client\n"
+"                       first waits until it counts the nodes (about a lease,\n"
+"                       before the run starts); the default lease is then 1000\n"
+"                       ms (a refused acquire retries after the holder's lease\n"
+"                       time left, at most lease / 3: no wake-ups in this mode)\n"
+"                       and connect and command timeouts 200 ms. The Redis\n"
+"                       figures are summed over the nodes (and each node's CPU\n"
+"                       is reported). Exclusive locks only: not with --read-pct,\n"
+"                       --sem, --naive, --mutex, --client-per-thread, --redis,\n"
+"                       --unix, --sentinel, --cluster, --rtt-us, --min-replicas\n"
+"                       or --protocol other than 2\n"
 "  --cluster-replicas R with --cluster: R replicas per master (0..1, default 0;\n"
 "                       dlock does not WAIT for them)\n"
 "  --redis HOST:PORT    use this loopback Redis (127.x.x.x or localhost)\n"
@@ -189,7 +203,7 @@ void parse_opts(int argc, char **argv)
     enum { O_PROCS = 256, O_THREADS, O_LOCKS, O_SECONDS, O_CS, O_CS_SLEEP, O_THINK,
            O_PASS, O_JOIN, O_LEASE, O_WAIT, O_POOL, O_CPT, O_MUTEX, O_NAIVE, O_RTT, O_REDIS, O_STACK,
            O_QUIET, O_UNIX, O_MINREP, O_SENTINEL, O_CLUSTER, O_CLUSTER_REPLICAS, O_METRICS,
-           O_PROTOCOL, O_READ_PCT, O_SEM, O_PLANT, O_HELP };
+           O_PROTOCOL, O_REDLOCK, O_READ_PCT, O_SEM, O_PLANT, O_HELP };
     static const struct option lo[] = {
         {"procs", required_argument, 0, O_PROCS},
         {"threads", required_argument, 0, O_THREADS},
@@ -213,6 +227,7 @@ void parse_opts(int argc, char **argv)
         {"sentinel", no_argument, 0, O_SENTINEL},
         {"cluster", no_argument, 0, O_CLUSTER},
         {"cluster-replicas", required_argument, 0, O_CLUSTER_REPLICAS},
+        {"redlock", required_argument, 0, O_REDLOCK},
         {"min-replicas", required_argument, 0, O_MINREP},
         {"stack-kb", required_argument, 0, O_STACK},
         {"quiet", no_argument, 0, O_QUIET},
@@ -241,6 +256,7 @@ void parse_opts(int argc, char **argv)
         case O_JOIN: O.join_ms = parse_long("--join-ms", optarg, 0, UINT32_MAX); break;
         case O_LEASE:
             O.lease_ms = parse_long("--lease-ms", optarg, DLOCK_LEASE_MIN_MS, DLOCK_LEASE_MAX_MS);
+            O.lease_set = 1;
             break;
         case O_WAIT: O.wait_ms = parse_long("--wait-ms", optarg, -1, 3600000); break;
         case O_POOL: O.pool_size = parse_long("--pool-size", optarg, 1, 1024); break;
@@ -273,6 +289,11 @@ void parse_opts(int argc, char **argv)
         case O_UNIX: O.unix_socket = 1; break;
         case O_SENTINEL: O.sentinel = 1; break;
         case O_CLUSTER: O.cluster = 1; break;
+        case O_REDLOCK:
+            O.redlock = (int)parse_long("--redlock", optarg, 3, REDLOCK_MAX);
+            if (O.redlock % 2 == 0)
+                bad_usage("--redlock: N is odd (3 or 5), not %d", O.redlock);
+            break;
         case O_CLUSTER_REPLICAS:
             O.cluster_replicas = (int)parse_long("--cluster-replicas", optarg, 0, 1);
             O.cluster_replicas_set = 1;
@@ -310,6 +331,21 @@ void parse_opts(int argc, char **argv)
                       O.rtt_us > 0 || O.min_replicas))
         bad_usage("--cluster starts a private Redis Cluster for dlock's Cluster mode: not with"
                   " --naive, --mutex, --redis, --unix, --sentinel, --rtt-us or --min-replicas");
+    if (O.redlock && (O.read_pct > 0 || O.sem_limit > 0))
+        bad_usage("--redlock: Redlock mode has exclusive locks only (no shared mode nor"
+                  " semaphores yet): not with --read-pct or --sem");
+    if (O.redlock && (O.naive || O.mutex || O.client_per_thread))
+        bad_usage("--redlock runs dlock's Redlock mode: not with --naive, --mutex or"
+                  " --client-per-thread");
+    if (O.redlock && (O.port || O.unix_socket || O.sentinel || O.cluster || O.rtt_us > 0 ||
+                      O.min_replicas))
+        bad_usage("--redlock starts its own %d independent masters: not with --redis, --unix,"
+                  " --sentinel, --cluster, --rtt-us or --min-replicas", O.redlock);
+    if (O.redlock && O.protocol != 0 && O.protocol != 2)
+        bad_usage("--redlock needs protocol 2 (Redlock mode): not with --protocol %s",
+                  O.protocol < 0 ? "mixed" : "1");
+    if (O.redlock && !O.lease_set)
+        O.lease_ms = 1000;
     if (O.read_pct > 0 && O.naive)
         bad_usage("--read-pct: dlock's shared mode or, with --mutex, a process-shared rwlock; "
                   "--naive has no shared mode");

@@ -814,6 +814,11 @@ static int open_client(dlock_client **out, proc_res *pr, int p)
     } else if (O.cluster) {
         cfg.redis_host = NULL;
         cfg.cluster_nodes = cluster_set.addrs;
+    } else if (O.redlock) {
+        cfg.redis_host = NULL;
+        cfg.redlock_nodes = redlock_addrs;
+        cfg.connect_timeout_ms = (uint32_t)REDLOCK_TIMEOUT_MS(O.lease_ms);
+        cfg.command_timeout_ms = (uint32_t)REDLOCK_TIMEOUT_MS(O.lease_ms);
     } else {
         cfg.redis_host = O.host;
         cfg.redis_port = client_port;
@@ -838,6 +843,28 @@ static int open_client(dlock_client **out, proc_res *pr, int p)
     return rc;
 }
 
+/* --redlock: a client counts a node only once it has seen the node's run
+ * for a lease, and acquires fail until it counts a majority (docs/guide.md,
+ * "Redlock"). Before the run starts, the worker acquires and releases a
+ * name of its own (none of the storm's), waiting for as long as that takes
+ * (the lease, twice, and 5 s more), so that the run measures a client
+ * that counts its nodes. 0, or -1 with pr->msg. */
+static int redlock_warm_up(dlock_client *c, proc_res *pr, int p)
+{
+    char name[NAME_LEN];
+    snprintf(name, sizeof name, "warm-up-%d", p);
+    uint64_t fence = 0;
+    int rc = dlock_acquire(c, name, 2 * O.lease_ms + 5000, &fence);
+    if (rc == DLOCK_OK)
+        rc = dlock_release(c, name);
+    if (rc != DLOCK_OK) {
+        snprintf(pr->msg, sizeof pr->msg, "Redlock warm-up (%s): %s: %s", name,
+                 dlock_err_name(rc), dlock_last_error());
+        return -1;
+    }
+    return 0;
+}
+
 void worker_main(int p)
 {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -859,6 +886,8 @@ void worker_main(int p)
         else
             opened++;
     }
+    if (!failed && O.redlock && redlock_warm_up(clients[0], pr, p) != 0)
+        failed = 1;
     if (!failed) {
         pthread_attr_t attr;
         pthread_attr_init(&attr);
