@@ -244,7 +244,9 @@ typedef struct dlock_config {
      *     the drift allowance);
      *   - a held lease is renewed on every node; it is lost (on_lost,
      *     dlock_held() 0, its release DLOCK_ELOST) once no majority of
-     *     counting nodes confirmed a renewal before its validity ended.
+     *     counting nodes confirmed a renewal before its validity ended,
+     *     or when its release comes after that validity or finds more
+     *     than N - m nodes without the grant (on_lost fires then, once).
      * An acquire needs m reachable nodes that count; a client counts a
      * node only once it has seen the node's current run for a lease (its
      * first acquires wait for that; a try fails with DLOCK_EREDIS

@@ -189,7 +189,8 @@ int64_t dlock_renew_redlock_jobs(dlock_renew *r)
             int rc = dlock_redlock_release(r->cfg.redlock, &q, &g);
             dlock_trace_event(r->cfg.trace, "rl.giveback", o->name, "%s %d", o->nonce, rc);
             now = dlock_now_ns();
-            if (rc != DLOCK_OK && now < o->until_ns) {
+            /* (DLOCK_ELOST: a majority answered and held no grant of it) */
+            if (rc != DLOCK_OK && rc != DLOCK_ELOST && now < o->until_ns) {
                 o->next_try_ns = now + o->backoff_ns;
                 if (o->backoff_ns < DLOCK_RENEW_JOB_PAUSE_MAX_MS * DLOCK_NS_PER_MS / 2)
                     o->backoff_ns *= 2;

@@ -103,7 +103,15 @@ int dlock_rlmode_release(dlock_client *c, dlock_entry *e)
     dlock_redlock_req q = {.name = e->name, .keys = e->keys, .args = &c->args,
                            .client_name = c->conn.client_name, .attempt = e->lease.rl->attempt,
                            .deadline = exchange_deadline(c)};
+    /* (the releaser owns the lease's fields while it is RELEASING) */
+    int ran_out = dlock_boot_ns() >= e->lease.valid_until_ns;
     int rc = dlock_redlock_release(c->redlock, &q, e->lease.rl);
-    dlock_trace_event(c->trace, "rl.rel", e->name, "%" PRIu64 " %d", e->lease.rl->token, rc);
+    dlock_trace_event(c->trace, "rl.rel", e->name, "%" PRIu64 " %d %d", e->lease.rl->token, rc,
+                      ran_out);
+    if (rc != DLOCK_ELOST && ran_out)
+        /* No majority confirmed it to this point: another client may
+         * have held it meanwhile (the nodes' grants end by their clocks). */
+        rc = dlock_err_set(DLOCK_ELOST, "the lease of '%s' ran out before its release (its "
+                           "validity passed unrenewed): it was lost while held", e->name);
     return rc;
 }

@@ -946,40 +946,39 @@ int dlock_redlock_seed_fresh(dlock_redlock *rl, int64_t deadline)
 
 /* The release script on every peer that has a connection and did not
  * fail, by the node's token where known (tok[i] != 0), else by attempt;
- * replies read by deadline. How many answered. */
+ * replies read by deadline. How many answered; *gone (if not NULL) how
+ * many of them answered that the grant was not there (0). */
 static unsigned release_on(dlock_redlock *rl, peer *p, const dlock_redlock_req *q,
-                           const uint64_t *tok, int64_t deadline)
+                           const uint64_t *tok, int64_t deadline, unsigned *gone)
 {
     dlock_script_args a = *q->args;
     a.lease_ms = rl->lease_str;
     char att[24];
     snprintf(att, sizeof att, "%" PRIu64, q->attempt);
-    /* by attempt where no token is known (one argv for all); by token
-     * elsewhere, each node its own (pipelined together: one deadline) */
-    for (int by_token = 0; by_token < 2; by_token++) {
-        int only[DLOCK_REDLOCK_NODES_MAX] = {0}, any = 0;
-        char t[DLOCK_REDLOCK_NODES_MAX][24];
-        const char *argv[DLOCK_REDLOCK_NODES_MAX][DLOCK_SCRIPT_KEYS + DLOCK_RELEASE_ARGS];
-        const char **each[DLOCK_REDLOCK_NODES_MAX];
-        for (unsigned i = 0; i < rl->n; i++) {
-            if ((tok && tok[i]) != by_token)
-                continue;
-            only[i] = 1;
-            any = 1;
-            snprintf(t[i], sizeof t[i], "%" PRIu64, by_token ? tok[i] : 0);
-            dlock_script_release_argv(&a, q->keys, q->name, by_token ? "token" : "nonce",
-                                      by_token ? t[i] : att, "0", "0", argv[i]);
-            each[i] = argv[i];
-        }
-        if (any)
-            peers_call_each(rl, p, only, 0, dlock_script_in(DLOCK_SCRIPT_RELEASE, 2),
-                            DLOCK_SCRIPT_KEYS, DLOCK_RELEASE_ARGS, (const char **const *)each,
-                            0, deadline);
+    /* by attempt where no token is known, by token elsewhere, each node
+     * its own argv, all pipelined together (one deadline: a stopped node
+     * costs the release one command timeout, not one per kind) */
+    char t[DLOCK_REDLOCK_NODES_MAX][24];
+    const char *argv[DLOCK_REDLOCK_NODES_MAX][DLOCK_SCRIPT_KEYS + DLOCK_RELEASE_ARGS];
+    const char **each[DLOCK_REDLOCK_NODES_MAX];
+    for (unsigned i = 0; i < rl->n; i++) {
+        int by_token = tok && tok[i];
+        snprintf(t[i], sizeof t[i], "%" PRIu64, by_token ? tok[i] : 0);
+        dlock_script_release_argv(&a, q->keys, q->name, by_token ? "token" : "nonce",
+                                  by_token ? t[i] : att, "0", "0", argv[i]);
+        each[i] = argv[i];
     }
+    peers_call_each(rl, p, NULL, 0, dlock_script_in(DLOCK_SCRIPT_RELEASE, 2), DLOCK_SCRIPT_KEYS,
+                    DLOCK_RELEASE_ARGS, (const char **const *)each, 0, deadline);
     unsigned answered = 0;
+    if (gone)
+        *gone = 0;
     for (unsigned i = 0; i < rl->n; i++)
-        if (!p[i].failed && p[i].c && p[i].rep && p[i].rep->type == REDIS_REPLY_INTEGER)
+        if (!p[i].failed && p[i].c && p[i].rep && p[i].rep->type == REDIS_REPLY_INTEGER) {
             answered++;
+            if (gone && p[i].rep->integer < 1)
+                (*gone)++;
+        }
     return answered;
 }
 
@@ -992,7 +991,8 @@ int dlock_redlock_release(dlock_redlock *rl, const dlock_redlock_req *q,
     int64_t d = step_deadline(rl, q->deadline);
     dlock_redlock_req r = *q;
     r.attempt = g->attempt;
-    unsigned answered = release_on(rl, p, &r, g->node_token, d);
+    unsigned gone;
+    unsigned answered = release_on(rl, p, &r, g->node_token, d, &gone);
     char msg[600] = "";
     size_t len = 0;
     for (unsigned i = 0; i < rl->n; i++)
@@ -1000,6 +1000,12 @@ int dlock_redlock_release(dlock_redlock *rl, const dlock_redlock_req *q,
             len += (size_t)snprintf(msg + len, sizeof msg - len, "; %s %s", rl->node[i].addr,
                                     p[i].why);
     peers_close(rl, p);
+    /* More than n - m nodes without the grant: no majority held it to the
+     * end (it ran out, or was taken meanwhile): lost while held, as a
+     * single server's release that finds its grant gone. */
+    if (gone > rl->n - rl->m)
+        return dlock_err_set(DLOCK_ELOST, "redlock release of '%s': %u of %u nodes no longer "
+                             "held the grant: it was lost while held", q->name, gone, rl->n);
     if (answered >= rl->m)
         return DLOCK_OK;
     return dlock_err_set(DLOCK_EREDIS, "redlock: the release of '%s' reached %u of %u nodes "
@@ -1028,7 +1034,7 @@ static void release_fresh(dlock_redlock *rl, unsigned i, const dlock_redlock_req
     if (dlock_conn_open(&cfg, rl->ctr, &one[i].c) != DLOCK_OK)
         return;
     one[i].used = 1; /* (not the pool's: never replaced by retry_fresh) */
-    release_on(rl, one, q, NULL, deadline);
+    release_on(rl, one, q, NULL, deadline, NULL);
     if (one[i].rep)
         freeReplyObject(one[i].rep);
     redisFree(one[i].c);
@@ -1056,7 +1062,7 @@ static int acq_failed(dlock_redlock *rl, peer *p, const dlock_redlock_req *q, co
         else
             fresh[i] = 1;
     }
-    release_on(rl, p, q, NULL, d);
+    release_on(rl, p, q, NULL, d, NULL);
     for (unsigned i = 0; i < rl->n; i++)
         if (fresh[i])
             release_fresh(rl, i, q, d);

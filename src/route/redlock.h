@@ -184,8 +184,11 @@ int dlock_redlock_acquire(dlock_redlock *rl, const dlock_redlock_req *q, dlock_r
 
 /* Releases grant g of q's name on every node: by its node's token where it
  * is known, else by attempt (release.lua; no token of the hand-out is
- * written: the rule does not rely on it). DLOCK_OK when at least m nodes
- * answered (the others' grants end within a lease), else DLOCK_EREDIS. */
+ * written: the rule does not rely on it). DLOCK_ELOST when more than
+ * N - m nodes answered that the grant was not there (it ran out or was
+ * taken: no majority held it to the release); else DLOCK_OK when at
+ * least m nodes answered (the others' grants end within a lease), else
+ * DLOCK_EREDIS. */
 int dlock_redlock_release(dlock_redlock *rl, const dlock_redlock_req *q,
                           const dlock_redlock_grant *g);
 

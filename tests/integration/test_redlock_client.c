@@ -569,6 +569,54 @@ static void test_majority_stopped(void **state)
     dlock_client_close(b);
 }
 
+/* The lease key of name under this test's prefix (lua/keys.lua). */
+static void lease_key(const char *name, char *out, size_t n)
+{
+    snprintf(out, n, "%s{%s}%s", prefix, name, dlock_script_key_suffix(DLOCK_KEY_LEASE));
+}
+
+#define MANY 12
+
+/* Grants gone from a majority while held (an operator's DEL on two of the
+ * three nodes): each release says DLOCK_ELOST and on_lost fires once per
+ * name, as a single server's release that finds its grant gone, whether
+ * the release or the renewal finds it first. */
+static void test_release_finds_lost(void **state)
+{
+    (void)state;
+    fresh_prefix(1);
+    dlock_client *a = open_client(0), *b = open_client(0);
+    warm(a);
+    warm(b);
+    char name[MANY][16], key[256];
+    for (int k = 0; k < MANY; k++) {
+        snprintf(name[k], sizeof name[k], "mn%d", k);
+        must_acquire(a, name[k], 0);
+    }
+    for (int i = 1; i < NSRV; i++)
+        for (int k = 0; k < MANY; k++) {
+            lease_key(name[k], key, sizeof key);
+            redisReply *r = fx_cmd_at(srv[i].port, "DEL %s", key);
+            assert_non_null(r);
+            assert_int_equal(r->integer, 1);
+            freeReplyObject(r);
+        }
+    for (int k = 0; k < MANY; k++) {
+        int rc = dlock_release(a, name[k]);
+        if (rc != DLOCK_ELOST)
+            fail_msg("release of %s: %s: %s", name[k], dlock_strerror(rc), dlock_last_error());
+        assert_int_equal(dlock_held(a, name[k]), 0);
+    }
+    assert_int_equal(lost_count(), MANY);
+    for (int k = 0; k < MANY; k++) {
+        must_acquire(b, name[k], 1000);
+        assert_int_equal(dlock_release(b, name[k]), DLOCK_OK);
+    }
+    assert_int_equal(lost_count(), MANY);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
 /* A node restarted without its data is seeded by the client once it has
  * seen it for a lease (its renewal thread), and counts again: with
  * another node stopped, acquires need it. */
@@ -841,6 +889,7 @@ int main(void)
         cmocka_unit_test_teardown(test_renewed, restore),
         cmocka_unit_test_teardown(test_one_node_stopped, restore),
         cmocka_unit_test_teardown(test_majority_stopped, restore),
+        cmocka_unit_test_teardown(test_release_finds_lost, restore),
         cmocka_unit_test_teardown(test_restarted_node_seeded, restore),
         cmocka_unit_test_teardown(test_renewal_validity, restore),
         cmocka_unit_test_teardown(test_write_back_reserves_pass_limit, restore),
