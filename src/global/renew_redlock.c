@@ -180,17 +180,16 @@ int64_t dlock_renew_redlock_jobs(dlock_renew *r)
     for (dlock_renew_job *o = list; o; o = next) {
         next = o->next;
         if (o->next_try_ns <= now && !o->leave) {
-            dlock_redlock_grant g;
-            memset(&g, 0, sizeof g);
-            g.attempt = strtoull(o->nonce, NULL, 10);
             dlock_redlock_req q = {.name = o->name, .keys = o->keys, .args = r->cfg.args,
                                    .client_name = r->cfg.conn->client_name,
-                                   .attempt = g.attempt, .deadline = command_deadline(r)};
-            int rc = dlock_redlock_release(r->cfg.redlock, &q, &g);
+                                   .attempt = strtoull(o->nonce, NULL, 10),
+                                   .deadline = command_deadline(r)};
+            /* done once every node answered: the one that did not answer
+             * the acquire may be the one that ran it */
+            int rc = dlock_redlock_give_back(r->cfg.redlock, &q);
             dlock_trace_event(r->cfg.trace, "rl.giveback", o->name, "%s %d", o->nonce, rc);
             now = dlock_now_ns();
-            /* (DLOCK_ELOST: a majority answered and held no grant of it) */
-            if (rc != DLOCK_OK && rc != DLOCK_ELOST && now < o->until_ns) {
+            if (rc != DLOCK_OK && now < o->until_ns) {
                 o->next_try_ns = now + o->backoff_ns;
                 if (o->backoff_ns < DLOCK_RENEW_JOB_PAUSE_MAX_MS * DLOCK_NS_PER_MS / 2)
                     o->backoff_ns *= 2;

@@ -1013,6 +1013,25 @@ int dlock_redlock_release(dlock_redlock *rl, const dlock_redlock_req *q,
                          answered, rl->n, rl->m, msg);
 }
 
+int dlock_redlock_give_back(dlock_redlock *rl, const dlock_redlock_req *q)
+{
+    peer p[DLOCK_REDLOCK_NODES_MAX];
+    memset(p, 0, sizeof p);
+    peers_open(rl, p, q->deadline);
+    unsigned answered = release_on(rl, p, q, NULL, step_deadline(rl, q->deadline), NULL);
+    char msg[600] = "";
+    size_t len = 0;
+    for (unsigned i = 0; i < rl->n; i++)
+        if (p[i].failed && len < sizeof msg)
+            len += (size_t)snprintf(msg + len, sizeof msg - len, "; %s %s", rl->node[i].addr,
+                                    p[i].why);
+    peers_close(rl, p);
+    if (answered == rl->n)
+        return DLOCK_OK;
+    return dlock_err_set(DLOCK_EREDIS, "redlock give-back of attempt %" PRIu64 " of '%s' "
+                         "reached %u of %u nodes%s", q->attempt, q->name, answered, rl->n, msg);
+}
+
 /* A release by attempt of q on node i over a connection of its own,
  * opened with timeouts that end by deadline, then closed. */
 static void release_fresh(dlock_redlock *rl, unsigned i, const dlock_redlock_req *q,

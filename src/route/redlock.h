@@ -192,6 +192,12 @@ int dlock_redlock_acquire(dlock_redlock *rl, const dlock_redlock_req *q, dlock_r
 int dlock_redlock_release(dlock_redlock *rl, const dlock_redlock_req *q,
                           const dlock_redlock_grant *g);
 
+/* Gives back whatever grant attempt q->attempt of q's name holds on any
+ * node (an acquire of unknown outcome: a node that did not answer may
+ * have run it): a release by attempt on every node. DLOCK_OK only once
+ * every node answered, else DLOCK_EREDIS (the caller tries again). */
+int dlock_redlock_give_back(dlock_redlock *rl, const dlock_redlock_req *q);
+
 /* Renews grant g of q's name (q->attempt unused) on every node by its
  * node's token (renew.lua; a node without one is not asked). DLOCK_OK when
  * at least m counting nodes renewed it, with *valid_boot = the first send

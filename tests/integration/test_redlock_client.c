@@ -617,6 +617,57 @@ static void test_release_finds_lost(void **state)
     dlock_client_close(b);
 }
 
+/* The grant field g of name's lease on server i into out: 1, or 0 if the
+ * hash or the field is not there. */
+static int grant_at(int i, const char *name, char *out, size_t n)
+{
+    char key[256];
+    lease_key(name, key, sizeof key);
+    redisReply *r = fx_cmd_at(srv[i].port, "HGET %s g", key);
+    assert_non_null(r);
+    int there = r->type == REDIS_REPLY_STRING;
+    snprintf(out, n, "%s", there ? r->str : "");
+    freeReplyObject(r);
+    return there;
+}
+
+/* An acquire of unknown outcome: node 1 stopped, node 0 paused with the
+ * request in its socket, so the try fails (DLOCK_EREDIS) and node 0 runs
+ * it once resumed. The renewal thread gives the attempt back on every
+ * node: node 0's grant is released (g emptied) well within its lease,
+ * and another client acquires the name at once. */
+static void test_unknown_outcome_given_back(void **state)
+{
+    (void)state;
+    fresh_prefix(1);
+    dlock_client *a = open_client(0), *b = open_client(0);
+    warm(a);
+    warm(b);
+    sig(1, SIGSTOP);
+    sig(0, SIGSTOP);
+    int rc = dlock_acquire(a, "u", 0, NULL);
+    if (rc != DLOCK_EREDIS)
+        fail_msg("acquire: %s: %s", dlock_strerror(rc), dlock_last_error());
+    char g[200];
+    sig(0, SIGCONT);
+    sig(1, SIGCONT);
+    int64_t t0 = now_ms();
+    for (;;) {
+        int there = grant_at(0, "u", g, sizeof g);
+        if (there && !g[0])
+            break;
+        if (now_ms() - t0 > LEASE_MS - 100)
+            fail_msg("node 0's grant of the attempt (%s) still there after %" PRId64 " ms",
+                     there ? g : "no hash", now_ms() - t0);
+        fx_sleep_ms(5);
+    }
+    must_acquire(b, "u", 0);
+    assert_int_equal(dlock_release(b, "u"), DLOCK_OK);
+    assert_int_equal(lost_count(), 0);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
 /* A node restarted without its data is seeded by the client once it has
  * seen it for a lease (its renewal thread), and counts again: with
  * another node stopped, acquires need it. */
@@ -890,6 +941,7 @@ int main(void)
         cmocka_unit_test_teardown(test_one_node_stopped, restore),
         cmocka_unit_test_teardown(test_majority_stopped, restore),
         cmocka_unit_test_teardown(test_release_finds_lost, restore),
+        cmocka_unit_test_teardown(test_unknown_outcome_given_back, restore),
         cmocka_unit_test_teardown(test_restarted_node_seeded, restore),
         cmocka_unit_test_teardown(test_renewal_validity, restore),
         cmocka_unit_test_teardown(test_write_back_reserves_pass_limit, restore),
