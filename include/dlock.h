@@ -252,18 +252,22 @@ typedef struct dlock_config {
      * first acquires wait for that; a try fails with DLOCK_EREDIS
      * meanwhile). A waiting acquire that finds too few nodes counting
      * tries again until its wait ends, then fails with DLOCK_EREDIS (one
-     * that waits forever waits for the nodes). command_timeout_ms bounds how long a stopped node delays
-     * each acquire and renewal: keep it well below lease_ms / 3.
+     * that waits forever waits for the nodes). A renewal round renews
+     * every held name in one pipelined exchange per node per 256 names
+     * (each lease confirmed by its own majority): a stopped node delays
+     * each such exchange, and each acquire, by up to a connect and a
+     * command timeout, so keep (held names / 256, rounded up) x
+     * (connect_timeout_ms + command_timeout_ms) well below lease_ms / 3.
+     * A close releases the held names by one such bound for all of them
+     * (a node that failed one release is not asked for the others: what
+     * it holds ends within a lease).
      * Not in this version: shared mode and semaphores (their calls return
      * DLOCK_EINVAL), wait queues and wake-ups (a refused acquire retries
      * after the holder's lease time left, 5 ms to lease_ms / 3, jittered:
      * no fairness between clients), dlock_unclean after a grant of the
      * nodes (0: how another client's hold ended is not gathered from
-     * them; a local handoff still tells), batched renewals (each held
-     * name is renewed by an exchange of its own: a stopped node costs
-     * each up to a connect and a command timeout, so a client should
-     * hold few names at once), and dlockctl's list and show across the
-     * nodes. Default NULL: not Redlock mode. */
+     * them; a local handoff still tells), and dlockctl's list and show
+     * across the nodes. Default NULL: not Redlock mode. */
     const char *redlock_nodes;
 } dlock_config;
 

@@ -42,25 +42,42 @@ static dlock_redlock_req req_of(dlock_renew *r, dlock_entry *e, uint64_t attempt
                                .deadline = command_deadline(r)};
 }
 
-/* Sends the renewal of s if its grant is still registered. */
-static void renew_one(dlock_renew *r, rsnap *s)
+/* Sends the renewals of s[0 .. n) whose grants are still registered, in
+ * one batch (dlock_redlock_renew_many); r->writing is set from the check
+ * to the end of the exchange. The others keep verdict -1 and are found
+ * unregistered when applied. */
+static void renew_all(dlock_renew *r, rsnap *s, size_t n)
 {
+    dlock_redlock_lease *l = malloc(sizeof *l * n);
+    if (!l)
+        return; /* (every verdict -1: tried again after a pause) */
+    size_t k = 0;
     pthread_mutex_lock(&r->mu);
-    dlock_renew_item *it = s->e->lease.renew; /* readable under r->mu */
-    int live = it == s->item && it->epoch == s->epoch;
-    r->writing = live;
+    for (size_t i = 0; i < n; i++) {
+        dlock_renew_item *it = s[i].e->lease.renew; /* readable under r->mu */
+        if (it == s[i].item && it->epoch == s[i].epoch)
+            l[k++] = (dlock_redlock_lease){.name = s[i].e->name,
+                                           .key = s[i].e->keys[DLOCK_KEY_LEASE],
+                                           .g = &s[i].g, .verdict = -1};
+    }
+    r->writing = k > 0;
     pthread_mutex_unlock(&r->mu);
-    if (!live)
-        return;
-    dlock_redlock_req q = req_of(r, s->e, s->g.attempt);
-    int rc = dlock_redlock_renew(r->cfg.redlock, &q, &s->g, &s->valid);
+    if (k)
+        (void)dlock_redlock_renew_many(r->cfg.redlock, r->cfg.args->client_id, l, k,
+                                       command_deadline(r));
     pthread_mutex_lock(&r->mu);
     r->writing = 0;
     pthread_cond_broadcast(&r->wrote);
     pthread_mutex_unlock(&r->mu);
-    s->verdict = rc == DLOCK_OK ? 1 : rc == DLOCK_ELOST ? 0 : -1;
-    dlock_trace_event(r->cfg.trace, "rl.renew", s->e->name, "%" PRIu64 " %d %s", s->epoch, rc,
-                      rc == DLOCK_OK ? "" : dlock_last_error());
+    for (size_t j = 0, i = 0; j < k; j++) {
+        while (&s[i].g != l[j].g)
+            i++;
+        s[i].verdict = l[j].verdict;
+        s[i].valid = l[j].valid_boot;
+        dlock_trace_event(r->cfg.trace, "rl.renew", s[i].e->name, "%" PRIu64 " %d", s[i].epoch,
+                          l[j].verdict);
+    }
+    free(l);
 }
 
 /* The verdict of s on its entry, as renew_round.c's apply: 1 if the lease
@@ -116,11 +133,10 @@ int64_t dlock_renew_redlock_round(dlock_renew *r)
         free(s);
         return start + r->period_ns;
     }
+    renew_all(r, s, n);
     int ok = 1;
-    for (size_t i = 0; i < n; i++) {
-        renew_one(r, &s[i]);
+    for (size_t i = 0; i < n; i++)
         ok &= s[i].verdict == 1;
-    }
     dlock_count(&r->cfg.ctr->renew_rounds, 1);
     dlock_count(&r->cfg.ctr->renew_keys, (uint64_t)n);
     int64_t earliest = DLOCK_NEVER;
@@ -222,11 +238,17 @@ int64_t dlock_renew_redlock_jobs(dlock_renew *r)
 
 void dlock_renew_redlock_release_all(dlock_renew *r)
 {
+    /* One deadline for all names, and a node that failed one release is
+     * not asked again: a stopped node costs the close one exchange, not
+     * one per name (what a release did not reach ends within a lease). */
+    int64_t deadline = command_deadline(r);
+    int down[DLOCK_REDLOCK_NODES_MAX] = {0};
     for (dlock_renew_item *it = r->items; it; it = it->next) {
         if (!it->rl)
             continue;
         dlock_redlock_req q = req_of(r, it->e, it->rl->attempt);
-        (void)dlock_redlock_release(r->cfg.redlock, &q, it->rl);
+        q.deadline = deadline;
+        (void)dlock_redlock_release_past(r->cfg.redlock, &q, it->rl, down);
     }
 }
 

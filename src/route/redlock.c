@@ -985,8 +985,17 @@ static unsigned release_on(dlock_redlock *rl, peer *p, const dlock_redlock_req *
 int dlock_redlock_release(dlock_redlock *rl, const dlock_redlock_req *q,
                           const dlock_redlock_grant *g)
 {
+    return dlock_redlock_release_past(rl, q, g, NULL);
+}
+
+int dlock_redlock_release_past(dlock_redlock *rl, const dlock_redlock_req *q,
+                               const dlock_redlock_grant *g, int *down)
+{
     peer p[DLOCK_REDLOCK_NODES_MAX];
     memset(p, 0, sizeof p);
+    for (unsigned i = 0; down && i < rl->n; i++)
+        if (down[i])
+            peer_fail(&p[i], "%s", "failed an earlier release of this batch");
     peers_open(rl, p, q->deadline);
     int64_t d = step_deadline(rl, q->deadline);
     dlock_redlock_req r = *q;
@@ -995,6 +1004,8 @@ int dlock_redlock_release(dlock_redlock *rl, const dlock_redlock_req *q,
     unsigned answered = release_on(rl, p, &r, g->node_token, d, &gone);
     char msg[600] = "";
     size_t len = 0;
+    for (unsigned i = 0; down && i < rl->n; i++)
+        down[i] |= p[i].failed;
     for (unsigned i = 0; i < rl->n; i++)
         if (p[i].failed && len < sizeof msg)
             len += (size_t)snprintf(msg + len, sizeof msg - len, "; %s %s", rl->node[i].addr,
@@ -1317,4 +1328,111 @@ int dlock_redlock_renew(dlock_redlock *rl, const dlock_redlock_req *q,
                              "hold the grant", q->name, gone, rl->n);
     return dlock_err_set(DLOCK_EREDIS, "redlock renewal of '%s': %u of %u counting nodes "
                          "renewed it, %u needed%s", q->name, ok, rl->n, rl->m, msg);
+}
+
+/* One exchange of renew_many: leases l[0 .. k), every node asked for all
+ * of them (token "0" where it granted none: renew.lua answers 0, not
+ * counted). */
+static void renew_chunk(dlock_redlock *rl, const char *client_id, dlock_redlock_lease *l,
+                        size_t k, int64_t deadline)
+{
+    peer p[DLOCK_REDLOCK_NODES_MAX];
+    memset(p, 0, sizeof p);
+    const char **argv[DLOCK_REDLOCK_NODES_MAX];
+    char *tok[DLOCK_REDLOCK_NODES_MAX];
+    int only[DLOCK_REDLOCK_NODES_MAX] = {0}, oom = 0;
+    for (unsigned i = 0; i < rl->n; i++) {
+        argv[i] = malloc(sizeof *argv[i] * (2 * k + 2));
+        tok[i] = malloc(24 * k);
+        oom |= !argv[i] || !tok[i];
+        for (size_t j = 0; j < k; j++)
+            only[i] |= l[j].g->node_token[i] != 0;
+        if (!only[i])
+            peer_fail(&p[i], "%s", "granted nothing");
+    }
+    for (unsigned i = 0; i < rl->n && !oom; i++) {
+        for (size_t j = 0; j < k; j++) {
+            argv[i][j] = l[j].key;
+            snprintf(tok[i] + 24 * j, 24, "%" PRIu64, l[j].g->node_token[i]);
+            argv[i][k + 2 + j] = tok[i] + 24 * j;
+        }
+        argv[i][k] = client_id;
+        argv[i][k + 1] = rl->lease_str;
+    }
+    for (size_t j = 0; j < k; j++)
+        l[j].verdict = -1;
+    if (!oom) {
+        peers_open(rl, p, deadline);
+        int64_t first = dlock_boot_ns();
+        int64_t valid = first + rl->lease_ns - rl->drift_ns;
+        peers_call_each(rl, p, only, 1, dlock_script_in(DLOCK_SCRIPT_RENEW, 2), (int)k,
+                        (int)k + 2, (const char **const *)argv, 1,
+                        step_deadline(rl, deadline));
+        int counts[DLOCK_REDLOCK_NODES_MAX];
+        for (unsigned i = 0; i < rl->n; i++) {
+            const redisReply *r = p[i].rep;
+            int fits = !p[i].failed && r && r->type == REDIS_REPLY_ARRAY && r->elements == k;
+            for (size_t j = 0; fits && j < k; j++)
+                fits = r->element[j]->type == REDIS_REPLY_INTEGER;
+            if (!fits && !p[i].failed)
+                peer_fail(&p[i], "%s", "answered no renewal");
+            counts[i] = !p[i].failed && counts_now(rl, i, p[i].run, p[i].seed);
+        }
+        int in_time = dlock_boot_ns() < valid;
+        for (size_t j = 0; j < k; j++) {
+            unsigned ok = 0, gone = 0;
+            for (unsigned i = 0; i < rl->n; i++) {
+                if (p[i].failed || !l[j].g->node_token[i])
+                    continue;
+                if (p[i].rep->element[j]->integer == 1)
+                    ok += counts[i];
+                else
+                    gone++;
+            }
+            if (ok >= rl->m && in_time) {
+                l[j].verdict = 1;
+                l[j].valid_boot = valid;
+            } else if (gone > rl->n - rl->m) {
+                l[j].verdict = 0;
+            }
+        }
+        char msg[600] = "";
+        size_t len = 0;
+        for (unsigned i = 0; i < rl->n; i++)
+            if ((p[i].failed || !counts[i]) && only[i] && len < sizeof msg)
+                len += (size_t)snprintf(msg + len, sizeof msg - len, "; %s %s",
+                                        rl->node[i].addr,
+                                        p[i].failed ? p[i].why : "does not count");
+        for (size_t j = 0; j < k; j++)
+            if (l[j].verdict != 1)
+                dlock_err_set(l[j].verdict ? DLOCK_EREDIS : DLOCK_ELOST, "redlock renewal of "
+                              "'%s': not confirmed by %u counting nodes%s%s", l[j].name, rl->m,
+                              in_time ? "" : " within its validity", msg);
+        peers_close(rl, p);
+    } else {
+        dlock_err_set(DLOCK_ENOMEM, "out of memory");
+    }
+    for (unsigned i = 0; i < rl->n; i++) {
+        free(argv[i]);
+        free(tok[i]);
+    }
+}
+
+int dlock_redlock_renew_many(dlock_redlock *rl, const char *client_id, dlock_redlock_lease *l,
+                             size_t n, int64_t deadline)
+{
+    int rc = DLOCK_OK;
+    char why[700] = "";
+    for (size_t from = 0; from < n; from += DLOCK_REDLOCK_RENEW_BATCH) {
+        size_t k = n - from < DLOCK_REDLOCK_RENEW_BATCH ? n - from : DLOCK_REDLOCK_RENEW_BATCH;
+        renew_chunk(rl, client_id, l + from, k, deadline);
+        for (size_t j = from; j < from + k; j++)
+            if (l[j].verdict != 1 && rc == DLOCK_OK) {
+                rc = l[j].verdict ? DLOCK_EREDIS : DLOCK_ELOST;
+                snprintf(why, sizeof why, "%s", dlock_last_error());
+            }
+    }
+    if (rc == DLOCK_OK)
+        return rc;
+    return dlock_err_set(rc, "%s", why);
 }

@@ -192,6 +192,36 @@ int dlock_redlock_acquire(dlock_redlock *rl, const dlock_redlock_req *q, dlock_r
 int dlock_redlock_release(dlock_redlock *rl, const dlock_redlock_req *q,
                           const dlock_redlock_grant *g);
 
+/* A held lease, for dlock_redlock_renew_many. */
+typedef struct dlock_redlock_lease {
+    const char *name;              /* for messages */
+    const char *key;               /* its lease key (DLOCK_KEY_LEASE) */
+    const dlock_redlock_grant *g;
+    int verdict;                   /* out: 1 renewed, 0 gone, -1 not confirmed */
+    int64_t valid_boot;            /* out, verdict 1: the new validity */
+} dlock_redlock_lease;
+
+/* Leases renewed by one exchange of at most this many. */
+#define DLOCK_REDLOCK_RENEW_BATCH 256
+
+/* Renews every lease of l[0 .. n) of client client_id as
+ * dlock_redlock_renew renews one, but all of them in one pipelined
+ * exchange per DLOCK_REDLOCK_RENEW_BATCH leases (renew.lua takes them as
+ * one batch on each node): a stopped node costs the batch one command
+ * timeout, not one per lease. Each lease is confirmed by its own majority
+ * of counting nodes; its verdict and validity in l[j] (the validity
+ * counted from the batch's first send). DLOCK_OK if every lease was
+ * renewed, else the first failure's code and message. */
+int dlock_redlock_renew_many(dlock_redlock *rl, const char *client_id, dlock_redlock_lease *l,
+                             size_t n, int64_t deadline);
+
+/* dlock_redlock_release, for one of many releases in a row (a close):
+ * down[i] set skips node i, and is set for every node this release
+ * failed to reach, so that a stopped node costs the row one command
+ * timeout, not one per release. down NULL: as dlock_redlock_release. */
+int dlock_redlock_release_past(dlock_redlock *rl, const dlock_redlock_req *q,
+                               const dlock_redlock_grant *g, int *down);
+
 /* Gives back whatever grant attempt q->attempt of q's name holds on any
  * node (an acquire of unknown outcome: a node that did not answer may
  * have run it): a release by attempt on every node. DLOCK_OK only once

@@ -538,6 +538,46 @@ static void test_one_node_stopped(void **state)
     dlock_client_close(b);
 }
 
+#define MANY_HELD 24
+
+/* One node of three stopped while a client holds many names: every lease
+ * is kept over several lease times (a round renews them all in one
+ * exchange per node, so the stopped node costs it one command timeout),
+ * and the close releases them all by one deadline. */
+static void test_many_held_one_node_stopped(void **state)
+{
+    (void)state;
+    fresh_prefix(1);
+    dlock_client *a = open_client(0), *b = open_client(0);
+    warm(a);
+    warm(b);
+    char name[MANY_HELD][16];
+    for (int k = 0; k < MANY_HELD; k++) {
+        snprintf(name[k], sizeof name[k], "h%d", k);
+        must_acquire(a, name[k], 0);
+    }
+    sig(0, SIGSTOP);
+    for (int round = 0; round < 6; round++) {
+        fx_sleep_ms(LEASE_MS / 2);
+        for (int k = 0; k < MANY_HELD; k++)
+            if (dlock_held(a, name[k]) != 1)
+                fail_msg("%s lost after %d ms with node 0 stopped (%d lost)", name[k],
+                         (round + 1) * LEASE_MS / 2, lost_count());
+    }
+    assert_int_equal(lost_count(), 0);
+    assert_int_equal(dlock_acquire(b, name[MANY_HELD - 1], 0, NULL), DLOCK_EBUSY);
+    int64_t t0 = now_ms();
+    dlock_client_close(a); /* still holding them all */
+    if (now_ms() - t0 > 700)
+        fail_msg("the close of %d names took %" PRId64 " ms", MANY_HELD, now_ms() - t0);
+    for (int k = 0; k < MANY_HELD; k++) {
+        must_acquire(b, name[k], 0);
+        assert_int_equal(dlock_release(b, name[k]), DLOCK_OK);
+    }
+    sig(0, SIGCONT);
+    dlock_client_close(b);
+}
+
 /* Two of three stopped: the holder's lease is lost once its validity ends
  * (on_lost, dlock_held 0, its release DLOCK_ELOST), and new acquires fail
  * with DLOCK_EREDIS within their bounds. */
@@ -939,6 +979,7 @@ int main(void)
         cmocka_unit_test_teardown(test_local_handoffs, restore),
         cmocka_unit_test_teardown(test_renewed, restore),
         cmocka_unit_test_teardown(test_one_node_stopped, restore),
+        cmocka_unit_test_teardown(test_many_held_one_node_stopped, restore),
         cmocka_unit_test_teardown(test_majority_stopped, restore),
         cmocka_unit_test_teardown(test_release_finds_lost, restore),
         cmocka_unit_test_teardown(test_unknown_outcome_given_back, restore),
