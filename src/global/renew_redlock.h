@@ -10,22 +10,25 @@
 
 #include "global/renew.h"
 
-/* A round: every registered lease renewed on the node set, one quorum
- * exchange per lease (dlock_redlock_renew). Confirmed: its validity is the
- * renewal's first send + the lease - the drift allowance. Found gone on
+/* A round: every registered lease renewed on the node set in one batch
+ * (dlock_redlock_renew_many: one pipelined exchange per node per
+ * DLOCK_REDLOCK_RENEW_BATCH leases, each confirmed by its own majority).
+ * Confirmed: its validity is the batch's first send + the lease - the
+ * drift allowance. Found gone on
  * more than N - m nodes, or not confirmed before its validity ended: lost
  * (the callback, as a round of one server's). Returns when the next round
  * is due (monotonic): a period after this one, or after a short pause
  * when a lease was not confirmed (never after its validity). */
 int64_t dlock_renew_redlock_round(dlock_renew *r);
 
-/* One try of each give-back due now: a release by attempt on every node
- * (a leave has nothing to do: Redlock mode queues no waiter in Redis).
+/* One try of each give-back due now: a release by attempt on every node,
+ * done once every node answered (dlock_redlock_give_back; a leave has nothing to do: Redlock mode queues no waiter in Redis).
  * Returns when the next try is due (DLOCK_NEVER: none left). */
 int64_t dlock_renew_redlock_jobs(dlock_renew *r);
 
 /* After the thread stopped: releases every registered lease on the node
- * set (best effort within the command timeout). */
+ * set (best effort, all by one exchange's deadline; a node that failed
+ * one release is not asked again). */
 void dlock_renew_redlock_release_all(dlock_renew *r);
 
 /* Seeds the node set's restarted nodes that are due
