@@ -2,8 +2,10 @@
  * Redlock mode through dlock.h (dlock_config.redlock_nodes; docs/guide.md,
  * "Redlock"): clients of 3 private redis-servers (tests/support/fixture.h)
  * that stop, pause and restart empty. Exclusive locks, fencing tokens,
- * mutual exclusion between clients, local handoffs, renewals, the loss of
- * a lease no majority renews, the seeding of a restarted node by the
+ * mutual exclusion between clients, local handoffs, renewals (many names
+ * at once, validity from the first send, uncounted nodes), the loss of a
+ * lease no majority renews or whose release finds it gone, the give-back
+ * of a try of unknown outcome, the seeding of a restarted node by the
  * client, and what the mode refuses.
  *
  * Each test runs on a key prefix of its own, seeded fresh (as
@@ -918,6 +920,165 @@ static void test_renewal_validity(void **state)
     dlock_redlock_destroy(rl);
 }
 
+/* A node set of this test's prefix that counts every node, and the keys
+ * and arguments of name for its calls. */
+typedef struct rl_name {
+    dlock_script_args args;
+    char id[33], wake[64];
+    char k[DLOCK_SCRIPT_KEYS][160], *kp[DLOCK_SCRIPT_KEYS];
+} rl_name;
+
+static void rl_name_init(rl_name *n, const char *name)
+{
+    snprintf(n->id, sizeof n->id, "%s", "0123456789abcdef0123456789abcdef");
+    snprintf(n->wake, sizeof n->wake, "%swake:", prefix);
+    n->args = (dlock_script_args){.client_id = n->id, .lease_ms = "0", .pass_limit = "0",
+                                  .waiter_ttl_ms = "1000", .wake_prefix = n->wake,
+                                  .keep_ms = "4000"};
+    for (int i = 0; i < DLOCK_SCRIPT_KEYS; i++) {
+        n->kp[i] = n->k[i];
+        snprintf(n->k[i], sizeof n->k[i], "%s{%s}%s%s", prefix, name,
+                 dlock_script_key_suffix(i), i == DLOCK_KEY_CLIENT ? n->id : "");
+    }
+    hw_key(name, n->k[DLOCK_KEY_HW], sizeof n->k[DLOCK_KEY_HW]);
+}
+
+/* Node 0 resumed, its connection opened (an exchange that finds it
+ * closed opens it before its first send), and stopped again. */
+static void stop_node0_connected(dlock_redlock *rl)
+{
+    sig(0, SIGCONT);
+    assert_int_equal(dlock_redlock_refresh(rl, dlock_now_ns() + 1000 * DLOCK_NS_PER_MS), DLOCK_OK);
+    sig(0, SIGSTOP);
+}
+
+/* With node 0 stopped (its connection open) an exchange waits out its
+ * command timeout (100 ms) for its reply: an acquire's and a renewal's
+ * validity (one lease and a batch of them) still count from the first
+ * send, not from the replies. */
+static void test_validity_from_first_send(void **state)
+{
+    (void)state;
+    fresh_prefix(1);
+    dlock_conn_cfg cfg;
+    dlock_counters ctr = {0};
+    dlock_redlock *rl = node_set(&cfg, &ctr, 100);
+    rl_name n;
+    rl_name_init(&n, "w");
+    assert_int_equal(dlock_redlock_refresh(rl, dlock_now_ns() + 1000 * DLOCK_NS_PER_MS), DLOCK_OK);
+    fx_sleep_ms(LEASE_MS + 20);
+    int64_t lease = LEASE_MS * DLOCK_NS_PER_MS, drift = dlock_redlock_drift_ns(rl);
+    int64_t slack = 20 * DLOCK_NS_PER_MS;
+    dlock_redlock_req q = {.name = "w", .keys = n.kp, .args = &n.args, .client_name = "w",
+                           .attempt = 1, .deadline = dlock_now_ns() + 1000 * DLOCK_NS_PER_MS};
+    dlock_redlock_grant g, g2;
+    dlock_redlock_busy busy;
+    assert_int_equal(dlock_redlock_acquire(rl, &q, &g, &busy), DLOCK_OK); /* (on all three) */
+    sig(0, SIGSTOP);
+    rl_name n2;
+    rl_name_init(&n2, "w2");
+    dlock_redlock_req q2 = q;
+    q2.name = "w2";
+    q2.keys = n2.kp;
+    q2.deadline = dlock_now_ns() + 1000 * DLOCK_NS_PER_MS;
+    int64_t start = dlock_boot_ns();
+    assert_int_equal(dlock_redlock_acquire(rl, &q2, &g2, &busy), DLOCK_OK);
+    assert_true(dlock_boot_ns() - start >= 90 * DLOCK_NS_PER_MS); /* (it waited for node 0) */
+    if (g2.valid_boot > start + lease - drift + slack)
+        fail_msg("the acquire's validity is %" PRId64 " ms past its start + lease - drift",
+                 (g2.valid_boot - (start + lease - drift)) / DLOCK_NS_PER_MS);
+    int64_t valid = 0;
+    stop_node0_connected(rl);
+    start = dlock_boot_ns();
+    q.deadline = dlock_now_ns() + 1000 * DLOCK_NS_PER_MS;
+    assert_int_equal(dlock_redlock_renew(rl, &q, &g, &valid), DLOCK_OK);
+    assert_true(dlock_boot_ns() - start >= 90 * DLOCK_NS_PER_MS);
+    assert_true(valid <= start + lease - drift + slack);
+    dlock_redlock_lease l = {.name = "w", .key = n.k[DLOCK_KEY_LEASE], .g = &g};
+    stop_node0_connected(rl);
+    start = dlock_boot_ns();
+    assert_int_equal(dlock_redlock_renew_many(rl, n.id, &l, 1,
+                                              dlock_now_ns() + 1000 * DLOCK_NS_PER_MS), DLOCK_OK);
+    assert_true(dlock_boot_ns() - start >= 90 * DLOCK_NS_PER_MS);
+    assert_int_equal(l.verdict, 1);
+    if (l.valid_boot > start + lease - drift + slack)
+        fail_msg("a batch renewal's validity is %" PRId64 " ms past its start + lease - drift",
+                 (l.valid_boot - (start + lease - drift)) / DLOCK_NS_PER_MS);
+    sig(0, SIGCONT);
+    dlock_redlock_destroy(rl);
+}
+
+/* A node that answers but does not count (restarted, its lease hash
+ * put back as a rollback to old data would, not seeded in its new run) is
+ * not counted by a renewal: with another node stopped, the renewal of
+ * one lease and of a batch fails. */
+static void test_renewal_skips_uncounted(void **state)
+{
+    (void)state;
+    fresh_prefix(1);
+    dlock_conn_cfg cfg;
+    dlock_counters ctr = {0};
+    dlock_redlock *rl = node_set(&cfg, &ctr, 100);
+    rl_name n;
+    rl_name_init(&n, "z");
+    assert_int_equal(dlock_redlock_refresh(rl, dlock_now_ns() + 1000 * DLOCK_NS_PER_MS), DLOCK_OK);
+    fx_sleep_ms(LEASE_MS + 20);
+    dlock_redlock_req q = {.name = "z", .keys = n.kp, .args = &n.args, .client_name = "z",
+                           .attempt = 1, .deadline = dlock_now_ns() + 1000 * DLOCK_NS_PER_MS};
+    dlock_redlock_grant g;
+    dlock_redlock_busy busy;
+    assert_int_equal(dlock_redlock_acquire(rl, &q, &g, &busy), DLOCK_OK);
+    assert_int_equal(g.votes, 3);
+    /* the grants' expiry moved 5 s on (a renewal of a set with that lease,
+     * whose nodes do not count for it yet, writes them all the same), so
+     * that node 1's stays live through its restart */
+    dlock_conn_cfg cfg5 = cfg;
+    dlock_redlock *rl5 = NULL;
+    assert_int_equal(dlock_redlock_create(&cfg5, nodes, prefix, 5000, 1, &ctr, &rl5), DLOCK_OK);
+    int64_t valid;
+    q.deadline = dlock_now_ns() + 1000 * DLOCK_NS_PER_MS;
+    (void)dlock_redlock_renew(rl5, &q, &g, &valid);
+    dlock_redlock_destroy(rl5);
+    /* node 1 restarted empty, its own lease hash put back */
+    redisReply *d = fx_cmd_at(srv[1].port, "DUMP %s", n.k[DLOCK_KEY_LEASE]);
+    assert_non_null(d);
+    assert_int_equal(d->type, REDIS_REPLY_STRING);
+    sig(1, SIGKILL);
+    assert_int_equal(fx_redis_restart(&srv[1]), 0);
+    redisReply *r = fx_cmd_at(srv[1].port, "RESTORE %s 0 %b", n.k[DLOCK_KEY_LEASE], d->str,
+                              d->len);
+    assert_non_null(r);
+    assert_int_equal(r->type, REDIS_REPLY_STATUS);
+    freeReplyObject(r);
+    freeReplyObject(d);
+    /* node 1's new run seen (the first exchange may find the connection
+     * the restart broke) */
+    (void)dlock_redlock_refresh(rl, dlock_now_ns() + 1000 * DLOCK_NS_PER_MS);
+    assert_int_equal(dlock_redlock_refresh(rl, dlock_now_ns() + 1000 * DLOCK_NS_PER_MS), DLOCK_OK);
+    assert_false(dlock_redlock_counts(rl, 1));
+    /* the renewal script loaded on node 1 (a NOSCRIPT answer read after
+     * stopped node 0's timeout would leave no time for the resend) */
+    r = fx_cmd_at(srv[1].port, "SCRIPT LOAD %s",
+                  dlock_script_body(dlock_script_in(DLOCK_SCRIPT_RENEW, 2)));
+    assert_non_null(r);
+    assert_int_equal(r->type, REDIS_REPLY_STRING);
+    freeReplyObject(r);
+    stop_node0_connected(rl);
+    q.deadline = dlock_now_ns() + 1000 * DLOCK_NS_PER_MS;
+    int rc = dlock_redlock_renew(rl, &q, &g, &valid);
+    if (rc != DLOCK_EREDIS)
+        fail_msg("renewed with node 0 stopped and node 1 not counting: %s",
+                 dlock_strerror(rc));
+    dlock_redlock_lease l = {.name = "z", .key = n.k[DLOCK_KEY_LEASE], .g = &g};
+    stop_node0_connected(rl);
+    rc = dlock_redlock_renew_many(rl, n.id, &l, 1, dlock_now_ns() + 1000 * DLOCK_NS_PER_MS);
+    if (rc != DLOCK_EREDIS || l.verdict != -1)
+        fail_msg("batch renewed with node 0 stopped and node 1 not counting: %s, verdict %d",
+                 dlock_strerror(rc), l.verdict);
+    sig(0, SIGCONT);
+    dlock_redlock_destroy(rl);
+}
+
 #ifdef DLOCKCTL_PATH
 /* dlockctl's command, exit status, and its stdout and stderr in out. */
 static int ctl_run(char *out, size_t n, const char *args)
@@ -985,6 +1146,8 @@ int main(void)
         cmocka_unit_test_teardown(test_unknown_outcome_given_back, restore),
         cmocka_unit_test_teardown(test_restarted_node_seeded, restore),
         cmocka_unit_test_teardown(test_renewal_validity, restore),
+        cmocka_unit_test_teardown(test_validity_from_first_send, restore),
+        cmocka_unit_test_teardown(test_renewal_skips_uncounted, restore),
         cmocka_unit_test_teardown(test_write_back_reserves_pass_limit, restore),
         cmocka_unit_test_teardown(test_cancel_shutdown_handles, restore),
 #ifdef DLOCKCTL_PATH
