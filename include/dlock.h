@@ -242,12 +242,17 @@ typedef struct dlock_config {
      *     out, in real time, before the validity its client computed
      *     (client and node clock rates and forward steps together within
      *     the drift allowance);
-     *   - a held lease is renewed on every node; it is lost (on_lost,
+     *   - a held lease is renewed on the nodes that granted it (a node
+     *     that was down at the acquire never holds it: with one node of
+     *     three down at the acquire and another lost later, the lease is
+     *     lost though a majority is up); it is lost (on_lost,
      *     dlock_held() 0, its release DLOCK_ELOST) once no majority of
      *     counting nodes confirmed a renewal before its validity ended,
      *     or when its release comes after that validity or finds more
      *     than N - m nodes without the grant (on_lost fires then, once).
-     * An acquire needs m reachable nodes that count; a client counts a
+     * Each node is checked (Redis 7.0, noeviction) when a connection to
+     * it opens; while the client runs, the periodic server check reads
+     * the first node listed only. An acquire needs m reachable nodes that count; a client counts a
      * node only once it has seen the node's current run for a lease (its
      * first acquires wait for that; a try fails with DLOCK_EREDIS
      * meanwhile). A waiting acquire that finds too few nodes counting
