@@ -1376,7 +1376,7 @@ static void renew_chunk(dlock_redlock *rl, const char *client_id, dlock_redlock_
                 fits = r->element[j]->type == REDIS_REPLY_INTEGER;
             if (!fits && !p[i].failed)
                 peer_fail(&p[i], "%s", "answered no renewal");
-            counts[i] = !p[i].failed && counts_now(rl, i, p[i].run, p[i].seed);
+            counts[i] = !p[i].failed && counts_now(rl, i, p[i].run, p[i].seed, first);
         }
         int in_time = dlock_boot_ns() < valid;
         for (size_t j = 0; j < k; j++) {
