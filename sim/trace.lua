@@ -74,10 +74,12 @@
 --   sphase NAME OK HOLDERS TOKEN NOW SWAITERS XWAITERS CLOSING   after an exclusive
 --                                             release kept no handoff: a reader phase (S8)
 --   sem.*                                     the semaphore's (sim/trace_sem.lua checks them)
+--   rl.*                                      Redlock mode's (sim/trace_redlock.lua checks them)
 local C = require('client')
 local SLOT = require('slot')
 local SH = require('trace_shared') -- the shared mode's lines (its head)
 local TS = require('trace_sem') -- the semaphore's lines (its head)
+local RL = require('trace_redlock') -- Redlock mode's lines (its head)
 
 local T = {}
 
@@ -218,6 +220,8 @@ function T.check_file(path)
       c.protocol = proto_field(f[16], 'the setting')
     elseif not c or not c.s then
       bad('an event before the client opened')
+    elseif kind == 'rl.open' then
+      RL.open({c = c, bad = bad}, f)
     elseif kind:sub(1, 4) == 'sem.' then
       local why = sem:line(c, f)
       if why then bad('%s', why) end
@@ -225,9 +229,11 @@ function T.check_file(path)
       local e = entry(unesc(f[4]))
       local s = c.s
       if kind ~= 'giveback' and kind ~= 'unconf' and kind ~= 'msg' and kind ~= 'rep' then settle(e) end
-      local X = {c = c, bad = bad, stats = stats, need_giveback = need_giveback}
+      local X = {c = c, bad = bad, stats = stats, need_giveback = need_giveback, numbers = numbers}
       if SH.line(X, e, kind, f, tid, stamp) then
         -- (a line of the shared mode: sim/trace_shared.lua)
+      elseif RL.line(X, e, kind, f, stamp) then
+        -- (a line of Redlock mode: sim/trace_redlock.lua)
       elseif kind == 'poll' then
         if e.state ~= 'NONE' and e.state ~= 'LOST' then
           bad('a poll of %s while its lease is %s', e.name, e.state)
@@ -548,6 +554,7 @@ function T.check_file(path)
         if e.rel and e.rel.to then
           bad('the release of %s ended after its refusal, before it was sent again', e.name)
         end
+        RL.released(X, e, rc)
         e.rel = nil
         if rc ~= E.OK then
           e.expect_unconf = {e.token, rc == E.ELOST and 2 or (e.ending or 0)}

@@ -22,6 +22,7 @@ typedef struct rsnap {
     dlock_redlock_grant g;
     int verdict;       /* 1 renewed, 0 gone, -1 not confirmed */
     int64_t valid;     /* renewed: the new validity (boot clock) */
+    int64_t sent;      /* the first send of its renewal's exchange (boot clock; 0: none) */
     uint64_t lost_token;
 } rsnap;
 
@@ -74,8 +75,7 @@ static void renew_all(dlock_renew *r, rsnap *s, size_t n)
             i++;
         s[i].verdict = l[j].verdict;
         s[i].valid = l[j].valid_boot;
-        dlock_trace_event(r->cfg.trace, "rl.renew", s[i].e->name, "%" PRIu64 " %d", s[i].epoch,
-                          l[j].verdict);
+        s[i].sent = l[j].sent_boot;
     }
     free(l);
 }
@@ -93,6 +93,10 @@ static int apply_one(dlock_renew *r, rsnap *s, int64_t *earliest, int *drop)
     pthread_mutex_lock(&e->mu);
     if (e->lease.state == DLOCK_LEASE_HELD && e->lease.epoch == s->epoch &&
         e->lease.renew == s->item) {
+        /* (as renew_round.c's: the validity before the verdict applies) */
+        dlock_trace_event(r->cfg.trace, "verdict", e->name,
+                          "%" PRIu64 " %d %" PRId64 " %" PRId64 " %" PRId64, e->lease.epoch,
+                          s->verdict, s->sent, now, e->lease.valid_until_ns);
         if (s->verdict == 1) {
             e->lease.valid_until_ns = s->valid;
             e->lease.provisional = 0;

@@ -573,6 +573,10 @@ int dlock_client_open(const dlock_config *cfg, dlock_client **out)
         client_free(c);
         return rc;
     }
+    if (c->redlock)
+        dlock_trace_event(c->trace, "rl.open", c->id, "%u %u %" PRId64,
+                          dlock_redlock_nodes(c->redlock), dlock_redlock_majority(c->redlock),
+                          dlock_redlock_drift_ns(c->redlock));
     if (cfg->cluster_nodes) {
         rc = dlock_cluster_create(&c->conn, cfg->cluster_nodes, cfg->pool_size,
                                   cfg->min_replicas, &c->ctr, &c->cluster);

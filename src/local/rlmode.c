@@ -58,8 +58,9 @@ int dlock_rlmode_acquire(dlock_client *c, dlock_entry *e, dlock_rpc_try *t)
     dlock_redlock_busy busy;
     t->sent_boot = dlock_boot_ns();
     int rc = dlock_redlock_acquire(c->redlock, &q, &g, &busy);
-    dlock_trace_event(c->trace, "rl.acq", e->name, "%s %d %" PRIu64 " %u", t->nonce, rc, g.token,
-                      g.votes);
+    dlock_trace_event(c->trace, "rl.acq", e->name,
+                      "%s %d %" PRIu64 " %u %" PRId64 " %" PRId64 " %" PRId64, t->nonce, rc,
+                      g.token, g.votes, t->sent_boot, g.first_boot, g.valid_boot);
     if (rc == DLOCK_OK) {
         *e->lease.rl = g;
         t->token = g.token;

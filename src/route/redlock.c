@@ -1360,11 +1360,13 @@ static void renew_chunk(dlock_redlock *rl, const char *client_id, dlock_redlock_
         argv[i][k + 1] = rl->lease_str;
     }
     for (size_t j = 0; j < k; j++)
-        l[j].verdict = -1;
+        l[j].verdict = -1, l[j].sent_boot = 0;
     if (!oom) {
         peers_open(rl, p, deadline);
         int64_t first = dlock_boot_ns();
         int64_t valid = first + rl->lease_ns - rl->drift_ns;
+        for (size_t j = 0; j < k; j++)
+            l[j].sent_boot = first;
         peers_call_each(rl, p, only, 1, dlock_script_in(DLOCK_SCRIPT_RENEW, 2), (int)k,
                         (int)k + 2, (const char **const *)argv, 1,
                         step_deadline(rl, deadline));

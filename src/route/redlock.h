@@ -199,6 +199,7 @@ typedef struct dlock_redlock_lease {
     const dlock_redlock_grant *g;
     int verdict;                   /* out: 1 renewed, 0 gone, -1 not confirmed */
     int64_t valid_boot;            /* out, verdict 1: the new validity */
+    int64_t sent_boot;             /* out: the first send of its exchange (0: none) */
 } dlock_redlock_lease;
 
 /* Leases renewed by one exchange of at most this many. */
