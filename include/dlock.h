@@ -252,10 +252,12 @@ typedef struct dlock_config {
      *     than N - m nodes without the grant (on_lost fires then, once).
      * Each node is checked (Redis 7.0, noeviction) when a connection to
      * it opens; while the client runs, the periodic server check reads
-     * the first node listed only. An acquire needs m reachable nodes that count; a client counts a
-     * node only once it has seen the node's current run for a lease (its
-     * first acquires wait for that; a try fails with DLOCK_EREDIS
-     * meanwhile). A waiting acquire that finds too few nodes counting
+     * the first node listed only. An acquire needs m reachable nodes that
+     * count: a node counts once seeded in its current run (a fresh
+     * deployment by dlockctl seed-fresh; a restarted node by the clients,
+     * a lease + the drift allowance after the first of them saw it), for
+     * every client at once, a client that starts fresh too; a try fails
+     * with DLOCK_EREDIS while too few count. A waiting acquire that finds too few nodes counting
      * tries again until its wait ends, then fails with DLOCK_EREDIS (one
      * that waits forever waits for the nodes). A renewal round renews
      * every held name in one pipelined exchange per node per 256 names

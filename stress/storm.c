@@ -569,7 +569,7 @@ int main(int argc, char **argv)
     getrusage(RUSAGE_CHILDREN, &ru0);
     int64_t fork_ns = now_ns();
     /* --redlock: each worker first waits until its client counts the nodes
-     * (about a lease: redlock_warm_up) */
+     * (redlock_warm_up: at most this) */
     int64_t warm_up_ns = O.redlock ? (2 * O.lease_ms + 5000) * 1000000LL : 0;
     int64_t setup_timeout_ns = SETUP_TIMEOUT_NS + warm_up_ns;
     for (int p = 0; p < P; p++) {

@@ -843,12 +843,12 @@ static int open_client(dlock_client **out, proc_res *pr, int p)
     return rc;
 }
 
-/* --redlock: a client counts a node only once it has seen the node's run
- * for a lease, and acquires fail until it counts a majority (docs/guide.md,
- * "Redlock"). Before the run starts, the worker acquires and releases a
- * name of its own (none of the storm's), waiting for as long as that takes
- * (the lease, twice, and 5 s more), so that the run measures a client
- * that counts its nodes. 0, or -1 with pr->msg. */
+/* --redlock: acquires fail until the client counts a majority of seeded
+ * nodes (docs/guide.md, "Redlock"; at once on the storm's nodes, seeded
+ * fresh). Before the run starts, the worker acquires and releases a name
+ * of its own (none of the storm's), waiting for as long as that takes (the
+ * lease, twice, and 5 s more), so that the run measures a client whose
+ * connections to every node are open. 0, or -1 with pr->msg. */
 static int redlock_warm_up(dlock_client *c, proc_res *pr, int p)
 {
     char name[NAME_LEN];

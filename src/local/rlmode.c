@@ -90,7 +90,7 @@ int dlock_rlmode_acquire(dlock_client *c, dlock_entry *e, dlock_rpc_try *t)
                            "\"Redlock\"); a restarted node is seeded by the clients a lease after "
                            "they see it", why);
     /* A waiting try goes on while its deadline leaves time for another:
-     * nodes a fresh client has not seen for a lease yet, a node back. */
+     * a node restarted and not seeded yet, a node back. */
     int64_t pause = retry_ms(c, c->lease_ms / 10) * DLOCK_NS_PER_MS;
     int again = t->queue && (t->deadline == DLOCK_NEVER ||
                              dlock_now_ns() + pause + DLOCK_NS_PER_MS < t->deadline);

@@ -15,11 +15,12 @@
  *           the same pipeline: within one run the seed key only ever takes
  *           that run's id, so a reading before the script holds at the
  *           script; mark.lua's replies carry the key as the script read
- *           it), and this client first saw that run id at least a lease
- *           before the request was sent (the acquire's first send), on
- *           CLOCK_BOOTTIME (a client that starts fresh waits a lease before
- *           any node counts). Two nodes that report one run id (one server
- *           listed under two names) count once.
+ *           it). A seeding comes a lease + the drift allowance after the
+ *           seeding client first saw the run (below), so a node that counts
+ *           has been up a lease, whoever asks: a client that starts fresh
+ *           counts a seeded node at once (the rule the simulator proves,
+ *           docs/design.md "Redlock"). Two nodes that report one run id
+ *           (one server listed under two names) count once.
  *   acquire acquire.lua on every node with one attempt number; votes
  *           only from nodes that count; T = highest vote + 1; mark.lua T on
  *           every node, at most 3 rounds (a reply whose mark was T or more
@@ -45,8 +46,8 @@
  * Not here: wait queues and wake-ups (a refused caller retries after the
  * pttl it was told).
  *
- * Shared state: each node's record (the run id last seen, when it was
- * first seen, whether its seed key held it at the last reading, whether a
+ * Shared state: each node's record (the run id last seen, when this
+ * client first saw it, whether its seed key held it at the last reading, whether a
  * seeding is under way) is guarded by rl->mu, which is never held during
  * I/O; a node's pool has its own mutex (conn.c), never taken under rl->mu.
  * Any thread may call any function here; a seeding of one node runs at
