@@ -218,14 +218,14 @@ local function report(w)
 end
 
 local sacq = 0 -- the shared worlds: acquisitions of shared leases
-local rnw, rlost = 0, 0 -- the Redlock world: renewals confirmed, holds lost
+local rnw, rlost, rgr = 0, 0, 0 -- the Redlock world: renewals confirmed, holds lost, re-grants
 
 -- (the JSON's "protocol", for any but 1)
 local function protocol_json()
   if opts.sem then return ',"world":"sem"' end
   if opts.redlock then
-    return string.format(',"world":"redlock","nodes":%d,"renewals":%d,"holds_lost":%d', opts.nodes or 3,
-      rnw, rlost)
+    return string.format(',"world":"redlock","nodes":%d,"renewals":%d,"holds_lost":%d,"regrants":%d',
+      opts.nodes or 3, rnw, rlost, rgr)
   end
   if opts.protocol == 2 and opts.shared ~= nil then
     return ',"protocol":2,"shared":' .. (opts.shared == 'mix' and '"mix"' or tostring(opts.shared))
@@ -239,7 +239,7 @@ end
 if opts.replay then
   local w = run_one(opts.replay, true)
   sacq = w.shared_acquisitions or 0
-  rnw, rlost = w.renewals or 0, w.holds_lost or 0
+  rnw, rlost, rgr = w.renewals or 0, w.holds_lost or 0, w.regrants or 0
   for _, l in ipairs(w.tr) do io.stdout:write(l, '\n') end
   local v = #w.violations
   io.stdout:write(string.format('{"schedules":1,"steps":%d,"violations":%d,"seed":%d%s}\n', w.steps, v,
@@ -263,7 +263,7 @@ while n < max_sched and os.clock() - t0 < limit_s do
   steps = steps + w.steps
   acq = acq + (w.acquisitions or 0)
   sacq = sacq + (w.shared_acquisitions or 0)
-  rnw, rlost = rnw + (w.renewals or 0), rlost + (w.holds_lost or 0)
+  rnw, rlost, rgr = rnw + (w.renewals or 0), rlost + (w.holds_lost or 0), rgr + (w.regrants or 0)
   for k, v in pairs(w.faults) do faults[k] = (faults[k] or 0) + v end
   if #w.violations > 0 then
     viol = viol + 1

@@ -25,9 +25,13 @@
 --   of a majority of the other nodes that count are read (mark.lua 0), and
 --   their highest written to it with its run id (mark.lua T run_id).
 --   R  a holder renews every third of a lease: renew.lua on every node by
---      that node's own grant; confirmed by a majority of nodes that count
---      within the validity, which is then the renewal's first send + lease
---      - drift; not confirmed by the end of the validity, the hold is lost.
+--      that node's own grant, and on a node that granted none (it was down
+--      or cut off at the acquire, or refused then) acquire.lua under the
+--      hold's attempt, which grants it there if the name is free (a
+--      re-grant); confirmed by a majority of nodes that count renewed or
+--      re-granted it within the validity, which is then the renewal's
+--      first send + lease - drift; not confirmed by the end of the
+--      validity, the hold is lost.
 --   P  local handoffs: the acquire sends the schedule's pass limit (0 to
 --      3), the write-back writes T + pass limit, and the holder may hand
 --      out T + 1 .. T + pass limit to its other threads while the validity
@@ -172,6 +176,7 @@ function W.new(seed, opts, scripts)
   self.violations, self.faults = {}, {}
   self.acquisitions = 0
   self.renewals, self.holds_lost = 0, 0 -- renewals confirmed; holds lost (hold_renewed)
+  self.regrants = 0 -- grants a renewal made on nodes that had not granted the hold
   local cfg = {}
   self.cfg = cfg
   cfg.n = opts.nodes or 3
@@ -360,11 +365,14 @@ end
 -- Sends to every node of list, and blocks c until each replied or the
 -- command timeout passed (by c's clock): the replies by node, {rep, meta}.
 -- argv: the arguments, or a function of the node giving them.
+-- (script may be a function of the node: its script, keys and arguments)
 function W:gather(c, list, script, keys, argv)
   local out, left, tok = {}, #list, {}
   c.gtok = tok
   for _, i in ipairs(list) do
-    self:send(c, i, script, keys, type(argv) == 'function' and argv(i) or argv, function(rep, meta)
+    local sc, k, a = script, keys, type(argv) == 'function' and argv(i) or argv
+    if type(script) == 'function' then sc, k, a = script(i) end
+    self:send(c, i, sc, k, a, function(rep, meta)
       if c.gtok ~= tok then return end
       out[i] = {rep = rep, meta = meta}
       left = left - 1
@@ -549,23 +557,36 @@ function W:acquire(c, name)
     node_tok = node_tok}
 end
 
--- A renewal of hold h: renew.lua on every node, each naming the grant
--- that node made (its own token); confirmed when a majority of nodes that
--- count renewed it while the validity lasts, and then the validity is the
--- renewal's first send + the lease - the drift allowance, by the client's
--- clock (a node's renewal runs after that send, and lasts a lease from
--- then by its clock). True if confirmed.
+-- A renewal of hold h: renew.lua on every node that granted it, naming
+-- that node's grant (its own token), and acquire.lua under the hold's
+-- attempt on every node that did not (a re-grant: without it, a hold
+-- granted while a node was down would be lost once another node failed,
+-- with a majority up); confirmed when a majority of nodes that count
+-- renewed or re-granted it while the validity lasts, and then the
+-- validity is the renewal's first send + the lease - the drift allowance,
+-- by the client's clock (a node's renewal or grant runs after that send,
+-- and lasts a lease from then by its clock). True if confirmed.
 function W:renew(c, h)
   local cfg = self.cfg
   local first = cnow(self, c)
-  local reps = self:gather(c, self:all_nodes(), 'renew', {self:keys_of(h.name, c)[1]}, function(i)
-    return {c.id, tostring(cfg.lease_ms), string.format('%.0f', h.node_tok[i] or 0)}
+  local pl = c.pl or cfg.pl
+  local keys = self:keys_of(h.name, c)
+  local reps = self:gather(c, self:all_nodes(), function(i)
+    if h.node_tok[i] then
+      return 'renew', {keys[1]}, {c.id, tostring(cfg.lease_ms), string.format('%.0f', h.node_tok[i])}
+    end
+    return 'acquire', keys, {c.id, tostring(cfg.lease_ms), tostring(h.att), tostring(pl),
+      tostring(cfg.lease_ms), '0', tostring(cfg.keep_ms), c.name}
   end)
   local acks = 0
   for i = 1, cfg.n do
     local r = reps[i]
-    if r and type(r.rep) == 'table' and r.rep[1] == 1 and self:counts(r.meta) then
-      acks = acks + 1
+    if r and type(r.rep) == 'table' and r.rep[1] == 1 then
+      if not h.node_tok[i] then
+        h.node_tok[i] = r.rep[2] -- re-granted: renewed by its token from now on
+        self.regrants = self.regrants + 1
+      end
+      if self:counts(r.meta) then acks = acks + 1 end
     end
   end
   if acks >= cfg.m and cnow(self, c) < h.valid then
