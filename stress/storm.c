@@ -446,7 +446,8 @@ int main(int argc, char **argv)
     } else if (private_redis && O.redlock) {
         size_t at = 0;
         for (; redlock_started < O.redlock; redlock_started++) {
-            if (fx_redis_start(&redlock_srv[redlock_started]) != 0) {
+            if (fx_redis_start_opts(&redlock_srv[redlock_started],
+                                    node_fault_opts(redlock_started)) != 0) {
                 fprintf(stderr, "storm: could not start Redlock node %d\n", redlock_started + 1);
                 stop_private(&r);
                 return 1;
@@ -624,6 +625,7 @@ int main(int argc, char **argv)
     int64_t start = now_ns();
     __atomic_store_n(&H->start_ns, start, __ATOMIC_RELAXED);
     __atomic_store_n(&H->deadline_ns, start + (int64_t)(O.seconds * 1e9), __ATOMIC_RELAXED);
+    __atomic_store_n(&H->last_grant_ns, start, __ATOMIC_RELAXED); /* storm_fault.c */
     __atomic_store_n(&H->go, 1, __ATOMIC_RELEASE);
     syscall(SYS_futex, &H->go, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
     int64_t kill_at = fork_ns + (int64_t)(O.seconds * 1e9) + OVERRUN_NS + warm_up_ns;
@@ -650,6 +652,8 @@ int main(int argc, char **argv)
         if (n_alive == 0)
             break;
         int64_t now = now_ns();
+        if (O.node_fault && now < H->deadline_ns)
+            node_fault_tick(redlock_srv, start, now, total);
         if (__atomic_load_n(&H->stop, __ATOMIC_RELAXED) && !announced_stop && !O.quiet) {
             fprintf(stderr, "storm: stopping early (signal)\n");
             announced_stop = 1;
@@ -706,9 +710,10 @@ int main(int argc, char **argv)
                  ru0.ru_stime.tv_usec);
 
     info_snap after = { .ok = 0 };
-    if (have_redis)
+    node_fault_end(redlock_srv);
+    if (have_redis && !node_fault_spoils_info())
         after = read_info();
-    if (have_redis && !after.ok)
+    if (have_redis && !after.ok && !node_fault_spoils_info())
         fprintf(stderr, "storm: warning: could not read INFO from %s:%d%s after the run\n",
                 O.host, O.port, O.cluster ? " (or another master of the cluster)"
                 : O.redlock ? " (or another Redlock node)" : "");
@@ -959,8 +964,10 @@ int main(int argc, char **argv)
     int errors_ok = err_total == 0 && rel_err_total == 0;
     int timeouts_ok = acq > 0 && timeouts <= acq;
     int modes_ok = !writers_starved && !readers_starved;
+    int fault_ok = node_fault_ok(acq);
     int ok = viol == 0 && regr == 0 && counter_ok && !worker_fail && errors_ok && timeouts_ok &&
-             modes_ok;
+             modes_ok && fault_ok;
+    node_fault_json(o, acq);
     fprintf(o, "\"starved\":%" PRIu64 ",\"workers_failed\":%s,\"interrupted\":%s,"
                "\"verdict\":\"%s\"}\n", zero,
             worker_fail ? "true" : "false", H->stop ? "true" : "false", ok ? "PASS" : "FAIL");
@@ -1027,13 +1034,15 @@ int main(int argc, char **argv)
                         " vs %" PRIu64 "), %" PRIu64 " token regressions, %" PRIu64
                         " not-held-in-cs\n",
                 viol, counter_ok ? "ok" : "MISMATCH", counter_sum, acq, regr, not_held);
-        fprintf(stderr, "  verdict        %s%s%s%s%s\n", ok ? "PASS" : "FAIL",
+        node_fault_summary(stderr, acq);
+        fprintf(stderr, "  verdict        %s%s%s%s%s%s\n", ok ? "PASS" : "FAIL",
                 errors_ok ? "" : " (calls failed with errors)",
                 timeouts_ok ? "" : " (more acquisitions timed out than succeeded, or none did)",
                 viol || regr || !counter_ok || worker_fail ? " (exclusion or workers)" : "",
                 writers_starved   ? " (writers asked but never got the name)"
                 : readers_starved ? " (readers asked but never got the name)"
-                                  : "");
+                                  : "",
+                fault_ok ? "" : " (the node fault did not strike, or no acquisition after it)");
     }
 
     shm_destroy_mutexes();

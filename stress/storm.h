@@ -35,6 +35,7 @@
 #include <semaphore.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <sys/types.h>
 
 #include "dlock.h"
@@ -98,6 +99,8 @@ typedef struct opts {
     int redlock;              /* --redlock N: N private masters (3 or 5); clients in
                                  Redlock mode (0: not) */
     int lease_set;            /* --lease-ms given */
+    int node_fault;           /* --node-fault: NF_* (Redlock mode; storm_fault.c) */
+    double fault_at, fault_for; /* --fault-at, --fault-for (s; fault_for < 0: default) */
     long stack_kb;
     int quiet;
     const char *metrics_path; /* --metrics: worker 0's client's Prometheus text */
@@ -173,6 +176,9 @@ typedef struct shm_hdr {
     int64_t start_ns, deadline_ns;
     int64_t last_end_ns;  /* latest time a thread left its loop */
     int log_lines;
+    /* storm_fault.c: the latest grant, the longest gap between two, when it
+     * ended, the longest that ended after the fault, and when it struck */
+    int64_t last_grant_ns, max_gap_ns, max_gap_end_ns, max_gap_after_ns, fault_ns;
 } __attribute__((aligned(64))) shm_hdr;
 
 /* The shared region (storm_worker.c: shm_create). */
@@ -200,6 +206,18 @@ extern pid_t parent_pid;
 
 /* Where a thread is (thread_res.phase; their names: storm.c). */
 enum { PH_START, PH_THINK, PH_ACQUIRE, PH_CS, PH_RELEASE, PH_DONE, PH_N };
+
+/* storm_fault.c (the parent's calls: before the fork, in the monitor loop
+ * and in the report) */
+enum { NF_NONE, NF_KILL, NF_STOP, NF_RESTART, NF_WIPE };
+void note_grant(int64_t t); /* a thread: an acquire returned a grant at t */
+const fx_redis_opts *node_fault_opts(int i); /* Redlock node i's options (NULL: none) */
+int node_fault_spoils_info(void); /* 1: a node's INFO after the run is not comparable */
+void node_fault_tick(fx_redis *srv, int64_t start, int64_t now, size_t total);
+void node_fault_end(fx_redis *srv); /* a stopped node resumed */
+int node_fault_ok(uint64_t acq);    /* the fault struck and acquisitions went on */
+void node_fault_json(FILE *o, uint64_t acq);
+void node_fault_summary(FILE *e, uint64_t acq);
 
 /* storm_opts.c */
 void parse_opts(int argc, char **argv);

@@ -23,7 +23,7 @@ opts O = {
     .procs = 2, .threads = 16, .locks = 1, .seconds = 5.0, .cs_us = 100,
     .think_us = 1000, .cs_sleep = 0, .pass_limit = -1, .join_ms = -1, .lease_ms = 30000,
     .wait_ms = 2000, .pool_size = -1, .client_per_thread = 0, .host = "127.0.0.1",
-    .port = 0,
+    .port = 0, .fault_at = 1.0, .fault_for = -1,
 #ifdef STORM_ASAN
     .stack_kb = 256,
 #else
@@ -133,6 +133,17 @@ static void usage(FILE *f)
 "                       --sem, --naive, --mutex, --client-per-thread, --redis,\n"
 "                       --unix, --sentinel, --cluster, --rtt-us, --min-replicas\n"
 "                       or --protocol other than 2\n"
+"  --node-fault KIND   with --redlock: a fault of the last node, --fault-at S\n"
+"                       into the run (default 1): kill (SIGKILL, left down),\n"
+"                       stop (SIGSTOP, SIGCONT --fault-for S later, default\n"
+"                       2), restart (SIGKILL, started again on its AOF after\n"
+"                       --fault-for S, default 0; that node runs with\n"
+"                       appendfsync always) or wipe (the same, empty). Fails\n"
+"                       the run unless it struck and acquisitions went on a\n"
+"                       lease after it (when every lease granted before it\n"
+"                       has run out). The longest gap between two grants is\n"
+"                       reported always\n"
+"  --fault-at S, --fault-for S   (see --node-fault)\n"
 "  --cluster-replicas R with --cluster: R replicas per master (0..1, default 0;\n"
 "                       dlock does not WAIT for them)\n"
 "  --redis HOST:PORT    use this loopback Redis (127.x.x.x or localhost)\n"
@@ -203,7 +214,7 @@ void parse_opts(int argc, char **argv)
     enum { O_PROCS = 256, O_THREADS, O_LOCKS, O_SECONDS, O_CS, O_CS_SLEEP, O_THINK,
            O_PASS, O_JOIN, O_LEASE, O_WAIT, O_POOL, O_CPT, O_MUTEX, O_NAIVE, O_RTT, O_REDIS, O_STACK,
            O_QUIET, O_UNIX, O_MINREP, O_SENTINEL, O_CLUSTER, O_CLUSTER_REPLICAS, O_METRICS,
-           O_PROTOCOL, O_REDLOCK, O_READ_PCT, O_SEM, O_PLANT, O_HELP };
+           O_PROTOCOL, O_REDLOCK, O_NODE_FAULT, O_FAULT_AT, O_FAULT_FOR, O_READ_PCT, O_SEM, O_PLANT, O_HELP };
     static const struct option lo[] = {
         {"procs", required_argument, 0, O_PROCS},
         {"threads", required_argument, 0, O_THREADS},
@@ -228,6 +239,9 @@ void parse_opts(int argc, char **argv)
         {"cluster", no_argument, 0, O_CLUSTER},
         {"cluster-replicas", required_argument, 0, O_CLUSTER_REPLICAS},
         {"redlock", required_argument, 0, O_REDLOCK},
+        {"node-fault", required_argument, 0, O_NODE_FAULT},
+        {"fault-at", required_argument, 0, O_FAULT_AT},
+        {"fault-for", required_argument, 0, O_FAULT_FOR},
         {"min-replicas", required_argument, 0, O_MINREP},
         {"stack-kb", required_argument, 0, O_STACK},
         {"quiet", no_argument, 0, O_QUIET},
@@ -294,6 +308,18 @@ void parse_opts(int argc, char **argv)
             if (O.redlock % 2 == 0)
                 bad_usage("--redlock: N is odd (3 or 5), not %d", O.redlock);
             break;
+        case O_NODE_FAULT: {
+            static const char *const k[] = {"kill", "stop", "restart", "wipe"};
+            O.node_fault = 0;
+            for (int i = 0; i < 4; i++)
+                if (strcmp(optarg, k[i]) == 0)
+                    O.node_fault = NF_KILL + i;
+            if (!O.node_fault)
+                bad_usage("--node-fault: kill, stop, restart or wipe, not '%s'", optarg);
+            break;
+        }
+        case O_FAULT_AT: O.fault_at = parse_double("--fault-at", optarg, 0, 86400); break;
+        case O_FAULT_FOR: O.fault_for = parse_double("--fault-for", optarg, 0, 86400); break;
         case O_CLUSTER_REPLICAS:
             O.cluster_replicas = (int)parse_long("--cluster-replicas", optarg, 0, 1);
             O.cluster_replicas_set = 1;
@@ -344,6 +370,10 @@ void parse_opts(int argc, char **argv)
     if (O.redlock && O.protocol != 0 && O.protocol != 2)
         bad_usage("--redlock needs protocol 2 (Redlock mode): not with --protocol %s",
                   O.protocol < 0 ? "mixed" : "1");
+    if (O.node_fault && !O.redlock)
+        bad_usage("--node-fault needs --redlock");
+    if (O.fault_for < 0)
+        O.fault_for = O.node_fault == NF_STOP ? 2.0 : 0.0;
     if (O.redlock && !O.lease_set)
         O.lease_ms = 1000;
     if (O.read_pct > 0 && O.naive)

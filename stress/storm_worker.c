@@ -698,6 +698,8 @@ static void *thread_main(void *arg)
                  : shared                      ? dlock_shared_acquire(c, name, &fence)
                                                : dlock_acquire(c, name, O.wait_ms, &fence);
         int64_t t1 = now_ns();
+        if (rc == DLOCK_OK)
+            note_grant(t1);
         if (rc == DLOCK_OK && (O.sem_limit > 0 || shared)) {
             SET_PHASE(r, PH_CS);
             if (O.sem_limit > 0)
