@@ -55,8 +55,9 @@
  * DLOCK_EBUSY with --wait-ms 0, is the scenario's, not an error), at most
  * as many acquisitions timed out as succeeded and, with --read-pct, each
  * mode that asked for the name got it at least once (writers, or readers,
- * starved for the whole run fail it however many the other mode got); 1
- * otherwise; 2 on bad usage.
+ * starved for the whole run fail it however many the other mode got) and,
+ * with --node-fault, the fault struck and acquisitions went on a lease
+ * after it (storm_fault.c); 1 otherwise; 2 on bad usage.
  */
 /*
  * This file is the parent: the private servers and the delaying proxy,
@@ -998,7 +999,9 @@ int main(int argc, char **argv)
         }
         else
             fprintf(stderr, "  redis          %s\n",
-                    have_redis ? "INFO unavailable" : "none (--mutex)");
+                    node_fault_spoils_info() ? "INFO not read after the run (a node killed or"
+                                               " restarted: its counters are not comparable)"
+                    : have_redis ? "INFO unavailable" : "none (--mutex)");
         fprintf(stderr, "  client cpu     %.1f us per acquisition (the worker processes, user +"
                         " system, critical sections included)",
                 acq ? workers_cpu_us / (double)acq : 0.0);

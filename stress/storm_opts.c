@@ -157,8 +157,9 @@ static void usage(FILE *f)
 "\n"
 "Exit status: 0 all checks passed; 1 violation, token regression, counter\n"
 "mismatch, failed worker, an acquire or release that failed with an error\n"
-"(not a timeout, nor DLOCK_EBUSY with --wait-ms 0), or more acquisitions\n"
-"timed out than succeeded; 2 bad usage.\n",
+"(not a timeout, nor DLOCK_EBUSY with --wait-ms 0), more acquisitions\n"
+"timed out than succeeded, or a --node-fault that did not strike or after\n"
+"which no acquisition came a lease later; 2 bad usage.\n",
         MAX_PROCS, MAX_THREADS, MAX_TOTAL_THREADS, MAX_LOCKS, MAX_US, MAX_US,
         DLOCK_LEASE_MIN_MS, DLOCK_LEASE_MAX_MS, MAX_TOTAL_THREADS, O.stack_kb);
 }
@@ -376,6 +377,9 @@ void parse_opts(int argc, char **argv)
         O.fault_for = O.node_fault == NF_STOP ? 2.0 : 0.0;
     if (O.redlock && !O.lease_set)
         O.lease_ms = 1000;
+    if (O.node_fault && O.fault_at + (double)O.lease_ms / 1000 >= O.seconds)
+        bad_usage("--fault-at %g: the run (--seconds %g) must go on a lease (%ld ms) past the"
+                  " fault, or nothing it checks could happen", O.fault_at, O.seconds, O.lease_ms);
     if (O.read_pct > 0 && O.naive)
         bad_usage("--read-pct: dlock's shared mode or, with --mutex, a process-shared rwlock; "
                   "--naive has no shared mode");
