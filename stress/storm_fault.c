@@ -208,8 +208,11 @@ void node_fault_summary(FILE *e, uint64_t acq)
     gaps(&g, &end, &after);
     int64_t start = H->start_ns;
     fprintf(e, "  grant gap      longest %.1f ms between two successive grants (any process,"
-               " name), ending at %.2f s; lease %ld ms\n",
-            (double)g / 1e6, (double)(end - start) / 1e9, O.lease_ms);
+               " name), ending at %.2f s",
+            (double)g / 1e6, (double)(end - start) / 1e9);
+    if (!O.mutex && !O.naive)
+        fprintf(e, "; lease %ld ms", O.lease_ms);
+    fprintf(e, "\n");
     if (!O.node_fault)
         return;
     if (!struck_ns) {
