@@ -242,10 +242,12 @@ typedef struct dlock_config {
      *     out, in real time, before the validity its client computed
      *     (client and node clock rates and forward steps together within
      *     the drift allowance);
-     *   - a held lease is renewed on the nodes that granted it (a node
-     *     that was down at the acquire never holds it: with one node of
-     *     three down at the acquire and another lost later, the lease is
-     *     lost though a majority is up); it is lost (on_lost,
+     *   - a held lease is renewed on the nodes that granted it, and
+     *     granted by the renewals on a node that did not (down, cut off
+     *     or refusing at the acquire) once it can (the name free there;
+     *     at most 8 such leases per 256 held a round, one round trip
+     *     each), so that a lease granted with one node of three down
+     *     outlives the loss of another; it is lost (on_lost,
      *     dlock_held() 0, its release DLOCK_ELOST) once no majority of
      *     counting nodes confirmed a renewal before its validity ended,
      *     or when its release comes after that validity or finds more
@@ -257,8 +259,8 @@ typedef struct dlock_config {
      * deployment by dlockctl seed-fresh; a restarted node by the clients,
      * a lease + the drift allowance after the first of them saw it), for
      * every client at once, a client that starts fresh too; a try fails
-     * with DLOCK_EREDIS while too few count. A waiting acquire that finds too few nodes counting
-     * tries again until its wait ends, then fails with DLOCK_EREDIS (one
+     * with DLOCK_EREDIS while too few count. A waiting acquire that finds
+     * too few nodes counting tries again until its wait ends, then fails with DLOCK_EREDIS (one
      * that waits forever waits for the nodes). A renewal round renews
      * every held name in one pipelined exchange per node per 256 names
      * (each lease confirmed by its own majority): a stopped node delays

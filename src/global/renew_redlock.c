@@ -23,6 +23,7 @@ typedef struct rsnap {
     int verdict;       /* 1 renewed, 0 gone, -1 not confirmed */
     int64_t valid;     /* renewed: the new validity (boot clock) */
     int64_t sent;      /* the first send of its renewal's exchange (boot clock; 0: none) */
+    uint64_t regrant[DLOCK_REDLOCK_NODES_MAX]; /* grants its renewal made, 0 none */
     uint64_t lost_token;
 } rsnap;
 
@@ -59,13 +60,14 @@ static void renew_all(dlock_renew *r, rsnap *s, size_t n)
         if (it == s[i].item && it->epoch == s[i].epoch)
             l[k++] = (dlock_redlock_lease){.name = s[i].e->name,
                                            .key = s[i].e->keys[DLOCK_KEY_LEASE],
+                                           .keys = (const char *const *)s[i].e->keys,
                                            .g = &s[i].g, .verdict = -1};
     }
     r->writing = k > 0;
     pthread_mutex_unlock(&r->mu);
     if (k)
-        (void)dlock_redlock_renew_many(r->cfg.redlock, r->cfg.args->client_id, l, k,
-                                       command_deadline(r));
+        (void)dlock_redlock_renew_many(r->cfg.redlock, r->cfg.args, r->cfg.conn->client_name, l,
+                                       k, command_deadline(r));
     pthread_mutex_lock(&r->mu);
     r->writing = 0;
     pthread_cond_broadcast(&r->wrote);
@@ -76,6 +78,7 @@ static void renew_all(dlock_renew *r, rsnap *s, size_t n)
         s[i].verdict = l[j].verdict;
         s[i].valid = l[j].valid_boot;
         s[i].sent = l[j].sent_boot;
+        memcpy(s[i].regrant, l[j].regrant, sizeof s[i].regrant);
     }
     free(l);
 }
@@ -93,6 +96,15 @@ static int apply_one(dlock_renew *r, rsnap *s, int64_t *earliest, int *drop)
     pthread_mutex_lock(&e->mu);
     if (e->lease.state == DLOCK_LEASE_HELD && e->lease.epoch == s->epoch &&
         e->lease.renew == s->item) {
+        /* Re-grants (route/redlock.h) join the grant: renewed, and
+         * released by token, from now on. The item's copy too, for the
+         * next round (e->mu then r->mu; the item is alive while e's lease
+         * points at it, renew_int.h). */
+        pthread_mutex_lock(&r->mu);
+        for (unsigned i = 0; i < DLOCK_REDLOCK_NODES_MAX; i++)
+            if (s->regrant[i] && !e->lease.rl->node_token[i])
+                e->lease.rl->node_token[i] = s->item->rl->node_token[i] = s->regrant[i];
+        pthread_mutex_unlock(&r->mu);
         /* (as renew_round.c's: the validity before the verdict applies) */
         dlock_trace_event(r->cfg.trace, "verdict", e->name,
                           "%" PRIu64 " %d %" PRId64 " %" PRId64 " %" PRId64, e->lease.epoch,

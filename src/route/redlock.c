@@ -1327,9 +1327,77 @@ int dlock_redlock_renew(dlock_redlock *rl, const dlock_redlock_req *q,
 /* One exchange of renew_many: leases l[0 .. k), every node asked for all
  * of them (token "0" where it granted none: renew.lua answers 0, not
  * counted). */
-static void renew_chunk(dlock_redlock *rl, const char *client_id, dlock_redlock_lease *l,
-                        size_t k, int64_t deadline)
+/* Re-grants l[0 .. k) after their renewal's exchange (first: its first
+ * send): acquire.lua under each lease's attempt on the nodes that hold no
+ * grant of it, one exchange per lease, at most DLOCK_REDLOCK_REGRANTS
+ * leases; a node that failed the renewal's exchange (skip[i]), or fails
+ * one here, is not asked (again). Adds to acks[j] each counting node that
+ * granted lease j; its grants in l[j].regrant. */
+static void regrant_chunk(dlock_redlock *rl, const dlock_script_args *args,
+                          const char *client_name, dlock_redlock_lease *l, size_t k,
+                          int64_t first, int64_t deadline, const int *skip, unsigned *acks)
 {
+    peer p[DLOCK_REDLOCK_NODES_MAX];
+    memset(p, 0, sizeof p);
+    int need[DLOCK_REDLOCK_NODES_MAX] = {0}, any = 0;
+    for (size_t j = 0; j < k; j++)
+        for (unsigned i = 0; i < rl->n; i++)
+            need[i] |= !l[j].g->node_token[i];
+    for (unsigned i = 0; i < rl->n; i++) {
+        need[i] &= !skip[i];
+        any |= need[i];
+        if (!need[i])
+            peer_fail(&p[i], "%s", "not asked");
+    }
+    if (!any)
+        return;
+    peers_open(rl, p, deadline);
+    char pl[16], att[24];
+    const char *argv[DLOCK_SCRIPT_KEYS + DLOCK_ACQUIRE_ARGS];
+    const char **a = argv + DLOCK_SCRIPT_KEYS;
+    for (size_t j = 0, done = 0; j < k && done < DLOCK_REDLOCK_REGRANTS; j++) {
+        int only[DLOCK_REDLOCK_NODES_MAX], some = 0;
+        for (unsigned i = 0; i < rl->n; i++)
+            some |= only[i] = !l[j].g->node_token[i] && !p[i].failed;
+        if (!some)
+            continue;
+        done++;
+        for (int x = 0; x < DLOCK_SCRIPT_KEYS; x++)
+            argv[x] = l[j].keys[x];
+        snprintf(att, sizeof att, "%" PRIu64, l[j].g->attempt);
+        snprintf(pl, sizeof pl, "%s", args->pass_limit);
+        /* as the acquire's (dlock_redlock_acquire), a single try */
+        a[0] = args->client_id;
+        a[1] = rl->lease_str;
+        a[2] = att;
+        a[3] = pl;
+        a[4] = args->waiter_ttl_ms;
+        a[5] = "0";
+        a[6] = args->keep_ms;
+        a[7] = client_name;
+        a[8] = "0";
+        a[9] = "0";
+        peers_call(rl, p, only, 1, dlock_script_in(DLOCK_SCRIPT_ACQUIRE, 2), DLOCK_SCRIPT_KEYS,
+                   DLOCK_ACQUIRE_ARGS, argv, 1, step_deadline(rl, deadline));
+        for (unsigned i = 0; i < rl->n; i++) {
+            const redisReply *r = p[i].rep;
+            if (!only[i] || p[i].failed || !r || r->type != REDIS_REPLY_ARRAY ||
+                r->elements < 2 || r->element[0]->type != REDIS_REPLY_INTEGER ||
+                r->element[1]->type != REDIS_REPLY_INTEGER || r->element[0]->integer != 1)
+                continue;
+            l[j].regrant[i] = (uint64_t)r->element[1]->integer;
+            if (same_run(rl, p, i) < 0 && counts_now(rl, i, p[i].run, p[i].seed, first))
+                acks[j]++;
+        }
+    }
+    peers_close(rl, p);
+}
+
+static void renew_chunk(dlock_redlock *rl, const dlock_script_args *args,
+                        const char *client_name, dlock_redlock_lease *l, size_t k,
+                        int64_t deadline)
+{
+    const char *client_id = args->client_id;
     peer p[DLOCK_REDLOCK_NODES_MAX];
     memset(p, 0, sizeof p);
     const char **argv[DLOCK_REDLOCK_NODES_MAX];
@@ -1353,8 +1421,12 @@ static void renew_chunk(dlock_redlock *rl, const char *client_id, dlock_redlock_
         argv[i][k] = client_id;
         argv[i][k + 1] = rl->lease_str;
     }
-    for (size_t j = 0; j < k; j++)
+    for (size_t j = 0; j < k; j++) {
         l[j].verdict = -1, l[j].sent_boot = 0;
+        memset(l[j].regrant, 0, sizeof l[j].regrant);
+    }
+    unsigned *acks = calloc(k, sizeof *acks);
+    oom |= !acks;
     if (!oom) {
         peers_open(rl, p, deadline);
         int64_t first = dlock_boot_ns();
@@ -1374,9 +1446,13 @@ static void renew_chunk(dlock_redlock *rl, const char *client_id, dlock_redlock_
                 peer_fail(&p[i], "%s", "answered no renewal");
             counts[i] = !p[i].failed && counts_now(rl, i, p[i].run, p[i].seed, first);
         }
+        int skip[DLOCK_REDLOCK_NODES_MAX];
+        for (unsigned i = 0; i < rl->n; i++)
+            skip[i] = only[i] && p[i].failed; /* (asked, and failed: stopped or gone) */
+        regrant_chunk(rl, args, client_name, l, k, first, deadline, skip, acks);
         int in_time = dlock_boot_ns() < valid;
         for (size_t j = 0; j < k; j++) {
-            unsigned ok = 0, gone = 0;
+            unsigned ok = acks[j], gone = 0;
             for (unsigned i = 0; i < rl->n; i++) {
                 if (p[i].failed || !l[j].g->node_token[i])
                     continue;
@@ -1412,16 +1488,18 @@ static void renew_chunk(dlock_redlock *rl, const char *client_id, dlock_redlock_
         free(argv[i]);
         free(tok[i]);
     }
+    free(acks);
 }
 
-int dlock_redlock_renew_many(dlock_redlock *rl, const char *client_id, dlock_redlock_lease *l,
-                             size_t n, int64_t deadline)
+int dlock_redlock_renew_many(dlock_redlock *rl, const dlock_script_args *args,
+                             const char *client_name, dlock_redlock_lease *l, size_t n,
+                             int64_t deadline)
 {
     int rc = DLOCK_OK;
     char why[700] = "";
     for (size_t from = 0; from < n; from += DLOCK_REDLOCK_RENEW_BATCH) {
         size_t k = n - from < DLOCK_REDLOCK_RENEW_BATCH ? n - from : DLOCK_REDLOCK_RENEW_BATCH;
-        renew_chunk(rl, client_id, l + from, k, deadline);
+        renew_chunk(rl, args, client_name, l + from, k, deadline);
         for (size_t j = from; j < from + k; j++)
             if (l[j].verdict != 1 && rc == DLOCK_OK) {
                 rc = l[j].verdict ? DLOCK_EREDIS : DLOCK_ELOST;

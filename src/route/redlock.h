@@ -197,25 +197,39 @@ int dlock_redlock_release(dlock_redlock *rl, const dlock_redlock_req *q,
 typedef struct dlock_redlock_lease {
     const char *name;              /* for messages */
     const char *key;               /* its lease key (DLOCK_KEY_LEASE) */
+    const char *const *keys;       /* all its keys (DLOCK_SCRIPT_KEYS: the acquire's) */
     const dlock_redlock_grant *g;
     int verdict;                   /* out: 1 renewed, 0 gone, -1 not confirmed */
     int64_t valid_boot;            /* out, verdict 1: the new validity */
     int64_t sent_boot;             /* out: the first send of its exchange (0: none) */
+    /* out: node i's grant made by this renewal (a re-grant), 0 none */
+    uint64_t regrant[DLOCK_REDLOCK_NODES_MAX];
 } dlock_redlock_lease;
+
+/* Leases re-granted in one renewal exchange (of DLOCK_REDLOCK_RENEW_BATCH),
+ * at most: one round trip each (the rest wait for the next round). */
+#define DLOCK_REDLOCK_REGRANTS 8
 
 /* Leases renewed by one exchange of at most this many. */
 #define DLOCK_REDLOCK_RENEW_BATCH 256
 
-/* Renews every lease of l[0 .. n) of client client_id as
- * dlock_redlock_renew renews one, but all of them in one pipelined
- * exchange per DLOCK_REDLOCK_RENEW_BATCH leases (renew.lua takes them as
- * one batch on each node): a stopped node costs the batch one command
- * timeout, not one per lease. Each lease is confirmed by its own majority
- * of counting nodes; its verdict and validity in l[j] (the validity
- * counted from the batch's first send). DLOCK_OK if every lease was
- * renewed, else the first failure's code and message. */
-int dlock_redlock_renew_many(dlock_redlock *rl, const char *client_id, dlock_redlock_lease *l,
-                             size_t n, int64_t deadline);
+/* Renews every lease of l[0 .. n) of the client of args (its id) and
+ * client_name as dlock_redlock_renew renews one, but all of them in one
+ * pipelined exchange per DLOCK_REDLOCK_RENEW_BATCH leases (renew.lua takes
+ * them as one batch on each node): a stopped node costs the batch one
+ * command timeout, not one per lease. A lease that some nodes never
+ * granted (down, cut off or refusing at its acquire) is also re-granted
+ * there after that exchange: acquire.lua under its attempt, which grants
+ * it if the name is free (docs/design.md "Redlock", Renewals), one round
+ * trip per lease for at most DLOCK_REDLOCK_REGRANTS leases per batch
+ * (a node that fails one is not asked again in the batch), the grants
+ * made in l[j].regrant. Each lease is confirmed by its own majority of
+ * counting nodes that renewed or re-granted it; its verdict and validity
+ * in l[j] (the validity counted from the batch's first send). DLOCK_OK if
+ * every lease was renewed, else the first failure's code and message. */
+int dlock_redlock_renew_many(dlock_redlock *rl, const dlock_script_args *args,
+                             const char *client_name, dlock_redlock_lease *l, size_t n,
+                             int64_t deadline);
 
 /* dlock_redlock_release, for one of many releases in a row (a close):
  * down[i] set skips node i, and is set for every node this release

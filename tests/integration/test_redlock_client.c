@@ -540,6 +540,49 @@ static void test_one_node_stopped(void **state)
     dlock_client_close(b);
 }
 
+/* A lease granted while one node of three was stopped is re-granted there
+ * by the renewals once the node is back (docs/design.md "Redlock",
+ * Renewals): with another node stopped later, the two nodes up still
+ * renew it, and nobody else gets the name. Without the re-grant it is
+ * lost though a majority is up. */
+static void test_regranted_when_node_back(void **state)
+{
+    (void)state;
+    fresh_prefix(1);
+    dlock_client *a = open_client(0), *b = open_client(0);
+    warm(a);
+    warm(b);
+    sig(2, SIGSTOP);
+    uint64_t t = must_acquire(a, "rg", FIRST_WAIT_MS); /* nodes 0 and 1 */
+    sig(2, SIGCONT);
+    /* Two leases of renewal rounds (every lease / 3): node 2 holds a grant
+     * of rg, renewed (the acquire's request, run there late when the node
+     * came back, may have granted it too; that grant, unknown to the
+     * client and so not renewed, would have ended by now). */
+    fx_sleep_ms(2 * LEASE_MS);
+    char key[64];
+    snprintf(key, sizeof key, "%s{rg}", prefix);
+    redisReply *r = fx_cmd_at(srv[2].port, "PTTL %s", key);
+    assert_non_null(r);
+    long long pttl = r->type == REDIS_REPLY_INTEGER ? r->integer : -2;
+    freeReplyObject(r);
+    if (pttl <= 0)
+        fail_msg("node 2 holds no grant of rg two leases after it came back (pttl %lld)", pttl);
+    sig(1, SIGSTOP);
+    fx_sleep_ms(3 * LEASE_MS);
+    if (dlock_held(a, "rg") != 1)
+        fail_msg("rg lost with nodes 0 and 2 up (%d lost)", lost_count());
+    assert_int_equal(lost_count(), 0);
+    assert_int_equal(dlock_acquire(b, "rg", 0, NULL), DLOCK_EBUSY);
+    assert_int_equal(dlock_release(a, "rg"), DLOCK_OK);
+    uint64_t t2 = must_acquire(b, "rg", 1000);
+    assert_true(t2 > t);
+    assert_int_equal(dlock_release(b, "rg"), DLOCK_OK);
+    sig(1, SIGCONT);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
 #define MANY_HELD 24
 
 /* One node of three stopped while a client holds many names: every lease
@@ -994,10 +1037,11 @@ static void test_validity_from_first_send(void **state)
     assert_int_equal(dlock_redlock_renew(rl, &q, &g, &valid), DLOCK_OK);
     assert_true(dlock_boot_ns() - start >= 90 * DLOCK_NS_PER_MS);
     assert_true(valid <= start + lease - drift + slack);
-    dlock_redlock_lease l = {.name = "w", .key = n.k[DLOCK_KEY_LEASE], .g = &g};
+    dlock_redlock_lease l = {.name = "w", .key = n.k[DLOCK_KEY_LEASE],
+                             .keys = (const char *const *)n.kp, .g = &g};
     stop_node0_connected(rl);
     start = dlock_boot_ns();
-    assert_int_equal(dlock_redlock_renew_many(rl, n.id, &l, 1,
+    assert_int_equal(dlock_redlock_renew_many(rl, &n.args, "w", &l, 1,
                                               dlock_now_ns() + 1000 * DLOCK_NS_PER_MS), DLOCK_OK);
     assert_true(dlock_boot_ns() - start >= 90 * DLOCK_NS_PER_MS);
     assert_int_equal(l.verdict, 1);
@@ -1069,9 +1113,11 @@ static void test_renewal_skips_uncounted(void **state)
     if (rc != DLOCK_EREDIS)
         fail_msg("renewed with node 0 stopped and node 1 not counting: %s",
                  dlock_strerror(rc));
-    dlock_redlock_lease l = {.name = "z", .key = n.k[DLOCK_KEY_LEASE], .g = &g};
+    dlock_redlock_lease l = {.name = "z", .key = n.k[DLOCK_KEY_LEASE],
+                             .keys = (const char *const *)n.kp, .g = &g};
     stop_node0_connected(rl);
-    rc = dlock_redlock_renew_many(rl, n.id, &l, 1, dlock_now_ns() + 1000 * DLOCK_NS_PER_MS);
+    rc = dlock_redlock_renew_many(rl, &n.args, "z", &l, 1,
+                                  dlock_now_ns() + 1000 * DLOCK_NS_PER_MS);
     if (rc != DLOCK_EREDIS || l.verdict != -1)
         fail_msg("batch renewed with node 0 stopped and node 1 not counting: %s, verdict %d",
                  dlock_strerror(rc), l.verdict);
@@ -1141,6 +1187,7 @@ int main(void)
         cmocka_unit_test_teardown(test_renewed, restore),
         cmocka_unit_test_teardown(test_one_node_stopped, restore),
         cmocka_unit_test_teardown(test_many_held_one_node_stopped, restore),
+        cmocka_unit_test_teardown(test_regranted_when_node_back, restore),
         cmocka_unit_test_teardown(test_majority_stopped, restore),
         cmocka_unit_test_teardown(test_release_finds_lost, restore),
         cmocka_unit_test_teardown(test_unknown_outcome_given_back, restore),
