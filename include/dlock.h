@@ -275,8 +275,9 @@ typedef struct dlock_config {
      * after the holder's lease time left, 5 ms to lease_ms / 3, jittered:
      * no fairness between clients), dlock_unclean after a grant of the
      * nodes (0: how another client's hold ended is not gathered from
-     * them; a local handoff still tells), and dlockctl's list and show
-     * across the nodes. Default NULL: not Redlock mode. */
+     * them; a local handoff still tells). `dlockctl --redlock-nodes
+     * LIST` list, show and watch read every node (docs/operations.md,
+     * "Redlock"). Default NULL: not Redlock mode. */
     const char *redlock_nodes;
 } dlock_config;
 

@@ -8,6 +8,7 @@
  *   dlockctl [connection options] [--json] release --client ID --force
  *   dlockctl [connection options] [--json] watch NAME [--interval MS] [--count N]
  *   dlockctl --redlock-nodes LIST [options] [--json] seed-fresh
+ *   dlockctl --redlock-nodes LIST [options] [--json] list [PATTERN] | show NAME | watch NAME
  *
  * It connects as the library does (host and port, a Unix socket, an ACL user
  * and password, Sentinel, Cluster; the same key prefix) and reads the data
@@ -104,6 +105,12 @@ static void usage(FILE *f)
 "                        node answers and holds no key of the prefix (a node\n"
 "                        with data, or restarted, is seeded by the clients from\n"
 "                        the others, never fresh)\n"
+"  with --redlock-nodes, list, show and watch read every node: per name, what\n"
+"  each node says (holder, token, lease left; down; or not seeded: its seed\n"
+"  key does not hold its run id, so its votes do not count) and the holder a\n"
+"  majority of the counting nodes agree on, with the highest token they\n"
+"  granted it (show: exit 1 without such a majority); release and doctor\n"
+"  work on one node (--host)\n"
 "\n"
 "Each lock is read in one step (a script: a consistent snapshot); a waiter is\n"
 "alive by the server's clock; names are printed with control characters\n"
@@ -119,9 +126,9 @@ static void usage(FILE *f)
 "      --cluster LIST     Redis Cluster seed nodes \"host:port,...\"\n"
 "      --sentinels LIST   Sentinel mode: the sentinels \"host:port,...\", with\n"
 "      --master NAME      the master's name (and --sentinel-password PW)\n"
-"      --redlock-nodes LIST  Redlock mode's masters \"host:port,...\" (seed-fresh\n"
-"                         only; list, show, release, watch and doctor read one\n"
-"                         node: give it with --host)\n"
+"      --redlock-nodes LIST  Redlock mode's masters \"host:port,...\" (seed-fresh,\n"
+"                         list, show, watch; release and doctor: one node with\n"
+"                         --host)\n"
 "  -u, --user USER        an ACL user (with --password)\n"
 "  -a, --password PW      AUTH password (or the DLOCK_PASSWORD environment variable)\n"
 "  -n, --db N             the database (default 0)\n"
@@ -176,8 +183,14 @@ static long number(const char *s, const char *what, long min, long max)
 /* The commands: each runs with its argument (NULL if none) once the
  * options are read and the connection is set up, and returns the exit
  * status. */
-static int run_list(const char *arg) { return ctl_list(arg ? arg : "*"); }
-static int run_show(const char *arg) { return ctl_show(arg, 0) ? 0 : 1; }
+static int run_list(const char *arg)
+{
+    return O.redlock_nodes ? ctl_rl_list(arg ? arg : "*") : ctl_list(arg ? arg : "*");
+}
+static int run_show(const char *arg)
+{
+    return (O.redlock_nodes ? ctl_rl_show(arg, 0) : ctl_show(arg, 0)) ? 0 : 1;
+}
 static int run_release(const char *arg) { return O.client ? ctl_release_client() : ctl_release(arg); }
 static int run_watch(const char *arg) { return ctl_watch(arg); }
 static int run_doctor(const char *arg)
@@ -332,9 +345,9 @@ int main(int argc, char **argv)
     if (cmd->run == run_seed_fresh && !O.redlock_nodes)
         ctl_die_usage("%s", "seed-fresh needs --redlock-nodes LIST (the masters of the "
                       "Redlock deployment)");
-    if (cmd->run != run_seed_fresh && O.redlock_nodes)
-        ctl_die_usage("--redlock-nodes goes with seed-fresh only: %s reads one node (--host)",
-                      command);
+    if (O.redlock_nodes && (cmd->run == run_release || cmd->run == run_doctor))
+        ctl_die_usage("--redlock-nodes goes with list, show, watch and seed-fresh: %s works "
+                      "on one node at a time (give it with --host)", command);
     if (cmd->run == run_seed_fresh && arg)
         ctl_die_usage("seed-fresh takes no argument ('%s')", arg);
     if (O.client && cmd->run != run_release)
@@ -347,7 +360,7 @@ int main(int argc, char **argv)
         ctl_die_usage("%s needs a lock name", command);
     if (arg && strlen(arg) > DLOCK_NAME_MAX)
         ctl_die_usage("the name is longer than %s bytes", "DLOCK_NAME_MAX");
-    if (cmd->run == run_seed_fresh)
+    if (O.redlock_nodes)
         return cmd->run(arg); /* its own connections: the node set's */
     ctl_setup();
     int rc = cmd->run(arg);

@@ -3,7 +3,9 @@
  * a lock read says, and the helpers every command uses. dlockctl.c parses
  * the command line and runs one command; dlockctl_redis.c connects, reads
  * a lock in one script and prints it; dlockctl_list.c has list, show and
- * watch; dlockctl_release.c the forced releases; dlockctl_doctor.c doctor.
+ * watch; dlockctl_quorum.c list, show and watch across a Redlock
+ * deployment's nodes; dlockctl_release.c the forced releases;
+ * dlockctl_doctor.c doctor; dlockctl_redlock.c seed-fresh.
  *
  * dlockctl reads and releases the data of both protocols this release
  * speaks (DLOCK_PROTOCOL_MIN .. DLOCK_PROTOCOL_MAX, src/conn/script.h;
@@ -35,7 +37,8 @@ typedef struct ctl_options {
     char host[256];
     int port;
     const char *unix_path, *user, *password, *prefix, *cluster, *sentinels, *master;
-    const char *redlock_nodes; /* --redlock-nodes: seed-fresh's node set */
+    const char *redlock_nodes; /* --redlock-nodes: the node set of seed-fresh, and
+                                  of list, show and watch across the nodes */
     const char *sentinel_password;
     const char *client; /* release --client ID */
     int db, json, force;
@@ -179,6 +182,11 @@ int ctl_is_held(const lockinfo *li);
 void ctl_scan_all(const char *pattern,
                   void (*fn)(const char *name, const lockinfo *li, void *arg), void *arg);
 
+/* scan_all's walk on one connection: fn for every held lock of c whose
+ * name matches pattern, each name once (--redlock-nodes: each node). */
+void ctl_scan_conn(redisContext *c, const char *pattern,
+                   void (*fn)(const char *name, const lockinfo *li, void *arg), void *arg);
+
 /* The commands; each returns dlockctl's exit status (dlockctl --help). */
 int ctl_list(const char *pattern);
 int ctl_show(const char *name, int watch); /* 1 if held, 0 if not */
@@ -186,6 +194,14 @@ int ctl_watch(const char *name);
 int ctl_release(const char *name);          /* dlockctl_release.c */
 int ctl_release_client(void);
 int ctl_doctor(void);                       /* dlockctl_doctor.c */
+
+/* list and show across the nodes of --redlock-nodes (dlockctl_quorum.c):
+ * every node read, each name with what each node says (its holder,
+ * token and lease left; or down, not seeded) and the holder a majority of
+ * the counting nodes agree on, with the highest token they granted it.
+ * ctl_rl_show returns 1 if a majority holds the name, else 0. */
+int ctl_rl_list(const char *pattern);
+int ctl_rl_show(const char *name, int watch);
 
 /* seed-fresh (dlockctl_redlock.c): gives every node of --redlock-nodes
  * its run id in its seed key, refused unless every node answers and holds

@@ -128,6 +128,18 @@ void ctl_scan_all(const char *pattern,
     }
 }
 
+void ctl_scan_conn(redisContext *c, const char *pattern,
+                   void (*fn)(const char *name, const lockinfo *li, void *arg), void *arg)
+{
+    seen_name *seen = NULL, *s, *tmp;
+    int first = DLOCK_PROTOCOL_MAX;
+    scan_locks(c, pattern, &seen, &first, fn, arg);
+    HASH_ITER(hh, seen, s, tmp) {
+        HASH_DEL(seen, s);
+        free(s);
+    }
+}
+
 /* The held locks list gathers, to print them sorted by name. */
 typedef struct listed {
     char name[DLOCK_NAME_MAX + 1];
@@ -320,7 +332,10 @@ int ctl_watch(const char *name)
             if (interrupted)
                 break;
         }
-        ctl_show(name, 1);
+        if (O.redlock_nodes)
+            ctl_rl_show(name, 1);
+        else
+            ctl_show(name, 1);
     }
     return 0;
 }

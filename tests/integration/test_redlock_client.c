@@ -1167,7 +1167,8 @@ static void test_dlockctl_seed_fresh(void **state)
     snprintf(args, sizeof args, "--prefix %s seed-fresh", prefix);
     assert_int_equal(ctl_run(out, sizeof out, args), 2);
     assert_non_null(strstr(out, "needs --redlock-nodes"));
-    snprintf(args, sizeof args, "--redlock-nodes %s --prefix %s list", nodes, prefix);
+    snprintf(args, sizeof args, "--redlock-nodes %s --prefix %s release d --force", nodes,
+             prefix);
     assert_int_equal(ctl_run(out, sizeof out, args), 2);
     snprintf(args, sizeof args, "--redlock-nodes 127.0.0.1:1,127.0.0.1:2 seed-fresh");
     assert_int_equal(ctl_run(out, sizeof out, args), 1);
