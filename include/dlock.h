@@ -253,14 +253,21 @@ typedef struct dlock_config {
      *     or when its release comes after that validity or finds more
      *     than N - m nodes without the grant (on_lost fires then, once).
      * Each node is checked (Redis 7.0, noeviction) when a connection to
-     * it opens; while the client runs, the periodic server check reads
-     * the first node listed only. An acquire needs m reachable nodes that
-     * count: a node counts once seeded in its current run (a fresh
-     * deployment by dlockctl seed-fresh; a restarted node by the clients,
-     * a lease + the drift allowance after the first of them saw it), for
-     * every client at once, a client that starts fresh too; a try fails
-     * with DLOCK_EREDIS while too few count. A waiting acquire that finds
-     * too few nodes counting tries again until its wait ends, then fails with DLOCK_EREDIS (one
+     * it opens, and while the client runs by the periodic server check,
+     * one node per check in turn (every lease_ms / 3, 1 to 30 s apart: a
+     * node changed under the clients is found within N such periods, a
+     * check of a node that does not answer before the next renewal round
+     * is due is given up and counts for nothing); while the last check of
+     * any node found it unfit, acquires that ask the nodes fail with
+     * DLOCK_ESERVER naming the node (an evicting node may lose a mark,
+     * which the tokens' order relies on). An acquire needs m reachable
+     * nodes that count: a node counts once seeded in its current run (a
+     * fresh deployment by dlockctl seed-fresh; a restarted node by the
+     * clients, a lease + the drift allowance after the first of them saw
+     * it), for every client at once, a client that starts fresh too; a
+     * try fails with DLOCK_EREDIS while too few count. A waiting acquire
+     * that finds too few nodes counting tries again until its wait ends,
+     * then fails with DLOCK_EREDIS (one
      * that waits forever waits for the nodes). A renewal round renews
      * every held name in one pipelined exchange per node per 256 names
      * (each lease confirmed by its own majority): a stopped node delays

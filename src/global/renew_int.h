@@ -98,6 +98,12 @@ struct dlock_renew {
     int64_t period_ns, drift_ns;
     int failing;             /* the last round failed (manager thread only): log changes */
     int64_t check_ns;        /* the server check's period (dlock_renew_check_ns) */
+    /* Redlock mode's server check (manager thread only): the node the next
+     * check reads, and each node's verdict at its last check (1 unfit, with
+     * why; a node not asked yet, or that did not answer, keeps its last) */
+    unsigned rl_check_next;
+    int rl_unfit[DLOCK_REDLOCK_NODES_MAX];
+    char rl_why[DLOCK_REDLOCK_NODES_MAX][256];
 };
 
 #endif

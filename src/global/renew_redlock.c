@@ -268,6 +268,26 @@ void dlock_renew_redlock_release_all(dlock_renew *r)
     }
 }
 
+void dlock_renew_redlock_check(dlock_renew *r, int64_t until)
+{
+    dlock_redlock *rl = r->cfg.redlock;
+    unsigned n = dlock_redlock_nodes(rl), i = r->rl_check_next % n;
+    r->rl_check_next = (i + 1) % n;
+    int64_t deadline = command_deadline(r);
+    int rc = dlock_redlock_check_node(rl, i, until < deadline ? until : deadline);
+    if (rc != DLOCK_OK && rc != DLOCK_ESERVER)
+        return; /* not answered: the acquires and renewals say so */
+    r->rl_unfit[i] = rc == DLOCK_ESERVER;
+    if (r->rl_unfit[i])
+        snprintf(r->rl_why[i], sizeof r->rl_why[i], "%s", dlock_last_error());
+    for (unsigned k = 0; k < n; k++)
+        if (r->rl_unfit[k]) {
+            r->cfg.server(r->cfg.lost_arg, DLOCK_ESERVER, r->rl_why[k]);
+            return;
+        }
+    r->cfg.server(r->cfg.lost_arg, DLOCK_OK, "");
+}
+
 void dlock_renew_redlock_seed(dlock_renew *r)
 {
     int rc = dlock_redlock_seed_due(r->cfg.redlock, command_deadline(r));

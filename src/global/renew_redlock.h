@@ -31,6 +31,17 @@ int64_t dlock_renew_redlock_jobs(dlock_renew *r);
  * one release is not asked again). */
 void dlock_renew_redlock_release_all(dlock_renew *r);
 
+/* The periodic server check in Redlock mode: one node per check, in turn
+ * (dlock_redlock_check_node, within a command timeout, and given up at
+ * until, when the next round is due: a stopped node's check does not
+ * delay the renewals), so that a stopped node costs a check one timeout
+ * at most, not one per node; every node is read once per N checks. The server callback gets the verdict of every node's
+ * last check: DLOCK_ESERVER naming the first unfit node while any is
+ * unfit (an evicting node may lose a mark, which the token rule relies
+ * on: docs/design.md, "Redlock"), else DLOCK_OK; not called when the node
+ * read did not answer. */
+void dlock_renew_redlock_check(dlock_renew *r, int64_t until);
+
 /* Seeds the node set's restarted nodes that are due
  * (dlock_redlock_seed_due), within a command timeout; a failure is logged
  * once until it works again. */

@@ -26,12 +26,18 @@
 
 /* The periodic check of the server's settings (version, eviction policy:
  * an operator may change them under running clients), with INFO on each
- * open lane (every master in Cluster mode), or lane 0 opened for it. On the
- * manager thread, without r->mu. */
-static void check_server(dlock_renew *r)
+ * open lane (every master in Cluster mode), or lane 0 opened for it; in
+ * Redlock mode one node per check, in turn, given up at `until`, when the
+ * next round is due (renew_redlock.h). On the manager thread, without
+ * r->mu. */
+static void check_server(dlock_renew *r, int64_t until)
 {
     if (!r->cfg.server)
         return;
+    if (r->cfg.redlock) {
+        dlock_renew_redlock_check(r, until); /* each node in turn */
+        return;
+    }
     dlock_lanes_pass(&r->lanes); /* a pass of its own: a failed lane may reconnect */
     unsigned n = r->lanes.n ? r->lanes.n : 1;
     int asked = 0, rc = DLOCK_OK;
@@ -77,8 +83,9 @@ static void *manager_main(void *arg)
         int64_t now = dlock_now_ns();
         if (now >= next_check && now < next && r->cfg.server) { /* (a due round goes first) */
             next_check = now + r->check_ns;
+            int64_t until = r->due < next ? r->due : next;
             pthread_mutex_unlock(&r->mu);
-            check_server(r);
+            check_server(r, until);
             if (r->cfg.redlock)
                 dlock_renew_redlock_seed(r); /* restarted nodes, once due */
             pthread_mutex_lock(&r->mu);

@@ -584,6 +584,38 @@ int dlock_redlock_refresh(dlock_redlock *rl, int64_t deadline)
     return msg[0] ? dlock_err_set(DLOCK_EREDIS, "redlock: %s", msg) : DLOCK_OK;
 }
 
+int dlock_redlock_check_node(dlock_redlock *rl, unsigned i, int64_t deadline)
+{
+    rl_node *nd = &rl->node[i];
+    char why[400];
+    redisContext *c;
+    /* (a new connection is checked as it opens: dlock_conn_open) */
+    int rc = dlock_pool_get(nd->pool, deadline, &c);
+    if (rc != DLOCK_OK) {
+        snprintf(why, sizeof why, "%s", dlock_last_error());
+        return dlock_err_set(rc == DLOCK_ESERVER ? DLOCK_ESERVER : DLOCK_EREDIS,
+                             "redlock node %s: %s", nd->addr, why);
+    }
+    const char *argv[1] = {"INFO"};
+    int64_t left = (deadline - dlock_now_ns()) / DLOCK_NS_PER_MS;
+    uint32_t t = nd->cfg.command_timeout_ms;
+    if (left < (int64_t)t)
+        t = left > 1 ? (uint32_t)left : 1;
+    redisReply *r = dlock_conn_command(c, rl->ctr, t, 1, argv);
+    if (!r || (r->type != REDIS_REPLY_STRING && r->type != REDIS_REPLY_STATUS)) {
+        snprintf(why, sizeof why, "%s", !r ? c->errstr : r->type == REDIS_REPLY_ERROR ? r->str
+                                                                                   : "no text");
+        rc = dlock_err_set(DLOCK_EREDIS, "redlock node %s: INFO: %s", nd->addr, why);
+    } else if ((rc = dlock_conn_check_info(r->str, 2)) != DLOCK_OK) {
+        snprintf(why, sizeof why, "%s", dlock_last_error());
+        rc = dlock_err_set(rc, "redlock node %s: %s", nd->addr, why);
+    }
+    dlock_pool_put(nd->pool, c, !r || c->err != 0);
+    if (r)
+        freeReplyObject(r);
+    return rc;
+}
+
 /* Whether key is a slot's mark of rl's prefix: exactly
  * "<prefix>hw:{<tag>}", the tag without braces (SCAN's pattern also
  * matches, say, "<prefix>hw:{a}b}" or another client's keys under the

@@ -103,6 +103,14 @@ int dlock_redlock_refresh(dlock_redlock *rl, int64_t deadline);
  * and seed key (an acquire's, a seeding's or a refresh's): 1 or 0. */
 int dlock_redlock_counts(dlock_redlock *rl, unsigned i);
 
+/* The periodic server check of node i: INFO on a connection of its pool
+ * (a new connection is checked as it opens), judged as one server's is
+ * (dlock_conn_check_info, protocol 2: Redis 7.0, no eviction policy).
+ * DLOCK_OK; DLOCK_ESERVER when the node is unfit, the message naming it
+ * ("redlock node ADDR: ..."); DLOCK_EREDIS when it did not answer by
+ * deadline (monotonic). */
+int dlock_redlock_check_node(dlock_redlock *rl, unsigned i, int64_t deadline);
+
 /* Seeds every node that does not count and was seen for a lease + the
  * drift allowance (dlock_redlock_seed), after a refresh. Meant to be
  * called periodically (the later step's background thread; the tests).

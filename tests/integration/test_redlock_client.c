@@ -6,7 +6,8 @@
  * at once, validity from the first send, uncounted nodes), the loss of a
  * lease no majority renews or whose release finds it gone, the give-back
  * of a try of unknown outcome, the seeding of a restarted node by the
- * client, and what the mode refuses.
+ * client, the periodic server check of every node, and what the mode
+ * refuses.
  *
  * Each test runs on a key prefix of its own, seeded fresh (as
  * `dlockctl seed-fresh` does) before its clients open, so that a node one
@@ -54,6 +55,8 @@ static char prefix[32];
 /* ---------------------------------------------------------------- helpers */
 
 static int lost_calls;
+static char fit_log[2][400]; /* the server check's logs (test_every_node_checked) */
+static int fit_logs;
 static pthread_mutex_t lost_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static void on_lost(const char *name, uint64_t fence, void *arg)
@@ -198,9 +201,15 @@ static int restore(void **state)
             fx_redis_signal(&srv[i], SIGCONT);
         else if (fx_redis_restart(&srv[i]) != 0)
             return -1;
+        /* (test_every_node_checked sets an eviction policy) */
+        redisReply *r = fx_cmd_at(srv[i].port, "CONFIG SET maxmemory-policy noeviction");
+        if (!r)
+            return -1;
+        freeReplyObject(r);
     }
     pthread_mutex_lock(&lost_mu);
     lost_calls = 0;
+    fit_logs = 0;
     pthread_mutex_unlock(&lost_mu);
     return 0;
 }
@@ -1125,6 +1134,73 @@ static void test_renewal_skips_uncounted(void **state)
     dlock_redlock_destroy(rl);
 }
 
+static void keep_fit_log(int level, const char *message, void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&lost_mu);
+    if ((strstr(message, "no longer fit") || strstr(message, "fit for dlock again")) &&
+        fit_logs < 2)
+        snprintf(fit_log[fit_logs++], sizeof fit_log[0], "%d %s", level, message);
+    pthread_mutex_unlock(&lost_mu);
+}
+
+/* Tries to acquire and release name on c every 100 ms for at most ms,
+ * until an acquire's result is (want == DLOCK_OK) or not: that result. */
+static int acquire_until(dlock_client *c, const char *name, int want_ok, int64_t ms)
+{
+    int rc = want_ok ? DLOCK_EREDIS : DLOCK_OK;
+    for (int64_t t0 = now_ms(); (rc == DLOCK_OK) != want_ok && now_ms() - t0 < ms;) {
+        rc = dlock_acquire(c, name, 0, NULL);
+        if (rc == DLOCK_OK)
+            assert_int_equal(dlock_release(c, name), DLOCK_OK);
+        if ((rc == DLOCK_OK) != want_ok)
+            fx_sleep_ms(100);
+    }
+    return rc;
+}
+
+/* The periodic server check reads every node, one per check in turn (a
+ * check every second with a lease of 500 ms): an eviction policy set on
+ * the second node while the client runs makes acquires fail with
+ * DLOCK_ESERVER naming that node and the policy, within 3 checks and a
+ * margin, and logged once; a held name stays held; once mended, acquires
+ * work again within 3 checks, logged once. */
+static void test_every_node_checked(void **state)
+{
+    (void)state;
+    fresh_prefix(1);
+    dlock_config cfg;
+    config(&cfg, 0);
+    cfg.on_log = keep_fit_log;
+    dlock_client *c = NULL;
+    if (dlock_client_open(&cfg, &c) != DLOCK_OK)
+        fail_msg("open: %s", dlock_last_error());
+    warm(c);
+    must_acquire(c, "held", 0);
+    freeReplyObject(fx_cmd_at(srv[1].port, "CONFIG SET maxmemory 1000000000"));
+    freeReplyObject(fx_cmd_at(srv[1].port, "CONFIG SET maxmemory-policy allkeys-lru"));
+    int rc = acquire_until(c, "k", 0, 3 * 1000 + 2000);
+    if (rc != DLOCK_ESERVER)
+        fail_msg("acquire: %s: %s", dlock_strerror(rc), dlock_last_error());
+    char at[32];
+    snprintf(at, sizeof at, "redlock node 127.0.0.1:%d: ", srv[1].port);
+    if (!strstr(dlock_last_error(), at) || !strstr(dlock_last_error(), "allkeys-lru"))
+        fail_msg("want '%s' and allkeys-lru in: %s", at, dlock_last_error());
+    assert_int_equal(dlock_held(c, "held"), 1);
+    freeReplyObject(fx_cmd_at(srv[1].port, "CONFIG SET maxmemory-policy noeviction"));
+    rc = acquire_until(c, "k", 1, 3 * 1000 + 2000);
+    if (rc != DLOCK_OK)
+        fail_msg("acquire once mended: %s: %s", dlock_strerror(rc), dlock_last_error());
+    assert_int_equal(dlock_release(c, "held"), DLOCK_OK);
+    dlock_client_close(c);
+    pthread_mutex_lock(&lost_mu);
+    assert_int_equal(fit_logs, 2);
+    assert_true(fit_log[0][0] == '0' + DLOCK_LOG_ERROR);
+    assert_non_null(strstr(fit_log[0], at));
+    assert_true(fit_log[1][0] == '0' + DLOCK_LOG_INFO);
+    pthread_mutex_unlock(&lost_mu);
+}
+
 #ifdef DLOCKCTL_PATH
 /* dlockctl's command, exit status, and its stdout and stderr in out. */
 static int ctl_run(char *out, size_t n, const char *args)
@@ -1198,6 +1274,7 @@ int main(void)
         cmocka_unit_test_teardown(test_renewal_skips_uncounted, restore),
         cmocka_unit_test_teardown(test_write_back_reserves_pass_limit, restore),
         cmocka_unit_test_teardown(test_cancel_shutdown_handles, restore),
+        cmocka_unit_test_teardown(test_every_node_checked, restore),
 #ifdef DLOCKCTL_PATH
         cmocka_unit_test_teardown(test_dlockctl_seed_fresh, restore),
 #endif
