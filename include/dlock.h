@@ -277,12 +277,17 @@ typedef struct dlock_config {
      * A close releases the held names by one such bound for all of them
      * (a node that failed one release is not asked for the others: what
      * it holds ends within a lease).
+     * dlock_unclean after a grant of the nodes tells the end that at
+     * least m of the nodes that granted it report alike (each tells its
+     * own, as one server does, for a lease time after the end); else 0
+     * (nothing a majority knows): a release that reached a majority is a
+     * release, though a node it missed tells EXPIRED; a grant that
+     * expired on fewer than m of the voters (the others did not hold it,
+     * or their word is gone) is told as 0.
      * Not in this version: shared mode and semaphores (their calls return
-     * DLOCK_EINVAL), wait queues and wake-ups (a refused acquire retries
-     * after the holder's lease time left, 5 ms to lease_ms / 3, jittered:
-     * no fairness between clients), dlock_unclean after a grant of the
-     * nodes (0: how another client's hold ended is not gathered from
-     * them; a local handoff still tells). `dlockctl --redlock-nodes
+     * DLOCK_EINVAL), and wait queues and wake-ups (a refused acquire
+     * retries after the holder's lease time left, 5 ms to lease_ms / 3,
+     * jittered: no fairness between clients). `dlockctl --redlock-nodes
      * LIST` list, show and watch read every node (docs/operations.md,
      * "Redlock"). Default NULL: not Redlock mode. */
     const char *redlock_nodes;
@@ -565,7 +570,9 @@ DLOCK_API int dlock_sem_release(dlock_client *c, const char *name);
  * Redis keeps the word for a lease time after such an end (an operator's
  * release: an hour): a grant made later reports 0, as does any grant after
  * Redis lost its data (a restart without persistence, a failover that lost
- * the writes). A grant nobody used (an attempt of unknown outcome, a direct
+ * the writes). In Redlock mode each node keeps its own word, and a grant
+ * reports the word a majority of the nodes tell alike, else 0
+ * (dlock_config.redlock_nodes). A grant nobody used (an attempt of unknown outcome, a direct
  * grant to a waiter that gave up) passes on the word it got.
  *
  * A thread that exits while it holds locks taken with dlock_acquire (a

@@ -264,6 +264,8 @@ void dlock_renew_redlock_release_all(dlock_renew *r)
             continue;
         dlock_redlock_req q = req_of(r, it->e, it->rl->attempt);
         q.deadline = deadline;
+        q.ended = DLOCK_UNCLEAN_ABANDONED; /* the client closes while it holds the name
+                                              (as renew_jobs.c's release at close) */
         (void)dlock_redlock_release_past(r->cfg.redlock, &q, it->rl, down);
     }
 }

@@ -84,7 +84,7 @@ int dlock_release_outermost(dlock_client *c, const dlock_kind *k, dlock_entry *e
         dlock_table_put(c->table, e); /* we still hold two references */
     dlock_renew_quiesce(c->renew); /* no renewal of this grant after the release */
 
-    rc = c->redlock ? dlock_rlmode_release(c, e)
+    rc = c->redlock ? dlock_rlmode_release(c, e, ending)
                     : dlock_rpc_release(c, e, grant, protocol, token, ending);
 
     int notify = 0;

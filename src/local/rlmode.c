@@ -64,7 +64,7 @@ int dlock_rlmode_acquire(dlock_client *c, dlock_entry *e, dlock_rpc_try *t)
     if (rc == DLOCK_OK) {
         *e->lease.rl = g;
         t->token = g.token;
-        t->unclean = 0;
+        t->unclean = g.unclean;
         t->sent_boot = g.first_boot;
         return DLOCK_OK;
     }
@@ -102,13 +102,13 @@ int dlock_rlmode_acquire(dlock_client *c, dlock_entry *e, dlock_rpc_try *t)
     return rc;
 }
 
-int dlock_rlmode_release(dlock_client *c, dlock_entry *e)
+int dlock_rlmode_release(dlock_client *c, dlock_entry *e, int ending)
 {
     if (!e->lease.rl)
         return dlock_err_set(DLOCK_EREDIS, "redlock release of '%s': no grant known", e->name);
     dlock_redlock_req q = {.name = e->name, .keys = e->keys, .args = &c->args,
                            .client_name = c->conn.client_name, .attempt = e->lease.rl->attempt,
-                           .deadline = exchange_deadline(c)};
+                           .deadline = exchange_deadline(c), .ended = ending};
     /* (the releaser owns the lease's fields while it is RELEASING) */
     int ran_out = dlock_boot_ns() >= e->lease.valid_until_ns;
     int rc = dlock_redlock_release(c->redlock, &q, e->lease.rl);

@@ -984,14 +984,17 @@ static unsigned release_on(dlock_redlock *rl, peer *p, const dlock_redlock_req *
     /* by attempt where no token is known, by token elsewhere, each node
      * its own argv, all pipelined together (one deadline: a stopped node
      * costs the release one command timeout, not one per kind) */
-    char t[DLOCK_REDLOCK_NODES_MAX][24];
+    char t[DLOCK_REDLOCK_NODES_MAX][24], ended[8];
+    /* (by token: the word for the next grant; by attempt the node passes on
+     * the word its grant got, release.lua) */
+    snprintf(ended, sizeof ended, "%d", q->ended > 0 && q->ended <= 3 ? q->ended : 0);
     const char *argv[DLOCK_REDLOCK_NODES_MAX][DLOCK_SCRIPT_KEYS + DLOCK_RELEASE_ARGS];
     const char **each[DLOCK_REDLOCK_NODES_MAX];
     for (unsigned i = 0; i < rl->n; i++) {
         int by_token = tok && tok[i];
         snprintf(t[i], sizeof t[i], "%" PRIu64, by_token ? tok[i] : 0);
         dlock_script_release_argv(&a, q->keys, q->name, by_token ? "token" : "nonce",
-                                  by_token ? t[i] : att, "0", "0", argv[i]);
+                                  by_token ? t[i] : att, "0", ended, argv[i]);
         each[i] = argv[i];
     }
     peers_call_each(rl, p, NULL, 0, dlock_script_in(DLOCK_SCRIPT_RELEASE, 2), DLOCK_SCRIPT_KEYS,
@@ -1176,6 +1179,7 @@ int dlock_redlock_acquire(dlock_redlock *rl, const dlock_redlock_req *q, dlock_r
     for (unsigned i = 0; i < rl->n; i++)
         may[i] = p[i].sent;
     unsigned votes = 0, counting = 0;
+    unsigned ends[4] = {0}; /* votes by the end they report (acquire.lua, End) */
     uint64_t top = 0;
     char why[900] = "", err[300] = "";
     size_t wl = 0;
@@ -1193,6 +1197,9 @@ int dlock_redlock_acquire(dlock_redlock *rl, const dlock_redlock_req *q, dlock_r
                     votes++;
                     if ((uint64_t)r->element[1]->integer > top)
                         top = (uint64_t)r->element[1]->integer;
+                    if (r->elements >= 3 && r->element[2]->type == REDIS_REPLY_INTEGER &&
+                        r->element[2]->integer > 0 && r->element[2]->integer <= 3)
+                        ends[r->element[2]->integer]++;
                 } else if (r->element[0]->integer == 0) {
                     busy->refused++;
                     if (r->element[1]->integer > busy->pttl_ms)
@@ -1292,6 +1299,13 @@ int dlock_redlock_acquire(dlock_redlock *rl, const dlock_redlock_req *q, dlock_r
                           "confirmed after the validity (%" PRIu32 " ms lease); released",
                           q->name, rl->lease_ms));
     g->token = T;
+    /* How the hold before ended: only what a majority of the nodes say
+     * alike (a node that missed a release, or never held the grant
+     * before, tells another word than the rest; a minority's word is
+     * none). */
+    for (int k = 1; k <= 3; k++)
+        if (ends[k] >= rl->m)
+            g->unclean = k;
     g->votes = votes;
     peers_close(rl, p);
     return DLOCK_OK;

@@ -22,7 +22,9 @@
  *           docs/design.md "Redlock"). Two nodes that report one run id
  *           (one server listed under two names) count once.
  *   acquire acquire.lua on every node with one attempt number; votes
- *           only from nodes that count; T = highest vote + 1; mark.lua T on
+ *           only from nodes that count; T = highest vote + 1; how the
+ *           hold before ended, the end (acquire.lua's third reply) that at
+ *           least m votes report alike, else 0; mark.lua T on
  *           every node, at most 3 rounds (a reply whose mark was T or more
  *           makes T that mark + 1 and the round run again), confirmed once
  *           m nodes that counted for the votes replied with marks below T
@@ -156,6 +158,9 @@ typedef struct dlock_redlock_req {
                                      here (and one command timeout after each send);
                                      a failed acquire's release may take one command
                                      timeout more */
+    int ended;                    /* a release's word for the next grant of the name
+                                     (DLOCK_UNCLEAN_*, release.lua's ARGV[10]; 0 none),
+                                     on the nodes released by token */
 } dlock_redlock_req;
 
 /* A quorum grant. */
@@ -165,6 +170,8 @@ typedef struct dlock_redlock_grant {
     int64_t valid_boot;   /* the validity: first_boot + lease - drift allowance */
     uint64_t attempt;
     unsigned votes;       /* counting nodes that granted */
+    int unclean;          /* how the hold before ended (DLOCK_UNCLEAN_*): the end at
+                             least m votes reported alike (acquire.lua's End), else 0 */
     uint64_t node_token[DLOCK_REDLOCK_NODES_MAX]; /* each node's own grant, 0: none known */
 } dlock_redlock_grant;
 
@@ -192,8 +199,9 @@ int dlock_redlock_acquire(dlock_redlock *rl, const dlock_redlock_req *q, dlock_r
                           dlock_redlock_busy *busy);
 
 /* Releases grant g of q's name on every node: by its node's token where it
- * is known, else by attempt (release.lua; no token of the hand-out is
- * written: the rule does not rely on it). DLOCK_ELOST when more than
+ * is known, with q->ended as the word for the next grant, else by attempt
+ * (release.lua, which then passes on the word the node's grant got; no
+ * token of the hand-out is written: the rule does not rely on it). DLOCK_ELOST when more than
  * N - m nodes answered that the grant was not there (it ran out or was
  * taken: no majority held it to the release); else DLOCK_OK when at
  * least m nodes answered (the others' grants end within a lease), else
