@@ -126,6 +126,20 @@ static int take_direct_grant(dlock_client *c, const dlock_kind *k, dlock_entry *
 /* The message of a timeout or a busy try on e: what the last refused try
  * said of the holder (at 3 a.m., who holds it, since when, how many wait).
  * Called with e->mu held. Returns rc. */
+static int busy_err(const dlock_entry *e, int rc);
+
+/* The poller's wait for e ends at its deadline: DLOCK_ETIMEDOUT, or
+ * DLOCK_EREDIS with the message of its last try if that try found too
+ * few Redlock nodes to ask (unreachable, its message; "" otherwise), as
+ * dlock.h promises for a waiting acquire in Redlock mode. */
+static int wait_end(const dlock_entry *e, const char *unreachable)
+{
+    if (unreachable[0])
+        return dlock_err_set(DLOCK_EREDIS, "%s (until the wait for '%s' ended)", unreachable,
+                             e->name);
+    return busy_err(e, DLOCK_ETIMEDOUT);
+}
+
 static int busy_err(const dlock_entry *e, int rc)
 {
     char holder[DLOCK_CLIENT_NAME_MAX + 64] = "", queue[128] = "";
@@ -213,6 +227,10 @@ static int poll_redis(dlock_client *c, const dlock_kind *kind, dlock_entry *e, i
         uint64_t token = t.token;
         int unclean = t.unclean;
         int64_t pttl = t.pttl_ms, sent_boot = t.sent_boot;
+        /* (Redlock mode: too few nodes, the message of why, for the end) */
+        char unreachable[300] = "";
+        if (t.unreachable)
+            snprintf(unreachable, sizeof unreachable, "%s", dlock_last_error());
         busy_info busy = t.busy;
         if (once && rc == DLOCK_ETIMEDOUT)
             rc = dlock_err_set(DLOCK_EREDIS, "timed out: redis took no try of '%s' within the "
@@ -274,7 +292,7 @@ static int poll_redis(dlock_client *c, const dlock_kind *kind, dlock_entry *e, i
             return rc; /* it came before the refusal's answer */
         int64_t now = dlock_now_ns();
         if (now >= deadline)
-            return busy_err(e, DLOCK_ETIMEDOUT);
+            return wait_end(e, unreachable);
         int64_t delay_ns = c->fallback_ns;
         if (pttl > 0 && pttl * DLOCK_NS_PER_MS < delay_ns)
             delay_ns = pttl * DLOCK_NS_PER_MS + DLOCK_NS_PER_MS / 2;
@@ -292,7 +310,7 @@ static int poll_redis(dlock_client *c, const dlock_kind *kind, dlock_entry *e, i
         if (e->poll.msg_grant && (rc = take_direct_grant(c, kind, e)) != DLOCK_EBUSY)
             return rc; /* granted by a release: no call needed */
         if (dlock_now_ns() >= deadline) /* no try after the deadline, woken or not */
-            return busy_err(e, DLOCK_ETIMEDOUT);
+            return wait_end(e, unreachable);
     }
 }
 

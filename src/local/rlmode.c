@@ -95,6 +95,7 @@ int dlock_rlmode_acquire(dlock_client *c, dlock_entry *e, dlock_rpc_try *t)
     int again = t->queue && (t->deadline == DLOCK_NEVER ||
                              dlock_now_ns() + pause + DLOCK_NS_PER_MS < t->deadline);
     if (again) {
+        t->unreachable = 1;
         t->pttl_ms = pause / DLOCK_NS_PER_MS;
         snprintf(t->busy.holder, sizeof t->busy.holder, "%s", "");
         return DLOCK_EBUSY;

@@ -50,6 +50,9 @@ typedef struct dlock_rpc_try {
     int64_t pttl_ms;          /* out, refused: the lease's time left */
     busy_info busy;           /* out, refused: what Redis said of the holder */
     int64_t sent_boot;        /* out: when the try was sent (boot clock) */
+    int unreachable;          /* out, refused: not refused but too few nodes asked
+                                 (Redlock mode, local/rlmode.h): a wait that ends
+                                 after it fails with DLOCK_EREDIS, its message */
 } dlock_rpc_try;
 
 /* The acquire script, as attempt t->nonce (rpc.c). */
