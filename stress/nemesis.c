@@ -125,8 +125,9 @@ static struct {
     const char *faketime;     /* libfaketimeMT */
     int protocol;             /* the workers' dlock_config.protocol: 0 the default,
                                  -1 mixed (worker slot s writes 1 + s % 2) */
+    int redlock;              /* --redlock N (0: the Sentinel topology) */
 } O = {120, 3, 6, 6, 2000, 2, 0, 0, 0, 0, 2, 30000, (1u << NM_NFAULTS) - 1, 0, NULL,
-       "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1", 0};
+       "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1", 0, 0};
 
 static nm_shared *sh;
 static int shfd = -1;
@@ -137,8 +138,7 @@ static int nev;
 static int64_t t0;
 static uint64_t rs;
 
-static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void say(const char *fmt, ...)
+void nm_say(const char *fmt, ...)
 {
     if (O.quiet)
         return;
@@ -158,7 +158,7 @@ static uint64_t rnd(void)
     return rs * 2685821657736338717ULL;
 }
 
-static long between(long lo, long hi)
+long nm_between(long lo, long hi)
 {
     return lo + (long)(rnd() % (uint64_t)(hi - lo + 1));
 }
@@ -200,7 +200,10 @@ static void stop_all(void)
 {
     for (int p = 0; p < O.procs; p++)
         kill_worker(p);
-    nm_topo_stop();
+    if (O.redlock)
+        nm_rl_stop();
+    else
+        nm_topo_stop();
     fx_redis_stop(&store);
     fx_fake_clock_remove(&fake);
 }
@@ -229,6 +232,7 @@ static void on_alarm(int sig)
     for (int s = 0; s < 3; s++)
         if (sent[s].pid > 0)
             kill(sent[s].pid, SIGKILL);
+    nm_rl_kill_all();
     if (store.pid > 0)
         kill(store.pid, SIGKILL);
     _exit(2);
@@ -259,7 +263,7 @@ static long clock_debt_ms(void)
 /* ------------------------------------------------------------------ */
 /* Faults                                                               */
 
-static nm_event *begin(int kind, long arg)
+nm_event *nm_begin(int kind, long arg)
 {
     if (nev >= MAX_EVENTS)
         return NULL;
@@ -270,6 +274,12 @@ static nm_event *begin(int kind, long arg)
     return e;
 }
 
+void nm_unbegin(void)
+{
+    if (nev > 0)
+        nev--;
+}
+
 /* The highest token the master may have issued by now: its clock, plus how
  * far tokens may run ahead of it after a step back (they take last + 1 until
  * the clock has caught up), or above that a slot's mark (NM_PREFIX "hw:*",
@@ -278,14 +288,17 @@ static nm_event *begin(int kind, long arg)
  * Tokens), and the marks hold the last. 0 if the master does not answer. */
 static uint64_t issued_bound_us(int m)
 {
-    if (m < 0)
-        return 0;
+    return m < 0 ? 0 : nm_issued_bound_at(srv[m].port, clock_debt_ms());
+}
+
+uint64_t nm_issued_bound_at(int port, long debt_ms)
+{
     /* The marks first, TIME last: the fault follows TIME within the
      * checker's 20 ms. */
     uint64_t b = 0;
-    redisReply *r = fx_cmd_at(srv[m].port, "KEYS %shw:*", NM_PREFIX);
+    redisReply *r = fx_cmd_at(port, "KEYS %shw:*", NM_PREFIX);
     for (size_t i = 0; r && r->type == REDIS_REPLY_ARRAY && i < r->elements; i++) {
-        redisReply *v = fx_cmd_at(srv[m].port, "GET %s", r->element[i]->str);
+        redisReply *v = fx_cmd_at(port, "GET %s", r->element[i]->str);
         unsigned long long tok, clk, pl;
         if (v && v->type == REDIS_REPLY_STRING &&
             sscanf(v->str, "%llu %llu %llu", &tok, &clk, &pl) == 3 && tok + pl > b)
@@ -295,18 +308,17 @@ static uint64_t issued_bound_us(int m)
     }
     if (r)
         freeReplyObject(r);
-    uint64_t us = nm_server_time_us(m);
+    uint64_t us = nm_time_us_at(port);
     if (!us)
         return 0;
-    us += (uint64_t)clock_debt_ms() * 1000;
+    us += (uint64_t)debt_ms * 1000;
     return us > b ? us : b;
 }
 
 /* Failures of the harness itself (a fault that did not take effect, a
  * worker that died by itself): each one a violation, printed. */
 static int harness_errors;
-static void harness_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void harness_error(const char *fmt, ...)
+void nm_harness_error(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -328,11 +340,11 @@ static void check_clock(int m)
     long long real = (long long)ts.tv_sec * 1000000LL + ts.tv_nsec / 1000;
     long long off_ms = ((long long)us - real) / 1000;
     if (us && llabs(off_ms - clock_offset_ms) > 500)
-        harness_error("the master's clock is %+lld ms off real time, the step set %+ld ms", off_ms,
+        nm_harness_error("the master's clock is %+lld ms off real time, the step set %+ld ms", off_ms,
                       clock_offset_ms);
 }
 
-static void heal(nm_event *e)
+void nm_heal(nm_event *e)
 {
     e->t_heal = nm_now_ns();
     e->done = 1;
@@ -351,7 +363,7 @@ static void clock_set_right(void)
     if (!far_until)
         return;
     int m = nm_master_index();
-    nm_event *e = begin(NM_CLOCK_FWD, far_ms);
+    nm_event *e = nm_begin(NM_CLOCK_FWD, far_ms);
     if (e && !(e->server_us = issued_bound_us(m))) {
         /* The master does not answer: real time, plus the offset the
          * clocks had before the step if it was ahead, and 1 s (a slot
@@ -364,7 +376,7 @@ static void clock_set_right(void)
                        (uint64_t)ahead * 1000u + 1000000u;
     }
     if (clock_set(clock_offset_ms + far_ms) != 0) {
-        harness_error("could not set the clocks right after a step back of %ld ms", far_ms);
+        nm_harness_error("could not set the clocks right after a step back of %ld ms", far_ms);
         if (e)
             nev--;
         far_until = 0;
@@ -375,14 +387,14 @@ static void clock_set_right(void)
     fx_sleep_ms(100);
     check_clock(m);
     if (e)
-        heal(e);
-    say("set the servers' clocks right: forward %ld ms (offset %+ld ms)", far_ms, clock_offset_ms);
+        nm_heal(e);
+    nm_say("set the servers' clocks right: forward %ld ms (offset %+ld ms)", far_ms, clock_offset_ms);
 }
 
 static int live_worker(void)
 {
     for (int tries = 0; tries < 16; tries++) {
-        int p = (int)between(0, O.procs - 1);
+        int p = (int)nm_between(0, O.procs - 1);
         if (sh->procs[p].pid > 0)
             return p;
     }
@@ -407,7 +419,7 @@ static long back_room_ms(void)
 
 static void restart_master(int m, int wipe)
 {
-    nm_event *e = begin(wipe ? NM_WIPE : NM_RESTART, m);
+    nm_event *e = nm_begin(wipe ? NM_WIPE : NM_RESTART, m);
     if (!e)
         return;
     e->server_us = issued_bound_us(m);
@@ -420,42 +432,46 @@ static void restart_master(int m, int wipe)
         char c[400];
         snprintf(c, sizeof c, "rm -rf '%s/appendonlydir' '%s/dump.rdb'", srv[m].dir, srv[m].dir);
         if (system(c) != 0)
-            say("could not remove %s's data", srv[m].dir);
+            nm_say("could not remove %s's data", srv[m].dir);
     }
     srv[m].opts.replica_of = 0; /* it comes back as the master it was */
     if (fx_redis_restart(&srv[m]) != 0)
-        say("could not restart server %d", m);
-    heal(e);
-    say("%s server %d (port %d)", wipe ? "wiped and restarted" : "restarted", m, srv[m].port);
+        nm_say("could not restart server %d", m);
+    nm_heal(e);
+    nm_say("%s server %d (port %d)", wipe ? "wiped and restarted" : "restarted", m, srv[m].port);
 }
 
 static void inject(int kind, int *wiped)
 {
-    int m = nm_master_index();
+    if (O.redlock && kind != NM_PAUSE && kind != NM_KILL) {
+        nm_rl_inject(kind); /* on one node (nemesis_redlock.c) */
+        return;
+    }
+    int m = O.redlock ? -1 : nm_master_index();
     if (m >= 0 && !nm_is_master(m))
         m = -1; /* the sentinels' master does not say so (yet): no fault on it */
     nm_event *e;
     switch (kind) {
     case NM_PAUSE: {
         int p = live_worker();
-        long ms = between(O.lease_ms, 2L * O.lease_ms);
-        if (p < 0 || !(e = begin(kind, ms)))
+        long ms = nm_between(O.lease_ms, 2L * O.lease_ms);
+        if (p < 0 || !(e = nm_begin(kind, ms)))
             return;
         kill(sh->procs[p].pid, SIGSTOP);
         fx_sleep_ms(ms);
         kill(sh->procs[p].pid, SIGCONT);
-        heal(e);
-        say("paused worker %d for %ld ms", p, ms);
+        nm_heal(e);
+        nm_say("paused worker %d for %ld ms", p, ms);
         return;
     }
     case NM_KILL: {
         int p = live_worker();
-        if (p < 0 || !(e = begin(kind, p)))
+        if (p < 0 || !(e = nm_begin(kind, p)))
             return;
         kill_worker(p);
         spawn_worker(p);
-        heal(e);
-        say("killed worker %d", p);
+        nm_heal(e);
+        nm_say("killed worker %d", p);
         return;
     }
     case NM_RESTART:
@@ -467,13 +483,13 @@ static void inject(int kind, int *wiped)
             *wiped = 1;
         return;
     case NM_FAILOVER: {
-        if (m < 0 || clock_debt_ms() > 0 || !(e = begin(kind, m)))
+        if (m < 0 || clock_debt_ms() > 0 || !(e = nm_begin(kind, m)))
             return;
         e->server_us = issued_bound_us(m);
-        redisReply *r = fx_cmd_at(sent[between(0, 2)].port, "SENTINEL FAILOVER %s", NM_MASTER);
+        redisReply *r = fx_cmd_at(sent[nm_between(0, 2)].port, "SENTINEL FAILOVER %s", NM_MASTER);
         int ok = r && r->type == REDIS_REPLY_STATUS;
         if (!ok)
-            say("failover refused: %s", r && r->str ? r->str : "no answer");
+            nm_say("failover refused: %s", r && r->str ? r->str : "no answer");
         if (r)
             freeReplyObject(r);
         if (!ok) {
@@ -485,34 +501,34 @@ static void inject(int kind, int *wiped)
         int n = m;
         while (nm_now_ns() < end && ((n = nm_master_index()) == m || n < 0 || !nm_is_master(n)))
             fx_sleep_ms(50);
-        heal(e);
-        say("failover from server %d to %d", m, n);
+        nm_heal(e);
+        nm_say("failover from server %d to %d", m, n);
         return;
     }
     case NM_DELAY: {
-        long us = between(1000, 100000), ms = between(1000, 3000);
-        if (m < 0 || !(e = begin(kind, us / 1000)))
+        long us = nm_between(1000, 100000), ms = nm_between(1000, 3000);
+        if (m < 0 || !(e = nm_begin(kind, us / 1000)))
             return;
         fx_proxy_set_delay(px[m], us, us);
         fx_sleep_ms(ms);
         fx_proxy_set_delay(px[m], 0, 0);
-        heal(e);
-        say("delayed server %d's traffic by %ld ms for %ld ms", m, us / 1000, ms);
+        nm_heal(e);
+        nm_say("delayed server %d's traffic by %ld ms for %ld ms", m, us / 1000, ms);
         return;
     }
     case NM_RESET:
-        if (m < 0 || !(e = begin(kind, m)))
+        if (m < 0 || !(e = nm_begin(kind, m)))
             return;
         if (fx_proxy_reset_all(px[m]) == 0) {
             nev--; /* no connection to reset: not counted */
             return;
         }
-        heal(e);
-        say("reset server %d's connections", m);
+        nm_heal(e);
+        nm_say("reset server %d's connections", m);
         return;
     case NM_HOLD: {
-        long ms = between(200, 2500);
-        if (m < 0 || !(e = begin(kind, ms)))
+        long ms = nm_between(200, 2500);
+        if (m < 0 || !(e = nm_begin(kind, ms)))
             return;
         fx_proxy_hold_next(px[m], "EVALSHA");
         if (fx_proxy_wait_held(px[m], 2000) != 0) {
@@ -523,26 +539,26 @@ static void inject(int kind, int *wiped)
         fx_sleep_ms(ms);
         fx_proxy_release_held(px[m]);
         fx_proxy_wait_released(px[m], 2000);
-        heal(e);
-        say("held back a script call to server %d for %ld ms", m, ms);
+        nm_heal(e);
+        nm_say("held back a script call to server %d for %ld ms", m, ms);
         return;
     }
     case NM_STALL: {
-        long ms = between(100, 600);
-        if (m < 0 || !(e = begin(kind, ms)))
+        long ms = nm_between(100, 600);
+        if (m < 0 || !(e = nm_begin(kind, ms)))
             return;
         fx_proxy_stall(px[m], 1);
         fx_sleep_ms(ms);
         fx_proxy_stall(px[m], 0);
-        heal(e);
-        say("stalled server %d for %ld ms", m, ms);
+        nm_heal(e);
+        nm_say("stalled server %d for %ld ms", m, ms);
         return;
     }
     case NM_CLOCK_FWD: {
-        long ms = between(500, 2000);
+        long ms = nm_between(500, 2000);
         /* The servers' clocks stay within 10 s ahead of real time. */
         if (!O.shim || m < 0 || clock_offset_ms + (far_until ? far_ms : 0) + ms > 10000 ||
-            !(e = begin(kind, ms)))
+            !(e = nm_begin(kind, ms)))
             return;
         e->server_us = issued_bound_us(m);
         if (!e->server_us || clock_set(clock_offset_ms + ms) != 0) {
@@ -551,8 +567,8 @@ static void inject(int kind, int *wiped)
         }
         fx_sleep_ms(100); /* libfaketime reads the file on every clock read */
         check_clock(m);
-        heal(e);
-        say("stepped the servers' clocks forward %ld ms (offset %+ld ms)", ms, clock_offset_ms);
+        nm_heal(e);
+        nm_say("stepped the servers' clocks forward %ld ms (offset %+ld ms)", ms, clock_offset_ms);
         return;
     }
     case NM_CLOCK_BACK: {
@@ -561,8 +577,8 @@ static void inject(int kind, int *wiped)
             room = back_room_ms();
         if (!O.shim || m < 0 || room < 200)
             return;
-        long ms = between(100, room);
-        if (!(e = begin(kind, ms)))
+        long ms = nm_between(100, room);
+        if (!(e = nm_begin(kind, ms)))
             return;
         if (clock_set(clock_offset_ms - ms) != 0) {
             nev--;
@@ -572,15 +588,15 @@ static void inject(int kind, int *wiped)
         caught_up_at = (caught_up_at > now ? caught_up_at : now) + ms * 1000000LL;
         fx_sleep_ms(100);
         check_clock(m);
-        heal(e);
-        say("stepped the servers' clocks back %ld ms (offset %+ld ms)", ms, clock_offset_ms);
+        nm_heal(e);
+        nm_say("stepped the servers' clocks back %ld ms (offset %+ld ms)", ms, clock_offset_ms);
         return;
     }
     case NM_CLOCK_FAR: {
         /* From a clock that has caught up: set right, the step is undone. */
         if (!O.shim || m < 0 || far_until || clock_debt_ms() > 0)
             return;
-        long ms = between(60000, 600000);
+        long ms = nm_between(60000, 600000);
         if (ms > back_room_ms())
             ms = back_room_ms();
         if (ms < 60000)
@@ -588,8 +604,8 @@ static void inject(int kind, int *wiped)
         /* Half of them quiet: every worker stopped for 2.5-4 lease times
          * first, so that every name's lease and fence keys are gone and
          * only the slots' marks bound the tokens after the step. */
-        long quiet_ms = rnd() % 2 ? between(5L * O.lease_ms / 2, 4L * O.lease_ms) : 0;
-        if (!(e = begin(kind, ms)))
+        long quiet_ms = rnd() % 2 ? nm_between(5L * O.lease_ms / 2, 4L * O.lease_ms) : 0;
+        if (!(e = nm_begin(kind, ms)))
             return;
         for (int p = 0; quiet_ms && p < O.procs; p++)
             if (sh->procs[p].pid > 0)
@@ -606,11 +622,11 @@ static void inject(int kind, int *wiped)
         int64_t now = nm_now_ns();
         caught_up_at = now + ms * 1000000LL;
         far_ms = ms;
-        far_until = now + between(1, 4) * O.lease_ms * 1000000LL;
+        far_until = now + nm_between(1, 4) * O.lease_ms * 1000000LL;
         fx_sleep_ms(100);
         check_clock(m);
-        heal(e);
-        say("stepped the servers' clocks back %ld s (offset %+ld ms)%s", ms / 1000, clock_offset_ms,
+        nm_heal(e);
+        nm_say("stepped the servers' clocks back %ld s (offset %+ld ms)%s", ms / 1000, clock_offset_ms,
             quiet_ms ? ", every worker stopped before" : "");
         return;
     }
@@ -646,13 +662,13 @@ static void quiet_window(void)
         for (int k = 0; k < O.names + (O.sem_pct ? sh->sem_names : 0); k++)
             all &= seen[k];
         if (all) {
-            say("burst over: every name acquired again in %lld ms",
+            nm_say("burst over: every name acquired again in %lld ms",
                 (long long)((nm_now_ns() - q) / 1000000LL));
             return;
         }
         fx_sleep_ms(100);
     }
-    say("burst over: not every name acquired again within %ld ms", O.recovery_bound_ms);
+    nm_say("burst over: not every name acquired again within %ld ms", O.recovery_bound_ms);
 }
 
 /* ------------------------------------------------------------------ */
@@ -666,7 +682,11 @@ static void usage(FILE *f)
 "               [--clock-shim PATH [--faketime PATH]]\n"
 "               [--plant nolock|unfenced|readers-unlocked|sem-unlimited]\n"
 "               [--protocol 1|2|mixed]\n"
-"               [--read-pct R] [--sem-pct P [--sem-limit L]] [--quiet]\n"
+"               [--read-pct R] [--sem-pct P [--sem-limit L]] [--redlock N] [--quiet]\n"
+"  --redlock: N (3 or 5) independent masters, the workers in Redlock mode,\n"
+"          each node under its own clock (exclusive locks only: no\n"
+"          --read-pct, --sem-pct, --protocol, --min-replicas; faults: no\n"
+"          failover, clockfar; each node fault on one node)\n"
 "  --read-pct: the share (0-100, default 0) of the workers' iterations that\n"
 "          take the name shared and only read the store\n"
 "  --sem-pct: the share (0-99, default 0) of the workers' iterations that\n"
@@ -718,7 +738,7 @@ static unsigned parse_faults(const char *s)
 
 int main(int argc, char **argv)
 {
-    int worker = -1, fd = -1, faults_given = 0;
+    int worker = -1, fd = -1, faults_given = 0, min_replicas_given = 0;
     static const struct option lo[] = {
         {"seconds", 1, 0, 's'}, {"procs", 1, 0, 'p'}, {"threads", 1, 0, 't'},
         {"names", 1, 0, 'n'}, {"lease-ms", 1, 0, 'l'}, {"min-replicas", 1, 0, 'm'},
@@ -726,7 +746,7 @@ int main(int argc, char **argv)
         {"clock-shim", 1, 0, 'c'}, {"faketime", 1, 0, 'T'}, {"quiet", 0, 0, 'q'}, {"worker", 1, 0, 'W'},
         {"fd", 1, 0, 'F'}, {"plant", 1, 0, 'P'}, {"protocol", 1, 0, 'V'},
         {"read-pct", 1, 0, 'R'}, {"sem-pct", 1, 0, 'M'}, {"sem-limit", 1, 0, 'L'},
-        {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+        {"redlock", 1, 0, 'K'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     int o;
     while ((o = getopt_long(argc, argv, "", lo, NULL)) != -1) {
         switch (o) {
@@ -735,7 +755,10 @@ int main(int argc, char **argv)
         case 't': O.threads = (int)num("--threads", optarg, 1, 64); break;
         case 'n': O.names = (int)num("--names", optarg, 1, NM_MAX_NAMES); break;
         case 'l': O.lease_ms = (int)num("--lease-ms", optarg, 500, 60000); break;
-        case 'm': O.min_replicas = (int)num("--min-replicas", optarg, 0, NSRV - 1); break;
+        case 'm':
+            O.min_replicas = (int)num("--min-replicas", optarg, 0, NSRV - 1);
+            min_replicas_given = 1;
+            break;
         case 'f': O.faults = parse_faults(optarg); faults_given = 1; break;
         case 'S': O.seed = (uint64_t)num("--seed", optarg, 1, 2147483646); break;
         case 'r': O.recovery_bound_ms = num("--recovery-bound-ms", optarg, 100, 600000); break;
@@ -768,6 +791,13 @@ int main(int argc, char **argv)
         case 'R': O.read_pct = (int)num("--read-pct", optarg, 0, 100); break;
         case 'M': O.sem_pct = (int)num("--sem-pct", optarg, 0, 99); break;
         case 'L': O.sem_limit = (int)num("--sem-limit", optarg, 1, 64); break;
+        case 'K':
+            O.redlock = (int)num("--redlock", optarg, 3, NM_RL_MAX);
+            if (O.redlock % 2 == 0) {
+                fprintf(stderr, "nemesis: --redlock must be 3 or 5\n");
+                return 2;
+            }
+            break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -783,6 +813,20 @@ int main(int argc, char **argv)
     if (O.plant == NM_PLANT_SEM_UNLIMITED && !O.sem_pct) {
         fprintf(stderr, "nemesis: --plant sem-unlimited needs --sem-pct\n");
         return 2;
+    }
+    unsigned rl_not = (1u << NM_FAILOVER) | (1u << NM_CLOCK_FAR);
+    if (O.redlock && worker < 0) {
+        if (O.read_pct || O.sem_pct || O.protocol || min_replicas_given) {
+            fprintf(stderr, "nemesis: --redlock takes no --read-pct, --sem-pct, --protocol or "
+                            "--min-replicas (exclusive locks, protocol 2)\n");
+            return 2;
+        }
+        if (faults_given && (O.faults & rl_not)) {
+            fprintf(stderr, "nemesis: --redlock takes no failover or clockfar fault\n");
+            return 2;
+        }
+        O.faults &= ~rl_not;
+        O.min_replicas = 0;
     }
     if (O.sem_pct && O.names + (O.names + 2) / 3 > NM_MAX_NAMES) {
         fprintf(stderr, "nemesis: with --sem-pct, --names is at most %d\n", NM_MAX_NAMES * 3 / 4);
@@ -842,9 +886,9 @@ int main(int argc, char **argv)
     sh->sem_limit = O.sem_limit;
     sh->sem_names = (O.names + 2) / 3;
 
-    if (O.shim && fx_fake_clock_init(&fake, O.shim, O.faketime) != 0)
+    if (O.shim && !O.redlock && fx_fake_clock_init(&fake, O.shim, O.faketime) != 0)
         return 2;
-    nm_topo_env = O.shim ? fake.env : NULL;
+    nm_topo_env = O.shim && !O.redlock ? fake.env : NULL;
 
     int rc = 2;
     if (fx_redis_start(&store) != 0) {
@@ -852,11 +896,19 @@ int main(int argc, char **argv)
         goto out;
     }
     sh->store_port = store.port;
-    if (nm_topo_start() != 0)
+    if (O.redlock) {
+        if (nm_rl_start(O.redlock, O.shim, O.faketime, O.lease_ms, sh->nodes, sizeof sh->nodes) != 0)
+            goto out;
+        sh->redlock = O.redlock;
+        nm_say("%d Redlock nodes up behind proxies %s, store %d, seed %" PRIu64, O.redlock,
+               sh->nodes, store.port, O.seed);
+    } else if (nm_topo_start() != 0) {
         goto out;
+    }
     snprintf(sh->sentinels, sizeof sh->sentinels, "127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d",
              sent[0].port, sent[1].port, sent[2].port);
-    say("topology up: servers %d %d %d behind proxies %d %d %d, store %d, seed %" PRIu64,
+    if (!O.redlock)
+        nm_say("topology up: servers %d %d %d behind proxies %d %d %d, store %d, seed %" PRIu64,
         srv[0].port, srv[1].port, srv[2].port, pxport[0], pxport[1], pxport[2], store.port,
         O.seed);
     for (int p = 0; p < O.procs; p++)
@@ -885,7 +937,7 @@ int main(int argc, char **argv)
             burst_end = nm_now_ns() + BURST_NS;
             continue;
         }
-        fx_sleep_ms(between(500, 2000));
+        fx_sleep_ms(nm_between(500, 2000));
         if (nm_now_ns() >= end || interrupted)
             break;
         if (faults) {
@@ -899,14 +951,14 @@ int main(int argc, char **argv)
         for (int p = 0; p < O.procs; p++) {
             int st;
             if (sh->procs[p].pid > 0 && waitpid(sh->procs[p].pid, &st, WNOHANG) > 0) {
-                harness_error("worker %d died by itself (status %d): replaced", p, st);
+                nm_harness_error("worker %d died by itself (status %d): replaced", p, st);
                 sh->procs[p].pid = 0;
                 spawn_worker(p);
             }
         }
         if (nm_now_ns() >= next_report) {
             next_report += 10000000000LL;
-            say("%" PRIu64 " acquisitions, %d faults", __atomic_load_n(&sh->next, __ATOMIC_RELAXED), nev);
+            nm_say("%" PRIu64 " acquisitions, %d faults", __atomic_load_n(&sh->next, __ATOMIC_RELAXED), nev);
         }
     }
     if (interrupted) {
@@ -918,8 +970,10 @@ int main(int argc, char **argv)
      * times and 3 s so that every name can be acquired after the last
      * fault. */
     clock_set_right();
-    if (O.shim && clock_offset_ms != 0) {
-        nm_event *e = begin(clock_offset_ms > 0 ? NM_CLOCK_BACK : NM_CLOCK_FWD, labs(clock_offset_ms));
+    if (O.redlock)
+        nm_rl_clocks_right();
+    if (O.shim && !O.redlock && clock_offset_ms != 0) {
+        nm_event *e = nm_begin(clock_offset_ms > 0 ? NM_CLOCK_BACK : NM_CLOCK_FWD, labs(clock_offset_ms));
         long off = clock_offset_ms;
         if (off > O.lease_ms - clock_debt_ms() || off > back_room_ms())
             off = 0; /* a step back of more than the bound allows: leave it */
@@ -930,14 +984,14 @@ int main(int argc, char **argv)
                 caught_up_at = nm_now_ns() + off * 1000000LL;
             fx_sleep_ms(100);
             check_clock(nm_master_index());
-            heal(e);
+            nm_heal(e);
         } else if (e) {
             nev--;
         }
     }
-    int final_master = nm_wait_settled(60000);
+    int final_master = O.redlock ? nm_rl_settle(60000) : nm_wait_settled(60000);
     if (final_master < 0)
-        say("the topology did not settle after the faults");
+        nm_say("the topology did not settle after the faults");
     fx_sleep_ms(3L * O.lease_ms + 3000);
     __atomic_store_n(&sh->stop, 1, __ATOMIC_RELAXED);
     int64_t stop_by = nm_now_ns() + (int64_t)(4 * O.lease_ms + 10000) * 1000000LL;
@@ -948,7 +1002,7 @@ int main(int argc, char **argv)
             if (waitpid(sh->procs[p].pid, &st, WNOHANG) > 0) {
                 sh->procs[p].pid = 0;
                 if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-                    say("worker %d ended with status %d", p, st);
+                    nm_say("worker %d ended with status %d", p, st);
                     unclean++;
                 }
             } else {
@@ -956,7 +1010,7 @@ int main(int argc, char **argv)
             }
         }
         if (sh->procs[p].pid > 0) {
-            say("worker %d did not stop: killed", p);
+            nm_say("worker %d did not stop: killed", p);
             unclean++;
             kill_worker(p);
         }
@@ -965,11 +1019,12 @@ int main(int argc, char **argv)
     static char figures[8192];
     nm_check_in in = {.sh = sh, .ev = ev, .nev = nev, .store_port = store.port,
                       .quiet = quiet, .nquiet = nquiet,
-                      .excuse_failover = O.min_replicas == 0, .lease_ms = O.lease_ms,
+                      .excuse_failover = !O.redlock && O.min_replicas == 0, .redlock = O.redlock,
+                      .lease_ms = O.lease_ms,
                       .recovery_bound_ms = O.recovery_bound_ms, .asked = O.faults};
     int violations = nm_check(&in, figures, sizeof figures) + unclean + (final_master < 0) +
                      harness_errors;
-    printf("{\"plant\": \"%s\", \"seconds\": %d, \"procs\": %d, \"threads\": %d, \"names\": %d, \"lease_ms\": %d, "
+    printf("{\"plant\": \"%s\", \"redlock\": %d, \"seconds\": %d, \"procs\": %d, \"threads\": %d, \"names\": %d, \"lease_ms\": %d, "
            "\"min_replicas\": %d, \"seed\": %" PRIu64 ", \"workers_unclean\": %d, "
            "\"settled_at_end\": %s, \"harness_errors\": %d, %s, \"violations\": %d}\n",
            O.plant == NM_PLANT_NOLOCK              ? "nolock"
@@ -977,7 +1032,7 @@ int main(int argc, char **argv)
            : O.plant == NM_PLANT_READERS_UNLOCKED  ? "readers-unlocked"
            : O.plant == NM_PLANT_SEM_UNLIMITED     ? "sem-unlimited"
                                                    : "none",
-           O.seconds, O.procs, O.threads, O.names, O.lease_ms, O.min_replicas, O.seed, unclean,
+           O.redlock, O.seconds, O.procs, O.threads, O.names, O.lease_ms, O.min_replicas, O.seed, unclean,
            final_master >= 0 ? "true" : "false", harness_errors, figures, violations);
     fflush(stdout);
     rc = violations ? 1 : 0;

@@ -1,5 +1,5 @@
 /*
- * nemesis.h: what the four files of the nemesis soak share.
+ * nemesis.h: what the five files of the nemesis soak share.
  *
  *   nemesis.c        the runner: options, the fenced store, the worker
  *                    processes, the nemesis that injects faults, the report
@@ -10,6 +10,8 @@
  *                    --sem-pct, a hold of a semaphore's permit), the
  *                    history
  *   nemesis_check.c  the checker over the history, the store and the faults
+ *   nemesis_redlock.c with --redlock N: N independent masters instead of
+ *                    the Sentinel topology, and the faults on them
  *
  * The runner maps one shared region (a memfd, inherited by the workers it
  * starts with fork + exec): the parameters, per-worker counters and the
@@ -34,6 +36,7 @@
 #define NM_NERR 16            /* error counters indexed by -code */
 #define NM_MASTER "nemesis"   /* the master's name known to the sentinels */
 #define NM_PREFIX "nm:"       /* the clients' key_prefix */
+#define NM_RL_MAX 5           /* the most Redlock nodes (--redlock 3 or 5) */
 
 /* One acquisition. Times are CLOCK_MONOTONIC ns (one clock for every process
  * of the machine). */
@@ -88,6 +91,9 @@ typedef struct nm_shared {
     int plant;                /* a planted bug, to show the checker catches it:
                                  NM_PLANT_* (0: none) */
     char sentinels[160];      /* "127.0.0.1:p,127.0.0.1:p,127.0.0.1:p" */
+    int redlock;              /* N: Redlock mode on the N nodes of `nodes`
+                                 (0: Sentinel mode on `sentinels`) */
+    char nodes[NM_RL_MAX * 24]; /* "127.0.0.1:p,..." (the nodes' proxies) */
     volatile int stop;        /* set by the runner: workers finish and exit */
     uint64_t cap;             /* records that fit */
     uint64_t next;            /* next record index (atomic fetch-and-add) */
@@ -149,13 +155,17 @@ extern const char nm_store_write_unfenced_lua[];
 /* nemesis_check.c: checks the history against the store and the faults, and
  * prints the report's figures as JSON members (no braces) to `out`. Returns
  * the number of violations. `store_port`: read each name's value and count.
- * `excuse_failover`: failovers may lose grants (min_replicas 0). */
+ * `excuse_failover`: failovers may lose grants (min_replicas 0).
+ * `redlock`: N of Redlock mode (0: Sentinel mode), where a wipe revokes no
+ * grant (a restarted node votes only once seeded, a lease + the drift
+ * allowance after its run began). */
 typedef struct nm_check_in {
     nm_shared *sh;
     const nm_event *ev;
     int nev;
     int store_port;
     int excuse_failover;
+    int redlock;
     long lease_ms;
     long recovery_bound_ms;
     const int64_t *quiet;     /* when each burst of faults ended (its last
@@ -190,5 +200,39 @@ int nm_is_master(int i);
 int nm_wait_settled(long ms);
 /* Server m's TIME in us (directly, not through its proxy), or 0. */
 uint64_t nm_server_time_us(int m);
+/* The TIME in us of the server on loopback port `port`, or 0. */
+uint64_t nm_time_us_at(int port);
+
+/* nemesis.c: the runner's helpers the Redlock faults share. nm_begin
+ * records a fault's start (NULL: the list is full); nm_unbegin drops the
+ * one begun last (not injected after all); nm_heal marks it injected and
+ * over. nm_issued_bound_at: the highest token the server on `port` may have
+ * handed out by now, its clock being debt_ms behind its latest reading (0
+ * if it does not answer). */
+nm_event *nm_begin(int kind, long arg);
+void nm_unbegin(void);
+void nm_heal(nm_event *e);
+void nm_say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void nm_harness_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+long nm_between(long lo, long hi);
+uint64_t nm_issued_bound_at(int port, long debt_ms);
+
+/* nemesis_redlock.c (runner only): nm_rl_n, N (0: Sentinel mode). Starts
+ * N nodes, each behind a proxy and, with a shim, under its own fake clock;
+ * writes the proxies' list to nodes; seeds the deployment fresh: 0, or -1
+ * with a message. nm_rl_inject injects one fault of `kind` on a node
+ * picked at random (1 if it did). nm_rl_settle waits at most ms until
+ * every node counts (answers, its seed key holds its run id): 0 or -1.
+ * nm_rl_clocks_right sets each node's clock back to real time where the
+ * step allows (recorded as a fault). nm_rl_kill_all: SIGKILL to every node
+ * (async-signal-safe). */
+extern int nm_rl_n;
+int nm_rl_start(int n, const char *shim, const char *faketime, long lease_ms, char *nodes,
+                size_t sz);
+void nm_rl_stop(void);
+int nm_rl_inject(int kind);
+int nm_rl_settle(long ms);
+void nm_rl_clocks_right(void);
+void nm_rl_kill_all(void);
 
 #endif

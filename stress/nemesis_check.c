@@ -124,7 +124,7 @@ static const nm_event *excuse_span(const nm_check_in *in, uint64_t older, int64_
         const nm_event *e = &in->ev[i];
         if (!e->done || !e->server_us)
             continue;
-        int revokes = e->kind == NM_WIPE || e->kind == NM_CLOCK_FWD ||
+        int revokes = (e->kind == NM_WIPE && !in->redlock) || e->kind == NM_CLOCK_FWD ||
                       (e->kind == NM_FAILOVER && in->excuse_failover);
         if (revokes && older <= e->server_us + 20000 && older + 60000000u >= e->server_us &&
             e->t_start <= t_hi && t_lo <= e->t_heal + (in->lease_ms + 1000) * 1000000LL)
@@ -142,7 +142,7 @@ static const nm_event *excuse_sem(const nm_check_in *in, int64_t t)
         const nm_event *e = &in->ev[i];
         if (!e->done)
             continue;
-        int revokes = e->kind == NM_WIPE || e->kind == NM_CLOCK_FWD ||
+        int revokes = (e->kind == NM_WIPE && !in->redlock) || e->kind == NM_CLOCK_FWD ||
                       (e->kind == NM_FAILOVER && in->excuse_failover);
         if (revokes && e->t_start <= t && t <= e->t_heal + (in->lease_ms + 1000) * 1000000LL)
             return e;

@@ -145,10 +145,9 @@ static int start_data_server(int i, int replica_of)
     return ok ? 0 : -1;
 }
 
-/* The master's TIME in us (direct, not through its proxy), or 0. */
-uint64_t nm_server_time_us(int m)
+uint64_t nm_time_us_at(int port)
 {
-    redisReply *r = m >= 0 ? fx_cmd_at(srv[m].port, "TIME") : NULL;
+    redisReply *r = port > 0 ? fx_cmd_at(port, "TIME") : NULL;
     uint64_t us = 0;
     if (r && r->type == REDIS_REPLY_ARRAY && r->elements == 2)
         us = strtoull(r->element[0]->str, NULL, 10) * 1000000ULL +
@@ -156,6 +155,12 @@ uint64_t nm_server_time_us(int m)
     if (r)
         freeReplyObject(r);
     return us;
+}
+
+/* The master's TIME in us (direct, not through its proxy), or 0. */
+uint64_t nm_server_time_us(int m)
+{
+    return m >= 0 ? nm_time_us_at(srv[m].port) : 0;
 }
 
 int nm_topo_start(void)

@@ -295,8 +295,12 @@ void nm_worker_main(nm_shared *sh, int slot)
     dlock_config cfg;
     dlock_config_init(&cfg);
     cfg.redis_host = NULL;
-    cfg.sentinels = sh->sentinels;
-    cfg.sentinel_master = NM_MASTER;
+    if (sh->redlock) {
+        cfg.redlock_nodes = sh->nodes;
+    } else {
+        cfg.sentinels = sh->sentinels;
+        cfg.sentinel_master = NM_MASTER;
+    }
     cfg.key_prefix = NM_PREFIX;
     cfg.lease_ms = (uint32_t)sh->lease_ms;
     cfg.waiter_ttl_ms = (uint32_t)(sh->lease_ms / 2);
