@@ -4,7 +4,7 @@
  *   nemesis [--seconds S] [--procs P] [--threads T] [--names K]
  *           [--lease-ms L] [--min-replicas M] [--faults LIST] [--seed N]
  *           [--recovery-bound-ms B] [--read-pct R]
- *           [--sem-pct P [--sem-limit L]] [--quiet]
+ *           [--sem-pct P [--sem-limit L]] [--redlock N] [--quiet]
  *
  * The system: a master and two replicas (AOF, appendfsync always), each
  * behind a fault proxy of this process (tests/support/proxy.h) that all its traffic
@@ -55,6 +55,13 @@
  * limit L (--sem-limit, default 2): dlock_sem_acquire, a short hold,
  * dlock_sem_release (nemesis_worker.c); the checker counts the holders
  * whose permits stayed valid against the limit (nemesis_check.c, "sem").
+ *
+ * --redlock N (3 or 5): the workers in Redlock mode on N independent
+ * masters instead of the Sentinel topology, each behind its own proxy and
+ * under its own clock; every fault on the servers hits one node
+ * (nemesis_redlock.c says which faults and when); failover and clockfar
+ * do not apply, nor do readers, semaphores, --protocol and
+ * --min-replicas; a wipe excuses nothing (nemesis_check.c).
  *
  * --plant nolock|unfenced|readers-unlocked|sem-unlimited plants a bug
  * (nemesis.h) that the checker must catch: the test suite runs each and

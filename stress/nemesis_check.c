@@ -16,7 +16,11 @@
  *             predates and after which the later one came within a lease
  *             time (excuse() below says exactly).
  *             Pauses need no excuse: a holder paused past its lease finds it
- *             lost (t_end 0), which is what the library promises.
+ *             lost (t_end 0), which is what the library promises. In
+ *             Redlock mode (in->redlock) a wipe excuses nothing: a
+ *             restarted node votes only once seeded, a lease and the
+ *             drift allowance after its run began, when every grant of
+ *             its previous run has ended (docs/design.md, "Redlock").
  *   order     tokens of those records held exclusively strictly increase
  *             in grant order (their t_acq order), across every fault
  *             injected, except between two records whose overlap that rule
