@@ -293,14 +293,14 @@ return {
   {
     name = 'rl_validity_without_drift',
     why = "Redlock mode: a quorum grant's validity without the drift allowance",
-    file = 'src/route/redlock.c',
+    file = 'src/route/redlock_grant.c',
     find = '    int64_t first = dlock_boot_ns(), mono = dlock_now_ns();\n    int64_t valid = first + rl->lease_ns - rl->drift_ns;',
     replace = '    int64_t first = dlock_boot_ns(), mono = dlock_now_ns();\n    int64_t valid = first + rl->lease_ns;',
   },
   {
     name = 'rl_renewal_without_drift',
     why = "Redlock mode: a renewal's new validity without the drift allowance",
-    file = 'src/route/redlock.c',
+    file = 'src/route/redlock_renew.c',
     find = '        int64_t valid = first + rl->lease_ns - rl->drift_ns;\n        for (size_t j',
     replace = '        int64_t valid = first + rl->lease_ns;\n        for (size_t j',
   },
