@@ -10,7 +10,7 @@
 --       [--p2-share F] [--shared F|mix] [--no-revival-excuse]
 --   sim --sem [--seconds S | --schedules N] [--seed N] [--faults LIST]
 --       [--mutant NAME] [--replay SEED] [--quiet]
---   sim --redlock [--nodes 3|5] [--seconds S | --schedules N] [--seed N]
+--   sim --redlock [--nodes 3|5] [--wait] [--seconds S | --schedules N] [--seed N]
 --       [--faults LIST] [--mutant NAME] [--replay SEED] [--quiet]
 -- Prints progress on stderr and, last on stdout, one JSON line. On a
 -- violation: exits 1 after printing the schedule's seed and its trace (the
@@ -45,6 +45,12 @@
 -- lock over --nodes independent masters, 3 unless told, each running
 -- lua/p2/acquire.lua, release.lua and mark.lua; the quorum client's token
 -- rule, docs/design.md "Redlock"; a mutant with run = 'redlock' runs there).
+-- --wait (with --redlock): its clients wait in every node's queue, woken by
+-- direct grants' messages, with the split-vote rule and the fifo and
+-- starve invariants (docs/design.md "Redlock", "Waiting"); a mutant with
+-- wait = true runs so. Its JSON adds the waits' counts and, over the
+-- schedules of one name without faults, the mean Jain index of the
+-- clients' acquisitions (either way).
 local dir = arg[0]:match('^(.*)/[^/]*$') or '.'
 package.path = dir .. '/?.lua;' .. package.path
 local root = dir .. '/..'
@@ -92,6 +98,7 @@ while i <= #arg do
   elseif a == '--protocol' and v == 'redlock' then
     opts.redlock = true
     i = i + 1
+  elseif a == '--wait' then opts.wait = true
   elseif a == '--nodes' then
     opts.nodes = num()
     if opts.nodes ~= 3 and opts.nodes ~= 5 then usage('--nodes is 3 or 5') end
@@ -142,6 +149,7 @@ if opts.mutant then
       or ' is not of the Redlock world: run it without --redlock'))
   end
   if m.run == 'redlock' then
+    if m.wait then opts.wait = true end -- (a mutant of the wait queues runs with them)
     if m.file == 'redlock_model' then
       W = mutants.load_world(m, dir, 'redlock') -- the quorum client's model
     else
@@ -182,6 +190,7 @@ if opts.redlock and (opts.sem or opts.protocol or opts.shared ~= nil or opts.cov
     .. '--names, --steps, --local-rule, --step-back-*')
 end
 if opts.nodes and not opts.redlock then usage('--nodes goes with --redlock') end
+if opts.wait and not opts.redlock then usage('--wait goes with --redlock') end
 if opts.shared ~= nil and opts.protocol ~= 2 then usage('--shared goes with --protocol 2') end
 if type(opts.shared) == 'number' and (opts.shared < 0 or opts.shared > 1) then
   usage('--shared is a fraction from 0 to 1, or mix')
@@ -208,7 +217,8 @@ local function report(w)
   if from > 1 then io.stdout:write(string.format('... (%d earlier trace lines)\n', from - 1)) end
   for j = from, #lines do io.stdout:write(lines[j], '\n') end
   io.stdout:write(string.format('replay: sim --replay %d%s%s%s', w.seed, opts.sem and ' --sem' or
-    opts.redlock and ' --redlock' .. (opts.nodes and ' --nodes ' .. opts.nodes or '') or '',
+    opts.redlock and ' --redlock' .. (opts.nodes and ' --nodes ' .. opts.nodes or '')
+      .. (opts.wait and ' --wait' or '') or '',
     opts.protocol and opts.protocol ~= 1 and ' --protocol ' .. opts.protocol or '',
     opts.shared ~= nil and ' --shared ' .. tostring(opts.shared) or ''))
   for _, a in ipairs(arg) do
@@ -219,13 +229,30 @@ end
 
 local sacq = 0 -- the shared worlds: acquisitions of shared leases
 local rnw, rlost, rgr = 0, 0, 0 -- the Redlock world: renewals confirmed, holds lost, re-grants
+local wst, jain, jn = {}, 0, 0 -- with --wait: its counts; Jain's index summed, schedules
+
+local function add_wait(w)
+  for k, v in pairs(w.wstats or {}) do
+    wst[k] = k == 'wait_max_us' and math.max(wst[k] or 0, v) or (wst[k] or 0) + v
+  end
+  if w.jain then jain, jn = jain + w.jain, jn + 1 end
+end
+
+local function wait_json()
+  local js = jn > 0 and string.format(',"jain_calm_one_name":%.3f,"calm_one_name_schedules":%d', jain / jn, jn)
+    or ''
+  if not opts.wait then return js end
+  return string.format(',"wait":{"waits":%d,"wakeups":%d,"polls":%d,"splits":%d,"kept":%d,'
+    .. '"longest_wait_ms":%.0f}', wst.waits or 0, wst.wakeups or 0, wst.polls or 0, wst.splits or 0,
+    wst.kept or 0, (wst.wait_max_us or 0) / 1000) .. js
+end
 
 -- (the JSON's "protocol", for any but 1)
 local function protocol_json()
   if opts.sem then return ',"world":"sem"' end
   if opts.redlock then
     return string.format(',"world":"redlock","nodes":%d,"renewals":%d,"holds_lost":%d,"regrants":%d',
-      opts.nodes or 3, rnw, rlost, rgr)
+      opts.nodes or 3, rnw, rlost, rgr) .. wait_json()
   end
   if opts.protocol == 2 and opts.shared ~= nil then
     return ',"protocol":2,"shared":' .. (opts.shared == 'mix' and '"mix"' or tostring(opts.shared))
@@ -240,6 +267,7 @@ if opts.replay then
   local w = run_one(opts.replay, true)
   sacq = w.shared_acquisitions or 0
   rnw, rlost, rgr = w.renewals or 0, w.holds_lost or 0, w.regrants or 0
+  add_wait(w)
   for _, l in ipairs(w.tr) do io.stdout:write(l, '\n') end
   local v = #w.violations
   io.stdout:write(string.format('{"schedules":1,"steps":%d,"violations":%d,"seed":%d%s}\n', w.steps, v,
@@ -264,6 +292,7 @@ while n < max_sched and os.clock() - t0 < limit_s do
   acq = acq + (w.acquisitions or 0)
   sacq = sacq + (w.shared_acquisitions or 0)
   rnw, rlost, rgr = rnw + (w.renewals or 0), rlost + (w.holds_lost or 0), rgr + (w.regrants or 0)
+  add_wait(w)
   for k, v in pairs(w.faults) do faults[k] = (faults[k] or 0) + v end
   if #w.violations > 0 then
     viol = viol + 1

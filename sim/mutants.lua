@@ -553,6 +553,29 @@ M.list = {
     find = "    if r and type(r.rep) == 'table' and r.rep[1] == 1 then\n      if not h.node_tok[i] then",
     replace = "    if r and type(r.rep) == 'table' and (r.rep[1] == 1 or not h.node_tok[i]) then\n      if not h.node_tok[i] and r.rep[1] == 1 then",
   },
+  -- Its wait queues (wait = true: sim --redlock --wait).
+  {
+    name = 'redlock_wait_queue_jumped', run = 'redlock', protocol = 2, wait = true,
+    schedules = 20,
+    why = 'acquire.lua grants a client queued behind a live waiter (or not queued at all)',
+    file = 'acquire', find = '          if w ~= me then\n            pttl = -1\n          end\n',
+    replace = '',
+  },
+  {
+    name = 'redlock_wait_grant_to_tail', run = 'redlock', protocol = 2, wait = true,
+    schedules = 20,
+    why = 'release.lua grants directly to the last waiter of its queue, not the first',
+    file = 'release', find = "      w = redis.call('ZRANGE', KEYS[3], 0, 0)[1]",
+    replace = "      w = redis.call('ZRANGE', KEYS[3], -1, -1)[1]",
+  },
+  {
+    name = 'redlock_split_keeps_votes', run = 'redlock', wait = true,
+    schedules = 120, seed = 8,
+    why = 'a client with a split vote keeps its grants whoever waited longer: split votes '
+      .. 'deadlock until the waiters give up',
+    file = 'redlock_model', find = 'if not older and cnow(self, c) < valid then',
+    replace = 'if cnow(self, c) < valid then',
+  },
 }
 
 -- Mutants that random schedules rarely tell apart (a second defence

@@ -36,8 +36,16 @@
 --      3), the write-back writes T + pass limit, and the holder may hand
 --      out T + 1 .. T + pass limit to its other threads while the validity
 --      lasts (passes below).
--- Not modeled in this step: wait queues and wake-ups (a refused client
--- retries after a pause).
+--   Q  with cfg.wait (sim --redlock --wait): waiting (acquire_waiting).
+--      Every try queues the client where it is refused (the queue flag;
+--      its name sent as <name>@<ticket>, the ticket its clock when the
+--      wait began); a direct grant's message (release.lua) from any node
+--      wakes it for its next try, whose new attempt takes that node's
+--      grant afresh; without one it polls (the refusing pttl, 5 ms .. a
+--      third of a lease). A split vote (some votes, fewer than m) is
+--      kept if no refusing node is held by a client with an earlier
+--      ticket, else given back. Without cfg.wait a refused client retries
+--      after a pause, and the schedules are drawn as before.
 --
 -- Invariants (a violation ends the schedule; its kind names it):
 --   order  every token handed out for a name is above every token handed
@@ -54,6 +62,12 @@
 --   stuck  once the faults are over and a bound has passed (leases, steps
 --          back of clocks, restarts), a fresh client acquires each name.
 --   error  no script raises an error.
+--   fifo   (cfg.wait) every node whose vote a hand-out counted granted the
+--          client while no live waiter was queued ahead of it there
+--          (W:queue_before), unless its clock was behind a time it read
+--          before (a step back).
+--   starve (cfg.wait) without faults, a wait ends within 5 leases per
+--          client.
 --
 -- Faults (each drawn per schedule, in four schedules of five):
 --   net     requests and replies lost per client-node link (cuts lasting up
@@ -224,7 +238,11 @@ function W.new(seed, opts, scripts)
     self.store[n] = {high = -1, max_first = -math.huge}
     self.handed[n] = {}
   end
-  self.clients = {}
+  self.clients, self.by_id = {}, {}
+  -- wait queues and wake-ups (docs/design.md "Redlock", "Waiting"): with
+  -- --wait only, drawing nothing more from the schedule's stream when off
+  cfg.wait = opts.wait
+  self.wstats = {wakeups = 0, polls = 0, splits = 0, kept = 0, waits = 0, wait_max_us = 0}
   for i = 1, self:rint(2, 4) do self:add_client(i) end
   self:trace(string.format('schedule %d: %d nodes, lease %d ms, command timeouts up to %d ms, '
     .. '%d clients, %d names, faults %s', seed, cfg.n, cfg.lease_ms, cfg.timeout_us / 1000, #self.clients,
@@ -244,7 +262,8 @@ end
 -- scenario's own (sim/redlock_scenarios.lua), instead of client_main.
 function W:add_client(i, probe, main)
   local c = {name = 'c' .. i, id = string.format('%032x', i * 7919), number = 0, seeding = {},
-    cut = {}, probe = probe}
+    cut = {}, probe = probe, over = {}, got = 0}
+  self.by_id[c.id] = c
   -- (clients configured apart: a command timeout of their own)
   c.timeout_us = probe and self.cfg.timeout_us or self:rint(7000, self.cfg.timeout_us)
   c.rate = 1 + ((self.cfg.faults.clock and not probe) and self:rint(-30, 30) / 10000 or 0)
@@ -299,9 +318,19 @@ end
 -- Runs a script on node nd now: its reply, and what the client's pipeline
 -- reads beside it (INFO's run_id and uptime, GET of the seed key).
 function W:run_on(nd, c, script, keys, argv)
+  local high = nd.high or 0
   local now_us = self:srv_time(nd)
+  nd.high = math.max(high, now_us)
+  local q = self.cfg.wait and (script == 'acquire' or script == 'release') and self:queue_before(nd, keys,
+    now_us)
+  nd.srv.published = {}
   local rep = R.run(nd.srv, self.fns[script], keys, argv, now_us)
   self.steps = self.steps + 1
+  if q then
+    q.behind = now_us < high
+    self:queue_after(nd, c, script, keys, q, rep)
+  end
+  for _, p in ipairs(nd.srv.published) do self:wake(nd, p.channel, p.message) end
   if type(rep) == 'table' and rep.err then
     self:violation('error', script .. ' failed on node ' .. nd.i .. ': ' .. rep.err)
   end
@@ -471,13 +500,14 @@ end
 
 function W:hw(name) return self.per_slot and 'dlock:hw:{' .. name .. '}' or 'dlock:hw:{0}' end
 
--- Releases attempt att of name on every node (fire and forget); last: the
+-- Releases attempt att of name on every node, or those of list some (fire
+-- and forget); last: the
 -- token handed out under it for release.lua to raise the mark to, always
 -- '0' here: the rule must not rely on a release's write-back (a holder
 -- that crashes or pauses past its lease sends none).
-function W:release_all(c, name, att, last)
+function W:release_all(c, name, att, last, some)
   local cfg = self.cfg
-  for i = 1, cfg.n do
+  for _, i in ipairs(some or self:all_nodes()) do
     self:send(c, i, 'release', self:keys_of(name, c), {c.id, 'nonce', tostring(att),
       tostring(cfg.lease_ms), last, 'dlock:wake:', name, tostring(cfg.lease_ms),
       tostring(cfg.keep_ms), '0'}, function() end)
@@ -493,9 +523,14 @@ function W:acquire(c, name)
   local first_real, first = self.now, cnow(self, c)
   local valid = first + cfg.L - cfg.drift_us
   local keys = self:keys_of(name, c)
+  -- (waiting: queued on every node that refuses, under the client's name
+  -- and the ticket of its wait, its clock when the wait began)
+  local cname = cfg.wait and c.name .. '@' .. string.format('%.0f', c.ticket) or c.name
   local reps = self:gather(c, self:all_nodes(), 'acquire', keys, {c.id, tostring(cfg.lease_ms),
-    tostring(att), tostring(pl), tostring(cfg.lease_ms), '0', tostring(cfg.keep_ms), c.name})
-  local votes, tokens, node_tok = 0, {}, {}
+    tostring(att), tostring(pl), tostring(cfg.lease_ms), cfg.wait and '1' or '0', tostring(cfg.keep_ms),
+    cname})
+  local votes, tokens, node_tok, voted = 0, {}, {}, {}
+  local older -- a node that refused it is held by a client waiting since before it
   c.pttl = nil
   for i = 1, cfg.n do
     local r = reps[i]
@@ -504,15 +539,40 @@ function W:acquire(c, name)
       if type(r.rep) == 'table' and r.rep[1] == 1 and self:counts(r.meta) then
         votes = votes + 1
         tokens[#tokens + 1] = r.rep[2]
+        voted[#voted + 1] = {i = i, run = r.meta.run}
       elseif type(r.rep) == 'table' and r.rep[1] == 0 and r.rep[2] > 0 then
         c.pttl = math.max(c.pttl or 0, r.rep[2])
+        if cfg.wait and self:ahead_of(r.rep[3], c) then older = true end
       end
       self:maybe_seed(c, i, r.meta, keys[7])
     end
   end
   if votes < cfg.m or cnow(self, c) >= valid then
     self:trace(string.format('%s: %s refused (%d votes)', c.name, name, votes))
-    self:release_all(c, name, att, '0')
+    if cfg.wait and votes > 0 then
+      self.wstats.splits = self.wstats.splits + 1
+      -- A split vote: the client waiting longest keeps its grants (its
+      -- next try, within a third of a lease, renews them); any other gives
+      -- them back, so that those nodes pass to their next waiter.
+      if not older and cnow(self, c) < valid then
+        self.wstats.kept = self.wstats.kept + 1
+        self:trace(string.format('%s keeps its %d votes for %s (ticket %.0f)', c.name, votes, name,
+          c.ticket))
+        return nil, att
+      end
+    end
+    if cfg.wait then
+      -- (not where it was refused: it holds nothing there under this
+      -- attempt, and a direct grant made there since is its turn)
+      local some = {}
+      for i = 1, cfg.n do
+        local r = reps[i]
+        if not (r and type(r.rep) == 'table' and r.rep[1] == 0) then some[#some + 1] = i end
+      end
+      self:release_all(c, name, att, '0', some)
+    else
+      self:release_all(c, name, att, '0')
+    end
     return nil
   end
   local T = 0
@@ -554,7 +614,54 @@ function W:acquire(c, name)
     return nil
   end
   return {name = name, token = T, att = att, first = first_real, valid = valid, handout = self.now,
-    node_tok = node_tok}
+    node_tok = node_tok, voted = voted}
+end
+
+-- Waiting (cfg.wait): quorum tries of name until one is granted or the
+-- client's clock passes deadline (then it gives up: its queue places and
+-- any direct grant to it end with the waiter ttl, a lease). Between tries
+-- it waits for a wake-up from any node, or polls: after the refusing
+-- lease's pttl (5 ms .. a third of a lease, as without queues), a third of
+-- a lease when no node told one. Its ticket is its clock at the first try.
+function W:acquire_waiting(c, name, deadline)
+  local cfg = self.cfg
+  c.ticket, c.waiting, c.woken = cnow(self, c), name, nil
+  local start = self.now
+  local h, kept
+  while true do
+    local before = kept
+    h, kept = self:acquire(c, name)
+    -- (grants an earlier try kept, on nodes this try did not reach: a
+    -- release by that attempt leaves a newer grant of the client alone)
+    if before and before ~= kept then self:release_all(c, name, before, '0') end
+    if h or cnow(self, c) >= deadline then break end
+    local p = c.pttl and c.pttl * 1000 or floor(cfg.L / 3)
+    self:await(c, math.max(5000, math.min(p, floor(cfg.L / 3))) + self:rint(0, 2000))
+  end
+  c.waiting, c.wtok, c.woken = nil, nil, nil
+  if kept then self:release_all(c, name, kept, '0') end
+  local waited = self.now - start
+  local ws = self.wstats
+  ws.waits = ws.waits + 1
+  ws.wait_max_us = math.max(ws.wait_max_us, waited)
+  -- starve: without faults, a waiter is served within a bound: each
+  -- client ahead of it holds up to 3 leases renewed and a third of a
+  -- lease more, and the rest comes to less than one more each
+  local bound = #self.clients * 5 * cfg.L
+  if not next(cfg.faults) and not c.probe and waited > bound then
+    self:violation('starve', string.format('%s waited %.3f ms for %s without faults (bound %.3f ms)',
+      c.name, waited / 1000, name, bound / 1000))
+  end
+  return h
+end
+
+-- Does holder (a refusal's holder name, "<client>@<ticket>") wait since
+-- before client c (tickets, then names, in order)?
+function W:ahead_of(holder, c)
+  local n, t = string.match(holder or '', '^(.-)@(%d+)$')
+  if not n or n == c.name then return false end
+  t = tonumber(t)
+  return t < c.ticket or (t == c.ticket and n < c.name)
 end
 
 -- A renewal of hold h: renew.lua on every node that granted it, naming
@@ -645,7 +752,17 @@ function W:hand_out(c, h)
     self:violation('order', string.format('%s got token %.0f of %s, not above %.0f, handed out '
       .. 'before (to %s)', c.name, h.token, h.name, last.token, last.c))
   end
+  for _, v in ipairs(h.voted or {}) do
+    local o = c.over[v.i]
+    if o and o.run == v.run and #o.ids > 0 then
+      local w = self.by_id[o.ids[1]]
+      self:violation('fifo', string.format('%s got %s (token %.0f) with the vote of node %d, whose grant '
+        .. 'passed over %s, a live waiter queued ahead of it there', c.name, h.name, h.token, v.i,
+        w and w.name or o.ids[1]))
+    end
+  end
   h.c = c.name
+  c.got = c.got + 1
   list[#list + 1] = h
   self.acquisitions = self.acquisitions + 1
   self:trace(string.format('%s holds %s with token %.0f (valid %.3f ms more)', c.name, h.name,
@@ -674,7 +791,8 @@ function W:client_main(c)
   while self.now < cfg.horizon_us do
     self:sleep(c, self:rint(0, floor(cfg.L / 2)))
     local name = self.names[self:rint(1, #self.names)]
-    local h = self:acquire(c, name)
+    local h
+    if cfg.wait then h = self:acquire_waiting(c, name, cfg.horizon_us * c.rate) else h = self:acquire(c, name) end
     if h then
       self:hand_out(c, h)
       c.hold = h
@@ -705,6 +823,8 @@ function W:client_main(c)
       c.hold = nil
       self:trace(string.format('%s releases %s', c.name, name))
       self:release_all(c, name, h.att, '0')
+    elseif cfg.wait then
+      self:sleep(c, self:rint(1000, floor(cfg.L / 4)))
     elseif c.pttl and self:rand() < 0.5 then
       self:sleep(c, c.pttl * 1000 + self:rint(0, 2000)) -- when the lease that refused it ends
     else
@@ -741,10 +861,14 @@ function W:probe_main(c)
   local cfg = self.cfg
   for _, name in ipairs(self.names) do
     local h
-    for _ = 1, 4 do
-      h = self:acquire(c, name)
-      if h then break end
-      self:sleep(c, cfg.L)
+    if cfg.wait then
+      h = self:acquire_waiting(c, name, cnow(self, c) + 4 * cfg.L)
+    else
+      for _ = 1, 4 do
+        h = self:acquire(c, name)
+        if h then break end
+        self:sleep(c, cfg.L)
+      end
     end
     if not h then
       self:violation('stuck', string.format('a fresh client could not acquire %s once the faults were '
@@ -882,6 +1006,98 @@ end
 -- The invariants checked after every event (order and fence: as tokens
 -- are handed out and written).
 
+-- Wait queues (cfg.wait, sim --redlock --wait; docs/design.md "Redlock",
+-- "Waiting"): what each node's queue held before a script, and whom its
+-- grant passed over. A grant to client B at node k passes over every live
+-- waiter queued ahead of B there (B not queued: every live waiter); an
+-- acquire that finds B's own grant standing inherits what that grant
+-- passed over. The fifo invariant (hand_out) reads it at B's hand-out.
+function W:queue_before(nd, keys, now_us)
+  local z = R.live(nd.srv, keys[3])
+  local lv = R.live(nd.srv, keys[4])
+  local g = R.live(nd.srv, keys[1])
+  local now_ms = floor(now_us / 1000)
+  local live, score = {}, {} -- (copies: the script changes the objects)
+  if z then
+    for id, sc in pairs(z.v) do
+      score[id] = sc
+      local d = lv and lv.v[id] and tonumber(string.match(lv.v[id], '^%d+'))
+      if d and d > now_ms then live[id] = sc end
+    end
+  end
+  local owner = g and g.v.o
+  local exp = g and g.v.g and tonumber(string.match(g.v.g, '^%d+ %d+ %d+ (%d+)'))
+  return {live = live, score = score, owner = exp and exp >= now_ms and owner}
+end
+
+function W:passed_over(q, id)
+  local out, mine = {}, q.score[id]
+  -- (a node whose clock is behind a time it read before, after a step
+  -- back, counts grants past their time again, and turns: its order is
+  -- excused until its clock is past that time, docs/design.md "Waiting")
+  if q.behind then return out end
+  for w, sc in pairs(q.live) do
+    if w ~= id and (not mine or sc < mine or (sc == mine and w < id)) then out[#out + 1] = w end
+  end
+  return out
+end
+
+function W:queue_after(nd, c, script, keys, q, rep)
+  local by = self.by_id
+  if script == 'acquire' and type(rep) == 'table' and rep[1] == 1 then
+    if q.owner ~= c.id or q.score[c.id] then
+      c.over[nd.i] = {run = nd.run, ids = self:passed_over(q, c.id)}
+    end
+  elseif script == 'release' and rep == 2 then
+    local g = R.live(nd.srv, keys[1])
+    local w = g and by[g.v.o]
+    if w then w.over[nd.i] = {run = nd.run, ids = self:passed_over(q, w.id)} end
+  end
+end
+
+-- A message a script published: a direct grant's on the channel of its
+-- waiter, who takes it as a wake-up if it is waiting for that name (the
+-- message comes over the link node - client, lost as a reply is).
+function W:wake(nd, chan, msg)
+  local c = self.by_id[string.sub(chan, #'dlock:wake:' + 1)]
+  if not c or c.dead then return end
+  local lossy = self.cfg.faults.net and not (self.calm or c.probe)
+  if not self:link_up(c, nd.i) or (lossy and self:rand() < 0.08) then return end
+  self:at(self.now + self:delay(c, nd.i), function()
+    local name = string.match(msg, '(%S+)$')
+    if c.waiting ~= name then return end
+    self.wstats.wakeups = self.wstats.wakeups + 1
+    self:trace(string.format('%s woken for %s by node %d (%s)', c.name, name, nd.i, msg))
+    if c.wtok then
+      local tok = c.wtok
+      c.wtok = nil
+      tok.woken = true
+      self:resume(c)
+    else
+      c.woken = true -- (during a try: the next wait ends at once)
+    end
+  end, c)
+end
+
+-- Blocks c until a wake-up or us (by its clock) have passed: true if woken.
+function W:await(c, us)
+  if c.woken then
+    c.woken = nil
+    return true
+  end
+  local tok = {}
+  c.wtok = tok
+  self:at(self:real_at(c, cnow(self, c) + us), function()
+    if c.wtok == tok then
+      c.wtok = nil
+      self.wstats.polls = self.wstats.polls + 1
+      self:resume(c)
+    end
+  end, c)
+  coroutine.yield()
+  return tok.woken == true
+end
+
 -- Are hand-out order and mutual exclusion excused (a jump broke the lease
 -- assumption)? From the jump on; with jump_window, only until 3 leases +
 -- 2 drifts after it: a lease the jump shortened was granted before it and
@@ -935,6 +1151,15 @@ function W:run()
         self:check()
       end
     end
+  end
+  -- fairness: Jain's index of the clients' acquisitions in a schedule of
+  -- one name without faults whose clients all lived
+  if #self.names == 1 and not next(self.cfg.faults) then
+    local s, s2, n = 0, 0, 0
+    for _, c in ipairs(self.clients) do
+      if not c.probe then s, s2, n = s + c.got, s2 + c.got * c.got, n + 1 end
+    end
+    if s2 > 0 then self.jain = s * s / (n * s2) end
   end
   return self
 end
