@@ -10,7 +10,7 @@
 --       [--p2-share F] [--shared F|mix] [--no-revival-excuse]
 --   sim --sem [--seconds S | --schedules N] [--seed N] [--faults LIST]
 --       [--mutant NAME] [--replay SEED] [--quiet]
---   sim --redlock [--nodes 3|5] [--wait] [--seconds S | --schedules N] [--seed N]
+--   sim --redlock [--nodes 3|5] [--wait] [--hot] [--seconds S | --schedules N] [--seed N]
 --       [--faults LIST] [--mutant NAME] [--replay SEED] [--quiet]
 -- Prints progress on stderr and, last on stdout, one JSON line. On a
 -- violation: exits 1 after printing the schedule's seed and its trace (the
@@ -50,7 +50,9 @@
 -- starve invariants (docs/design.md "Redlock", "Waiting"); a mutant with
 -- wait = true runs so. Its JSON adds the waits' counts and, over the
 -- schedules of one name without faults, the mean Jain index of the
--- clients' acquisitions (either way).
+-- clients' acquisitions (either way) and how many clients got no token.
+-- --hot (with --redlock): a client acquires again at once after a hold,
+-- not after a pause of up to half a lease (a busy process's threads).
 local dir = arg[0]:match('^(.*)/[^/]*$') or '.'
 package.path = dir .. '/?.lua;' .. package.path
 local root = dir .. '/..'
@@ -99,6 +101,7 @@ while i <= #arg do
     opts.redlock = true
     i = i + 1
   elseif a == '--wait' then opts.wait = true
+  elseif a == '--hot' then opts.hot = true
   elseif a == '--nodes' then
     opts.nodes = num()
     if opts.nodes ~= 3 and opts.nodes ~= 5 then usage('--nodes is 3 or 5') end
@@ -191,6 +194,7 @@ if opts.redlock and (opts.sem or opts.protocol or opts.shared ~= nil or opts.cov
 end
 if opts.nodes and not opts.redlock then usage('--nodes goes with --redlock') end
 if opts.wait and not opts.redlock then usage('--wait goes with --redlock') end
+if opts.hot and not opts.redlock then usage('--hot goes with --redlock') end
 if opts.shared ~= nil and opts.protocol ~= 2 then usage('--shared goes with --protocol 2') end
 if type(opts.shared) == 'number' and (opts.shared < 0 or opts.shared > 1) then
   usage('--shared is a fraction from 0 to 1, or mix')
@@ -229,18 +233,19 @@ end
 
 local sacq = 0 -- the shared worlds: acquisitions of shared leases
 local rnw, rlost, rgr = 0, 0, 0 -- the Redlock world: renewals confirmed, holds lost, re-grants
-local wst, jain, jn = {}, 0, 0 -- with --wait: its counts; Jain's index summed, schedules
+local wst, jain, jn, starved = {}, 0, 0, 0 -- with --wait: its counts; Jain's index summed,
+-- schedules, clients without a token
 
 local function add_wait(w)
   for k, v in pairs(w.wstats or {}) do
     wst[k] = k == 'wait_max_us' and math.max(wst[k] or 0, v) or (wst[k] or 0) + v
   end
-  if w.jain then jain, jn = jain + w.jain, jn + 1 end
+  if w.jain then jain, jn, starved = jain + w.jain, jn + 1, starved + w.starved end
 end
 
 local function wait_json()
-  local js = jn > 0 and string.format(',"jain_calm_one_name":%.3f,"calm_one_name_schedules":%d', jain / jn, jn)
-    or ''
+  local js = jn > 0 and string.format(',"jain_calm_one_name":%.3f,"calm_one_name_schedules":%d,'
+    .. '"clients_without_token":%d', jain / jn, jn, starved) or ''
   if not opts.wait then return js end
   return string.format(',"wait":{"waits":%d,"wakeups":%d,"polls":%d,"splits":%d,"kept":%d,'
     .. '"longest_wait_ms":%.0f}', wst.waits or 0, wst.wakeups or 0, wst.polls or 0, wst.splits or 0,

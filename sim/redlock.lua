@@ -789,7 +789,8 @@ end
 function W:client_main(c)
   local cfg = self.cfg
   while self.now < cfg.horizon_us do
-    self:sleep(c, self:rint(0, floor(cfg.L / 2)))
+    -- (hot: at once again, as a thread of a busy process would)
+    self:sleep(c, self.opts.hot and 0 or self:rint(0, floor(cfg.L / 2)))
     local name = self.names[self:rint(1, #self.names)]
     local h
     if cfg.wait then h = self:acquire_waiting(c, name, cfg.horizon_us * c.rate) else h = self:acquire(c, name) end
@@ -1154,10 +1155,13 @@ function W:run()
   end
   -- fairness: Jain's index of the clients' acquisitions in a schedule of
   -- one name without faults whose clients all lived
+  -- (and how many of them got no token)
   if #self.names == 1 and not next(self.cfg.faults) then
     local s, s2, n = 0, 0, 0
+    self.starved = 0
     for _, c in ipairs(self.clients) do
       if not c.probe then s, s2, n = s + c.got, s2 + c.got * c.got, n + 1 end
+      if not c.probe and c.got == 0 then self.starved = self.starved + 1 end
     end
     if s2 > 0 then self.jain = s * s / (n * s2) end
   end
