@@ -525,6 +525,8 @@ function W:acquire(c, name)
   local keys = self:keys_of(name, c)
   -- (waiting: queued on every node that refuses, under the client's name
   -- and the ticket of its wait, its clock when the wait began)
+  -- (a try outside a wait is a wait of its own)
+  if cfg.wait and not c.waiting then c.ticket = cnow(self, c) end
   local cname = cfg.wait and c.name .. '@' .. string.format('%.0f', c.ticket) or c.name
   local reps = self:gather(c, self:all_nodes(), 'acquire', keys, {c.id, tostring(cfg.lease_ms),
     tostring(att), tostring(pl), tostring(cfg.lease_ms), cfg.wait and '1' or '0', tostring(cfg.keep_ms),

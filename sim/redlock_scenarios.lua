@@ -12,7 +12,8 @@
 -- messages (net_hook), and runs its own clients. Three more write out the
 -- cases of rules that random schedules rarely reach: the drift allowance,
 -- a renewal's validity from its first send, and the write-back of T + the
--- pass limit.
+-- pass limit; and one the split votes of the wait queues (--wait), in a
+-- cycle of queue orders.
 local S = {}
 
 local function setup(w, lease_ms)
@@ -284,6 +285,61 @@ S.list = {
         local t = tokens(w, 'r1')
         if not (t[5] and t[4]:match('^A=') and t[5]:match('^B=')) then
           return 'the hand-outs were ' .. table.concat(t, ' ') .. ', not A four times, then B'
+        end
+      end
+    end,
+  },
+  {
+    -- Split votes in a cycle (wait queues, docs/design.md "Redlock",
+    -- "Waiting"): H holds r1 while A, B and C queue, each node in another
+    -- order (node 1: A B C, node 2: B C A, node 3: C A B: majorities put
+    -- A before B, B before C and C before A). H's release grants each
+    -- node directly to its head: A, B and C one vote each. A waits
+    -- longest (its ticket is first) and keeps node 1; B, refused there by
+    -- A, gives node 2 back, which passes to C: C holds nodes 2 and 3 and
+    -- acquires, then A, then B (B before C on nodes 1 and 2, but node 2
+    -- granted B first: the order promised). Kept by all three, the split
+    -- deadlocks until the waits end (starve).
+    name = 'split_cycle',
+    mutants = {'redlock_split_keeps_votes'},
+    kind = 'starve',
+    run = function(w)
+      setup(w, 600)
+      w.cfg.wait = true
+      local first = {A = {1000, 3000, 2000}, B = {2000, 1000, 3000}, C = {3000, 2000, 1000}}
+      w.net_hook = function(c, i, script, leg)
+        if first[c.name] and script == 'acquire' and leg == 'request' and w.now < 40000 then
+          return first[c.name][i]
+        end
+        return 200
+      end
+      local H = w:add_client(4, false, function(w, c)
+        local h = w:acquire(c, 'r1')
+        if h then
+          w:hand_out(c, h)
+          w:sleep(c, 50000)
+          w:release_all(c, 'r1', h.att, '0')
+        end
+      end)
+      H.name = 'H'
+      for k, n in ipairs({'A', 'B', 'C'}) do
+        local c = w:add_client(k, false, function(w, c)
+          w:sleep(c, 10000 + 100 * k)
+          local h = w:acquire_waiting(c, 'r1', cnow(w, c) + 30 * w.cfg.L)
+          if h then
+            w:hand_out(c, h)
+            w:sleep(c, 1000)
+            w:release_all(c, 'r1', h.att, '0')
+          end
+        end)
+        c.name = n
+      end
+      w.scenario_check = function()
+        local t = tokens(w, 'r1')
+        local got = {}
+        for k = 1, 4 do got[k] = t[k] and t[k]:match('^(%a+)=') or '-' end
+        if table.concat(got, ' ') ~= 'H C A B' then
+          return 'the hand-outs were ' .. table.concat(t, ' ') .. ', not H, C, A, B'
         end
       end
     end,
