@@ -262,7 +262,10 @@ end
 -- scenario's own (sim/redlock_scenarios.lua), instead of client_main.
 function W:add_client(i, probe, main)
   local c = {name = 'c' .. i, id = string.format('%032x', i * 7919), number = 0, seeding = {},
-    cut = {}, probe = probe, over = {}, got = 0}
+    cut = {}, probe = probe, over = {}, got = 0,
+    -- (its wall clock, which waits' tickets read, up to 5 leases off the
+    -- others' either way: a fixed offset per client, drawing nothing)
+    skew = ((i * 7919) % 11 - 5) * self.cfg.L}
   self.by_id[c.id] = c
   -- (clients configured apart: a command timeout of their own)
   c.timeout_us = probe and self.cfg.timeout_us or self:rint(7000, self.cfg.timeout_us)
@@ -526,7 +529,7 @@ function W:acquire(c, name)
   -- (waiting: queued on every node that refuses, under the client's name
   -- and the ticket of its wait, its clock when the wait began)
   -- (a try outside a wait is a wait of its own)
-  if cfg.wait and not c.waiting then c.ticket = cnow(self, c) end
+  if cfg.wait and not c.waiting then c.ticket = self:ticket(c) end
   local cname = cfg.wait and c.name .. '@' .. string.format('%.0f', c.ticket) or c.name
   local reps = self:gather(c, self:all_nodes(), 'acquire', keys, {c.id, tostring(cfg.lease_ms),
     tostring(att), tostring(pl), tostring(cfg.lease_ms), cfg.wait and '1' or '0', tostring(cfg.keep_ms),
@@ -627,7 +630,7 @@ end
 -- a lease when no node told one. Its ticket is its clock at the first try.
 function W:acquire_waiting(c, name, deadline)
   local cfg = self.cfg
-  c.ticket, c.waiting, c.woken = cnow(self, c), name, nil
+  c.ticket, c.waiting, c.woken = self:ticket(c), name, nil
   local start = self.now
   local h, kept
   while true do
@@ -655,6 +658,12 @@ function W:acquire_waiting(c, name, deadline)
       c.name, waited / 1000, name, bound / 1000))
   end
   return h
+end
+
+-- A wait's ticket: c's wall clock, set apart from the others' by its skew
+-- (never below 0: a ticket is digits).
+function W:ticket(c)
+  return math.max(0, cnow(self, c) + c.skew)
 end
 
 -- Does holder (a refusal's holder name, "<client>@<ticket>") wait since

@@ -332,7 +332,7 @@ S.list = {
             w:release_all(c, 'r1', h.att, '0')
           end
         end)
-        c.name = n
+        c.name, c.skew = n, 0 -- (tickets in the order they start)
       end
       w.scenario_check = function()
         local t = tokens(w, 'r1')
