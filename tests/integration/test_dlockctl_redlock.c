@@ -157,33 +157,19 @@ static int count_of(const char *hay, const char *needle)
 static int restore(void **state)
 {
     (void)state;
-    for (int i = 0; i < NSRV; i++) {
-        if (srv[i].pid > 0)
-            fx_redis_signal(&srv[i], SIGCONT);
-        else if (fx_redis_restart(&srv[i]) != 0)
-            return -1;
-    }
-    return 0;
+    return fx_redis_restore_set(srv, NSRV);
 }
 
 static int group_setup(void **state)
 {
     (void)state;
-    nodes[0] = '\0';
-    for (int i = 0; i < NSRV; i++) {
-        if (fx_redis_start(&srv[i]) != 0)
-            return -1;
-        snprintf(nodes + strlen(nodes), sizeof nodes - strlen(nodes), "%s127.0.0.1:%d",
-                 i ? "," : "", srv[i].port);
-    }
-    return 0;
+    return fx_redis_start_set(srv, NSRV, nodes, sizeof nodes);
 }
 
 static int group_teardown(void **state)
 {
     (void)state;
-    for (int i = 0; i < NSRV; i++)
-        fx_redis_stop(&srv[i]);
+    fx_redis_stop_set(srv, NSRV);
     return 0;
 }
 

@@ -282,29 +282,19 @@ static int restore(void **state)
 {
     (void)state;
     lease_ms = LEASE_MS;
-    for (int i = 0; i < NSRV; i++) {
-        if (srv[i].pid > 0)
-            fx_redis_signal(&srv[i], SIGCONT);
-        else if (fx_redis_restart(&srv[i]) != 0)
-            return -1;
-    }
-    return 0;
+    return fx_redis_restore_set(srv, NSRV);
 }
 
 static int group_setup(void **state)
 {
     (void)state;
-    for (int i = 0; i < NSRV; i++)
-        if (fx_redis_start(&srv[i]) != 0)
-            return -1;
-    return 0;
+    return fx_redis_start_set(srv, NSRV, NULL, 0);
 }
 
 static int group_teardown(void **state)
 {
     (void)state;
-    for (int i = 0; i < NSRV; i++)
-        fx_redis_stop(&srv[i]);
+    fx_redis_stop_set(srv, NSRV);
     return 0;
 }
 

@@ -387,6 +387,38 @@ int fx_redis_signal(fx_redis *r, int sig)
     return 0;
 }
 
+int fx_redis_start_set(fx_redis *srv, int n, char *nodes, size_t size)
+{
+    size_t at = 0;
+    if (nodes && size)
+        nodes[0] = '\0';
+    for (int i = 0; i < n; i++) {
+        if (fx_redis_start(&srv[i]) != 0)
+            return -1;
+        if (nodes && at < size)
+            at += (size_t)snprintf(nodes + at, size - at, "%s127.0.0.1:%d", i ? "," : "",
+                                   srv[i].port);
+    }
+    return 0;
+}
+
+int fx_redis_restore_set(fx_redis *srv, int n)
+{
+    for (int i = 0; i < n; i++) {
+        if (srv[i].pid > 0)
+            fx_redis_signal(&srv[i], SIGCONT);
+        else if (fx_redis_restart(&srv[i]) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+void fx_redis_stop_set(fx_redis *srv, int n)
+{
+    for (int i = 0; i < n; i++)
+        fx_redis_stop(&srv[i]);
+}
+
 int fx_redis_restart(fx_redis *r)
 {
     if (r->pid > 0 && fx_redis_signal(r, SIGKILL) != 0)

@@ -62,6 +62,19 @@ int fx_redis_signal(fx_redis *r, int sig);
  * Returns 0 or -1. */
 int fx_redis_restart(fx_redis *r);
 
+/* Independent servers, as Redlock's nodes: fx_redis_start of srv[0 .. n),
+ * their "127.0.0.1:port,..." list into nodes (size bytes) unless nodes is
+ * NULL. Returns 0, or -1 with a message on stderr. */
+int fx_redis_start_set(fx_redis *srv, int n, char *nodes, size_t size);
+
+/* Every server of srv[0 .. n) running again after a test: SIGCONT to
+ * those running (a stopped one goes on), fx_redis_restart of those
+ * killed. Returns 0 or -1. */
+int fx_redis_restore_set(fx_redis *srv, int n);
+
+/* fx_redis_stop of srv[0 .. n). */
+void fx_redis_stop_set(fx_redis *srv, int n);
+
 /* A Sentinel topology on loopback: a master, one replica of it and three
  * sentinels monitoring it under `name` (quorum 2). Roles swap on failover:
  * ask fx_sentinel_master_port. */
