@@ -2,11 +2,12 @@
  * faults: fault scenarios against dlock with real processes and a real
  * redis-server, each ending in one PASS or FAIL line with what was measured.
  *
- *   faults [--list] [--unix | --sentinel | --cluster] [SCENARIO...]
- *   (no scenario: all of them, or all that apply with --sentinel, --cluster)
+ *   faults [--list] [--unix | --sentinel | --cluster | --redlock] [SCENARIO...]
+ *   (no scenario: all that apply where the server is: see below)
  *
  * Scenarios (see --list):
  *   holder_killed       the holder is SIGKILLed; a queued waiter takes over
+ *                       (--redlock: a polling one)
  *   holder_frozen       the holder is SIGSTOPped past its lease; it learns
  *                       of the loss (on_lost, dlock_held, ELOST) after
  *                       SIGCONT and its token is below its successor's
@@ -22,6 +23,10 @@
  *                       calling thread: calls still fail within their bound
  *   late_acquire        an acquire attempt delivered late by the fault proxy
  *                       never displaces the same client's newer grant
+ *   nodes_frozen        --redlock only: 2 of the 3 nodes SIGSTOPped: every
+ *                       call returns DLOCK_EREDIS (DLOCK_ELOST for a lost
+ *                       lease) within its bound, a wait without end waits;
+ *                       the calls work after SIGCONT
  *
  * Where the server is. By default one private redis-server R, the clients
  * on its TCP port; --unix: on its Unix socket. --sentinel: a private
@@ -29,10 +34,16 @@
  * master name "faults"), the clients in Sentinel mode; --cluster: a private
  * 3-master Redis Cluster without replicas, the clients in Cluster mode (the
  * key prefix, dlock's default "dlock:", holds no brace, as Cluster mode
- * requires). The three options exclude each other. With --sentinel and
- * --cluster only the scenarios whose faults are in the client processes
- * run (holder_killed, holder_frozen, waiter_killed): the others signal,
- * restart or proxy the one redis-server, and naming one of them is a usage
+ * requires); --redlock: REDLOCK_NODES private independent redis-servers,
+ * seeded fresh by the runner at start (as `dlockctl seed-fresh` does), the
+ * clients in Redlock mode (redlock_nodes; exclusive locks, no wait queue).
+ * The four options exclude each other. With --sentinel and --cluster only
+ * the scenarios whose faults are in the client processes run
+ * (holder_killed, holder_frozen, waiter_killed): the others signal, restart
+ * or proxy the one redis-server. With --redlock: holder_killed (the waiter
+ * polls: the runner reads no queue, and the bound is the poll's),
+ * holder_frozen and nodes_frozen; waiter_killed is about the wait queue.
+ * Naming a scenario that does not run where the server is is a usage
  * error. The runner's own commands (ZCARD of a wait queue) go to the master
  * srv[0] (no failover happens here), or to each cluster node in turn until
  * one answers other than MOVED or ASK.
@@ -67,7 +78,7 @@
  * files use of it. The scenarios: faults_holders.c (holder_killed,
  * holder_frozen, waiter_killed), faults_restart.c (redis_restarted),
  * faults_redis.c (redis_frozen, started_redis_down, signal_storm),
- * faults_order.c (late_acquire).
+ * faults_order.c (late_acquire), faults_redlock.c (nodes_frozen).
  *
  * Exit status: 0 if every scenario run passed, 1 otherwise, 2 on bad usage.
  */
@@ -90,6 +101,7 @@
 #include <unistd.h>
 
 #include "faults.h"
+#include "route/redlock.h"
 
 /* ------------------------------------------------------------------ */
 /* Runner state: the scenario's server and children                     */
@@ -97,13 +109,16 @@
 #define MAX_KIDS 8
 
 /* Where the server is (main's options, inherited by the runners). */
-enum { TOPO_SINGLE, TOPO_SENTINEL, TOPO_CLUSTER };
+enum { TOPO_SINGLE, TOPO_SENTINEL, TOPO_CLUSTER, TOPO_REDLOCK };
 static int use_unix;             /* --unix: the clients reach R over its Unix socket */
-static int topo = TOPO_SINGLE;   /* --sentinel, --cluster */
+static int topo = TOPO_SINGLE;   /* --sentinel, --cluster, --redlock */
 
 fx_redis R;                             /* this scenario's redis-server (TOPO_SINGLE) */
 static fx_sentinel_set S;               /* --sentinel: its topology */
 static fx_cluster C;                    /* --cluster: its nodes */
+static fx_redis RL[REDLOCK_NODES];      /* --redlock: the independent masters */
+static int rl_started;                  /* how many of them run */
+static char rl_addrs[REDLOCK_NODES * 24]; /* "127.0.0.1:port,..." */
 static pid_t runner_pid;
 static volatile pid_t kids[MAX_KIDS];   /* children not reaped yet (0: free) */
 static const char *scenario_name = "";
@@ -114,7 +129,8 @@ static char rdir_path[256];             /* R's directory, for the watchdog's cle
  * copied from S or C once the topology has started (servers started by a
  * fixture call still under way when the watchdog fires are not listed: they
  * die with the runner through PR_SET_PDEATHSIG, their directories stay). */
-#define TOPO_MAX (FX_CLUSTER_MAX > 2 * FX_SENTINELS ? FX_CLUSTER_MAX : 2 * FX_SENTINELS)
+#define TOPO_MAX_ (FX_CLUSTER_MAX > 2 * FX_SENTINELS ? FX_CLUSTER_MAX : 2 * FX_SENTINELS)
+#define TOPO_MAX (TOPO_MAX_ > REDLOCK_NODES ? TOPO_MAX_ : REDLOCK_NODES)
 static volatile pid_t topo_pid[TOPO_MAX];
 static char topo_dir[TOPO_MAX][256];
 static volatile int topo_n;
@@ -237,7 +253,46 @@ static void on_alarm(int sig)
 
 static const char *topo_name(void)
 {
-    return topo == TOPO_SENTINEL ? "--sentinel" : topo == TOPO_CLUSTER ? "--cluster" : "";
+    return topo == TOPO_SENTINEL ? "--sentinel"
+           : topo == TOPO_CLUSTER ? "--cluster"
+           : topo == TOPO_REDLOCK ? "--redlock"
+                                  : "";
+}
+
+int in_redlock(void)
+{
+    return topo == TOPO_REDLOCK;
+}
+
+fx_redis *redlock_node(int i)
+{
+    return i >= 0 && i < rl_started ? &RL[i] : NULL;
+}
+
+/* --redlock: seeds the fresh nodes on KEY_PREFIX, as `dlockctl
+ * --redlock-nodes LIST seed-fresh` does. 0, or -1 with a message. */
+static int redlock_seed(void)
+{
+    dlock_conn_cfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.protocol = 2;
+    cfg.connect_timeout_ms = 1000;
+    cfg.command_timeout_ms = 2000;
+    cfg.client_name = "faults";
+    dlock_counters ctr;
+    memset(&ctr, 0, sizeof ctr);
+    dlock_redlock *rl;
+    int rc = dlock_redlock_create(&cfg, rl_addrs, KEY_PREFIX, LEASE_MS, 1, &ctr, &rl);
+    if (rc == DLOCK_OK) {
+        rc = dlock_redlock_seed_fresh(rl, dlock_now_ns() + 10000 * DLOCK_NS_PER_MS);
+        dlock_redlock_destroy(rl);
+    }
+    if (rc != DLOCK_OK) {
+        fprintf(stderr, "faults: seeding the Redlock nodes fresh failed: %s\n",
+                dlock_last_error());
+        return -1;
+    }
+    return 0;
 }
 
 /* Lists a started topology's servers for the watchdog. */
@@ -249,6 +304,17 @@ static void topo_note(const fx_redis *srv)
     snprintf(topo_dir[i], sizeof topo_dir[i], "%s", srv->dir);
     topo_pid[i] = srv->pid;
     __atomic_store_n(&topo_n, i + 1, __ATOMIC_RELEASE);
+}
+
+/* --redlock: stops the nodes started (a node a scenario left stopped is
+ * continued first: it would not stop on SIGTERM). */
+static void redlock_stop(void)
+{
+    __atomic_store_n(&topo_n, 0, __ATOMIC_RELEASE);
+    for (; rl_started > 0; rl_started--) {
+        fx_redis_signal(&RL[rl_started - 1], SIGCONT);
+        fx_redis_stop(&RL[rl_started - 1]);
+    }
 }
 
 /* Starts the scenario's server: R, or the topology. 0, or -1 (fixture's
@@ -271,6 +337,20 @@ static int redis_start(void)
             topo_note(&C.node[i]);
         return 0;
     }
+    if (topo == TOPO_REDLOCK) {
+        size_t at = 0;
+        for (; rl_started < REDLOCK_NODES; rl_started++) {
+            if (fx_redis_start(&RL[rl_started]) != 0)
+                break;
+            topo_note(&RL[rl_started]);
+            at += (size_t)snprintf(rl_addrs + at, sizeof rl_addrs - at, "%s127.0.0.1:%d",
+                                   at ? "," : "", RL[rl_started].port);
+        }
+        if (rl_started == REDLOCK_NODES && redlock_seed() == 0)
+            return 0;
+        redlock_stop();
+        return -1;
+    }
     fx_redis_opts o = {.unix_socket = use_unix};
     if (fx_redis_start_opts(&R, &o) != 0)
         return -1;
@@ -284,10 +364,13 @@ static void redis_stop(void)
         /* Unlisted first: the watchdog must not kill a reaped server's pid,
          * reused by now; a server still there dies with the runner. */
         __atomic_store_n(&topo_n, 0, __ATOMIC_RELEASE);
-        if (topo == TOPO_SENTINEL)
+        if (topo == TOPO_SENTINEL) {
             fx_sentinel_stop(&S);
-        else
+        } else if (topo == TOPO_CLUSTER) {
             fx_cluster_stop(&C);
+        } else {
+            redlock_stop();
+        }
         return;
     }
     fx_redis_stop(&R);
@@ -550,6 +633,8 @@ void cfg_base(dlock_config *cfg)
         cfg->sentinel_master = SENTINEL_MASTER;
     } else if (topo == TOPO_CLUSTER) {
         cfg->cluster_nodes = C.addrs;
+    } else if (topo == TOPO_REDLOCK) {
+        cfg->redlock_nodes = rl_addrs; /* (protocol 2: the default) */
     }
     cfg->key_prefix = KEY_PREFIX;
     cfg->lease_ms = LEASE_MS;
@@ -608,26 +693,37 @@ typedef struct scenario {
     const char *name;
     const char *desc;
     int (*run)(void);
-    int single; /* 1: it signals, restarts or proxies R: not with --sentinel, --cluster */
+    unsigned modes; /* where it runs: a bit per TOPO_ (M_) */
 } scenario;
+
+#define M_SINGLE (1u << TOPO_SINGLE)
+#define M_SENTINEL (1u << TOPO_SENTINEL)
+#define M_CLUSTER (1u << TOPO_CLUSTER)
+#define M_REDLOCK (1u << TOPO_REDLOCK)
+#define M_CLIENTS (M_SINGLE | M_SENTINEL | M_CLUSTER) /* faults in the client processes */
 
 static const scenario SCENARIOS[] = {
     {"holder_killed", "the holder is SIGKILLed; a queued waiter gets the lock within"
-                      " lease + waiter ttl + 3 s, with a greater token", sc_holder_killed, 0},
+                      " lease + waiter ttl + 3 s (Redlock: polling, lease + lease/3 + 3 s), with a greater"
+                      " token", sc_holder_killed, M_CLIENTS | M_REDLOCK},
     {"holder_frozen", "the holder is SIGSTOPped for 2.5 leases; another takes over; after SIGCONT"
-                      " the holder sees on_lost, dlock_held 0, release ELOST", sc_holder_frozen, 0},
+                      " the holder sees on_lost, dlock_held 0, release ELOST", sc_holder_frozen,
+                      M_CLIENTS | M_REDLOCK},
     {"redis_restarted", "3 procs x 8 threads on 2 names while redis is SIGKILLed and restarted"
-                        " empty: exclusion, tokens, no hang, recovery", sc_redis_restarted, 1},
+                        " empty: exclusion, tokens, no hang, recovery", sc_redis_restarted, M_SINGLE},
     {"redis_frozen", "redis SIGSTOPped: every call returns DLOCK_EREDIS within connect + 2 x"
-                     " command timeout; after SIGCONT an acquire succeeds", sc_redis_frozen, 1},
+                     " command timeout; after SIGCONT an acquire succeeds", sc_redis_frozen, M_SINGLE},
     {"waiter_killed", "a queued waiter is SIGKILLed; the next waiter gets the lock within"
-                      " about one waiter ttl of the release", sc_waiter_killed, 0},
+                      " about one waiter ttl of the release", sc_waiter_killed, M_CLIENTS},
     {"started_redis_down", "a client opened while redis is down fails fast, then works once"
-                           " redis is restarted on its port", sc_started_redis_down, 1},
+                           " redis is restarted on its port", sc_started_redis_down, M_SINGLE},
     {"signal_storm", "redis SIGSTOPped and a SIGUSR1 every 10 ms to the calling thread: every"
-                     " call still returns DLOCK_EREDIS within its bound", sc_signal_storm, 1},
+                     " call still returns DLOCK_EREDIS within its bound", sc_signal_storm, M_SINGLE},
     {"late_acquire", "an acquire attempt held back by the proxy reaches redis after a newer"
-                     " grant: no other client is granted while the holder holds", sc_late_acquire, 1},
+                     " grant: no other client is granted while the holder holds", sc_late_acquire, M_SINGLE},
+    {"nodes_frozen", "--redlock only: 2 of 3 nodes SIGSTOPped: acquires, a try and releases"
+                     " return EREDIS (ELOST once lost) within their bounds; work after SIGCONT",
+     sc_nodes_frozen, M_REDLOCK},
 };
 #define NSCEN ((int)(sizeof SCENARIOS / sizeof SCENARIOS[0]))
 
@@ -650,9 +746,11 @@ static void run_scenario(const scenario *s)
     res[0] = '\0';
     const char *what = topo == TOPO_SENTINEL ? "Sentinel topology (master, replica, 3 sentinels)"
                        : topo == TOPO_CLUSTER ? "Redis Cluster of " XSTR(CLUSTER_MASTERS) " masters"
+                       : topo == TOPO_REDLOCK ? "set of " XSTR(REDLOCK_NODES) " Redlock nodes, seeded"
                                               : "redis-server";
     phase = topo == TOPO_SENTINEL ? "starting the Sentinel topology"
             : topo == TOPO_CLUSTER ? "starting the Redis Cluster"
+            : topo == TOPO_REDLOCK ? "starting and seeding the Redlock nodes"
                                    : "starting redis-server";
     if (redis_start() != 0) {
         ok = fail("could not start a private %s", what);
@@ -672,7 +770,7 @@ static void run_scenario(const scenario *s)
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: faults [--list] [--unix | --sentinel | --cluster] [SCENARIO...]\n"
+            "usage: faults [--list] [--unix | --sentinel | --cluster | --redlock] [SCENARIO...]\n"
             "Fault scenarios against dlock with real processes and a private redis-server.\n"
             "Runs the named scenarios (all without arguments), each printing one PASS or\n"
             "FAIL line with what it measured. --list lists the scenarios.\n"
@@ -683,16 +781,21 @@ static void usage(FILE *f)
             "              Sentinel mode\n"
             "  --cluster   a private Redis Cluster of " XSTR(CLUSTER_MASTERS) " masters (no replicas) instead;\n"
             "              the clients in Cluster mode\n"
-            "These three exclude each other. With --sentinel or --cluster only the\n"
+            "  --redlock   " XSTR(REDLOCK_NODES) " private independent redis-servers instead, seeded fresh\n"
+            "              at start; the clients in Redlock mode (redlock_nodes)\n"
+            "These four exclude each other. With --sentinel or --cluster only the\n"
             "scenarios with faults in the client processes apply (holder_killed,\n"
             "holder_frozen, waiter_killed; all three without arguments); the others\n"
             "signal, restart or proxy the one redis-server and are refused.\n"
+            "With --redlock: holder_killed, holder_frozen and nodes_frozen (Redlock\n"
+            "only: 2 of the 3 nodes SIGSTOPped); waiter_killed needs a wait queue,\n"
+            "which Redlock mode has not, and is refused with the others.\n"
             "Exit status: 0 if every scenario passed, 1 otherwise, 2 on bad usage.\n");
 }
 
 int main(int argc, char **argv)
 {
-    int sel[64], nsel = 0, sentinel = 0, cluster = 0;
+    int sel[64], nsel = 0, sentinel = 0, cluster = 0, redlock = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--list")) {
             for (int k = 0; k < NSCEN; k++)
@@ -715,6 +818,10 @@ int main(int argc, char **argv)
             cluster = 1;
             continue;
         }
+        if (!strcmp(argv[i], "--redlock")) {
+            redlock = 1;
+            continue;
+        }
         int found = -1;
         for (int k = 0; k < NSCEN; k++)
             if (!strcmp(argv[i], SCENARIOS[k].name))
@@ -730,26 +837,31 @@ int main(int argc, char **argv)
         }
         sel[nsel++] = found;
     }
-    if (use_unix + sentinel + cluster > 1) {
-        fprintf(stderr, "faults: --unix, --sentinel and --cluster exclude each other\n");
+    if (use_unix + sentinel + cluster + redlock > 1) {
+        fprintf(stderr, "faults: --unix, --sentinel, --cluster and --redlock exclude each other\n");
         return 2;
     }
-    topo = sentinel ? TOPO_SENTINEL : cluster ? TOPO_CLUSTER : TOPO_SINGLE;
+    topo = sentinel ? TOPO_SENTINEL : cluster ? TOPO_CLUSTER : redlock ? TOPO_REDLOCK : TOPO_SINGLE;
     if (strpbrk(KEY_PREFIX, "{}")) { /* Cluster mode refuses it; keep it true */
         fprintf(stderr, "faults: the key prefix \"%s\" holds a brace\n", KEY_PREFIX);
         return 2;
     }
     for (int i = 0; i < nsel; i++)
-        if (topo != TOPO_SINGLE && SCENARIOS[sel[i]].single) {
-            fprintf(stderr,
-                    "faults: %s signals, restarts or proxies the single redis-server: not with"
-                    " %s (which runs holder_killed, holder_frozen and waiter_killed)\n",
-                    SCENARIOS[sel[i]].name, topo_name());
+        if (!(SCENARIOS[sel[i]].modes & (1u << topo))) {
+            char which[160] = "";
+            size_t at = 0;
+            for (int k = 0; k < NSCEN; k++)
+                if (SCENARIOS[k].modes & (1u << topo))
+                    at += (size_t)snprintf(which + at, at < sizeof which ? sizeof which - at : 0,
+                                           "%s%s", at ? ", " : "", SCENARIOS[k].name);
+            fprintf(stderr, "faults: %s does not run %s%s (these do: %s)\n",
+                    SCENARIOS[sel[i]].name, topo == TOPO_SINGLE ? "on one redis-server" : "with ",
+                    topo_name(), which);
             return 2;
         }
     if (nsel == 0)
         for (int k = 0; k < NSCEN; k++)
-            if (topo == TOPO_SINGLE || !SCENARIOS[k].single)
+            if (SCENARIOS[k].modes & (1u << topo))
                 sel[nsel++] = k;
 
     signal(SIGPIPE, SIG_IGN);

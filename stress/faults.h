@@ -1,8 +1,8 @@
 /*
  * faults.h: what the scenario files of faults (faults_holders.c,
- * faults_restart.c, faults_redis.c, faults_order.c) share with the runner
- * in faults.c: the
- * parameters every scenario uses, the scenario's server R, the record a
+ * faults_restart.c, faults_redis.c, faults_order.c, faults_redlock.c)
+ * share with the runner in faults.c: the parameters every scenario uses,
+ * the scenario's server R (or Redlock nodes), the record a
  * child shares with the runner (proc_sh), the helpers that start, drive,
  * wait for and reap children, the common client configuration, the result
  * text of a scenario, and the scenario functions the runner's table lists.
@@ -44,6 +44,7 @@
 #define KEY_PREFIX "dlock:"    /* every client's key_prefix: no brace (Cluster mode) */
 #define SENTINEL_MASTER "faults" /* --sentinel: the master's name */
 #define CLUSTER_MASTERS 3      /* --cluster: masters, no replicas */
+#define REDLOCK_NODES 3        /* --redlock: independent masters */
 
 #define STR_(x) #x
 #define XSTR(x) STR_(x)
@@ -54,6 +55,10 @@
 /* The runner's state that scenarios use (faults.c)                     */
 
 extern fx_redis R;                      /* this scenario's redis-server (TOPO_SINGLE) */
+/* 1 with --redlock (the clients in Redlock mode: no wait queue), else 0. */
+int in_redlock(void);
+/* --redlock: node i (0 .. REDLOCK_NODES - 1) of the scenario, or NULL. */
+fx_redis *redlock_node(int i);
 extern const char *volatile phase;      /* what the scenario is doing, for the watchdog */
 
 /* Result text of a scenario: res is the parenthesis of the PASS/FAIL line. */
@@ -143,5 +148,6 @@ int sc_redis_frozen(void);
 int sc_started_redis_down(void);
 int sc_signal_storm(void);
 int sc_late_acquire(void);       /* faults_order.c */
+int sc_nodes_frozen(void);       /* faults_redlock.c */
 
 #endif
