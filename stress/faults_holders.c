@@ -166,7 +166,9 @@ int sc_holder_killed(void)
  * continued process; dlock_held 0 (also right after SIGCONT, before any
  * Redis answer: the deadline by the local clock has passed); A's release
  * returns DLOCK_ELOST and does not touch B's lease (B still holds it and
- * releases it with DLOCK_OK).
+ * releases it with DLOCK_OK). With --redlock B polls instead of waiting in
+ * a queue (at most lease_ms/3 apart), well within the freeze; the checks
+ * are the same.
  */
 #define HF_FREEZE_MS (LEASE_MS * 5 / 2)
 #define HF_LOST_SLACK_MS 1000
