@@ -126,7 +126,7 @@ const char *volatile phase = "starting";
 static char rdir_path[256];             /* R's directory, for the watchdog's cleanup */
 
 /* For the watchdog: every redis-server of a topology and its directory,
- * copied from S or C once the topology has started (servers started by a
+ * copied from S, C or RL once the topology has started (servers started by a
  * fixture call still under way when the watchdog fires are not listed: they
  * die with the runner through PR_SET_PDEATHSIG, their directories stay). */
 #define TOPO_MAX_ (FX_CLUSTER_MAX > 2 * FX_SENTINELS ? FX_CLUSTER_MAX : 2 * FX_SENTINELS)
