@@ -266,9 +266,10 @@ typedef struct dlock_config {
      * clients, a lease + the drift allowance after the first of them saw
      * it), for every client at once, a client that starts fresh too; a
      * try fails with DLOCK_EREDIS while too few count. A waiting acquire
-     * that finds too few nodes counting tries again until its wait ends,
-     * then fails with DLOCK_EREDIS (one
-     * that waits forever waits for the nodes). A renewal round renews
+     * that finds too few nodes counting tries again every lease_ms / 10
+     * (5 ms to lease_ms / 3) while its wait leaves time for another try,
+     * then fails with DLOCK_EREDIS (up to one such pause before wait_ms
+     * ends; one that waits forever waits for the nodes). A renewal round renews
      * every held name in one pipelined exchange per node per 256 names
      * (each lease confirmed by its own majority): a stopped node delays
      * each such exchange, and each acquire, by up to a connect and a
