@@ -108,6 +108,9 @@ typedef struct dlock_poll {
     int msg_unclean;             /* the direct grant message's end (a "u" message) */
     int msg_protocol;            /* the protocol of the release that sent it: the grant's */
     int msg_shared;              /* it grants a shared lease ("S": lua/p2/LAYOUT.txt) */
+    int unreachable;             /* the poller's last try found too few Redlock
+                                    nodes to ask (local/rlmode.h): a wait that ends
+                                    now ends in DLOCK_EREDIS */
     /* What the poller's last refused try said of the holder, for the
      * messages of a timeout or a busy try (acquire.lua): its client name
      * ("" unknown), since when (server ms before the try) it holds the

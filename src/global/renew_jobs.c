@@ -154,10 +154,10 @@ static int job_result(dlock_renew_job *o, const redisReply *rep)
  * answer. A NOSCRIPT or a redirect is run again at once, on
  * its own. Called without locks. Returns when the next try is due
  * (DLOCK_NEVER: none left). */
-int64_t dlock_renew_jobs_run(dlock_renew *r)
+int64_t dlock_renew_jobs_run(dlock_renew *r, int64_t until)
 {
     if (r->cfg.redlock)
-        return dlock_renew_redlock_jobs(r);
+        return dlock_renew_redlock_jobs(r, until);
     pthread_mutex_lock(&r->mu);
     dlock_renew_job *list = r->jobs;
     r->jobs = NULL;

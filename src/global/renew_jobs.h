@@ -10,9 +10,10 @@
 #include "global/renew.h"
 
 /* One try for each job due now (renew_jobs.c), on the manager thread (or
- * dlock_renew_stop after it), without locks held. Returns when the next try
- * is due (DLOCK_NEVER: none left). */
-int64_t dlock_renew_jobs_run(dlock_renew *r);
+ * dlock_renew_stop after it), without locks held; in Redlock mode none
+ * begins at or after until (monotonic: the next round, DLOCK_NEVER: no
+ * bound). Returns when the next try is due (DLOCK_NEVER: none left). */
+int64_t dlock_renew_jobs_run(dlock_renew *r, int64_t until);
 
 /* After the thread stopped: gives every registered lease back, one
  * pipeline per lane. Best effort within the timeouts: a lease not released

@@ -201,7 +201,7 @@ int64_t dlock_renew_redlock_round(dlock_renew *r)
     return next;
 }
 
-int64_t dlock_renew_redlock_jobs(dlock_renew *r)
+int64_t dlock_renew_redlock_jobs(dlock_renew *r, int64_t until)
 {
     pthread_mutex_lock(&r->mu);
     dlock_renew_job *list = r->jobs;
@@ -209,16 +209,22 @@ int64_t dlock_renew_redlock_jobs(dlock_renew *r)
     pthread_mutex_unlock(&r->mu);
     int64_t now = dlock_now_ns(), next_due = DLOCK_NEVER;
     dlock_renew_job *later = NULL, *next;
+    /* A node that failed one give-back is not asked again in this pass,
+     * and the pass ends when the next round is due (until): give-backs
+     * behind a stopped node must not delay the renewals past their
+     * validity. */
+    int down[DLOCK_REDLOCK_NODES_MAX] = {0};
     for (dlock_renew_job *o = list; o; o = next) {
         next = o->next;
-        if (o->next_try_ns <= now && !o->leave) {
+        if (o->next_try_ns <= now && !o->leave && now < until) {
+            int64_t d = command_deadline(r);
             dlock_redlock_req q = {.name = o->name, .keys = o->keys, .args = r->cfg.args,
                                    .client_name = r->cfg.conn->client_name,
                                    .attempt = strtoull(o->nonce, NULL, 10),
-                                   .deadline = command_deadline(r)};
+                                   .deadline = d < until ? d : until};
             /* done once every node answered: the one that did not answer
              * the acquire may be the one that ran it */
-            int rc = dlock_redlock_give_back(r->cfg.redlock, &q);
+            int rc = dlock_redlock_give_back_past(r->cfg.redlock, &q, down);
             dlock_trace_event(r->cfg.trace, "rl.giveback", o->name, "%s %d", o->nonce, rc);
             now = dlock_now_ns();
             if (rc != DLOCK_OK && now < o->until_ns) {

@@ -22,9 +22,12 @@
 int64_t dlock_renew_redlock_round(dlock_renew *r);
 
 /* One try of each give-back due now: a release by attempt on every node,
- * done once every node answered (dlock_redlock_give_back; a leave has nothing to do: Redlock mode queues no waiter in Redis).
+ * done once every node answered (dlock_redlock_give_back_past; a leave
+ * has nothing to do: Redlock mode queues no waiter in Redis). None begins
+ * at or after until (monotonic: the next round is due then), each ends
+ * by it, and a node that failed one is not asked again in the pass.
  * Returns when the next try is due (DLOCK_NEVER: none left). */
-int64_t dlock_renew_redlock_jobs(dlock_renew *r);
+int64_t dlock_renew_redlock_jobs(dlock_renew *r, int64_t until);
 
 /* After the thread stopped: releases every registered lease on the node
  * set (best effort, all by one exchange's deadline; a node that failed

@@ -107,7 +107,7 @@ static void *manager_main(void *arg)
         if (now < next && r->jobs && (now >= job_retry || r->job_new)) {
             r->job_new = 0;
             pthread_mutex_unlock(&r->mu);
-            job_retry = dlock_renew_jobs_run(r);
+            job_retry = dlock_renew_jobs_run(r, next);
             pthread_mutex_lock(&r->mu);
             continue;
         }
@@ -191,7 +191,7 @@ void dlock_renew_stop(dlock_renew *r)
      * and raises no SIGPIPE (conn.h). */
     for (dlock_renew_job *o = r->jobs; o; o = o->next)
         o->next_try_ns = 0; /* one last try for every dlock_renew_job */
-    dlock_renew_jobs_run(r);
+    dlock_renew_jobs_run(r, DLOCK_NEVER);
     dlock_renew_release_all(r);
     while (r->jobs) {
         dlock_renew_job *o = r->jobs;

@@ -185,6 +185,7 @@ static int poll_redis(dlock_client *c, const dlock_kind *kind, dlock_entry *e, i
     e->poll.try_nonce = 0; /* a new wait: no direct grant yet */
     e->poll.msg_grant = 0;
     e->poll.busy_known = 0;
+    e->poll.unreachable = 0;
     int shared = kind->index == DLOCK_KIND_SHARED;
     dlock_trace_event(c->trace, "poll", e->name, "%d %" PRIu64 " %c", once, e->made,
                       shared ? 's' : 'x');
@@ -231,6 +232,7 @@ static int poll_redis(dlock_client *c, const dlock_kind *kind, dlock_entry *e, i
         char unreachable[300] = "";
         if (t.unreachable)
             snprintf(unreachable, sizeof unreachable, "%s", dlock_last_error());
+        int last_unreachable = t.unreachable;
         busy_info busy = t.busy;
         if (once && rc == DLOCK_ETIMEDOUT)
             rc = dlock_err_set(DLOCK_EREDIS, "timed out: redis took no try of '%s' within the "
@@ -246,6 +248,7 @@ static int poll_redis(dlock_client *c, const dlock_kind *kind, dlock_entry *e, i
         }
         pthread_mutex_lock(&e->mu);
         e->lease.state = DLOCK_LEASE_NONE;
+        e->poll.unreachable = last_unreachable; /* (for the waiters' ends: acquire_wait) */
         if (unconfirmed > e->lease.unconfirmed) {
             /* the set's (the entry was made anew): kept here too, so that
              * a grant, which goes above it, clears both (take_grant) */
@@ -444,7 +447,11 @@ int dlock_acquire_run(dlock_client *c, const dlock_kind *kind, const char *name,
         }
         int64_t now = dlock_now_ns();
         if (now >= deadline) {
-            rc = busy_err(e, DLOCK_ETIMEDOUT);
+            rc = e->poll.unreachable
+                     ? dlock_err_set(DLOCK_EREDIS, "'%s': too few Redlock nodes counted and "
+                                     "answered this client's last try, until the wait ended",
+                                     name)
+                     : busy_err(e, DLOCK_ETIMEDOUT);
             break;
         }
         if (!w->queued)

@@ -260,6 +260,13 @@ int dlock_redlock_release_past(dlock_redlock *rl, const dlock_redlock_req *q,
  * every node answered, else DLOCK_EREDIS (the caller tries again). */
 int dlock_redlock_give_back(dlock_redlock *rl, const dlock_redlock_req *q);
 
+/* dlock_redlock_give_back, for one of many in a row (the renewal thread's
+ * pass over its give-backs): down[i] set skips node i (the give-back is
+ * then not done: DLOCK_EREDIS), and is set for every node it failed to
+ * reach, so that a stopped node costs the pass one command timeout, not
+ * one per give-back. */
+int dlock_redlock_give_back_past(dlock_redlock *rl, const dlock_redlock_req *q, int *down);
+
 /* Renews grant g of q's name (q->attempt unused) on every node by its
  * node's token (renew.lua; a node without one is not asked). DLOCK_OK when
  * at least m counting nodes renewed it, with *valid_boot = the first send

@@ -97,16 +97,27 @@ int dlock_redlock_release_past(dlock_redlock *rl, const dlock_redlock_req *q,
 
 int dlock_redlock_give_back(dlock_redlock *rl, const dlock_redlock_req *q)
 {
+    return dlock_redlock_give_back_past(rl, q, NULL);
+}
+
+int dlock_redlock_give_back_past(dlock_redlock *rl, const dlock_redlock_req *q, int *down)
+{
     peer p[DLOCK_REDLOCK_NODES_MAX];
     memset(p, 0, sizeof p);
+    for (unsigned i = 0; down && i < rl->n; i++)
+        if (down[i])
+            dlock_rl_peer_fail(&p[i], "%s", "failed an earlier give-back of this pass");
     dlock_rl_peers_open(rl, p, q->deadline);
     unsigned answered = release_on(rl, p, q, NULL, dlock_rl_step_deadline(rl, q->deadline), NULL);
     char msg[600] = "";
     size_t len = 0;
-    for (unsigned i = 0; i < rl->n; i++)
+    for (unsigned i = 0; i < rl->n; i++) {
+        if (down)
+            down[i] |= p[i].failed;
         if (p[i].failed && len < sizeof msg)
             len += (size_t)snprintf(msg + len, sizeof msg - len, "; %s %s", rl->node[i].addr,
                                     p[i].why);
+    }
     dlock_rl_peers_close(rl, p);
     if (answered == rl->n)
         return DLOCK_OK;

@@ -47,9 +47,9 @@ int dlock_redlock_renew(dlock_redlock *rl, const dlock_redlock_req *q,
         const redisReply *r = p[i].rep;
         int one = !p[i].failed && r && r->type == REDIS_REPLY_ARRAY && r->elements == 1 &&
                   r->element[0]->type == REDIS_REPLY_INTEGER;
-        if (one && r->element[0]->integer == 1 && dlock_rl_counts_now(rl, i, p[i].run, p[i].seed,
-                                                                      first))
-            ok++;
+        if (one && r->element[0]->integer == 1 && dlock_rl_same_run(rl, p, i) < 0 &&
+            dlock_rl_counts_now(rl, i, p[i].run, p[i].seed, first))
+            ok++; /* (a server listed twice counts once) */
         else if (one && r->element[0]->integer != 1)
             gone++;
         else if (len < sizeof msg)
@@ -190,7 +190,9 @@ static void renew_chunk(dlock_redlock *rl, const dlock_script_args *args,
                 fits = r->element[j]->type == REDIS_REPLY_INTEGER;
             if (!fits && !p[i].failed)
                 dlock_rl_peer_fail(&p[i], "%s", "answered no renewal");
-            counts[i] = !p[i].failed && dlock_rl_counts_now(rl, i, p[i].run, p[i].seed, first);
+            /* (a server listed twice counts once) */
+            counts[i] = !p[i].failed && dlock_rl_same_run(rl, p, i) < 0 &&
+                        dlock_rl_counts_now(rl, i, p[i].run, p[i].seed, first);
         }
         int skip[DLOCK_REDLOCK_NODES_MAX];
         for (unsigned i = 0; i < rl->n; i++)

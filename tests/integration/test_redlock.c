@@ -868,6 +868,41 @@ static void test_same_server_twice(void **state)
     client_free(a);
 }
 
+/* One server under two names counts once in a renewal too: with the
+ * other server's grant gone, the two names alone confirm no renewal. */
+static void test_same_server_twice_renewal(void **state)
+{
+    (void)state;
+    char px[32], addrs[120];
+    client *a = client_new(3, new_prefix(px, sizeof px), 1, 300);
+    dlock_redlock_destroy(a->rl);
+    snprintf(addrs, sizeof addrs, "127.0.0.1:%d,localhost:%d,127.0.0.1:%d", srv[0].port,
+             srv[0].port, srv[1].port);
+    assert_int_equal(dlock_redlock_create(&a->cfg, addrs, px, LEASE_MS, 2, &a->ctr, &a->rl),
+                     DLOCK_OK);
+    assert_int_equal(dlock_redlock_seed_fresh(a->rl, ms_from_now(2000)), DLOCK_OK);
+    dlock_redlock_grant g;
+    int rc = acquire(a, "n", &g, NULL);
+    if (rc != DLOCK_OK)
+        fail_msg("acquire: %d %s", rc, dlock_last_error());
+    assert_int_equal(g.votes, 2);
+    keys k;
+    keys_of(a, "n", &k);
+    cmd_at(1, "DEL %s", k.k[DLOCK_KEY_LEASE], NULL); /* (its grant gone: expired there, say) */
+    dlock_redlock_req q = {.name = "n", .keys = k.p, .args = &a->args, .client_name = a->name,
+                           .attempt = g.attempt, .deadline = ms_from_now(2000)};
+    int64_t valid;
+    rc = dlock_redlock_renew(a->rl, &q, &g, &valid);
+    int one = rc == DLOCK_OK;
+    dlock_redlock_lease l = {.name = "n", .key = k.k[DLOCK_KEY_LEASE],
+                             .keys = (const char *const *)k.p, .g = &g};
+    (void)dlock_redlock_renew_many(a->rl, &a->args, a->name, &l, 1, ms_from_now(2000));
+    if (one || l.verdict == 1)
+        fail_msg("a renewal confirmed by one server under two names (dlock_redlock_renew %d, "
+                 "renew_many's verdict %d)", rc, l.verdict);
+    client_free(a);
+}
+
 /* The seed key is read before the script, on the acquire's first send and
  * on its send again after a NOSCRIPT (node 0's scripts flushed): in node
  * 0's MONITOR every script of the acquire follows a GET of the seed key on
@@ -1172,6 +1207,7 @@ int main(void)
         cmocka_unit_test_teardown(test_seed_skips_other_keys, restore),
         cmocka_unit_test_teardown(test_seed_fresh_rerun, restore),
         cmocka_unit_test_teardown(test_same_server_twice, restore),
+        cmocka_unit_test_teardown(test_same_server_twice_renewal, restore),
         cmocka_unit_test_teardown(test_seed_read_before_script, restore),
         cmocka_unit_test_teardown(test_counts_at_send, restore),
         cmocka_unit_test_teardown(test_write_back_acks_count, restore),

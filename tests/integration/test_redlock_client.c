@@ -655,6 +655,119 @@ static void test_majority_stopped(void **state)
     dlock_client_close(b);
 }
 
+typedef struct waiter_arg {
+    dlock_client *c;
+    int rc;
+} waiter_arg;
+
+static void *long_waiter(void *arg)
+{
+    waiter_arg *w = arg;
+    w->rc = dlock_acquire(w->c, "m2", 3000, NULL);
+    return NULL;
+}
+
+/* dlock.h: a waiting acquire that finds too few nodes counting tries
+ * again until its wait ends, then fails with DLOCK_EREDIS; also a second
+ * thread of the client that waits for the name behind the first one's
+ * tries (two of three nodes stopped). */
+static void test_second_waiter_too_few_nodes(void **state)
+{
+    (void)state;
+    fresh_prefix(1);
+    dlock_client *b = open_client(0);
+    warm(b);
+    sig(1, SIGSTOP);
+    sig(2, SIGSTOP);
+    waiter_arg w = {.c = b, .rc = -100};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, long_waiter, &w), 0);
+    fx_sleep_ms(50); /* (the first thread polls the nodes) */
+    int rc = dlock_acquire(b, "m2", 600, NULL);
+    char msg[300];
+    snprintf(msg, sizeof msg, "%s", dlock_last_error());
+    pthread_join(th, NULL);
+    sig(1, SIGCONT);
+    sig(2, SIGCONT);
+    if (rc != DLOCK_EREDIS)
+        fail_msg("the second waiter's wait ended with %d (%s), not DLOCK_EREDIS; the "
+                 "first's with %d", rc, msg, w.rc);
+    dlock_client_close(b);
+}
+
+/* Server i's run id (INFO server) into out. */
+static void run_of(int i, char *out, size_t size)
+{
+    redisReply *r = fx_cmd_at(srv[i].port, "INFO server");
+    assert_non_null(r);
+    assert_int_equal(r->type, REDIS_REPLY_STRING);
+    const char *s = strstr(r->str, "run_id:");
+    assert_non_null(s);
+    s += 7;
+    size_t k = strspn(s, "0123456789abcdef");
+    assert_true(k > 0 && k < size);
+    memcpy(out, s, k);
+    out[k] = '\0';
+    freeReplyObject(r);
+}
+
+/* A lease held while one node of three is stopped, after a spell in which
+ * the client's tries failed with DLOCK_EREDIS (node 1 did not count: its
+ * seed key lost, then given back). Timeouts well below lease_ms / 3
+ * (100 + 100 ms against 500 ms), as dlock.h asks: the lease is renewed
+ * in every round, though every try's give-back waits for the stopped
+ * node. */
+static void give_backs_then_hold(int tries, int idle_ms)
+{
+    fresh_prefix(1);
+    dlock_config cfg;
+    config(&cfg, 0);
+    cfg.lease_ms = 1500;
+    dlock_client *a = NULL;
+    if (dlock_client_open(&cfg, &a) != DLOCK_OK)
+        fail_msg("open: %s", dlock_last_error());
+    warm(a);
+    sig(2, SIGSTOP);
+    char seed[64], run[64];
+    snprintf(seed, sizeof seed, "%sredlock:seed", prefix);
+    run_of(1, run, sizeof run);
+    redisReply *r = fx_cmd_at(srv[1].port, "DEL %s", seed);
+    assert_non_null(r);
+    freeReplyObject(r);
+    int failed = 0;
+    for (int i = 0; i < tries; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "f%d", i);
+        failed += dlock_acquire(a, name, 0, NULL) == DLOCK_EREDIS;
+    }
+    assert_int_equal(failed, tries);
+    fx_sleep_ms(idle_ms); /* (node 1 not counting that long besides) */
+    r = fx_cmd_at(srv[1].port, "SET %s %s", seed, run);
+    assert_non_null(r);
+    freeReplyObject(r);
+    int64_t t0 = now_ms();
+    must_acquire(a, "h", 1000);
+    int64_t got = now_ms() - t0;
+    fx_sleep_ms(3 * 1500);
+    int held = dlock_held(a, "h"), lost = lost_count();
+    sig(2, SIGCONT);
+    print_message("%d failed tries before: h granted after %" PRId64 " ms; held %d, lost %d\n",
+                  tries, got, held, lost);
+    if (!held || lost)
+        fail_msg("h lost (held %d, %d lost) with nodes 0 and 1 up, after %d failed tries: the "
+                 "renewals waited behind their give-backs", held, lost, tries);
+    assert_int_equal(dlock_release(a, "h"), DLOCK_OK);
+    dlock_client_close(a);
+}
+
+static void test_give_backs_and_renewals(void **state)
+{
+    (void)state;
+    /* without give-backs it holds, node 1 not counting as long */
+    give_backs_then_hold(0, 3000);
+    give_backs_then_hold(20, 0);
+}
+
 /* The lease key of name under this test's prefix (lua/keys.lua). */
 static void lease_key(const char *name, char *out, size_t n)
 {
@@ -1258,6 +1371,8 @@ int main(void)
         cmocka_unit_test_teardown(test_many_held_one_node_stopped, restore),
         cmocka_unit_test_teardown(test_regranted_when_node_back, restore),
         cmocka_unit_test_teardown(test_majority_stopped, restore),
+        cmocka_unit_test_teardown(test_second_waiter_too_few_nodes, restore),
+        cmocka_unit_test_teardown(test_give_backs_and_renewals, restore),
         cmocka_unit_test_teardown(test_release_finds_lost, restore),
         cmocka_unit_test_teardown(test_unknown_outcome_given_back, restore),
         cmocka_unit_test_teardown(test_restarted_node_seeded, restore),
