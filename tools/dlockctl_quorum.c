@@ -9,8 +9,7 @@
  *
  * A node counts when its seed key ("<prefix>redlock:seed") holds the run
  * id of the server that answered (INFO server), as the library counts it
- * (src/route/redlock.h, "counts"; a client also waits until it has seen
- * that run for a lease, which dlockctl cannot know). Each node is read in
+ * (src/route/redlock.h, "counts"). Each node is read in
  * its own steps: the nodes are not read at one instant, and a grant may
  * come or go between two of them.
  */
