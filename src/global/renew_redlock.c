@@ -296,9 +296,10 @@ void dlock_renew_redlock_check(dlock_renew *r, int64_t until)
     r->cfg.server(r->cfg.lost_arg, DLOCK_OK, "");
 }
 
-void dlock_renew_redlock_seed(dlock_renew *r)
+void dlock_renew_redlock_seed(dlock_renew *r, int64_t until)
 {
-    int rc = dlock_redlock_seed_due(r->cfg.redlock, command_deadline(r));
+    int64_t d = command_deadline(r);
+    int rc = dlock_redlock_seed_due(r->cfg.redlock, d < until ? d : until);
     if (rc > 0 && r->cfg.log) {
         char line[160];
         snprintf(line, sizeof line, "redlock: %d restarted node%s seeded from the others", rc,

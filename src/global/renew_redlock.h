@@ -46,8 +46,9 @@ void dlock_renew_redlock_release_all(dlock_renew *r);
 void dlock_renew_redlock_check(dlock_renew *r, int64_t until);
 
 /* Seeds the node set's restarted nodes that are due
- * (dlock_redlock_seed_due), within a command timeout; a failure is logged
- * once until it works again. */
-void dlock_renew_redlock_seed(dlock_renew *r);
+ * (dlock_redlock_seed_due), within a command timeout and by until
+ * (monotonic: the next round is due then); a failure is logged once until
+ * it works again. */
+void dlock_renew_redlock_seed(dlock_renew *r, int64_t until);
 
 #endif

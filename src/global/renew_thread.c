@@ -87,7 +87,7 @@ static void *manager_main(void *arg)
             pthread_mutex_unlock(&r->mu);
             check_server(r, until);
             if (r->cfg.redlock)
-                dlock_renew_redlock_seed(r); /* restarted nodes, once due */
+                dlock_renew_redlock_seed(r, until); /* restarted nodes, once due */
             pthread_mutex_lock(&r->mu);
             continue;
         }

@@ -516,8 +516,21 @@ int dlock_redlock_check_node(dlock_redlock *rl, unsigned i, int64_t deadline)
     rl_node *nd = &rl->node[i];
     char why[400];
     redisContext *c;
-    /* (a new connection is checked as it opens: dlock_conn_open) */
-    int rc = dlock_pool_get(nd->pool, deadline, &c);
+    /* A connection of its own, opened within the time left (half of it
+     * for the connect and its checks, dlock_conn_open: a new connection
+     * is checked as it opens), not the pool's, whose connections open
+     * with the full timeouts: a stopped node's check ends by the
+     * deadline. */
+    int64_t left_ms = (deadline - dlock_now_ns()) / DLOCK_NS_PER_MS;
+    if (left_ms < 2)
+        return dlock_err_set(DLOCK_EREDIS, "redlock node %s: no time left for its check",
+                             nd->addr);
+    dlock_conn_cfg cfg = nd->cfg;
+    if (cfg.connect_timeout_ms > left_ms / 2)
+        cfg.connect_timeout_ms = (uint32_t)(left_ms / 2);
+    if (cfg.command_timeout_ms > left_ms / 2)
+        cfg.command_timeout_ms = (uint32_t)(left_ms / 2);
+    int rc = dlock_conn_open(&cfg, rl->ctr, &c);
     if (rc != DLOCK_OK) {
         snprintf(why, sizeof why, "%s", dlock_last_error());
         return dlock_err_set(rc == DLOCK_ESERVER ? DLOCK_ESERVER : DLOCK_EREDIS,
@@ -537,7 +550,7 @@ int dlock_redlock_check_node(dlock_redlock *rl, unsigned i, int64_t deadline)
         snprintf(why, sizeof why, "%s", dlock_last_error());
         rc = dlock_err_set(rc, "redlock node %s: %s", nd->addr, why);
     }
-    dlock_pool_put(nd->pool, c, !r || c->err != 0);
+    redisFree(c);
     if (r)
         freeReplyObject(r);
     return rc;

@@ -285,6 +285,29 @@ static int restore(void **state)
     return fx_redis_restore_set(srv, NSRV);
 }
 
+/* The server check of a stopped node (SIGSTOP) is given up at its
+ * deadline (renew_thread.c passes the next round's due time), also when
+ * no connection to it is pooled and one must be opened. (250 ms for a
+ * deadline 50 ms away: generous, for a busy machine; the node's own
+ * timeouts are 600 ms.) */
+static void test_check_node_deadline(void **state)
+{
+    (void)state;
+    char px[32];
+    client *a = client_new(3, new_prefix(px, sizeof px), 1, 600);
+    assert_int_equal(fx_redis_signal(&srv[0], SIGSTOP), 0);
+    int64_t t0 = dlock_now_ns();
+    int rc = dlock_redlock_check_node(a->rl, 0, t0 + 50 * DLOCK_NS_PER_MS);
+    int64_t took = (dlock_now_ns() - t0) / DLOCK_NS_PER_MS;
+    print_message("check of a stopped node, deadline 50 ms: rc %d after %" PRId64 " ms\n", rc,
+                  took);
+    assert_int_not_equal(rc, DLOCK_OK);
+    if (took > 250)
+        fail_msg("the check of a stopped node took %" PRId64 " ms past a deadline 50 ms away",
+                 took);
+    client_free(a);
+}
+
 static int group_setup(void **state)
 {
     (void)state;
@@ -1214,6 +1237,7 @@ int main(void)
         cmocka_unit_test_teardown(test_failed_acquire_releases_all, restore),
         cmocka_unit_test_teardown(test_restart_pooled_retry, restore),
         cmocka_unit_test_teardown(test_two_threads, restore),
+        cmocka_unit_test_teardown(test_check_node_deadline, restore),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
