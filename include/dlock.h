@@ -285,10 +285,22 @@ typedef struct dlock_config {
      * release, though a node it missed tells EXPIRED; a grant that
      * expired on fewer than m of the voters (the others did not hold it,
      * or their word is gone) is told as 0.
+     * Waiting: a waiting acquire is queued on every node that refuses
+     * it and woken by a release on any node (a subscriber per node;
+     * without a message it tries again after the holder's lease time
+     * left, 5 ms to the smaller of lease_ms / 3 and waiter_ttl_ms / 4,
+     * jittered; that bound when only other waiters' turns refused it).
+     * Its order: if client A is queued ahead of client B on a
+     * majority of the nodes and stays live there, B is handed a token
+     * only after one of those nodes granted A (not FIFO of hand-outs:
+     * docs/design.md "Redlock", "The order guaranteed"); a wait whose
+     * try got some votes but fewer than m keeps them unless a node that
+     * refused it is held by a client whose wait began first, by the
+     * clients' wall clocks (wait-die: no deadlock or starvation between
+     * waits, within the spread of the clients' clocks). A waiting
+     * holder's client name on the nodes is "<client_name>@<ticket>.<id>".
      * Not in this version: shared mode and semaphores (their calls return
-     * DLOCK_EINVAL), and wait queues and wake-ups (a refused acquire
-     * retries after the holder's lease time left, 5 ms to lease_ms / 3,
-     * jittered: no fairness between clients). `dlockctl --redlock-nodes
+     * DLOCK_EINVAL). `dlockctl --redlock-nodes
      * LIST` list, show and watch read every node (docs/operations.md,
      * "Redlock"). Default NULL: not Redlock mode. */
     const char *redlock_nodes;

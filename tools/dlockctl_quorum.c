@@ -13,6 +13,7 @@
  * its own steps: the nodes are not read at one instant, and a grant may
  * come or go between two of them.
  */
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -132,6 +133,21 @@ typedef struct rl_name {
     long long top_token;  /* the highest token counting nodes granted owner; -1 none */
 } rl_name;
 
+/* A holder's name as its client named it: without the "@<ticket>.<id>"
+ * that a grant made in a wait carries (docs/design.md, "Redlock",
+ * Waiting), the id the owner's (or its start, where the name was cut). */
+static void strip_ticket(char *holder, const char *owner)
+{
+    char *at = strrchr(holder, '@');
+    if (!at || !isdigit((unsigned char)at[1]))
+        return;
+    char *p = at + 1;
+    while (isdigit((unsigned char)*p))
+        p++;
+    if (*p == '.' && !strncmp(p + 1, owner, strlen(p + 1)))
+        *at = '\0';
+}
+
 /* Reads name on every node that is up, and sums it up: the owner most
  * counting nodes hold it exclusively for (a majority's if any). */
 static void rl_read(rl_set *s, const char *name, rl_name *x)
@@ -142,6 +158,9 @@ static void rl_read(rl_set *s, const char *name, rl_name *x)
     for (unsigned i = 0; i < s->n; i++)
         if (s->node[i].c)
             x->read[i] = ctl_read_lock(s->node[i].c, name, DLOCK_PROTOCOL_MAX, &x->li[i]) == 0;
+    for (unsigned i = 0; i < s->n; i++)
+        if (x->read[i] && x->li[i].held)
+            strip_ticket(x->li[i].holder, x->li[i].owner);
     for (unsigned i = 0; i < s->n; i++) {
         if (!x->read[i] || !s->node[i].counts || !x->li[i].held)
             continue;

@@ -108,6 +108,10 @@ typedef struct dlock_poll {
     int msg_unclean;             /* the direct grant message's end (a "u" message) */
     int msg_protocol;            /* the protocol of the release that sent it: the grant's */
     int msg_shared;              /* it grants a shared lease ("S": lua/p2/LAYOUT.txt) */
+    /* Redlock mode's wait (local/rlmode.h), the poller's alone: its ticket
+     * (the client's wall clock, us, at its first try; 0 no wait) and the
+     * attempt whose split vote the last try kept (0 none). */
+    uint64_t rl_ticket, rl_kept;
     int unreachable;             /* the poller's last try found too few Redlock
                                     nodes to ask (local/rlmode.h): a wait that ends
                                     now ends in DLOCK_EREDIS */

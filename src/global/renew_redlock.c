@@ -216,16 +216,19 @@ int64_t dlock_renew_redlock_jobs(dlock_renew *r, int64_t until)
     int down[DLOCK_REDLOCK_NODES_MAX] = {0};
     for (dlock_renew_job *o = list; o; o = next) {
         next = o->next;
-        if (o->next_try_ns <= now && !o->leave && now < until) {
+        if (o->next_try_ns <= now && now < until) {
             int64_t d = command_deadline(r);
             dlock_redlock_req q = {.name = o->name, .keys = o->keys, .args = r->cfg.args,
                                    .client_name = r->cfg.conn->client_name,
                                    .attempt = strtoull(o->nonce, NULL, 10),
                                    .deadline = d < until ? d : until};
             /* done once every node answered: the one that did not answer
-             * the acquire may be the one that ran it */
-            int rc = dlock_redlock_give_back_past(r->cfg.redlock, &q, down);
-            dlock_trace_event(r->cfg.trace, "rl.giveback", o->name, "%s %d", o->nonce, rc);
+             * the acquire may be the one that ran it (a leave: the one
+             * that did not answer may queue the client still) */
+            int rc = o->leave ? dlock_redlock_leave_past(r->cfg.redlock, &q, down)
+                              : dlock_redlock_give_back_past(r->cfg.redlock, &q, down);
+            dlock_trace_event(r->cfg.trace, o->leave ? "rl.leave" : "rl.giveback", o->name,
+                              "%s %d", o->nonce, rc);
             now = dlock_now_ns();
             if (rc != DLOCK_OK && now < o->until_ns) {
                 o->next_try_ns = now + o->backoff_ns;
@@ -237,9 +240,6 @@ int64_t dlock_renew_redlock_jobs(dlock_renew *r, int64_t until)
                 free(o);
                 continue;
             }
-        } else if (o->leave) {
-            free(o); /* no wait queue in Redlock mode: nothing to leave */
-            continue;
         }
         if (o->next_try_ns < next_due)
             next_due = o->next_try_ns;

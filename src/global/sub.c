@@ -379,7 +379,7 @@ int dlock_sub_start(const dlock_sub_cfg *cfg, dlock_sub **out)
     return DLOCK_OK;
 }
 
-void dlock_sub_stop(dlock_sub *s)
+void dlock_sub_stop_ask(dlock_sub *s)
 {
     if (!s)
         return;
@@ -387,6 +387,13 @@ void dlock_sub_stop(dlock_sub *s)
     dlock_store_int(&s->stop, 1);
     pthread_cond_signal(&s->cv);
     pthread_mutex_unlock(&s->mu);
+}
+
+void dlock_sub_stop(dlock_sub *s)
+{
+    if (!s)
+        return;
+    dlock_sub_stop_ask(s);
     pthread_join(s->thread, NULL);
     DLOCK_ASSERT(s->c == NULL); /* the thread closes its connection on the way out */
     pthread_cond_destroy(&s->cv);

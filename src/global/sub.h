@@ -47,6 +47,11 @@ typedef struct dlock_sub_cfg {
  * channel; DLOCK_ENOMEM (also when the thread cannot be created). */
 int dlock_sub_start(const dlock_sub_cfg *cfg, dlock_sub **out);
 
+/* Tells the thread to stop, without waiting for it (dlock_sub_stop
+ * then returns sooner: several subscribers stop in parallel). NULL is
+ * ignored. */
+void dlock_sub_stop_ask(dlock_sub *s);
+
 /* Stops and joins the thread, closes its connection, frees s. Returns within
  * the poll interval (100 ms) plus one callback in progress, or, if the thread
  * is opening a connection at that moment, within what dlock_conn_open may

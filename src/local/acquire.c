@@ -179,8 +179,20 @@ static int busy_err(const dlock_entry *e, int rc)
  * queue. A shutdown or a fired cancel token (dlock_client_stop_rc) ends the poll: a
  * grant that its last try brought back is given back in the background.
  */
+static int poll_loop(dlock_client *c, const dlock_kind *kind, dlock_entry *e, int64_t deadline,
+                     int once, dlock_cancel *k);
+
 static int poll_redis(dlock_client *c, const dlock_kind *kind, dlock_entry *e, int64_t deadline,
                       int once, dlock_cancel *k)
+{
+    int rc = poll_loop(c, kind, e, deadline, once, k);
+    if (c->redlock)
+        dlock_rlmode_wait_end(c, e); /* (a split vote kept by its last try goes back) */
+    return rc;
+}
+
+static int poll_loop(dlock_client *c, const dlock_kind *kind, dlock_entry *e, int64_t deadline,
+                     int once, dlock_cancel *k)
 {
     e->poll.try_nonce = 0; /* a new wait: no direct grant yet */
     e->poll.msg_grant = 0;
@@ -262,9 +274,8 @@ static int poll_redis(dlock_client *c, const dlock_kind *kind, dlock_entry *e, i
             if (rc == DLOCK_OK) {
                 dlock_renew_give_back(c->renew, e, nonce, t.protocol, t.shared);
             } else if (rc == DLOCK_EBUSY && !once) {
-                /* the last waiter to go takes the client out (Redlock
-                 * mode queues none) */
-                e->poll.queued = !c->redlock;
+                /* the last waiter to go takes the client out */
+                e->poll.queued = 1;
                 e->poll.queue_protocol = t.protocol;
             }
             return dlock_client_stop_err(stop, e->name);
@@ -287,7 +298,7 @@ static int poll_redis(dlock_client *c, const dlock_kind *kind, dlock_entry *e, i
         e->poll.busy_at_ns = dlock_now_ns() - (dlock_boot_ns() - sent_boot); /* the send */
         if (once)
             return busy_err(e, DLOCK_EBUSY);
-        e->poll.queued = !c->redlock; /* (Redlock mode queues none in Redis) */
+        e->poll.queued = 1;
         e->poll.queue_protocol = t.protocol;
         e->poll.try_nonce = strtoull(nonce, NULL, 10);
         e->poll.try_sent_boot = sent_boot;
@@ -498,11 +509,13 @@ int dlock_acquire_run(dlock_client *c, const dlock_kind *kind, const char *name,
         char number[24];
         dlock_rpc_number(c, number);
         e->poll.queued = 0;
-        if (rc != DLOCK_ETIMEDOUT && rc != DLOCK_EBUSY) {
+        if ((rc != DLOCK_ETIMEDOUT && rc != DLOCK_EBUSY) || c->redlock) {
             /* Redis is failing, or the acquire was cancelled or the client
              * shuts down (the thread returns at once, without a Redis
              * call): the renewal thread tells it when it can
-             * (dlock_client_close makes it try once more). */
+             * (dlock_client_close makes it try once more). Redlock mode's
+             * leave goes to every node, in the background too, rather than
+             * keep the caller for a stopped node's command timeout. */
             dlock_renew_leave(c->renew, e, number, e->poll.queue_protocol);
         } else {
             /* As e's poller, so that nobody else talks to Redis for e

@@ -188,7 +188,11 @@ static int random_id(char out[33])
 
 static void client_free(dlock_client *c)
 {
+    for (unsigned i = 0; i < DLOCK_REDLOCK_NODES_MAX; i++)
+        dlock_sub_stop_ask(c->rl_sub[i]); /* (all at once, then each joined) */
     dlock_sub_stop(c->sub);
+    for (unsigned i = 0; i < DLOCK_REDLOCK_NODES_MAX; i++)
+        dlock_sub_stop(c->rl_sub[i]);
     dlock_renew_stop(c->renew);
     dlock_redlock_destroy(c->redlock); /* (after the renewals that use it) */
     dlock_trace_close(c->trace); /* after the threads that write it */
@@ -331,8 +335,11 @@ static void wake_one(void *arg, const char *payload, size_t len)
     pthread_mutex_lock(&e->mu);
     /* With min_replicas a grant counts only once WAIT confirmed it: the
      * releaser's WAIT is not the taker's, so the poller's next try (which
-     * finds the lease its own and confirms it) takes it instead. */
-    int stored = nonce && e->poll.poller && !c->min_replicas;
+     * finds the lease its own and confirms it) takes it instead. In
+     * Redlock mode one node's grant is no vote: a wake-up only, and the
+     * poller's next try, at once, is granted there anew (docs/design.md,
+     * "Redlock", Waiting). */
+    int stored = nonce && e->poll.poller && !c->min_replicas && !c->redlock;
     /* A grant no poller takes while threads wait in the other mode (its
      * last waiter gave up and no leave was sent, or its waiters queue
      * behind one of the other mode, which polls first): their tries would
@@ -453,8 +460,12 @@ static int redlock_setup(dlock_client *c, const dlock_config *cfg)
     free(c->conn.host);
     c->conn.host = host;
     /* a refused waiter retries by the holder's lease time left, at most
-     * this (acquire.c): no wake-up comes in this mode */
+     * this (acquire.c) when no wake-up comes: a third of a lease, and
+     * within the waiter ttl (a quarter of it, as with one server), so
+     * that its places in the nodes' queues stay alive */
     c->fallback_ns = (int64_t)c->lease_ms * DLOCK_NS_PER_MS / 3;
+    if (c->fallback_ns > (int64_t)c->waiter_ttl_ms * DLOCK_NS_PER_MS / 4)
+        c->fallback_ns = (int64_t)c->waiter_ttl_ms * DLOCK_NS_PER_MS / 4;
     return dlock_redlock_create(&c->conn, cfg->redlock_nodes, c->prefix, c->lease_ms,
                                 c->pool_size, &c->ctr, &c->redlock);
 }
@@ -628,6 +639,16 @@ int dlock_client_open(const dlock_config *cfg, dlock_client **out)
         .arg = c,
     };
     rc = dlock_sub_start(&sub_cfg, &c->sub);
+    /* Redlock mode: wake-ups come from any node's release, so a
+     * subscriber listens on each (the first is c->sub: c->conn is the
+     * first node's), each reconnection waking every poller as above. */
+    for (unsigned i = 1; rc == DLOCK_OK && c->redlock && i < dlock_redlock_nodes(c->redlock);
+         i++) {
+        dlock_sub_cfg node_sub = sub_cfg;
+        node_sub.conn = dlock_redlock_node_cfg(c->redlock, i);
+        node_sub.on_resubscribed = NULL;
+        rc = dlock_sub_start(&node_sub, &c->rl_sub[i]);
+    }
     if (rc != DLOCK_OK) {
         client_free(c);
         return rc;

@@ -155,6 +155,8 @@ struct dlock_client {
     dlock_redlock *redlock; /* Redlock mode: the node set (local/rlmode.h), else NULL */
     dlock_renew *renew;
     dlock_sub *sub;
+    /* Redlock mode: the subscribers of nodes 1 .. N-1 (node 0's is sub) */
+    dlock_sub *rl_sub[DLOCK_REDLOCK_NODES_MAX];
     dlock_unconfirmed *unconfirmed; /* tokens of grants whose end Redis never confirmed */
     dlock_trace *trace; /* the protocol's decisions, for sim/check-trace; NULL: none (trace.h) */
     int closing;       /* atomic: dlock_client_shutdown began (never reset) */

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/error.h"
 #include "local/rlmode.h"
@@ -39,11 +40,40 @@ static int64_t exchange_deadline(const dlock_client *c)
                              2 * (int64_t)c->conn.command_timeout_ms) * DLOCK_NS_PER_MS;
 }
 
+/* The client's wall clock in us (a wait's ticket), at least 1. */
+static uint64_t wall_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t us = ts.tv_sec > 0 ? (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u : 0;
+    return us ? us : 1;
+}
+
+/* Gives attempt `attempt` of e back on every node, in the background. */
+static void give_back(dlock_client *c, dlock_entry *e, uint64_t attempt)
+{
+    char number[24];
+    snprintf(number, sizeof number, "%" PRIu64, attempt);
+    dlock_renew_give_back(c->renew, e, number, 2, 0);
+}
+
+void dlock_rlmode_wait_end(dlock_client *c, dlock_entry *e)
+{
+    if (e->poll.rl_kept)
+        give_back(c, e, e->poll.rl_kept);
+    dlock_trace_event(c->trace, "rl.wend", e->name, "%" PRIu64, e->poll.rl_kept);
+    e->poll.rl_kept = 0;
+    e->poll.rl_ticket = 0;
+}
+
 int dlock_rlmode_acquire(dlock_client *c, dlock_entry *e, dlock_rpc_try *t)
 {
     if (!e->lease.rl && !(e->lease.rl = calloc(1, sizeof *e->lease.rl)))
         return dlock_err_set(DLOCK_ENOMEM, "out of memory");
     t->protocol = 2;
+    /* a wait's ticket: its first try's wall clock, kept by its tries */
+    if (t->queue && !e->poll.rl_ticket)
+        e->poll.rl_ticket = wall_us();
     dlock_redlock_req q = {.name = e->name, .keys = e->keys, .args = &c->args,
                            .client_name = c->conn.client_name,
                            .attempt = strtoull(t->nonce, NULL, 10),
@@ -51,7 +81,9 @@ int dlock_rlmode_acquire(dlock_client *c, dlock_entry *e, dlock_rpc_try *t)
                            /* a try started before the caller's deadline gets
                             * a whole exchange (a single try's deadline bounds
                             * the wait for a connection only: acquire.c) */
-                           .deadline = exchange_deadline(c)};
+                           .deadline = exchange_deadline(c),
+                           .queue = t->queue, .ticket = e->poll.rl_ticket,
+                           .client_id = c->args.client_id};
     if (t->queue && t->deadline > q.deadline)
         q.deadline = t->deadline; /* (waits for a pooled connection until then) */
     dlock_redlock_grant g;
@@ -59,8 +91,16 @@ int dlock_rlmode_acquire(dlock_client *c, dlock_entry *e, dlock_rpc_try *t)
     t->sent_boot = dlock_boot_ns();
     int rc = dlock_redlock_acquire(c->redlock, &q, &g, &busy);
     dlock_trace_event(c->trace, "rl.acq", e->name,
-                      "%s %d %" PRIu64 " %u %" PRId64 " %" PRId64 " %" PRId64, t->nonce, rc,
-                      g.token, g.votes, t->sent_boot, g.first_boot, g.valid_boot);
+                      "%s %d %" PRIu64 " %u %" PRId64 " %" PRId64 " %" PRId64 " %d %d", t->nonce,
+                      rc, g.token, rc == DLOCK_OK ? g.votes : busy.votes, t->sent_boot,
+                      g.first_boot, g.valid_boot, rc == DLOCK_EBUSY && busy.kept, busy.older);
+    /* A split vote an earlier try kept, on nodes this try did not reach:
+     * given back once this try ended (a release by that attempt leaves
+     * this one's grants alone). */
+    uint64_t before = e->poll.rl_kept;
+    e->poll.rl_kept = rc == DLOCK_EBUSY && busy.kept ? q.attempt : 0;
+    if (before && before != e->poll.rl_kept)
+        give_back(c, e, before);
     if (rc == DLOCK_OK) {
         *e->lease.rl = g;
         t->token = g.token;
@@ -71,8 +111,16 @@ int dlock_rlmode_acquire(dlock_client *c, dlock_entry *e, dlock_rpc_try *t)
     t->busy.holder[0] = '\0';
     t->busy.held_ms = t->busy.queue = -1;
     if (rc == DLOCK_EBUSY) {
-        t->pttl_ms = retry_ms(c, busy.pttl_ms);
-        snprintf(t->busy.holder, sizeof t->busy.holder, "%s", busy.holder);
+        /* (refused for another waiter's turn alone, no lease told: the
+         * fallback, as with one server; the simulator's a third of a
+         * lease) */
+        t->pttl_ms = busy.pttl_ms > 0 ? retry_ms(c, busy.pttl_ms) : -1;
+        /* (a waiting holder's name without its "@<ticket>.<id>") */
+        char *at = strrchr(busy.holder, '@');
+        if (at && strchr(at, '.'))
+            *at = '\0';
+        snprintf(t->busy.holder, sizeof t->busy.holder, "%.*s", (int)sizeof t->busy.holder - 1,
+                 busy.holder);
         return DLOCK_EBUSY;
     }
     if (rc != DLOCK_EREDIS)
@@ -82,7 +130,7 @@ int dlock_rlmode_acquire(dlock_client *c, dlock_entry *e, dlock_rpc_try *t)
      * without delaying the caller, as a single server's attempt of unknown
      * outcome (rpc.c). */
     dlock_renew_give_back(c->renew, e, t->nonce, 2, 0);
-    char why[700];
+    char why[900];
     snprintf(why, sizeof why, "%s", dlock_last_error());
     if (strstr(why, "not seeded"))
         rc = dlock_err_set(rc, "%s. A fresh deployment is seeded once by an operator: "

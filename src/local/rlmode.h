@@ -20,11 +20,23 @@
  * majority's word of how the hold before ended) and t->sent_boot (the
  * first send: the validity counts from it), the grant kept in
  * e->lease.rl; DLOCK_EBUSY with t->pttl_ms (when to try again: the
- * holder's lease time left, 5 ms .. lease / 3) and t->busy; DLOCK_EREDIS
+ * holder's lease time left, 5 ms .. lease / 3; -1 when no node told one,
+ * refused for other waiters' turns: the poller's fallback) and t->busy; a
+ * waiting try
+ * (t->queue) is queued on the nodes that refuse it, under the wait's
+ * ticket (e->poll.rl_ticket, taken at its first try), and a split vote
+ * kept (e->poll.rl_kept) or given back by the wait-die rule, a kept one
+ * given back once the next try ended; DLOCK_EREDIS
  * (too few nodes count or answered; for a waiting try, t->queue, only once
  * its deadline leaves no time for another: before, it answers DLOCK_EBUSY
  * so that the poller tries again), or another error. */
 int dlock_rlmode_acquire(dlock_client *c, dlock_entry *e, dlock_rpc_try *t);
+
+/* The end of e's poller's wait (its last try answered, whatever the
+ * outcome), as e's poller: a split vote its last try kept is given back
+ * in the background, and the wait's ticket dropped (docs/design.md,
+ * "Redlock", Waiting). */
+void dlock_rlmode_wait_end(dlock_client *c, dlock_entry *e);
 
 /* The release of e's grant (e->lease.rl) on every node, as e's releaser,
  * leaving `ending` (DLOCK_UNCLEAN_ABANDONED for a holder thread that

@@ -16,6 +16,11 @@
 #include "common/error.h"
 #include "route/redlock_int.h"
 
+const dlock_conn_cfg *dlock_redlock_node_cfg(const dlock_redlock *rl, unsigned i)
+{
+    return i < rl->n ? &rl->node[i].cfg : NULL;
+}
+
 unsigned dlock_redlock_nodes(const dlock_redlock *rl)
 {
     return rl->n;

@@ -45,8 +45,18 @@
  *           once m counting nodes renewed it; the new validity counts from
  *           the renewal's first send, as an acquire's.
  *
- * Not here: wait queues and wake-ups (a refused caller retries after the
- * pttl it was told).
+ *   wait    with q->queue (a try of a wait, docs/design.md "Redlock",
+ *           Waiting): every node that refuses queues the client, under
+ *           the name "<client_name>@<ticket>.<client id>"; a split vote
+ *           (some votes, fewer than m) is kept, not released, unless a
+ *           node that refused it is held by a client whose ticket (then
+ *           client id) comes first (wait-die: the caller's next try grants
+ *           them anew under its new attempt, and the caller gives this
+ *           attempt back once that try ends); a release after a failed try
+ *           skips the nodes that refused it (they hold nothing under its
+ *           attempt, and a direct grant one makes later is the client's
+ *           turn there). Wake-ups come from any node's release, on the
+ *           client's channel (local/rlmode.h).
  *
  * Shared state: each node's record (the run id last seen, when this
  * client first saw it, whether its seed key held it at the last reading, whether a
@@ -161,6 +171,11 @@ typedef struct dlock_redlock_req {
     int ended;                    /* a release's word for the next grant of the name
                                      (DLOCK_UNCLEAN_*, release.lua's ARGV[10]; 0 none),
                                      on the nodes released by token */
+    int queue;                    /* acquire: a try of a wait (above, wait): queued
+                                     where refused, a split vote kept or given back */
+    uint64_t ticket;              /* with queue: the wait's ticket, the client's wall
+                                     clock (us) when the wait began, kept by its tries */
+    const char *client_id;        /* with queue: the client's id (args->client_id) */
 } dlock_redlock_req;
 
 /* A quorum grant. */
@@ -178,17 +193,25 @@ typedef struct dlock_redlock_grant {
 /* Why an acquire was refused. */
 typedef struct dlock_redlock_busy {
     unsigned refused;     /* counting nodes that refused */
+    unsigned votes;       /* counting nodes that granted (fewer than m) */
     int64_t pttl_ms;      /* the longest pttl they told, -1 none */
-    char holder[64];      /* a holder's client name they told, "" none */
+    char holder[128];     /* a holder's client name they told, "" none (a waiting
+                             holder's with "@<ticket>.<id>" after it) */
+    int older;            /* q->queue: a node that refused is held by a client whose
+                             wait began first (its ticket, then its id, comes first) */
+    int kept;             /* q->queue: the split vote was kept (no release sent): the
+                             caller gives the attempt back once its next try ended */
 } dlock_redlock_busy;
 
 /* The quorum acquire (above). DLOCK_OK with *g; DLOCK_EBUSY with *busy
  * (enough nodes count and answered, but fewer than m granted, or the
- * write-back met higher marks in every round; the message says which);
+ * write-back met higher marks in every round; the message says which; a
+ * wait's split vote kept: busy->kept, nothing released);
  * DLOCK_EREDIS (fewer than m counting nodes answered, or the validity ran
  * out before the hand-out: the message names how many and why; nodes that
- * count once as one server say so). Every failure first sends a release by
- * attempt to every node the request was sent to, whatever it answered:
+ * count once as one server say so). Every failure but a kept split vote
+ * first sends a release by attempt to every node the request was sent to,
+ * whatever it answered (a wait's try: but those that refused it):
  * over the step's connection while it is in step, else over a fresh one,
  * all within one command timeout from the failure (a node that does not
  * answer it in time keeps its grant at most a lease). A pooled connection
@@ -253,6 +276,17 @@ int dlock_redlock_renew_many(dlock_redlock *rl, const dlock_script_args *args,
  * timeout, not one per release. down NULL: as dlock_redlock_release. */
 int dlock_redlock_release_past(dlock_redlock *rl, const dlock_redlock_req *q,
                                const dlock_redlock_grant *g, int *down);
+
+/* Takes the client of q (args: its id) out of the name's wait queue on
+ * every node, giving up a direct grant or a grant of an older attempt it
+ * never took (leave.lua, numbered q->attempt: a node that saw a later
+ * attempt of the client ignores it), as dlock_redlock_give_back_past does
+ * a give-back (down). DLOCK_OK once every node answered, else DLOCK_EREDIS. */
+int dlock_redlock_leave_past(dlock_redlock *rl, const dlock_redlock_req *q, int *down);
+
+/* The settings of node i's connections (its address, the set's base's
+ * credentials and timeouts): for a subscriber of its own. */
+const dlock_conn_cfg *dlock_redlock_node_cfg(const dlock_redlock *rl, unsigned i);
 
 /* Gives back whatever grant attempt q->attempt of q's name holds on any
  * node (an acquire of unknown outcome: a node that did not answer may

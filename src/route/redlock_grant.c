@@ -2,6 +2,7 @@
  * Redlock's quorum acquire and its releases (redlock.h; the set's private part:
  * redlock_int.h).
  */
+#include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -125,6 +126,37 @@ int dlock_redlock_give_back_past(dlock_redlock *rl, const dlock_redlock_req *q, 
                          "reached %u of %u nodes%s", q->attempt, q->name, answered, rl->n, msg);
 }
 
+int dlock_redlock_leave_past(dlock_redlock *rl, const dlock_redlock_req *q, int *down)
+{
+    peer p[DLOCK_REDLOCK_NODES_MAX];
+    memset(p, 0, sizeof p);
+    for (unsigned i = 0; down && i < rl->n; i++)
+        if (down[i])
+            dlock_rl_peer_fail(&p[i], "%s", "failed an earlier job of this pass");
+    dlock_rl_peers_open(rl, p, q->deadline);
+    char number[24];
+    snprintf(number, sizeof number, "%" PRIu64, q->attempt);
+    const char *argv[DLOCK_SCRIPT_KEYS + DLOCK_LEAVE_ARGS];
+    dlock_script_leave_argv(q->args, q->keys, q->name, number, argv);
+    dlock_rl_peers_call(rl, p, NULL, 0, dlock_script_in(DLOCK_SCRIPT_LEAVE, 2), DLOCK_SCRIPT_KEYS,
+                        DLOCK_LEAVE_ARGS, argv, 0, dlock_rl_step_deadline(rl, q->deadline));
+    unsigned answered = 0;
+    for (unsigned i = 0; i < rl->n; i++) {
+        if (!p[i].failed && p[i].c && p[i].rep && p[i].rep->type == REDIS_REPLY_INTEGER)
+            answered++;
+        else if (!p[i].failed)
+            dlock_rl_peer_fail(&p[i], "answered %s", p[i].rep && p[i].rep->type ==
+                               REDIS_REPLY_ERROR ? p[i].rep->str : "no count");
+        if (down)
+            down[i] |= p[i].failed;
+    }
+    dlock_rl_peers_close(rl, p);
+    if (answered == rl->n)
+        return DLOCK_OK;
+    return dlock_err_set(DLOCK_EREDIS, "redlock leave of '%s' reached %u of %u nodes", q->name,
+                         answered, rl->n);
+}
+
 /* A release by attempt of q on node i over a connection of its own,
  * opened with timeouts that end by deadline, then closed. */
 static void release_fresh(dlock_redlock *rl, unsigned i, const dlock_redlock_req *q,
@@ -182,11 +214,35 @@ static int acq_failed(dlock_redlock *rl, peer *p, const dlock_redlock_req *q, co
     return dlock_err_set(rc, "%s", msg);
 }
 
+int dlock_rl_refused_by_older(const redisReply *r, const dlock_redlock_req *q)
+{
+    if (!r || r->type != REDIS_REPLY_ARRAY || r->elements < 3 ||
+        r->element[0]->type != REDIS_REPLY_INTEGER || r->element[0]->integer != 0 ||
+        r->element[1]->type != REDIS_REPLY_INTEGER || r->element[1]->integer <= 0 ||
+        r->element[2]->type != REDIS_REPLY_STRING)
+        return 0;
+    /* "<client_name>@<ticket>.<id>": the last '@' (a client name may hold
+     * one); a holder without a ticket waits for nothing */
+    const char *at = strrchr(r->element[2]->str, '@');
+    if (!at)
+        return 0;
+    char *end;
+    errno = 0;
+    unsigned long long t = strtoull(at + 1, &end, 10);
+    if (end == at + 1 || *end != '.' || errno)
+        return 0;
+    const char *id = end + 1;
+    if (!strcmp(id, q->client_id))
+        return 0; /* its own grant */
+    return t < q->ticket || (t == q->ticket && strcmp(id, q->client_id) < 0);
+}
+
 int dlock_redlock_acquire(dlock_redlock *rl, const dlock_redlock_req *q, dlock_redlock_grant *g,
                           dlock_redlock_busy *busy)
 {
     memset(g, 0, sizeof *g);
-    busy->refused = 0;
+    busy->refused = busy->votes = 0;
+    busy->older = busy->kept = 0;
     busy->pttl_ms = -1;
     busy->holder[0] = '\0';
     peer p[DLOCK_REDLOCK_NODES_MAX];
@@ -204,9 +260,15 @@ int dlock_redlock_acquire(dlock_redlock *rl, const dlock_redlock_req *q, dlock_r
     snprintf(pl, sizeof pl, "%" PRIu32, q->pass_limit);
     a[3] = pl; /* the node reserves the handoffs in its own mark too (acquire.lua) */
     a[4] = q->args->waiter_ttl_ms;
-    a[5] = "0"; /* a single try: no wait queue in this step */
+    a[5] = q->queue ? "1" : "0"; /* a wait's try: queued where refused */
     a[6] = q->args->keep_ms;
-    a[7] = q->client_name;
+    /* a wait's name tells its ticket and id to the clients it refuses
+     * (wait-die, below) */
+    char waiter[DLOCK_CLIENT_NAME_MAX + 64];
+    if (q->queue)
+        snprintf(waiter, sizeof waiter, "%s@%" PRIu64 ".%s", q->client_name, q->ticket,
+                 q->client_id);
+    a[7] = q->queue ? waiter : q->client_name;
     a[8] = "0";
     a[9] = "0";
 
@@ -229,6 +291,7 @@ int dlock_redlock_acquire(dlock_redlock *rl, const dlock_redlock_req *q, dlock_r
      * a failure); counted[i]: node i counts for this acquire, judged at the
      * first send (its seed key read before the script: dlock_rl_append_one) */
     int may[DLOCK_REDLOCK_NODES_MAX], counted[DLOCK_REDLOCK_NODES_MAX] = {0};
+    int refused[DLOCK_REDLOCK_NODES_MAX] = {0}; /* counting, and refused it */
     for (unsigned i = 0; i < rl->n; i++)
         may[i] = p[i].sent;
     unsigned votes = 0, counting = 0;
@@ -255,6 +318,7 @@ int dlock_redlock_acquire(dlock_redlock *rl, const dlock_redlock_req *q, dlock_r
                         r->element[2]->integer > 0 && r->element[2]->integer <= 3)
                         ends[r->element[2]->integer]++;
                 } else if (r->element[0]->integer == 0) {
+                    refused[i] = 1;
                     busy->refused++;
                     if (r->element[1]->integer > busy->pttl_ms)
                         busy->pttl_ms = r->element[1]->integer;
@@ -284,6 +348,28 @@ int dlock_redlock_acquire(dlock_redlock *rl, const dlock_redlock_req *q, dlock_r
         return acq_failed(rl, p, q, may, dlock_err_set(DLOCK_EREDIS, "redlock acquire of '%s': "
                           "%u of %u nodes count and answered, %u needed%s%s", q->name, counting,
                           rl->n, rl->m, why, err));
+    busy->votes = votes;
+    if (votes < rl->m && q->queue) {
+        /* A wait's split vote (docs/design.md "Redlock", Waiting): kept,
+         * unless a node that refused it is held by a client waiting since
+         * before this one (then given back, so that those nodes pass to
+         * their next waiter); a release skips the nodes that refused it
+         * (nothing of this attempt there; a direct grant one makes later
+         * is this client's turn). */
+        for (unsigned i = 0; i < rl->n && !busy->older; i++)
+            busy->older = !p[i].failed && dlock_rl_refused_by_older(p[i].rep, q);
+        if (votes > 0 && !busy->older && dlock_boot_ns() < valid) {
+            busy->kept = 1;
+            dlock_rl_peers_close(rl, p);
+            return dlock_err_set(DLOCK_EBUSY, "redlock acquire of '%s': %u of %u nodes granted, "
+                                 "%u needed (kept for the next try); held by '%s' for %" PRId64
+                                 " ms more", q->name, votes, rl->n, rl->m, busy->holder,
+                                 busy->pttl_ms);
+        }
+        for (unsigned i = 0; i < rl->n; i++)
+            if (refused[i])
+                may[i] = 0;
+    }
     if (votes < rl->m)
         return acq_failed(rl, p, q, may, dlock_err_set(DLOCK_EBUSY, "redlock acquire of '%s': "
                           "%u of %u nodes granted, %u needed; held by '%s' for %" PRId64

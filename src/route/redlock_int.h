@@ -127,6 +127,12 @@ void dlock_rl_peers_call(dlock_redlock *rl, peer *p, const int *only, int info, 
  * caller's. */
 int64_t dlock_rl_step_deadline(dlock_redlock *rl, int64_t caller);
 
+/* Whether reply r of an acquire is a refusal by a node held by a client
+ * whose wait began before q's: its holder's name "<name>@<ticket>.<id>"
+ * with a ticket below q->ticket, or the same ticket and an id that sorts
+ * first (wait-die, redlock.h "wait"); 1 or 0. */
+int dlock_rl_refused_by_older(const redisReply *r, const dlock_redlock_req *q);
+
 /* Why node i (of peers ps) does not count, for a message. */
 void dlock_rl_why_not(dlock_redlock *rl, unsigned i, const peer *ps, char *out, size_t size);
 

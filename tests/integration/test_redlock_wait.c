@@ -1,0 +1,319 @@
+/*
+ * Redlock mode's waits through dlock.h (docs/design.md, "Redlock",
+ * Waiting; docs/guide.md, "Redlock"): on 3 private redis-servers
+ * (tests/support/fixture.h), a waiting client is queued on every node
+ * that refuses it, woken by a release on any node (a subscriber per
+ * node), keeps a split vote unless a node that refused it is held by a
+ * client whose wait began first (wait-die), and, when its wait ends
+ * unserved, gives the vote it kept back and leaves every queue.
+ *
+ * Each test runs on a key prefix of its own, seeded fresh (as `dlockctl
+ * seed-fresh` does) before its clients open. The per-test teardown
+ * resumes every paused server.
+ *
+ * Timing: leases of 15 s and a waiter ttl of 20 s, so that a refused
+ * waiter's next poll comes 3.75 to 5 s after its try (a quarter of the
+ * waiter ttl, jittered): a wait of 4 s that ends granted was woken. Each
+ * release comes 300 ms into the wait, which leaves the wake-up and the
+ * try it triggers over 3 s on a loaded machine. Command and connect
+ * timeouts of 200 ms (a stopped node costs each exchange that much).
+ */
+#define _GNU_SOURCE
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dlock.h"
+#include "fixture.h"
+#include "common/common.h"
+#include "conn/script.h"
+#include "route/redlock.h"
+
+#define NSRV 3
+#define LEASE_MS 15000
+#define WAITER_TTL_MS 20000
+#define WAIT_MS 4000 /* under the first poll after a refusal: 3750 ms at least */
+
+static fx_redis srv[NSRV];
+static int prefix_no;
+static char nodes[NSRV * 24];
+static char prefix[32];
+
+/* ---------------------------------------------------------------- helpers */
+
+/* A Redlock client of the set, named `name` (NULL: the default). */
+static dlock_client *open_client(const char *name)
+{
+    dlock_config cfg;
+    dlock_config_init(&cfg);
+    cfg.redlock_nodes = nodes;
+    cfg.key_prefix = prefix;
+    cfg.lease_ms = LEASE_MS;
+    cfg.waiter_ttl_ms = WAITER_TTL_MS;
+    cfg.connect_timeout_ms = 200;
+    cfg.command_timeout_ms = 200;
+    cfg.client_name = name;
+    dlock_client *c = NULL;
+    if (dlock_client_open(&cfg, &c) != DLOCK_OK)
+        fail_msg("open: %s", dlock_last_error());
+    return c;
+}
+
+/* A client of server i alone (one server's mode), named `name`: a holder
+ * of one node, as another Redlock client's vote there would be. */
+static dlock_client *open_single(int i, const char *name)
+{
+    dlock_config cfg;
+    fx_config(&cfg, &srv[i]);
+    cfg.protocol = 2;
+    cfg.key_prefix = prefix;
+    cfg.lease_ms = LEASE_MS;
+    cfg.client_name = name;
+    dlock_client *c = NULL;
+    if (dlock_client_open(&cfg, &c) != DLOCK_OK)
+        fail_msg("open of a client of node %d: %s", i, dlock_last_error());
+    return c;
+}
+
+/* A fresh prefix, seeded fresh on every node. */
+static void fresh_prefix(void)
+{
+    snprintf(prefix, sizeof prefix, "rlw%d:", ++prefix_no);
+    dlock_conn_cfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.protocol = 2;
+    cfg.connect_timeout_ms = 300;
+    cfg.command_timeout_ms = 300;
+    dlock_counters ctr = {0};
+    dlock_redlock *rl = NULL;
+    assert_int_equal(dlock_redlock_create(&cfg, nodes, prefix, LEASE_MS, 1, &ctr, &rl), DLOCK_OK);
+    int rc = dlock_redlock_seed_fresh(rl, dlock_now_ns() + 2000 * DLOCK_NS_PER_MS);
+    if (rc != DLOCK_OK)
+        fail_msg("seed-fresh: %s", dlock_last_error());
+    dlock_redlock_destroy(rl);
+}
+
+static int64_t now_ms(void)
+{
+    return dlock_now_ns() / DLOCK_NS_PER_MS;
+}
+
+static void must_acquire(dlock_client *c, const char *name, int64_t wait)
+{
+    int rc = dlock_acquire(c, name, wait, NULL);
+    if (rc != DLOCK_OK)
+        fail_msg("acquire of %s: %s: %s", name, dlock_strerror(rc), dlock_last_error());
+}
+
+static void key_of(const char *name, int k, char *out, size_t n)
+{
+    snprintf(out, n, "%s{%s}%s", prefix, name, dlock_script_key_suffix(k));
+}
+
+/* 1 if server i grants name to client id now (a live grant), else 0. */
+static int held_by(int i, const char *name, const char *id)
+{
+    char key[256];
+    key_of(name, DLOCK_KEY_LEASE, key, sizeof key);
+    redisContext *rc = fx_connect("127.0.0.1", srv[i].port);
+    assert_non_null(rc);
+    char *owner = fx_grant_get(rc, key, "owner");
+    int mine = owner && !strcmp(owner, id) && fx_lease_ms(rc, key) > 0;
+    free(owner);
+    redisFree(rc);
+    return mine;
+}
+
+/* 1 if client id is in name's wait queue on server i, else 0. */
+static int queued_at(int i, const char *name, const char *id)
+{
+    char key[256];
+    key_of(name, DLOCK_KEY_QUEUE, key, sizeof key);
+    redisReply *r = fx_cmd_at(srv[i].port, "ZSCORE %s %s", key, id);
+    assert_non_null(r);
+    int in = r->type == REDIS_REPLY_STRING;
+    freeReplyObject(r);
+    return in;
+}
+
+typedef struct waiter {
+    dlock_client *c;
+    const char *name;
+    int64_t wait_ms;
+    int rc;
+    char msg[512];
+    pthread_t th;
+} waiter;
+
+static void *wait_thread(void *arg)
+{
+    waiter *w = arg;
+    w->rc = dlock_acquire(w->c, w->name, w->wait_ms, NULL);
+    snprintf(w->msg, sizeof w->msg, "%s", dlock_last_error());
+    if (w->rc == DLOCK_OK)
+        w->rc = dlock_release(w->c, w->name);
+    return NULL;
+}
+
+static void wait_start(waiter *w, dlock_client *c, const char *name, int64_t wait_ms)
+{
+    w->c = c;
+    w->name = name;
+    w->wait_ms = wait_ms;
+    assert_int_equal(pthread_create(&w->th, NULL, wait_thread, w), 0);
+}
+
+static int restore(void **state)
+{
+    (void)state;
+    for (int i = 0; i < NSRV; i++)
+        if (srv[i].pid > 0)
+            fx_redis_signal(&srv[i], SIGCONT);
+    return 0;
+}
+
+static int group_setup(void **state)
+{
+    (void)state;
+    return fx_redis_start_set(srv, NSRV, nodes, sizeof nodes);
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    fx_redis_stop_set(srv, NSRV);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ tests */
+
+/* A waiter refused by a holder with 15 s of lease left is granted soon
+ * after the release, well before its next poll: a release's message woke
+ * it. */
+static void test_woken_by_release(void **state)
+{
+    (void)state;
+    fresh_prefix();
+    dlock_client *a = open_client(NULL), *b = open_client(NULL);
+    must_acquire(a, "w", 2000);
+    waiter w = {0};
+    int64_t t0 = now_ms();
+    wait_start(&w, b, "w", WAIT_MS);
+    fx_sleep_ms(300);
+    assert_int_equal(dlock_release(a, "w"), DLOCK_OK);
+    pthread_join(w.th, NULL);
+    if (w.rc != DLOCK_OK)
+        fail_msg("the waiter, %" PRId64 " ms after it began: %s: %s", now_ms() - t0,
+                 dlock_strerror(w.rc), w.msg);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+/* The first node stopped once the waiter is queued: the release reaches
+ * the other two, whose direct grants' messages wake the waiter (the
+ * subscriber of the first node hears nothing), and its try is granted by
+ * those two. */
+static void test_woken_by_other_nodes(void **state)
+{
+    (void)state;
+    fresh_prefix();
+    dlock_client *a = open_client(NULL), *b = open_client(NULL);
+    must_acquire(a, "o", 2000);
+    waiter w = {0};
+    wait_start(&w, b, "o", WAIT_MS);
+    int64_t t0 = now_ms();
+    while (!queued_at(1, "o", dlock_client_id(b)) || !queued_at(2, "o", dlock_client_id(b))) {
+        if (now_ms() - t0 > 2000)
+            fail_msg("the waiter is not queued on nodes 1 and 2 after 2 s");
+        fx_sleep_ms(5);
+    }
+    assert_int_equal(fx_redis_signal(&srv[0], SIGSTOP), 0);
+    int rc = dlock_release(a, "o");
+    if (rc != DLOCK_OK)
+        fail_msg("release with node 0 stopped: %s: %s", dlock_strerror(rc), dlock_last_error());
+    pthread_join(w.th, NULL);
+    if (w.rc != DLOCK_OK)
+        fail_msg("the waiter, %" PRId64 " ms after it began: %s: %s", now_ms() - t0,
+                 dlock_strerror(w.rc), w.msg);
+    assert_int_equal(fx_redis_signal(&srv[0], SIGCONT), 0);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+/* Node 0 held by x, node 1 by y (each a client of that node alone, named
+ * as a waiting client's grant is: "<name>@<ticket>.<id>"), node 2 free: a
+ * Redlock client's wait gets one vote of the two it needs. How often node
+ * 2 is the waiter's own at three moments of its wait: */
+static int split_vote_held(const char *x_name, const char *y_name, const char *name)
+{
+    fresh_prefix();
+    dlock_client *x = open_single(0, x_name), *y = open_single(1, y_name);
+    dlock_client *b = open_client(NULL);
+    must_acquire(x, name, 2000);
+    must_acquire(y, name, 2000);
+    waiter w = {0};
+    wait_start(&w, b, name, 2400);
+    int held = 0;
+    for (int k = 1; k <= 3; k++) {
+        fx_sleep_ms(600);
+        held += held_by(2, name, dlock_client_id(b));
+    }
+    pthread_join(w.th, NULL);
+    if (w.rc != DLOCK_ETIMEDOUT)
+        fail_msg("the split wait: %s: %s", dlock_strerror(w.rc), w.msg);
+    /* Its wait over, the vote it kept goes back and it leaves the queues
+     * (in the background: within 2 s, generous for a loaded machine). */
+    int64_t t0 = now_ms();
+    while (held_by(2, name, dlock_client_id(b)) || queued_at(0, name, dlock_client_id(b)) ||
+           queued_at(1, name, dlock_client_id(b))) {
+        if (now_ms() - t0 > 2000)
+            fail_msg("2 s after the wait ended: node 2 %s, queued on node 0 %d, on node 1 %d",
+                     held_by(2, name, dlock_client_id(b)) ? "still the waiter's" : "free",
+                     queued_at(0, name, dlock_client_id(b)), queued_at(1, name, dlock_client_id(b)));
+        fx_sleep_ms(20);
+    }
+    dlock_client_close(x);
+    dlock_client_close(y);
+    dlock_client_close(b);
+    return held;
+}
+
+/* x and y began their waits after the waiter (tickets in the year 2286):
+ * the waiter keeps its vote on node 2 through its wait. */
+static void test_split_vote_kept(void **state)
+{
+    (void)state;
+    int held = split_vote_held("x@9999999999999999.00", "y@9999999999999999.01", "kept");
+    if (held != 3)
+        fail_msg("node 2 was the waiter's at %d of 3 moments of its wait, not all", held);
+}
+
+/* x began its wait first (ticket 1): the waiter gives its vote on node 2
+ * back after each try (it is the waiter's only within a try). */
+static void test_split_vote_given_back(void **state)
+{
+    (void)state;
+    int held = split_vote_held("x@1.00", "y@9999999999999999.01", "back");
+    if (held > 1)
+        fail_msg("node 2 was the waiter's at %d of 3 moments of its wait: kept", held);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_woken_by_release, restore),
+        cmocka_unit_test_teardown(test_woken_by_other_nodes, restore),
+        cmocka_unit_test_teardown(test_split_vote_kept, restore),
+        cmocka_unit_test_teardown(test_split_vote_given_back, restore),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
