@@ -311,4 +311,18 @@ return {
     find = '    dlock_renew_give_back(c->renew, e, t->nonce, 2, 0);',
     replace = '',
   },
+  {
+    name = 'rl_split_kept_from_older',
+    why = 'Redlock mode: a wait keeps its split vote although an older waiter holds a node',
+    file = 'src/route/redlock_grant.c',
+    find = '        if (votes > 0 && !busy->older && dlock_boot_ns() < valid) {',
+    replace = '        if (votes > 0 && dlock_boot_ns() < valid) {',
+  },
+  {
+    name = 'rl_kept_not_given_back',
+    why = 'Redlock mode: the vote a wait kept is not given back when the wait ends',
+    file = 'src/local/rlmode.c',
+    find = '    if (e->poll.rl_kept)\n        give_back(c, e, e->poll.rl_kept);',
+    replace = '',
+  },
 }

@@ -245,6 +245,7 @@ function T.check_file(path)
           e.unconfirmed, e.unconfirmed_end = 0, 0
         end
         e.made = made
+        e.poll_once = f[5] == '1'
         e.state = 'NONE'
         e.try_nonce, e.try_sent, e.msg = 0, 0, nil -- a new wait
         e.once = f[5] == '1'

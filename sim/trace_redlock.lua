@@ -4,10 +4,19 @@
 -- the Redlock rule (docs/design.md "Redlock", sim/redlock.lua's client):
 --   rl.open ID N M DRIFT_NS                 the node set: N nodes, a majority M,
 --                                           the drift allowance (the open line's)
---   rl.acq  NAME NONCE RC TOKEN VOTES SENT FIRST VALID
+--   rl.acq  NAME NONCE RC TOKEN VOTES SENT FIRST VALID KEPT OLDER
 --                                           a quorum acquire (src/local/rlmode.c):
 --                                           SENT before the call, FIRST its first
---                                           send, VALID the validity it computed
+--                                           send, VALID the validity it computed;
+--                                           a wait's try: KEPT 1 if it kept its
+--                                           split vote, OLDER 1 if a node that
+--                                           refused it is held by a client whose
+--                                           wait began first
+--   rl.wend NAME KEPT                       the end of a wait: the attempt whose
+--                                           vote its last try kept (0 none), given
+--                                           back just before
+--   rl.leave NAME NUMBER RC                 a background leave of every node's
+--                                           queue (src/global/renew_redlock.c)
 --   rl.rel  NAME TOKEN RC RAN_OUT           the quorum release of the grant of
 --                                           TOKEN; RAN_OUT: its validity had
 --                                           passed when it was called
@@ -18,7 +27,11 @@
 -- the drift allowance (the model's grant validity: the 'tried' and 'grant'
 -- lines that follow are held to it, and a grant answered after it is given
 -- back); an attempt that failed other than refused (EBUSY) is given back
--- on every node; a release names its grant's token, and a releaser whose
+-- on every node; a wait's split vote (some votes, fewer than M) is kept
+-- only by a try of a wait, and only if no node that refused it is held by
+-- an older waiter (wait-die: docs/design.md "Redlock", Waiting), and an
+-- attempt kept is given back once the next try is answered or the wait
+-- ends; a release names its grant's token, and a releaser whose
 -- lease ran out, or whose release found it lost, is told DLOCK_ELOST. The
 -- local tier's lines (rdec, take, reent, ok, verdict...) are checked by
 -- sim/trace.lua as with one server: Redlock mode keeps the local tier.
@@ -82,6 +95,22 @@ function RL.line(X, e, kind, f, stamp)
         bad('attempt %d of %s granted with token %.0f', nonce, e.name, token)
       end
     end
+    -- A split vote kept (f[12]; traces before waits have none).
+    local kept, older = f[12] == '1', f[13] == '1'
+    if kept then
+      if rc ~= E.EBUSY then bad('attempt %d of %s kept its votes and returned %d', nonce, e.name, rc) end
+      if c.rl and (votes < 1 or votes >= c.rl.m) then
+        bad('attempt %d of %s kept %d votes: a split vote has 1 .. %d', nonce, e.name, votes, c.rl.m - 1)
+      end
+      if older then
+        bad('attempt %d of %s kept its votes although a node that refused it is held by a client '
+          .. 'waiting since before it (wait-die gives them back)', nonce, e.name)
+      end
+      if e.poll_once then bad('attempt %d of %s, a single try, kept its votes', nonce, e.name) end
+    end
+    -- the vote an earlier try kept goes back once this one is answered
+    if e.rl_kept then X.need_giveback(e, e.rl_kept) end
+    e.rl_kept = kept and nonce or nil
     -- (granted: 1, 0 refused, nil of unknown outcome: given back)
     local granted = rc == E.OK and 1 or rc == E.EBUSY and 0 or nil
     e.pending = {nonce = nonce, sent = rc == E.OK and first or sent, proto = 2,
@@ -101,6 +130,16 @@ function RL.line(X, e, kind, f, stamp)
         e.valid_until * 1000, stamp)
     end
     e.rel = {proto = 2, rl = {lost = ran_out or rc == E.ELOST, rc = rc}}
+  elseif kind == 'rl.wend' then
+    local kept = num(f[5])
+    if kept ~= (e.rl_kept or 0) then
+      bad('the wait for %s ended with attempt %d kept; the model: %d', e.name, kept, e.rl_kept or 0)
+    elseif kept ~= 0 and not e.givebacks[kept] then
+      bad('the wait for %s ended without giving back the votes attempt %d kept', e.name, kept)
+    end
+    e.rl_kept = nil
+  elseif kind == 'rl.leave' then
+    -- (a leave takes nothing the client holds: its number is a new one)
   elseif kind == 'rl.giveback' then
     local nonce = num(f[5])
     if not e.givebacks[nonce] then
