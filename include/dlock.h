@@ -297,8 +297,14 @@ typedef struct dlock_config {
      * try got some votes but fewer than m keeps them unless a node that
      * refused it is held by a client whose wait began first, by the
      * clients' wall clocks (wait-die: no deadlock or starvation between
-     * waits, within the spread of the clients' clocks). A waiting
-     * holder's client name on the nodes is "<client_name>@<ticket>.<id>".
+     * waits, within the spread of the clients' clocks; a waiter that
+     * dies keeping a split vote holds those nodes for a lease). A wait
+     * leaves every node's queue once granted or given up, in the
+     * background; its places stay alive while connect_timeout_ms +
+     * 2 x command_timeout_ms (a try with a node stopped) stays well
+     * below waiter_ttl_ms / 2. A waiting holder's client name on the
+     * nodes is "<client_name>@<ticket>.<id>". Each client subscribes
+     * to every node (N connections and threads).
      * Not in this version: shared mode and semaphores (their calls return
      * DLOCK_EINVAL). `dlockctl --redlock-nodes
      * LIST` list, show and watch read every node (docs/operations.md,

@@ -102,6 +102,15 @@ int dlock_rlmode_acquire(dlock_client *c, dlock_entry *e, dlock_rpc_try *t)
     if (before && before != e->poll.rl_kept)
         give_back(c, e, before);
     if (rc == DLOCK_OK) {
+        /* A wait granted may still be queued where a try of it was
+         * refused (or not answered): out of every node's queue, in the
+         * background, numbered as the grant's attempt, so that a node
+         * whose queue holds it does not later grant it directly what it
+         * no longer waits for (leave.lua gives up only grants of older
+         * attempts: this one's, held, stay; a node that saw a later
+         * attempt ignores it). */
+        if (t->queue && (g.votes < dlock_redlock_nodes(c->redlock) || e->poll.try_nonce))
+            dlock_renew_leave(c->renew, e, t->nonce, 2);
         *e->lease.rl = g;
         t->token = g.token;
         t->unclean = g.unclean;

@@ -3,9 +3,10 @@
  * Waiting; docs/guide.md, "Redlock"): on 3 private redis-servers
  * (tests/support/fixture.h), a waiting client is queued on every node
  * that refuses it, woken by a release on any node (a subscriber per
- * node), keeps a split vote unless a node that refused it is held by a
- * client whose wait began first (wait-die), and, when its wait ends
- * unserved, gives the vote it kept back and leaves every queue.
+ * node), leaves the queues once granted, keeps a split vote unless a
+ * node that refused it is held by a client whose wait began first
+ * (wait-die), and, when its wait ends unserved, gives the vote it kept
+ * back and leaves every queue.
  *
  * Each test runs on a key prefix of its own, seeded fresh (as `dlockctl
  * seed-fresh` does) before its clients open. The per-test teardown
@@ -13,9 +14,9 @@
  *
  * Timing: leases of 15 s and a waiter ttl of 20 s, so that a refused
  * waiter's next poll comes 3.75 to 5 s after its try (a quarter of the
- * waiter ttl, jittered): a wait of 4 s that ends granted was woken. Each
+ * waiter ttl, jittered): a wait of 3 s that ends granted was woken. Each
  * release comes 300 ms into the wait, which leaves the wake-up and the
- * try it triggers over 3 s on a loaded machine. Command and connect
+ * try it triggers 2.7 s on a loaded machine. Command and connect
  * timeouts of 200 ms (a stopped node costs each exchange that much).
  */
 #define _GNU_SOURCE
@@ -41,7 +42,7 @@
 #define NSRV 3
 #define LEASE_MS 15000
 #define WAITER_TTL_MS 20000
-#define WAIT_MS 4000 /* under the first poll after a refusal: 3750 ms at least */
+#define WAIT_MS 3000 /* under the first poll after a refusal: 3750 ms at least */
 
 static fx_redis srv[NSRV];
 static int prefix_no;
@@ -249,6 +250,33 @@ static void test_woken_by_other_nodes(void **state)
     dlock_client_close(b);
 }
 
+/* A wait granted by nodes 0 and 1 while node 2, held by z (a client of
+ * that node alone), refused it: the waiter leaves node 2's queue once
+ * granted, so that z's release, after the waiter's own, does not grant
+ * node 2 directly to a client that no longer waits (it would hold it a
+ * waiter ttl, 20 s, for nobody). */
+static void test_granted_waiter_leaves_queues(void **state)
+{
+    (void)state;
+    fresh_prefix();
+    dlock_client *z = open_single(2, "z");
+    dlock_client *b = open_client(NULL);
+    must_acquire(z, "g", 2000);
+    must_acquire(b, "g", 2000);
+    /* (in the background: within 2 s, generous for a loaded machine) */
+    int64_t t0 = now_ms();
+    while (queued_at(2, "g", dlock_client_id(b))) {
+        if (now_ms() - t0 > 2000)
+            fail_msg("the holder is still queued on node 2, 2 s after its grant");
+        fx_sleep_ms(10);
+    }
+    assert_int_equal(dlock_release(b, "g"), DLOCK_OK);
+    assert_int_equal(dlock_release(z, "g"), DLOCK_OK);
+    assert_false(held_by(2, "g", dlock_client_id(b)));
+    dlock_client_close(z);
+    dlock_client_close(b);
+}
+
 /* Node 0 held by x, node 1 by y (each a client of that node alone, named
  * as a waiting client's grant is: "<name>@<ticket>.<id>"), node 2 free: a
  * Redlock client's wait gets one vote of the two it needs. How often node
@@ -312,6 +340,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_woken_by_release, restore),
         cmocka_unit_test_teardown(test_woken_by_other_nodes, restore),
+        cmocka_unit_test_teardown(test_granted_waiter_leaves_queues, restore),
         cmocka_unit_test_teardown(test_split_vote_kept, restore),
         cmocka_unit_test_teardown(test_split_vote_given_back, restore),
     };
