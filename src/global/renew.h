@@ -119,6 +119,12 @@ void dlock_renew_sem_give_back(dlock_renew *r, const dlock_entry *e, const char 
 void dlock_renew_leave(dlock_renew *r, const dlock_entry *e, const char *number,
                        int protocol);
 
+/* dlock_renew_leave in Redlock mode for the nodes outside `skip` only
+ * (bit i: node i is not asked: a wait granted there is out of its
+ * queue). */
+void dlock_renew_rl_leave(dlock_renew *r, const dlock_entry *e, const char *number,
+                          uint32_t skip);
+
 /* The drift margin subtracted from a lease's validity, in ns. */
 int64_t dlock_renew_drift_ns(uint32_t lease_ms);
 

@@ -69,6 +69,7 @@ typedef struct dlock_renew_job {
                                other's after a refusal as its data (job_result) */
     int switched;           /* a leave switched protocol already (once only) */
     int shared;             /* a give-back of a shared attempt (protocol 2's only) */
+    uint32_t rl_skip;       /* Redlock mode: nodes it need not reach (bit i: node i) */
     char nonce[24];         /* decimal */
     char number[24];        /* a semaphore's give-back (protocol DLOCK_RENEW_SEM): the
                                number of the release call, from the client's sequence,

@@ -27,7 +27,8 @@
 /* Queues a background job for e (see dlock_renew_give_back and
  * dlock_renew_leave), given up after for_ms. */
 static void add_job(dlock_renew *r, const dlock_entry *e, int leave, const char *number,
-                    int protocol, int shared, uint32_t for_ms, const char *sem_number)
+                    int protocol, int shared, uint32_t for_ms, const char *sem_number,
+                    uint32_t rl_skip)
 {
     size_t len[DLOCK_KEYS], total = e->name_len + 1;
     for (int k = 0; k < DLOCK_KEYS; k++)
@@ -46,6 +47,7 @@ static void add_job(dlock_renew *r, const dlock_entry *e, int leave, const char 
     o->protocol = protocol;
     o->shared = shared;
     o->switched = 0;
+    o->rl_skip = rl_skip;
     snprintf(o->number, sizeof o->number, "%s", sem_number ? sem_number : "");
     snprintf(o->nonce, sizeof o->nonce, "%s", number);
     o->until_ns = dlock_now_ns() + (int64_t)for_ms * DLOCK_NS_PER_MS;
@@ -66,7 +68,7 @@ void dlock_renew_give_back(dlock_renew *r, const dlock_entry *e, const char *non
      * later copy of the attempt is refused by Redis itself. */
     dlock_trace_event(r->cfg.trace, "giveback", e->name, "%s %d %c", nonce, protocol,
                       shared ? 's' : 'x');
-    add_job(r, e, 0, nonce, protocol, shared, r->cfg.keep_ms, NULL);
+    add_job(r, e, 0, nonce, protocol, shared, r->cfg.keep_ms, NULL, 0);
 }
 
 void dlock_renew_sem_give_back(dlock_renew *r, const dlock_entry *e, const char *nonce)
@@ -74,7 +76,7 @@ void dlock_renew_sem_give_back(dlock_renew *r, const dlock_entry *e, const char 
     char number[24];
     snprintf(number, sizeof number, "%" PRIu64, ck_pr_faa_64(r->cfg.attempts, 1) + 1);
     dlock_trace_event(r->cfg.trace, "sem.giveback", e->name, "%s %s", nonce, number);
-    add_job(r, e, 0, nonce, DLOCK_RENEW_SEM, 0, r->cfg.keep_ms, number);
+    add_job(r, e, 0, nonce, DLOCK_RENEW_SEM, 0, r->cfg.keep_ms, number, 0);
 }
 
 void dlock_renew_leave(dlock_renew *r, const dlock_entry *e, const char *number,
@@ -82,7 +84,14 @@ void dlock_renew_leave(dlock_renew *r, const dlock_entry *e, const char *number,
 {
     /* After twice the waiter ttl the client's queue entry is dead anyway. */
     dlock_trace_event(r->cfg.trace, "leavebg", e->name, "%s %d", number, protocol);
-    add_job(r, e, 1, number, protocol, 0, 2 * r->cfg.waiter_ttl_ms, NULL);
+    add_job(r, e, 1, number, protocol, 0, 2 * r->cfg.waiter_ttl_ms, NULL, 0);
+}
+
+void dlock_renew_rl_leave(dlock_renew *r, const dlock_entry *e, const char *number,
+                          uint32_t skip)
+{
+    dlock_trace_event(r->cfg.trace, "leavebg", e->name, "%s %d", number, 2);
+    add_job(r, e, 1, number, 2, 0, 2 * r->cfg.waiter_ttl_ms, NULL, skip);
 }
 
 /* Appends o's script call to c (after ASKING after an ASK redirect). 0 or

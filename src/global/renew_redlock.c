@@ -225,7 +225,7 @@ int64_t dlock_renew_redlock_jobs(dlock_renew *r, int64_t until)
             /* done once every node answered: the one that did not answer
              * the acquire may be the one that ran it (a leave: the one
              * that did not answer may queue the client still) */
-            int rc = o->leave ? dlock_redlock_leave_past(r->cfg.redlock, &q, down)
+            int rc = o->leave ? dlock_redlock_leave_past(r->cfg.redlock, &q, down, o->rl_skip)
                               : dlock_redlock_give_back_past(r->cfg.redlock, &q, down);
             dlock_trace_event(r->cfg.trace, o->leave ? "rl.leave" : "rl.giveback", o->name,
                               "%s %d", o->nonce, rc);

@@ -108,9 +108,13 @@ int dlock_rlmode_acquire(dlock_client *c, dlock_entry *e, dlock_rpc_try *t)
          * whose queue holds it does not later grant it directly what it
          * no longer waits for (leave.lua gives up only grants of older
          * attempts: this one's, held, stay; a node that saw a later
-         * attempt ignores it). */
-        if (t->queue && (g.votes < dlock_redlock_nodes(c->redlock) || e->poll.try_nonce))
-            dlock_renew_leave(c->renew, e, t->nonce, 2);
+         * attempt ignores it). Not on the nodes that granted it: the
+         * grant took the client out of their queues. */
+        uint32_t granted = 0;
+        for (unsigned i = 0; i < dlock_redlock_nodes(c->redlock); i++)
+            granted |= (uint32_t)(g.node_token[i] != 0) << i;
+        if (t->queue && granted + 1 != 1u << dlock_redlock_nodes(c->redlock))
+            dlock_renew_rl_leave(c->renew, e, t->nonce, granted);
         *e->lease.rl = g;
         t->token = g.token;
         t->unclean = g.unclean;

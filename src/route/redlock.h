@@ -281,8 +281,10 @@ int dlock_redlock_release_past(dlock_redlock *rl, const dlock_redlock_req *q,
  * every node, giving up a direct grant or a grant of an older attempt it
  * never took (leave.lua, numbered q->attempt: a node that saw a later
  * attempt of the client ignores it), as dlock_redlock_give_back_past does
- * a give-back (down). DLOCK_OK once every node answered, else DLOCK_EREDIS. */
-int dlock_redlock_leave_past(dlock_redlock *rl, const dlock_redlock_req *q, int *down);
+ * a give-back (down); not on the nodes of skip (bit i: node i). DLOCK_OK
+ * once every other node answered, else DLOCK_EREDIS. */
+int dlock_redlock_leave_past(dlock_redlock *rl, const dlock_redlock_req *q, int *down,
+                             uint32_t skip);
 
 /* The settings of node i's connections (its address, the set's base's
  * credentials and timeouts): for a subscriber of its own. */

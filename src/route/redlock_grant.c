@@ -126,12 +126,15 @@ int dlock_redlock_give_back_past(dlock_redlock *rl, const dlock_redlock_req *q, 
                          "reached %u of %u nodes%s", q->attempt, q->name, answered, rl->n, msg);
 }
 
-int dlock_redlock_leave_past(dlock_redlock *rl, const dlock_redlock_req *q, int *down)
+int dlock_redlock_leave_past(dlock_redlock *rl, const dlock_redlock_req *q, int *down,
+                             uint32_t skip)
 {
     peer p[DLOCK_REDLOCK_NODES_MAX];
     memset(p, 0, sizeof p);
-    for (unsigned i = 0; down && i < rl->n; i++)
-        if (down[i])
+    for (unsigned i = 0; i < rl->n; i++)
+        if (skip >> i & 1)
+            dlock_rl_peer_fail(&p[i], "%s", "not asked");
+        else if (down && down[i])
             dlock_rl_peer_fail(&p[i], "%s", "failed an earlier job of this pass");
     dlock_rl_peers_open(rl, p, q->deadline);
     char number[24];
@@ -142,6 +145,10 @@ int dlock_redlock_leave_past(dlock_redlock *rl, const dlock_redlock_req *q, int 
                         DLOCK_LEAVE_ARGS, argv, 0, dlock_rl_step_deadline(rl, q->deadline));
     unsigned answered = 0;
     for (unsigned i = 0; i < rl->n; i++) {
+        if (skip >> i & 1) {
+            answered++;
+            continue;
+        }
         if (!p[i].failed && p[i].c && p[i].rep && p[i].rep->type == REDIS_REPLY_INTEGER)
             answered++;
         else if (!p[i].failed)
