@@ -228,7 +228,10 @@ function T.check_file(path)
     else
       local e = entry(unesc(f[4]))
       local s = c.s
-      if kind ~= 'giveback' and kind ~= 'unconf' and kind ~= 'msg' and kind ~= 'rep' then settle(e) end
+      if kind ~= 'giveback' and kind ~= 'unconf' and kind ~= 'msg' and kind ~= 'rep' and
+        kind ~= 'rl.giveback' and kind ~= 'rl.leave' then
+        settle(e) -- (not at a background job's line, which may come in between)
+      end
       local X = {c = c, bad = bad, stats = stats, need_giveback = need_giveback, numbers = numbers}
       if SH.line(X, e, kind, f, tid, stamp) then
         -- (a line of the shared mode: sim/trace_shared.lua)
