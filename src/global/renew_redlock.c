@@ -119,6 +119,14 @@ static int apply_one(dlock_renew *r, rsnap *s, int64_t *earliest, int *drop)
             }
             *drop = dlock_renew_mark_lost(r, e);
             s->lost_token = e->lease.token;
+            /* The nodes that still hold it (a minority: a majority did
+             * not confirm it) would keep it from the others for up to a
+             * lease: given back there, by its attempt, in the background
+             * (a later grant of this client, under a newer attempt, is
+             * not touched). */
+            char att[24];
+            snprintf(att, sizeof att, "%" PRIu64, s->g.attempt);
+            dlock_renew_give_back(r, e, att, 2, 0);
             if (!e->lease.lost_notified) {
                 e->lease.lost_notified = 1;
                 lost = 1;

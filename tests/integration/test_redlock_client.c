@@ -816,6 +816,42 @@ static void test_release_finds_lost(void **state)
     dlock_client_close(b);
 }
 
+/* A lease lost with nodes 1 and 2 stopped (no majority confirms its
+ * renewals) is given back on node 0, which renewed it alone until the
+ * loss, rather than held there for up to a lease more: with node 1 back
+ * and node 2 still stopped, another client acquires the name within 1 s,
+ * where node 0 alone would keep it from it for 2 s at least (a lease of
+ * 3 s, renewed every second). */
+static void test_lost_lease_given_back(void **state)
+{
+    (void)state;
+    fresh_prefix(1);
+    dlock_config cfg;
+    config(&cfg, 0);
+    cfg.lease_ms = 3000;
+    dlock_client *a = NULL, *b = NULL;
+    assert_int_equal(dlock_client_open(&cfg, &a), DLOCK_OK);
+    assert_int_equal(dlock_client_open(&cfg, &b), DLOCK_OK);
+    warm(b);
+    must_acquire(a, "gl", FIRST_WAIT_MS);
+    sig(1, SIGSTOP);
+    sig(2, SIGSTOP);
+    int64_t t0 = now_ms();
+    while (lost_count() == 0) {
+        if (now_ms() - t0 > 10000)
+            fail_msg("the lease was not lost within 10 s with 2 of 3 nodes stopped");
+        fx_sleep_ms(10);
+    }
+    sig(1, SIGCONT);
+    int rc = dlock_acquire(b, "gl", 1000, NULL);
+    if (rc != DLOCK_OK)
+        fail_msg("acquire after the loss: %s: %s", dlock_strerror(rc), dlock_last_error());
+    assert_int_equal(dlock_release(b, "gl"), DLOCK_OK);
+    assert_int_equal(dlock_release(a, "gl"), DLOCK_ELOST);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
 /* The grant field g of name's lease on server i into out: 1, or 0 if the
  * hash or the field is not there. */
 static int grant_at(int i, const char *name, char *out, size_t n)
@@ -1374,6 +1410,7 @@ int main(void)
         cmocka_unit_test_teardown(test_second_waiter_too_few_nodes, restore),
         cmocka_unit_test_teardown(test_give_backs_and_renewals, restore),
         cmocka_unit_test_teardown(test_release_finds_lost, restore),
+        cmocka_unit_test_teardown(test_lost_lease_given_back, restore),
         cmocka_unit_test_teardown(test_unknown_outcome_given_back, restore),
         cmocka_unit_test_teardown(test_restarted_node_seeded, restore),
         cmocka_unit_test_teardown(test_renewal_validity, restore),
