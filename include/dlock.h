@@ -275,9 +275,12 @@ typedef struct dlock_config {
      * ends; one that waits forever waits for the nodes). A renewal round renews
      * every held name in one pipelined exchange per node per 256 names
      * (each lease confirmed by its own majority): a stopped node delays
-     * each such exchange, and each acquire, by up to a connect and a
-     * command timeout, so keep (held names / 256, rounded up) x
-     * (connect_timeout_ms + command_timeout_ms) well below lease_ms / 3.
+     * each such exchange by up to a connect and a command timeout, so
+     * keep (held names / 256, rounded up) x (connect_timeout_ms +
+     * command_timeout_ms) well below lease_ms / 3; an acquire or release
+     * meets it once, then skips a node whose last exchange did not
+     * answer for up to a second (a third of the lease; an answer to a
+     * renewal or a background job ends the skipping).
      * A close releases the held names by one such bound for all of them
      * (a node that failed one release is not asked for the others: what
      * it holds ends within a lease).

@@ -253,14 +253,40 @@ void dlock_rl_peers_open(dlock_redlock *rl, peer *p, int64_t deadline)
         p[i].used = 0;
         if (dlock_pool_get(rl->node[i].pool, deadline, &p[i].c) != DLOCK_OK) {
             p[i].c = NULL;
+            p[i].unreach = 1;
             dlock_rl_peer_fail(&p[i], "unreachable: %s", dlock_last_error());
         }
     }
 }
 
 /* (redlock_int.h) */
+void dlock_rl_peers_open_up(dlock_redlock *rl, peer *p, int64_t deadline)
+{
+    int64_t now = dlock_now_ns();
+    pthread_mutex_lock(&rl->mu);
+    for (unsigned i = 0; i < rl->n; i++)
+        if (!p[i].failed && !p[i].c && now < rl->node[i].down_until)
+            dlock_rl_peer_fail(&p[i], "%s", "down: it did not answer an exchange of the last "
+                               "second, not asked again yet");
+    pthread_mutex_unlock(&rl->mu);
+    dlock_rl_peers_open(rl, p, deadline);
+}
+
+/* (redlock_int.h) */
 void dlock_rl_peers_close(dlock_redlock *rl, peer *p)
 {
+    int64_t now = dlock_now_ns();
+    int64_t skip = (int64_t)(rl->lease_ms / 3 < DLOCK_REDLOCK_DOWN_MS ? rl->lease_ms / 3
+                                                                      : DLOCK_REDLOCK_DOWN_MS) *
+                   DLOCK_NS_PER_MS;
+    pthread_mutex_lock(&rl->mu);
+    for (unsigned i = 0; i < rl->n; i++) {
+        if (p[i].used && !p[i].broken)
+            rl->node[i].down_until = 0;
+        else if (p[i].broken || p[i].unreach)
+            rl->node[i].down_until = now + skip;
+    }
+    pthread_mutex_unlock(&rl->mu);
     for (unsigned i = 0; i < rl->n; i++) {
         if (p[i].c)
             dlock_pool_put(rl->node[i].pool, p[i].c, p[i].broken);

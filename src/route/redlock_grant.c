@@ -68,7 +68,7 @@ int dlock_redlock_release_past(dlock_redlock *rl, const dlock_redlock_req *q,
     for (unsigned i = 0; down && i < rl->n; i++)
         if (down[i])
             dlock_rl_peer_fail(&p[i], "%s", "failed an earlier release of this batch");
-    dlock_rl_peers_open(rl, p, q->deadline);
+    dlock_rl_peers_open_up(rl, p, q->deadline);
     int64_t d = dlock_rl_step_deadline(rl, q->deadline);
     dlock_redlock_req r = *q;
     r.attempt = g->attempt;
@@ -282,8 +282,9 @@ int dlock_redlock_acquire(dlock_redlock *rl, const dlock_redlock_req *q, dlock_r
     /* 1. Votes, read until a command timeout, the caller's deadline or the
      * validity, whichever comes first; the validity counts from the first
      * send, once every node's connection is open (opening one costs up to
-     * a connect and a command timeout, node after node). */
-    dlock_rl_peers_open(rl, p, q->deadline);
+     * a connect and a command timeout, node after node; a node that did
+     * not answer lately is skipped). */
+    dlock_rl_peers_open_up(rl, p, q->deadline);
     int64_t first = dlock_boot_ns(), mono = dlock_now_ns();
     int64_t valid = first + rl->lease_ns - rl->drift_ns;
     int64_t d = dlock_rl_step_deadline(rl, q->deadline);

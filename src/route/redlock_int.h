@@ -23,6 +23,9 @@ typedef struct rl_node {
     int64_t seen_boot;  /* when this client first saw it (CLOCK_BOOTTIME) */
     int seeded;         /* its seed key held it at the last reading */
     int seeding;        /* a seeding of this node is under way */
+    int64_t down_until; /* monotonic: an acquire or release skips the node until
+                           then (its last exchange did not answer: a connection
+                           failed or timed out), 0 none */
 } rl_node;
 
 struct dlock_redlock {
@@ -48,6 +51,7 @@ typedef struct peer {
     int broken;      /* its connection failed (closed, timed out, out of step): not pooled */
     int used;        /* a reply was read on c since it was checked out */
     int sent;        /* a request of this step was flushed to it (it may have run) */
+    int unreach;     /* no connection could be had for it (dlock_rl_peers_open) */
     char run[RUN_ID_MAX]; /* the run id this connection reported, "" unknown */
     char seed[RUN_ID_MAX]; /* the seed key as last read on it */
     redisReply *rep; /* the last script's reply (owned), NULL none */
@@ -81,7 +85,22 @@ int dlock_rl_same_run(const dlock_redlock *rl, const peer *p, unsigned i);
  * rarely all busy). */
 void dlock_rl_peers_open(dlock_redlock *rl, peer *p, int64_t deadline);
 
-/* Gives every connection back (a broken one is closed) and frees replies. */
+/* dlock_rl_peers_open for a caller's acquire or release: a node whose
+ * last exchange did not answer (down_until not passed) is skipped, failed
+ * as "down", so that a stopped node costs the callers one command timeout
+ * per DLOCK_REDLOCK_DOWN_MS (at most a third of the lease), not one per
+ * call. The renewals, the background jobs and the checks ask every node,
+ * and an answer ends the skipping at once. */
+void dlock_rl_peers_open_up(dlock_redlock *rl, peer *p, int64_t deadline);
+
+/* How long a node that did not answer is skipped by acquires and
+ * releases, at most (dlock_rl_peers_open_up). */
+#define DLOCK_REDLOCK_DOWN_MS 1000
+
+/* Gives every connection back (a broken one is closed) and frees replies;
+ * records each node's health for dlock_rl_peers_open_up: one that
+ * answered is up, one whose connection failed or timed out (or could not
+ * be had) down. */
 void dlock_rl_peers_close(dlock_redlock *rl, peer *p);
 
 /* Appends peer p's requests: INFO server if info, GET of the seed key if
