@@ -101,7 +101,6 @@
 #include <unistd.h>
 
 #include "faults.h"
-#include "route/redlock.h"
 
 /* ------------------------------------------------------------------ */
 /* Runner state: the scenario's server and children                     */
@@ -273,26 +272,7 @@ fx_redis *redlock_node(int i)
  * --redlock-nodes LIST seed-fresh` does. 0, or -1 with a message. */
 static int redlock_seed(void)
 {
-    dlock_conn_cfg cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.protocol = 2;
-    cfg.connect_timeout_ms = 1000;
-    cfg.command_timeout_ms = 2000;
-    cfg.client_name = "faults";
-    dlock_counters ctr;
-    memset(&ctr, 0, sizeof ctr);
-    dlock_redlock *rl;
-    int rc = dlock_redlock_create(&cfg, rl_addrs, KEY_PREFIX, LEASE_MS, 1, &ctr, &rl);
-    if (rc == DLOCK_OK) {
-        rc = dlock_redlock_seed_fresh(rl, dlock_now_ns() + 10000 * DLOCK_NS_PER_MS);
-        dlock_redlock_destroy(rl);
-    }
-    if (rc != DLOCK_OK) {
-        fprintf(stderr, "faults: seeding the Redlock nodes fresh failed: %s\n",
-                dlock_last_error());
-        return -1;
-    }
-    return 0;
+    return fx_redlock_seed_fresh(rl_addrs, KEY_PREFIX, LEASE_MS, 2000, 10000);
 }
 
 /* Lists a started topology's servers for the watchdog. */

@@ -151,22 +151,10 @@ int nm_rl_start(int n, const char *shim, const char *faketime, long lease, char 
     if (at >= sz)
         return -1;
     /* Seeded fresh, as `dlockctl --redlock-nodes LIST seed-fresh` does. */
-    dlock_conn_cfg cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.protocol = 2;
-    cfg.connect_timeout_ms = 1000;
-    cfg.command_timeout_ms = 2000;
-    cfg.client_name = "nemesis";
-    dlock_counters ctr;
-    memset(&ctr, 0, sizeof ctr);
-    dlock_redlock *rl;
-    int rc = dlock_redlock_create(&cfg, nodes, NM_PREFIX, (uint32_t)lease, 1, &ctr, &rl);
-    if (rc == DLOCK_OK) {
-        rc = dlock_redlock_seed_fresh(rl, dlock_now_ns() + 10000 * DLOCK_NS_PER_MS);
-        dlock_redlock_destroy(rl);
-    }
-    if (rc != DLOCK_OK || nm_rl_settle(5000) != 0) {
-        fprintf(stderr, "nemesis: seeding the Redlock nodes fresh failed: %s\n",
+    if (fx_redlock_seed_fresh(nodes, NM_PREFIX, (uint32_t)lease, 2000, 10000) != 0)
+        return -1;
+    if (nm_rl_settle(5000) != 0) {
+        fprintf(stderr, "nemesis: the Redlock nodes seeded fresh do not settle: %s\n",
                 dlock_last_error());
         return -1;
     }

@@ -95,7 +95,6 @@
 #include "storm.h"
 #include "common/common.h"
 #include "common/error.h"
-#include "route/redlock.h"
 #include <hiredis/hiredis.h>
 
 #define SETUP_TIMEOUT_NS (20LL * 1000000000LL)
@@ -255,26 +254,7 @@ static info_snap read_info_redlock(void)
  * --redlock-nodes LIST seed-fresh` does. 0, or -1 with a message. */
 static int redlock_seed(void)
 {
-    dlock_conn_cfg cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.protocol = 2;
-    cfg.connect_timeout_ms = 1000;
-    cfg.command_timeout_ms = 2000;
-    cfg.client_name = "storm";
-    dlock_counters ctr;
-    memset(&ctr, 0, sizeof ctr);
-    dlock_redlock *rl;
-    int rc = dlock_redlock_create(&cfg, redlock_addrs, key_prefix, (uint32_t)O.lease_ms, 1, &ctr,
-                                  &rl);
-    if (rc == DLOCK_OK) {
-        rc = dlock_redlock_seed_fresh(rl, dlock_now_ns() + 10000 * DLOCK_NS_PER_MS);
-        dlock_redlock_destroy(rl);
-    }
-    if (rc != DLOCK_OK) {
-        fprintf(stderr, "storm: seeding the Redlock nodes fresh failed: %s\n", dlock_last_error());
-        return -1;
-    }
-    return 0;
+    return fx_redlock_seed_fresh(redlock_addrs, key_prefix, (uint32_t)O.lease_ms, 2000, 10000);
 }
 
 static info_snap read_info(void)

@@ -116,15 +116,8 @@ static dlock_redlock *node_set(dlock_conn_cfg *cfg, dlock_counters *ctr, uint32_
 static void fresh_prefix(int seed)
 {
     snprintf(prefix, sizeof prefix, "rlc%d:", ++prefix_no);
-    if (!seed)
-        return;
-    dlock_conn_cfg cfg;
-    dlock_counters ctr = {0};
-    dlock_redlock *rl = node_set(&cfg, &ctr, 300);
-    int rc = dlock_redlock_seed_fresh(rl, dlock_now_ns() + 2000 * DLOCK_NS_PER_MS);
-    if (rc != DLOCK_OK)
-        fail_msg("seed-fresh: %s", dlock_last_error());
-    dlock_redlock_destroy(rl);
+    if (seed)
+        assert_int_equal(fx_redlock_seed_fresh(nodes, prefix, LEASE_MS, 300, 2000), 0);
 }
 
 static int64_t now_ms(void)

@@ -44,7 +44,6 @@
 #include "dlock.h"
 #include "fixture.h"
 #include "common/common.h"
-#include "route/redlock.h"
 
 #define NSRV 3
 #define LEASE_MS 500
@@ -103,14 +102,7 @@ static int setup(void **state)
                                srv[i].port);
     }
     /* a fresh deployment, seeded as `dlockctl seed-fresh` does */
-    dlock_conn_cfg cfg = {.protocol = 2, .connect_timeout_ms = 300, .command_timeout_ms = 300};
-    dlock_counters ctr = {0};
-    dlock_redlock *rl = NULL;
-    if (dlock_redlock_create(&cfg, nodes, PREFIX, LEASE_MS, 1, &ctr, &rl) != DLOCK_OK)
-        return -1;
-    int rc = dlock_redlock_seed_fresh(rl, dlock_now_ns() + 2000 * DLOCK_NS_PER_MS);
-    dlock_redlock_destroy(rl);
-    return rc == DLOCK_OK ? 0 : -1;
+    return fx_redlock_seed_fresh(nodes, PREFIX, LEASE_MS, 300, 2000);
 }
 
 static int teardown(void **state)

@@ -37,7 +37,6 @@
 #include "common/common.h"
 #include "common/error.h"
 #include "conn/script.h"
-#include "route/redlock.h"
 
 #define NSRV 3
 #define LEASE_MS 1000
@@ -51,18 +50,7 @@ static char prefix[32];
 static void fresh_prefix(void)
 {
     snprintf(prefix, sizeof prefix, "rlu%d:", ++prefix_no);
-    dlock_conn_cfg cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.protocol = 2;
-    cfg.connect_timeout_ms = 300;
-    cfg.command_timeout_ms = 300;
-    dlock_counters ctr = {0};
-    dlock_redlock *rl = NULL;
-    assert_int_equal(dlock_redlock_create(&cfg, nodes, prefix, LEASE_MS, 1, &ctr, &rl), DLOCK_OK);
-    int rc = dlock_redlock_seed_fresh(rl, dlock_now_ns() + 2000 * DLOCK_NS_PER_MS);
-    if (rc != DLOCK_OK)
-        fail_msg("seed-fresh: %s", dlock_last_error());
-    dlock_redlock_destroy(rl);
+    assert_int_equal(fx_redlock_seed_fresh(nodes, prefix, LEASE_MS, 300, 2000), 0);
 }
 
 static dlock_client *open_client(void)

@@ -67,6 +67,15 @@ int fx_redis_restart(fx_redis *r);
  * NULL. Returns 0, or -1 with a message on stderr. */
 int fx_redis_start_set(fx_redis *srv, int n, char *nodes, size_t size);
 
+/* Seeds a fresh Redlock deployment of nodes ("host:port,...") on key
+ * prefix `prefix`, as `dlockctl --redlock-nodes LIST seed-fresh` does: it
+ * refuses nodes that hold keys of the prefix (route/redlock.h,
+ * dlock_redlock_seed_fresh). lease_ms is the node set's; each connection
+ * and command waits timeout_ms, all of it wait_ms at most. Returns 0, or
+ * -1 with a message on stderr (tests/support/fixture_redlock.c). */
+int fx_redlock_seed_fresh(const char *nodes, const char *prefix, uint32_t lease_ms,
+                          uint32_t timeout_ms, long wait_ms);
+
 /* Every server of srv[0 .. n) running again after a test: SIGCONT to
  * those running (a stopped one goes on), fx_redis_restart of those
  * killed. Returns 0 or -1. */
