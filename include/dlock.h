@@ -252,9 +252,10 @@ typedef struct dlock_config {
      *     counting nodes confirmed a renewal before its validity ended,
      *     or when its release comes after that validity or finds more
      *     than N - m nodes without the grant (on_lost fires then, once);
-     *     a lease found lost by the renewals is given back on every node
-     *     in the background (a minority that still holds it would keep
-     *     it from the others for up to a lease).
+     *     a lease found lost by the renewals is released on every node
+     *     by the renewal thread (a minority that still holds it would
+     *     keep it from the others for up to a lease), leaving the word
+     *     that it expired for the next holder's dlock_unclean.
      * Each node is checked (Redis 7.0, noeviction) when a connection to
      * it opens, and while the client runs by the periodic server check,
      * one node per check in turn (every lease_ms / 3, 1 to 30 s apart: a

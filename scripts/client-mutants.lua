@@ -308,7 +308,7 @@ return {
     name = 'rl_unknown_not_given_back',
     why = 'Redlock mode: a quorum try of unknown outcome is not given back on the nodes',
     file = 'src/local/rlmode.c',
-    find = '    dlock_renew_give_back(c->renew, e, t->nonce, 2, 0);',
+    find = '    dlock_renew_rl_give_back(c->renew, e, t->nonce, all & ~busy.sent);',
     replace = '',
   },
   {

@@ -119,14 +119,6 @@ static int apply_one(dlock_renew *r, rsnap *s, int64_t *earliest, int *drop)
             }
             *drop = dlock_renew_mark_lost(r, e);
             s->lost_token = e->lease.token;
-            /* The nodes that still hold it (a minority: a majority did
-             * not confirm it) would keep it from the others for up to a
-             * lease: given back there, by its attempt, in the background
-             * (a later grant of this client, under a newer attempt, is
-             * not touched). */
-            char att[24];
-            snprintf(att, sizeof att, "%" PRIu64, s->g.attempt);
-            dlock_renew_give_back(r, e, att, 2, 0);
             if (!e->lease.lost_notified) {
                 e->lease.lost_notified = 1;
                 lost = 1;
@@ -191,6 +183,22 @@ int64_t dlock_renew_redlock_round(dlock_renew *r)
         r->cfg.log(r->cfg.lost_arg, ok ? DLOCK_LOG_INFO : DLOCK_LOG_WARN, line);
     }
     r->failing = !ok;
+    /* The nodes that still hold a lease found lost (a minority: no
+     * majority confirmed it) would keep it from the others for up to a
+     * lease: released there, by each node's grant (a later grant of this
+     * client is another), leaving the word that it expired for the next
+     * holder, as an expiry does; a node that fails one is not asked for
+     * the others. */
+    int down[DLOCK_REDLOCK_NODES_MAX] = {0};
+    for (size_t i = 0; i < nlost; i++) {
+        dlock_redlock_grant g = s[i].g;
+        for (unsigned k = 0; k < DLOCK_REDLOCK_NODES_MAX; k++)
+            if (!g.node_token[k])
+                g.node_token[k] = s[i].regrant[k];
+        dlock_redlock_req q = req_of(r, s[i].e, g.attempt);
+        q.ended = DLOCK_UNCLEAN_EXPIRED;
+        (void)dlock_redlock_release_past(r->cfg.redlock, &q, &g, down);
+    }
     for (size_t i = 0; i < nlost; i++) {
         if (r->cfg.lost)
             r->cfg.lost(r->cfg.lost_arg, s[i].e->name, s[i].lost_token);
@@ -234,7 +242,8 @@ int64_t dlock_renew_redlock_jobs(dlock_renew *r, int64_t until)
              * the acquire may be the one that ran it (a leave: the one
              * that did not answer may queue the client still) */
             int rc = o->leave ? dlock_redlock_leave_past(r->cfg.redlock, &q, down, o->rl_skip)
-                              : dlock_redlock_give_back_past(r->cfg.redlock, &q, down);
+                              : dlock_redlock_give_back_past(r->cfg.redlock, &q, down,
+                                                             o->rl_skip);
             dlock_trace_event(r->cfg.trace, o->leave ? "rl.leave" : "rl.giveback", o->name,
                               "%s %d", o->nonce, rc);
             now = dlock_now_ns();

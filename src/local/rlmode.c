@@ -139,10 +139,11 @@ int dlock_rlmode_acquire(dlock_client *c, dlock_entry *e, dlock_rpc_try *t)
     if (rc != DLOCK_EREDIS)
         return rc;
     /* A node that did not answer (or did not count) may have run the
-     * acquire: the renewal thread gives this attempt back on every node,
-     * without delaying the caller, as a single server's attempt of unknown
-     * outcome (rpc.c). */
-    dlock_renew_give_back(c->renew, e, t->nonce, 2, 0);
+     * acquire: the renewal thread gives this attempt back on every node it
+     * was sent to, without delaying the caller, as a single server's
+     * attempt of unknown outcome (rpc.c). */
+    uint32_t all = (uint32_t)((1u << dlock_redlock_nodes(c->redlock)) - 1);
+    dlock_renew_rl_give_back(c->renew, e, t->nonce, all & ~busy.sent);
     char why[900];
     snprintf(why, sizeof why, "%s", dlock_last_error());
     if (strstr(why, "not seeded"))

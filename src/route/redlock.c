@@ -251,9 +251,10 @@ void dlock_rl_peers_open(dlock_redlock *rl, peer *p, int64_t deadline)
         if (p[i].failed || p[i].c)
             continue;
         p[i].used = 0;
-        if (dlock_pool_get(rl->node[i].pool, deadline, &p[i].c) != DLOCK_OK) {
+        int rc = dlock_pool_get(rl->node[i].pool, deadline, &p[i].c);
+        if (rc != DLOCK_OK) {
             p[i].c = NULL;
-            p[i].unreach = 1;
+            p[i].unreach = rc != DLOCK_ETIMEDOUT; /* (not the caller's deadline) */
             dlock_rl_peer_fail(&p[i], "unreachable: %s", dlock_last_error());
         }
     }
@@ -268,8 +269,20 @@ void dlock_rl_peers_open_up(dlock_redlock *rl, peer *p, int64_t deadline)
         if (!p[i].failed && !p[i].c && now < rl->node[i].down_until)
             dlock_rl_peer_fail(&p[i], "%s", "down: it did not answer an exchange of the last "
                                "second, not asked again yet");
+        else
+            p[i].judge = 1;
     pthread_mutex_unlock(&rl->mu);
     dlock_rl_peers_open(rl, p, deadline);
+}
+
+/* (redlock_int.h) */
+void dlock_rl_judge(dlock_redlock *rl, peer *p, int64_t deadline)
+{
+    int64_t whole = (int64_t)rl->node[0].cfg.command_timeout_ms * DLOCK_NS_PER_MS;
+    if (deadline - dlock_now_ns() >= whole - whole / 10)
+        return;
+    for (unsigned i = 0; i < rl->n; i++)
+        p[i].judge = 0;
 }
 
 /* (redlock_int.h) */
@@ -283,7 +296,7 @@ void dlock_rl_peers_close(dlock_redlock *rl, peer *p)
     for (unsigned i = 0; i < rl->n; i++) {
         if (p[i].used && !p[i].broken)
             rl->node[i].down_until = 0;
-        else if (p[i].broken || p[i].unreach)
+        else if (p[i].judge && (p[i].broken || p[i].unreach))
             rl->node[i].down_until = now + skip;
     }
     pthread_mutex_unlock(&rl->mu);

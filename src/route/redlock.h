@@ -201,6 +201,8 @@ typedef struct dlock_redlock_busy {
                              wait began first (its ticket, then its id, comes first) */
     int kept;             /* q->queue: the split vote was kept (no release sent): the
                              caller gives the attempt back once its next try ended */
+    uint32_t sent;        /* every outcome: the nodes its votes' request was flushed to
+                             (bit i: node i), where it may have run */
 } dlock_redlock_busy;
 
 /* The quorum acquire (above). DLOCK_OK with *g; DLOCK_EBUSY with *busy
@@ -300,8 +302,10 @@ int dlock_redlock_give_back(dlock_redlock *rl, const dlock_redlock_req *q);
  * pass over its give-backs): down[i] set skips node i (the give-back is
  * then not done: DLOCK_EREDIS), and is set for every node it failed to
  * reach, so that a stopped node costs the pass one command timeout, not
- * one per give-back. */
-int dlock_redlock_give_back_past(dlock_redlock *rl, const dlock_redlock_req *q, int *down);
+ * one per give-back; the nodes of skip (bit i: node i), which the attempt
+ * never reached, are not asked and count as answered. */
+int dlock_redlock_give_back_past(dlock_redlock *rl, const dlock_redlock_req *q, int *down,
+                                 uint32_t skip);
 
 /* Renews grant g of q's name (q->attempt unused) on every node by its
  * node's token (renew.lua; a node without one is not asked). DLOCK_OK when

@@ -70,6 +70,7 @@ int dlock_redlock_release_past(dlock_redlock *rl, const dlock_redlock_req *q,
             dlock_rl_peer_fail(&p[i], "%s", "failed an earlier release of this batch");
     dlock_rl_peers_open_up(rl, p, q->deadline);
     int64_t d = dlock_rl_step_deadline(rl, q->deadline);
+    dlock_rl_judge(rl, p, d);
     dlock_redlock_req r = *q;
     r.attempt = g->attempt;
     unsigned gone;
@@ -98,21 +99,28 @@ int dlock_redlock_release_past(dlock_redlock *rl, const dlock_redlock_req *q,
 
 int dlock_redlock_give_back(dlock_redlock *rl, const dlock_redlock_req *q)
 {
-    return dlock_redlock_give_back_past(rl, q, NULL);
+    return dlock_redlock_give_back_past(rl, q, NULL, 0);
 }
 
-int dlock_redlock_give_back_past(dlock_redlock *rl, const dlock_redlock_req *q, int *down)
+int dlock_redlock_give_back_past(dlock_redlock *rl, const dlock_redlock_req *q, int *down,
+                                 uint32_t skip)
 {
     peer p[DLOCK_REDLOCK_NODES_MAX];
     memset(p, 0, sizeof p);
-    for (unsigned i = 0; down && i < rl->n; i++)
-        if (down[i])
+    for (unsigned i = 0; i < rl->n; i++)
+        if (skip >> i & 1)
+            dlock_rl_peer_fail(&p[i], "%s", "not asked");
+        else if (down && down[i])
             dlock_rl_peer_fail(&p[i], "%s", "failed an earlier give-back of this pass");
     dlock_rl_peers_open(rl, p, q->deadline);
     unsigned answered = release_on(rl, p, q, NULL, dlock_rl_step_deadline(rl, q->deadline), NULL);
+    for (unsigned i = 0; i < rl->n; i++)
+        answered += skip >> i & 1;
     char msg[600] = "";
     size_t len = 0;
     for (unsigned i = 0; i < rl->n; i++) {
+        if (skip >> i & 1)
+            continue;
         if (down)
             down[i] |= p[i].failed;
         if (p[i].failed && len < sizeof msg)
@@ -250,6 +258,7 @@ int dlock_redlock_acquire(dlock_redlock *rl, const dlock_redlock_req *q, dlock_r
     memset(g, 0, sizeof *g);
     busy->refused = busy->votes = 0;
     busy->older = busy->kept = 0;
+    busy->sent = 0;
     busy->pttl_ms = -1;
     busy->holder[0] = '\0';
     peer p[DLOCK_REDLOCK_NODES_MAX];
@@ -293,6 +302,7 @@ int dlock_redlock_acquire(dlock_redlock *rl, const dlock_redlock_req *q, dlock_r
     g->first_boot = first;
     g->valid_boot = valid;
     g->attempt = q->attempt;
+    dlock_rl_judge(rl, p, d);
     dlock_rl_peers_call(rl, p, NULL, 1, dlock_script_in(DLOCK_SCRIPT_ACQUIRE, 2), DLOCK_SCRIPT_KEYS,
                         DLOCK_ACQUIRE_ARGS, argv, 1, d);
     /* may[i]: the request reached node i, perhaps (a release goes there on
@@ -300,8 +310,11 @@ int dlock_redlock_acquire(dlock_redlock *rl, const dlock_redlock_req *q, dlock_r
      * first send (its seed key read before the script: dlock_rl_append_one) */
     int may[DLOCK_REDLOCK_NODES_MAX], counted[DLOCK_REDLOCK_NODES_MAX] = {0};
     int refused[DLOCK_REDLOCK_NODES_MAX] = {0}; /* counting, and refused it */
-    for (unsigned i = 0; i < rl->n; i++)
+    busy->sent = 0;
+    for (unsigned i = 0; i < rl->n; i++) {
         may[i] = p[i].sent;
+        busy->sent |= (uint32_t)(p[i].sent != 0) << i;
+    }
     unsigned votes = 0, counting = 0;
     unsigned ends[4] = {0}; /* votes by the end they report (acquire.lua, End) */
     uint64_t top = 0;
@@ -404,6 +417,7 @@ int dlock_redlock_acquire(dlock_redlock *rl, const dlock_redlock_req *q, dlock_r
         int once[DLOCK_REDLOCK_NODES_MAX];
         for (unsigned i = 0; i < rl->n; i++)
             once[i] = dlock_rl_same_run(rl, p, i) < 0;
+        dlock_rl_judge(rl, p, wd);
         dlock_rl_peers_call(rl, p, once, 0, DLOCK_SCRIPT_MARK, 2, 2, wargv, 0, wd);
         uint64_t high = 0;
         met = 0;

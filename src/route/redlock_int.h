@@ -51,7 +51,11 @@ typedef struct peer {
     int broken;      /* its connection failed (closed, timed out, out of step): not pooled */
     int used;        /* a reply was read on c since it was checked out */
     int sent;        /* a request of this step was flushed to it (it may have run) */
-    int unreach;     /* no connection could be had for it (dlock_rl_peers_open) */
+    int unreach;     /* no connection could be opened to it in time (dlock_rl_peers_open;
+                        not a wait for a busy pool cut by the caller's deadline) */
+    int judge;       /* its failure in this step marks the node down (an acquire's or
+                        a release's step with a whole command timeout to answer:
+                        dlock_rl_peers_open_up, dlock_rl_judge) */
     char run[RUN_ID_MAX]; /* the run id this connection reported, "" unknown */
     char seed[RUN_ID_MAX]; /* the seed key as last read on it */
     redisReply *rep; /* the last script's reply (owned), NULL none */
@@ -93,14 +97,20 @@ void dlock_rl_peers_open(dlock_redlock *rl, peer *p, int64_t deadline);
  * and an answer ends the skipping at once. */
 void dlock_rl_peers_open_up(dlock_redlock *rl, peer *p, int64_t deadline);
 
+/* A step of the caller's peers p ends at deadline (monotonic): unless
+ * that leaves every node nearly a whole command timeout to answer, their
+ * failures in it mark no node down (a deadline cut short, by the
+ * caller's or a validity, says nothing of the node). */
+void dlock_rl_judge(dlock_redlock *rl, peer *p, int64_t deadline);
+
 /* How long a node that did not answer is skipped by acquires and
  * releases, at most (dlock_rl_peers_open_up). */
 #define DLOCK_REDLOCK_DOWN_MS 1000
 
 /* Gives every connection back (a broken one is closed) and frees replies;
  * records each node's health for dlock_rl_peers_open_up: one that
- * answered is up, one whose connection failed or timed out (or could not
- * be had) down. */
+ * answered is up; one whose connection could not be opened, or failed
+ * or timed out, in a step that judges it (peer.judge), down. */
 void dlock_rl_peers_close(dlock_redlock *rl, peer *p);
 
 /* Appends peer p's requests: INFO server if info, GET of the seed key if
