@@ -139,7 +139,9 @@ function RL.line(X, e, kind, f, stamp)
     end
     e.rl_kept = nil
   elseif kind == 'rl.leave' then
-    -- (a leave takes nothing the client holds: its number is a new one)
+    -- (a leave takes nothing the client holds: it is numbered anew, or,
+    -- after a granted wait, as the grant's own attempt, and leave.lua
+    -- gives up only grants of attempts older than its number)
   elseif kind == 'rl.giveback' then
     local nonce = num(f[5])
     if not e.givebacks[nonce] then
