@@ -36,7 +36,7 @@
  * key prefix, dlock's default "dlock:", holds no brace, as Cluster mode
  * requires); --redlock: REDLOCK_NODES private independent redis-servers,
  * seeded fresh by the runner at start (as `dlockctl seed-fresh` does), the
- * clients in Redlock mode (redlock_nodes; exclusive locks, no wait queue).
+ * clients in Redlock mode (redlock_nodes; exclusive locks).
  * The four options exclude each other. With --sentinel and --cluster only
  * the scenarios whose faults are in the client processes run
  * (holder_killed, holder_frozen, waiter_killed): the others signal, restart

@@ -55,7 +55,7 @@
 /* The runner's state that scenarios use (faults.c)                     */
 
 extern fx_redis R;                      /* this scenario's redis-server (TOPO_SINGLE) */
-/* 1 with --redlock (the clients in Redlock mode: no wait queue), else 0. */
+/* 1 with --redlock (the clients in Redlock mode), else 0. */
 int in_redlock(void);
 /* --redlock: node i (0 .. REDLOCK_NODES - 1) of the scenario, or NULL. */
 fx_redis *redlock_node(int i);

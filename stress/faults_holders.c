@@ -34,7 +34,8 @@
  * included); a B that waited for its whole wait (20 s) or for the keys to be
  * cleaned up some other way would still be far outside.
  *
- * With --redlock there is no wait queue and no wake-up: B polls. The runner
+ * With --redlock a killed holder releases nothing, so no node wakes B: B
+ * polls (its queue places are the nodes'). The runner
  * gives B's acquire HK_RL_START_MS to make its first try (refused) instead
  * of reading the queue. A's grant on each node ends at most lease_ms after
  * A's last renewal reached it, so before lease_ms after the kill; a refused

@@ -21,9 +21,10 @@
  * when a lease was not confirmed (never after its validity). */
 int64_t dlock_renew_redlock_round(dlock_renew *r);
 
-/* One try of each give-back due now: a release by attempt on every node,
- * done once every node answered (dlock_redlock_give_back_past; a leave
- * has nothing to do: Redlock mode queues no waiter in Redis). None begins
+/* One try of each job due now: a give-back, a release by attempt on every
+ * node it may have reached (dlock_redlock_give_back_past), or a leave of
+ * every node's wait queue but those it need not reach
+ * (dlock_redlock_leave_past), done once each of those answered. None begins
  * at or after until (monotonic: the next round is due then), each ends
  * by it, and a node that failed one is not asked again in the pass.
  * Returns when the next try is due (DLOCK_NEVER: none left). */
