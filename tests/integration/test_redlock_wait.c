@@ -164,10 +164,7 @@ static void wait_start(waiter *w, dlock_client *c, const char *name, int64_t wai
 static int restore(void **state)
 {
     (void)state;
-    for (int i = 0; i < NSRV; i++)
-        if (srv[i].pid > 0)
-            fx_redis_signal(&srv[i], SIGCONT);
-    return 0;
+    return fx_redis_restore_set(srv, NSRV);
 }
 
 static int group_setup(void **state)
