@@ -900,6 +900,20 @@ int main(int argc, char **argv)
      * kept for a semaphore's permits: several hold one at once) */
     json_num(o, "crossings_per_acq", acq ? (double)crossings / (double)acq : 0,
              acq > 0 && O.sem_limit == 0, 0);
+    /* the share of the run in which a name had nobody inside its critical
+     * section (from the start to the last holder's leave; the mean over
+     * the names held): on one hot name, the time the lock itself kept
+     * everyone out, in handoffs and in Redis */
+    double empty = 0;
+    int held_names = 0;
+    for (long li = 0; li < O.locks; li++) {
+        uint64_t end_us = NS[li].inside & ((1ULL << 48) - 1);
+        if (end_us > 0) {
+            empty += (double)NS[li].empty_us / (double)end_us;
+            held_names++;
+        }
+    }
+    json_num(o, "empty_pct", held_names ? 100 * empty / held_names : 0, held_names > 0, 0);
     json_num(o, "client_cpu_us_per_acq", acq ? workers_cpu_us / (double)acq : 0, acq > 0, 0);
     json_num(o, "client_cmds_per_acq", acq ? (double)cs.redis_commands / (double)acq : 0,
              acq > 0 && dlock_mode, 0);

@@ -128,6 +128,10 @@ typedef struct name_state {
     int32_t max_occupancy; /* --sem: the most holders seen inside at once */
     int32_t last_proc;   /* worker process of the last holder + 1 (0: none yet);
                             read and written by the holder only */
+    uint64_t inside;     /* holders inside the CS (bits 48..63, of every kind) and
+                            when the last one left (bits 0..47, us since the run's
+                            start): one word, changed by compare-and-swap only */
+    uint64_t empty_us;   /* time without any holder inside, since the run's start */
 } __attribute__((aligned(64))) name_state;
 
 /* --mutex only: the lock of a name and its token counter. */

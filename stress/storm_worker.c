@@ -588,6 +588,40 @@ static void count_wait(thread_res *r, int64_t t0, int64_t t1, int shared)
     }
 }
 
+/* The time a name has nobody inside (name_state.inside, empty_us): the
+ * holder that enters an empty name adds the time since the last one left.
+ * One word holds both the count and that time, so that an entry and a
+ * leave that race each see the other (relaxed: it orders nothing else). */
+#define INSIDE_ONE (1ULL << 48)
+static uint64_t since_start_us(void)
+{
+    return (uint64_t)(now_ns() - __atomic_load_n(&H->start_ns, __ATOMIC_RELAXED)) / 1000 &
+           (INSIDE_ONE - 1);
+}
+
+static void inside_enter(name_state *ns)
+{
+    uint64_t w = __atomic_load_n(&ns->inside, __ATOMIC_RELAXED);
+    while (!__atomic_compare_exchange_n(&ns->inside, &w, w + INSIDE_ONE, 0, __ATOMIC_RELAXED,
+                                        __ATOMIC_RELAXED))
+        ;
+    if (w < INSIDE_ONE) { /* it was empty since w's time */
+        uint64_t now = since_start_us(), left = w & (INSIDE_ONE - 1);
+        if (now > left)
+            __atomic_add_fetch(&ns->empty_us, now - left, __ATOMIC_RELAXED);
+    }
+}
+
+static void inside_leave(name_state *ns)
+{
+    uint64_t now = since_start_us();
+    uint64_t w = __atomic_load_n(&ns->inside, __ATOMIC_RELAXED), n;
+    do
+        n = w - INSIDE_ONE < INSIDE_ONE ? now : w - INSIDE_ONE;
+    while (!__atomic_compare_exchange_n(&ns->inside, &w, n, 0, __ATOMIC_RELAXED,
+                                        __ATOMIC_RELAXED));
+}
+
 /* A reader's critical section (--read-pct), holding name li shared with
  * token fence: no writer inside with it (the writers' occupancy stays 0,
  * and the counter, which only writers change, is the same at both ends);
@@ -618,7 +652,9 @@ static void read_section(thread_res *r, const targ *a, int li, const char *name,
                                         __ATOMIC_ACQUIRE))
         ;
     uint64_t v = __atomic_load_n(&ns->counter, __ATOMIC_ACQUIRE);
+    inside_enter(ns);
     critical_section(O.cs_us);
+    inside_leave(ns);
     uint64_t v2 = __atomic_load_n(&ns->counter, __ATOMIC_ACQUIRE);
     if (v2 != v) {
         LIVE_INC(r->violations);
@@ -645,7 +681,9 @@ static void sem_section(thread_res *r, const targ *a, int li, const char *name)
     while (occ > most && !__atomic_compare_exchange_n(&ns->max_occupancy, &most, occ, 0,
                                                       __ATOMIC_RELAXED, __ATOMIC_RELAXED))
         ;
+    inside_enter(ns);
     critical_section(O.cs_us);
+    inside_leave(ns);
     __atomic_add_fetch(&ns->counter, 1, __ATOMIC_ACQ_REL);
     __atomic_sub_fetch(&ns->occupancy, 1, __ATOMIC_ACQ_REL);
 }
@@ -751,7 +789,9 @@ static void *thread_main(void *arg)
                 r->crossings++;
             __atomic_store_n(&ns->last_proc, a->proc + 1, __ATOMIC_RELEASE);
             uint64_t v = __atomic_load_n(&ns->counter, __ATOMIC_ACQUIRE);
+            inside_enter(ns);
             critical_section(O.cs_us);
+            inside_leave(ns);
             __atomic_store_n(&ns->counter, v + 1, __ATOMIC_RELEASE);
             __atomic_sub_fetch(&ns->occupancy, 1, __ATOMIC_ACQ_REL);
             SET_PHASE(r, PH_RELEASE);
