@@ -163,8 +163,8 @@ return {
     name = 'shared_invited_grant_token',
     why = "threads invited to a reader phase get the grant's token, not the pass's (below the writer's before them)",
     file = 'src/local/shared.c',
-    find = 'dlock_waiter_unpark(dlock_waitq_grant(&e->wq, w, e->lease.token));',
-    replace = 'dlock_waiter_unpark(dlock_waitq_grant(&e->wq, w, e->lease.grant_token));',
+    find = 'dlock_wakeset_add(ws, dlock_waitq_grant(&e->wq, w, e->lease.token));',
+    replace = 'dlock_wakeset_add(ws, dlock_waitq_grant(&e->wq, w, e->lease.grant_token));',
   },
   {
     name = 'sem_spare_counted_during_release',

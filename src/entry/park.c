@@ -79,6 +79,23 @@ void dlock_waiter_unpark(dlock_waiter *w)
         dlock_futex_wake(&w->wake, 1);
 }
 
+void dlock_wakeset_add(dlock_wakeset *s, dlock_waiter *w)
+{
+    if (!w)
+        return;
+    if (s && s->n < DLOCK_WAKESET_MAX)
+        s->w[s->n++] = w;
+    else
+        dlock_waiter_unpark(w);
+}
+
+void dlock_wakeset_run(dlock_wakeset *s)
+{
+    for (unsigned i = 0; i < s->n; i++)
+        dlock_waiter_unpark(s->w[i]);
+    s->n = 0;
+}
+
 dlock_waiter *dlock_waitq_wake_later(dlock_waiter *w)
 {
     if (dlock_load_int(&w->wake))

@@ -66,6 +66,24 @@ dlock_waiter *dlock_waitq_wake_later(dlock_waiter *w);
  * without the entry mutex. */
 void dlock_waiter_unpark(dlock_waiter *w);
 
+/* Waiters to wake once the entry mutex is dropped, several at once (the
+ * threads of a reader phase: local/shared.c). Woken under the mutex, each
+ * would only wait for it while the waker wakes the next: with 50 readers,
+ * the first began its hold about 450 us after the phase, measured. */
+enum { DLOCK_WAKESET_MAX = 64 };
+typedef struct dlock_wakeset {
+    dlock_waiter *w[DLOCK_WAKESET_MAX];
+    unsigned n;
+} dlock_wakeset;
+
+/* Adds w (as dlock_waitq_grant returns it; NULL is ignored) to s, or wakes
+ * it at once when s is NULL or full. Entry mutex held. */
+void dlock_wakeset_add(dlock_wakeset *s, dlock_waiter *w);
+
+/* Wakes every waiter of s, and empties it. Called without the entry
+ * mutex. */
+void dlock_wakeset_run(dlock_wakeset *s);
+
 /* The first node of q waiting for kind `kind`, or NULL. Entry mutex held. */
 dlock_waiter *dlock_waitq_first(const dlock_waitq *q, int kind);
 

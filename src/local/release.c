@@ -24,16 +24,16 @@
  * local pass is allowed: after a reader phase, a thread waiting
  * exclusively (a handoff); after an exclusive hold, the threads waiting
  * shared (a reader phase: shared.h, S8). 1 if it stays (*wake as for
- * pass), else 0. e->mu held. */
+ * pass, or the phase's readers in ws), else 0. e->mu held. */
 static int adopt(dlock_client *c, const dlock_kind *k, dlock_entry *e, int64_t now,
-                 dlock_waiter **wake)
+                 dlock_waiter **wake, dlock_wakeset *ws)
 {
     *wake = NULL;
     if (e->lease.shared)
         return 0;
     if (k == &dlock_kind_shared)
         return dlock_kind_excl.pass(c, e, now, wake);
-    return dlock_shared_phase(c, e, now);
+    return dlock_shared_phase(c, e, now, ws);
 }
 
 /* The outermost release of e by the calling thread, which holds it in kind
@@ -63,13 +63,16 @@ int dlock_release_outermost(dlock_client *c, const dlock_kind *k, dlock_entry *e
     }
     DLOCK_ASSERT(e->lease.state == DLOCK_LEASE_HELD);
     dlock_waiter *wk;
+    dlock_wakeset ws;
+    ws.n = 0;
     int64_t now = dlock_boot_ns();
-    if (k->pass(c, e, now, &wk) || adopt(c, k, e, now, &wk)) {
+    if (k->pass(c, e, now, &wk) || adopt(c, k, e, now, &wk, &ws)) {
         /* A local handoff (I10): the lease stays with this client. */
         pthread_mutex_unlock(&e->mu);
-        /* Woken after the unlock, so that it does not wake up only to wait
-         * for e->mu (its node outlives the wait: park.h). */
+        /* Woken after the unlock, so that they do not wake up only to wait
+         * for e->mu (their nodes outlive the wait: park.h). */
         dlock_waiter_unpark(wk);
+        dlock_wakeset_run(&ws);
         dlock_table_put(c->table, e);
         dlock_table_put(c->table, e); /* the owner's: the taker has its own */
         return DLOCK_OK;

@@ -137,9 +137,10 @@ static int reenter(dlock_client *c, dlock_entry *e, uint64_t *fence)
 }
 
 /* S2: the threads waiting shared at the head of the local queue hold the
- * new grant too. They are woken under e->mu (not after it, as a handoff
- * does): a grant is rare beside the joins it saves. */
-static void invite(dlock_entry *e)
+ * new grant too. They are woken through ws once e->mu is dropped, as a
+ * handoff's taker is; with ws NULL (a grant from Redis: rare beside the
+ * joins it saves), under e->mu. */
+static void invite(dlock_entry *e, dlock_wakeset *ws)
 {
     dlock_waiter *w = e->wq.head;
     while (w && w->kind == DLOCK_KIND_SHARED) {
@@ -147,7 +148,7 @@ static void invite(dlock_entry *e)
         e->s.holders++;
         e->waiters--;
         e->kind_waiters[DLOCK_KIND_SHARED]--;
-        dlock_waiter_unpark(dlock_waitq_grant(&e->wq, w, e->lease.token));
+        dlock_wakeset_add(ws, dlock_waitq_grant(&e->wq, w, e->lease.token));
         w = next;
     }
 }
@@ -162,7 +163,7 @@ static void hold(dlock_client *c, dlock_entry *e, int unclean)
         dlock_count(&c->ctr.unclean, 1);
     e->s.join_until_ns = e->lease.grant_boot_ns + c->join_ns;
     dlock_shold_get(c->serial, e)->depth = 1; /* room reserved by the caller */
-    invite(e);
+    invite(e, NULL);
     dlock_trace_event(c->trace, "sinv", e->name, "%u", e->s.holders);
 }
 
@@ -282,7 +283,7 @@ static void unused(dlock_entry *e)
     (void)e;
 }
 
-int dlock_shared_phase(dlock_client *c, dlock_entry *e, int64_t now)
+int dlock_shared_phase(dlock_client *c, dlock_entry *e, int64_t now, dlock_wakeset *ws)
 {
     int closing = dlock_load_int(&c->closing);
     int phase = !e->lease.shared && e->lease.state == DLOCK_LEASE_HELD && !e->x.has_owner &&
@@ -301,7 +302,7 @@ int dlock_shared_phase(dlock_client *c, dlock_entry *e, int64_t now)
         dlock_count(&c->ctr.unclean, 1);
     e->s.join_until_ns = now + c->join_ns;
     unsigned waiting = e->kind_waiters[DLOCK_KIND_SHARED];
-    invite(e);
+    invite(e, ws);
     dlock_trace_event(c->trace, "sphase", e->name, "1 %u %" PRIu64 " %" PRId64 " %u %u %d",
                       e->s.holders, e->lease.token, now, waiting, e->kind_waiters[DLOCK_KIND_EXCL],
                       closing);

@@ -76,9 +76,10 @@ extern const dlock_kind dlock_kind_shared;
 
 /* S8: a reader phase under e's exclusive lease, which no thread holds any
  * more, for the threads waiting shared, if one may start now (only
- * threads waiting shared wait, and a pass is allowed): 1 (they hold it,
- * woken), else 0. e->mu held. */
-int dlock_shared_phase(dlock_client *c, dlock_entry *e, int64_t now);
+ * threads waiting shared wait, and a pass is allowed): 1 (they hold it;
+ * the caller wakes them with dlock_wakeset_run(ws) once e->mu is
+ * dropped), else 0. e->mu held. */
+int dlock_shared_phase(dlock_client *c, dlock_entry *e, int64_t now, dlock_wakeset *ws);
 
 /* The calling thread's record of a name it holds shared, or of a
  * semaphore it holds permits of (local/sem.h, M4: a name is never both in
