@@ -564,8 +564,16 @@ function C.try(c, e)
     e.state = 'NONE'
     if how ~= 'reply' then
       -- call_script failed: if it reached Redis, the outcome is unknown,
-      -- and the renewal thread releases this attempt's grant (a give-back).
-      if how ~= 'unsent' then C.job(c, e, 'giveback', nonce, c.s.keep_ms * 1000, proto, mode) end
+      -- and the renewal thread releases this attempt's grant (a give-back);
+      -- it may have queued the client too (a wait's try): the last waiter
+      -- to go takes the client out, as after a refusal (poll_loop)
+      if how ~= 'unsent' then
+        C.job(c, e, 'giveback', nonce, c.s.keep_ms * 1000, proto, mode)
+        if not th.once then
+          e.queued = true
+          e.queue_proto = proto
+        end
+      end
       return poll_done(c, e, th.stop or 'EREDIS')
     end
     local unqueued = false

@@ -100,7 +100,7 @@ M.list = {
   },
   {
     name = 'mark_without_reservation',
-    schedules = 2000, seed = 16,
+    schedules = 4000, seed = 16,
     why = "after a step back a grant goes above the mark's token only, not its pass limit: "
       .. 'the local handoffs of a grant that expired unreleased are undercut',
     file = 'acquire', find = '  mark = mark + tonumber(mpl)',

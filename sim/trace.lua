@@ -34,7 +34,8 @@
 --                                             protocol TO's data: it is sent again in TO
 --                                             (the next acq of NAME; no rep for the refusal;
 --                                             at most C.RESENDS times an attempt)
---   rep    NAME NONCE SENT GRANTED VALUE ACKED RC   its reply, as read
+--   rep    NAME NONCE SENT GRANTED VALUE ACKED RC   its reply, as read (GRANTED -8: no
+--                                             answer came; -9: none as an integer)
 --   tried  NAME NONCE RC SENT ANSWERED STOP  the try's outcome for the poller
 --   grant  NAME TOKEN UNCLEAN VALID_UNTIL GRANT_AT EPOCH   take_grant
 --   msg    NAME NONCE TOKEN UNCLEAN STORED PROTOCOL SHARED   a wake-up message (wake_one); a
@@ -393,6 +394,11 @@ function T.check_file(path)
         -- the protocol of the try that queued the client: its leave's
         -- (poll_redis, dlock_acquire_run)
         if p and rc == E.EBUSY and not e.once then e.queue_proto = p.proto end
+        -- (and of a try sent that no answer came for: it may have queued
+        -- the client, which leaves as after a refusal: poll_loop)
+        if p and p.rep and p.rep.sent and p.rep.granted == -8 and not e.once then
+          e.queue_proto = p.proto
+        end
       elseif kind == 'msg' then
         if f[8] == '1' then
           e.msg = {nonce = num(f[5]), token = num(f[6]), unclean = num(f[7]),

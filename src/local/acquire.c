@@ -261,6 +261,21 @@ static int poll_loop(dlock_client *c, const dlock_kind *kind, dlock_entry *e, in
         pthread_mutex_lock(&e->mu);
         e->lease.state = DLOCK_LEASE_NONE;
         e->poll.unreachable = last_unreachable; /* (for the waiters' ends: acquire_wait) */
+        if (t.unanswered && !once) {
+            /* The try may have run without its answer reaching us (a
+             * timeout, a connection lost after the send): it may have
+             * queued the client, even on the wait's first try, before any
+             * refusal told us so. The last waiter to go takes the client
+             * out, as after a refusal (dlock_acquire_run): a leave that
+             * finds no entry changes nothing, and, numbered after this try,
+             * it makes Redis refuse the try if that arrives later. Without
+             * it the entry would stay until a release or a leave walked
+             * past it dead, and a release would hand this client the turn
+             * (or a direct grant) for its waiter ttl. (Redlock mode keeps
+             * its own account of the nodes a try reached: local/rlmode.c.) */
+            e->poll.queued = 1;
+            e->poll.queue_protocol = t.protocol;
+        }
         if (unconfirmed > e->lease.unconfirmed) {
             /* the set's (the entry was made anew): kept here too, so that
              * a grant, which goes above it, clears both (take_grant) */

@@ -232,7 +232,9 @@ int dlock_rpc_acquire(dlock_client *c, dlock_entry *e, dlock_rpc_try *t)
         /* If it reached Redis the outcome is unknown: the renewal thread
          * releases exactly this attempt's grant, if there is one, without
          * delaying the caller. */
-        dlock_trace_event(c->trace, "rep", e->name, "%s %d -9 0 -1 %d", nonce, sent, rc);
+        /* (granted -8: no answer; sim/trace.lua) */
+        dlock_trace_event(c->trace, "rep", e->name, "%s %d -8 0 -1 %d", nonce, sent, rc);
+        t->unanswered = sent;
         if (sent)
             dlock_renew_give_back(c->renew, e, nonce, t->protocol, t->shared);
         return rc;

@@ -50,6 +50,9 @@ typedef struct dlock_rpc_try {
     int64_t pttl_ms;          /* out, refused: the lease's time left */
     busy_info busy;           /* out, refused: what Redis said of the holder */
     int64_t sent_boot;        /* out: when the try was sent (boot clock) */
+    int unanswered;           /* out, failed: it may have reached Redis, but no
+                                 answer came: it may have run (granted, or, with
+                                 `queue`, queued the client) */
     int unreachable;          /* out, refused: not refused but too few nodes asked
                                  (Redlock mode, local/rlmode.h): a wait that ends
                                  after it fails with DLOCK_EREDIS, its message */

@@ -13,7 +13,9 @@
  *     report DLOCK_OK, not DLOCK_ELOST, with no on_lost call.
  *   - A waiter whose poll fails (stalled network): the client leaves the
  *     wait queue in the background once Redis answers, so the next release
- *     does not hand the turn to a client that stopped waiting.
+ *     does not hand the turn to a client that stopped waiting. So does one
+ *     whose first poll ran in Redis but was never answered (it never
+ *     learned from a refusal that it was queued).
  *   - A grant answered after the lease could have expired (a slow network)
  *     is not taken: the acquire fails.
  *
@@ -260,6 +262,39 @@ static void test_failed_waiter_leaves_the_queue(void **state)
     dlock_client_close(z);
 }
 
+/* ------------------------------- leave after an unanswered first poll */
+
+static void test_unanswered_first_poll_leaves_the_queue(void **state)
+{
+    (void)state;
+    /* The stall in the test above can catch the answer of X's first poll
+     * instead of its second: the try ran in Redis (X is queued) but X never
+     * heard it, so X had no refusal to learn from that it was queued. Made
+     * certain here: every answer to X comes 1 s late, past its command
+     * timeout (500 ms), while its requests reach Redis at once. */
+    dlock_client *x = open_client(1, 6000, 500, 10000);
+    dlock_client *y = open_client(0, 6000, 1000, 10000);
+    assert_int_equal(dlock_acquire(y, "lv1", 0, NULL), DLOCK_OK);
+    /* X's pooled connection is set up before the answers slow down (a
+     * single try: refused, not queued) */
+    assert_int_equal(dlock_acquire(x, "lv1", 0, NULL), DLOCK_EBUSY);
+    assert_int_equal(redis_int("ZCARD %s", "to:{lv1}:q"), 0);
+    fx_proxy_set_delay(proxy, 0, 1000000);
+    assert_int_equal(dlock_acquire(x, "lv1", 60000, NULL), DLOCK_EREDIS);
+    fx_proxy_set_delay(proxy, 0, 0);
+    /* Nothing else takes X's entry out while Y holds the lock (a release
+     * would hand X the turn, live for the waiter ttl, 10 s): the client
+     * leaves by itself, in tens of ms here; 15 s is generous for a busy
+     * machine. */
+    long long t_left = fx_now_ns();
+    if (!wait_zcard("to:{lv1}:q", 0, 15000))
+        fail_msg("X's entry still queued %lld ms after its try went unanswered",
+                 (fx_now_ns() - t_left) / 1000000);
+    assert_int_equal(dlock_release(y, "lv1"), DLOCK_OK);
+    dlock_client_close(x);
+    dlock_client_close(y);
+}
+
 /* ------------------------------------------------ answered too late */
 
 static void test_answer_after_validity_not_taken(void **state)
@@ -288,6 +323,7 @@ int main(void)
         cmocka_unit_test(test_late_acquire_never_displaces_a_live_grant),
         cmocka_unit_test(test_release_whose_answer_is_lost),
         cmocka_unit_test(test_failed_waiter_leaves_the_queue),
+        cmocka_unit_test(test_unanswered_first_poll_leaves_the_queue),
         cmocka_unit_test(test_answer_after_validity_not_taken),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
