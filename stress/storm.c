@@ -902,8 +902,9 @@ int main(int argc, char **argv)
              acq > 0 && O.sem_limit == 0, 0);
     /* the share of the run in which a name had nobody inside its critical
      * section (from the start to the last holder's leave; the mean over
-     * the names held): on one hot name, the time the lock itself kept
-     * everyone out, in handoffs and in Redis */
+     * the names held): on one hot name that threads always wait for, the
+     * time the lock itself kept everyone out, in handoffs and in Redis
+     * (where a name is often not wanted, its idle time too) */
     double empty = 0;
     int held_names = 0;
     for (long li = 0; li < O.locks; li++) {

@@ -599,14 +599,18 @@ static uint64_t since_start_us(void)
            (INSIDE_ONE - 1);
 }
 
+/* (The clock is read before each attempt of the compare-and-swap: read
+ * after it, a holder that entered and left meanwhile would count as empty
+ * time; read once before a retried one, the time would be stale.) */
 static void inside_enter(name_state *ns)
 {
-    uint64_t w = __atomic_load_n(&ns->inside, __ATOMIC_RELAXED);
+    uint64_t w = __atomic_load_n(&ns->inside, __ATOMIC_RELAXED), now;
+    do
+        now = since_start_us();
     while (!__atomic_compare_exchange_n(&ns->inside, &w, w + INSIDE_ONE, 0, __ATOMIC_RELAXED,
-                                        __ATOMIC_RELAXED))
-        ;
+                                        __ATOMIC_RELAXED));
     if (w < INSIDE_ONE) { /* it was empty since w's time */
-        uint64_t now = since_start_us(), left = w & (INSIDE_ONE - 1);
+        uint64_t left = w & (INSIDE_ONE - 1);
         if (now > left)
             __atomic_add_fetch(&ns->empty_us, now - left, __ATOMIC_RELAXED);
     }
@@ -614,10 +618,9 @@ static void inside_enter(name_state *ns)
 
 static void inside_leave(name_state *ns)
 {
-    uint64_t now = since_start_us();
     uint64_t w = __atomic_load_n(&ns->inside, __ATOMIC_RELAXED), n;
     do
-        n = w - INSIDE_ONE < INSIDE_ONE ? now : w - INSIDE_ONE;
+        n = w - INSIDE_ONE < INSIDE_ONE ? since_start_us() : w - INSIDE_ONE;
     while (!__atomic_compare_exchange_n(&ns->inside, &w, n, 0, __ATOMIC_RELAXED,
                                         __ATOMIC_RELAXED));
 }
