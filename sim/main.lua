@@ -10,8 +10,8 @@
 --       [--p2-share F] [--shared F|mix] [--no-revival-excuse]
 --   sim --sem [--seconds S | --schedules N] [--seed N] [--faults LIST]
 --       [--mutant NAME] [--replay SEED] [--quiet]
---   sim --redlock [--nodes 3|5] [--wait] [--hot] [--seconds S | --schedules N] [--seed N]
---       [--faults LIST] [--mutant NAME] [--replay SEED] [--quiet]
+--   sim --redlock [--nodes 3|5] [--wait] [--hot] [--shared F|mix] [--seconds S | --schedules N]
+--       [--seed N] [--faults LIST] [--mutant NAME] [--replay SEED] [--quiet]
 -- Prints progress on stderr and, last on stdout, one JSON line. On a
 -- violation: exits 1 after printing the schedule's seed and its trace (the
 -- same seed replays it exactly: sim --replay SEED with the same options).
@@ -53,6 +53,12 @@
 -- clients' acquisitions (either way) and how many clients got no token.
 -- --hot (with --redlock): a client acquires again at once after a hold,
 -- not after a pause of up to half a lease (a busy process's threads).
+-- --shared F|mix (with --redlock): shared mode over the nodes, each
+-- acquire shared with probability F (mix: each client its own, as
+-- without --redlock), drawn from a stream of its own (--shared 0 runs the
+-- schedules without it event for event): acquire_shared.lua and
+-- release_shared.lua on every node, the same quorum and token rule, and
+-- the invariants with shared leases side by side (sim/redlock.lua).
 local dir = arg[0]:match('^(.*)/[^/]*$') or '.'
 package.path = dir .. '/?.lua;' .. package.path
 local root = dir .. '/..'
@@ -153,6 +159,7 @@ if opts.mutant then
   end
   if m.run == 'redlock' then
     if m.wait then opts.wait = true end -- (a mutant of the wait queues runs with them)
+    if m.hot then opts.hot = true end -- (and of a busy name, --hot)
     if m.file == 'redlock_model' then
       W = mutants.load_world(m, dir, 'redlock') -- the quorum client's model
     else
@@ -187,15 +194,17 @@ if opts.sem and (opts.protocol or opts.shared ~= nil or opts.coverage or opts.cl
   usage('--sem takes none of --protocol 1|2|mixed, --shared, --coverage, --clients, --names, '
     .. '--steps, --local-rule, --step-back-*')
 end
-if opts.redlock and (opts.sem or opts.protocol or opts.shared ~= nil or opts.coverage or opts.clients
+if opts.redlock and (opts.sem or opts.protocol or opts.coverage or opts.clients
     or opts.names or opts.steps or opts.local_rule or opts.step_back_ms or opts.step_back_leases) then
-  usage('--redlock takes none of --sem, --protocol 1|2|mixed, --shared, --coverage, --clients, '
+  usage('--redlock takes none of --sem, --protocol 1|2|mixed, --coverage, --clients, '
     .. '--names, --steps, --local-rule, --step-back-*')
 end
 if opts.nodes and not opts.redlock then usage('--nodes goes with --redlock') end
 if opts.wait and not opts.redlock then usage('--wait goes with --redlock') end
 if opts.hot and not opts.redlock then usage('--hot goes with --redlock') end
-if opts.shared ~= nil and opts.protocol ~= 2 then usage('--shared goes with --protocol 2') end
+if opts.shared ~= nil and opts.protocol ~= 2 and not opts.redlock then
+  usage('--shared goes with --protocol 2 or --redlock')
+end
 if type(opts.shared) == 'number' and (opts.shared < 0 or opts.shared > 1) then
   usage('--shared is a fraction from 0 to 1, or mix')
 end
@@ -222,7 +231,7 @@ local function report(w)
   for j = from, #lines do io.stdout:write(lines[j], '\n') end
   io.stdout:write(string.format('replay: sim --replay %d%s%s%s', w.seed, opts.sem and ' --sem' or
     opts.redlock and ' --redlock' .. (opts.nodes and ' --nodes ' .. opts.nodes or '')
-      .. (opts.wait and ' --wait' or '') or '',
+      .. (opts.wait and ' --wait' or '') .. (opts.hot and ' --hot' or '') or '',
     opts.protocol and opts.protocol ~= 1 and ' --protocol ' .. opts.protocol or '',
     opts.shared ~= nil and ' --shared ' .. tostring(opts.shared) or ''))
   for _, a in ipairs(arg) do
@@ -257,7 +266,9 @@ local function protocol_json()
   if opts.sem then return ',"world":"sem"' end
   if opts.redlock then
     return string.format(',"world":"redlock","nodes":%d,"renewals":%d,"holds_lost":%d,"regrants":%d',
-      opts.nodes or 3, rnw, rlost, rgr) .. wait_json()
+      opts.nodes or 3, rnw, rlost, rgr) .. (opts.shared ~= nil and string.format(
+      ',"shared":%s,"shared_acquisitions":%d', opts.shared == 'mix' and '"mix"' or tostring(opts.shared),
+      sacq) or '') .. wait_json()
   end
   if opts.protocol == 2 and opts.shared ~= nil then
     return ',"protocol":2,"shared":' .. (opts.shared == 'mix' and '"mix"' or tostring(opts.shared))

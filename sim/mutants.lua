@@ -576,6 +576,48 @@ M.list = {
     file = 'redlock_model', find = 'if not older and cnow(self, c) < valid then',
     replace = 'if cnow(self, c) < valid then',
   },
+  -- Its shared mode (shared = F: sim --redlock --shared F).
+  {
+    name = 'redlock_shared_beside_exclusive', run = 'redlock', protocol = 2, shared = 0.5,
+    schedules = 100,
+    why = 'acquire_shared.lua grants a shared lease while another client holds the live exclusive '
+      .. 'grant: a majority of such nodes votes a reader in beside a writer',
+    file = 'acquire_shared', find = 'if owner then\n  pttl = tonumber(exp) - now_ms + 1',
+    replace = 'if false then\n  pttl = tonumber(exp) - now_ms + 1',
+  },
+  {
+    name = 'redlock_shared_no_writeback', run = 'redlock', shared = 0.5,
+    schedules = 300,
+    why = "a shared grant is handed out with the highest vote + 1, never written back: a later "
+      .. "exclusive grant by another majority may take a token below it",
+    file = 'redlock_model', find = '  local ok = false\n  for _ = 1, 3 do',
+    replace = '  local ok = shared\n  for _ = 1, shared and 0 or 3 do',
+  },
+  {
+    name = 'redlock_shared_run_past_writer', run = 'redlock', protocol = 2, shared = 'mix', wait = true,
+    hot = true, schedules = 300,
+    why = "release.lua's run of direct shared grants drops a live exclusive waiter from the queue "
+      .. 'and grants the shared waiters behind it',
+    file = 'release', find = "          if (tonumber(string.match(d, '^%d+')) or 0) > now_ms then\n            w = x",
+    replace = "          if (tonumber(string.match(d, '^%d+')) or 0) > now_ms and string.match(d, '^%d+ %d+ s ') then\n            w = x",
+  },
+  {
+    name = 'redlock_shared_released_as_exclusive', run = 'redlock', shared = 0.5,
+    schedules = 300,
+    why = 'a shared holder releases with release.lua, which leaves its shared lease on every node '
+      .. 'for a lease',
+    file = 'redlock_model', find = "      self:release_all(c, name, h.att, '0', nil, shared)",
+    replace = "      self:release_all(c, name, h.att, '0', nil, nil)",
+  },
+  {
+    name = 'redlock_shared_keeps_unnamed', run = 'redlock', shared = 'mix', wait = true, hot = true,
+    schedules = 300,
+    why = 'a reader keeps a split vote against a refusal that names no holder: writers and readers '
+      .. 'that hold each other\'s nodes wait for one another until they give up',
+    file = 'redlock_model',
+    find = "if shared and cfg.wait and type(r.rep) == 'table' and r.rep[1] == 0 and r.rep[3] == '' then",
+    replace = "if false then",
+  },
 }
 
 -- Mutants that random schedules rarely tell apart (a second defence

@@ -68,6 +68,19 @@
 --          before (a step back).
 --   starve (cfg.wait) without faults, a wait ends within 5 leases per
 --          client.
+--   release a release by attempt leaves no live grant of that attempt to
+--          its client on the node, exclusive or shared.
+-- Shared mode (opts.shared, sim --redlock --shared F|mix): acquires drawn
+-- shared run acquire_shared.lua, are released and given back by
+-- release_shared.lua, renewed by renew.lua and re-granted by
+-- acquire_shared.lua, with the same quorum and token rule (no local
+-- passes: the write-back writes T alone); a shared try that a node refused
+-- naming no holder gives its split vote back. The invariants then: mutex
+-- allows shared leases side by side; order holds a shared token above the
+-- last exclusive one (an exclusive one above the highest since the last
+-- exclusive one); a shared holder's store accesses are fenced reads; fifo
+-- lets a shared grant pass over live shared waiters, and checks a
+-- release's direct grants to a run of shared waiters.
 --
 -- Faults (each drawn per schedule, in four schedules of five):
 --   net     requests and replies lost per client-node link (cuts lasting up
@@ -101,7 +114,7 @@ rng.mixin(W)
 ------------------------------------------------------------------------
 -- The scripts.
 
-local NAMES = {'acquire', 'release', 'mark', 'renew'}
+local NAMES = {'acquire', 'release', 'mark', 'renew', 'acquire_shared', 'release_shared'}
 
 local function read(path)
   local f = assert(io.open(path, 'rb'))
@@ -243,11 +256,24 @@ function W.new(seed, opts, scripts)
   -- --wait only, drawing nothing more from the schedule's stream when off
   cfg.wait = opts.wait
   self.wstats = {wakeups = 0, polls = 0, splits = 0, kept = 0, waits = 0, wait_max_us = 0}
+  -- shared mode (sim --redlock --shared F|mix): each acquire's mode drawn
+  -- from a stream of its own (W:rand4), so that --shared 0 runs the
+  -- schedules without it event for event
+  if opts.shared ~= nil then
+    self.rs4 = new_rng(seed + 5555555)
+    self.shared_acquisitions = 0
+  end
   for i = 1, self:rint(2, 4) do self:add_client(i) end
   self:trace(string.format('schedule %d: %d nodes, lease %d ms, command timeouts up to %d ms, '
     .. '%d clients, %d names, faults %s', seed, cfg.n, cfg.lease_ms, cfg.timeout_us / 1000, #self.clients,
     #self.names, self:faults_text()))
   return self
+end
+
+-- The shared mode's stream (opts.shared).
+function W:rand4()
+  self.rs4 = (self.rs4 * 16807) % rng.M31
+  return self.rs4 / rng.M31
 end
 
 function W:faults_text()
@@ -267,6 +293,15 @@ function W:add_client(i, probe, main)
     -- others' either way: a fixed offset per client, drawing nothing)
     skew = ((i * 7919) % 11 - 5) * self.cfg.L}
   self.by_id[c.id] = c
+  if self.rs4 and not probe then
+    -- the share of its acquires that are shared (--shared F, or mix: its own)
+    local f = self.opts.shared
+    if f == 'mix' then
+      local fs = {0, 0.5, 0.9, 1}
+      f = fs[1 + floor(self:rand4() * #fs)]
+    end
+    c.shared_frac = f
+  end
   -- (clients configured apart: a command timeout of their own)
   c.timeout_us = probe and self.cfg.timeout_us or self:rint(7000, self.cfg.timeout_us)
   c.rate = 1 + ((self.cfg.faults.clock and not probe) and self:rint(-30, 30) / 10000 or 0)
@@ -324,7 +359,7 @@ function W:run_on(nd, c, script, keys, argv)
   local high = nd.high or 0
   local now_us = self:srv_time(nd)
   nd.high = math.max(high, now_us)
-  local q = self.cfg.wait and (script == 'acquire' or script == 'release') and self:queue_before(nd, keys,
+  local q = self.cfg.wait and script ~= 'mark' and script ~= 'renew' and self:queue_before(nd, keys,
     now_us)
   nd.srv.published = {}
   local rep = R.run(nd.srv, self.fns[script], keys, argv, now_us)
@@ -334,7 +369,26 @@ function W:run_on(nd, c, script, keys, argv)
     self:queue_after(nd, c, script, keys, q, rep)
   end
   for _, p in ipairs(nd.srv.published) do self:wake(nd, p.channel, p.message) end
-  if type(rep) == 'table' and rep.err then
+  -- release: a release by attempt leaves no live grant of that attempt to
+  -- its client on the node, exclusive or shared (a client that releases
+  -- with the other mode's script would keep it for a lease)
+  if (script == 'release' or script == 'release_shared') and argv[2] == 'nonce' then
+    local g = R.live(nd.srv, keys[1])
+    local now_ms = floor(now_us / 1000)
+    if g then
+      local sa, sx = string.match(g.v['s:' .. c.id] or '', '^%d+ (%d+) %d+ %d+ (%d+)$')
+      local ga, gx = string.match(g.v.g or '', '^%d+ (%d+) %d+ (%d+) ')
+      if (sa == argv[3] and tonumber(sx) >= now_ms) or
+         (g.v.o == c.id and ga == argv[3] and tonumber(gx) >= now_ms) then
+        self:violation('release', string.format('%s by attempt %s of %s left its live %s grant on '
+          .. 'node %d', script, argv[3], c.name, sa == argv[3] and 'shared' or 'exclusive', nd.i))
+      end
+    end
+  end
+  -- (shared mode: an acquire of the other mode than the client's own live
+  -- lease there, one whose release was lost, is refused with DLOCKMODE:
+  -- no vote, until that lease ends)
+  if type(rep) == 'table' and rep.err and not (self.rs4 and string.match(rep.err, '^DLOCKMODE ')) then
     self:violation('error', script .. ' failed on node ' .. nd.i .. ': ' .. rep.err)
   end
   local seed = R.live(nd.srv, 'dlock:redlock:seed')
@@ -507,20 +561,24 @@ function W:hw(name) return self.per_slot and 'dlock:hw:{' .. name .. '}' or 'dlo
 -- and forget); last: the
 -- token handed out under it for release.lua to raise the mark to, always
 -- '0' here: the rule must not rely on a release's write-back (a holder
--- that crashes or pauses past its lease sends none).
-function W:release_all(c, name, att, last, some)
+-- that crashes or pauses past its lease sends none). shared: the attempt
+-- was a shared acquire's (release_shared.lua).
+function W:release_all(c, name, att, last, some, shared)
   local cfg = self.cfg
   for _, i in ipairs(some or self:all_nodes()) do
-    self:send(c, i, 'release', self:keys_of(name, c), {c.id, 'nonce', tostring(att),
+    self:send(c, i, shared and 'release_shared' or 'release', self:keys_of(name, c), {c.id, 'nonce', tostring(att),
       tostring(cfg.lease_ms), last, 'dlock:wake:', name, tostring(cfg.lease_ms),
       tostring(cfg.keep_ms), '0'}, function() end)
   end
 end
 
 -- The quorum acquire: a hold {name, token, att, first, valid, handout} or nil.
-function W:acquire(c, name)
+-- shared: a shared lease (acquire_shared.lua on every node, the same rule:
+-- any two majorities share a node, which grants no exclusive lease beside a
+-- shared one; no local passes, so the write-back writes T alone).
+function W:acquire(c, name, shared)
   local cfg = self.cfg
-  local pl = c.pl or cfg.pl -- (a scenario may give a client a pass limit of its own)
+  local pl = shared and 0 or c.pl or cfg.pl -- (a scenario may give a client a pass limit of its own)
   c.number = c.number + 1
   local att = c.number
   local first_real, first = self.now, cnow(self, c)
@@ -531,7 +589,7 @@ function W:acquire(c, name)
   -- (a try outside a wait is a wait of its own)
   if cfg.wait and not c.waiting then c.ticket = self:ticket(c) end
   local cname = cfg.wait and c.name .. '@' .. string.format('%.0f', c.ticket) or c.name
-  local reps = self:gather(c, self:all_nodes(), 'acquire', keys, {c.id, tostring(cfg.lease_ms),
+  local reps = self:gather(c, self:all_nodes(), shared and 'acquire_shared' or 'acquire', keys, {c.id, tostring(cfg.lease_ms),
     tostring(att), tostring(pl), tostring(cfg.lease_ms), cfg.wait and '1' or '0', tostring(cfg.keep_ms),
     cname})
   local votes, tokens, node_tok, voted = 0, {}, {}, {}
@@ -549,11 +607,18 @@ function W:acquire(c, name)
         c.pttl = math.max(c.pttl or 0, r.rep[2])
         if cfg.wait and self:ahead_of(r.rep[3], c) then older = true end
       end
+      -- (shared: a refusal that names no holder, a waiter ahead there or
+      -- shared leases, counts as older: readers keep a split vote only
+      -- against named, younger holders, else writers and readers that
+      -- hold each other's nodes wait on one another unnamed)
+      if shared and cfg.wait and type(r.rep) == 'table' and r.rep[1] == 0 and r.rep[3] == '' then
+        older = true
+      end
       self:maybe_seed(c, i, r.meta, keys[7])
     end
   end
   if votes < cfg.m or cnow(self, c) >= valid then
-    self:trace(string.format('%s: %s refused (%d votes)', c.name, name, votes))
+    self:trace(string.format('%s: %s refused (%d votes)%s', c.name, name, votes, shared and ' shared' or ''))
     if cfg.wait and votes > 0 then
       self.wstats.splits = self.wstats.splits + 1
       -- A split vote: the client waiting longest keeps its grants (its
@@ -574,9 +639,9 @@ function W:acquire(c, name)
         local r = reps[i]
         if not (r and type(r.rep) == 'table' and r.rep[1] == 0) then some[#some + 1] = i end
       end
-      self:release_all(c, name, att, '0', some)
+      self:release_all(c, name, att, '0', some, shared)
     else
-      self:release_all(c, name, att, '0')
+      self:release_all(c, name, att, '0', nil, shared)
     end
     return nil
   end
@@ -615,11 +680,11 @@ function W:acquire(c, name)
   end
   if not ok or cnow(self, c) >= valid then
     self:trace(string.format('%s: %s not confirmed (token %.0f)', c.name, name, T))
-    self:release_all(c, name, att, '0')
+    self:release_all(c, name, att, '0', nil, shared)
     return nil
   end
   return {name = name, token = T, att = att, first = first_real, valid = valid, handout = self.now,
-    node_tok = node_tok, voted = voted}
+    node_tok = node_tok, voted = voted, shared = shared}
 end
 
 -- Waiting (cfg.wait): quorum tries of name until one is granted or the
@@ -628,23 +693,23 @@ end
 -- it waits for a wake-up from any node, or polls: after the refusing
 -- lease's pttl (5 ms .. a third of a lease, as without queues), a third of
 -- a lease when no node told one. Its ticket is its clock at the first try.
-function W:acquire_waiting(c, name, deadline)
+function W:acquire_waiting(c, name, deadline, shared)
   local cfg = self.cfg
   c.ticket, c.waiting, c.woken = self:ticket(c), name, nil
   local start = self.now
   local h, kept
   while true do
     local before = kept
-    h, kept = self:acquire(c, name)
+    h, kept = self:acquire(c, name, shared)
     -- (grants an earlier try kept, on nodes this try did not reach: a
     -- release by that attempt leaves a newer grant of the client alone)
-    if before and before ~= kept then self:release_all(c, name, before, '0') end
+    if before and before ~= kept then self:release_all(c, name, before, '0', nil, shared) end
     if h or cnow(self, c) >= deadline then break end
     local p = c.pttl and c.pttl * 1000 or floor(cfg.L / 3)
     self:await(c, math.max(5000, math.min(p, floor(cfg.L / 3))) + self:rint(0, 2000))
   end
   c.waiting, c.wtok, c.woken = nil, nil, nil
-  if kept then self:release_all(c, name, kept, '0') end
+  if kept then self:release_all(c, name, kept, '0', nil, shared) end
   local waited = self.now - start
   local ws = self.wstats
   ws.waits = ws.waits + 1
@@ -693,7 +758,7 @@ function W:renew(c, h)
     if h.node_tok[i] then
       return 'renew', {keys[1]}, {c.id, tostring(cfg.lease_ms), string.format('%.0f', h.node_tok[i])}
     end
-    return 'acquire', keys, {c.id, tostring(cfg.lease_ms), tostring(h.att), tostring(pl),
+    return h.shared and 'acquire_shared' or 'acquire', keys, {c.id, tostring(cfg.lease_ms), tostring(h.att), tostring(h.shared and 0 or pl),
       tostring(cfg.lease_ms), '0', tostring(cfg.keep_ms), c.name}
   end)
   local acks = 0
@@ -749,10 +814,23 @@ function W:hold_renewed(c, h, hold)
   return true
 end
 
--- A token handed out: the order invariant.
+-- A token handed out: the order invariant. (Shared mode: a shared token
+-- need not be above one of another shared lease that overlapped its
+-- acquire; it is above the last exclusive token, and the next exclusive
+-- token above it.)
 function W:hand_out(c, h)
   local list = self.handed[h.name]
-  local prior, last = nil, list[#list]
+  local prior, last = nil, nil
+  -- (the last exclusive token, for a shared one; for an exclusive one the
+  -- highest since the last exclusive token, that one included: shared
+  -- tokens after it need not be in order among themselves)
+  for k = #list, 1, -1 do
+    if not h.shared and (not last or list[k].token > last.token) then last = list[k] end
+    if not list[k].shared then
+      if h.shared then last = list[k] end
+      break
+    end
+  end
   for _, x in ipairs(list) do
     if x.handout < h.first and (not prior or x.token > prior.token) then prior = x end
   end
@@ -776,25 +854,34 @@ function W:hand_out(c, h)
   c.got = c.got + 1
   list[#list + 1] = h
   self.acquisitions = self.acquisitions + 1
-  self:trace(string.format('%s holds %s with token %.0f (valid %.3f ms more)', c.name, h.name,
-    h.token, (h.valid - cnow(self, c)) / 1000 / c.rate))
+  if h.shared then self.shared_acquisitions = self.shared_acquisitions + 1 end
+  self:trace(string.format('%s holds %s%s with token %.0f (valid %.3f ms more)', c.name, h.name,
+    h.shared and ' shared' or '', h.token, (h.valid - cnow(self, c)) / 1000 / c.rate))
 end
 
--- A holder's write to the fenced store of its name.
+-- A holder's write to the fenced store of its name (a shared holder's is
+-- a fenced read: the store refuses it as a write, and it raises the
+-- store's highest token as a write does, so that no write of an older
+-- token lands after it; so two readers whose acquires overlapped may
+-- refuse each other's reads: conservative, a refused access is not
+-- checked).
 function W:store_write(c, h)
   local s = self.store[h.name]
+  local what = h.shared and 'read' or 'write'
   if h.token < s.high then
-    self:trace(string.format('store of %s refuses %s (token %.0f < %.0f)', h.name, c.name, h.token,
-      s.high))
+    self:trace(string.format('store of %s refuses the %s of %s (token %.0f < %.0f)', h.name, what,
+      c.name, h.token, s.high))
     return
   end
   if s.max_first > h.handout then
-    self:violation('fence', string.format('the store of %s took a write of %s (token %.0f) after one '
-      .. 'of an acquire that began after that token was handed out', h.name, c.name, h.token))
+    self:violation('fence', string.format('the store of %s took a %s of %s (token %.0f) after an '
+      .. 'access of an acquire that began after that token was handed out', h.name, what, c.name,
+      h.token))
   end
   s.high = h.token
   s.max_first = math.max(s.max_first, h.first)
-  self:trace(string.format('store of %s takes %s (token %.0f)', h.name, c.name, h.token))
+  self:trace(string.format('store of %s takes the %s of %s (token %.0f)', h.name, what, c.name,
+    h.token))
 end
 
 function W:client_main(c)
@@ -803,8 +890,13 @@ function W:client_main(c)
     -- (hot: at once again, as a thread of a busy process would)
     self:sleep(c, self.opts.hot and 0 or self:rint(0, floor(cfg.L / 2)))
     local name = self.names[self:rint(1, #self.names)]
+    local shared = c.shared_frac and self:rand4() < c.shared_frac or nil
     local h
-    if cfg.wait then h = self:acquire_waiting(c, name, cfg.horizon_us * c.rate) else h = self:acquire(c, name) end
+    if cfg.wait then
+      h = self:acquire_waiting(c, name, cfg.horizon_us * c.rate, shared)
+    else
+      h = self:acquire(c, name, shared)
+    end
     if h then
       self:hand_out(c, h)
       c.hold = h
@@ -831,10 +923,10 @@ function W:client_main(c)
           self:store_write(c, h)
         end
       end
-      self:passes(c, h)
+      if not shared then self:passes(c, h) end
       c.hold = nil
       self:trace(string.format('%s releases %s', c.name, name))
-      self:release_all(c, name, h.att, '0')
+      self:release_all(c, name, h.att, '0', nil, shared)
     elseif cfg.wait then
       self:sleep(c, self:rint(1000, floor(cfg.L / 4)))
     elseif c.pttl and self:rand() < 0.5 then
@@ -1029,27 +1121,41 @@ function W:queue_before(nd, keys, now_us)
   local lv = R.live(nd.srv, keys[4])
   local g = R.live(nd.srv, keys[1])
   local now_ms = floor(now_us / 1000)
-  local live, score = {}, {} -- (copies: the script changes the objects)
+  local live, score, sh = {}, {}, {} -- (copies: the script changes the objects)
   if z then
     for id, sc in pairs(z.v) do
       score[id] = sc
       local d = lv and lv.v[id] and tonumber(string.match(lv.v[id], '^%d+'))
       if d and d > now_ms then live[id] = sc end
+      -- (a shared waiter: its liveness value's third field is 's')
+      if lv and lv.v[id] and string.match(lv.v[id], '^%d+ %d+ s ') then sh[id] = true end
     end
   end
   local owner = g and g.v.o
   local exp = g and g.v.g and tonumber(string.match(g.v.g, '^%d+ %d+ %d+ (%d+)'))
-  return {live = live, score = score, owner = exp and exp >= now_ms and owner}
+  -- (shared mode: the clients whose shared lease lives, s:<id> "token
+  -- attempt dur end exp")
+  local sown = {}
+  if g and self.rs4 then
+    for f, v in pairs(g.v) do
+      local id, sx = string.match(f, '^s:(.*)$'), tonumber(string.match(v, '^%d+ %d+ %d+ %d+ (%d+)$') or '')
+      if id and sx and sx >= now_ms then sown[id] = true end
+    end
+  end
+  return {live = live, score = score, owner = exp and exp >= now_ms and owner, sh = sh, sown = sown}
 end
 
-function W:passed_over(q, id)
+-- (shared: a shared grant, which live shared waiters ahead do not refuse)
+function W:passed_over(q, id, shared)
   local out, mine = {}, q.score[id]
   -- (a node whose clock is behind a time it read before, after a step
   -- back, counts grants past their time again, and turns: its order is
   -- excused until its clock is past that time, docs/design.md "Waiting")
   if q.behind then return out end
   for w, sc in pairs(q.live) do
-    if w ~= id and (not mine or sc < mine or (sc == mine and w < id)) then out[#out + 1] = w end
+    if w ~= id and (not mine or sc < mine or (sc == mine and w < id)) and not (shared and q.sh[w]) then
+      out[#out + 1] = w
+    end
   end
   return out
 end
@@ -1060,10 +1166,28 @@ function W:queue_after(nd, c, script, keys, q, rep)
     if q.owner ~= c.id or q.score[c.id] then
       c.over[nd.i] = {run = nd.run, ids = self:passed_over(q, c.id)}
     end
-  elseif script == 'release' and rep == 2 then
+  elseif script == 'acquire_shared' and type(rep) == 'table' and rep[1] == 1 then
+    -- (its own live shared lease there is kept whoever queued since)
+    if not q.sown[c.id] or q.score[c.id] then
+      c.over[nd.i] = {run = nd.run, ids = self:passed_over(q, c.id, true)}
+    end
+  elseif (script == 'release' or script == 'release_shared') and rep == 2 then
+    -- (a direct grant to an exclusive waiter; or to a run of shared
+    -- waiters, each one of them a shared waiter live before, now out of
+    -- the queue with a shared lease: it passed over the live exclusive
+    -- waiters ahead of it)
     local g = R.live(nd.srv, keys[1])
-    local w = g and by[g.v.o]
+    local w = g and g.v.g and g.v.g ~= '' and by[g.v.o]
     if w then w.over[nd.i] = {run = nd.run, ids = self:passed_over(q, w.id)} end
+    if g and self.rs4 then
+      local z = R.live(nd.srv, keys[3])
+      for id in pairs(q.sh) do
+        local sw = by[id]
+        if sw and q.live[id] and g.v['s:' .. id] and not (z and z.v[id]) then
+          sw.over[nd.i] = {run = nd.run, ids = self:passed_over(q, id, true)}
+        end
+      end
+    end
   end
 end
 
@@ -1127,11 +1251,12 @@ function W:check()
     for _, c in ipairs(self.clients) do
       local h = c.hold
       if h and h.name == name and not c.dead and cnow(self, c) < h.valid then
-        if who then
-          self:violation('mutex', string.format('%s and %s both hold %s (tokens %.0f, %.0f)', who.c,
-            c.name, name, who.token, h.token))
+        -- (shared mode: shared leases side by side are no violation)
+        if who and not (who.shared and h.shared) then
+          self:violation('mutex', string.format('%s and %s both hold %s (tokens %.0f%s, %.0f%s)', who.c,
+            c.name, name, who.token, who.shared and ' shared' or '', h.token, h.shared and ' shared' or ''))
         end
-        who = who or h
+        if not who or who.shared then who = h end
       end
     end
   end
