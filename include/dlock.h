@@ -312,7 +312,14 @@ typedef struct dlock_config {
      * below waiter_ttl_ms / 2. A waiting holder's client name on the
      * nodes is "<client_name>@<ticket>.<id>". Each client subscribes
      * to every node (N connections and threads).
-     * Not in this version: shared mode and semaphores (their calls return
+     * Shared mode works in this mode too: shared leases of several
+     * clients side by side, none beside an exclusive lease; a shared
+     * token is above every token handed out before its acquire began
+     * and above the last exclusive token, the next exclusive token above
+     * it; two shared leases whose acquires overlapped are in no order
+     * (docs/design.md "Redlock", Shared mode). A waiting shared acquire
+     * also gives its split vote back when a node refused it naming no
+     * holder. Not in this version: semaphores (their calls return
      * DLOCK_EINVAL). `dlockctl --redlock-nodes
      * LIST` list, show and watch read every node (docs/operations.md,
      * "Redlock"). Default NULL: not Redlock mode. */

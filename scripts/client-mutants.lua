@@ -315,7 +315,7 @@ return {
     name = 'rl_unknown_not_given_back',
     why = 'Redlock mode: a quorum try of unknown outcome is not given back on the nodes',
     file = 'src/local/rlmode.c',
-    find = '    dlock_renew_rl_give_back(c->renew, e, t->nonce, all & ~busy.sent);',
+    find = '    dlock_renew_rl_give_back(c->renew, e, t->nonce, t->shared, all & ~busy.sent);',
     replace = '',
   },
   {
@@ -329,7 +329,30 @@ return {
     name = 'rl_kept_not_given_back',
     why = 'Redlock mode: the vote a wait kept is not given back when the wait ends',
     file = 'src/local/rlmode.c',
-    find = '    if (e->poll.rl_kept)\n        give_back(c, e, e->poll.rl_kept);',
+    find = '    if (e->poll.rl_kept)\n        give_back(c, e, e->poll.rl_kept, e->poll.rl_kept_shared);',
+    replace = '',
+  },
+  {
+    name = 'rl_shared_unnamed_kept',
+    why = 'Redlock mode: a shared wait keeps its split vote although a node refused it naming no '
+      .. 'holder (a writer queued ahead there)',
+    file = 'src/route/redlock_grant.c',
+    find = "    if (q->shared && r->element[2]->str[0] == '\\0')\n        return 1;\n",
+    replace = '',
+  },
+  {
+    name = 'rl_direct_grant_given_back',
+    why = "Redlock mode: a node's direct grant, unwanted while threads wait in the other mode, is "
+      .. 'given back by its attempt, which may be the held lease\'s',
+    file = 'src/local/client.c',
+    find = '    int unwanted = nonce && !stored && !c->redlock &&',
+    replace = '    int unwanted = nonce && !stored &&',
+  },
+  {
+    name = 'rl_shared_released_as_exclusive',
+    why = "Redlock mode: a shared lease is released with the exclusive release script",
+    file = 'src/route/redlock_grant.c',
+    find = '    r.shared = g->shared;\n',
     replace = '',
   },
 }

@@ -60,8 +60,8 @@
  * masters instead of the Sentinel topology, each behind its own proxy and
  * under its own clock; every fault on the servers hits one node
  * (nemesis_redlock.c says which faults and when); failover and clockfar
- * do not apply, nor do readers, semaphores, --protocol and
- * --min-replicas; a wipe excuses nothing (nemesis_check.c).
+ * do not apply, nor do semaphores, --protocol and --min-replicas (readers,
+ * --read-pct, do); a wipe excuses nothing (nemesis_check.c).
  *
  * --plant nolock|unfenced|readers-unlocked|sem-unlimited plants a bug
  * (nemesis.h) that the checker must catch: the test suite runs each and
@@ -691,8 +691,8 @@ static void usage(FILE *f)
 "               [--protocol 1|2|mixed]\n"
 "               [--read-pct R] [--sem-pct P [--sem-limit L]] [--redlock N] [--quiet]\n"
 "  --redlock: N (3 or 5) independent masters, the workers in Redlock mode,\n"
-"          each node under its own clock (exclusive locks only: no\n"
-"          --read-pct, --sem-pct, --protocol, --min-replicas; faults: no\n"
+"          each node under its own clock (locks, exclusive and shared: no\n"
+"          --sem-pct, --protocol, --min-replicas; faults: no\n"
 "          failover, clockfar; each node fault on one node)\n"
 "  --read-pct: the share (0-100, default 0) of the workers' iterations that\n"
 "          take the name shared and only read the store\n"
@@ -823,9 +823,9 @@ int main(int argc, char **argv)
     }
     unsigned rl_not = (1u << NM_FAILOVER) | (1u << NM_CLOCK_FAR);
     if (O.redlock && worker < 0) {
-        if (O.read_pct || O.sem_pct || O.protocol || min_replicas_given) {
-            fprintf(stderr, "nemesis: --redlock takes no --read-pct, --sem-pct, --protocol or "
-                            "--min-replicas (exclusive locks, protocol 2)\n");
+        if (O.sem_pct || O.protocol || min_replicas_given) {
+            fprintf(stderr, "nemesis: --redlock takes no --sem-pct, --protocol or "
+                            "--min-replicas (locks, exclusive or shared, protocol 2)\n");
             return 2;
         }
         if (faults_given && (O.faults & rl_not)) {

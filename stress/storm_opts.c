@@ -129,7 +129,7 @@ static void usage(FILE *f)
 "                       woken by a release on any node)\n"
 "                       and connect and command timeouts 200 ms. The Redis\n"
 "                       figures are summed over the nodes (and each node's CPU\n"
-"                       is reported). Exclusive locks only: not with --read-pct,\n"
+"                       is reported). Locks, exclusive and shared: not with\n"
 "                       --sem, --naive, --mutex, --client-per-thread, --redis,\n"
 "                       --unix, --sentinel, --cluster, --rtt-us, --min-replicas\n"
 "                       or --protocol other than 2\n"
@@ -358,9 +358,8 @@ void parse_opts(int argc, char **argv)
                       O.rtt_us > 0 || O.min_replicas))
         bad_usage("--cluster starts a private Redis Cluster for dlock's Cluster mode: not with"
                   " --naive, --mutex, --redis, --unix, --sentinel, --rtt-us or --min-replicas");
-    if (O.redlock && (O.read_pct > 0 || O.sem_limit > 0))
-        bad_usage("--redlock: Redlock mode has exclusive locks only (no shared mode nor"
-                  " semaphores yet): not with --read-pct or --sem");
+    if (O.redlock && O.sem_limit > 0)
+        bad_usage("--redlock: Redlock mode has no semaphores yet: not with --sem");
     if (O.redlock && (O.naive || O.mutex || O.client_per_thread))
         bad_usage("--redlock runs dlock's Redlock mode: not with --naive, --mutex or"
                   " --client-per-thread");

@@ -131,6 +131,8 @@ typedef struct rl_name {
     unsigned agree;       /* counting nodes that hold it exclusively for owner */
     int majority;         /* agree >= m */
     long long top_token;  /* the highest token counting nodes granted owner; -1 none */
+    unsigned shared;      /* counting nodes that hold it shared (shared mode) */
+    long long readers;    /* the most clients one of them holds it shared for */
 } rl_name;
 
 /* A holder's name as its client named it: without the "@<ticket>.<id>"
@@ -175,6 +177,12 @@ static void rl_read(rl_set *s, const char *name, rl_name *x)
         }
     }
     x->majority = x->agree >= s->m;
+    for (unsigned i = 0; i < s->n; i++)
+        if (x->read[i] && s->node[i].counts && !x->li[i].held && x->li[i].sharing > 0) {
+            x->shared++;
+            if (x->li[i].sharing > x->readers)
+                x->readers = x->li[i].sharing;
+        }
     for (unsigned i = 0; x->agree && i < s->n; i++)
         if (x->read[i] && s->node[i].counts && x->li[i].held &&
             !strcmp(x->li[i].owner, x->owner) && atoll(x->li[i].token) > x->top_token)
@@ -220,6 +228,10 @@ static void print_text(rl_set *s, const rl_name *x)
                ctl_esc(x->name, e1, sizeof e1),
                x->holder[0] ? ctl_esc(x->holder, e2, sizeof e2) : "?", x->owner, x->agree, s->n,
                x->top_token);
+    else if (x->shared >= s->m)
+        printf("%s: held shared on %u of %u nodes, a majority (up to %lld client%s on one)\n",
+               ctl_esc(x->name, e1, sizeof e1), x->shared, s->n, x->readers,
+               x->readers == 1 ? "" : "s");
     else if (x->agree)
         printf("%s: no majority holder (client id %s holds it on %u of %u nodes, %u needed)\n",
                ctl_esc(x->name, e1, sizeof e1), x->owner, x->agree, s->n, s->m);
@@ -252,7 +264,7 @@ static void print_json(rl_set *s, const rl_name *x)
         printf("%lld", x->top_token);
     else
         printf("null");
-    printf(",\"nodes\":[");
+    printf(",\"shared_nodes\":%u,\"nodes\":[", x->shared);
     for (unsigned i = 0; i < s->n; i++) {
         const rl_node *nd = &s->node[i];
         printf("%s{\"node\":", i ? "," : "");
@@ -364,7 +376,7 @@ int ctl_rl_show(const char *name, int watch)
         }
         print_text(&s, x);
     }
-    int held = x->majority;
+    int held = x->majority || x->shared >= s.m;
     rl_free(&s, x);
     free(x);
     rl_close(&s);

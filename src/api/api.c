@@ -232,9 +232,9 @@ static int acquire_call(dlock_client *c, const dlock_kind *kind, uint32_t limit,
     dlock_err_clear();
     if (!c)
         return dlock_err_set(DLOCK_EINVAL, "client is NULL");
-    if (kind != &dlock_kind_excl)
+    if (!kind)
         /* (a handle's and dlock_with*'s acquires come here too) */
-        if (dlock_rlmode_refuse(c, kind ? "shared mode" : "semaphores") != DLOCK_OK)
+        if (dlock_rlmode_refuse(c, "semaphores") != DLOCK_OK)
             return DLOCK_EINVAL;
     dlock_client_enter(c);
     int64_t t0 = dlock_now_ns();

@@ -112,6 +112,7 @@ typedef struct dlock_poll {
      * (the client's wall clock, us, at its first try; 0 no wait) and the
      * attempt whose split vote the last try kept (0 none). */
     uint64_t rl_ticket, rl_kept;
+    int rl_kept_shared; /* rl_kept is a shared try's */
     int unreachable;             /* the poller's last try found too few Redlock
                                     nodes to ask (local/rlmode.h): a wait that ends
                                     now ends in DLOCK_EREDIS */

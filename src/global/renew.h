@@ -119,11 +119,11 @@ void dlock_renew_sem_give_back(dlock_renew *r, const dlock_entry *e, const char 
 void dlock_renew_leave(dlock_renew *r, const dlock_entry *e, const char *number,
                        int protocol);
 
-/* dlock_renew_give_back in Redlock mode (an exclusive attempt) for the
- * nodes outside `skip` only (bit i: node i, which the attempt never
- * reached; all of them: the job is done at its first run). */
+/* dlock_renew_give_back in Redlock mode (a shared attempt or an exclusive
+ * one) for the nodes outside `skip` only (bit i: node i, which the attempt
+ * never reached; all of them: the job is done at its first run). */
 void dlock_renew_rl_give_back(dlock_renew *r, const dlock_entry *e, const char *nonce,
-                              uint32_t skip);
+                              int shared, uint32_t skip);
 
 /* dlock_renew_leave in Redlock mode for the nodes outside `skip` only
  * (bit i: node i is not asked: a wait granted there is out of its

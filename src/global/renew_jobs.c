@@ -88,10 +88,10 @@ void dlock_renew_leave(dlock_renew *r, const dlock_entry *e, const char *number,
 }
 
 void dlock_renew_rl_give_back(dlock_renew *r, const dlock_entry *e, const char *nonce,
-                              uint32_t skip)
+                              int shared, uint32_t skip)
 {
-    dlock_trace_event(r->cfg.trace, "giveback", e->name, "%s %d %c", nonce, 2, 'x');
-    add_job(r, e, 0, nonce, 2, 0, r->cfg.keep_ms, NULL, skip);
+    dlock_trace_event(r->cfg.trace, "giveback", e->name, "%s %d %c", nonce, 2, shared ? 's' : 'x');
+    add_job(r, e, 0, nonce, 2, shared, r->cfg.keep_ms, NULL, skip);
 }
 
 void dlock_renew_rl_leave(dlock_renew *r, const dlock_entry *e, const char *number,

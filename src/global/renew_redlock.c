@@ -237,7 +237,7 @@ int64_t dlock_renew_redlock_jobs(dlock_renew *r, int64_t until)
             dlock_redlock_req q = {.name = o->name, .keys = o->keys, .args = r->cfg.args,
                                    .client_name = r->cfg.conn->client_name,
                                    .attempt = strtoull(o->nonce, NULL, 10),
-                                   .deadline = d < until ? d : until};
+                                   .deadline = d < until ? d : until, .shared = o->shared};
             /* done once every node answered: the one that did not answer
              * the acquire may be the one that ran it (a leave: the one
              * that did not answer may queue the client still) */

@@ -346,8 +346,15 @@ static void wake_one(void *arg, const char *payload, size_t len)
      * be refused while it lives (DLOCKMODE), so it goes back at once, as a
      * grant of unknown outcome does; a thread of its own mode that waits
      * asks Redis anew. (With one kind only, the last waiter's leave frees
-     * it, or the next poller finds it its own.) */
-    int unwanted = nonce && !stored &&
+     * it, or the next poller finds it its own.) Never in Redlock mode: a
+     * node's direct grant there may be under the attempt of the lease this
+     * client holds, or of the try in flight (its queue entry on that node
+     * outlived the grant the others made), and a give-back by that attempt
+     * would release the lease on every node; the wait's leave gives up a
+     * grant of an older attempt never taken, and a try of the other mode
+     * meanwhile finds that node refusing it (DLOCKMODE: it does not count)
+     * until then. */
+    int unwanted = nonce && !stored && !c->redlock &&
                    e->kind_waiters[shared ? DLOCK_KIND_EXCL : DLOCK_KIND_SHARED] > 0;
     if (unwanted) {
         char number[24];

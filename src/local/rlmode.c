@@ -19,7 +19,7 @@ int dlock_rlmode_refuse(const dlock_client *c, const char *what)
     if (!c || !c->redlock)
         return DLOCK_OK;
     return dlock_err_set(DLOCK_EINVAL, "%s: not in Redlock mode yet (redlock_nodes is set; "
-                         "only exclusive locks are)", what);
+                         "exclusive locks and shared mode are)", what);
 }
 
 /* The pause before the next try, in ms: pttl bounded to 5 .. lease/3. */
@@ -49,18 +49,19 @@ static uint64_t wall_us(void)
     return us ? us : 1;
 }
 
-/* Gives attempt `attempt` of e back on every node, in the background. */
-static void give_back(dlock_client *c, dlock_entry *e, uint64_t attempt)
+/* Gives attempt `attempt` of e (a shared try's or not) back on every
+ * node, in the background. */
+static void give_back(dlock_client *c, dlock_entry *e, uint64_t attempt, int shared)
 {
     char number[24];
     snprintf(number, sizeof number, "%" PRIu64, attempt);
-    dlock_renew_give_back(c->renew, e, number, 2, 0);
+    dlock_renew_give_back(c->renew, e, number, 2, shared);
 }
 
 void dlock_rlmode_wait_end(dlock_client *c, dlock_entry *e)
 {
     if (e->poll.rl_kept)
-        give_back(c, e, e->poll.rl_kept);
+        give_back(c, e, e->poll.rl_kept, e->poll.rl_kept_shared);
     dlock_trace_event(c->trace, "rl.wend", e->name, "%" PRIu64, e->poll.rl_kept);
     e->poll.rl_kept = 0;
     e->poll.rl_ticket = 0;
@@ -83,7 +84,7 @@ int dlock_rlmode_acquire(dlock_client *c, dlock_entry *e, dlock_rpc_try *t)
                             * the wait for a connection only: acquire.c) */
                            .deadline = exchange_deadline(c),
                            .queue = t->queue, .ticket = e->poll.rl_ticket,
-                           .client_id = c->args.client_id};
+                           .client_id = c->args.client_id, .shared = t->shared};
     if (t->queue && t->deadline > q.deadline)
         q.deadline = t->deadline; /* (waits for a pooled connection until then) */
     dlock_redlock_grant g;
@@ -98,9 +99,11 @@ int dlock_rlmode_acquire(dlock_client *c, dlock_entry *e, dlock_rpc_try *t)
      * given back once this try ended (a release by that attempt leaves
      * this one's grants alone). */
     uint64_t before = e->poll.rl_kept;
+    int before_shared = e->poll.rl_kept_shared;
     e->poll.rl_kept = rc == DLOCK_EBUSY && busy.kept ? q.attempt : 0;
+    e->poll.rl_kept_shared = t->shared;
     if (before && before != e->poll.rl_kept)
-        give_back(c, e, before);
+        give_back(c, e, before, before_shared);
     if (rc == DLOCK_OK) {
         /* A wait granted may still be queued where a try of it was
          * refused (or not answered): out of every node's queue, in the
@@ -143,7 +146,7 @@ int dlock_rlmode_acquire(dlock_client *c, dlock_entry *e, dlock_rpc_try *t)
      * was sent to, without delaying the caller, as a single server's
      * attempt of unknown outcome (rpc.c). */
     uint32_t all = (uint32_t)((1u << dlock_redlock_nodes(c->redlock)) - 1);
-    dlock_renew_rl_give_back(c->renew, e, t->nonce, all & ~busy.sent);
+    dlock_renew_rl_give_back(c->renew, e, t->nonce, t->shared, all & ~busy.sent);
     char why[900];
     snprintf(why, sizeof why, "%s", dlock_last_error());
     if (strstr(why, "not seeded"))

@@ -176,6 +176,12 @@ typedef struct dlock_redlock_req {
     uint64_t ticket;              /* with queue: the wait's ticket, the client's wall
                                      clock (us) when the wait began, kept by its tries */
     const char *client_id;        /* with queue: the client's id (args->client_id) */
+    int shared;                   /* a shared lease (lua/p2/acquire_shared.lua, released
+                                     and given back by release_shared.lua): pass_limit
+                                     is not read (the write-back writes T alone), and a
+                                     wait's try also gives its split vote back when a
+                                     node refused it naming no holder (docs/design.md
+                                     "Redlock", Shared mode) */
 } dlock_redlock_req;
 
 /* A quorum grant. */
@@ -188,6 +194,8 @@ typedef struct dlock_redlock_grant {
     int unclean;          /* how the hold before ended (DLOCK_UNCLEAN_*): the end at
                              least m votes reported alike (acquire.lua's End), else 0 */
     uint64_t node_token[DLOCK_REDLOCK_NODES_MAX]; /* each node's own grant, 0: none known */
+    int shared;           /* a shared lease (the request's shared): renewed, re-granted
+                             and released as one */
 } dlock_redlock_grant;
 
 /* Why an acquire was refused. */

@@ -39,7 +39,7 @@ static unsigned release_on(dlock_redlock *rl, peer *p, const dlock_redlock_req *
                                   by_token ? t[i] : att, "0", ended, argv[i]);
         each[i] = argv[i];
     }
-    dlock_rl_peers_call_each(rl, p, NULL, 0, dlock_script_in(DLOCK_SCRIPT_RELEASE, 2),
+    dlock_rl_peers_call_each(rl, p, NULL, 0, dlock_script_release_of(2, q->shared),
                              DLOCK_SCRIPT_KEYS,
                              DLOCK_RELEASE_ARGS, (const char **const *)each, 0, deadline);
     unsigned answered = 0;
@@ -73,6 +73,7 @@ int dlock_redlock_release_past(dlock_redlock *rl, const dlock_redlock_req *q,
     dlock_rl_judge(rl, p, d);
     dlock_redlock_req r = *q;
     r.attempt = g->attempt;
+    r.shared = g->shared;
     unsigned gone;
     unsigned answered = release_on(rl, p, &r, g->node_token, d, &gone);
     char msg[600] = "";
@@ -233,8 +234,15 @@ int dlock_rl_refused_by_older(const redisReply *r, const dlock_redlock_req *q)
 {
     if (!r || r->type != REDIS_REPLY_ARRAY || r->elements < 3 ||
         r->element[0]->type != REDIS_REPLY_INTEGER || r->element[0]->integer != 0 ||
-        r->element[1]->type != REDIS_REPLY_INTEGER || r->element[1]->integer <= 0 ||
-        r->element[2]->type != REDIS_REPLY_STRING)
+        r->element[1]->type != REDIS_REPLY_INTEGER || r->element[2]->type != REDIS_REPLY_STRING)
+        return 0;
+    /* A shared try refused by a node that names no holder (shared leases
+     * there, or a waiter queued ahead) gives way: else readers and writers
+     * that hold each other's nodes wait for one another unnamed
+     * (docs/design.md "Redlock", Shared mode). */
+    if (q->shared && r->element[2]->str[0] == '\0')
+        return 1;
+    if (r->element[1]->integer <= 0)
         return 0;
     /* "<client_name>@<ticket>.<id>": the last '@' (a client name may hold
      * one); a holder without a ticket waits for nothing */
@@ -274,7 +282,8 @@ int dlock_redlock_acquire(dlock_redlock *rl, const dlock_redlock_req *q, dlock_r
     a[2] = att;
     char pl[16];
     snprintf(pl, sizeof pl, "%" PRIu32, q->pass_limit);
-    a[3] = pl; /* the node reserves the handoffs in its own mark too (acquire.lua) */
+    a[3] = q->shared ? "0" : pl; /* the node reserves the handoffs in its own mark too
+                                     (acquire.lua; a shared lease has none) */
     a[4] = q->args->waiter_ttl_ms;
     a[5] = q->queue ? "1" : "0"; /* a wait's try: queued where refused */
     a[6] = q->args->keep_ms;
@@ -302,8 +311,10 @@ int dlock_redlock_acquire(dlock_redlock *rl, const dlock_redlock_req *q, dlock_r
     g->first_boot = first;
     g->valid_boot = valid;
     g->attempt = q->attempt;
+    g->shared = q->shared;
     dlock_rl_judge(rl, p, d);
-    dlock_rl_peers_call(rl, p, NULL, 1, dlock_script_in(DLOCK_SCRIPT_ACQUIRE, 2), DLOCK_SCRIPT_KEYS,
+    dlock_rl_peers_call(rl, p, NULL, 1, q->shared ? DLOCK_SCRIPT_ACQUIRE_SHARED
+                        : dlock_script_in(DLOCK_SCRIPT_ACQUIRE, 2), DLOCK_SCRIPT_KEYS,
                         DLOCK_ACQUIRE_ARGS, argv, 1, d);
     /* may[i]: the request reached node i, perhaps (a release goes there on
      * a failure); counted[i]: node i counts for this acquire, judged at the
@@ -408,7 +419,7 @@ int dlock_redlock_acquire(dlock_redlock *rl, const dlock_redlock_req *q, dlock_r
     for (int round = 0; round < DLOCK_REDLOCK_ROUNDS && !confirmed; round++) {
         /* T + the pass limit: the holder's local handoffs hand out up to it */
         char t[24];
-        snprintf(t, sizeof t, "%" PRIu64, T + q->pass_limit);
+        snprintf(t, sizeof t, "%" PRIu64, T + (q->shared ? 0 : q->pass_limit));
         const char *wargv[] = {q->keys[DLOCK_KEY_HW], rl->seed_key, t, ""};
         int64_t wd = dlock_rl_step_deadline(rl, q->deadline);
         if (mono + (valid - first) < wd)

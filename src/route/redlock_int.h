@@ -159,7 +159,8 @@ int64_t dlock_rl_step_deadline(dlock_redlock *rl, int64_t caller);
 /* Whether reply r of an acquire is a refusal by a node held by a client
  * whose wait began before q's: its holder's name "<name>@<ticket>.<id>"
  * with a ticket below q->ticket, or the same ticket and an id that sorts
- * first (wait-die, redlock.h "wait"); 1 or 0. */
+ * first (wait-die, redlock.h "wait"); for a shared q, also any refusal
+ * that names no holder; 1 or 0. */
 int dlock_rl_refused_by_older(const redisReply *r, const dlock_redlock_req *q);
 
 /* Why node i (of peers ps) does not count, for a message. */

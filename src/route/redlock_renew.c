@@ -109,7 +109,7 @@ static void regrant_chunk(dlock_redlock *rl, const dlock_script_args *args,
         for (int x = 0; x < DLOCK_SCRIPT_KEYS; x++)
             argv[x] = l[j].keys[x];
         snprintf(att, sizeof att, "%" PRIu64, l[j].g->attempt);
-        snprintf(pl, sizeof pl, "%s", args->pass_limit);
+        snprintf(pl, sizeof pl, "%s", l[j].g->shared ? "0" : args->pass_limit);
         /* as the acquire's (dlock_redlock_acquire), a single try */
         a[0] = args->client_id;
         a[1] = rl->lease_str;
@@ -121,8 +121,8 @@ static void regrant_chunk(dlock_redlock *rl, const dlock_script_args *args,
         a[7] = client_name;
         a[8] = "0";
         a[9] = "0";
-        dlock_rl_peers_call(rl, p, only, 1, dlock_script_in(DLOCK_SCRIPT_ACQUIRE, 2),
-                            DLOCK_SCRIPT_KEYS,
+        dlock_rl_peers_call(rl, p, only, 1, l[j].g->shared ? DLOCK_SCRIPT_ACQUIRE_SHARED
+                            : dlock_script_in(DLOCK_SCRIPT_ACQUIRE, 2), DLOCK_SCRIPT_KEYS,
                             DLOCK_ACQUIRE_ARGS, argv, 1, dlock_rl_step_deadline(rl, deadline));
         for (unsigned i = 0; i < rl->n; i++) {
             const redisReply *r = p[i].rep;

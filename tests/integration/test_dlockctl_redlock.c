@@ -234,6 +234,37 @@ static void test_show_majority(void **state)
     dlock_client_close(c);
 }
 
+/* A name held shared by two clients on every node: held shared on a
+ * majority (show exits 0), each node saying how many share it; the JSON's
+ * "shared_nodes"; free again once both released. */
+static void test_show_shared(void **state)
+{
+    (void)state;
+    fresh_prefix();
+    dlock_client *a = open_client("rl-reader-a"), *b = open_client("rl-reader-b");
+    assert_int_equal(dlock_acquire_shared(a, "r", FIRST_WAIT_MS, NULL), DLOCK_OK);
+    assert_int_equal(dlock_acquire_shared(b, "r", FIRST_WAIT_MS, NULL), DLOCK_OK);
+    char out[8192];
+    assert_int_equal(ctl(out, sizeof out, "--redlock-nodes %s --prefix %s show r", nodes, prefix),
+                     0);
+    if (!strstr(out, "r: held shared on 3 of 3 nodes, a majority (up to 2 clients on one)\n"))
+        fail_msg("no shared majority in:\n%s", out);
+    assert_int_equal(count_of(out, "counts     held shared by 2 clients\n"), 3);
+    assert_int_equal(ctl(out, sizeof out, "--redlock-nodes %s --prefix %s --json show r", nodes,
+                         prefix),
+                     0);
+    if (!strstr(out, "\"held\":false,") || !strstr(out, "\"agree\":0,") ||
+        !strstr(out, "\"shared_nodes\":3,\"nodes\":["))
+        fail_msg("want held false and shared_nodes 3 in:\n%s", out);
+    assert_int_equal(dlock_release_shared(a, "r"), DLOCK_OK);
+    assert_int_equal(dlock_release_shared(b, "r"), DLOCK_OK);
+    assert_int_equal(ctl(out, sizeof out, "--redlock-nodes %s --prefix %s show r", nodes, prefix),
+                     1);
+    assert_non_null(strstr(out, "r: no majority holder (no counting node holds it"));
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
 /* A node whose seed key does not hold its run id does not count: its
  * grant is not counted for the holder (2 of 3 still a majority); with
  * another node down, the one that counts and holds it is no majority:
@@ -336,6 +367,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_show_majority, restore),
+        cmocka_unit_test_teardown(test_show_shared, restore),
         cmocka_unit_test_teardown(test_uncounted_and_down, restore),
         cmocka_unit_test_teardown(test_list_and_watch, restore),
         cmocka_unit_test_teardown(test_refused, restore),

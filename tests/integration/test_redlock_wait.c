@@ -6,7 +6,8 @@
  * node), leaves the queues once granted, keeps a split vote unless a
  * node that refused it is held by a client whose wait began first
  * (wait-die), and, when its wait ends unserved, gives the vote it kept
- * back and leaves every queue.
+ * back and leaves every queue; a shared wait also gives its split vote
+ * back when a node refused it naming no holder.
  *
  * Each test runs on a key prefix of its own, seeded fresh (as `dlockctl
  * seed-fresh` does) before its clients open. The per-test teardown
@@ -134,9 +135,23 @@ static int queued_at(int i, const char *name, const char *id)
     return in;
 }
 
+/* 1 if server i holds a shared lease of name for client id (its field
+ * s:<id>), else 0. */
+static int shared_at(int i, const char *name, const char *id)
+{
+    char key[256];
+    key_of(name, DLOCK_KEY_LEASE, key, sizeof key);
+    redisReply *r = fx_cmd_at(srv[i].port, "HEXISTS %s s:%s", key, id);
+    assert_non_null(r);
+    int in = r->type == REDIS_REPLY_INTEGER && r->integer == 1;
+    freeReplyObject(r);
+    return in;
+}
+
 typedef struct waiter {
     dlock_client *c;
     const char *name;
+    int shared;
     int64_t wait_ms;
     int rc;
     char msg[512];
@@ -146,10 +161,11 @@ typedef struct waiter {
 static void *wait_thread(void *arg)
 {
     waiter *w = arg;
-    w->rc = dlock_acquire(w->c, w->name, w->wait_ms, NULL);
+    w->rc = w->shared ? dlock_acquire_shared(w->c, w->name, w->wait_ms, NULL)
+                      : dlock_acquire(w->c, w->name, w->wait_ms, NULL);
     snprintf(w->msg, sizeof w->msg, "%s", dlock_last_error());
     if (w->rc == DLOCK_OK)
-        w->rc = dlock_release(w->c, w->name);
+        w->rc = w->shared ? dlock_release_shared(w->c, w->name) : dlock_release(w->c, w->name);
     return NULL;
 }
 
@@ -320,6 +336,154 @@ static void test_split_vote_given_back(void **state)
         fail_msg("node 2 was the waiter's at %d of 3 moments of its wait: kept", held);
 }
 
+/* b waits shared for name 2.4 s, which must end unserved: how often node
+ * 2 holds b's shared lease at three moments of the wait. */
+static int shared_split_wait(dlock_client *b, const char *name)
+{
+    waiter w = {0};
+    w.shared = 1;
+    wait_start(&w, b, name, 2400);
+    int held = 0;
+    for (int k = 1; k <= 3; k++) {
+        fx_sleep_ms(600);
+        held += shared_at(2, name, dlock_client_id(b));
+    }
+    pthread_join(w.th, NULL);
+    if (w.rc != DLOCK_ETIMEDOUT)
+        fail_msg("the shared split wait: %s: %s", dlock_strerror(w.rc), w.msg);
+    return held;
+}
+
+/* A shared wait: node 0 held by x, a client waiting since after it; node
+ * 1 held shared by y (a client of that node alone) with z waiting there
+ * exclusively, so that node 1 refuses the reader naming no holder (a
+ * writer queued ahead); node 2 free. The reader gives its vote on node 2
+ * back after each try: kept, it would hold node 2 against writers while
+ * it waits for node 1's writer, which may wait for node 2 (docs/design.md
+ * "Redlock", Shared mode). */
+static void test_shared_split_vote_given_back_unnamed(void **state)
+{
+    (void)state;
+    fresh_prefix();
+    const char *name = "sh";
+    dlock_client *x = open_single(0, "x@9999999999999999.00");
+    dlock_client *y = open_single(1, "y"), *z = open_single(1, "z");
+    dlock_client *b = open_client(NULL);
+    must_acquire(x, name, 2000);
+    assert_int_equal(dlock_acquire_shared(y, name, 2000, NULL), DLOCK_OK);
+    waiter zw = {0};
+    wait_start(&zw, z, name, 8000);
+    int64_t t0 = now_ms();
+    while (!queued_at(1, name, dlock_client_id(z))) {
+        if (now_ms() - t0 > 2000)
+            fail_msg("z is not queued on node 1 after 2 s");
+        fx_sleep_ms(5);
+    }
+    int held = shared_split_wait(b, name);
+    if (held > 1)
+        fail_msg("node 2 was the reader's at %d of 3 moments of its wait: kept", held);
+    assert_int_equal(dlock_release_shared(y, name), DLOCK_OK);
+    pthread_join(zw.th, NULL);
+    if (zw.rc != DLOCK_OK)
+        fail_msg("z's wait: %s: %s", dlock_strerror(zw.rc), zw.msg);
+    dlock_client_close(x);
+    dlock_client_close(y);
+    dlock_client_close(z);
+    dlock_client_close(b);
+}
+
+/* Its control: node 1 held by y, a client waiting since after the
+ * reader, as node 0 by x: the reader keeps its vote on node 2 through its
+ * wait, as a writer does. */
+static void test_shared_split_vote_kept(void **state)
+{
+    (void)state;
+    fresh_prefix();
+    const char *name = "shk";
+    dlock_client *x = open_single(0, "x@9999999999999999.00");
+    dlock_client *y = open_single(1, "y@9999999999999999.01");
+    dlock_client *b = open_client(NULL);
+    must_acquire(x, name, 2000);
+    must_acquire(y, name, 2000);
+    int held = shared_split_wait(b, name);
+    if (held != 3)
+        fail_msg("node 2 was the reader's at %d of 3 moments of its wait, not all", held);
+    dlock_client_close(x);
+    dlock_client_close(y);
+    dlock_client_close(b);
+}
+
+/* A direct grant that a node makes under the attempt of the lease the
+ * client holds (its queue entry there outlived the grant: here written
+ * back by hand, as a late leave leaves it) while a thread of the client
+ * waits shared: one node's grant is a wake-up only, and nothing gives that
+ * attempt back (a give-back by attempt would release the held lease on
+ * every node, and another client would be granted it beside the holder). */
+static void test_direct_grant_of_held_attempt_kept(void **state)
+{
+    (void)state;
+    fresh_prefix();
+    const char *name = "dg";
+    dlock_client *z = open_single(2, "z");
+    dlock_client *b = open_client(NULL), *c = open_client(NULL);
+    must_acquire(z, name, 2000);
+    must_acquire(b, name, 2000); /* nodes 0 and 1; node 2 refused it */
+    int64_t t0 = now_ms();
+    while (queued_at(2, name, dlock_client_id(b))) { /* the leave, in the background */
+        if (now_ms() - t0 > 2000)
+            fail_msg("the holder is still queued on node 2, 2 s after its grant");
+        fx_sleep_ms(10);
+    }
+    /* b's attempt, from node 0's grant ("<token> <attempt> ..."), queued
+     * again on node 2 under it for 10 s */
+    char lease[256], queue[256], live[256];
+    key_of(name, DLOCK_KEY_LEASE, lease, sizeof lease);
+    key_of(name, DLOCK_KEY_QUEUE, queue, sizeof queue);
+    key_of(name, DLOCK_KEY_LIVE, live, sizeof live);
+    redisReply *g = fx_cmd_at(srv[0].port, "HGET %s g", lease);
+    assert_non_null(g);
+    assert_int_equal(g->type, REDIS_REPLY_STRING);
+    unsigned long long tok = 0, att = 0;
+    assert_int_equal(sscanf(g->str, "%llu %llu", &tok, &att), 2);
+    freeReplyObject(g);
+    redisReply *tm = fx_cmd_at(srv[2].port, "TIME");
+    assert_non_null(tm);
+    long long now2 = atoll(tm->element[0]->str) * 1000 + atoll(tm->element[1]->str) / 1000;
+    freeReplyObject(tm);
+    redisReply *r = fx_cmd_at(srv[2].port, "ZADD %s 1 %s", queue, dlock_client_id(b));
+    assert_non_null(r);
+    freeReplyObject(r);
+    char lv[96];
+    snprintf(lv, sizeof lv, "%lld %llu 0 %d b", now2 + 10000, att, WAITER_TTL_MS);
+    r = fx_cmd_at(srv[2].port, "HSET %s %s %s", live, dlock_client_id(b), lv);
+    assert_non_null(r);
+    freeReplyObject(r);
+    r = fx_cmd_at(srv[2].port, "HSET %s q 1", lease); /* (the hash's word that some wait) */
+    assert_non_null(r);
+    freeReplyObject(r);
+    /* a thread of b waits shared, behind b's own exclusive hold */
+    waiter w = {0};
+    w.shared = 1;
+    wait_start(&w, b, name, 8000);
+    fx_sleep_ms(200);
+    /* z's release grants node 2 to b directly, under the held attempt */
+    assert_int_equal(dlock_release(z, name), DLOCK_OK);
+    fx_sleep_ms(500); /* (the message, and what the client does of it: generous) */
+    int rc = dlock_acquire(c, name, 0, NULL);
+    if (rc == DLOCK_OK)
+        fail_msg("another client was granted %s while b holds it: b's lease was given back", name);
+    assert_int_equal(rc, DLOCK_EBUSY);
+    assert_true(held_by(0, name, dlock_client_id(b)) && held_by(1, name, dlock_client_id(b)));
+    assert_true(held_by(2, name, dlock_client_id(b))); /* (its direct grant, a waiter ttl) */
+    assert_int_equal(dlock_release(b, name), DLOCK_OK);
+    pthread_join(w.th, NULL);
+    if (w.rc != DLOCK_OK)
+        fail_msg("the shared wait: %s: %s", dlock_strerror(w.rc), w.msg);
+    dlock_client_close(z);
+    dlock_client_close(b);
+    dlock_client_close(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -328,6 +492,9 @@ int main(void)
         cmocka_unit_test_teardown(test_granted_waiter_leaves_queues, restore),
         cmocka_unit_test_teardown(test_split_vote_kept, restore),
         cmocka_unit_test_teardown(test_split_vote_given_back, restore),
+        cmocka_unit_test_teardown(test_shared_split_vote_given_back_unnamed, restore),
+        cmocka_unit_test_teardown(test_shared_split_vote_kept, restore),
+        cmocka_unit_test_teardown(test_direct_grant_of_held_attempt_kept, restore),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
