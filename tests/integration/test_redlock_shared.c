@@ -12,10 +12,11 @@
  * seed-fresh` does) before its clients open. The per-test teardown resumes
  * every paused server.
  *
- * Timing: leases of 500 ms, command and connect timeouts of 100 ms; a
- * fresh client counts a node a lease after it first saw it, so a client's
- * first acquire waits up to 2 s (FIRST_WAIT_MS). Every bound is the lease
- * or the timeouts plus a margin of at least 300 ms for a loaded machine.
+ * Timing: leases of 500 ms, command and connect timeouts of 100 ms (the
+ * readers and writers of two clients: 2 s and 400 ms); a fresh client
+ * counts a node a lease after it first saw it, so a client's first acquire
+ * waits up to 2 s (FIRST_WAIT_MS). Every bound is the lease or the
+ * timeouts plus a margin of at least 300 ms for a loaded machine.
  */
 #define _GNU_SOURCE
 #include <stdarg.h>
@@ -58,20 +59,26 @@ static void on_lost(const char *name, uint64_t fence, void *arg)
     pthread_mutex_unlock(&mu);
 }
 
-static dlock_client *open_client(void)
+/* A client of the nodes with that lease and connect and command timeout. */
+static dlock_client *open_client_of(uint32_t lease_ms, uint32_t timeout_ms)
 {
     dlock_config cfg;
     dlock_config_init(&cfg);
     cfg.redlock_nodes = nodes;
     cfg.key_prefix = prefix;
-    cfg.lease_ms = LEASE_MS;
-    cfg.connect_timeout_ms = 100;
-    cfg.command_timeout_ms = 100;
+    cfg.lease_ms = lease_ms;
+    cfg.connect_timeout_ms = timeout_ms;
+    cfg.command_timeout_ms = timeout_ms;
     cfg.on_lost = on_lost;
     dlock_client *c = NULL;
     if (dlock_client_open(&cfg, &c) != DLOCK_OK)
         fail_msg("open: %s", dlock_last_error());
     return c;
+}
+
+static dlock_client *open_client(void)
+{
+    return open_client_of(LEASE_MS, 100);
 }
 
 /* A fresh prefix, seeded fresh on every node. */
@@ -373,7 +380,10 @@ static void test_readers_and_writers(void **state)
 {
     (void)state;
     fresh_prefix();
-    dlock_client *a = open_client(), *b = open_client();
+    /* (a lease of 2 s and timeouts of 400 ms: six threads of two clients
+     * keep three nodes busy, and a loaded machine must not turn a slow
+     * answer into an error) */
+    dlock_client *a = open_client_of(2000, 400), *b = open_client_of(2000, 400);
     must(a, "warm", 0, FIRST_WAIT_MS);
     must(b, "warm2", 0, FIRST_WAIT_MS);
     assert_int_equal(dlock_release(a, "warm"), DLOCK_OK);
