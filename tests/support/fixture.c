@@ -780,10 +780,35 @@ static int sentinel_ready(fx_sentinel_set *t, int i)
     return ok;
 }
 
+/* 1 if a write on the master at port is acknowledged by a replica within
+ * 500 ms (a key set and deleted, then WAIT 1): a replica linked may not
+ * acknowledge yet, and a client with min_replicas would fail its first
+ * grants (WAIT falls short). */
+static int replica_acks(int port)
+{
+    redisContext *c = fx_connect(FX_HOST, port);
+    if (!c)
+        return 0;
+    int ok = 0;
+    redisReply *r = redisCommand(c, "SET fx:ack 1");
+    if (r)
+        freeReplyObject(r);
+    r = redisCommand(c, "DEL fx:ack");
+    if (r)
+        freeReplyObject(r);
+    r = redisCommand(c, "WAIT 1 500");
+    ok = r && r->type == REDIS_REPLY_INTEGER && r->integer >= 1;
+    if (r)
+        freeReplyObject(r);
+    redisFree(c);
+    return ok;
+}
+
 int fx_sentinel_wait(fx_sentinel_set *t, int master_port, int replica_port)
 {
     for (int n = 0; n < 3000; n++) {
-        int ok = fx_is_master(master_port) && replica_linked(replica_port);
+        int ok = fx_is_master(master_port) && replica_linked(replica_port) &&
+                 replica_acks(master_port);
         for (int i = 0; ok && i < FX_SENTINELS; i++)
             ok = fx_sentinel_reported(t, i) == master_port && sentinel_ready(t, i);
         if (ok)

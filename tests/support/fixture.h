@@ -105,10 +105,11 @@ int fx_sentinel_start(fx_sentinel_set *t, const char *name);
 int fx_sentinel_start_n(fx_sentinel_set *t, const char *name, int replicas, int down_ms);
 void fx_sentinel_stop(fx_sentinel_set *t);
 
-/* Waits (at most 30 s: sentinels find each other through hello messages
- * every 2 s) until every sentinel names master_port as the master, knows a
- * replica and the other sentinels, master_port says ROLE master and the
- * replica's link is up. 0, or -1 with a message on stderr. */
+/* Waits (about 30 s at most: sentinels find each other through hello
+ * messages every 2 s) until every sentinel names master_port as the master,
+ * knows a replica and the other sentinels, master_port says ROLE master,
+ * the replica's link is up and a replica acknowledges a write on the
+ * master (WAIT 1, within 500 ms). 0, or -1 with a message on stderr. */
 int fx_sentinel_wait(fx_sentinel_set *t, int master_port, int replica_port);
 
 /* The port of whichever of t->srv says ROLE master now (the first if more
