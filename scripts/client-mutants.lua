@@ -341,6 +341,14 @@ return {
     replace = '',
   },
   {
+    name = 'rl_own_mode_unanswered',
+    why = "Redlock mode: a node that answers DLOCKMODE (this client's own lease of the other mode "
+      .. 'still there) counts as a node that did not answer: DLOCK_EREDIS instead of DLOCK_EBUSY',
+    file = 'src/route/redlock_grant.c',
+    find = '!strncmp(r->str, "DLOCKMODE ", 10) && dlock_rl_same_run(rl, p, i) < 0 &&',
+    replace = '!strncmp(r->str, "DLOCKMODE ", 10) && 0 &&',
+  },
+  {
     name = 'rl_direct_grant_given_back',
     why = "Redlock mode: a node's direct grant, unwanted while threads wait in the other mode, is "
       .. 'given back by its attempt, which may be the held lease\'s',

@@ -204,7 +204,10 @@ typedef struct dlock_redlock_busy {
     unsigned votes;       /* counting nodes that granted (fewer than m) */
     int64_t pttl_ms;      /* the longest pttl they told, -1 none */
     char holder[128];     /* a holder's client name they told, "" none (a waiting
-                             holder's with "@<ticket>.<id>" after it) */
+                             holder's with "@<ticket>.<id>" after it); else, when a
+                             node refused it for this client's own lease of the
+                             other mode (DLOCKMODE: a refusal, counted), words that
+                             say so */
     int older;            /* q->queue: a node that refused is held by a client whose
                              wait began first (its ticket, then its id, comes first) */
     int kept;             /* q->queue: the split vote was kept (no release sent): the

@@ -327,6 +327,7 @@ int dlock_redlock_acquire(dlock_redlock *rl, const dlock_redlock_req *q, dlock_r
         busy->sent |= (uint32_t)(p[i].sent != 0) << i;
     }
     unsigned votes = 0, counting = 0;
+    int own_mode = 0; /* a node refused it for this client's own lease of the other mode */
     unsigned ends[4] = {0}; /* votes by the end they report (acquire.lua, End) */
     uint64_t top = 0;
     char why[900] = "", err[300] = "";
@@ -363,6 +364,20 @@ int dlock_redlock_acquire(dlock_redlock *rl, const dlock_redlock_req *q, dlock_r
                 dlock_rl_why_not(rl, i, p, w, sizeof w);
                 wl += (size_t)snprintf(why + wl, sizeof why - wl, "; %s", w);
             }
+        } else if (!p[i].failed && r && r->type == REDIS_REPLY_ERROR &&
+                   !strncmp(r->str, "DLOCKMODE ", 10) && dlock_rl_same_run(rl, p, i) < 0 &&
+                   dlock_rl_counts_now(rl, i, p[i].run, p[i].seed, first)) {
+            /* This client's own lease of the other mode lives there (its
+             * release lost, or a direct grant under an attempt it gave
+             * up): the node answered, and refused, writing and queueing
+             * nothing; so a refusal (no vote, nothing to release there),
+             * not a node that did not answer (docs/design.md "Redlock",
+             * Shared mode). */
+            counted[i] = 1;
+            counting++;
+            refused[i] = 1;
+            busy->refused++;
+            own_mode = 1;
         } else {
             if (!p[i].failed && r && r->type == REDIS_REPLY_ERROR && !err[0])
                 snprintf(err, sizeof err, "; %s refused: %s", rl->node[i].addr, r->str);
@@ -376,6 +391,10 @@ int dlock_redlock_acquire(dlock_redlock *rl, const dlock_redlock_req *q, dlock_r
             }
         }
     }
+    if (own_mode && !busy->holder[0])
+        /* (in one server's words: rpc.c) */
+        snprintf(busy->holder, sizeof busy->holder, "%s",
+                 "this client in the other mode (given up or lost, not ended yet)");
     if (counting < rl->m)
         return acq_failed(rl, p, q, may, dlock_err_set(DLOCK_EREDIS, "redlock acquire of '%s': "
                           "%u of %u nodes count and answered, %u needed%s%s", q->name, counting,

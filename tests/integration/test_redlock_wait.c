@@ -7,7 +7,9 @@
  * node that refused it is held by a client whose wait began first
  * (wait-die), and, when its wait ends unserved, gives the vote it kept
  * back and leaves every queue; a shared wait also gives its split vote
- * back when a node refused it naming no holder.
+ * back when a node refused it naming no holder; a node that still holds
+ * the client's own lease of the other mode (DLOCKMODE) refused the try,
+ * it did not fail to answer.
  *
  * Each test runs on a key prefix of its own, seeded fresh (as `dlockctl
  * seed-fresh` does) before its clients open. The per-test teardown
@@ -496,6 +498,80 @@ static void test_direct_grant_of_held_attempt_kept(void **state)
     dlock_client_close(c);
 }
 
+/* Node i's hash of name back as snapshot h (HGETALL) had it, for 15 s. */
+static void hash_put_back(int i, const char *name, const redisReply *h)
+{
+    char key[256];
+    key_of(name, DLOCK_KEY_LEASE, key, sizeof key);
+    redisContext *rc = fx_connect("127.0.0.1", srv[i].port);
+    assert_non_null(rc);
+    const char *argv[64];
+    argv[0] = "HSET";
+    argv[1] = key;
+    assert_true(h->type == REDIS_REPLY_ARRAY && h->elements > 0 && h->elements <= 62);
+    for (size_t k = 0; k < h->elements; k++)
+        argv[2 + k] = h->element[k]->str;
+    redisReply *r = redisCommand(rc, "DEL %s", key);
+    assert_non_null(r);
+    freeReplyObject(r);
+    r = redisCommandArgv(rc, (int)h->elements + 2, argv, NULL);
+    assert_true(r && r->type == REDIS_REPLY_INTEGER);
+    freeReplyObject(r);
+    r = redisCommand(rc, "PEXPIRE %s 15000", key);
+    assert_non_null(r);
+    freeReplyObject(r);
+    redisFree(rc);
+}
+
+/* b's shared release lost on nodes 0 and 1 (their hashes put back as they
+ * were before it): its shared lease lives on there for the rest of its
+ * lease, and those nodes
+ * answer b's exclusive tries with DLOCKMODE (no upgrade in Redis). They
+ * answered: the try is refused, DLOCK_EBUSY, and a wait ends in
+ * DLOCK_ETIMEDOUT, not DLOCK_EREDIS as for nodes that did not answer; the
+ * vote node 2 gave the wait is given back once it ends. */
+static void test_own_other_mode_is_a_refusal(void **state)
+{
+    (void)state;
+    fresh_prefix();
+    const char *name = "om";
+    dlock_client *b = open_client(NULL);
+    const char *id = dlock_client_id(b);
+    assert_int_equal(dlock_acquire_shared(b, name, 2000, NULL), DLOCK_OK);
+    char key[256];
+    key_of(name, DLOCK_KEY_LEASE, key, sizeof key);
+    redisReply *h0 = fx_cmd_at(srv[0].port, "HGETALL %s", key);
+    redisReply *h1 = fx_cmd_at(srv[1].port, "HGETALL %s", key);
+    assert_non_null(h0);
+    assert_non_null(h1);
+    assert_int_equal(dlock_release_shared(b, name), DLOCK_OK);
+    hash_put_back(0, name, h0);
+    hash_put_back(1, name, h1);
+    freeReplyObject(h0);
+    freeReplyObject(h1);
+    int rc;
+    assert_true(shared_at(0, name, id) && shared_at(1, name, id));
+    assert_false(shared_at(2, name, id));
+    rc = dlock_acquire(b, name, 0, NULL);
+    if (rc != DLOCK_EBUSY)
+        fail_msg("the try: %s (DLOCK_EBUSY expected): %s", dlock_strerror(rc),
+                 dlock_last_error());
+    if (!strstr(dlock_last_error(), "this client in the other mode"))
+        fail_msg("the try's message: %s", dlock_last_error());
+    assert_false(held_by(2, name, id)); /* (its vote there given back) */
+    rc = dlock_acquire(b, name, 600, NULL);
+    if (rc != DLOCK_ETIMEDOUT)
+        fail_msg("the wait: %s (DLOCK_ETIMEDOUT expected): %s", dlock_strerror(rc),
+                 dlock_last_error());
+    int64_t t0 = now_ms();
+    while (held_by(2, name, id)) { /* (the kept vote, given back in the background) */
+        if (now_ms() - t0 > 2000)
+            fail_msg("node 2 still grants %s to b 2 s after its wait ended", name);
+        fx_sleep_ms(10);
+    }
+    dlock_client_close(b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -507,6 +583,7 @@ int main(void)
         cmocka_unit_test_teardown(test_shared_split_vote_given_back_unnamed, restore),
         cmocka_unit_test_teardown(test_shared_split_vote_kept, restore),
         cmocka_unit_test_teardown(test_direct_grant_of_held_attempt_kept, restore),
+        cmocka_unit_test_teardown(test_own_other_mode_is_a_refusal, restore),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
