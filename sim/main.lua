@@ -10,7 +10,7 @@
 --       [--p2-share F] [--shared F|mix] [--no-revival-excuse]
 --   sim --sem [--seconds S | --schedules N] [--seed N] [--faults LIST]
 --       [--mutant NAME] [--replay SEED] [--quiet]
---   sim --redlock [--nodes 3|5] [--wait] [--hot] [--shared F|mix] [--seconds S | --schedules N]
+--   sim --redlock [--nodes 3|5] [--wait] [--hot] [--shared F|mix | --sem] [--seconds S | --schedules N]
 --       [--seed N] [--faults LIST] [--mutant NAME] [--replay SEED] [--quiet]
 -- Prints progress on stderr and, last on stdout, one JSON line. On a
 -- violation: exits 1 after printing the schedule's seed and its trace (the
@@ -59,6 +59,9 @@
 -- schedules without it event for event): acquire_shared.lua and
 -- release_shared.lua on every node, the same quorum and token rule, and
 -- the invariants with shared leases side by side (sim/redlock.lua).
+-- --sem (with --redlock): counting semaphores over the nodes, each permit
+-- one of `limit` slots, each slot an exclusive quorum lock of its own; the
+-- limit invariant (sim/redlock.lua, "Semaphores").
 local dir = arg[0]:match('^(.*)/[^/]*$') or '.'
 package.path = dir .. '/?.lua;' .. package.path
 local root = dir .. '/..'
@@ -71,7 +74,8 @@ for k = 1, #arg do
     redlock_world = true
   end
 end
-local W = require(sem_world and 'sem' or redlock_world and 'redlock' or 'world')
+-- (--redlock --sem: the Redlock world's semaphores, opts.rsem)
+local W = require(redlock_world and 'redlock' or sem_world and 'sem' or 'world')
 
 
 local function usage(msg)
@@ -145,6 +149,11 @@ while i <= #arg do
   i = i + 1
 end
 
+if opts.redlock and opts.sem then
+  -- semaphores over the nodes (sim/redlock.lua, opts.rsem)
+  if opts.shared ~= nil then usage('--redlock --sem takes no --shared') end
+  opts.sem, opts.rsem = nil, true
+end
 if opts.p2_share and opts.protocol ~= 'mixed' then usage('--p2-share goes with --protocol mixed') end
 local mutate
 if opts.mutant then
@@ -160,6 +169,7 @@ if opts.mutant then
   if m.run == 'redlock' then
     if m.wait then opts.wait = true end -- (a mutant of the wait queues runs with them)
     if m.hot then opts.hot = true end -- (and of a busy name, --hot)
+    if m.rsem then opts.rsem = true end -- (and of its semaphores, --sem)
     if m.file == 'redlock_model' then
       W = mutants.load_world(m, dir, 'redlock') -- the quorum client's model
     else
@@ -230,7 +240,7 @@ local function report(w)
   if from > 1 then io.stdout:write(string.format('... (%d earlier trace lines)\n', from - 1)) end
   for j = from, #lines do io.stdout:write(lines[j], '\n') end
   io.stdout:write(string.format('replay: sim --replay %d%s%s%s', w.seed, opts.sem and ' --sem' or
-    opts.redlock and ' --redlock' .. (opts.nodes and ' --nodes ' .. opts.nodes or '')
+    opts.redlock and ' --redlock' .. (opts.rsem and ' --sem' or '') .. (opts.nodes and ' --nodes ' .. opts.nodes or '')
       .. (opts.wait and ' --wait' or '') .. (opts.hot and ' --hot' or '') or '',
     opts.protocol and opts.protocol ~= 1 and ' --protocol ' .. opts.protocol or '',
     opts.shared ~= nil and ' --shared ' .. tostring(opts.shared) or ''))
@@ -266,7 +276,7 @@ local function protocol_json()
   if opts.sem then return ',"world":"sem"' end
   if opts.redlock then
     return string.format(',"world":"redlock","nodes":%d,"renewals":%d,"holds_lost":%d,"regrants":%d',
-      opts.nodes or 3, rnw, rlost, rgr) .. (opts.shared ~= nil and string.format(
+      opts.nodes or 3, rnw, rlost, rgr) .. (opts.rsem and ',"sem":true' or '') .. (opts.shared ~= nil and string.format(
       ',"shared":%s,"shared_acquisitions":%d', opts.shared == 'mix' and '"mix"' or tostring(opts.shared),
       sacq) or '') .. wait_json()
   end

@@ -615,8 +615,20 @@ M.list = {
     why = 'a reader keeps a split vote against a refusal that names no holder: writers and readers '
       .. 'that hold each other\'s nodes wait for one another until they give up',
     file = 'redlock_model',
-    find = "if shared and cfg.wait and type(r.rep) == 'table' and r.rep[1] == 0 and r.rep[3] == '' then",
+    find = "if shared and wait and type(r.rep) == 'table' and r.rep[1] == 0 and r.rep[3] == '' then",
     replace = "if false then",
+  },
+  {
+    name = 'redlock_sem_extra_slot', run = 'redlock', rsem = true, schedules = 20,
+    why = 'a semaphore over the nodes has one slot more than its limit: one permit too many',
+    file = 'redlock_model', find = 'local L, held = self.cfg.limit, {}',
+    replace = 'local L, held = self.cfg.limit + 1, {}',
+  },
+  {
+    name = 'redlock_sem_held_slot_tried', run = 'redlock', rsem = true, schedules = 20,
+    why = 'a client tries a slot it holds for its next permit: the slot\'s owner is granted it again, '
+      .. 'and one slot counts as two permits',
+    file = 'redlock_model', find = 'if not held[s] then', replace = 'if true then',
   },
 }
 

@@ -82,6 +82,23 @@
 -- lets a shared grant pass over live shared waiters, and checks a
 -- release's direct grants to a run of shared waiters.
 --
+-- Semaphores (opts.rsem, sim --redlock --sem): each name is a counting
+-- semaphore of limit L (1 to 3, drawn per schedule), its permits L slots,
+-- slot k an exclusive quorum lock of its own ("<name>#<k>": its keys
+-- "dlock:{<name>}:s<k>" + the lock's suffixes, the name's slot mark) under
+-- the same scripts and rule. A permit is a slot held: tried in an order
+-- that starts at a drawn slot and skips those the client holds already;
+-- with --wait a client's wait queues on one slot only (its home: the first
+-- of that order), woken as a lock's waiter, and each of its tries first
+-- tries the other slots once without queueing (a split vote there is given
+-- back at once); a permit got elsewhere ends the wait with a leave
+-- (leave.lua) of the home slot. A client may hold two permits at once (as
+-- two threads of one process). The invariants then: limit (below), mutex
+-- and order per slot; no fenced store (a semaphore hands out no token).
+--   limit  no more than L permits of a name are held at one instant (held,
+--          not released, client clock before their validity), until the
+--          schedule's first clock jump.
+--
 -- Faults (each drawn per schedule, in four schedules of five):
 --   net     requests and replies lost per client-node link (cuts lasting up
 --           to 2 leases, and single losses), requests late past the command
@@ -114,7 +131,7 @@ rng.mixin(W)
 ------------------------------------------------------------------------
 -- The scripts.
 
-local NAMES = {'acquire', 'release', 'mark', 'renew', 'acquire_shared', 'release_shared'}
+local NAMES = {'acquire', 'release', 'mark', 'renew', 'acquire_shared', 'release_shared', 'leave'}
 
 local function read(path)
   local f = assert(io.open(path, 'rb'))
@@ -263,10 +280,16 @@ function W.new(seed, opts, scripts)
     self.rs4 = new_rng(seed + 5555555)
     self.shared_acquisitions = 0
   end
+  -- semaphores (sim --redlock --sem): the limit drawn from a stream of
+  -- their own (opts.shared and opts.rsem do not go together)
+  if opts.rsem then
+    self.rs4 = new_rng(seed + 7777777)
+    cfg.limit = 1 + floor(self:rand4() * 3)
+  end
   for i = 1, self:rint(2, 4) do self:add_client(i) end
   self:trace(string.format('schedule %d: %d nodes, lease %d ms, command timeouts up to %d ms, '
     .. '%d clients, %d names, faults %s', seed, cfg.n, cfg.lease_ms, cfg.timeout_us / 1000, #self.clients,
-    #self.names, self:faults_text()))
+    #self.names, self:faults_text()) .. (cfg.limit and ', semaphores of limit ' .. cfg.limit or ''))
   return self
 end
 
@@ -293,7 +316,7 @@ function W:add_client(i, probe, main)
     -- others' either way: a fixed offset per client, drawing nothing)
     skew = ((i * 7919) % 11 - 5) * self.cfg.L}
   self.by_id[c.id] = c
-  if self.rs4 and not probe then
+  if self.rs4 and not probe and not self.opts.rsem then
     -- the share of its acquires that are shared (--shared F, or mix: its own)
     local f = self.opts.shared
     if f == 'mix' then
@@ -307,7 +330,10 @@ function W:add_client(i, probe, main)
   c.rate = 1 + ((self.cfg.faults.clock and not probe) and self:rint(-30, 30) / 10000 or 0)
   self.clients[#self.clients + 1] = c
   c.co = coroutine.create(function()
-    if main then main(self, c) elseif probe then self:probe_main(c) else self:client_main(c) end
+    if main then main(self, c)
+    elseif probe then self:probe_main(c)
+    elseif self.opts.rsem then self:sem_main(c)
+    else self:client_main(c) end
   end)
   self:at(self.now + (main and 0 or self:rint(0, 20000)), function() self:resume(c) end, c)
   return c
@@ -330,13 +356,17 @@ function W:sleep(c, us)
   coroutine.yield()
 end
 
+-- (a semaphore's slot k, "<name>#<k>": keys of its own under the name's
+-- hash tag, and the name's slot mark)
 function W:keys_of(name, c)
   local out = {}
-  for i, k in ipairs(self.fns.keys) do
-    if k[1] == 'HW' then
-      out[i] = self:hw(name)
+  local sem, k = string.match(name, '^(.-)#(%d+)$')
+  local base = sem and 'dlock:{' .. sem .. '}:s' .. k or 'dlock:{' .. name .. '}'
+  for i, key in ipairs(self.fns.keys) do
+    if key[1] == 'HW' then
+      out[i] = self:hw(sem or name)
     else
-      out[i] = 'dlock:{' .. name .. '}' .. k[2] .. (k[1] == 'CLIENT' and c.id or '')
+      out[i] = base .. key[2] .. (key[1] == 'CLIENT' and c.id or '')
     end
   end
   return out
@@ -576,8 +606,11 @@ end
 -- shared: a shared lease (acquire_shared.lua on every node, the same rule:
 -- any two majorities share a node, which grants no exclusive lease beside a
 -- shared one; no local passes, so the write-back writes T alone).
-function W:acquire(c, name, shared)
+-- single: a try outside the client's wait (a semaphore's other slots): not
+-- queued, no split vote kept, whatever cfg.wait.
+function W:acquire(c, name, shared, single)
   local cfg = self.cfg
+  local wait = cfg.wait and not single
   local pl = shared and 0 or c.pl or cfg.pl -- (a scenario may give a client a pass limit of its own)
   c.number = c.number + 1
   local att = c.number
@@ -587,10 +620,10 @@ function W:acquire(c, name, shared)
   -- (waiting: queued on every node that refuses, under the client's name
   -- and the ticket of its wait, its clock when the wait began)
   -- (a try outside a wait is a wait of its own)
-  if cfg.wait and not c.waiting then c.ticket = self:ticket(c) end
-  local cname = cfg.wait and c.name .. '@' .. string.format('%.0f', c.ticket) or c.name
+  if wait and not c.waiting then c.ticket = self:ticket(c) end
+  local cname = wait and c.name .. '@' .. string.format('%.0f', c.ticket) or c.name
   local reps = self:gather(c, self:all_nodes(), shared and 'acquire_shared' or 'acquire', keys, {c.id, tostring(cfg.lease_ms),
-    tostring(att), tostring(pl), tostring(cfg.lease_ms), cfg.wait and '1' or '0', tostring(cfg.keep_ms),
+    tostring(att), tostring(pl), tostring(cfg.lease_ms), wait and '1' or '0', tostring(cfg.keep_ms),
     cname})
   local votes, tokens, node_tok, voted = 0, {}, {}, {}
   local older -- a node that refused it is held by a client waiting since before it
@@ -605,13 +638,13 @@ function W:acquire(c, name, shared)
         voted[#voted + 1] = {i = i, run = r.meta.run}
       elseif type(r.rep) == 'table' and r.rep[1] == 0 and r.rep[2] > 0 then
         c.pttl = math.max(c.pttl or 0, r.rep[2])
-        if cfg.wait and self:ahead_of(r.rep[3], c) then older = true end
+        if wait and self:ahead_of(r.rep[3], c) then older = true end
       end
       -- (shared: a refusal that names no holder, a waiter ahead there or
       -- shared leases, counts as older: readers keep a split vote only
       -- against named, younger holders, else writers and readers that
       -- hold each other's nodes wait on one another unnamed)
-      if shared and cfg.wait and type(r.rep) == 'table' and r.rep[1] == 0 and r.rep[3] == '' then
+      if shared and wait and type(r.rep) == 'table' and r.rep[1] == 0 and r.rep[3] == '' then
         older = true
       end
       self:maybe_seed(c, i, r.meta, keys[7])
@@ -619,7 +652,7 @@ function W:acquire(c, name, shared)
   end
   if votes < cfg.m or cnow(self, c) >= valid then
     self:trace(string.format('%s: %s refused (%d votes)%s', c.name, name, votes, shared and ' shared' or ''))
-    if cfg.wait and votes > 0 then
+    if wait and votes > 0 then
       self.wstats.splits = self.wstats.splits + 1
       -- A split vote: the client waiting longest keeps its grants (its
       -- next try, within a third of a lease, renews them); any other gives
@@ -631,7 +664,7 @@ function W:acquire(c, name, shared)
         return nil, att
       end
     end
-    if cfg.wait then
+    if wait then
       -- (not where it was refused: it holds nothing there under this
       -- attempt, and a direct grant made there since is its turn)
       local some = {}
@@ -820,6 +853,10 @@ end
 -- token above it.)
 function W:hand_out(c, h)
   local list = self.handed[h.name]
+  if not list then -- (a semaphore's slot)
+    list = {}
+    self.handed[h.name] = list
+  end
   local prior, last = nil, nil
   -- (the last exclusive token, for a shared one; for an exclusive one the
   -- highest since the last exclusive token, that one included: shared
@@ -960,27 +997,167 @@ function W:passes(c, h)
   end
 end
 
--- After the faults: a fresh client must acquire every name.
+-- After the faults: a fresh client must acquire every name (take a permit
+-- of every semaphore, opts.rsem).
 function W:probe_main(c)
-  local cfg = self.cfg
+  local cfg, sem = self.cfg, self.opts.rsem
   for _, name in ipairs(self.names) do
     local h
-    if cfg.wait then
+    if cfg.wait and sem then
+      h = self:permit_waiting(c, name, cnow(self, c) + 4 * cfg.L)
+    elseif cfg.wait then
       h = self:acquire_waiting(c, name, cnow(self, c) + 4 * cfg.L)
     else
       for _ = 1, 4 do
-        h = self:acquire(c, name)
+        if sem then h = self:permit(c, name) else h = self:acquire(c, name) end
         if h then break end
         self:sleep(c, cfg.L)
       end
     end
     if not h then
-      self:violation('stuck', string.format('a fresh client could not acquire %s once the faults were '
-        .. 'over', name))
+      self:violation('stuck', string.format('a fresh client could not %s once the faults were over',
+        (sem and 'take a permit of ' or 'acquire ') .. name))
       return
     end
     self:hand_out(c, h)
-    self:release_all(c, name, h.att, '0')
+    self:release_all(c, h.name, h.att, '0')
+  end
+end
+
+------------------------------------------------------------------------
+-- Semaphores (opts.rsem): permits as slots, each an exclusive quorum lock.
+
+-- The slots of sem for c to try, in order: from a drawn one on, less those
+-- c holds.
+function W:slot_order(c, sem)
+  local L, held = self.cfg.limit, {}
+  for _, h in ipairs(c.holds or {}) do held[h.name] = true end
+  local out, from = {}, self:rint(0, L - 1)
+  for j = 0, L - 1 do
+    local s = sem .. '#' .. ((from + j) % L)
+    if not held[s] then out[#out + 1] = s end
+  end
+  return out
+end
+
+-- One permit of sem, each slot tried once: a hold (its name the slot's,
+-- h.sem the semaphore's) or nil.
+function W:permit(c, sem)
+  for _, s in ipairs(self:slot_order(c, sem)) do
+    local h = self:acquire(c, s)
+    if h then
+      h.sem = sem
+      return h
+    end
+  end
+end
+
+-- A waiting client's leave of slot s's queue on every node (fire and
+-- forget), under a number of its own: a direct grant there to an older
+-- attempt of its own, never taken, is given up.
+function W:leave_all(c, s)
+  local number = c.number + 1
+  c.number = number
+  for _, i in ipairs(self:all_nodes()) do
+    self:send(c, i, 'leave', self:keys_of(s, c), {c.id, 'dlock:wake:', s,
+      tostring(self.cfg.lease_ms), tostring(number), tostring(self.cfg.keep_ms)}, function() end)
+  end
+end
+
+-- A permit of sem, waiting (cfg.wait) until c's clock passes deadline: as
+-- acquire_waiting on the home slot (the first of c's order), each try
+-- first trying the other slots once without queueing.
+function W:permit_waiting(c, sem, deadline)
+  local cfg = self.cfg
+  local order = self:slot_order(c, sem)
+  local home = order[1]
+  c.ticket, c.waiting, c.woken = self:ticket(c), home, nil
+  local start = self.now
+  local h, kept
+  while true do
+    for j = 2, #order do
+      h = self:acquire(c, order[j], nil, true)
+      if h then break end
+    end
+    if not h then
+      local before = kept
+      h, kept = self:acquire(c, home)
+      if before and before ~= kept then self:release_all(c, home, before, '0') end
+    end
+    if h or cnow(self, c) >= deadline then break end
+    local p = c.pttl and c.pttl * 1000 or floor(cfg.L / 3)
+    self:await(c, math.max(5000, math.min(p, floor(cfg.L / 3))) + self:rint(0, 2000))
+  end
+  c.waiting, c.wtok, c.woken = nil, nil, nil
+  if kept then self:release_all(c, home, kept, '0') end
+  if not h or h.name ~= home then self:leave_all(c, home) end
+  local waited = self.now - start
+  local ws = self.wstats
+  ws.waits = ws.waits + 1
+  ws.wait_max_us = math.max(ws.wait_max_us, waited)
+  -- starve: as a lock's wait (acquire_waiting), a client ahead of it on
+  -- its home slot holding up to 3 leases renewed, and the rest
+  local bound = #self.clients * 5 * cfg.L
+  if not next(cfg.faults) and not c.probe and waited > bound then
+    self:violation('starve', string.format('%s waited %.3f ms for a permit of %s without faults '
+      .. '(bound %.3f ms)', c.name, waited / 1000, sem, bound / 1000))
+  end
+  if h then h.sem = sem end
+  return h
+end
+
+-- A semaphore client: one or two permits of a name (as two threads of
+-- one process), held briefly, a while or renewed for up to 3 leases, then
+-- given back.
+function W:sem_main(c)
+  local cfg = self.cfg
+  while self.now < cfg.horizon_us do
+    self:sleep(c, self.opts.hot and 0 or self:rint(0, floor(cfg.L / 2)))
+    local sem = self.names[self:rint(1, #self.names)]
+    local want = (cfg.limit > 1 and self:rand() < 0.3) and 2 or 1
+    c.holds = {}
+    for _ = 1, want do
+      local h
+      if cfg.wait then
+        h = self:permit_waiting(c, sem, cfg.horizon_us * c.rate)
+      else
+        h = self:permit(c, sem)
+      end
+      if not h then break end
+      self:hand_out(c, h)
+      c.holds[#c.holds + 1] = h
+    end
+    if #c.holds > 0 then
+      local r = self:rand()
+      local until_t = self.now + (r >= 0.9 and self:rint(0, 3 * cfg.L) or self:rint(0, floor(cfg.L / 2)))
+      while self.now < until_t do
+        self:sleep(c, math.min(until_t - self.now, floor(cfg.L / 3)))
+        if cfg.faults.pause and self:rand() < 0.05 then
+          self:fault('pause')
+          local d = self:rint(1, 3 * cfg.L)
+          self:trace(string.format('FAULT %s pauses %.3f ms holding permits of %s', c.name, d / 1000, sem))
+          self:sleep(c, d)
+        end
+        if self.now < until_t then
+          for _, h in ipairs(c.holds) do
+            if not h.lost and not self:renew(c, h) and cnow(self, c) >= h.valid then
+              self:trace(string.format('%s lost %s', c.name, h.name))
+              self.holds_lost = self.holds_lost + 1
+              h.lost = true
+            end
+          end
+        end
+      end
+      local holds = c.holds
+      c.holds = nil
+      for _, h in ipairs(holds) do
+        self:trace(string.format('%s releases %s', c.name, h.name))
+        self:release_all(c, h.name, h.att, '0')
+      end
+    else
+      c.holds = nil
+      self:sleep(c, self:rint(1000, floor(cfg.L / 4)))
+    end
   end
 end
 
@@ -1142,7 +1319,11 @@ function W:queue_before(nd, keys, now_us)
       if id and sx and sx >= now_ms then sown[id] = true end
     end
   end
-  return {live = live, score = score, owner = exp and exp >= now_ms and owner, sh = sh, sown = sown}
+  -- (the turn, field t "<id> <until>": passed to the first live waiter
+  -- when a leave frees the name, first there until then)
+  local tid, tu = string.match(g and g.v.t or '', '^(%x+) (%d+)$')
+  return {live = live, score = score, owner = exp and exp >= now_ms and owner, sh = sh, sown = sown,
+    turn = tid and tonumber(tu) >= now_ms and tid}
 end
 
 -- (shared: a shared grant, which live shared waiters ahead do not refuse)
@@ -1163,7 +1344,12 @@ end
 function W:queue_after(nd, c, script, keys, q, rep)
   local by = self.by_id
   if script == 'acquire' and type(rep) == 'table' and rep[1] == 1 then
-    if q.owner ~= c.id or q.score[c.id] then
+    if q.turn == c.id then
+      -- (its turn, given it as the first live waiter when a leave or an
+      -- expiry freed the name: whoever queued since is behind it, even
+      -- with an earlier score after a step back of the node's clock)
+      c.over[nd.i] = {run = nd.run, ids = {}}
+    elseif q.owner ~= c.id or q.score[c.id] then
       c.over[nd.i] = {run = nd.run, ids = self:passed_over(q, c.id)}
     end
   elseif script == 'acquire_shared' and type(rep) == 'table' and rep[1] == 1 then
@@ -1246,6 +1432,7 @@ end
 
 function W:check()
   if self:excused() then return end
+  if self.opts.rsem then return self:check_sem() end
   for _, name in ipairs(self.names) do
     local who
     for _, c in ipairs(self.clients) do
@@ -1258,6 +1445,29 @@ function W:check()
         end
         if not who or who.shared then who = h end
       end
+    end
+  end
+end
+
+-- Semaphores: limit, and mutex per slot.
+function W:check_sem()
+  local L = self.cfg.limit
+  for _, sem in ipairs(self.names) do
+    local n, by = 0, {}
+    for _, c in ipairs(self.clients) do
+      for _, h in ipairs(c.holds or {}) do
+        if h.sem == sem and not c.dead and cnow(self, c) < h.valid then
+          n = n + 1
+          if by[h.name] then
+            self:violation('mutex', string.format('%s and %s both hold slot %s (tokens %.0f, %.0f)',
+              by[h.name].c, c.name, h.name, by[h.name].token, h.token))
+          end
+          by[h.name] = h
+        end
+      end
+    end
+    if n > L then
+      self:violation('limit', string.format('%d permits of %s held at once, above its limit %d', n, sem, L))
     end
   end
 end
