@@ -40,11 +40,10 @@
 #define NSRV 3
 #define LEASE_MS 1500
 #define FIRST_WAIT_MS 3000 /* a fresh client's first acquire: a lease + margin */
+#define RL_TAG "rlctl"
 
-static fx_redis srv[NSRV];
-static int prefix_no;
-static char nodes[NSRV * 24];
-static char prefix[32];
+#include "redlock_helpers.h"
+
 
 /* Runs dlockctl with args; its exit status, its stdout and stderr in out. */
 static int ctl(char *out, size_t n, const char *fmt, ...)
@@ -79,17 +78,9 @@ static void fresh_prefix(void)
 static dlock_client *open_client(const char *client_name)
 {
     dlock_config cfg;
-    dlock_config_init(&cfg);
-    cfg.redlock_nodes = nodes;
-    cfg.key_prefix = prefix;
-    cfg.lease_ms = LEASE_MS;
-    cfg.connect_timeout_ms = 100;
-    cfg.command_timeout_ms = 100;
+    rl_config(&cfg, LEASE_MS, 100);
     cfg.client_name = client_name;
-    dlock_client *c = NULL;
-    if (dlock_client_open(&cfg, &c) != DLOCK_OK)
-        fail_msg("open: %s", dlock_last_error());
-    return c;
+    return rl_open(&cfg);
 }
 
 static uint64_t must_acquire(dlock_client *c, const char *name, int64_t wait)
@@ -158,19 +149,6 @@ static int restore(void **state)
 {
     (void)state;
     return fx_redis_restore_set(srv, NSRV);
-}
-
-static int group_setup(void **state)
-{
-    (void)state;
-    return fx_redis_start_set(srv, NSRV, nodes, sizeof nodes);
-}
-
-static int group_teardown(void **state)
-{
-    (void)state;
-    fx_redis_stop_set(srv, NSRV);
-    return 0;
 }
 
 /* ------------------------------------------------------------------ tests */

@@ -46,11 +46,10 @@
 #define NSRV 3
 #define LEASE_MS 500
 #define FIRST_WAIT_MS 2000 /* a fresh client's first acquire: a lease + margin */
+#define RL_TAG "rlc"
 
-static fx_redis srv[NSRV];
-static int prefix_no;
-static char nodes[NSRV * 24];
-static char prefix[32];
+#include "redlock_helpers.h"
+
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -79,12 +78,7 @@ static int lost_count(void)
 
 static void config(dlock_config *cfg, uint32_t pass_limit)
 {
-    dlock_config_init(cfg);
-    cfg->redlock_nodes = nodes;
-    cfg->key_prefix = prefix;
-    cfg->lease_ms = LEASE_MS;
-    cfg->connect_timeout_ms = 100;
-    cfg->command_timeout_ms = 100;
+    rl_config(cfg, LEASE_MS, 100);
     cfg->pass_limit = pass_limit;
     cfg->on_lost = on_lost;
 }
@@ -93,10 +87,7 @@ static dlock_client *open_client(uint32_t pass_limit)
 {
     dlock_config cfg;
     config(&cfg, pass_limit);
-    dlock_client *c = NULL;
-    if (dlock_client_open(&cfg, &c) != DLOCK_OK)
-        fail_msg("open: %s", dlock_last_error());
-    return c;
+    return rl_open(&cfg);
 }
 
 /* A node set of the servers on this test's prefix, with that connect and
@@ -110,19 +101,6 @@ static dlock_redlock *node_set(dlock_conn_cfg *cfg, dlock_counters *ctr, uint32_
     dlock_redlock *rl = NULL;
     assert_int_equal(dlock_redlock_create(cfg, nodes, prefix, LEASE_MS, 1, ctr, &rl), DLOCK_OK);
     return rl;
-}
-
-/* A fresh prefix, seeded fresh on every node. */
-static void fresh_prefix(int seed)
-{
-    snprintf(prefix, sizeof prefix, "rlc%d:", ++prefix_no);
-    if (seed)
-        assert_int_equal(fx_redlock_seed_fresh(nodes, prefix, LEASE_MS, 300, 2000), 0);
-}
-
-static int64_t now_ms(void)
-{
-    return dlock_now_ns() / DLOCK_NS_PER_MS;
 }
 
 /* Acquires name on c, which must succeed within `wait`: the token. */
@@ -207,19 +185,6 @@ static int restore(void **state)
     return 0;
 }
 
-static int group_setup(void **state)
-{
-    (void)state;
-    return fx_redis_start_set(srv, NSRV, nodes, sizeof nodes);
-}
-
-static int group_teardown(void **state)
-{
-    (void)state;
-    fx_redis_stop_set(srv, NSRV);
-    return 0;
-}
-
 /* ------------------------------------------------------------------ tests */
 
 /* redlock_nodes names the servers alone, needs protocol 2, an odd number
@@ -227,7 +192,7 @@ static int group_teardown(void **state)
 static void test_config_errors(void **state)
 {
     (void)state;
-    fresh_prefix(0);
+    rl_prefix_new(0);
     dlock_config cfg;
     dlock_client *c = NULL;
     config(&cfg, 0);
@@ -269,7 +234,7 @@ static void test_config_errors(void **state)
 static void test_sem_refused(void **state)
 {
     (void)state;
-    fresh_prefix(1);
+    rl_prefix_new(1);
     dlock_client *c = open_client(0);
     assert_int_equal(dlock_sem_acquire(c, "s", 2, 0), DLOCK_EINVAL);
     assert_non_null(strstr(dlock_last_error(), "not in Redlock mode yet"));
@@ -284,7 +249,7 @@ static void test_sem_refused(void **state)
 static void test_unseeded_refused(void **state)
 {
     (void)state;
-    fresh_prefix(0);
+    rl_prefix_new(0);
     dlock_client *c = open_client(0);
     int64_t t0 = now_ms();
     assert_int_equal(dlock_acquire(c, "u", 1000, NULL), DLOCK_EREDIS);
@@ -301,7 +266,7 @@ static void test_unseeded_refused(void **state)
 static void test_tokens_increase(void **state)
 {
     (void)state;
-    fresh_prefix(1);
+    rl_prefix_new(1);
     dlock_client *a = open_client(0), *b = open_client(0);
     warm(a);
     warm(b);
@@ -369,7 +334,7 @@ static void *excl_worker(void *arg)
 static void test_two_clients_exclusive(void **state)
 {
     (void)state;
-    fresh_prefix(1);
+    rl_prefix_new(1);
     dlock_client *a = open_client(4), *b = open_client(4);
     warm(a); /* both count their nodes first */
     warm(b);
@@ -437,7 +402,7 @@ static int cmp_u64(const void *x, const void *y)
 static void test_local_handoffs(void **state)
 {
     (void)state;
-    fresh_prefix(1);
+    rl_prefix_new(1);
     uint64_t ahead = ahead_us(0);
     for (int i = 0; i < NSRV; i++)
         mark_at(i, "p", ahead);
@@ -491,7 +456,7 @@ static void test_local_handoffs(void **state)
 static void test_renewed(void **state)
 {
     (void)state;
-    fresh_prefix(1);
+    rl_prefix_new(1);
     dlock_client *a = open_client(0), *b = open_client(0);
     warm(b);
     uint64_t t = must_acquire(a, "r", FIRST_WAIT_MS);
@@ -513,7 +478,7 @@ static void test_renewed(void **state)
 static void test_one_node_stopped(void **state)
 {
     (void)state;
-    fresh_prefix(1);
+    rl_prefix_new(1);
     dlock_client *a = open_client(0), *b = open_client(0);
     warm(b);
     uint64_t t = must_acquire(a, "o", FIRST_WAIT_MS);
@@ -540,7 +505,7 @@ static void test_one_node_stopped(void **state)
 static void test_stopped_node_skipped(void **state)
 {
     (void)state;
-    fresh_prefix(1);
+    rl_prefix_new(1);
     dlock_config cfg;
     config(&cfg, 0);
     cfg.lease_ms = 9000;
@@ -572,7 +537,7 @@ static void test_stopped_node_skipped(void **state)
 static void test_regranted_when_node_back(void **state)
 {
     (void)state;
-    fresh_prefix(1);
+    rl_prefix_new(1);
     dlock_client *a = open_client(0), *b = open_client(0);
     warm(a);
     warm(b);
@@ -616,7 +581,7 @@ static void test_regranted_when_node_back(void **state)
 static void test_many_held_one_node_stopped(void **state)
 {
     (void)state;
-    fresh_prefix(1);
+    rl_prefix_new(1);
     dlock_client *a = open_client(0), *b = open_client(0);
     warm(a);
     warm(b);
@@ -653,7 +618,7 @@ static void test_many_held_one_node_stopped(void **state)
 static void test_majority_stopped(void **state)
 {
     (void)state;
-    fresh_prefix(1);
+    rl_prefix_new(1);
     dlock_client *a = open_client(0), *b = open_client(0);
     warm(b);
     must_acquire(a, "m", FIRST_WAIT_MS);
@@ -697,7 +662,7 @@ static void *long_waiter(void *arg)
 static void test_second_waiter_too_few_nodes(void **state)
 {
     (void)state;
-    fresh_prefix(1);
+    rl_prefix_new(1);
     dlock_client *b = open_client(0);
     warm(b);
     sig(1, SIGSTOP);
@@ -742,7 +707,7 @@ static void run_of(int i, char *out, size_t size)
  * node. */
 static void give_backs_then_hold(int tries, int idle_ms)
 {
-    fresh_prefix(1);
+    rl_prefix_new(1);
     dlock_config cfg;
     config(&cfg, 0);
     cfg.lease_ms = 1500;
@@ -806,7 +771,7 @@ static void lease_key(const char *name, char *out, size_t n)
 static void test_release_finds_lost(void **state)
 {
     (void)state;
-    fresh_prefix(1);
+    rl_prefix_new(1);
     dlock_client *a = open_client(0), *b = open_client(0);
     warm(a);
     warm(b);
@@ -849,7 +814,7 @@ static void test_release_finds_lost(void **state)
 static void test_lost_lease_given_back(void **state)
 {
     (void)state;
-    fresh_prefix(1);
+    rl_prefix_new(1);
     dlock_config cfg;
     config(&cfg, 0);
     cfg.lease_ms = 6000;
@@ -899,7 +864,7 @@ static int grant_at(int i, const char *name, char *out, size_t n)
 static void test_unknown_outcome_given_back(void **state)
 {
     (void)state;
-    fresh_prefix(1);
+    rl_prefix_new(1);
     dlock_client *a = open_client(0), *b = open_client(0);
     warm(a);
     warm(b);
@@ -934,7 +899,7 @@ static void test_unknown_outcome_given_back(void **state)
 static void test_restarted_node_seeded(void **state)
 {
     (void)state;
-    fresh_prefix(1);
+    rl_prefix_new(1);
     dlock_client *a = open_client(0);
     uint64_t t = must_acquire(a, "s", FIRST_WAIT_MS);
     assert_int_equal(dlock_release(a, "s"), DLOCK_OK);
@@ -980,7 +945,7 @@ static void test_restarted_node_seeded(void **state)
 static void test_write_back_reserves_pass_limit(void **state)
 {
     (void)state;
-    fresh_prefix(1);
+    rl_prefix_new(1);
     dlock_conn_cfg cfg;
     dlock_counters ctr = {0};
     dlock_redlock *rl = node_set(&cfg, &ctr, 100);
@@ -1040,7 +1005,7 @@ static void with_fn(void *arg, uint64_t fence)
 static void test_cancel_shutdown_handles(void **state)
 {
     (void)state;
-    fresh_prefix(1);
+    rl_prefix_new(1);
     dlock_client *a = open_client(0), *b = open_client(0);
     warm(b);
     uint64_t t = must_acquire(a, "w", FIRST_WAIT_MS);
@@ -1088,7 +1053,7 @@ static void test_cancel_shutdown_handles(void **state)
 static void test_renewal_validity(void **state)
 {
     (void)state;
-    fresh_prefix(1);
+    rl_prefix_new(1);
     dlock_conn_cfg cfg;
     dlock_counters ctr = {0};
     dlock_redlock *rl = node_set(&cfg, &ctr, 100); /* (as the clients': well under lease/3) */
@@ -1177,7 +1142,7 @@ static void stop_node0_connected(dlock_redlock *rl)
 static void test_validity_from_first_send(void **state)
 {
     (void)state;
-    fresh_prefix(1);
+    rl_prefix_new(1);
     dlock_conn_cfg cfg;
     dlock_counters ctr = {0};
     dlock_redlock *rl = node_set(&cfg, &ctr, 100);
@@ -1234,7 +1199,7 @@ static void test_validity_from_first_send(void **state)
 static void test_renewal_skips_uncounted(void **state)
 {
     (void)state;
-    fresh_prefix(1);
+    rl_prefix_new(1);
     dlock_conn_cfg cfg;
     dlock_counters ctr = {0};
     dlock_redlock *rl = node_set(&cfg, &ctr, 100);
@@ -1334,7 +1299,7 @@ static int acquire_until(dlock_client *c, const char *name, int want_ok, int64_t
 static void test_every_node_checked(void **state)
 {
     (void)state;
-    fresh_prefix(1);
+    rl_prefix_new(1);
     dlock_config cfg;
     config(&cfg, 0);
     cfg.on_log = keep_fit_log;
@@ -1391,7 +1356,7 @@ static int ctl_run(char *out, size_t n, const char *args)
 static void test_dlockctl_seed_fresh(void **state)
 {
     (void)state;
-    fresh_prefix(0);
+    rl_prefix_new(0);
     char out[2048], args[400];
     snprintf(args, sizeof args, "--redlock-nodes %s --prefix %s seed-fresh", nodes, prefix);
     assert_int_equal(ctl_run(out, sizeof out, args), 0);

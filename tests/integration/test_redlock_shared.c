@@ -39,11 +39,10 @@
 #define NSRV 3
 #define LEASE_MS 500
 #define FIRST_WAIT_MS 2000 /* a fresh client's first acquire: a lease + margin */
+#define RL_TAG "rls"
 
-static fx_redis srv[NSRV];
-static int prefix_no;
-static char nodes[NSRV * 24];
-static char prefix[32];
+#include "redlock_helpers.h"
+
 static int lost_calls;
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 
@@ -63,34 +62,14 @@ static void on_lost(const char *name, uint64_t fence, void *arg)
 static dlock_client *open_client_of(uint32_t lease_ms, uint32_t timeout_ms)
 {
     dlock_config cfg;
-    dlock_config_init(&cfg);
-    cfg.redlock_nodes = nodes;
-    cfg.key_prefix = prefix;
-    cfg.lease_ms = lease_ms;
-    cfg.connect_timeout_ms = timeout_ms;
-    cfg.command_timeout_ms = timeout_ms;
+    rl_config(&cfg, lease_ms, timeout_ms);
     cfg.on_lost = on_lost;
-    dlock_client *c = NULL;
-    if (dlock_client_open(&cfg, &c) != DLOCK_OK)
-        fail_msg("open: %s", dlock_last_error());
-    return c;
+    return rl_open(&cfg);
 }
 
 static dlock_client *open_client(void)
 {
     return open_client_of(LEASE_MS, 100);
-}
-
-/* A fresh prefix, seeded fresh on every node. */
-static void fresh_prefix(void)
-{
-    snprintf(prefix, sizeof prefix, "rls%d:", ++prefix_no);
-    assert_int_equal(fx_redlock_seed_fresh(nodes, prefix, LEASE_MS, 300, 2000), 0);
-}
-
-static int64_t now_ms(void)
-{
-    return dlock_now_ns() / DLOCK_NS_PER_MS;
 }
 
 /* Acquires name on c, shared or not, which must succeed within `wait`: the
@@ -117,19 +96,6 @@ static int restore(void **state)
     return 0;
 }
 
-static int group_setup(void **state)
-{
-    (void)state;
-    return fx_redis_start_set(srv, NSRV, nodes, sizeof nodes);
-}
-
-static int group_teardown(void **state)
-{
-    (void)state;
-    fx_redis_stop_set(srv, NSRV);
-    return 0;
-}
-
 /* ------------------------------------------------------------------ tests */
 
 /* Two clients' readers side by side, a writer refused meanwhile; the
@@ -139,7 +105,7 @@ static int group_teardown(void **state)
 static void test_readers_side_by_side(void **state)
 {
     (void)state;
-    fresh_prefix();
+    rl_prefix_new(1);
     dlock_client *a = open_client(), *b = open_client(), *w = open_client();
     uint64_t ta = must(a, "r", 1, FIRST_WAIT_MS);
     uint64_t tb = must(b, "r", 1, FIRST_WAIT_MS);
@@ -172,7 +138,7 @@ static void test_readers_side_by_side(void **state)
 static void test_shared_renewed(void **state)
 {
     (void)state;
-    fresh_prefix();
+    rl_prefix_new(1);
     dlock_client *a = open_client(), *w = open_client();
     uint64_t t = must(a, "long", 1, FIRST_WAIT_MS);
     must(w, "warm", 0, FIRST_WAIT_MS);
@@ -193,7 +159,7 @@ static void test_shared_renewed(void **state)
 static void test_one_node_stopped(void **state)
 {
     (void)state;
-    fresh_prefix();
+    rl_prefix_new(1);
     dlock_client *a = open_client(), *b = open_client();
     must(a, "warm", 0, FIRST_WAIT_MS);
     must(b, "warm2", 0, FIRST_WAIT_MS);
@@ -231,7 +197,7 @@ static void *wait_shared(void *arg)
 static void test_reader_waits_for_writer(void **state)
 {
     (void)state;
-    fresh_prefix();
+    rl_prefix_new(1);
     dlock_client *a = open_client(), *w = open_client();
     must(a, "warm", 0, FIRST_WAIT_MS);
     assert_int_equal(dlock_release(a, "warm"), DLOCK_OK);
@@ -283,7 +249,7 @@ static void *release_handle(void *arg)
 static void test_handles_with_cancel(void **state)
 {
     (void)state;
-    fresh_prefix();
+    rl_prefix_new(1);
     dlock_client *a = open_client(), *w = open_client();
     dlock_handle *h = NULL;
     uint64_t t = 0;
@@ -379,7 +345,7 @@ static void *mixed_worker(void *arg)
 static void test_readers_and_writers(void **state)
 {
     (void)state;
-    fresh_prefix();
+    rl_prefix_new(1);
     /* (a lease of 2 s and timeouts of 400 ms: six threads of two clients
      * keep three nodes busy, and a loaded machine must not turn a slow
      * answer into an error) */

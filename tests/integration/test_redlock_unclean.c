@@ -41,31 +41,16 @@
 #define NSRV 3
 #define LEASE_MS 1000
 #define FIRST_WAIT_MS 3000 /* a fresh client's first acquire: a lease + margin */
+#define RL_TAG "rlu"
 
-static fx_redis srv[NSRV];
-static int prefix_no;
-static char nodes[NSRV * 24];
-static char prefix[32];
+#include "redlock_helpers.h"
 
-static void fresh_prefix(void)
-{
-    snprintf(prefix, sizeof prefix, "rlu%d:", ++prefix_no);
-    assert_int_equal(fx_redlock_seed_fresh(nodes, prefix, LEASE_MS, 300, 2000), 0);
-}
 
 static dlock_client *open_client(void)
 {
     dlock_config cfg;
-    dlock_config_init(&cfg);
-    cfg.redlock_nodes = nodes;
-    cfg.key_prefix = prefix;
-    cfg.lease_ms = LEASE_MS;
-    cfg.connect_timeout_ms = 100;
-    cfg.command_timeout_ms = 100;
-    dlock_client *c = NULL;
-    if (dlock_client_open(&cfg, &c) != DLOCK_OK)
-        fail_msg("open: %s", dlock_last_error());
-    return c;
+    rl_config(&cfg, LEASE_MS, 100);
+    return rl_open(&cfg);
 }
 
 static void must_acquire(dlock_client *c, const char *name, int64_t wait)
@@ -120,19 +105,6 @@ static int restore(void **state)
     return 0;
 }
 
-static int group_setup(void **state)
-{
-    (void)state;
-    return fx_redis_start_set(srv, NSRV, nodes, sizeof nodes);
-}
-
-static int group_teardown(void **state)
-{
-    (void)state;
-    fx_redis_stop_set(srv, NSRV);
-    return 0;
-}
-
 /* ------------------------------------------------------------------ tests */
 
 static dlock_client *thread_client;
@@ -149,7 +121,7 @@ static void *hold_and_exit(void *arg)
 static void test_released_and_abandoned(void **state)
 {
     (void)state;
-    fresh_prefix();
+    rl_prefix_new(1);
     dlock_client *a = open_client(), *b = open_client();
     warm(a, "wa");
     warm(b, "wb");
@@ -176,7 +148,7 @@ static void test_released_and_abandoned(void **state)
 static void test_expired(void **state)
 {
     (void)state;
-    fresh_prefix();
+    rl_prefix_new(1);
     dlock_client *a = open_client(), *b = open_client();
     warm(a, "wa");
     warm(b, "wb");
@@ -199,7 +171,7 @@ static void test_expired(void **state)
 static void test_majority_word(void **state)
 {
     (void)state;
-    fresh_prefix();
+    rl_prefix_new(1);
     dlock_client *a = open_client();
     warm(a, "wa");
     must_acquire(a, "m", 0);

@@ -45,11 +45,10 @@
 #define LEASE_MS 15000
 #define WAITER_TTL_MS 20000
 #define WAIT_MS 3000 /* under the first poll after a refusal: 3750 ms at least */
+#define RL_TAG "rlw"
 
-static fx_redis srv[NSRV];
-static int prefix_no;
-static char nodes[NSRV * 24];
-static char prefix[32];
+#include "redlock_helpers.h"
+
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -57,18 +56,10 @@ static char prefix[32];
 static dlock_client *open_client(const char *name)
 {
     dlock_config cfg;
-    dlock_config_init(&cfg);
-    cfg.redlock_nodes = nodes;
-    cfg.key_prefix = prefix;
-    cfg.lease_ms = LEASE_MS;
+    rl_config(&cfg, LEASE_MS, 200);
     cfg.waiter_ttl_ms = WAITER_TTL_MS;
-    cfg.connect_timeout_ms = 200;
-    cfg.command_timeout_ms = 200;
     cfg.client_name = name;
-    dlock_client *c = NULL;
-    if (dlock_client_open(&cfg, &c) != DLOCK_OK)
-        fail_msg("open: %s", dlock_last_error());
-    return c;
+    return rl_open(&cfg);
 }
 
 /* A client of server i alone (one server's mode), named `name`: a holder
@@ -85,18 +76,6 @@ static dlock_client *open_single(int i, const char *name)
     if (dlock_client_open(&cfg, &c) != DLOCK_OK)
         fail_msg("open of a client of node %d: %s", i, dlock_last_error());
     return c;
-}
-
-/* A fresh prefix, seeded fresh on every node. */
-static void fresh_prefix(void)
-{
-    snprintf(prefix, sizeof prefix, "rlw%d:", ++prefix_no);
-    assert_int_equal(fx_redlock_seed_fresh(nodes, prefix, LEASE_MS, 300, 2000), 0);
-}
-
-static int64_t now_ms(void)
-{
-    return dlock_now_ns() / DLOCK_NS_PER_MS;
 }
 
 static void must_acquire(dlock_client *c, const char *name, int64_t wait)
@@ -185,19 +164,6 @@ static int restore(void **state)
     return fx_redis_restore_set(srv, NSRV);
 }
 
-static int group_setup(void **state)
-{
-    (void)state;
-    return fx_redis_start_set(srv, NSRV, nodes, sizeof nodes);
-}
-
-static int group_teardown(void **state)
-{
-    (void)state;
-    fx_redis_stop_set(srv, NSRV);
-    return 0;
-}
-
 /* ------------------------------------------------------------------ tests */
 
 /* A waiter refused by a holder with 15 s of lease left is granted soon
@@ -206,7 +172,7 @@ static int group_teardown(void **state)
 static void test_woken_by_release(void **state)
 {
     (void)state;
-    fresh_prefix();
+    rl_prefix_new(1);
     dlock_client *a = open_client(NULL), *b = open_client(NULL);
     must_acquire(a, "w", 2000);
     waiter w = {0};
@@ -229,7 +195,7 @@ static void test_woken_by_release(void **state)
 static void test_woken_by_other_nodes(void **state)
 {
     (void)state;
-    fresh_prefix();
+    rl_prefix_new(1);
     dlock_client *a = open_client(NULL), *b = open_client(NULL);
     must_acquire(a, "o", 2000);
     waiter w = {0};
@@ -261,7 +227,7 @@ static void test_woken_by_other_nodes(void **state)
 static void test_granted_waiter_leaves_queues(void **state)
 {
     (void)state;
-    fresh_prefix();
+    rl_prefix_new(1);
     dlock_client *z = open_single(2, "z");
     dlock_client *b = open_client(NULL);
     must_acquire(z, "g", 2000);
@@ -286,7 +252,7 @@ static void test_granted_waiter_leaves_queues(void **state)
  * 2 is the waiter's own at three moments of its wait: */
 static int split_vote_held(const char *x_name, const char *y_name, const char *name)
 {
-    fresh_prefix();
+    rl_prefix_new(1);
     dlock_client *x = open_single(0, x_name), *y = open_single(1, y_name);
     dlock_client *b = open_client(NULL);
     must_acquire(x, name, 2000);
@@ -366,7 +332,7 @@ static int shared_split_wait(dlock_client *b, const char *name)
 static void test_shared_split_vote_given_back_unnamed(void **state)
 {
     (void)state;
-    fresh_prefix();
+    rl_prefix_new(1);
     const char *name = "sh";
     dlock_client *x = open_single(0, "x@9999999999999999.00");
     dlock_client *y = open_single(1, "y"), *z = open_single(1, "z");
@@ -400,7 +366,7 @@ static void test_shared_split_vote_given_back_unnamed(void **state)
 static void test_shared_split_vote_kept(void **state)
 {
     (void)state;
-    fresh_prefix();
+    rl_prefix_new(1);
     const char *name = "shk";
     dlock_client *x = open_single(0, "x@9999999999999999.00");
     dlock_client *y = open_single(1, "y@9999999999999999.01");
@@ -436,7 +402,7 @@ static void test_shared_split_vote_kept(void **state)
 static void test_direct_grant_of_held_attempt_kept(void **state)
 {
     (void)state;
-    fresh_prefix();
+    rl_prefix_new(1);
     const char *name = "dg";
     dlock_client *z = open_single(2, "z");
     dlock_client *b = open_client(NULL), *c = open_client(NULL);
@@ -533,7 +499,7 @@ static void hash_put_back(int i, const char *name, const redisReply *h)
 static void test_own_other_mode_is_a_refusal(void **state)
 {
     (void)state;
-    fresh_prefix();
+    rl_prefix_new(1);
     const char *name = "om";
     dlock_client *b = open_client(NULL);
     const char *id = dlock_client_id(b);
