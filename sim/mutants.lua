@@ -630,6 +630,12 @@ M.list = {
       .. 'and one slot counts as two permits',
     file = 'redlock_model', find = 'if not held[s] then', replace = 'if true then',
   },
+  {
+    name = 'redlock_leave_turn_to_tail', run = 'redlock', rsem = true, wait = true, schedules = 20,
+    why = 'a leave passes the turn to the last live waiter of the queue, not the first',
+    file = 'leave', protocol = 2, find = "  local w = redis.call('ZRANGE', KEYS[3], 0, 0)[1]",
+    replace = "  local w = redis.call('ZRANGE', KEYS[3], -1, -1)[1]",
+  },
 }
 
 -- Mutants that random schedules rarely tell apart (a second defence

@@ -64,8 +64,9 @@
 --   error  no script raises an error.
 --   fifo   (cfg.wait) every node whose vote a hand-out counted granted the
 --          client while no live waiter was queued ahead of it there
---          (W:queue_before), unless its clock was behind a time it read
---          before (a step back).
+--          (W:queue_before), or by a turn given it while none was,
+--          unless its clock was behind a time it read before (a step
+--          back).
 --   starve (cfg.wait) without faults, a wait ends within 5 leases per
 --          client.
 --   release a release by attempt leaves no live grant of that attempt to
@@ -418,7 +419,7 @@ function W:run_on(nd, c, script, keys, argv)
   -- (shared mode: an acquire of the other mode than the client's own live
   -- lease there, one whose release was lost, is refused with DLOCKMODE:
   -- no vote, until that lease ends)
-  if type(rep) == 'table' and rep.err and not (self.rs4 and string.match(rep.err, '^DLOCKMODE ')) then
+  if type(rep) == 'table' and rep.err and not (self.opts.shared ~= nil and string.match(rep.err, '^DLOCKMODE ')) then
     self:violation('error', script .. ' failed on node ' .. nd.i .. ': ' .. rep.err)
   end
   local seed = R.live(nd.srv, 'dlock:redlock:seed')
@@ -878,8 +879,9 @@ function W:hand_out(c, h)
     self:violation('order', string.format('%s got token %.0f of %s, not above %.0f, handed out '
       .. 'before (to %s)', c.name, h.token, h.name, last.token, last.c))
   end
+  local lease_key = self:keys_of(h.name, c)[1]
   for _, v in ipairs(h.voted or {}) do
-    local o = c.over[v.i]
+    local o = c.over[v.i .. ' ' .. lease_key]
     if o and o.run == v.run and #o.ids > 0 then
       local w = self.by_id[o.ids[1]]
       self:violation('fifo', string.format('%s got %s (token %.0f) with the vote of node %d, whose grant '
@@ -1085,6 +1087,7 @@ function W:permit_waiting(c, sem, deadline)
       if before and before ~= kept then self:release_all(c, home, before, '0') end
     end
     if h or cnow(self, c) >= deadline then break end
+    self:renew_due(c)
     local p = c.pttl and c.pttl * 1000 or floor(cfg.L / 3)
     self:await(c, math.max(5000, math.min(p, floor(cfg.L / 3))) + self:rint(0, 2000))
   end
@@ -1106,9 +1109,24 @@ function W:permit_waiting(c, sem, deadline)
   return h
 end
 
+-- The permits c holds while it waits for another (as the renewal thread
+-- renews them meanwhile): each renewed once less than two thirds of a
+-- lease of its validity is left; one not confirmed past its validity is
+-- lost.
+function W:renew_due(c)
+  for _, h in ipairs(c.holds or {}) do
+    if not h.lost and h.valid - cnow(self, c) < 2 * self.cfg.L / 3 and not self:renew(c, h)
+        and cnow(self, c) >= h.valid then
+      self:trace(string.format('%s lost %s', c.name, h.name))
+      self.holds_lost = self.holds_lost + 1
+      h.lost = true
+    end
+  end
+end
+
 -- A semaphore client: one or two permits of a name (as two threads of
--- one process), held briefly, a while or renewed for up to 3 leases, then
--- given back.
+-- one process; the second waited for a lease at most), held briefly, a
+-- while or renewed for up to 3 leases, then given back.
 function W:sem_main(c)
   local cfg = self.cfg
   while self.now < cfg.horizon_us do
@@ -1116,10 +1134,13 @@ function W:sem_main(c)
     local sem = self.names[self:rint(1, #self.names)]
     local want = (cfg.limit > 1 and self:rand() < 0.3) and 2 or 1
     c.holds = {}
-    for _ = 1, want do
+    for k = 1, want do
       local h
+      -- (the second permit's wait is a lease at most: a client that holds
+      -- one and waits for another for good may wait on others that do
+      -- the same, a deadlock of the callers' making, not the rule's)
       if cfg.wait then
-        h = self:permit_waiting(c, sem, cfg.horizon_us * c.rate)
+        h = self:permit_waiting(c, sem, k == 1 and cfg.horizon_us * c.rate or cnow(self, c) + cfg.L)
       else
         h = self:permit(c, sem)
       end
@@ -1138,15 +1159,7 @@ function W:sem_main(c)
           self:trace(string.format('FAULT %s pauses %.3f ms holding permits of %s', c.name, d / 1000, sem))
           self:sleep(c, d)
         end
-        if self.now < until_t then
-          for _, h in ipairs(c.holds) do
-            if not h.lost and not self:renew(c, h) and cnow(self, c) >= h.valid then
-              self:trace(string.format('%s lost %s', c.name, h.name))
-              self.holds_lost = self.holds_lost + 1
-              h.lost = true
-            end
-          end
-        end
+        if self.now < until_t then self:renew_due(c) end
       end
       local holds = c.holds
       c.holds = nil
@@ -1323,7 +1336,7 @@ function W:queue_before(nd, keys, now_us)
   -- when a leave frees the name, first there until then)
   local tid, tu = string.match(g and g.v.t or '', '^(%x+) (%d+)$')
   return {live = live, score = score, owner = exp and exp >= now_ms and owner, sh = sh, sown = sown,
-    turn = tid and tonumber(tu) >= now_ms and tid}
+    turn = tid and tonumber(tu) >= now_ms and tid, turn_raw = g and g.v.t}
 end
 
 -- (shared: a shared grant, which live shared waiters ahead do not refuse)
@@ -1343,19 +1356,21 @@ end
 
 function W:queue_after(nd, c, script, keys, q, rep)
   local by = self.by_id
+  -- (records per node and name: c.over[<node> <lease key>])
+  local at = nd.i .. ' ' .. keys[1]
   if script == 'acquire' and type(rep) == 'table' and rep[1] == 1 then
     if q.turn == c.id then
-      -- (its turn, given it as the first live waiter when a leave or an
-      -- expiry freed the name: whoever queued since is behind it, even
-      -- with an earlier score after a step back of the node's clock)
-      c.over[nd.i] = {run = nd.run, ids = {}}
+      -- its turn: what it passed over was recorded when the turn was
+      -- given (below); whoever queued since is behind it, even with an
+      -- earlier score after a step back of the node's clock
+      c.over[at] = c.over[at] or {run = nd.run, ids = {}}
     elseif q.owner ~= c.id or q.score[c.id] then
-      c.over[nd.i] = {run = nd.run, ids = self:passed_over(q, c.id)}
+      c.over[at] = {run = nd.run, ids = self:passed_over(q, c.id)}
     end
   elseif script == 'acquire_shared' and type(rep) == 'table' and rep[1] == 1 then
     -- (its own live shared lease there is kept whoever queued since)
     if not q.sown[c.id] or q.score[c.id] then
-      c.over[nd.i] = {run = nd.run, ids = self:passed_over(q, c.id, true)}
+      c.over[at] = {run = nd.run, ids = self:passed_over(q, c.id, true)}
     end
   elseif (script == 'release' or script == 'release_shared') and rep == 2 then
     -- (a direct grant to an exclusive waiter; or to a run of shared
@@ -1364,16 +1379,30 @@ function W:queue_after(nd, c, script, keys, q, rep)
     -- waiters ahead of it)
     local g = R.live(nd.srv, keys[1])
     local w = g and g.v.g and g.v.g ~= '' and by[g.v.o]
-    if w then w.over[nd.i] = {run = nd.run, ids = self:passed_over(q, w.id)} end
+    if w then w.over[at] = {run = nd.run, ids = self:passed_over(q, w.id)} end
     if g and self.rs4 then
       local z = R.live(nd.srv, keys[3])
       for id in pairs(q.sh) do
         local sw = by[id]
         if sw and q.live[id] and g.v['s:' .. id] and not (z and z.v[id]) then
-          sw.over[nd.i] = {run = nd.run, ids = self:passed_over(q, id, true)}
+          sw.over[at] = {run = nd.run, ids = self:passed_over(q, id, true)}
         end
       end
     end
+  end
+  -- A turn given by this script (field t naming another waiter than
+  -- before: a leave's, a release's or an acquire's that found the name
+  -- free): its waiter passes over the live waiters queued ahead of it,
+  -- but for this script's caller (leaving, releasing or refused).
+  local g = R.live(nd.srv, keys[1])
+  local t = g and g.v.t
+  local tid = t and string.match(t, '^(%x+) ')
+  if tid and t ~= q.turn_raw and by[tid] then
+    local ids = {}
+    for _, id in ipairs(self:passed_over(q, tid)) do
+      if id ~= c.id then ids[#ids + 1] = id end
+    end
+    by[tid].over[at] = {run = nd.run, ids = ids}
   end
 end
 

@@ -352,7 +352,7 @@ static void wake_one(void *arg, const char *payload, size_t len)
      * outlived the grant the others made), and a give-back by that attempt
      * would release the lease on every node; the wait's leave gives up a
      * grant of an older attempt never taken, and a try of the other mode
-     * meanwhile finds that node refusing it (DLOCKMODE: it does not count)
+     * meanwhile finds that node refusing it (DLOCKMODE: a refusal, no vote)
      * until then. */
     int unwanted = nonce && !stored && !c->redlock &&
                    e->kind_waiters[shared ? DLOCK_KIND_EXCL : DLOCK_KIND_SHARED] > 0;

@@ -370,9 +370,9 @@ int dlock_redlock_acquire(dlock_redlock *rl, const dlock_redlock_req *q, dlock_r
             /* This client's own lease of the other mode lives there (its
              * release lost, or a direct grant under an attempt it gave
              * up): the node answered, and refused, writing and queueing
-             * nothing; so a refusal (no vote, nothing to release there),
-             * not a node that did not answer (docs/design.md "Redlock",
-             * Shared mode). */
+             * nothing; so a refusal (no vote, as the simulator counts it;
+             * nothing to release there), not a node that did not answer
+             * (docs/design.md "Redlock", Shared mode). */
             counted[i] = 1;
             counting++;
             refused[i] = 1;
