@@ -341,6 +341,14 @@ return {
     replace = '',
   },
   {
+    name = 'leave_not_sent',
+    why = 'the last thread waiting for a name gives up while the client is queued in Redis and '
+      .. 'sends no leave: its queue entry stays until its waiter ttl',
+    file = 'src/local/acquire.c',
+    find = '    if (rc != DLOCK_OK && e->poll.queued && e->waiters == 1 && !e->poll.poller',
+    replace = '    if (rc != DLOCK_OK && e->poll.queued && e->waiters == 0 && !e->poll.poller',
+  },
+  {
     name = 'rl_own_mode_unanswered',
     why = "Redlock mode: a node that answers DLOCKMODE (this client's own lease of the other mode "
       .. 'still there) counts as a node that did not answer: DLOCK_EREDIS instead of DLOCK_EBUSY',

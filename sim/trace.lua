@@ -60,6 +60,13 @@
 --   leaveproto NAME FROM TO                   it was refused as protocol TO's data: the
 --                                             next leave of NAME sends it again in TO
 --   leavebg NAME NUMBER PROTO                 a leave left to the background (the same)
+--   gaveup NAME RC WAITERS POLLER HELD LEASE PASSING   an acquire that failed, before the
+--                                             leave's decision: the threads waiting (this
+--                                             one included), a poller, a holder, the lease's
+--                                             state (0 none), a lease passed on. When the
+--                                             model has the client queued and this is the
+--                                             last thread that wanted the name, the same
+--                                             thread's next line of the name is its leave
 -- and the shared mode's (src/local/shared.c; checked by sim/trace_shared.lua):
 --   sinv   NAME HOLDERS                       a shared grant's holders, its poller and the
 --                                             threads it invited (S2), before its grant line
@@ -109,7 +116,7 @@ function T.check_file(path)
   local fh, err = io.open(path, 'r')
   if not fh then return 'cannot read ' .. path .. ': ' .. err, {} end
   local stats = {lines = 0, grants = 0, passes = 0, takes = 0, verdicts = 0, tries = 0,
-                 direct = 0, releases = 0, resends = 0}
+                 direct = 0, releases = 0, resends = 0, leaves_due = 0}
   local c -- the model's client
   local sem = TS.new(stats) -- the model of its semaphores
   local entries = {}
@@ -232,6 +239,14 @@ function T.check_file(path)
       if kind ~= 'giveback' and kind ~= 'unconf' and kind ~= 'msg' and kind ~= 'rep' and
         kind ~= 'rl.giveback' and kind ~= 'rl.leave' then
         settle(e) -- (not at a background job's line, which may come in between)
+      end
+      -- (a leave due: the giving-up thread's next line of the name)
+      if e.leave_due == tid then
+        if kind ~= 'leave' and kind ~= 'leavebg' then
+          bad('the last thread waiting for %s gave up while the client was queued in Redis and '
+            .. 'sent no leave (its queue entry would stay until its waiter ttl)', e.name)
+        end
+        e.leave_due = nil
       end
       local X = {c = c, bad = bad, stats = stats, need_giveback = need_giveback, numbers = numbers}
       if SH.line(X, e, kind, f, tid, stamp) then
@@ -393,11 +408,11 @@ function T.check_file(path)
         end
         -- the protocol of the try that queued the client: its leave's
         -- (poll_redis, dlock_acquire_run)
-        if p and rc == E.EBUSY and not e.once then e.queue_proto = p.proto end
+        if p and rc == E.EBUSY and not e.once then e.queue_proto, e.queued = p.proto, true end
         -- (and of a try sent that no answer came for: it may have queued
         -- the client, which leaves as after a refusal: poll_loop)
         if p and p.rep and p.rep.sent and p.rep.granted == -8 and not e.once then
-          e.queue_proto = p.proto
+          e.queue_proto, e.queued = p.proto, true
         end
       elseif kind == 'msg' then
         if f[8] == '1' then
@@ -450,6 +465,7 @@ function T.check_file(path)
         e.unconfirmed, e.unconfirmed_end = 0, 0
         uset[e.name] = nil
         e.owner, e.polling = tid, false
+        e.queued = false -- (the acquire script took the client out of the queue)
       elseif kind == 'rdec' then
         local pass, now, waiters, passes, token, valid, prov, closing, ending =
           f[5] == '1', us(f[6]), num(f[14] or f[7]), num(f[8]), num(f[9]), num(f[10]),
@@ -612,6 +628,7 @@ function T.check_file(path)
       elseif kind == 'leave' then
         -- in the protocol of the try that queued the client, or, after a
         -- refusal (leaveproto), again in the one it named, once
+        e.queued = false
         local proto = proto_field(f[18], 'the leave\'s protocol')
         local number, args = f[16], table.concat(f, ' ', 5, 17)
         local lv = e.lv
@@ -629,6 +646,13 @@ function T.check_file(path)
               e.name, proto, e.queue_proto)
           end
           e.lv = {number = number, proto = proto, args = args}
+        end
+      elseif kind == 'gaveup' then
+        local waiters, poller, held, lease, passing = num(f[6]), num(f[7]), num(f[8]), num(f[9]),
+          num(f[10])
+        if e.queued and waiters == 1 and poller == 0 and held == 0 and lease == 0 and passing == 0 then
+          e.leave_due = tid
+          stats.leaves_due = stats.leaves_due + 1
         end
       elseif kind == 'leaveproto' then
         local from, to = num(f[5]), num(f[6])
@@ -648,6 +672,7 @@ function T.check_file(path)
       elseif kind == 'leavebg' then
         -- the protocol of the leave of that number last sent, or (none sent)
         -- of the try that queued the client
+        e.queued = false
         local proto = proto_field(f[6], 'the leave\'s protocol')
         local want = e.lv and e.lv.number == f[5] and e.lv.proto or e.queue_proto
         if want and proto ~= want then

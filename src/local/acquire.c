@@ -515,8 +515,14 @@ int dlock_acquire_run(dlock_client *c, const dlock_kind *kind, const char *name,
         return DLOCK_OK;
     }
     dlock_waitq_remove(&e->wq, w);
+    int passing = rc != DLOCK_OK && kind->passing(c, e);
+    if (rc != DLOCK_OK)
+        /* (what the leave below is decided on, for sim/trace.lua, which
+         * requires the leave when its own view has the client queued) */
+        dlock_trace_event(c->trace, "gaveup", e->name, "%d %u %d %d %d %d", rc, e->waiters,
+                          e->poll.poller, dlock_entry_held(e), (int)e->lease.state, passing);
     if (rc != DLOCK_OK && e->poll.queued && e->waiters == 1 && !e->poll.poller && !dlock_entry_held(e) &&
-        e->lease.state == DLOCK_LEASE_NONE && !kind->passing(c, e)) {
+        e->lease.state == DLOCK_LEASE_NONE && !passing) {
         /* The last thread here that wanted the name gives up: take the
          * client out of the queue (passing its turn on, if it had it). The
          * call is numbered now, before any later attempt of this client, so
