@@ -378,6 +378,8 @@ function T.check_file(path)
           bad('attempt %d: send time %.0f, recorded %.0f', nonce, sent, p.sent)
         else
           local r = p.rep
+          -- (a grant took the client out of the queue, taken or not)
+          if r.granted == 1 then e.queued = false end
           if r.rc == E.OK and C.too_late(s, us(sent), us(answered)) then
             if rc == E.OK then
               bad('attempt %d answered %.3f ms after its send, past its validity (%.3f ms): '

@@ -111,8 +111,10 @@ function RL.line(X, e, kind, f, stamp)
     -- the vote an earlier try kept goes back once this one is answered
     if e.rl_kept then X.need_giveback(e, e.rl_kept) end
     e.rl_kept = kept and nonce or nil
-    -- (granted: 1, 0 refused, nil of unknown outcome: given back)
-    local granted = rc == E.OK and 1 or rc == E.EBUSY and 0 or nil
+    -- (granted: 1, 0 refused, -8 too few nodes answered, which may have
+    -- queued the client: given back, and left as after a refusal; nil of
+    -- another error)
+    local granted = rc == E.OK and 1 or rc == E.EBUSY and 0 or rc == E.EREDIS and -8 or nil
     e.pending = {nonce = nonce, sent = rc == E.OK and first or sent, proto = 2,
                  rep = {sent = true, granted = granted, value = token, rc = rc}}
     e.protos[nonce] = 2

@@ -154,8 +154,13 @@ int dlock_rlmode_acquire(dlock_client *c, dlock_entry *e, dlock_rpc_try *t)
                            "dlockctl --redlock-nodes HOST:PORT,... seed-fresh (docs/operations.md, "
                            "\"Redlock\"); a restarted node is seeded by the clients a lease after "
                            "they see it", why);
-    /* A waiting try goes on while its deadline leaves time for another:
-     * a node restarted and not seeded yet, a node back. */
+    /* A waiting try's nodes that answered may have queued the client
+     * (they refused it): the last waiter to go takes it out of every
+     * node's queue, as after a refusal (acquire.c; the give-back above is
+     * by attempt, which leaves queues alone). A waiting try goes on while
+     * its deadline leaves time for another: a node restarted and not
+     * seeded yet, a node back. */
+    t->unanswered = t->queue;
     int64_t pause = retry_ms(c, c->lease_ms / 10) * DLOCK_NS_PER_MS;
     int again = t->queue && (t->deadline == DLOCK_NEVER ||
                              dlock_now_ns() + pause + DLOCK_NS_PER_MS < t->deadline);

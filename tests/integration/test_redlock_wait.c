@@ -9,7 +9,8 @@
  * back and leaves every queue; a shared wait also gives its split vote
  * back when a node refused it naming no holder; a node that still holds
  * the client's own lease of the other mode (DLOCKMODE) refused the try,
- * it did not fail to answer.
+ * it did not fail to answer; a wait whose try too few nodes answered
+ * leaves the queues of those that did.
  *
  * Each test runs on a key prefix of its own, seeded fresh (as `dlockctl
  * seed-fresh` does) before its clients open. The per-test teardown
@@ -538,6 +539,55 @@ static void test_own_other_mode_is_a_refusal(void **state)
     dlock_client_close(b);
 }
 
+/* Node 0 held by z (a client of that node alone), nodes 1 and 2 stopped:
+ * a wait of 500 ms ends after its first try (too few nodes answered, and
+ * no time for another: DLOCK_EREDIS), and node 0 had queued the client
+ * when it refused it. The wait's end takes the client out of that queue
+ * (in the background) as after a refusal: else its entry would stay for
+ * the waiter ttl, 20 s, and z's release would grant node 0 directly to a
+ * client that waits no more. */
+static void test_unreachable_wait_leaves_queue(void **state)
+{
+    (void)state;
+    rl_prefix_new(1);
+    const char *name = "uq";
+    dlock_client *z = open_single(0, "z");
+    dlock_client *b = open_client(NULL);
+    const char *id = dlock_client_id(b);
+    must_acquire(z, name, 2000);
+    must_acquire(b, "warm", 2000); /* (b counts the nodes: a fresh client waits a lease) */
+    assert_int_equal(dlock_release(b, "warm"), DLOCK_OK);
+    assert_int_equal(fx_redis_signal(&srv[1], SIGSTOP), 0);
+    assert_int_equal(fx_redis_signal(&srv[2], SIGSTOP), 0);
+    waiter w = {0};
+    wait_start(&w, b, name, 500);
+    /* node 0 queues b at once; the try waits a command timeout (200 ms)
+     * for the others: seen queued meanwhile */
+    int seen = 0, joined = 0;
+    while (!joined) {
+        seen |= queued_at(0, name, id);
+        joined = pthread_tryjoin_np(w.th, NULL) == 0;
+        if (!joined)
+            fx_sleep_ms(5);
+    }
+    if (w.rc != DLOCK_EREDIS)
+        fail_msg("the wait with two nodes stopped: %s (DLOCK_EREDIS expected): %s",
+                 dlock_strerror(w.rc), w.msg);
+    assert_true(seen);
+    assert_int_equal(fx_redis_signal(&srv[1], SIGCONT), 0);
+    assert_int_equal(fx_redis_signal(&srv[2], SIGCONT), 0);
+    int64_t t0 = now_ms();
+    while (queued_at(0, name, id)) { /* (the leave, in the background: 3 s is generous) */
+        if (now_ms() - t0 > 3000)
+            fail_msg("b is still in node 0's queue of %s 3 s after its wait ended", name);
+        fx_sleep_ms(10);
+    }
+    assert_int_equal(dlock_release(z, name), DLOCK_OK);
+    assert_false(held_by(0, name, id)); /* (no direct grant to b) */
+    dlock_client_close(z);
+    dlock_client_close(b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -550,6 +600,7 @@ int main(void)
         cmocka_unit_test_teardown(test_shared_split_vote_kept, restore),
         cmocka_unit_test_teardown(test_direct_grant_of_held_attempt_kept, restore),
         cmocka_unit_test_teardown(test_own_other_mode_is_a_refusal, restore),
+        cmocka_unit_test_teardown(test_unreachable_wait_leaves_queue, restore),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
