@@ -349,6 +349,12 @@ return {
     replace = '    if (rc != DLOCK_OK && e->poll.queued && e->waiters == 0 && !e->poll.poller',
   },
   {
+    name = 'rl_unreachable_not_queued',
+    why = 'Redlock mode: a waiting try that too few nodes answered is not counted as queued, so '
+      .. 'a wait ending after it leaves the client in the queues of the nodes that refused it',
+    file = 'src/local/rlmode.c', find = '    t->unanswered = t->queue;\n', replace = '',
+  },
+  {
     name = 'rl_own_mode_unanswered',
     why = "Redlock mode: a node that answers DLOCKMODE (this client's own lease of the other mode "
       .. 'still there) counts as a node that did not answer: DLOCK_EREDIS instead of DLOCK_EBUSY',

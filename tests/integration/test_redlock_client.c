@@ -1293,9 +1293,12 @@ static int acquire_until(dlock_client *c, const char *name, int want_ok, int64_t
 /* The periodic server check reads every node, one per check in turn (a
  * check every second with a lease of 500 ms): an eviction policy set on
  * the second node while the client runs makes acquires fail with
- * DLOCK_ESERVER naming that node and the policy, within 3 checks and a
- * margin, and logged once; a held name stays held; once mended, acquires
- * work again within 3 checks, logged once. */
+ * DLOCK_ESERVER naming that node and the policy, within 3 checks
+ * nominally, and logged once; a held name stays held; once mended,
+ * acquires work again, logged once. The bound is 3 rounds of the 3
+ * nodes and a second (10 s): a read that a loaded machine answers after
+ * the 100 ms command timeout says nothing, and that node is read again a
+ * round later (5 s was once too short under CI with a soak beside it). */
 static void test_every_node_checked(void **state)
 {
     (void)state;
@@ -1310,7 +1313,7 @@ static void test_every_node_checked(void **state)
     must_acquire(c, "held", 0);
     freeReplyObject(fx_cmd_at(srv[1].port, "CONFIG SET maxmemory 1000000000"));
     freeReplyObject(fx_cmd_at(srv[1].port, "CONFIG SET maxmemory-policy allkeys-lru"));
-    int rc = acquire_until(c, "k", 0, 3 * 1000 + 2000);
+    int rc = acquire_until(c, "k", 0, 3 * 3 * 1000 + 1000);
     if (rc != DLOCK_ESERVER)
         fail_msg("acquire: %s: %s", dlock_strerror(rc), dlock_last_error());
     char at[32];
@@ -1319,7 +1322,7 @@ static void test_every_node_checked(void **state)
         fail_msg("want '%s' and allkeys-lru in: %s", at, dlock_last_error());
     assert_int_equal(dlock_held(c, "held"), 1);
     freeReplyObject(fx_cmd_at(srv[1].port, "CONFIG SET maxmemory-policy noeviction"));
-    rc = acquire_until(c, "k", 1, 3 * 1000 + 2000);
+    rc = acquire_until(c, "k", 1, 3 * 3 * 1000 + 1000);
     if (rc != DLOCK_OK)
         fail_msg("acquire once mended: %s: %s", dlock_strerror(rc), dlock_last_error());
     assert_int_equal(dlock_release(c, "held"), DLOCK_OK);
