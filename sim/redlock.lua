@@ -831,12 +831,7 @@ function W:hold_renewed(c, h, hold)
     local step = math.min(writes[k] - self.now, floor(cfg.L / 3))
     if step > 0 then self:sleep(c, step) end
     if self.now >= writes[k] then
-      if cfg.faults.pause and self:rand() < 0.05 then
-        self:fault('pause')
-        local d = self:rint(1, 3 * cfg.L)
-        self:trace(string.format('FAULT %s pauses %.3f ms holding %s', c.name, d / 1000, h.name))
-        self:sleep(c, d)
-      end
+      self:maybe_pause(c, h.name)
       self:store_write(c, h)
       k = k + 1
     elseif not self:renew(c, h) and cnow(self, c) >= h.valid then
@@ -846,6 +841,17 @@ function W:hold_renewed(c, h, hold)
     end
   end
   return true
+end
+
+-- A pause of holder c (faults.pause: one time in 20, up to 3 leases),
+-- holding `what`, before its next step.
+function W:maybe_pause(c, what)
+  if self.cfg.faults.pause and self:rand() < 0.05 then
+    self:fault('pause')
+    local d = self:rint(1, 3 * self.cfg.L)
+    self:trace(string.format('FAULT %s pauses %.3f ms holding %s', c.name, d / 1000, what))
+    self:sleep(c, d)
+  end
 end
 
 -- A token handed out: the order invariant. (Shared mode: a shared token
@@ -953,12 +959,7 @@ function W:client_main(c)
         local part = self:rint(0, hold)
         for k = 1, 2 do
           self:sleep(c, k == 1 and part or hold - part)
-          if cfg.faults.pause and self:rand() < 0.05 then
-            self:fault('pause')
-            local d = self:rint(1, 3 * cfg.L)
-            self:trace(string.format('FAULT %s pauses %.3f ms holding %s', c.name, d / 1000, name))
-            self:sleep(c, d)
-          end
+          self:maybe_pause(c, name)
           self:store_write(c, h)
         end
       end
@@ -989,12 +990,7 @@ function W:passes(c, h)
     self:hand_out(c, p)
     c.hold = p
     self:sleep(c, self:rint(0, 2000))
-    if cfg.faults.pause and self:rand() < 0.05 then
-      self:fault('pause')
-      local d = self:rint(1, 3 * cfg.L)
-      self:trace(string.format('FAULT %s pauses %.3f ms holding %s', c.name, d / 1000, h.name))
-      self:sleep(c, d)
-    end
+    self:maybe_pause(c, h.name)
     self:store_write(c, p)
   end
 end
@@ -1153,12 +1149,7 @@ function W:sem_main(c)
       local until_t = self.now + (r >= 0.9 and self:rint(0, 3 * cfg.L) or self:rint(0, floor(cfg.L / 2)))
       while self.now < until_t do
         self:sleep(c, math.min(until_t - self.now, floor(cfg.L / 3)))
-        if cfg.faults.pause and self:rand() < 0.05 then
-          self:fault('pause')
-          local d = self:rint(1, 3 * cfg.L)
-          self:trace(string.format('FAULT %s pauses %.3f ms holding permits of %s', c.name, d / 1000, sem))
-          self:sleep(c, d)
-        end
+        self:maybe_pause(c, 'permits of ' .. sem)
         if self.now < until_t then self:renew_due(c) end
       end
       local holds = c.holds
