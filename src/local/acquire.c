@@ -302,6 +302,11 @@ static int poll_loop(dlock_client *c, const dlock_kind *kind, dlock_entry *e, in
                 dlock_renew_give_back(c->renew, e, nonce, t.protocol, t.shared);
             return rc;
         }
+        if (rc == DLOCK_ETIMEDOUT && !once && e->poll.busy_known)
+            /* The wait's deadline came while this try waited for a
+             * connection: the wait ends, and says why it waited (an
+             * earlier try's refusal), not the pool's word. */
+            return wait_end(e, unreachable);
         if (rc != DLOCK_EBUSY)
             return rc;
         snprintf(e->poll.busy_holder, sizeof e->poll.busy_holder, "%s", busy.holder);

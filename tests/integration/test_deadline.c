@@ -138,6 +138,7 @@ typedef struct call {
     int64_t wait_ms;
     int rc;
     long long done_ns;
+    char msg[512]; /* the call's message */
 } call;
 
 static void *call_main(void *arg)
@@ -145,6 +146,7 @@ static void *call_main(void *arg)
     call *k = arg;
     k->rc = dlock_acquire(k->c, k->name, k->wait_ms, NULL);
     k->done_ns = fx_now_ns();
+    snprintf(k->msg, sizeof k->msg, "%s", dlock_last_error());
     if (k->rc == DLOCK_OK)
         dlock_release(k->c, k->name);
     return NULL;
@@ -169,6 +171,54 @@ static void test_pool_wait_ends_at_caller_deadline(void **state)
     assert_int_equal(stuck.rc, DLOCK_EREDIS);
     assert_true(done < stuck.done_ns);
     dlock_client_close(c);
+}
+
+/* A wait refused by a holder, whose next try then waits for the one pooled
+ * connection (stuck in a call to a frozen Redis for 3 s) until the wait's
+ * deadline: it times out naming the holder, as any timed-out wait does.
+ * Before the mend it said the pool's "no redis connection came free". The
+ * holder's client has its own pool; the fallback retry (waiter_ttl / 4,
+ * 500 ms) comes long after the stuck call took the connection. */
+static void test_pool_wait_of_a_waiting_try_names_holder(void **state)
+{
+    (void)state;
+    dlock_config cfg;
+    fx_config(&cfg, &fx_server);
+    cfg.key_prefix = "td:";
+    cfg.client_name = "holder-pw";
+    dlock_client *h = NULL;
+    assert_int_equal(dlock_client_open(&cfg, &h), DLOCK_OK);
+    assert_int_equal(dlock_acquire(h, "pool:h", 0, NULL), DLOCK_OK);
+    fx_config(&cfg, &fx_server);
+    cfg.key_prefix = "td:";
+    cfg.command_timeout_ms = cfg.connect_timeout_ms = 3000;
+    cfg.pool_size = 1;
+    cfg.waiter_ttl_ms = 2000;
+    dlock_client *c = NULL;
+    assert_int_equal(dlock_client_open(&cfg, &c), DLOCK_OK);
+    dlock_stats s0, s1;
+    assert_int_equal(dlock_client_stats(c, &s0), DLOCK_OK);
+    call waiting = {.c = c, .name = "pool:h", .wait_ms = 1500};
+    assert_int_equal(pthread_create(&waiting.thread, NULL, call_main, &waiting), 0);
+    /* its first try refused (10 s is generous for a loaded machine) */
+    for (int i = 0; i < 1000; i++) {
+        assert_int_equal(dlock_client_stats(c, &s1), DLOCK_OK);
+        if (s1.redis_commands > s0.redis_commands)
+            break;
+        fx_sleep_ms(10);
+    }
+    assert_true(s1.redis_commands > s0.redis_commands);
+    assert_int_equal(fx_redis_signal(&fx_server, SIGSTOP), 0);
+    call stuck = {.c = c, .name = "pool:s", .wait_ms = 0};
+    assert_int_equal(pthread_create(&stuck.thread, NULL, call_main, &stuck), 0);
+    pthread_join(waiting.thread, NULL);
+    pthread_join(stuck.thread, NULL);
+    assert_int_equal(fx_redis_signal(&fx_server, SIGCONT), 0);
+    assert_int_equal(waiting.rc, DLOCK_ETIMEDOUT);
+    assert_non_null(strstr(waiting.msg, "held by holder-pw"));
+    assert_int_equal(dlock_release(h, "pool:h"), DLOCK_OK);
+    dlock_client_close(c);
+    dlock_client_close(h);
 }
 
 /* --------------------------------------------- bounds with a setup to do */
@@ -333,6 +383,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_signal_storm_cannot_stretch_calls, resume_server),
         cmocka_unit_test_teardown(test_pool_wait_ends_at_caller_deadline, resume_server),
+        cmocka_unit_test_teardown(test_pool_wait_of_a_waiting_try_names_holder, resume_server),
         cmocka_unit_test_teardown(test_waiters_fail_with_their_poller, resume_server),
         cmocka_unit_test_teardown(test_slow_setup_within_bound, resume_server),
         cmocka_unit_test_teardown(test_tries_on_frozen_server_fail_together, resume_server),
