@@ -319,10 +319,11 @@ typedef struct dlock_config {
      * it; two shared leases whose acquires overlapped are in no order
      * (docs/design.md "Redlock", Shared mode). A waiting shared acquire
      * also gives its split vote back when a node refused it naming no
-     * holder. Not in this version: semaphores (their calls return
-     * DLOCK_EINVAL). `dlockctl --redlock-nodes
-     * LIST` list, show and watch read every node (docs/operations.md,
-     * "Redlock"). Default NULL: not Redlock mode. */
+     * holder. Semaphores: a limit of at most 64, each permit a slot,
+     * an exclusive quorum lock of its own (dlock_sem_acquire).
+     * `dlockctl --redlock-nodes LIST` list, show and watch read every
+     * node (docs/operations.md, "Redlock"). Default NULL: not Redlock
+     * mode. */
     const char *redlock_nodes;
 } dlock_config;
 
@@ -567,6 +568,18 @@ DLOCK_API int dlock_release_shared(dlock_client *c, const char *name);
  * it. on_lost runs with fence 0 when the renewal finds this client's
  * permits of a name gone; each thread holding one then gets DLOCK_ELOST
  * from its release.
+ *
+ * In Redlock mode (redlock_nodes; docs/guide.md, "Redlock") the limit is
+ * at most 64: a permit is one of the name's `limit` slots, each an
+ * exclusive quorum lock of its own (its keys "<prefix>{<name>}:s<k>..."),
+ * so the limit holds wherever the mode's exclusion holds, under its
+ * assumptions (dlock_acquire, Redlock mode). One slot of this client lost
+ * loses all its permits of the name (on_lost once). A try asks each slot
+ * this client does not hold in turn, one quorum exchange each; a wait
+ * queues on one of them. Not yet in this mode: two limits for one name, or
+ * a lock and a semaphore of one name, are refused within a client only
+ * (each client's limit bounds the slots it takes), and the waiting clients
+ * are served in order per slot, not across a name's slots.
  */
 DLOCK_API int dlock_sem_acquire(dlock_client *c, const char *name, uint32_t limit,
                                 int64_t wait_ms);

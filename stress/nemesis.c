@@ -823,9 +823,9 @@ int main(int argc, char **argv)
     }
     unsigned rl_not = (1u << NM_FAILOVER) | (1u << NM_CLOCK_FAR);
     if (O.redlock && worker < 0) {
-        if (O.sem_pct || O.protocol || min_replicas_given) {
-            fprintf(stderr, "nemesis: --redlock takes no --sem-pct, --protocol or "
-                            "--min-replicas (locks, exclusive or shared, protocol 2)\n");
+        if (O.protocol || min_replicas_given) {
+            fprintf(stderr, "nemesis: --redlock takes no --protocol or --min-replicas "
+                            "(protocol 2)\n");
             return 2;
         }
         if (faults_given && (O.faults & rl_not)) {

@@ -358,8 +358,6 @@ void parse_opts(int argc, char **argv)
                       O.rtt_us > 0 || O.min_replicas))
         bad_usage("--cluster starts a private Redis Cluster for dlock's Cluster mode: not with"
                   " --naive, --mutex, --redis, --unix, --sentinel, --rtt-us or --min-replicas");
-    if (O.redlock && O.sem_limit > 0)
-        bad_usage("--redlock: Redlock mode has no semaphores yet: not with --sem");
     if (O.redlock && (O.naive || O.mutex || O.client_per_thread))
         bad_usage("--redlock runs dlock's Redlock mode: not with --naive, --mutex or"
                   " --client-per-thread");

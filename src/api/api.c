@@ -16,7 +16,6 @@
 #include "common/error.h"
 #include "local/excl.h"
 #include "local/release.h"
-#include "local/rlmode.h"
 #include "local/orphan.h"
 #include "local/sem.h"
 #include "local/shared.h"
@@ -232,10 +231,11 @@ static int acquire_call(dlock_client *c, const dlock_kind *kind, uint32_t limit,
     dlock_err_clear();
     if (!c)
         return dlock_err_set(DLOCK_EINVAL, "client is NULL");
-    if (!kind)
+    if (!kind && c->redlock && limit > DLOCK_REDLOCK_SEM_MAX)
         /* (a handle's and dlock_with*'s acquires come here too) */
-        if (dlock_rlmode_refuse(c, "semaphores") != DLOCK_OK)
-            return DLOCK_EINVAL;
+        return dlock_err_set(DLOCK_EINVAL, "the limit of semaphore '%s' is %" PRIu32 ": in "
+                             "Redlock mode at most %d (a permit is a slot, each a quorum lock "
+                             "of its own)", name ? name : "(null)", limit, DLOCK_REDLOCK_SEM_MAX);
     dlock_client_enter(c);
     int64_t t0 = dlock_now_ns();
     int rc = acquire(c, kind, limit, name, wait_ms, fence, opts ? opts->cancel : NULL);

@@ -68,6 +68,7 @@ static void entry_free(dlock_entry *e)
     pthread_mutex_destroy(&e->mu);
     free(e->keys[0]); /* the one allocation of all keys */
     free(e->lease.rl);
+    free(e->lease.rls);
     free(e);
 }
 

@@ -83,6 +83,10 @@ typedef struct dlock_lease {
                                        release), written by e's poller before the
                                        grant is taken; owned by the entry. NULL
                                        outside the mode */
+    struct dlock_redlock_slots *rls; /* Redlock mode: a semaphore's slots this client
+                                        holds and its wait's home slot (local/rlsem.h),
+                                        owned by the entry; NULL until its first
+                                        semaphore call */
 } dlock_lease;
 
 typedef struct dlock_poll {

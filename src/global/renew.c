@@ -42,7 +42,14 @@ int dlock_renew_add(dlock_renew *r, dlock_entry *e)
     it->protocol = e->lease.sem ? DLOCK_RENEW_SEM : e->lease.grant_protocol;
     it->shared = e->lease.shared;
     snprintf(it->token, sizeof it->token, "%" PRIu64, e->lease.grant_token);
-    if (r->cfg.redlock && e->lease.rl) {
+    if (r->cfg.redlock && e->lease.sem && e->lease.rls && e->lease.rls->n) {
+        it->rls_n = e->lease.rls->n;
+        if (!(it->rls = malloc(sizeof *it->rls * it->rls_n))) {
+            free(it);
+            return DLOCK_ENOMEM;
+        }
+        memcpy(it->rls, e->lease.rls->s, sizeof *it->rls * it->rls_n);
+    } else if (r->cfg.redlock && e->lease.rl && !e->lease.sem) {
         if (!(it->rl = malloc(sizeof *it->rl))) {
             free(it);
             return DLOCK_ENOMEM;
@@ -75,7 +82,37 @@ static void unlink_item(dlock_renew *r, dlock_renew_item *it)
     r->count--;
     it->e->lease.renew = NULL;
     free(it->rl);
+    free(it->rls);
     free(it);
+}
+
+int dlock_renew_rl_slots_sync(dlock_renew *r, dlock_entry *e)
+{
+    dlock_renew_item *it = e->lease.renew;
+    if (!it || !e->lease.rls)
+        return DLOCK_OK;
+    unsigned n = e->lease.rls->n;
+    pthread_mutex_lock(&r->mu);
+    if (n <= it->rls_n) {
+        /* fewer (or as many): in place (it->rls is written under r->mu) */
+        if (n)
+            memmove(it->rls, e->lease.rls->s, sizeof *it->rls * n);
+        it->rls_n = n;
+        pthread_mutex_unlock(&r->mu);
+        return DLOCK_OK;
+    }
+    pthread_mutex_unlock(&r->mu);
+    dlock_redlock_slot *copy = malloc(sizeof *copy * n);
+    if (!copy)
+        return DLOCK_ENOMEM;
+    memcpy(copy, e->lease.rls->s, sizeof *copy * n);
+    pthread_mutex_lock(&r->mu);
+    dlock_redlock_slot *old = it->rls;
+    it->rls = copy;
+    it->rls_n = n;
+    pthread_mutex_unlock(&r->mu);
+    free(old);
+    return DLOCK_OK;
 }
 
 int dlock_renew_remove(dlock_renew *r, dlock_entry *e)

@@ -78,6 +78,14 @@ int dlock_renew_add(dlock_renew *r, dlock_entry *e);
  * e->mu; 0 if it was not. */
 int dlock_renew_remove(dlock_renew *r, dlock_entry *e);
 
+/* Redlock mode, a semaphore's permits: the registration's copy of the
+ * slots e holds follows e->lease.rls (local/rlsem.h) after a change; a
+ * slot no longer in it is not renewed by a round that checks it after
+ * this returns (a releaser then waits out dlock_renew_quiesce). Called
+ * with e->mu held (it takes the manager's mutex). DLOCK_OK, or
+ * DLOCK_ENOMEM (the copy keeps the slots it had). */
+int dlock_renew_rl_slots_sync(dlock_renew *r, dlock_entry *e);
+
 /* Waits until no renewal write is in progress. A releaser calls it after
  * dlock_renew_remove and before sending its release, without e->mu: then no
  * renewal of the released grant can reach Redis after the release. */
@@ -130,6 +138,13 @@ void dlock_renew_rl_give_back(dlock_renew *r, const dlock_entry *e, const char *
  * queue). */
 void dlock_renew_rl_leave(dlock_renew *r, const dlock_entry *e, const char *number,
                           uint32_t skip);
+
+/* Redlock mode, a semaphore's slot k of e (route/redlock.h): as
+ * dlock_renew_rl_give_back (leave 0: attempt `number` given back) or
+ * dlock_renew_rl_leave (leave 1: the queue left as call `number`), on
+ * that slot's keys. */
+void dlock_renew_rl_slot_job(dlock_renew *r, const dlock_entry *e, unsigned k, int leave,
+                             const char *number, uint32_t skip);
 
 /* The drift margin subtracted from a lease's validity, in ns. */
 int64_t dlock_renew_drift_ns(uint32_t lease_ms);

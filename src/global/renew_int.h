@@ -47,7 +47,12 @@ struct dlock_renew_item {
     int shared;     /* the grant is a shared lease: it goes back with the shared release */
     char token[24]; /* decimal, as the scripts store it */
     dlock_redlock_grant *rl; /* Redlock mode: a copy of the grant (its nodes' tokens),
-                                owned by the item; NULL otherwise */
+                                owned by the item; NULL otherwise (and for a
+                                semaphore's permits) */
+    dlock_redlock_slot *rls; /* Redlock mode, a semaphore's permits: a copy of the
+                                slots held (e->lease.rls->s), rls_n of them, owned
+                                by the item, kept in step by dlock_renew_rl_slots_sync */
+    unsigned rls_n;
 };
 
 /* The protocol an item of a semaphore's permits (e->lease.sem) is filed

@@ -26,20 +26,20 @@
 
 /* Queues a background job for e (see dlock_renew_give_back and
  * dlock_renew_leave), given up after for_ms. */
-static void add_job(dlock_renew *r, const dlock_entry *e, int leave, const char *number,
-                    int protocol, int shared, uint32_t for_ms, const char *sem_number,
-                    uint32_t rl_skip)
+static void add_job_keys(dlock_renew *r, const dlock_entry *e, char *const *keys, int leave,
+                         const char *number, int protocol, int shared, uint32_t for_ms,
+                         const char *sem_number, uint32_t rl_skip)
 {
     size_t len[DLOCK_KEYS], total = e->name_len + 1;
     for (int k = 0; k < DLOCK_KEYS; k++)
-        total += (len[k] = strlen(e->keys[k]) + 1);
+        total += (len[k] = strlen(keys[k]) + 1);
     dlock_renew_job *o = malloc(sizeof *o + total);
     if (!o)
         return; /* the lease, if granted, expires after lease_ms; a queue
                    entry after the waiter ttl */
     char *p = o->buf;
     for (int k = 0; k < DLOCK_KEYS; k++) {
-        o->keys[k] = memcpy(p, e->keys[k], len[k]);
+        o->keys[k] = memcpy(p, keys[k], len[k]);
         p += len[k];
     }
     o->name = memcpy(p, e->name, e->name_len + 1);
@@ -59,6 +59,14 @@ static void add_job(dlock_renew *r, const dlock_entry *e, int leave, const char 
     r->job_new = 1;
     pthread_cond_signal(&r->cv);
     pthread_mutex_unlock(&r->mu);
+}
+
+/* add_job_keys with e's own keys. */
+static void add_job(dlock_renew *r, const dlock_entry *e, int leave, const char *number,
+                    int protocol, int shared, uint32_t for_ms, const char *sem_number,
+                    uint32_t rl_skip)
+{
+    add_job_keys(r, e, e->keys, leave, number, protocol, shared, for_ms, sem_number, rl_skip);
 }
 
 void dlock_renew_give_back(dlock_renew *r, const dlock_entry *e, const char *nonce,
@@ -99,6 +107,20 @@ void dlock_renew_rl_leave(dlock_renew *r, const dlock_entry *e, const char *numb
 {
     dlock_trace_event(r->cfg.trace, "leavebg", e->name, "%s %d", number, 2);
     add_job(r, e, 1, number, 2, 0, 2 * r->cfg.waiter_ttl_ms, NULL, skip);
+}
+
+void dlock_renew_rl_slot_job(dlock_renew *r, const dlock_entry *e, unsigned k, int leave,
+                             const char *number, uint32_t skip)
+{
+    char *buf = malloc(dlock_redlock_slot_keys_size(e->keys)), *keys[DLOCK_SCRIPT_KEYS];
+    if (!buf)
+        return; /* (as add_job_keys without memory) */
+    dlock_redlock_slot_keys(e->keys, k, buf, keys);
+    dlock_trace_event(r->cfg.trace, leave ? "leavebg" : "giveback", e->name, "%s %d s%u", number,
+                      2, k);
+    add_job_keys(r, e, keys, leave, number, 2, 0,
+                 leave ? 2 * r->cfg.waiter_ttl_ms : r->cfg.keep_ms, NULL, skip);
+    free(buf);
 }
 
 /* Appends o's script call to c (after ASKING after an ASK redirect). 0 or

@@ -20,7 +20,15 @@ typedef struct rsnap {
     dlock_renew_item *item; /* identity only: compared, never dereferenced */
     uint64_t epoch;
     dlock_redlock_grant g;
-    int verdict;       /* 1 renewed, 0 gone, -1 not confirmed */
+    int sem;           /* one slot of a semaphore's permits (slot k, keys its own):
+                          the entry's slots are consecutive snapshots, the first
+                          of them holding the entry's reference */
+    unsigned k;
+    char *kbuf;        /* sem: its keys' bytes (owned) */
+    char *keys[DLOCK_SCRIPT_KEYS];
+    int found;         /* sem, applied: the entry still held the slot */
+    int verdict;       /* 1 renewed, 0 gone, -1 not confirmed, 2 (a slot) given back
+                          since the snapshot: not asked */
     int64_t valid;     /* renewed: the new validity (boot clock) */
     int64_t sent;      /* the first send of its renewal's exchange (boot clock; 0: none) */
     uint64_t regrant[DLOCK_REDLOCK_NODES_MAX]; /* grants its renewal made, 0 none */
@@ -44,6 +52,17 @@ static dlock_redlock_req req_of(dlock_renew *r, dlock_entry *e, uint64_t attempt
                                .deadline = command_deadline(r)};
 }
 
+/* Whether the registration it still holds the slot of snapshot x (a
+ * slot given back is out of its copy before its release: renew.h,
+ * dlock_renew_rl_slots_sync). r->mu held. */
+static int slot_in(const dlock_renew_item *it, const rsnap *x)
+{
+    for (unsigned j = 0; j < it->rls_n; j++)
+        if (it->rls[j].k == x->k && it->rls[j].g.attempt == x->g.attempt)
+            return 1;
+    return 0;
+}
+
 /* Sends the renewals of s[0 .. n) whose grants are still registered, in
  * one batch (dlock_redlock_renew_many); r->writing is set from the check
  * to the end of the exchange. The others keep verdict -1 and are found
@@ -57,11 +76,16 @@ static void renew_all(dlock_renew *r, rsnap *s, size_t n)
     pthread_mutex_lock(&r->mu);
     for (size_t i = 0; i < n; i++) {
         dlock_renew_item *it = s[i].e->lease.renew; /* readable under r->mu */
-        if (it == s[i].item && it->epoch == s[i].epoch)
-            l[k++] = (dlock_redlock_lease){.name = s[i].e->name,
-                                           .key = s[i].e->keys[DLOCK_KEY_LEASE],
-                                           .keys = (const char *const *)s[i].e->keys,
-                                           .g = &s[i].g, .verdict = -1};
+        if (it != s[i].item || it->epoch != s[i].epoch)
+            continue;
+        if (s[i].sem && !slot_in(it, &s[i])) {
+            s[i].verdict = 2; /* given back since the snapshot: not asked */
+            continue;
+        }
+        char *const *keys = s[i].sem ? s[i].keys : s[i].e->keys;
+        l[k++] = (dlock_redlock_lease){.name = s[i].e->name, .key = keys[DLOCK_KEY_LEASE],
+                                       .keys = (const char *const *)keys, .g = &s[i].g,
+                                       .verdict = -1};
     }
     r->writing = k > 0;
     pthread_mutex_unlock(&r->mu);
@@ -131,19 +155,132 @@ static int apply_one(dlock_renew *r, rsnap *s, int64_t *earliest, int *drop)
     return lost;
 }
 
+/* The verdicts of the slots s[0 .. cnt) of one semaphore's permits (their
+ * entry's), as apply_one's of a lock: a renewed slot gets its new
+ * validity, re-grants join it (in the entry and in the registration's
+ * copy), and the permits' validity is their slots' earliest. One slot
+ * gone, or not confirmed before its validity, loses every permit (local/
+ * sem.h, M8): the snapshot's slots leave the entry (s[j].found: the caller
+ * releases them), and slots taken since stay for the grant that took them
+ * (local/rlsem.h). 1 if the permits were found lost now, *drop as
+ * apply_one's. */
+static int apply_sem(dlock_renew *r, rsnap *s, size_t cnt, int64_t *earliest, int *drop)
+{
+    dlock_entry *e = s[0].e;
+    int lost = 0, gone = 0, late = 0;
+    int64_t now = dlock_boot_ns();
+    *drop = 0;
+    for (size_t j = 0; j < cnt; j++)
+        s[j].found = 0;
+    pthread_mutex_lock(&e->mu);
+    dlock_redlock_slots *h = e->lease.rls;
+    if (e->lease.state != DLOCK_LEASE_HELD || !e->lease.sem || !h ||
+        e->lease.epoch != s[0].epoch || e->lease.renew != s[0].item) {
+        pthread_mutex_unlock(&e->mu);
+        return 0;
+    }
+    for (size_t j = 0; j < cnt; j++) {
+        dlock_redlock_slot *mine = NULL;
+        for (unsigned i = 0; i < h->n && !mine; i++)
+            if (h->s[i].k == s[j].k && h->s[i].g.attempt == s[j].g.attempt)
+                mine = &h->s[i];
+        if (!mine)
+            continue; /* given back since the snapshot */
+        s[j].found = 1;
+        for (unsigned i = 0; i < DLOCK_REDLOCK_NODES_MAX; i++)
+            if (s[j].regrant[i] && !mine->g.node_token[i])
+                mine->g.node_token[i] = s[j].regrant[i];
+        if (s[j].verdict == 1)
+            mine->g.valid_boot = s[j].valid;
+        else if (s[j].verdict == 0 || now >= mine->g.valid_boot)
+            gone = 1;
+        else
+            late = 1;
+        s[j].g = mine->g; /* (its release, if lost: by every token known) */
+    }
+    dlock_trace_event(r->cfg.trace, "rl.sverdict", e->name, "%" PRIu64 " %d %d %u",
+                      e->lease.epoch, gone, late, h->n);
+    if (gone) {
+        unsigned w = 0;
+        for (unsigned i = 0; i < h->n; i++) {
+            int ours = 0;
+            for (size_t j = 0; j < cnt && !ours; j++)
+                ours = s[j].found && h->s[i].k == s[j].k && h->s[i].g.attempt == s[j].g.attempt;
+            if (!ours)
+                h->s[w++] = h->s[i];
+        }
+        h->n = w;
+        *drop = dlock_renew_mark_lost(r, e);
+        if (!e->lease.lost_notified) {
+            e->lease.lost_notified = 1;
+            lost = 1;
+        }
+    } else {
+        (void)dlock_renew_rl_slots_sync(r, e); /* (the re-grants: the next round's) */
+        int64_t v = DLOCK_NEVER;
+        for (unsigned i = 0; i < h->n; i++)
+            if (h->s[i].g.valid_boot < v)
+                v = h->s[i].g.valid_boot;
+        if (h->n)
+            e->lease.valid_until_ns = v;
+        if (late && v < *earliest)
+            *earliest = v;
+    }
+    pthread_mutex_unlock(&e->mu);
+    return lost;
+}
+
+/* The snapshot of every registered lease, one per lock and one per slot of
+ * a semaphore's permits (a reference on each entry, held by its first
+ * snapshot), in *out; how many. r->mu held. */
+static size_t snapshot(dlock_renew *r, rsnap **out)
+{
+    size_t total = 0;
+    for (dlock_renew_item *it = r->items; it; it = it->next)
+        total += it->rls_n ? it->rls_n : it->rl != NULL;
+    rsnap *s = total ? calloc(total, sizeof *s) : NULL;
+    size_t n = 0;
+    for (dlock_renew_item *it = s ? r->items : NULL; it; it = it->next) {
+        if (it->rls_n) {
+            char *kbuf = malloc(dlock_redlock_slot_keys_size(it->e->keys) * it->rls_n);
+            if (!kbuf)
+                continue; /* (unconfirmed this round: tried again after a pause) */
+            dlock_table_ref(it->e);
+            for (unsigned j = 0; j < it->rls_n; j++) {
+                rsnap *x = &s[n++];
+                *x = (rsnap){.e = it->e, .item = it, .epoch = it->epoch, .g = it->rls[j].g,
+                             .verdict = -1, .sem = 1, .k = it->rls[j].k,
+                             .kbuf = j == 0 ? kbuf : NULL};
+                dlock_redlock_slot_keys(it->e->keys, x->k,
+                                        kbuf + j * dlock_redlock_slot_keys_size(it->e->keys),
+                                        x->keys);
+            }
+            continue;
+        }
+        if (!it->rl)
+            continue; /* (every lock's lease of the mode has its grant) */
+        dlock_table_ref(it->e);
+        s[n++] = (rsnap){.e = it->e, .item = it, .epoch = it->epoch, .g = *it->rl, .verdict = -1};
+    }
+    *out = s;
+    return n;
+}
+
+/* How many snapshots from s[i] on are of s[i]'s entry (1 for a lock). */
+static size_t group_of(const rsnap *s, size_t i, size_t n)
+{
+    size_t j = i + 1;
+    while (s[i].sem && j < n && s[j].sem && s[j].e == s[i].e && !s[j].kbuf)
+        j++;
+    return j - i;
+}
+
 int64_t dlock_renew_redlock_round(dlock_renew *r)
 {
     int64_t start = dlock_now_ns();
     pthread_mutex_lock(&r->mu);
-    size_t n = 0;
-    rsnap *s = r->count ? malloc(sizeof *s * r->count) : NULL;
-    for (dlock_renew_item *it = s ? r->items : NULL; it; it = it->next) {
-        if (!it->rl)
-            continue; /* (every lease of the mode has its grant) */
-        dlock_table_ref(it->e);
-        s[n] = (rsnap){.e = it->e, .item = it, .epoch = it->epoch, .g = *it->rl, .verdict = -1};
-        n++;
-    }
+    rsnap *s;
+    size_t n = snapshot(r, &s);
     pthread_mutex_unlock(&r->mu);
     if (!n) {
         free(s);
@@ -152,21 +289,33 @@ int64_t dlock_renew_redlock_round(dlock_renew *r)
     renew_all(r, s, n);
     int ok = 1;
     for (size_t i = 0; i < n; i++)
-        ok &= s[i].verdict == 1;
+        ok &= s[i].verdict >= 1;
     dlock_count(&r->cfg.ctr->renew_rounds, 1);
     dlock_count(&r->cfg.ctr->renew_keys, (uint64_t)n);
     int64_t earliest = DLOCK_NEVER;
-    size_t nlost = 0, renewed = 0;
-    for (size_t i = 0; i < n; i++) {
+    size_t renewed = 0;
+    /* the snapshots to release (lost: the grant, or each slot found) and
+     * the entries lost now (their first snapshots), kept referenced until
+     * the callback */
+    size_t *rel = malloc(sizeof *rel * n), nrel = 0, *told = malloc(sizeof *told * n), ntold = 0;
+    for (size_t i = 0; i < n;) {
+        size_t cnt = group_of(s, i, n);
         int drop;
-        renewed += s[i].verdict == 1;
-        int lost = apply_one(r, &s[i], &earliest, &drop);
+        for (size_t j = i; j < i + cnt; j++)
+            renewed += s[j].verdict == 1;
+        int lost = s[i].sem ? apply_sem(r, &s[i], cnt, &earliest, &drop)
+                            : apply_one(r, &s[i], &earliest, &drop);
         if (drop)
             dlock_table_put(r->cfg.table, s[i].e);
-        if (lost)
-            s[nlost++] = s[i]; /* kept referenced until the callback */
-        else
+        if (lost && rel && told) {
+            for (size_t j = i; j < i + cnt; j++)
+                if (!s[j].sem || s[j].found)
+                    rel[nrel++] = j;
+            told[ntold++] = i;
+        } else {
             dlock_table_put(r->cfg.table, s[i].e);
+        }
+        i += cnt;
     }
     dlock_count(&r->cfg.ctr->renewed, renewed);
     if (!ok)
@@ -188,22 +337,29 @@ int64_t dlock_renew_redlock_round(dlock_renew *r)
      * lease: released there, by each node's grant (a later grant of this
      * client is another), leaving the word that it expired for the next
      * holder, as an expiry does; a node that fails one is not asked for
-     * the others. */
+     * the others. A semaphore's: each of its slots found. */
     int down[DLOCK_REDLOCK_NODES_MAX] = {0};
-    for (size_t i = 0; i < nlost; i++) {
-        dlock_redlock_grant g = s[i].g;
+    for (size_t x = 0; x < nrel; x++) {
+        rsnap *o = &s[rel[x]];
+        dlock_redlock_grant g = o->g;
         for (unsigned k = 0; k < DLOCK_REDLOCK_NODES_MAX; k++)
             if (!g.node_token[k])
-                g.node_token[k] = s[i].regrant[k];
-        dlock_redlock_req q = req_of(r, s[i].e, g.attempt);
+                g.node_token[k] = o->regrant[k];
+        dlock_redlock_req q = req_of(r, o->e, g.attempt);
+        if (o->sem)
+            q.keys = o->keys;
         q.ended = DLOCK_UNCLEAN_EXPIRED;
         (void)dlock_redlock_release_past(r->cfg.redlock, &q, &g, down);
     }
-    for (size_t i = 0; i < nlost; i++) {
+    for (size_t x = 0; x < ntold; x++) {
         if (r->cfg.lost)
-            r->cfg.lost(r->cfg.lost_arg, s[i].e->name, s[i].lost_token);
-        dlock_table_put(r->cfg.table, s[i].e);
+            r->cfg.lost(r->cfg.lost_arg, s[told[x]].e->name, s[told[x]].lost_token);
+        dlock_table_put(r->cfg.table, s[told[x]].e);
     }
+    for (size_t i = 0; i < n; i++)
+        free(s[i].kbuf);
+    free(rel);
+    free(told);
     free(s);
     int64_t next = ok ? start + r->period_ns
                       : dlock_now_ns() + DLOCK_RENEW_RETRY_MS * DLOCK_NS_PER_MS;
@@ -283,6 +439,19 @@ void dlock_renew_redlock_release_all(dlock_renew *r)
     int64_t deadline = command_deadline(r);
     int down[DLOCK_REDLOCK_NODES_MAX] = {0};
     for (dlock_renew_item *it = r->items; it; it = it->next) {
+        for (unsigned j = 0; j < it->rls_n; j++) {
+            /* a semaphore's slots, each as a lock's grant */
+            char *kbuf = malloc(dlock_redlock_slot_keys_size(it->e->keys)), *keys[DLOCK_SCRIPT_KEYS];
+            if (!kbuf)
+                break; /* (they end within a lease) */
+            dlock_redlock_slot_keys(it->e->keys, it->rls[j].k, kbuf, keys);
+            dlock_redlock_req q = req_of(r, it->e, it->rls[j].g.attempt);
+            q.keys = keys;
+            q.deadline = deadline;
+            q.ended = DLOCK_UNCLEAN_ABANDONED;
+            (void)dlock_redlock_release_past(r->cfg.redlock, &q, &it->rls[j].g, down);
+            free(kbuf);
+        }
         if (!it->rl)
             continue;
         dlock_redlock_req q = req_of(r, it->e, it->rl->attempt);

@@ -14,16 +14,8 @@
  * and at most a third of the lease. */
 #define RETRY_MIN_MS 5
 
-int dlock_rlmode_refuse(const dlock_client *c, const char *what)
-{
-    if (!c || !c->redlock)
-        return DLOCK_OK;
-    return dlock_err_set(DLOCK_EINVAL, "%s: not in Redlock mode yet (redlock_nodes is set; "
-                         "exclusive locks and shared mode are)", what);
-}
 
-/* The pause before the next try, in ms: pttl bounded to 5 .. lease/3. */
-static int64_t retry_ms(const dlock_client *c, int64_t pttl)
+int64_t dlock_rlmode_retry_ms(const dlock_client *c, int64_t pttl)
 {
     int64_t hi = c->lease_ms / 3 > RETRY_MIN_MS ? c->lease_ms / 3 : RETRY_MIN_MS;
     if (pttl < RETRY_MIN_MS)
@@ -31,17 +23,13 @@ static int64_t retry_ms(const dlock_client *c, int64_t pttl)
     return pttl > hi ? hi : pttl;
 }
 
-/* The deadline of one exchange with the node set: connections opened node
- * after node (a stopped node's takes up to a connect and a command
- * timeout, route/redlock.h), then a command timeout for the replies. */
-static int64_t exchange_deadline(const dlock_client *c)
+int64_t dlock_rlmode_exchange_deadline(const dlock_client *c)
 {
     return dlock_now_ns() + ((int64_t)c->conn.connect_timeout_ms +
                              2 * (int64_t)c->conn.command_timeout_ms) * DLOCK_NS_PER_MS;
 }
 
-/* The client's wall clock in us (a wait's ticket), at least 1. */
-static uint64_t wall_us(void)
+uint64_t dlock_rlmode_ticket(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -74,7 +62,7 @@ int dlock_rlmode_acquire(dlock_client *c, dlock_entry *e, dlock_rpc_try *t)
     t->protocol = 2;
     /* a wait's ticket: its first try's wall clock, kept by its tries */
     if (t->queue && !e->poll.rl_ticket)
-        e->poll.rl_ticket = wall_us();
+        e->poll.rl_ticket = dlock_rlmode_ticket();
     dlock_redlock_req q = {.name = e->name, .keys = e->keys, .args = &c->args,
                            .client_name = c->conn.client_name,
                            .attempt = strtoull(t->nonce, NULL, 10),
@@ -82,7 +70,7 @@ int dlock_rlmode_acquire(dlock_client *c, dlock_entry *e, dlock_rpc_try *t)
                            /* a try started before the caller's deadline gets
                             * a whole exchange (a single try's deadline bounds
                             * the wait for a connection only: acquire.c) */
-                           .deadline = exchange_deadline(c),
+                           .deadline = dlock_rlmode_exchange_deadline(c),
                            .queue = t->queue, .ticket = e->poll.rl_ticket,
                            .client_id = c->args.client_id, .shared = t->shared};
     if (t->queue && t->deadline > q.deadline)
@@ -130,7 +118,7 @@ int dlock_rlmode_acquire(dlock_client *c, dlock_entry *e, dlock_rpc_try *t)
         /* (refused for another waiter's turn alone, no lease told: the
          * fallback, as with one server; the simulator's a third of a
          * lease) */
-        t->pttl_ms = busy.pttl_ms > 0 ? retry_ms(c, busy.pttl_ms) : -1;
+        t->pttl_ms = busy.pttl_ms > 0 ? dlock_rlmode_retry_ms(c, busy.pttl_ms) : -1;
         /* (a waiting holder's name without its "@<ticket>.<id>") */
         char *at = strrchr(busy.holder, '@');
         if (at && strchr(at, '.'))
@@ -161,7 +149,7 @@ int dlock_rlmode_acquire(dlock_client *c, dlock_entry *e, dlock_rpc_try *t)
      * its deadline leaves time for another: a node restarted and not
      * seeded yet, a node back. */
     t->unanswered = t->queue;
-    int64_t pause = retry_ms(c, c->lease_ms / 10) * DLOCK_NS_PER_MS;
+    int64_t pause = dlock_rlmode_retry_ms(c, c->lease_ms / 10) * DLOCK_NS_PER_MS;
     int again = t->queue && (t->deadline == DLOCK_NEVER ||
                              dlock_now_ns() + pause + DLOCK_NS_PER_MS < t->deadline);
     if (again) {
@@ -179,7 +167,7 @@ int dlock_rlmode_release(dlock_client *c, dlock_entry *e, int ending)
         return dlock_err_set(DLOCK_EREDIS, "redlock release of '%s': no grant known", e->name);
     dlock_redlock_req q = {.name = e->name, .keys = e->keys, .args = &c->args,
                            .client_name = c->conn.client_name, .attempt = e->lease.rl->attempt,
-                           .deadline = exchange_deadline(c), .ended = ending};
+                           .deadline = dlock_rlmode_exchange_deadline(c), .ended = ending};
     /* (the releaser owns the lease's fields while it is RELEASING) */
     int ran_out = dlock_boot_ns() >= e->lease.valid_until_ns;
     int rc = dlock_redlock_release(c->redlock, &q, e->lease.rl);

@@ -42,8 +42,17 @@ void dlock_rlmode_wait_end(dlock_client *c, dlock_entry *e);
  * than a majority answered; the others' grants end within a lease). */
 int dlock_rlmode_release(dlock_client *c, dlock_entry *e, int ending);
 
-/* DLOCK_OK, or DLOCK_EINVAL when c is in Redlock mode and `what` (a kind
- * of lock the mode has not yet) is asked for. */
-int dlock_rlmode_refuse(const dlock_client *c, const char *what);
+/* The deadline of one exchange with the node set (monotonic): connections
+ * opened node after node (a stopped node's takes up to a connect and a
+ * command timeout, route/redlock.h), then a command timeout for the
+ * replies. */
+int64_t dlock_rlmode_exchange_deadline(const dlock_client *c);
+
+/* A wait's ticket: the client's wall clock in us, at least 1. */
+uint64_t dlock_rlmode_ticket(void);
+
+/* The pause before a refused or failed waiting try's next one, in ms: pttl
+ * bounded to 5 .. lease / 3. */
+int64_t dlock_rlmode_retry_ms(const dlock_client *c, int64_t pttl);
 
 #endif

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "common/error.h"
+#include "local/rlsem.h"
 #include "local/rpc.h"
 #include "local/sem.h"
 #include "local/sem_rpc.h"
@@ -22,6 +23,26 @@
 int dlock_sem_in_use(const dlock_entry *e)
 {
     return e->m.users > 0;
+}
+
+/* The Redis calls (sem_rpc.h), on the node set's slots in Redlock mode
+ * (rlsem.h). In e's call slot, without e->mu. */
+static int rpc_acquire(dlock_client *c, dlock_entry *e, dlock_sem_try *t)
+{
+    return c->redlock ? dlock_rlsem_acquire(c, e, t) : dlock_sem_rpc_acquire(c, e, t);
+}
+
+static int rpc_release(dlock_client *c, dlock_entry *e, unsigned count)
+{
+    return c->redlock ? dlock_rlsem_release(c, e, count) : dlock_sem_rpc_release(c, e, count);
+}
+
+static void rpc_leave(dlock_client *c, dlock_entry *e, uint64_t gave_up)
+{
+    if (c->redlock)
+        dlock_rlsem_leave(c, e, gave_up);
+    else
+        dlock_sem_rpc_leave(c, e, gave_up);
 }
 
 /* Whether a lock call uses e (M1). e->mu held. */
@@ -167,7 +188,7 @@ static int give_back(dlock_client *c, dlock_entry *e, int *drop)
     dlock_trace_event(c->trace, "sem.back", e->name, "%u %u", n, e->m.held);
     uint64_t gen = e->m.gen;
     pthread_mutex_unlock(&e->mu);
-    int rc = dlock_sem_rpc_release(c, e, n);
+    int rc = rpc_release(c, e, n);
     pthread_mutex_lock(&e->mu);
     call_end(e);
     dlock_trace_event(c->trace, "sem.backrc", e->name, "%d", rc);
@@ -200,7 +221,7 @@ static int leave(dlock_client *c, dlock_entry *e, int *drop)
             e->poll.queued = 0;
             e->m.doubt = 0;
             pthread_mutex_unlock(&e->mu);
-            dlock_sem_rpc_leave(c, e, gave_up);
+            rpc_leave(c, e, gave_up);
             pthread_mutex_lock(&e->mu);
         }
         call_end(e);
@@ -262,7 +283,7 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
                            .doubt = e->m.doubt, .deadline = by, .cancel = k};
         e->poll.woken = 0; /* a wake-up from now on makes another try */
         pthread_mutex_unlock(&e->mu);
-        rc = dlock_sem_rpc_acquire(c, e, &t);
+        rc = rpc_acquire(c, e, &t);
         if (rc != DLOCK_OK && t.in_doubt && !t.answered) {
             /* Its outcome unknown: the same attempt again makes it known
              * (lua/p2/SEM.txt, Idempotence). Else the attempt it named in
@@ -272,7 +293,7 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
              * which no leave names. */
             int first = rc;
             t.deadline = dlock_now_ns() + (int64_t)c->conn.command_timeout_ms * DLOCK_NS_PER_MS;
-            rc = dlock_sem_rpc_acquire(c, e, &t);
+            rc = rpc_acquire(c, e, &t);
             if (!t.answered) {
                 rc = first; /* still unknown */
                 t.in_doubt = 1;
@@ -318,6 +339,8 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
             traced_take(c, e, 's', now);
             return DLOCK_OK;
         }
+        if (once && c->redlock) /* (rlsem.c said which slots refused) */
+            return DLOCK_EBUSY;
         if (once)
             return dlock_err_set(DLOCK_EBUSY, "no permit of '%s' is free (%lld free, %lld "
                                  "client%s in its wait queue in redis)", e->name, t.free, t.queued,

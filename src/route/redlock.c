@@ -599,3 +599,24 @@ int dlock_redlock_check_node(dlock_redlock *rl, unsigned i, int64_t deadline)
         freeReplyObject(r);
     return rc;
 }
+
+size_t dlock_redlock_slot_keys_size(char *const *keys)
+{
+    size_t total = 0;
+    for (int k = 0; k < DLOCK_SCRIPT_KEYS; k++)
+        total += strlen(keys[k]) + 1 + (k == DLOCK_KEY_HW ? 0 : 4); /* ":s63" at most */
+    return total;
+}
+
+void dlock_redlock_slot_keys(char *const *keys, unsigned k, char *buf, char **out)
+{
+    /* every key but HW begins with the lease key, "<prefix>{<name>}" */
+    size_t base = strlen(keys[DLOCK_KEY_LEASE]);
+    for (int i = 0; i < DLOCK_SCRIPT_KEYS; i++) {
+        out[i] = buf;
+        if (i == DLOCK_KEY_HW)
+            buf += sprintf(buf, "%s", keys[i]) + 1;
+        else
+            buf += sprintf(buf, "%.*s:s%u%s", (int)base, keys[i], k, keys[i] + base) + 1;
+    }
+}

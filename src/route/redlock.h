@@ -245,6 +245,39 @@ int dlock_redlock_acquire(dlock_redlock *rl, const dlock_redlock_req *q, dlock_r
 int dlock_redlock_release(dlock_redlock *rl, const dlock_redlock_req *q,
                           const dlock_redlock_grant *g);
 
+/* Semaphores (docs/design.md "Redlock", Semaphores): a name's `limit`
+ * permits are `limit` slots, slot k an exclusive quorum lock of its own
+ * under the calls above, whose keys are the name's with ":s<k>" after
+ * "<prefix>{<name>}" (the name's hash slot and slot mark: its HW key is
+ * the name's). A permit is a slot held. At most this many slots. */
+#define DLOCK_REDLOCK_SEM_MAX 64
+
+/* Bytes dlock_redlock_slot_keys writes for the name's keys `keys`. */
+size_t dlock_redlock_slot_keys_size(char *const *keys);
+
+/* Slot k's keys (DLOCK_SCRIPT_KEYS of them, in out) from the name's,
+ * written into buf (dlock_redlock_slot_keys_size bytes). */
+void dlock_redlock_slot_keys(char *const *keys, unsigned k, char *buf, char **out);
+
+/* One slot a client holds: the slot and its quorum grant. */
+typedef struct dlock_redlock_slot {
+    unsigned k;
+    dlock_redlock_grant g;
+} dlock_redlock_slot;
+
+/* A client's permits of one semaphore in this mode (local/rlsem.h):
+ * the slots it holds, and its wait's state. One allocation. */
+typedef struct dlock_redlock_slots {
+    uint32_t limit;       /* the slots: 0 .. limit - 1 */
+    unsigned n;           /* slots held: s[0 .. n) */
+    unsigned home;        /* a wait's home slot + 1 (its tries queue there), 0 none */
+    uint64_t ticket;      /* that wait's ticket (redlock.h, wait) */
+    uint64_t kept;        /* an attempt whose split vote on the home slot was kept,
+                             0 none: given back once the next try ended */
+    unsigned kept_k;      /* its slot */
+    dlock_redlock_slot s[]; /* limit of them */
+} dlock_redlock_slots;
+
 /* A held lease, for dlock_redlock_renew_many. */
 typedef struct dlock_redlock_lease {
     const char *name;              /* for messages */

@@ -7,7 +7,7 @@
  * lease no majority renews or whose release finds it gone, the give-back
  * of a try of unknown outcome, the seeding of a restarted node by the
  * client, the periodic server check of every node, and what the mode
- * refuses (semaphores, for now).
+ * refuses (a semaphore limit above 64).
  *
  * Each test runs on a key prefix of its own, seeded fresh (as
  * `dlockctl seed-fresh` does) before its clients open, so that a node one
@@ -229,17 +229,17 @@ static void test_config_errors(void **state)
     dlock_client_close(c);
 }
 
-/* Semaphores are not in Redlock mode yet: DLOCK_EINVAL, saying so
- * (shared mode is: tests/integration/test_redlock_shared.c). */
-static void test_sem_refused(void **state)
+/* Semaphores in Redlock mode are test_redlock_sem's; a limit above the
+ * mode's is refused, through a handle too. */
+static void test_sem_limit_refused(void **state)
 {
     (void)state;
     rl_prefix_new(1);
     dlock_client *c = open_client(0);
-    assert_int_equal(dlock_sem_acquire(c, "s", 2, 0), DLOCK_EINVAL);
-    assert_non_null(strstr(dlock_last_error(), "not in Redlock mode yet"));
+    assert_int_equal(dlock_sem_acquire(c, "s", 65, 0), DLOCK_EINVAL);
+    assert_non_null(strstr(dlock_last_error(), "at most 64"));
     dlock_handle *h = NULL;
-    assert_int_equal(dlock_sem_acquire_handle(c, "s", 2, 0, &h), DLOCK_EINVAL);
+    assert_int_equal(dlock_sem_acquire_handle(c, "s", 65, 0, &h), DLOCK_EINVAL);
     assert_null(h);
     dlock_client_close(c);
 }
@@ -1390,7 +1390,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_config_errors, restore),
-        cmocka_unit_test_teardown(test_sem_refused, restore),
+        cmocka_unit_test_teardown(test_sem_limit_refused, restore),
         cmocka_unit_test_teardown(test_unseeded_refused, restore),
         cmocka_unit_test_teardown(test_tokens_increase, restore),
         cmocka_unit_test_teardown(test_two_clients_exclusive, restore),

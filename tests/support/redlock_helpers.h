@@ -18,6 +18,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -58,6 +59,45 @@ static inline dlock_client *rl_open(const dlock_config *cfg)
     if (dlock_client_open(cfg, &c) != DLOCK_OK)
         fail_msg("open: %s", dlock_last_error());
     return c;
+}
+
+/* The on_lost calls of the clients rl_open_of opened (every test's). */
+static int rl_lost;
+static pthread_mutex_t rl_lost_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static inline void rl_on_lost(const char *name, uint64_t fence, void *arg)
+{
+    (void)name;
+    (void)fence;
+    (void)arg;
+    pthread_mutex_lock(&rl_lost_mu);
+    rl_lost++;
+    pthread_mutex_unlock(&rl_lost_mu);
+}
+
+static inline int rl_lost_count(void)
+{
+    pthread_mutex_lock(&rl_lost_mu);
+    int n = rl_lost;
+    pthread_mutex_unlock(&rl_lost_mu);
+    return n;
+}
+
+static inline void rl_lost_reset(void)
+{
+    pthread_mutex_lock(&rl_lost_mu);
+    rl_lost = 0;
+    pthread_mutex_unlock(&rl_lost_mu);
+}
+
+/* A client of the set on the running test's prefix with that lease and
+ * connect and command timeout, its on_lost calls counted (rl_lost_count). */
+static inline dlock_client *rl_open_of(uint32_t lease_ms, uint32_t timeout_ms)
+{
+    dlock_config cfg;
+    rl_config(&cfg, lease_ms, timeout_ms);
+    cfg.on_lost = rl_on_lost;
+    return rl_open(&cfg);
 }
 
 static inline int64_t now_ms(void)

@@ -1,0 +1,347 @@
+/*
+ * A counting semaphore's Redis calls in Redlock mode (rlsem.h): shared
+ * state e->lease.rls under e->mu, by rlsem.h's rules R1 to R3; the calls
+ * run in e's call slot (local/sem.h, M2) and take e->mu only around the
+ * slots, never during I/O. Lock order: e->mu, then the renewal manager's
+ * (client.h).
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/error.h"
+#include "local/rlmode.h"
+#include "local/rlsem.h"
+#include "local/rpc.h"
+
+/* A slot to start from, 0 .. limit - 1: drawn per thread (xorshift), so
+ * that clients spread over the slots. */
+static unsigned draw(uint32_t limit)
+{
+    static __thread uint64_t x;
+    if (!x)
+        x = (uint64_t)dlock_now_ns() | 1;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return (unsigned)(x % limit);
+}
+
+/* Attempt `attempt`'s grant of slot k, if any, given back in the
+ * background on every node. */
+static void give_back(dlock_client *c, dlock_entry *e, unsigned k, uint64_t attempt,
+                      uint32_t skip)
+{
+    char number[24];
+    snprintf(number, sizeof number, "%" PRIu64, attempt);
+    dlock_renew_rl_slot_job(c->renew, e, k, 0, number, skip);
+}
+
+/* The queue of slot k left in the background, on the nodes outside skip,
+ * as a new call of this client. */
+static void leave_bg(dlock_client *c, dlock_entry *e, unsigned k, uint32_t skip)
+{
+    char number[24];
+    dlock_rpc_number(c, number);
+    dlock_renew_rl_slot_job(c->renew, e, k, 1, number, skip);
+}
+
+/* e's slots for `limit`: made, or made anew for another limit (none held
+ * then: local/sem.h refuses a second limit while the first is in use).
+ * e->mu held. DLOCK_OK or DLOCK_ENOMEM. */
+static int slots_for(dlock_client *c, dlock_entry *e, uint32_t limit)
+{
+    dlock_redlock_slots *h = e->lease.rls;
+    if (h && h->limit == limit)
+        return DLOCK_OK;
+    if (h && h->kept) /* (R3: the wait it was kept for ended) */
+        give_back(c, e, h->kept_k, h->kept, 0);
+    if (h && h->n) /* (R1: stale, their permits lost: never with another limit in use) */
+        for (unsigned i = 0; i < h->n; i++)
+            give_back(c, e, h->s[i].k, h->s[i].g.attempt, 0);
+    dlock_redlock_slots *nh = realloc(h, sizeof *nh + sizeof nh->s[0] * limit);
+    if (!nh)
+        return dlock_err_set(DLOCK_ENOMEM, "out of memory");
+    memset(nh, 0, sizeof *nh);
+    nh->limit = limit;
+    e->lease.rls = nh;
+    return DLOCK_OK;
+}
+
+/* R1: slots held while the lease is not HELD go back. e->mu held, at the
+ * start of an acquire (a release finds the lease NONE when its last permit
+ * goes: sem.c). */
+static void stale_out(dlock_client *c, dlock_entry *e)
+{
+    dlock_redlock_slots *h = e->lease.rls;
+    if (!h->n || (e->lease.state == DLOCK_LEASE_HELD && e->lease.sem))
+        return;
+    for (unsigned i = 0; i < h->n; i++)
+        give_back(c, e, h->s[i].k, h->s[i].g.attempt, 0);
+    h->n = 0;
+}
+
+/* The nodes' bits. */
+static uint32_t all_nodes(const dlock_client *c)
+{
+    return (uint32_t)((1u << dlock_redlock_nodes(c->redlock)) - 1);
+}
+
+int dlock_rlsem_acquire(dlock_client *c, dlock_entry *e, dlock_sem_try *t)
+{
+    t->in_doubt = 0;
+    t->answered = 0;
+    t->free = 0;
+    t->queued = -1;
+    t->sent_boot = dlock_boot_ns();
+    uint64_t attempt = strtoull(t->nonce, NULL, 10);
+    char *kbuf = malloc(dlock_redlock_slot_keys_size(e->keys)), *keys[DLOCK_SCRIPT_KEYS];
+    if (!kbuf)
+        return dlock_err_set(DLOCK_ENOMEM, "out of memory");
+    pthread_mutex_lock(&e->mu);
+    int rc = slots_for(c, e, t->limit);
+    if (rc != DLOCK_OK) {
+        pthread_mutex_unlock(&e->mu);
+        free(kbuf);
+        return rc;
+    }
+    stale_out(c, e);
+    dlock_redlock_slots *h = e->lease.rls;
+    uint64_t held = 0;
+    for (unsigned i = 0; i < h->n; i++)
+        held |= 1ull << h->s[i].k;
+    if (t->queue && !h->home) {
+        /* R2: a new wait, its home a slot this client does not hold (a
+         * leave of a slot it holds would give that grant up: leave.lua);
+         * none if it holds them all */
+        unsigned d = draw(h->limit);
+        for (unsigned j = 0; j < h->limit && !h->home; j++)
+            if (!(held >> ((d + j) % h->limit) & 1))
+                h->home = (d + j) % h->limit + 1;
+        h->ticket = dlock_rlmode_ticket();
+    }
+    unsigned limit = h->limit, home = t->queue ? h->home : 0;
+    uint64_t ticket = h->ticket;
+    pthread_mutex_unlock(&e->mu);
+
+    unsigned from = home ? home - 1 : draw(limit);
+    int64_t deadline = dlock_rlmode_exchange_deadline(c);
+    if (t->queue && t->deadline > deadline)
+        deadline = t->deadline; /* (waits for a pooled connection until then) */
+    uint64_t kept = 0; /* this try's split vote kept on the home slot */
+    int got = -1;
+    uint32_t granted = 0; /* the nodes that granted it */
+    dlock_redlock_grant g;
+    char why[700] = "";
+    rc = DLOCK_EBUSY;
+    for (unsigned j = 0; j < limit; j++) {
+        unsigned k = (from + j) % limit;
+        if (held >> k & 1)
+            continue;
+        dlock_redlock_slot_keys(e->keys, k, kbuf, keys);
+        int queue = home && k == home - 1;
+        dlock_redlock_req q = {.name = e->name, .keys = keys, .args = &c->args,
+                               .client_name = c->conn.client_name, .attempt = attempt,
+                               .deadline = deadline, .queue = queue,
+                               .ticket = queue ? ticket : 0, .client_id = c->args.client_id};
+        dlock_redlock_busy b;
+        int r = dlock_redlock_acquire(c->redlock, &q, &g, &b);
+        if (queue && r == DLOCK_EBUSY && b.kept)
+            kept = attempt;
+        if (r == DLOCK_OK) {
+            got = (int)k;
+            for (unsigned i = 0; i < dlock_redlock_nodes(c->redlock); i++)
+                granted |= (uint32_t)(g.node_token[i] != 0) << i;
+            rc = DLOCK_OK;
+            break;
+        }
+        if (r == DLOCK_EBUSY) {
+            t->answered = 1;
+            continue;
+        }
+        snprintf(why, sizeof why, "%s", dlock_last_error());
+        if (r == DLOCK_EREDIS)
+            /* a node that did not answer may have granted it (rlmode.c) */
+            give_back(c, e, k, attempt, all_nodes(c) & ~b.sent);
+        rc = r;
+        break; /* (the other slots ask the same nodes) */
+    }
+    free(kbuf);
+
+    pthread_mutex_lock(&e->mu);
+    h = e->lease.rls;
+    /* R3: the try before's kept split vote, once this try ended */
+    if (h->kept && h->kept != kept)
+        give_back(c, e, h->kept_k, h->kept, 0);
+    h->kept = kept;
+    h->kept_k = home ? home - 1 : 0;
+    if (rc == DLOCK_OK) {
+        if (home) {
+            /* R2: the wait ends: out of the home slot's queue where this
+             * grant did not take it out */
+            uint32_t skip = got == (int)home - 1 ? granted : 0;
+            if (skip != all_nodes(c))
+                leave_bg(c, e, home - 1, skip);
+            h->home = 0;
+        }
+        if (h->kept) { /* (refused at home, granted elsewhere: the vote goes back) */
+            give_back(c, e, h->kept_k, h->kept, 0);
+            h->kept = 0;
+        }
+        h->s[h->n++] = (dlock_redlock_slot){.k = (unsigned)got, .g = g};
+        if (dlock_renew_rl_slots_sync(c->renew, e) != DLOCK_OK) {
+            h->n--;
+            give_back(c, e, (unsigned)got, attempt, 0);
+            pthread_mutex_unlock(&e->mu);
+            return dlock_err_set(DLOCK_ENOMEM, "out of memory registering a permit of '%s'",
+                                 e->name);
+        }
+        int64_t valid = DLOCK_NEVER;
+        for (unsigned i = 0; i < h->n; i++)
+            if (h->s[i].g.valid_boot < valid)
+                valid = h->s[i].g.valid_boot;
+        t->held = h->n;
+        t->sent_boot = valid - (int64_t)c->lease_ms * DLOCK_NS_PER_MS + c->drift_ns;
+        t->answered = 1;
+        pthread_mutex_unlock(&e->mu);
+        return DLOCK_OK;
+    }
+    int again = 0;
+    if (rc == DLOCK_EREDIS && t->queue) {
+        /* As a lock's waiting try (rlmode.c): on while its deadline leaves
+         * time for another; else the wait ends, and the home slot's nodes
+         * that answered may have queued the client. */
+        int64_t pause = dlock_rlmode_retry_ms(c, c->lease_ms / 10) * DLOCK_NS_PER_MS;
+        again = t->deadline == DLOCK_NEVER || dlock_now_ns() + pause + DLOCK_NS_PER_MS < t->deadline;
+        if (!again) {
+            leave_bg(c, e, home - 1, 0);
+            h->home = 0;
+            if (h->kept)
+                give_back(c, e, h->kept_k, h->kept, 0);
+            h->kept = 0;
+        }
+    }
+    pthread_mutex_unlock(&e->mu);
+    if (again)
+        return dlock_err_set(DLOCK_EBUSY, "%s", why);
+    if (rc == DLOCK_EBUSY)
+        return dlock_err_set(DLOCK_EBUSY, "every slot of the semaphore '%s' this client does "
+                             "not hold is held by others (or their quorums split)", e->name);
+    return dlock_err_set(rc, "%s", why);
+}
+
+/* Releases the slots s[0 .. n), taken out of e's before (and the renewal
+ * quiesced). DLOCK_OK, DLOCK_ELOST if one was no longer held by a
+ * majority, else the first failure (its message). */
+static int release_slots(dlock_client *c, dlock_entry *e, const dlock_redlock_slot *s,
+                         unsigned n)
+{
+    char *kbuf = malloc(dlock_redlock_slot_keys_size(e->keys)), *keys[DLOCK_SCRIPT_KEYS];
+    if (!kbuf)
+        return dlock_err_set(DLOCK_ENOMEM, "out of memory (the permits end within a lease)");
+    int rc = DLOCK_OK;
+    char why[700] = "";
+    for (unsigned i = 0; i < n; i++) {
+        dlock_redlock_slot_keys(e->keys, s[i].k, kbuf, keys);
+        dlock_redlock_req q = {.name = e->name, .keys = keys, .args = &c->args,
+                               .client_name = c->conn.client_name, .attempt = s[i].g.attempt,
+                               .deadline = dlock_rlmode_exchange_deadline(c)};
+        int r = dlock_redlock_release(c->redlock, &q, &s[i].g);
+        if (r != DLOCK_OK && (rc == DLOCK_OK || (r == DLOCK_ELOST && rc != DLOCK_ELOST))) {
+            rc = r;
+            snprintf(why, sizeof why, "%s", dlock_last_error());
+        }
+    }
+    free(kbuf);
+    return rc == DLOCK_OK ? DLOCK_OK : dlock_err_set(rc, "%s", why);
+}
+
+/* Takes up to `count` of e's slots out (the last ones; all with count
+ * UINT32_MAX) into *out, the registration following. How many. */
+static unsigned take_out(dlock_client *c, dlock_entry *e, unsigned count,
+                         dlock_redlock_slot **out)
+{
+    pthread_mutex_lock(&e->mu);
+    dlock_redlock_slots *h = e->lease.rls;
+    unsigned n = h ? (count < h->n ? count : h->n) : 0;
+    *out = n ? malloc(sizeof **out * n) : NULL;
+    if (n && !*out)
+        n = 0; /* (kept and renewed: the caller's error) */
+    if (n) {
+        memcpy(*out, h->s + h->n - n, sizeof **out * n);
+        h->n -= n;
+        (void)dlock_renew_rl_slots_sync(c->renew, e); /* (fewer: no allocation) */
+    }
+    pthread_mutex_unlock(&e->mu);
+    return n;
+}
+
+int dlock_rlsem_release(dlock_client *c, dlock_entry *e, unsigned count)
+{
+    dlock_redlock_slot *s;
+    unsigned n = take_out(c, e, count, &s);
+    if (!n)
+        return count ? dlock_err_set(DLOCK_ENOMEM, "out of memory") : DLOCK_OK;
+    dlock_renew_quiesce(c->renew); /* no renewal of them after their release */
+    int rc = release_slots(c, e, s, n);
+    free(s);
+    if (rc == DLOCK_ELOST) {
+        /* M8: one lost, every permit of the name is: the other slots go
+         * back too */
+        char keep[700];
+        snprintf(keep, sizeof keep, "%s", dlock_last_error());
+        n = take_out(c, e, UINT32_MAX, &s);
+        if (n) {
+            dlock_renew_quiesce(c->renew);
+            (void)release_slots(c, e, s, n);
+            free(s);
+        }
+        rc = dlock_err_set(DLOCK_ELOST, "%s", keep);
+    }
+    return rc;
+}
+
+void dlock_rlsem_leave(dlock_client *c, dlock_entry *e, uint64_t gave_up)
+{
+    (void)gave_up;
+    pthread_mutex_lock(&e->mu);
+    dlock_redlock_slots *h = e->lease.rls;
+    unsigned home = h ? h->home : 0;
+    for (unsigned i = 0; home && i < h->n; i++)
+        if (h->s[i].k == home - 1)
+            home = 0; /* (never: R2; a leave would give that grant up) */
+    if (h && h->kept)
+        give_back(c, e, h->kept_k, h->kept, 0);
+    if (h) {
+        h->home = 0;
+        h->kept = 0;
+    }
+    pthread_mutex_unlock(&e->mu);
+    if (!home)
+        return;
+    char keep[256]; /* the caller's own error message stays the one reported */
+    snprintf(keep, sizeof keep, "%s", dlock_last_error());
+    char number[24];
+    dlock_rpc_number(c, number);
+    char *kbuf = malloc(dlock_redlock_slot_keys_size(e->keys)), *keys[DLOCK_SCRIPT_KEYS];
+    int down[DLOCK_REDLOCK_NODES_MAX] = {0};
+    int rc = DLOCK_ENOMEM, asked = kbuf != NULL;
+    if (kbuf) {
+        dlock_redlock_slot_keys(e->keys, home - 1, kbuf, keys);
+        dlock_redlock_req q = {.name = e->name, .keys = keys, .args = &c->args,
+                               .client_name = c->conn.client_name,
+                               .attempt = strtoull(number, NULL, 10),
+                               .deadline = dlock_rlmode_exchange_deadline(c)};
+        rc = dlock_redlock_leave_past(c->redlock, &q, down, 0);
+        free(kbuf);
+    }
+    if (rc != DLOCK_OK) {
+        /* the nodes that did not answer, in the background */
+        uint32_t skip = 0;
+        for (unsigned i = 0; asked && i < dlock_redlock_nodes(c->redlock); i++)
+            skip |= (uint32_t)!down[i] << i;
+        dlock_renew_rl_slot_job(c->renew, e, home - 1, 1, number, skip);
+    }
+    dlock_err_set(0, "%s", keep);
+}

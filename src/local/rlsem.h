@@ -1,0 +1,61 @@
+/*
+ * A counting semaphore's Redis calls in Redlock mode (dlock_config's
+ * redlock_nodes; docs/design.md "Redlock", Semaphores): sem_rpc.h's three
+ * calls, which sem_rpc.c hands here in this mode, done over the name's
+ * slots (route/redlock.h, dlock_redlock_slots). The local tier above
+ * (local/sem.h, M1 to M8) is unchanged: a permit it counts is a slot this
+ * client holds, renewed slot by slot in the renewal rounds
+ * (global/renew_redlock.c), where one slot lost loses them all (M8).
+ *
+ * Shared state: e->lease.rls, under e->mu (the renewal manager joins
+ * re-grants, validities and losses to it: renew_redlock.c). The calls run
+ * in e's call slot (sem.h, M2) without e->mu, and take it around each
+ * reading or change of the slots; a change of the slots held is copied to
+ * the renewal registration under e->mu (dlock_renew_rl_slots_sync), and a
+ * slot given back is released only after dlock_renew_quiesce, so that no
+ * renewal of it reaches a node after its release.
+ *
+ *   R1. e->lease.rls->n == e->m.held while the permits are HELD, but
+ *       within a call, between a change of one and the other; slots held
+ *       while the lease is not HELD are stale (their permits were lost,
+ *       M8) and are given back by the next call.
+ *   R2. A wait's tries queue on one slot, its home, drawn at its first
+ *       try; every other slot not held is tried once per try without
+ *       queueing. A permit got from another slot ends the wait with a leave
+ *       of the home slot (in the background); so does a grant of the home
+ *       slot on the nodes that did not grant it (as a lock's wait).
+ *   R3. A split vote the home slot's try kept (route/redlock.h, wait) is
+ *       given back once the next try ended, or the wait did.
+ */
+#ifndef DLOCK_RLSEM_H
+#define DLOCK_RLSEM_H
+
+#include "local/client.h"
+#include "local/sem_rpc.h"
+
+/* dlock_sem_rpc_acquire in Redlock mode: one permit, a slot taken by a
+ * quorum (t->queue: a wait's try, R2). DLOCK_OK with t->held (the slots
+ * now held) and t->sent_boot such that the permits' validity, their slots'
+ * earliest, is t->sent_boot + lease - the client's drift allowance;
+ * DLOCK_EBUSY (every slot not held refused: t->free 0, t->queued -1, not
+ * known; also a waiting try that too few nodes answered while its deadline
+ * leaves time for another); DLOCK_EREDIS (too few nodes count or answered:
+ * the message says which); DLOCK_EINVAL (a limit above
+ * DLOCK_REDLOCK_SEM_MAX) or DLOCK_ENOMEM. Never in doubt (t->in_doubt 0):
+ * an attempt of unknown outcome is given back here, in the background. */
+int dlock_rlsem_acquire(dlock_client *c, dlock_entry *e, dlock_sem_try *t);
+
+/* dlock_sem_rpc_release in Redlock mode: `count` slots given back (out of
+ * e's slots before their release). DLOCK_OK, DLOCK_ELOST (a slot was no
+ * longer held by a majority: every other slot is then given back too, M8),
+ * or DLOCK_EREDIS (too few nodes answered: a slot not released ends within
+ * a lease). */
+int dlock_rlsem_release(dlock_client *c, dlock_entry *e, unsigned count);
+
+/* dlock_sem_rpc_leave in Redlock mode: the wait's home slot's queue left
+ * on every node (in the background if a node does not answer), and a
+ * split vote kept given back (R3). `gave_up` unused: the leave's own
+ * number gives up grants of older attempts (leave.lua). */
+void dlock_rlsem_leave(dlock_client *c, dlock_entry *e, uint64_t gave_up);
+
+#endif
