@@ -266,8 +266,8 @@ return {
     name = 'sem_answered_too_late_taken',
     why = "a try's grant answered after the permit's validity ran out is taken",
     file = 'src/local/sem.c',
-    find = 'if (rc == DLOCK_OK &&\n            answered >= t.sent_boot',
-    replace = 'if (0 && rc == DLOCK_OK &&\n            answered >= t.sent_boot',
+    find = 'if (rc == DLOCK_OK && !c->redlock &&\n            answered >= t.sent_boot',
+    replace = 'if (0 && rc == DLOCK_OK && !c->redlock &&\n            answered >= t.sent_boot',
   },
   {
     name = 'sem_spare_ignores_margin',

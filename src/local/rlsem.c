@@ -38,12 +38,29 @@ static void give_back(dlock_client *c, dlock_entry *e, unsigned k, uint64_t atte
     dlock_renew_rl_slot_job(c->renew, e, k, 0, number, skip);
 }
 
-/* The queue of slot k left in the background, on the nodes outside skip,
- * as a new call of this client. */
-static void leave_bg(dlock_client *c, dlock_entry *e, unsigned k, uint32_t skip)
+/* Whether e holds slot k. e->mu held. */
+static int holds(const dlock_redlock_slots *h, unsigned k)
 {
-    char number[24];
-    dlock_rpc_number(c, number);
+    for (unsigned i = 0; i < h->n; i++)
+        if (h->s[i].k == k)
+            return 1;
+    return 0;
+}
+
+/* The queue of slot k left in the background, on the nodes outside skip,
+ * numbered `number` (NULL: as a new call of this client); never a slot e
+ * holds, whose leave would give that grant up (leave.lua gives up grants
+ * of older attempts). e->mu held. */
+static void leave_bg(dlock_client *c, dlock_entry *e, unsigned k, uint32_t skip,
+                     const char *number)
+{
+    if (holds(e->lease.rls, k))
+        return;
+    char own[24];
+    if (!number) {
+        dlock_rpc_number(c, own);
+        number = own;
+    }
     dlock_renew_rl_slot_job(c->renew, e, k, 1, number, skip);
 }
 
@@ -69,13 +86,14 @@ static int slots_for(dlock_client *c, dlock_entry *e, uint32_t limit)
     return DLOCK_OK;
 }
 
-/* R1: slots held while the lease is not HELD go back. e->mu held, at the
- * start of an acquire (a release finds the lease NONE when its last permit
- * goes: sem.c). */
+/* R1: slots held while the lease is not HELD go back. e->mu held, in the
+ * call slot or with nobody in it (sem.h, M2: a release finds the lease
+ * NONE when its last permit goes, and an acquire holds its fresh slot
+ * before the local tier takes it). */
 static void stale_out(dlock_client *c, dlock_entry *e)
 {
     dlock_redlock_slots *h = e->lease.rls;
-    if (!h->n || (e->lease.state == DLOCK_LEASE_HELD && e->lease.sem))
+    if (!h || !h->n || (e->lease.state == DLOCK_LEASE_HELD && e->lease.sem))
         return;
     for (unsigned i = 0; i < h->n; i++)
         give_back(c, e, h->s[i].k, h->s[i].g.attempt, 0);
@@ -125,10 +143,7 @@ int dlock_rlsem_acquire(dlock_client *c, dlock_entry *e, dlock_sem_try *t)
     uint64_t ticket = h->ticket;
     pthread_mutex_unlock(&e->mu);
 
-    unsigned from = home ? home - 1 : draw(limit);
-    int64_t deadline = dlock_rlmode_exchange_deadline(c);
-    if (t->queue && t->deadline > deadline)
-        deadline = t->deadline; /* (waits for a pooled connection until then) */
+    unsigned from = home ? home - 1 : draw(limit), asked = 0;
     uint64_t kept = 0; /* this try's split vote kept on the home slot */
     int got = -1;
     uint32_t granted = 0; /* the nodes that granted it */
@@ -141,6 +156,11 @@ int dlock_rlsem_acquire(dlock_client *c, dlock_entry *e, dlock_sem_try *t)
             continue;
         dlock_redlock_slot_keys(e->keys, k, kbuf, keys);
         int queue = home && k == home - 1;
+        /* each slot a whole exchange (as a lock's try: rlmode.c) */
+        int64_t deadline = dlock_rlmode_exchange_deadline(c);
+        if (t->queue && t->deadline > deadline)
+            deadline = t->deadline; /* (waits for a pooled connection until then) */
+        asked++;
         dlock_redlock_req q = {.name = e->name, .keys = keys, .args = &c->args,
                                .client_name = c->conn.client_name, .attempt = attempt,
                                .deadline = deadline, .queue = queue,
@@ -177,12 +197,18 @@ int dlock_rlsem_acquire(dlock_client *c, dlock_entry *e, dlock_sem_try *t)
     h->kept = kept;
     h->kept_k = home ? home - 1 : 0;
     if (rc == DLOCK_OK) {
-        if (home) {
-            /* R2: the wait ends: out of the home slot's queue where this
-             * grant did not take it out */
-            uint32_t skip = got == (int)home - 1 ? granted : 0;
-            if (skip != all_nodes(c))
-                leave_bg(c, e, home - 1, skip);
+        if (h->home) {
+            /* R2: the wait ends (this try's, or a single try's that got a
+             * permit meanwhile): out of the home slot's queue where this
+             * grant did not take it out; a grant of the home slot itself
+             * leaves it numbered as its attempt, which leave.lua does not
+             * give up (as a lock's wait: rlmode.c) */
+            if (got == (int)h->home - 1) {
+                if (granted != all_nodes(c))
+                    dlock_renew_rl_slot_job(c->renew, e, (unsigned)got, 1, t->nonce, granted);
+            } else {
+                leave_bg(c, e, h->home - 1, 0, NULL);
+            }
             h->home = 0;
         }
         if (h->kept) { /* (refused at home, granted elsewhere: the vote goes back) */
@@ -197,15 +223,11 @@ int dlock_rlsem_acquire(dlock_client *c, dlock_entry *e, dlock_sem_try *t)
             return dlock_err_set(DLOCK_ENOMEM, "out of memory registering a permit of '%s'",
                                  e->name);
         }
-        int64_t valid = DLOCK_NEVER;
-        for (unsigned i = 0; i < h->n; i++)
-            if (h->s[i].g.valid_boot < valid)
-                valid = h->s[i].g.valid_boot;
-        t->held = h->n;
-        t->sent_boot = valid - (int64_t)c->lease_ms * DLOCK_NS_PER_MS + c->drift_ns;
+        h->fresh = attempt;
+        h->fresh_k = (unsigned)got;
         t->answered = 1;
         pthread_mutex_unlock(&e->mu);
-        return DLOCK_OK;
+        return DLOCK_OK; /* (t->held and t->sent_boot: dlock_rlsem_granted) */
     }
     int again = 0;
     if (rc == DLOCK_EREDIS && t->queue) {
@@ -215,7 +237,7 @@ int dlock_rlsem_acquire(dlock_client *c, dlock_entry *e, dlock_sem_try *t)
         int64_t pause = dlock_rlmode_retry_ms(c, c->lease_ms / 10) * DLOCK_NS_PER_MS;
         again = t->deadline == DLOCK_NEVER || dlock_now_ns() + pause + DLOCK_NS_PER_MS < t->deadline;
         if (!again) {
-            leave_bg(c, e, home - 1, 0);
+            leave_bg(c, e, home - 1, 0, NULL);
             h->home = 0;
             if (h->kept)
                 give_back(c, e, h->kept_k, h->kept, 0);
@@ -225,10 +247,54 @@ int dlock_rlsem_acquire(dlock_client *c, dlock_entry *e, dlock_sem_try *t)
     pthread_mutex_unlock(&e->mu);
     if (again)
         return dlock_err_set(DLOCK_EBUSY, "%s", why);
+    if (rc == DLOCK_EBUSY && !asked)
+        return dlock_err_set(DLOCK_EBUSY, "this client holds every permit of '%s' (limit %u): "
+                             "its threads use them all", e->name, limit);
     if (rc == DLOCK_EBUSY)
         return dlock_err_set(DLOCK_EBUSY, "every slot of the semaphore '%s' this client does "
                              "not hold is held by others (or their quorums split)", e->name);
     return dlock_err_set(rc, "%s", why);
+}
+
+int dlock_rlsem_granted(dlock_client *c, dlock_entry *e, dlock_sem_try *t)
+{
+    dlock_redlock_slots *h = e->lease.rls;
+    int found = 0;
+    int64_t valid = DLOCK_NEVER;
+    for (unsigned i = 0; i < h->n; i++) {
+        found |= h->s[i].k == h->fresh_k && h->s[i].g.attempt == h->fresh;
+        if (h->s[i].g.valid_boot < valid)
+            valid = h->s[i].g.valid_boot;
+    }
+    h->fresh = 0;
+    if (!found)
+        /* the renewal found a slot of the permits gone while this try was
+         * answered, and took the fresh slot out with them (M8): not this
+         * client's any more */
+        return dlock_err_set(DLOCK_EBUSY, "the permits of '%s' were lost while a try of it "
+                             "was answered (a slot gone, found by the renewal)", e->name);
+    t->held = h->n;
+    t->sent_boot = valid - (int64_t)c->lease_ms * DLOCK_NS_PER_MS + c->drift_ns;
+    return DLOCK_OK;
+}
+
+void dlock_rlsem_ungrant(dlock_client *c, dlock_entry *e, const char *nonce)
+{
+    dlock_redlock_slots *h = e->lease.rls;
+    uint64_t attempt = strtoull(nonce, NULL, 10);
+    for (unsigned i = 0; i < h->n; i++)
+        if (h->s[i].g.attempt == attempt) {
+            unsigned k = h->s[i].k;
+            h->s[i] = h->s[--h->n];
+            (void)dlock_renew_rl_slots_sync(c->renew, e); /* (fewer: no allocation) */
+            give_back(c, e, k, attempt, 0);
+            return;
+        }
+}
+
+void dlock_rlsem_tidy(dlock_client *c, dlock_entry *e)
+{
+    stale_out(c, e);
 }
 
 /* Releases the slots s[0 .. n), taken out of e's before (and the renewal
@@ -258,41 +324,52 @@ static int release_slots(dlock_client *c, dlock_entry *e, const dlock_redlock_sl
 }
 
 /* Takes up to `count` of e's slots out (the last ones; all with count
- * UINT32_MAX) into *out, the registration following. How many. */
-static unsigned take_out(dlock_client *c, dlock_entry *e, unsigned count,
-                         dlock_redlock_slot **out)
+ * UINT32_MAX) into *out (*n of them), the registration following.
+ * DLOCK_OK, or DLOCK_ENOMEM (none taken out). */
+static int take_out(dlock_client *c, dlock_entry *e, unsigned count, dlock_redlock_slot **out,
+                    unsigned *n)
 {
     pthread_mutex_lock(&e->mu);
     dlock_redlock_slots *h = e->lease.rls;
-    unsigned n = h ? (count < h->n ? count : h->n) : 0;
-    *out = n ? malloc(sizeof **out * n) : NULL;
-    if (n && !*out)
-        n = 0; /* (kept and renewed: the caller's error) */
-    if (n) {
-        memcpy(*out, h->s + h->n - n, sizeof **out * n);
-        h->n -= n;
+    *n = h ? (count < h->n ? count : h->n) : 0;
+    *out = *n ? malloc(sizeof **out * *n) : NULL;
+    if (*n && !*out) {
+        pthread_mutex_unlock(&e->mu);
+        *n = 0;
+        return dlock_err_set(DLOCK_ENOMEM, "out of memory");
+    }
+    if (*n) {
+        memcpy(*out, h->s + h->n - *n, sizeof **out * *n);
+        h->n -= *n;
         (void)dlock_renew_rl_slots_sync(c->renew, e); /* (fewer: no allocation) */
     }
     pthread_mutex_unlock(&e->mu);
-    return n;
+    return DLOCK_OK;
 }
 
 int dlock_rlsem_release(dlock_client *c, dlock_entry *e, unsigned count)
 {
     dlock_redlock_slot *s;
-    unsigned n = take_out(c, e, count, &s);
-    if (!n)
-        return count ? dlock_err_set(DLOCK_ENOMEM, "out of memory") : DLOCK_OK;
-    dlock_renew_quiesce(c->renew); /* no renewal of them after their release */
-    int rc = release_slots(c, e, s, n);
-    free(s);
+    unsigned n;
+    int rc = take_out(c, e, count, &s, &n);
+    if (rc != DLOCK_OK)
+        return rc;
+    if (n) {
+        dlock_renew_quiesce(c->renew); /* no renewal of them after their release */
+        rc = release_slots(c, e, s, n);
+        free(s);
+    }
+    if (rc == DLOCK_OK && n < count)
+        /* fewer slots than permits counted: the renewal found one gone and
+         * took the others out (M8) */
+        rc = dlock_err_set(DLOCK_ELOST, "the permits of '%s' were lost before their release "
+                           "(the renewal found a slot gone)", e->name);
     if (rc == DLOCK_ELOST) {
         /* M8: one lost, every permit of the name is: the other slots go
          * back too */
         char keep[700];
         snprintf(keep, sizeof keep, "%s", dlock_last_error());
-        n = take_out(c, e, UINT32_MAX, &s);
-        if (n) {
+        if (take_out(c, e, UINT32_MAX, &s, &n) == DLOCK_OK && n) {
             dlock_renew_quiesce(c->renew);
             (void)release_slots(c, e, s, n);
             free(s);

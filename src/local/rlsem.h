@@ -16,14 +16,20 @@
  * renewal of it reaches a node after its release.
  *
  *   R1. e->lease.rls->n == e->m.held while the permits are HELD, but
- *       within a call, between a change of one and the other; slots held
- *       while the lease is not HELD are stale (their permits were lost,
- *       M8) and are given back by the next call.
+ *       within a call, between a change of one and the other (a granted
+ *       try's count is read again under e->mu: dlock_rlsem_granted); slots
+ *       held while the lease is not HELD are stale (their permits were
+ *       lost, M8) and are given back by the next acquire or by the next
+ *       thread to leave e with nobody in its call slot.
  *   R2. A wait's tries queue on one slot, its home, drawn at its first
- *       try; every other slot not held is tried once per try without
- *       queueing. A permit got from another slot ends the wait with a leave
- *       of the home slot (in the background); so does a grant of the home
- *       slot on the nodes that did not grant it (as a lock's wait).
+ *       try among the slots not held; every other slot not held is tried
+ *       once per try without queueing. Any grant ends the wait (the
+ *       wait's own, or a single try's meanwhile): a permit got from
+ *       another slot with a leave of the home slot (in the background),
+ *       a grant of the home slot with a leave of the nodes that did not
+ *       grant it, numbered as its attempt (as a lock's wait). The home
+ *       slot is never one e holds: leave.lua gives up a held grant of an
+ *       older attempt.
  *   R3. A split vote the home slot's try kept (route/redlock.h, wait) is
  *       given back once the next try ended, or the wait did.
  */
@@ -34,9 +40,8 @@
 #include "local/sem_rpc.h"
 
 /* dlock_sem_rpc_acquire in Redlock mode: one permit, a slot taken by a
- * quorum (t->queue: a wait's try, R2). DLOCK_OK with t->held (the slots
- * now held) and t->sent_boot such that the permits' validity, their slots'
- * earliest, is t->sent_boot + lease - the client's drift allowance;
+ * quorum (t->queue: a wait's try, R2). DLOCK_OK (t->held and
+ * t->sent_boot: dlock_rlsem_granted, once e->mu is held again);
  * DLOCK_EBUSY (every slot not held refused: t->free 0, t->queued -1, not
  * known; also a waiting try that too few nodes answered while its deadline
  * leaves time for another); DLOCK_EREDIS (too few nodes count or answered:
@@ -44,6 +49,21 @@
  * DLOCK_REDLOCK_SEM_MAX) or DLOCK_ENOMEM. Never in doubt (t->in_doubt 0):
  * an attempt of unknown outcome is given back here, in the background. */
 int dlock_rlsem_acquire(dlock_client *c, dlock_entry *e, dlock_sem_try *t);
+
+/* After a granted dlock_rlsem_acquire, with e->mu held again (in the call
+ * slot): t->held and t->sent_boot as e's slots are now (the renewal may
+ * have changed them while e->mu was free). DLOCK_OK; DLOCK_EBUSY when the
+ * renewal found the permits lost meanwhile and took the fresh slot out
+ * with them (it released it: a refused try). */
+int dlock_rlsem_granted(dlock_client *c, dlock_entry *e, dlock_sem_try *t);
+
+/* The fresh slot of attempt `nonce` given back (the local tier could not
+ * take it: out of memory), out of e's slots. e->mu held, in the call slot. */
+void dlock_rlsem_ungrant(dlock_client *c, dlock_entry *e, const char *nonce);
+
+/* R1: slots held while e's lease is not HELD (lost permits) given back in
+ * the background. e->mu held, nobody in e's call slot. */
+void dlock_rlsem_tidy(dlock_client *c, dlock_entry *e);
 
 /* dlock_sem_rpc_release in Redlock mode: `count` slots given back (out of
  * e's slots before their release). DLOCK_OK, DLOCK_ELOST (a slot was no

@@ -145,8 +145,11 @@ static int apply_grant(dlock_client *c, dlock_entry *e, unsigned held, int64_t s
         }
         dlock_count(&c->ctr.leases_held, 1);
         dlock_count(&c->ctr.grants, 1);
-    } else if (valid > e->lease.valid_until_ns) {
-        e->lease.valid_until_ns = valid; /* the acquire extended them all (sem_acquire.lua) */
+    } else if (valid > e->lease.valid_until_ns || c->redlock) {
+        /* the acquire extended them all (sem_acquire.lua); in Redlock mode
+         * their slots' earliest validity, which the renewal may have set
+         * later than this grant's own (rlsem.h) */
+        e->lease.valid_until_ns = valid;
     }
     if (held < e->m.in_use + 1) {
         /* Redis counts fewer permits for this client than its threads use:
@@ -233,12 +236,16 @@ static int leave(dlock_client *c, dlock_entry *e, int *drop)
     if (!waiting(e) && e->lease.state == DLOCK_LEASE_HELD && e->m.held > e->m.in_use)
         rc = give_back(c, e, drop);
     if (e->m.doubt && !waiting(e) && !e->m.calling) {
-        /* a try in doubt that nobody will name: its grant, if any, goes back */
+        /* a try in doubt that nobody will name: its grant, if any, goes
+         * back (Redlock mode has none: rlsem.c gives back its own) */
         char nonce[24];
         snprintf(nonce, sizeof nonce, "%" PRIu64, e->m.doubt);
-        dlock_renew_sem_give_back(c->renew, e, nonce);
+        if (!c->redlock)
+            dlock_renew_sem_give_back(c->renew, e, nonce);
         e->m.doubt = 0;
     }
+    if (c->redlock && !e->m.calling)
+        dlock_rlsem_tidy(c, e); /* (rlsem.h, R1) */
     dlock_trace_event(c->trace, "sem.left", e->name, "%d %d", waiting(e), e->m.calling);
     if (e->wq.head && !e->poll.poller)
         dlock_waitq_wake(e->wq.head); /* it polls, or takes a spare permit */
@@ -304,13 +311,18 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
                                "command timeout (%" PRIu32 " ms): every connection was busy or "
                                "stuck", e->name, c->conn.command_timeout_ms);
         int64_t answered = dlock_boot_ns();
-        if (rc == DLOCK_OK &&
+        /* (Redlock mode: the node set hands a slot out only before its
+         * validity, route/redlock.h, and t.sent_boot stands for the
+         * earliest of the permits' slots, rlsem.h, not for this grant's) */
+        if (rc == DLOCK_OK && !c->redlock &&
             answered >= t.sent_boot + (int64_t)c->lease_ms * DLOCK_NS_PER_MS - c->drift_ns) {
             t.in_doubt = 1; /* answered after the permit could have ended: given back */
             rc = dlock_err_set(DLOCK_EREDIS, "timed out: redis answered the acquire of '%s' "
                                "after the permit could have ended", e->name);
         }
         pthread_mutex_lock(&e->mu);
+        if (rc == DLOCK_OK && c->redlock)
+            rc = dlock_rlsem_granted(c, e, &t); /* (the slots as they are now) */
         if (t.in_doubt || (rc == DLOCK_EBUSY && !once))
             e->m.doubt = strtoull(nonce, NULL, 10); /* M7: the next try names it */
         if (rc == DLOCK_EBUSY && !once)
@@ -319,7 +331,9 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
                           nonce, rc, answered, t.in_doubt, e->m.doubt, e->poll.queued);
         if (rc == DLOCK_OK) {
             rc = apply_grant(c, e, t.held, t.sent_boot);
-            if (rc != DLOCK_OK)
+            if (rc != DLOCK_OK && c->redlock)
+                dlock_rlsem_ungrant(c, e, nonce);
+            else if (rc != DLOCK_OK)
                 e->m.doubt = strtoull(nonce, NULL, 10);
         }
         call_end(e);
@@ -346,6 +360,9 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
                                  "client%s in its wait queue in redis)", e->name, t.free, t.queued,
                                  t.queued == 1 ? "" : "s");
         now = dlock_now_ns();
+        if (now >= deadline && t.queued < 0) /* (Redlock mode: no count) */
+            return dlock_err_set(DLOCK_ETIMEDOUT, "timed out waiting for a permit of '%s' "
+                                 "(limit %" PRIu32 ")", e->name, e->m.limit);
         if (now >= deadline)
             return dlock_err_set(DLOCK_ETIMEDOUT, "timed out waiting for a permit of '%s' "
                                  "(limit %" PRIu32 ", %lld client%s in its wait queue in redis, "

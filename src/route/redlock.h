@@ -275,6 +275,9 @@ typedef struct dlock_redlock_slots {
     uint64_t kept;        /* an attempt whose split vote on the home slot was kept,
                              0 none: given back once the next try ended */
     unsigned kept_k;      /* its slot */
+    uint64_t fresh;       /* the attempt of the last granted try, 0 none: until the
+                             local tier took its grant (local/rlsem.h) */
+    unsigned fresh_k;     /* its slot */
     dlock_redlock_slot s[]; /* limit of them */
 } dlock_redlock_slots;
 
