@@ -363,12 +363,12 @@ return {
     replace = '!strncmp(r->str, "DLOCKMODE ", 10) && 0 &&',
   },
   {
-    name = 'rl_sem_home_held',
-    why = "Redlock mode: a semaphore's wait may make a slot it holds its home, whose leave "
-      .. 'gives that permit up (leave.lua gives up grants of older attempts)',
+    name = 'rl_sem_lost_fresh_slot_taken',
+    why = "Redlock mode: a semaphore's granted try is taken although the renewal found the "
+      .. 'permits lost meanwhile and took its fresh slot out (a permit counted on no slot)',
     file = 'src/local/rlsem.c',
-    find = '            if (!(held >> ((d + j) % h->limit) & 1))',
-    replace = '            if (1)',
+    find = '    h->fresh = 0;\n    if (!found)',
+    replace = '    h->fresh = 0;\n    if (0 && !found)',
   },
   {
     name = 'rl_direct_grant_given_back',
