@@ -367,8 +367,10 @@ return {
     why = "Redlock mode: a semaphore's granted try is taken although the renewal found the "
       .. 'permits lost meanwhile and took its fresh slot out (a permit counted on no slot)',
     file = 'src/local/rlsem.c',
-    find = '    h->fresh = 0;\n    if (!found)',
-    replace = '    h->fresh = 0;\n    if (0 && !found)',
+    find = '    if (at < 0)\n        /* the renewal found a slot',
+    replace = '    if (at < 0) { /* the count as the try saw it */\n'
+      .. '        t->held = h->n + 1;\n        t->sent_boot = dlock_boot_ns();\n'
+      .. '        return DLOCK_OK;\n    }\n    if (0)\n        /* the renewal found a slot',
   },
   {
     name = 'rl_direct_grant_given_back',

@@ -137,7 +137,8 @@ int dlock_rlsem_acquire(dlock_client *c, dlock_entry *e, dlock_sem_try *t)
         for (unsigned j = 0; j < h->limit && !h->home; j++)
             if (!(held >> ((d + j) % h->limit) & 1))
                 h->home = (d + j) % h->limit + 1;
-        h->ticket = dlock_rlmode_ticket();
+        if (!h->ticket) /* (kept by the wait: a single try's grant redraws its home only) */
+            h->ticket = dlock_rlmode_ticket();
     }
     unsigned limit = h->limit, home = t->queue ? h->home : 0;
     uint64_t ticket = h->ticket;
@@ -211,6 +212,8 @@ int dlock_rlsem_acquire(dlock_client *c, dlock_entry *e, dlock_sem_try *t)
             }
             h->home = 0;
         }
+        if (t->queue)
+            h->ticket = 0; /* (the wait's own grant: it ends) */
         if (h->kept) { /* (refused at home, granted elsewhere: the vote goes back) */
             give_back(c, e, h->kept_k, h->kept, 0);
             h->kept = 0;
@@ -239,6 +242,7 @@ int dlock_rlsem_acquire(dlock_client *c, dlock_entry *e, dlock_sem_try *t)
         if (!again) {
             leave_bg(c, e, home - 1, 0, NULL);
             h->home = 0;
+            h->ticket = 0;
             if (h->kept)
                 give_back(c, e, h->kept_k, h->kept, 0);
             h->kept = 0;
@@ -259,20 +263,39 @@ int dlock_rlsem_acquire(dlock_client *c, dlock_entry *e, dlock_sem_try *t)
 int dlock_rlsem_granted(dlock_client *c, dlock_entry *e, dlock_sem_try *t)
 {
     dlock_redlock_slots *h = e->lease.rls;
-    int found = 0;
-    int64_t valid = DLOCK_NEVER;
-    for (unsigned i = 0; i < h->n; i++) {
-        found |= h->s[i].k == h->fresh_k && h->s[i].g.attempt == h->fresh;
-        if (h->s[i].g.valid_boot < valid)
-            valid = h->s[i].g.valid_boot;
-    }
+    int at = -1;
+    for (unsigned i = 0; i < h->n && at < 0; i++)
+        if (h->s[i].k == h->fresh_k && h->s[i].g.attempt == h->fresh)
+            at = (int)i;
     h->fresh = 0;
-    if (!found)
+    if (at < 0)
         /* the renewal found a slot of the permits gone while this try was
          * answered, and took the fresh slot out with them (M8): not this
          * client's any more */
         return dlock_err_set(DLOCK_EBUSY, "the permits of '%s' were lost while a try of it "
                              "was answered (a slot gone, found by the renewal)", e->name);
+    dlock_redlock_slot fresh = h->s[at];
+    if (dlock_boot_ns() >= fresh.g.valid_boot) {
+        /* taken up after its validity (the caller was held up): the nodes
+         * may have ended it, as a single server's grant answered late
+         * (sem.c) */
+        h->s[at] = h->s[--h->n];
+        (void)dlock_renew_rl_slots_sync(c->renew, e); /* (fewer: no allocation) */
+        give_back(c, e, fresh.k, fresh.g.attempt, 0);
+        return dlock_err_set(DLOCK_EREDIS, "timed out: the acquire of a permit of '%s' was "
+                             "taken up after the permit could have ended", e->name);
+    }
+    if (e->lease.state != DLOCK_LEASE_HELD || !e->lease.sem) {
+        /* R1: the others are stale (their permits were lost): back, and
+         * the fresh slot alone is counted */
+        h->s[at] = h->s[--h->n];
+        stale_out(c, e);
+        h->s[h->n++] = fresh;
+    }
+    int64_t valid = DLOCK_NEVER;
+    for (unsigned i = 0; i < h->n; i++)
+        if (h->s[i].g.valid_boot < valid)
+            valid = h->s[i].g.valid_boot;
     t->held = h->n;
     t->sent_boot = valid - (int64_t)c->lease_ms * DLOCK_NS_PER_MS + c->drift_ns;
     return DLOCK_OK;
@@ -393,6 +416,7 @@ void dlock_rlsem_leave(dlock_client *c, dlock_entry *e, uint64_t gave_up)
     if (h) {
         h->home = 0;
         h->kept = 0;
+        h->ticket = 0;
     }
     pthread_mutex_unlock(&e->mu);
     if (!home)

@@ -30,6 +30,8 @@
  *       grant it, numbered as its attempt (as a lock's wait). The home
  *       slot is never one e holds: leave.lua gives up a held grant of an
  *       older attempt.
+ *       The wait's ticket is kept until the wait ends (its own grant, or
+ *       its leave), whatever homes it draws.
  *   R3. A split vote the home slot's try kept (route/redlock.h, wait) is
  *       given back once the next try ended, or the wait did.
  */

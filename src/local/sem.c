@@ -321,11 +321,14 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
                                "after the permit could have ended", e->name);
         }
         pthread_mutex_lock(&e->mu);
-        if (rc == DLOCK_OK && c->redlock)
+        int fresh_lost = 0; /* (Redlock mode: the try's slot went with lost permits) */
+        if (rc == DLOCK_OK && c->redlock) {
             rc = dlock_rlsem_granted(c, e, &t); /* (the slots as they are now) */
-        if (t.in_doubt || (rc == DLOCK_EBUSY && !once))
+            fresh_lost = rc == DLOCK_EBUSY;
+        }
+        if (!fresh_lost && (t.in_doubt || (rc == DLOCK_EBUSY && !once)))
             e->m.doubt = strtoull(nonce, NULL, 10); /* M7: the next try names it */
-        if (rc == DLOCK_EBUSY && !once)
+        if (!fresh_lost && rc == DLOCK_EBUSY && !once)
             e->poll.queued = 1;
         dlock_trace_event(c->trace, "sem.tried", e->name, "%s %d %" PRId64 " %d %" PRIu64 " %d",
                           nonce, rc, answered, t.in_doubt, e->m.doubt, e->poll.queued);
@@ -355,6 +358,8 @@ static int poll_redis(dlock_client *c, dlock_entry *e, int64_t deadline, int onc
         }
         if (once && c->redlock) /* (rlsem.c said which slots refused) */
             return DLOCK_EBUSY;
+        if (fresh_lost && dlock_now_ns() < deadline)
+            continue; /* (queued nowhere: another try at once, rlsem.h) */
         if (once)
             return dlock_err_set(DLOCK_EBUSY, "no permit of '%s' is free (%lld free, %lld "
                                  "client%s in its wait queue in redis)", e->name, t.free, t.queued,

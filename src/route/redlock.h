@@ -271,7 +271,8 @@ typedef struct dlock_redlock_slots {
     uint32_t limit;       /* the slots: 0 .. limit - 1 */
     unsigned n;           /* slots held: s[0 .. n) */
     unsigned home;        /* a wait's home slot + 1 (its tries queue there), 0 none */
-    uint64_t ticket;      /* that wait's ticket (redlock.h, wait) */
+    uint64_t ticket;      /* the wait's ticket (redlock.h, wait), kept until it ends
+                             (its own grant, its leave), 0 none */
     uint64_t kept;        /* an attempt whose split vote on the home slot was kept,
                              0 none: given back once the next try ended */
     unsigned kept_k;      /* its slot */

@@ -2,13 +2,14 @@
  * Redlock mode's semaphores (src/local/rlsem.h) under races held still, on
  * 3 private redis-servers: a thread woken late (--wrap=dlock_waiter_park),
  * and the renewal finding the permits lost while a try is answered
- * (--wrap=dlock_rlsem_acquire). Each permit a client's threads hold is a
- * slot it holds on a majority of the nodes: a name's holders never pass
- * its limit.
+ * (--wrap=dlock_rlsem_acquire), and a granted try taken up after its
+ * validity (the same wrap). Each permit a client's threads hold is a slot
+ * it holds on a majority of the nodes: a name's holders never pass its
+ * limit.
  *
- * Timing: leases of 2 s, command and connect timeouts of 400 ms; the
- * delays held still are 1.5 s, and every wait for an event is bounded at
- * 10 s or more (generous for a loaded machine).
+ * Timing: leases of 2 s, command and connect timeouts of 1 s; a thread
+ * held still waits for the test's word, and every wait for an event is
+ * bounded at 10 s or more (generous for a loaded machine).
  */
 #define _GNU_SOURCE
 #include <stdarg.h>
@@ -37,9 +38,10 @@
 
 /* ------------------------------------------------------------- wrappers */
 
-/* The thread delay_th, once woken from its park, waits 1.5 s more. */
+/* The thread delay_th, once woken from its park, waits until the test
+ * lets it go on (delay_go; 30 s at most). */
 static pthread_t delay_th;
-static int delay_on;
+static int delay_on, delay_go;
 
 void __real_dlock_waiter_park(dlock_waiter *w, pthread_mutex_t *mu, int64_t deadline_ns);
 void __wrap_dlock_waiter_park(dlock_waiter *w, pthread_mutex_t *mu, int64_t deadline_ns);
@@ -49,7 +51,8 @@ void __wrap_dlock_waiter_park(dlock_waiter *w, pthread_mutex_t *mu, int64_t dead
     if (__atomic_load_n(&delay_on, __ATOMIC_SEQ_CST) && pthread_equal(pthread_self(), delay_th)) {
         __atomic_store_n(&delay_on, 0, __ATOMIC_SEQ_CST);
         pthread_mutex_unlock(mu);
-        fx_sleep_ms(1500);
+        for (int i = 0; i < 3000 && !__atomic_load_n(&delay_go, __ATOMIC_SEQ_CST); i++)
+            fx_sleep_ms(10);
         pthread_mutex_lock(mu);
     }
 }
@@ -60,12 +63,18 @@ void __wrap_dlock_waiter_park(dlock_waiter *w, pthread_mutex_t *mu, int64_t dead
  * takes the grant. */
 static int lose_slot = -1;
 static const char *lose_name;
+/* With late_ms > 0, the next granted try is held that long before the
+ * local tier takes it up (the caller descheduled). */
+static int late_ms;
 
 int __real_dlock_rlsem_acquire(dlock_client *c, dlock_entry *e, dlock_sem_try *t);
 int __wrap_dlock_rlsem_acquire(dlock_client *c, dlock_entry *e, dlock_sem_try *t);
 int __wrap_dlock_rlsem_acquire(dlock_client *c, dlock_entry *e, dlock_sem_try *t)
 {
     int rc = __real_dlock_rlsem_acquire(c, e, t);
+    int late = __atomic_exchange_n(&late_ms, 0, __ATOMIC_SEQ_CST);
+    if (late > 0 && rc == DLOCK_OK)
+        fx_sleep_ms(late);
     int k = __atomic_exchange_n(&lose_slot, -1, __ATOMIC_SEQ_CST);
     if (k >= 0 && rc == DLOCK_OK) {
         int lost0 = rl_lost_count();
@@ -112,7 +121,7 @@ static long long queued_on(const char *name, unsigned k)
 
 static dlock_client *client(void)
 {
-    dlock_client *c = rl_open_of(LEASE_MS, 400);
+    dlock_client *c = rl_open_of(LEASE_MS, 1000);
     /* it counts the nodes a lease after it first saw them */
     assert_int_equal(dlock_sem_acquire(c, "warm", 8, 3 * LEASE_MS), DLOCK_OK);
     assert_int_equal(dlock_sem_release(c, "warm"), DLOCK_OK);
@@ -123,7 +132,9 @@ static int restore(void **state)
 {
     (void)state;
     __atomic_store_n(&lose_slot, -1, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&late_ms, 0, __ATOMIC_SEQ_CST);
     __atomic_store_n(&delay_on, 0, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&delay_go, 0, __ATOMIC_SEQ_CST);
     rl_lost_reset();
     return fx_redis_restore_set(srv, NSRV);
 }
@@ -185,7 +196,7 @@ static void taker_start(taker *t, dlock_client *c, const char *name, uint32_t li
 
 /* A wait of client a, queued on its home slot H, times out while a second
  * thread of a waits behind it (so no leave is sent yet), and that thread
- * is held still as it wakes. H's holder releases: H goes to a directly,
+ * is held still as it wakes, until the single try below is done. H's holder releases: H goes to a directly,
  * and a third thread's single try takes it. That grant ends the wait: the
  * second thread's wait that follows does not keep H as its home, whose
  * leave would give the single try's permit up (leave.lua gives up grants
@@ -219,7 +230,7 @@ static void test_single_try_on_the_home_slot_ends_the_wait(void **state)
     assert_int_equal(dlock_sem_release(home_holder, "h"), DLOCK_OK);
     assert_int_equal(dlock_sem_acquire(a, "h", 2, 0), DLOCK_OK);
     /* w2 goes on and waits for the other slot, which is then released */
-    fx_sleep_ms(1500);
+    __atomic_store_n(&delay_go, 1, __ATOMIC_SEQ_CST);
     assert_int_equal(dlock_sem_release(other, "h"), DLOCK_OK);
     assert_int_equal(taker_got(&w2), DLOCK_OK);
     fx_sleep_ms(500); /* (a background leave, if any, has run) */
@@ -278,11 +289,34 @@ static void test_permits_lost_while_a_try_is_answered(void **state)
     dlock_client_close(b);
 }
 
+/* A try granted a slot, taken up by the local tier only after the slot's
+ * validity (the caller held up a lease and more): refused as a grant
+ * answered late, and the slot given back, so another client gets the one
+ * permit. Before the mend (the late check was off in Redlock mode) a held
+ * a permit the nodes could have ended: two holders of a limit of 1. */
+static void test_grant_taken_up_late_given_back(void **state)
+{
+    (void)state;
+    rl_prefix_new(1);
+    dlock_client *a = client(), *b = client();
+    __atomic_store_n(&late_ms, LEASE_MS + 300, __ATOMIC_SEQ_CST);
+    int rc = dlock_sem_acquire(a, "t", 1, 0);
+    if (rc == DLOCK_OK)
+        (void)dlock_sem_release(a, "t");
+    assert_int_equal(rc, DLOCK_EREDIS);
+    assert_non_null(strstr(dlock_last_error(), "after the permit could have ended"));
+    assert_int_equal(dlock_sem_acquire(b, "t", 1, 3000), DLOCK_OK);
+    assert_int_equal(dlock_sem_release(b, "t"), DLOCK_OK);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_single_try_on_the_home_slot_ends_the_wait, restore),
         cmocka_unit_test_teardown(test_permits_lost_while_a_try_is_answered, restore),
+        cmocka_unit_test_teardown(test_grant_taken_up_late_given_back, restore),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
