@@ -240,7 +240,8 @@ int dlock_rlsem_acquire(dlock_client *c, dlock_entry *e, dlock_sem_try *t)
         int64_t pause = dlock_rlmode_retry_ms(c, c->lease_ms / 10) * DLOCK_NS_PER_MS;
         again = t->deadline == DLOCK_NEVER || dlock_now_ns() + pause + DLOCK_NS_PER_MS < t->deadline;
         if (!again) {
-            leave_bg(c, e, home - 1, 0, NULL);
+            if (home) /* (0 only when every slot is held: then no slot was asked) */
+                leave_bg(c, e, home - 1, 0, NULL);
             h->home = 0;
             h->ticket = 0;
             if (h->kept)
