@@ -63,29 +63,12 @@ static void must(dlock_client *c, const char *name, uint32_t limit, int64_t wait
         fail_msg("sem acquire %s: %s: %s", name, dlock_err_name(rc), dlock_last_error());
 }
 
-/* Whether node i holds slot k of name as a lock's live grant (its lease
- * hash, "<prefix>{<name>}:s<k>"). */
-static int slot_held_on(int i, const char *name, unsigned k)
-{
-    char key[160];
-    snprintf(key, sizeof key, "%s{%s}:s%u", prefix, name, k);
-    redisContext *c = fx_connect("127.0.0.1", srv[i].port);
-    assert_non_null(c);
-    int held = fx_lease_ms(c, key) >= 0;
-    redisFree(c);
-    return held;
-}
-
 /* Slots of name (limit) held on a majority of the nodes. */
 static unsigned slots_held(const char *name, uint32_t limit)
 {
     unsigned n = 0;
-    for (unsigned k = 0; k < limit; k++) {
-        int nodes_holding = 0;
-        for (int i = 0; i < NSRV; i++)
-            nodes_holding += slot_held_on(i, name, k);
-        n += nodes_holding >= NSRV / 2 + 1;
-    }
+    for (unsigned k = 0; k < limit; k++)
+        n += (unsigned)rl_slot_held(name, k);
     return n;
 }
 

@@ -94,21 +94,6 @@ int __wrap_dlock_rlsem_acquire(dlock_client *c, dlock_entry *e, dlock_sem_try *t
 
 /* -------------------------------------------------------------- helpers */
 
-/* Whether slot k of name is held on a majority of the nodes. */
-static int slot_held(const char *name, unsigned k)
-{
-    int n = 0;
-    for (int i = 0; i < NSRV; i++) {
-        char key[160];
-        snprintf(key, sizeof key, "%s{%s}:s%u", prefix, name, k);
-        redisContext *c = fx_connect("127.0.0.1", srv[i].port);
-        assert_non_null(c);
-        n += fx_lease_ms(c, key) >= 0;
-        redisFree(c);
-    }
-    return n >= NSRV / 2 + 1;
-}
-
 /* Clients in slot k's wait queue on node 0. */
 static long long queued_on(const char *name, unsigned k)
 {
@@ -208,7 +193,7 @@ static void test_single_try_on_the_home_slot_ends_the_wait(void **state)
     rl_prefix_new(1);
     dlock_client *a = client(), *b = client(), *c = client(), *d = client();
     assert_int_equal(dlock_sem_acquire(b, "h", 2, 0), DLOCK_OK);
-    unsigned bslot = slot_held("h", 0) ? 0 : 1;
+    unsigned bslot = rl_slot_held("h", 0) ? 0 : 1;
     assert_int_equal(dlock_sem_acquire(c, "h", 2, 0), DLOCK_OK);
     taker w1, w2;
     taker_start(&w1, a, "h", 2, 1500, 0);
@@ -235,7 +220,7 @@ static void test_single_try_on_the_home_slot_ends_the_wait(void **state)
     assert_int_equal(taker_got(&w2), DLOCK_OK);
     fx_sleep_ms(500); /* (a background leave, if any, has run) */
     /* a's two permits are its slots, both held: nobody else gets one */
-    assert_int_equal(slot_held("h", 0) + slot_held("h", 1), 2);
+    assert_int_equal(rl_slot_held("h", 0) + rl_slot_held("h", 1), 2);
     assert_int_equal(dlock_sem_acquire(d, "h", 2, 0), DLOCK_EBUSY);
     assert_int_equal(taker_end(&w2), DLOCK_OK);
     assert_int_equal(dlock_sem_release(a, "h"), DLOCK_OK);
@@ -264,7 +249,7 @@ static void test_permits_lost_while_a_try_is_answered(void **state)
     int s = -1;
     for (int i = 0; i < 1000 && s < 0; i++) {
         for (unsigned k = 0; k < 3; k++)
-            if (slot_held("l", k))
+            if (rl_slot_held("l", k))
                 s = (int)k;
         fx_sleep_ms(10);
     }

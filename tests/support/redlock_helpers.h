@@ -100,6 +100,22 @@ static inline dlock_client *rl_open_of(uint32_t lease_ms, uint32_t timeout_ms)
     return rl_open(&cfg);
 }
 
+/* Whether slot k of semaphore name (Redlock mode: "<prefix>{<name>}:s<k>",
+ * a lock's lease hash) holds a live grant on a majority of the nodes. */
+static inline int rl_slot_held(const char *name, unsigned k)
+{
+    int n = 0;
+    for (int i = 0; i < NSRV; i++) {
+        char key[160];
+        snprintf(key, sizeof key, "%s{%s}:s%u", prefix, name, k);
+        redisContext *c = fx_connect("127.0.0.1", srv[i].port);
+        assert_non_null(c);
+        n += fx_lease_ms(c, key) >= 0;
+        redisFree(c);
+    }
+    return n >= NSRV / 2 + 1;
+}
+
 static inline int64_t now_ms(void)
 {
     return dlock_now_ns() / DLOCK_NS_PER_MS;
