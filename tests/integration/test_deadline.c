@@ -177,8 +177,11 @@ static void test_pool_wait_ends_at_caller_deadline(void **state)
  * connection (stuck in a call to a frozen Redis for 3 s) until the wait's
  * deadline: it times out naming the holder, as any timed-out wait does.
  * Before the mend it said the pool's "no redis connection came free". The
- * holder's client has its own pool; the fallback retry (waiter_ttl / 4,
- * 500 ms) comes long after the stuck call took the connection. */
+ * holder's client has its own pool. Redis is frozen only once it queued
+ * the waiter (its reply written, so the waiter's connection comes back);
+ * the waiter's fallback retry (waiter_ttl / 4, 750 to 1000 ms) comes long
+ * after the stuck call took the connection, which it keeps past the
+ * wait's 3 s (a command timeout of 6 s). */
 static void test_pool_wait_of_a_waiting_try_names_holder(void **state)
 {
     (void)state;
@@ -191,23 +194,27 @@ static void test_pool_wait_of_a_waiting_try_names_holder(void **state)
     assert_int_equal(dlock_acquire(h, "pool:h", 0, NULL), DLOCK_OK);
     fx_config(&cfg, &fx_server);
     cfg.key_prefix = "td:";
-    cfg.command_timeout_ms = cfg.connect_timeout_ms = 3000;
+    cfg.command_timeout_ms = cfg.connect_timeout_ms = 6000;
     cfg.pool_size = 1;
-    cfg.waiter_ttl_ms = 2000;
+    cfg.waiter_ttl_ms = 4000;
     dlock_client *c = NULL;
     assert_int_equal(dlock_client_open(&cfg, &c), DLOCK_OK);
-    dlock_stats s0, s1;
-    assert_int_equal(dlock_client_stats(c, &s0), DLOCK_OK);
-    call waiting = {.c = c, .name = "pool:h", .wait_ms = 1500};
+    call waiting = {.c = c, .name = "pool:h", .wait_ms = 3000};
     assert_int_equal(pthread_create(&waiting.thread, NULL, call_main, &waiting), 0);
-    /* its first try refused (10 s is generous for a loaded machine) */
-    for (int i = 0; i < 1000; i++) {
-        assert_int_equal(dlock_client_stats(c, &s1), DLOCK_OK);
-        if (s1.redis_commands > s0.redis_commands)
-            break;
-        fx_sleep_ms(10);
+    /* its first try refused and queued it (10 s is generous) */
+    redisContext *rc = fx_connect("127.0.0.1", fx_server.port);
+    assert_non_null(rc);
+    long long queued = 0;
+    for (int i = 0; i < 1000 && queued == 0; i++) {
+        redisReply *r = redisCommand(rc, "ZCARD td:{pool:h}:q");
+        queued = r && r->type == REDIS_REPLY_INTEGER ? r->integer : 0;
+        if (r)
+            freeReplyObject(r);
+        if (queued == 0)
+            fx_sleep_ms(10);
     }
-    assert_true(s1.redis_commands > s0.redis_commands);
+    redisFree(rc);
+    assert_int_equal(queued, 1);
     assert_int_equal(fx_redis_signal(&fx_server, SIGSTOP), 0);
     call stuck = {.c = c, .name = "pool:s", .wait_ms = 0};
     assert_int_equal(pthread_create(&stuck.thread, NULL, call_main, &stuck), 0);
