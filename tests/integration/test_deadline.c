@@ -173,6 +173,25 @@ static void test_pool_wait_ends_at_caller_deadline(void **state)
     dlock_client_close(c);
 }
 
+/* Waits (at most 10 s, far above a try's round trip) until Redis's queue of
+ * name (prefix td:) holds a waiter. */
+static void wait_queued(const char *name)
+{
+    redisContext *rc = fx_connect("127.0.0.1", fx_server.port);
+    assert_non_null(rc);
+    long long queued = 0;
+    for (int i = 0; i < 1000 && queued == 0; i++) {
+        redisReply *r = redisCommand(rc, "ZCARD td:{%s}:q", name);
+        queued = r && r->type == REDIS_REPLY_INTEGER ? r->integer : 0;
+        if (r)
+            freeReplyObject(r);
+        if (queued == 0)
+            fx_sleep_ms(10);
+    }
+    redisFree(rc);
+    assert_int_equal(queued, 1);
+}
+
 /* A wait refused by a holder, whose next try then waits for the one pooled
  * connection (stuck in a call to a frozen Redis for 3 s) until the wait's
  * deadline: it times out naming the holder, as any timed-out wait does.
@@ -181,7 +200,12 @@ static void test_pool_wait_ends_at_caller_deadline(void **state)
  * the waiter (its reply written, so the waiter's connection comes back);
  * the waiter's fallback retry (waiter_ttl / 4, 750 to 1000 ms) comes long
  * after the stuck call took the connection, which it keeps past the
- * wait's 3 s (a command timeout of 6 s). */
+ * wait's 3 s (a command timeout of 6 s). A client's subscriber wakes its
+ * pollers once when it reads its first confirmation (client.c, wake_all):
+ * were that after the freeze, the waiter would retry at once, take the
+ * connection itself and fail with Redis. So the waiter's client first
+ * waits through a crossing on a name of its own, which it gets by the
+ * release's message (read after the confirmation) or by a later try. */
 static void test_pool_wait_of_a_waiting_try_names_holder(void **state)
 {
     (void)state;
@@ -191,7 +215,6 @@ static void test_pool_wait_of_a_waiting_try_names_holder(void **state)
     cfg.client_name = "holder-pw";
     dlock_client *h = NULL;
     assert_int_equal(dlock_client_open(&cfg, &h), DLOCK_OK);
-    assert_int_equal(dlock_acquire(h, "pool:h", 0, NULL), DLOCK_OK);
     fx_config(&cfg, &fx_server);
     cfg.key_prefix = "td:";
     cfg.command_timeout_ms = cfg.connect_timeout_ms = 6000;
@@ -199,22 +222,19 @@ static void test_pool_wait_of_a_waiting_try_names_holder(void **state)
     cfg.waiter_ttl_ms = 4000;
     dlock_client *c = NULL;
     assert_int_equal(dlock_client_open(&cfg, &c), DLOCK_OK);
+
+    assert_int_equal(dlock_acquire(h, "pool:settle", 0, NULL), DLOCK_OK);
+    call settle = {.c = c, .name = "pool:settle", .wait_ms = 30000};
+    assert_int_equal(pthread_create(&settle.thread, NULL, call_main, &settle), 0);
+    wait_queued("pool:settle");
+    assert_int_equal(dlock_release(h, "pool:settle"), DLOCK_OK);
+    pthread_join(settle.thread, NULL);
+    assert_int_equal(settle.rc, DLOCK_OK);
+
+    assert_int_equal(dlock_acquire(h, "pool:h", 0, NULL), DLOCK_OK);
     call waiting = {.c = c, .name = "pool:h", .wait_ms = 3000};
     assert_int_equal(pthread_create(&waiting.thread, NULL, call_main, &waiting), 0);
-    /* its first try refused and queued it (10 s is generous) */
-    redisContext *rc = fx_connect("127.0.0.1", fx_server.port);
-    assert_non_null(rc);
-    long long queued = 0;
-    for (int i = 0; i < 1000 && queued == 0; i++) {
-        redisReply *r = redisCommand(rc, "ZCARD td:{pool:h}:q");
-        queued = r && r->type == REDIS_REPLY_INTEGER ? r->integer : 0;
-        if (r)
-            freeReplyObject(r);
-        if (queued == 0)
-            fx_sleep_ms(10);
-    }
-    redisFree(rc);
-    assert_int_equal(queued, 1);
+    wait_queued("pool:h"); /* its first try refused and queued it */
     assert_int_equal(fx_redis_signal(&fx_server, SIGSTOP), 0);
     call stuck = {.c = c, .name = "pool:s", .wait_ms = 0};
     assert_int_equal(pthread_create(&stuck.thread, NULL, call_main, &stuck), 0);
