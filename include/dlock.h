@@ -576,10 +576,15 @@ DLOCK_API int dlock_release_shared(dlock_client *c, const char *name);
  * assumptions (dlock_acquire, Redlock mode). One slot of this client lost
  * loses all its permits of the name (on_lost once). A try asks each slot
  * this client does not hold in turn, one quorum exchange each; a wait
- * queues on one of them. Not yet in this mode: two limits for one name, or
- * a lock and a semaphore of one name, are refused within a client only
- * (each client's limit bounds the slots it takes), and the waiting clients
- * are served in order per slot, not across a name's slots.
+ * queues on one of them. Each try first claims the name on the nodes for
+ * its limit (one more quorum exchange), and the renewals claim it again
+ * while permits are held: while a claim lives on a majority, a second
+ * limit (DLOCK_EINVAL) and a lock of the name (DLOCK_ESERVER from
+ * dlock_acquire; the name holding a lock's data: DLOCK_ESERVER from this
+ * call) are refused across clients, under the same assumptions as the
+ * exclusion. A claim ends two leases after this client's last permit or
+ * try of the name. Not yet in this mode: the waiting clients are served
+ * in order per slot, not across a name's slots.
  */
 DLOCK_API int dlock_sem_acquire(dlock_client *c, const char *name, uint32_t limit,
                                 int64_t wait_ms);

@@ -34,6 +34,7 @@ extern const char dlock_lua_p2_sem_leave[];
 extern const char dlock_lua_p2_sem_renew[];
 extern const char dlock_lua_p2_sem_ctl_read[];
 extern const char dlock_lua_p2_mark[];
+extern const char dlock_lua_p2_sem_claim[];
 
 static const char *const key_suffixes[DLOCK_KEYS] = DLOCK_KEY_SUFFIXES;
 
@@ -73,6 +74,7 @@ static const char *const bodies[DLOCK_SCRIPT_COUNT] = {
     [DLOCK_SCRIPT_SEM_LEAVE] = dlock_lua_p2_sem_leave,
     [DLOCK_SCRIPT_SEM_RENEW] = dlock_lua_p2_sem_renew,
     [DLOCK_SCRIPT_MARK] = dlock_lua_p2_mark,
+    [DLOCK_SCRIPT_SEM_CLAIM] = dlock_lua_p2_sem_claim,
 };
 
 void dlock_script_sem_release_argv(const dlock_script_args *a, char *const *keys,

@@ -43,6 +43,7 @@ typedef enum dlock_script_id {
     DLOCK_SCRIPT_SEM_RENEW,
     DLOCK_SCRIPT_MARK, /* Redlock's write-back of the slot's mark (lua/p2/mark.lua;
                           src/route/redlock.h) */
+    DLOCK_SCRIPT_SEM_CLAIM, /* Redlock's claim of a semaphore's name (lua/p2/sem_claim.lua) */
     DLOCK_SCRIPT_COUNT
 } dlock_script_id;
 

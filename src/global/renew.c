@@ -49,6 +49,7 @@ int dlock_renew_add(dlock_renew *r, dlock_entry *e)
             return DLOCK_ENOMEM;
         }
         memcpy(it->rls, e->lease.rls->s, sizeof *it->rls * it->rls_n);
+        it->rls_limit = e->lease.rls->limit;
     } else if (r->cfg.redlock && e->lease.rl && !e->lease.sem) {
         if (!(it->rl = malloc(sizeof *it->rl))) {
             free(it);
@@ -93,6 +94,7 @@ int dlock_renew_rl_slots_sync(dlock_renew *r, dlock_entry *e)
         return DLOCK_OK;
     unsigned n = e->lease.rls->n;
     pthread_mutex_lock(&r->mu);
+    it->rls_limit = e->lease.rls->limit;
     if (n <= it->rls_n) {
         /* fewer (or as many): in place (it->rls is written under r->mu) */
         if (n)
@@ -110,6 +112,7 @@ int dlock_renew_rl_slots_sync(dlock_renew *r, dlock_entry *e)
     dlock_redlock_slot *old = it->rls;
     it->rls = copy;
     it->rls_n = n;
+    it->rls_limit = e->lease.rls->limit;
     pthread_mutex_unlock(&r->mu);
     free(old);
     return DLOCK_OK;

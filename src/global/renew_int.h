@@ -53,6 +53,8 @@ struct dlock_renew_item {
                                 slots held (e->lease.rls->s), rls_n of them, owned
                                 by the item, kept in step by dlock_renew_rl_slots_sync */
     unsigned rls_n;
+    uint32_t rls_limit; /* their limit: the name's claim (route/redlock.h) is renewed
+                           with them, for it */
 };
 
 /* The protocol an item of a semaphore's permits (e->lease.sem) is filed

@@ -24,6 +24,7 @@ typedef struct rsnap {
                           the entry's slots are consecutive snapshots, the first
                           of them holding the entry's reference */
     unsigned k;
+    uint32_t limit;    /* sem: the permits' limit (their name's claim) */
     char *kbuf;        /* sem: its keys' bytes (owned) */
     char *keys[DLOCK_SCRIPT_KEYS];
     int found;         /* sem, applied: the entry still held the slot */
@@ -105,6 +106,60 @@ static void renew_all(dlock_renew *r, rsnap *s, size_t n)
         memcpy(s[i].regrant, l[j].regrant, sizeof s[i].regrant);
     }
     free(l);
+}
+
+/* How many snapshots from s[i] on are of s[i]'s entry (1 for a lock). */
+static size_t group_of(const rsnap *s, size_t i, size_t n)
+{
+    size_t j = i + 1;
+    while (s[i].sem && j < n && s[j].sem && s[j].e == s[i].e && !s[j].kbuf)
+        j++;
+    return j - i;
+}
+
+/* After renew_all: the name of each semaphore's permits claimed again
+ * (route/redlock.h, dlock_redlock_claim; local/rlsem.h, R4), in one batch.
+ * A renewed slot's validity is at most its claim's; a claim not confirmed
+ * by a majority (refused, or unanswered) confirms none of its slots:
+ * their validity stands, and runs out. */
+static void claim_all(dlock_renew *r, rsnap *s, size_t n)
+{
+    size_t groups = 0;
+    for (size_t i = 0; i < n; i += group_of(s, i, n))
+        groups += s[i].sem;
+    if (!groups)
+        return;
+    dlock_redlock_claim *cl = calloc(groups, sizeof *cl);
+    if (!cl) {
+        for (size_t i = 0; i < n; i++)
+            if (s[i].sem && s[i].verdict == 1)
+                s[i].verdict = -1; /* (not confirmed this round) */
+        return;
+    }
+    size_t g = 0;
+    for (size_t i = 0; i < n; i += group_of(s, i, n))
+        if (s[i].sem)
+            cl[g++] = (dlock_redlock_claim){.name = s[i].e->name,
+                                            .key = s[i].e->keys[DLOCK_KEY_LEASE],
+                                            .limit = s[i].limit};
+    (void)dlock_redlock_claim_many(r->cfg.redlock, cl, groups, command_deadline(r));
+    g = 0;
+    for (size_t i = 0; i < n;) {
+        size_t cnt = group_of(s, i, n);
+        if (s[i].sem) {
+            for (size_t j = i; j < i + cnt; j++) {
+                if (s[j].verdict != 1)
+                    continue;
+                if (cl[g].verdict == 1 && s[j].valid > cl[g].valid_boot)
+                    s[j].valid = cl[g].valid_boot;
+                else if (cl[g].verdict != 1)
+                    s[j].verdict = -1;
+            }
+            g++;
+        }
+        i += cnt;
+    }
+    free(cl);
 }
 
 /* The verdict of s on its entry, as renew_round.c's apply: 1 if the lease
@@ -250,7 +305,7 @@ static size_t snapshot(dlock_renew *r, rsnap **out)
                 rsnap *x = &s[n++];
                 *x = (rsnap){.e = it->e, .item = it, .epoch = it->epoch, .g = it->rls[j].g,
                              .verdict = -1, .sem = 1, .k = it->rls[j].k,
-                             .kbuf = j == 0 ? kbuf : NULL};
+                             .limit = it->rls_limit, .kbuf = j == 0 ? kbuf : NULL};
                 dlock_redlock_slot_keys(it->e->keys, x->k,
                                         kbuf + j * dlock_redlock_slot_keys_size(it->e->keys),
                                         x->keys);
@@ -266,15 +321,6 @@ static size_t snapshot(dlock_renew *r, rsnap **out)
     return n;
 }
 
-/* How many snapshots from s[i] on are of s[i]'s entry (1 for a lock). */
-static size_t group_of(const rsnap *s, size_t i, size_t n)
-{
-    size_t j = i + 1;
-    while (s[i].sem && j < n && s[j].sem && s[j].e == s[i].e && !s[j].kbuf)
-        j++;
-    return j - i;
-}
-
 int64_t dlock_renew_redlock_round(dlock_renew *r)
 {
     int64_t start = dlock_now_ns();
@@ -287,6 +333,7 @@ int64_t dlock_renew_redlock_round(dlock_renew *r)
         return start + r->period_ns;
     }
     renew_all(r, s, n);
+    claim_all(r, s, n);
     int ok = 1;
     for (size_t i = 0; i < n; i++)
         ok &= s[i].verdict >= 1;

@@ -144,6 +144,13 @@ int dlock_rlsem_acquire(dlock_client *c, dlock_entry *e, dlock_sem_try *t)
     uint64_t ticket = h->ticket;
     pthread_mutex_unlock(&e->mu);
 
+    /* R4: the name claimed for this limit first (a wait's tries: each) */
+    int64_t deadline = dlock_rlmode_exchange_deadline(c);
+    if (t->queue && t->deadline > deadline)
+        deadline = t->deadline; /* (waits for a pooled connection until then) */
+    dlock_redlock_claim cl = {.name = e->name, .key = e->keys[DLOCK_KEY_LEASE], .limit = limit};
+    int claimed = dlock_redlock_claim_many(c->redlock, &cl, 1, deadline);
+
     unsigned from = home ? home - 1 : draw(limit), asked = 0;
     uint64_t kept = 0; /* this try's split vote kept on the home slot */
     int got = -1;
@@ -151,14 +158,20 @@ int dlock_rlsem_acquire(dlock_client *c, dlock_entry *e, dlock_sem_try *t)
     dlock_redlock_grant g;
     char why[700] = "";
     rc = DLOCK_EBUSY;
-    for (unsigned j = 0; j < limit; j++) {
+    if (claimed != DLOCK_OK) {
+        /* (refused: the wait ends, sem.c leaves the home slot's queue;
+         * unconfirmed: as a try too few nodes answered, below) */
+        snprintf(why, sizeof why, "%s", dlock_last_error());
+        rc = claimed;
+    }
+    for (unsigned j = 0; claimed == DLOCK_OK && j < limit; j++) {
         unsigned k = (from + j) % limit;
         if (held >> k & 1)
             continue;
         dlock_redlock_slot_keys(e->keys, k, kbuf, keys);
         int queue = home && k == home - 1;
         /* each slot a whole exchange (as a lock's try: rlmode.c) */
-        int64_t deadline = dlock_rlmode_exchange_deadline(c);
+        deadline = dlock_rlmode_exchange_deadline(c);
         if (t->queue && t->deadline > deadline)
             deadline = t->deadline; /* (waits for a pooled connection until then) */
         asked++;
@@ -172,6 +185,8 @@ int dlock_rlsem_acquire(dlock_client *c, dlock_entry *e, dlock_sem_try *t)
             kept = attempt;
         if (r == DLOCK_OK) {
             got = (int)k;
+            if (g.valid_boot > cl.valid_boot)
+                g.valid_boot = cl.valid_boot; /* (R4: while the claim surely lives) */
             for (unsigned i = 0; i < dlock_redlock_nodes(c->redlock); i++)
                 granted |= (uint32_t)(g.node_token[i] != 0) << i;
             rc = DLOCK_OK;

@@ -34,6 +34,13 @@
  *       its leave), whatever homes it draws.
  *   R3. A split vote the home slot's try kept (route/redlock.h, wait) is
  *       given back once the next try ended, or the wait did.
+ *   R4. Each try claims the name for its limit first (route/redlock.h,
+ *       dlock_redlock_claim: a lock of the name, or another limit, is
+ *       refused while a claim lives on a majority) and asks no slot unless
+ *       a majority claimed it; a slot it takes is valid at most while the
+ *       claim surely lives, and the renewal rounds claim the name again
+ *       with its slots (renew_redlock.c), so the claim outlives every
+ *       permit counted.
  */
 #ifndef DLOCK_RLSEM_H
 #define DLOCK_RLSEM_H
@@ -48,7 +55,8 @@
  * known; also a waiting try that too few nodes answered while its deadline
  * leaves time for another); DLOCK_EREDIS (too few nodes count or answered:
  * the message says which); DLOCK_EINVAL (a limit above
- * DLOCK_REDLOCK_SEM_MAX) or DLOCK_ENOMEM. Never in doubt (t->in_doubt 0):
+ * DLOCK_REDLOCK_SEM_MAX, or the name claimed for another limit: R4);
+ * DLOCK_ESERVER (the name holds a lock's data) or DLOCK_ENOMEM. Never in doubt (t->in_doubt 0):
  * an attempt of unknown outcome is given back here, in the background. */
 int dlock_rlsem_acquire(dlock_client *c, dlock_entry *e, dlock_sem_try *t);
 

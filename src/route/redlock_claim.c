@@ -1,0 +1,122 @@
+/*
+ * Redlock's claims of semaphore names (redlock.h, dlock_redlock_claim;
+ * the set's private part: redlock_int.h). No shared state of its own: the
+ * node set's (rl->mu) through redlock_int.h's calls.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/error.h"
+#include "route/redlock_int.h"
+
+/* One exchange: cl[0 .. k) on every node. DLOCK_OK, or the first failure
+ * (its message), as dlock_redlock_claim_many's. */
+static int claim_chunk(dlock_redlock *rl, dlock_redlock_claim *cl, size_t k, int64_t deadline)
+{
+    peer p[DLOCK_REDLOCK_NODES_MAX];
+    memset(p, 0, sizeof p);
+    const char **argv = malloc(sizeof *argv * (2 * k + 1));
+    char *lim = malloc(16 * k), ttl[24];
+    unsigned *ok = calloc(k, sizeof *ok);
+    for (size_t j = 0; j < k; j++)
+        cl[j].verdict = -1, cl[j].theirs = 0;
+    if (!argv || !lim || !ok) {
+        free(argv);
+        free(lim);
+        free(ok);
+        return dlock_err_set(DLOCK_ENOMEM, "out of memory");
+    }
+    snprintf(ttl, sizeof ttl, "%" PRIu64,
+             (uint64_t)rl->lease_ms * DLOCK_REDLOCK_CLAIM_LEASES);
+    for (size_t j = 0; j < k; j++) {
+        argv[j] = cl[j].key;
+        snprintf(lim + 16 * j, 16, "%" PRIu32, cl[j].limit);
+        argv[k + 1 + j] = lim + 16 * j;
+    }
+    argv[k] = ttl;
+    dlock_rl_peers_open(rl, p, deadline);
+    int64_t first = dlock_boot_ns();
+    int64_t valid = first + DLOCK_REDLOCK_CLAIM_LEASES * (rl->lease_ns - rl->drift_ns);
+    dlock_rl_peers_call(rl, p, NULL, 1, DLOCK_SCRIPT_SEM_CLAIM, (int)k, (int)k + 1, argv, 1,
+                        dlock_rl_step_deadline(rl, deadline));
+    char msg[600] = "", err[300] = "";
+    size_t len = 0;
+    for (unsigned i = 0; i < rl->n; i++) {
+        const redisReply *r = p[i].rep;
+        int fits = !p[i].failed && r && r->type == REDIS_REPLY_ARRAY && r->elements == k;
+        for (size_t j = 0; fits && j < k; j++)
+            fits = r->element[j]->type == REDIS_REPLY_INTEGER;
+        if (!fits && !p[i].failed) {
+            if (r && r->type == REDIS_REPLY_ERROR && !err[0])
+                snprintf(err, sizeof err, "; %s refused: %s", rl->node[i].addr, r->str);
+            dlock_rl_peer_fail(&p[i], "answered %s", r && r->type == REDIS_REPLY_ERROR ? r->str
+                               : "no claim");
+        }
+        /* (a server listed twice counts once) */
+        int counts = fits && dlock_rl_same_run(rl, p, i) < 0 &&
+                     dlock_rl_counts_now(rl, i, p[i].run, p[i].seed, first);
+        if (!counts && len < sizeof msg) {
+            char w[300];
+            dlock_rl_why_not(rl, i, p, w, sizeof w);
+            len += (size_t)snprintf(msg + len, sizeof msg - len, "; %s", w);
+        }
+        for (size_t j = 0; counts && j < k; j++) {
+            long long v = r->element[j]->integer;
+            if (v == 0)
+                ok[j]++;
+            else if (cl[j].theirs == 0 || v == -1)
+                cl[j].theirs = v; /* (a lock's data first: the graver refusal) */
+        }
+    }
+    int in_time = dlock_boot_ns() < valid;
+    for (size_t j = 0; j < k; j++) {
+        if (ok[j] >= rl->m && in_time) {
+            cl[j].verdict = 1;
+            cl[j].valid_boot = valid;
+        } else if (cl[j].theirs) {
+            cl[j].verdict = 0;
+        }
+    }
+    int rc = DLOCK_OK;
+    for (size_t j = 0; j < k && rc == DLOCK_OK; j++) {
+        if (cl[j].verdict == 1)
+            continue;
+        if (cl[j].verdict == 0 && cl[j].theirs < 0)
+            rc = dlock_err_set(DLOCK_ESERVER, "redlock claim of the semaphore '%s': the name holds "
+                          "a lock's data on %u of %u counting nodes (a name is a lock or a "
+                          "semaphore, never both)", cl[j].name, rl->n - ok[j], rl->n);
+        else if (cl[j].verdict == 0)
+            rc = dlock_err_set(DLOCK_EINVAL, "the semaphore '%s' is used with limit %lld by its "
+                          "holders or waiters; this call gives limit %" PRIu32, cl[j].name,
+                          cl[j].theirs, cl[j].limit);
+        else
+            rc = dlock_err_set(DLOCK_EREDIS, "redlock claim of the semaphore '%s': %u of %u nodes "
+                          "count and claimed it, %u needed%s%s%s", cl[j].name, ok[j], rl->n,
+                          rl->m, in_time ? "" : " within its validity", msg, err);
+    }
+    dlock_rl_peers_close(rl, p);
+    free(argv);
+    free(lim);
+    free(ok);
+    return rc;
+}
+
+int dlock_redlock_claim_many(dlock_redlock *rl, dlock_redlock_claim *cl, size_t n,
+                             int64_t deadline)
+{
+    int rc = DLOCK_OK;
+    char why[700] = "";
+    for (size_t from = 0; from < n; from += DLOCK_REDLOCK_RENEW_BATCH) {
+        size_t k = n - from < DLOCK_REDLOCK_RENEW_BATCH ? n - from : DLOCK_REDLOCK_RENEW_BATCH;
+        int r = claim_chunk(rl, cl + from, k, deadline);
+        if (r != DLOCK_OK && rc == DLOCK_OK) {
+            rc = r;
+            snprintf(why, sizeof why, "%s", dlock_last_error());
+        }
+    }
+    if (rc == DLOCK_OK)
+        return rc;
+    return dlock_err_set(rc, "%s", why);
+}
