@@ -25,6 +25,7 @@ typedef struct rsnap {
                           of them holding the entry's reference */
     unsigned k;
     uint32_t limit;    /* sem: the permits' limit (their name's claim) */
+    int64_t claim_valid; /* sem, the group's first: the claim's validity this round, 0 none */
     char *kbuf;        /* sem: its keys' bytes (owned) */
     char *keys[DLOCK_SCRIPT_KEYS];
     int found;         /* sem, applied: the entry still held the slot */
@@ -147,6 +148,7 @@ static void claim_all(dlock_renew *r, rsnap *s, size_t n)
     for (size_t i = 0; i < n;) {
         size_t cnt = group_of(s, i, n);
         if (s[i].sem) {
+            s[i].claim_valid = cl[g].verdict == 1 ? cl[g].valid_boot : 0;
             for (size_t j = i; j < i + cnt; j++) {
                 if (s[j].verdict != 1)
                     continue;
@@ -271,6 +273,8 @@ static int apply_sem(dlock_renew *r, rsnap *s, size_t cnt, int64_t *earliest, in
             lost = 1;
         }
     } else {
+        if (h->limit == s[0].limit && s[0].claim_valid > h->claim_valid)
+            h->claim_valid = s[0].claim_valid; /* (rlsem.h, R4: a try may rely on it) */
         (void)dlock_renew_rl_slots_sync(r, e); /* (the re-grants: the next round's) */
         int64_t v = DLOCK_NEVER;
         for (unsigned i = 0; i < h->n; i++)

@@ -142,14 +142,20 @@ int dlock_rlsem_acquire(dlock_client *c, dlock_entry *e, dlock_sem_try *t)
     }
     unsigned limit = h->limit, home = t->queue ? h->home : 0;
     uint64_t ticket = h->ticket;
+    int64_t claim_valid = h->claim_valid;
     pthread_mutex_unlock(&e->mu);
 
-    /* R4: the name claimed for this limit first (a wait's tries: each) */
+    /* R4: the name claimed for this limit first, unless a claim of this
+     * client (a try's, a renewal's) surely lives a lease more: a slot
+     * taken now is valid a lease at most */
     int64_t deadline = dlock_rlmode_exchange_deadline(c);
     if (t->queue && t->deadline > deadline)
         deadline = t->deadline; /* (waits for a pooled connection until then) */
-    dlock_redlock_claim cl = {.name = e->name, .key = e->keys[DLOCK_KEY_LEASE], .limit = limit};
-    int claimed = dlock_redlock_claim_many(c->redlock, &cl, 1, deadline);
+    dlock_redlock_claim cl = {.name = e->name, .key = e->keys[DLOCK_KEY_LEASE], .limit = limit,
+                              .valid_boot = claim_valid};
+    int claimed = DLOCK_OK;
+    if (claim_valid <= dlock_boot_ns() + (int64_t)c->lease_ms * DLOCK_NS_PER_MS)
+        claimed = dlock_redlock_claim_many(c->redlock, &cl, 1, deadline);
 
     unsigned from = home ? home - 1 : draw(limit), asked = 0;
     uint64_t kept = 0; /* this try's split vote kept on the home slot */
@@ -207,6 +213,8 @@ int dlock_rlsem_acquire(dlock_client *c, dlock_entry *e, dlock_sem_try *t)
 
     pthread_mutex_lock(&e->mu);
     h = e->lease.rls;
+    if (claimed == DLOCK_OK && cl.valid_boot > h->claim_valid)
+        h->claim_valid = cl.valid_boot;
     /* R3: the try before's kept split vote, once this try ended */
     if (h->kept && h->kept != kept)
         give_back(c, e, h->kept_k, h->kept, 0);

@@ -37,10 +37,12 @@
  *   R4. Each try claims the name for its limit first (route/redlock.h,
  *       dlock_redlock_claim: a lock of the name, or another limit, is
  *       refused while a claim lives on a majority) and asks no slot unless
- *       a majority claimed it; a slot it takes is valid at most while the
- *       claim surely lives, and the renewal rounds claim the name again
- *       with its slots (renew_redlock.c), so the claim outlives every
- *       permit counted.
+ *       a majority claimed it, or a claim of this client (a try's or a
+ *       renewal's: e->lease.rls->claim_valid, under e->mu) surely lives a
+ *       lease more; a slot it takes is valid at most while the claim
+ *       surely lives, and the renewal rounds claim the name again with its
+ *       slots (renew_redlock.c), so the claim outlives every permit
+ *       counted.
  */
 #ifndef DLOCK_RLSEM_H
 #define DLOCK_RLSEM_H

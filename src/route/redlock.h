@@ -279,6 +279,8 @@ typedef struct dlock_redlock_slots {
     uint64_t fresh;       /* the attempt of the last granted try, 0 none: until the
                              local tier took its grant (local/rlsem.h) */
     unsigned fresh_k;     /* its slot */
+    int64_t claim_valid;  /* until when the name's claim for this limit surely lives
+                             (dlock_redlock_claim: a try's, a renewal's), 0 none */
     dlock_redlock_slot s[]; /* limit of them */
 } dlock_redlock_slots;
 
