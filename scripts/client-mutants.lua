@@ -373,6 +373,14 @@ return {
       .. '        return DLOCK_OK;\n    }\n    if (0)\n        /* the renewal found a slot',
   },
   {
+    name = 'rl_sem_claim_not_renewed',
+    why = "Redlock mode: the renewal rounds renew a semaphore's slots but not its name's claim, "
+      .. 'which ends two leases after the try that made it while its permits are still held',
+    file = 'src/global/renew_redlock.c',
+    find = '    claim_all(r, s, n);\n',
+    replace = '',
+  },
+  {
     name = 'rl_direct_grant_given_back',
     why = "Redlock mode: a node's direct grant, unwanted while threads wait in the other mode, is "
       .. 'given back by its attempt, which may be the held lease\'s',

@@ -631,6 +631,35 @@ M.list = {
     file = 'redlock_model', find = 'if not held[s] then', replace = 'if true then',
   },
   {
+    name = 'redlock_claim_any_limit', run = 'redlock', protocol = 2, rsem = true,
+    schedules = 200,
+    why = "sem_claim.lua claims a name for any limit, whatever the claim there says: two limits "
+      .. 'in use at once',
+    file = 'sem_claim', find = 'elseif exists and tonumber(h[4]) ~= limit then',
+    replace = 'elseif false then',
+  },
+  {
+    name = 'redlock_claim_over_lock', run = 'redlock', protocol = 2, rsem = true,
+    schedules = 200,
+    why = "sem_claim.lua reads only a semaphore's hash as data, and claims a lock's over it: a "
+      .. 'lock and permits at once',
+    file = 'sem_claim', find = "local exists = h[1] or redis.call('EXISTS', key) == 1",
+    replace = "local exists = h[2] == 's'",
+  },
+  {
+    name = 'redlock_claim_by_minority', run = 'redlock', rsem = true, schedules = 200,
+    why = 'a claim counts when one node made it, not a majority',
+    file = 'redlock_model', find = 'if ok >= cfg.m and cnow(self, c) < valid then\n    c.claims',
+    replace = 'if ok >= 1 and cnow(self, c) < valid then\n    c.claims',
+  },
+  {
+    name = 'redlock_claim_not_renewed', run = 'redlock', rsem = true, schedules = 200,
+    why = "the renewals renew a semaphore's slots but claim the name no more: the claim ends "
+      .. 'while its permits are held, and a lock or another limit takes the name beside them',
+    file = 'redlock_model', find = '    local cv = self:claim(c, sem)\n    for _, x in ipairs(renewed)',
+    replace = '    local cv = math.huge\n    for _, x in ipairs(renewed)',
+  },
+  {
     name = 'redlock_leave_turn_to_tail', run = 'redlock', rsem = true, wait = true, schedules = 20,
     why = 'a leave passes the turn to the last live waiter of the queue, not the first',
     file = 'leave', protocol = 2, find = "  local w = redis.call('ZRANGE', KEYS[3], 0, 0)[1]",

@@ -94,11 +94,19 @@
 -- tries the other slots once without queueing (a split vote there is given
 -- back at once); a permit got elsewhere ends the wait with a leave
 -- (leave.lua) of the home slot. A client may hold two permits at once (as
--- two threads of one process). The invariants then: limit (below), mutex
--- and order per slot; no fenced store (a semaphore hands out no token).
+-- two threads of one process). Each try first claims the name for its
+-- limit (lua/p2/sem_claim.lua on every node, counted by a majority), unless
+-- the client's own claim lives a lease more; the renewals claim it again,
+-- and a permit is valid at most while its claim surely lives. In a
+-- schedule of three, client c1 uses the names otherwise: as locks, or as
+-- semaphores of limit L + 1. The invariants then: limit and kind (below),
+-- mutex and order per slot; no fenced store (a semaphore hands out no
+-- token).
 --   limit  no more than L permits of a name are held at one instant (held,
 --          not released, client clock before their validity), until the
 --          schedule's first clock jump.
+--   kind   no lock of a name is held beside a permit of it, and no permits
+--          of two limits at once (the claims), as limit.
 --
 -- Faults (each drawn per schedule, in four schedules of five):
 --   net     requests and replies lost per client-node link (cuts lasting up
@@ -121,7 +129,7 @@ local R = require('redis')
 local W = {}
 W.__index = W
 
-local floor = math.floor
+local floor, ceil = math.floor, math.ceil
 
 W.ALL_FAULTS = {'net', 'restart', 'clock', 'jump', 'pause', 'crash'}
 
@@ -132,7 +140,8 @@ rng.mixin(W)
 ------------------------------------------------------------------------
 -- The scripts.
 
-local NAMES = {'acquire', 'release', 'mark', 'renew', 'acquire_shared', 'release_shared', 'leave'}
+local NAMES = {'acquire', 'release', 'mark', 'renew', 'acquire_shared', 'release_shared', 'leave',
+  'sem_claim'}
 
 local function read(path)
   local f = assert(io.open(path, 'rb'))
@@ -286,11 +295,17 @@ function W.new(seed, opts, scripts)
   if opts.rsem then
     self.rs4 = new_rng(seed + 7777777)
     cfg.limit = 1 + floor(self:rand4() * 3)
+    -- in a schedule of three, the first client uses the names otherwise:
+    -- as locks, or as semaphores of the next limit (the claims, below)
+    local r = self:rand4()
+    cfg.other = r < 1 / 6 and 'lock' or r < 1 / 3 and 'limit' or nil
   end
   for i = 1, self:rint(2, 4) do self:add_client(i) end
   self:trace(string.format('schedule %d: %d nodes, lease %d ms, command timeouts up to %d ms, '
     .. '%d clients, %d names, faults %s', seed, cfg.n, cfg.lease_ms, cfg.timeout_us / 1000, #self.clients,
-    #self.names, self:faults_text()) .. (cfg.limit and ', semaphores of limit ' .. cfg.limit or ''))
+    #self.names, self:faults_text()) .. (cfg.limit and ', semaphores of limit ' .. cfg.limit or '')
+    .. (cfg.other == 'lock' and ', c1 locks them' or cfg.other == 'limit' and
+      ', c1 with limit ' .. cfg.limit + 1 or ''))
   return self
 end
 
@@ -317,6 +332,11 @@ function W:add_client(i, probe, main)
     -- others' either way: a fixed offset per client, drawing nothing)
     skew = ((i * 7919) % 11 - 5) * self.cfg.L}
   self.by_id[c.id] = c
+  if self.opts.rsem then
+    c.limit, c.claims = self.cfg.limit, {}
+    if i == 1 and not probe and not main and self.cfg.other == 'limit' then c.limit = c.limit + 1 end
+    c.locks = i == 1 and not probe and not main and self.cfg.other == 'lock'
+  end
   if self.rs4 and not probe and not self.opts.rsem then
     -- the share of its acquires that are shared (--shared F, or mix: its own)
     local f = self.opts.shared
@@ -418,8 +438,11 @@ function W:run_on(nd, c, script, keys, argv)
   end
   -- (shared mode: an acquire of the other mode than the client's own live
   -- lease there, one whose release was lost, is refused with DLOCKMODE:
-  -- no vote, until that lease ends)
-  if type(rep) == 'table' and rep.err and not (self.opts.shared ~= nil and string.match(rep.err, '^DLOCKMODE ')) then
+  -- no vote, until that lease ends; semaphores, c1 using their names as
+  -- locks: a lock's script refuses a semaphore's claim with DLOCKKIND, no
+  -- vote either)
+  if type(rep) == 'table' and rep.err and not (self.opts.shared ~= nil and string.match(rep.err, '^DLOCKMODE '))
+      and not (self.cfg.other == 'lock' and string.match(rep.err, '^DLOCKKIND ')) then
     self:violation('error', script .. ' failed on node ' .. nd.i .. ': ' .. rep.err)
   end
   local seed = R.live(nd.srv, 'dlock:redlock:seed')
@@ -1038,13 +1061,51 @@ function W:slot_order(c, sem)
   return out
 end
 
--- One permit of sem, each slot tried once: a hold (its name the slot's,
--- h.sem the semaphore's) or nil.
+-- The name's claim for c's limit (lua/p2/sem_claim.lua on every node, as
+-- src/route/redlock_claim.c): its validity on c's clock (the first send + 2
+-- leases - twice the drift allowance) if a majority of counting nodes
+-- claimed it, else nil and whether a counting node refused it (another
+-- limit, or a lock's data).
+function W:claim(c, sem)
+  local cfg = self.cfg
+  local first = cnow(self, c)
+  local valid = first + 2 * (cfg.L - cfg.drift_us)
+  local reps = self:gather(c, self:all_nodes(), 'sem_claim', {'dlock:{' .. sem .. '}'},
+    {tostring(2 * cfg.lease_ms), tostring(c.limit)})
+  local ok, refused = 0, false
+  for i = 1, cfg.n do
+    local r = reps[i]
+    if r and type(r.rep) == 'table' and not r.rep.err and self:counts(r.meta) then
+      if r.rep[1] == 0 then ok = ok + 1 else refused = true end
+    end
+  end
+  if ok >= cfg.m and cnow(self, c) < valid then
+    c.claims[sem] = math.max(c.claims[sem] or 0, valid)
+    return valid
+  end
+  self:trace(string.format('%s: claim of %s for limit %d not made (%d of %d)%s', c.name, sem,
+    c.limit, ok, cfg.n, refused and ', refused' or ''))
+  return nil, refused
+end
+
+-- A try's claim (src/local/rlsem.c, R4): c's own, if it lives a lease
+-- more, else a new one (as W:claim).
+function W:claimed(c, sem)
+  local v = c.claims[sem]
+  if v and v > cnow(self, c) + self.cfg.L then return v end
+  return self:claim(c, sem)
+end
+
+-- One permit of sem, the name claimed and each slot tried once: a hold
+-- (its name the slot's, h.sem the semaphore's, its validity within the
+-- claim's) or nil.
 function W:permit(c, sem)
+  local cv = self:claimed(c, sem)
+  if not cv then return nil end
   for _, s in ipairs(self:slot_order(c, sem)) do
     local h = self:acquire(c, s)
     if h then
-      h.sem = sem
+      h.sem, h.limit, h.valid = sem, c.limit, math.min(h.valid, cv)
       return h
     end
   end
@@ -1071,13 +1132,17 @@ function W:permit_waiting(c, sem, deadline)
   local home = order[1]
   c.ticket, c.waiting, c.woken = self:ticket(c), home, nil
   local start = self.now
-  local h, kept
+  local h, kept, cv, refused
   while true do
-    for j = 2, #order do
+    -- (each try claims the name first: refused, the wait ends; not
+    -- confirmed, the try asks no slot)
+    cv, refused = self:claimed(c, sem)
+    if refused then break end
+    for j = 2, cv and #order or 0 do
       h = self:acquire(c, order[j], nil, true)
       if h then break end
     end
-    if not h then
+    if cv and not h then
       local before = kept
       h, kept = self:acquire(c, home)
       if before and before ~= kept then self:release_all(c, home, before, '0') end
@@ -1101,7 +1166,7 @@ function W:permit_waiting(c, sem, deadline)
     self:violation('starve', string.format('%s waited %.3f ms for a permit of %s without faults '
       .. '(bound %.3f ms)', c.name, waited / 1000, sem, bound / 1000))
   end
-  if h then h.sem = sem end
+  if h then h.sem, h.limit, h.valid = sem, c.limit, math.min(h.valid, cv) end
   return h
 end
 
@@ -1109,10 +1174,24 @@ end
 -- renews them meanwhile): each renewed once less than two thirds of a
 -- lease of its validity is left; one not confirmed past its validity is
 -- lost.
+-- The renewals claim the name again after them (src/global/
+-- renew_redlock.c): a renewed permit's validity is at most the claim's,
+-- and a claim not made confirms none (their validity stands).
 function W:renew_due(c)
+  local renewed = {}
   for _, h in ipairs(c.holds or {}) do
-    if not h.lost and h.valid - cnow(self, c) < 2 * self.cfg.L / 3 and not self:renew(c, h)
-        and cnow(self, c) >= h.valid then
+    if not h.lost and h.valid - cnow(self, c) < 2 * self.cfg.L / 3 then
+      local old = h.valid
+      if self:renew(c, h) then renewed[#renewed + 1] = {h = h, old = old} end
+    end
+  end
+  local sem = renewed[1] and renewed[1].h.sem
+  if sem then
+    local cv = self:claim(c, sem)
+    for _, x in ipairs(renewed) do x.h.valid = cv and math.min(x.h.valid, cv) or x.old end
+  end
+  for _, h in ipairs(c.holds or {}) do
+    if not h.lost and cnow(self, c) >= h.valid then
       self:trace(string.format('%s lost %s', c.name, h.name))
       self.holds_lost = self.holds_lost + 1
       h.lost = true
@@ -1129,13 +1208,20 @@ function W:sem_main(c)
     self:sleep(c, self.opts.hot and 0 or self:rint(0, floor(cfg.L / 2)))
     local sem = self.names[self:rint(1, #self.names)]
     local want = (cfg.limit > 1 and self:rand() < 0.3) and 2 or 1
+    if c.locks then want = 1 end
     c.holds = {}
     for k = 1, want do
       local h
       -- (the second permit's wait is a lease at most: a client that holds
       -- one and waits for another for good may wait on others that do
       -- the same, a deadlock of the callers' making, not the rule's)
-      if cfg.wait then
+      if c.locks then
+        -- (the name as a lock: refused while a claim of it lives on a
+        -- majority, as a claim is while the lock's data lives)
+        if cfg.wait then h = self:acquire_waiting(c, sem, cnow(self, c) + cfg.L)
+        else h = self:acquire(c, sem) end
+        if h then h.lock = true end
+      elseif cfg.wait then
         h = self:permit_waiting(c, sem, k == 1 and cfg.horizon_us * c.rate or cnow(self, c) + cfg.L)
       else
         h = self:permit(c, sem)
@@ -1149,7 +1235,7 @@ function W:sem_main(c)
       local until_t = self.now + (r >= 0.9 and self:rint(0, 3 * cfg.L) or self:rint(0, floor(cfg.L / 2)))
       while self.now < until_t do
         self:sleep(c, math.min(until_t - self.now, floor(cfg.L / 3)))
-        self:maybe_pause(c, 'permits of ' .. sem)
+        self:maybe_pause(c, (c.locks and 'the lock ' or 'permits of ') .. sem)
         if self.now < until_t then self:renew_due(c) end
       end
       local holds = c.holds
@@ -1469,24 +1555,37 @@ function W:check()
   end
 end
 
--- Semaphores: limit, and mutex per slot.
+-- Semaphores: limit, and mutex per slot; and a name used one way at a
+-- time (its claim): never a lock beside permits, nor permits of two
+-- limits ('kind').
 function W:check_sem()
-  local L = self.cfg.limit
   for _, sem in ipairs(self.names) do
-    local n, by = 0, {}
+    local n, by, L, lock = 0, {}, nil, nil
     for _, c in ipairs(self.clients) do
       for _, h in ipairs(c.holds or {}) do
-        if h.sem == sem and not c.dead and cnow(self, c) < h.valid then
-          n = n + 1
-          if by[h.name] then
-            self:violation('mutex', string.format('%s and %s both hold slot %s (tokens %.0f, %.0f)',
-              by[h.name].c, c.name, h.name, by[h.name].token, h.token))
+        if not c.dead and cnow(self, c) < h.valid then
+          if h.lock and h.name == sem then lock = c.name end
+          if h.sem == sem then
+            n = n + 1
+            if by[h.name] then
+              self:violation('mutex', string.format('%s and %s both hold slot %s (tokens %.0f, %.0f)',
+                by[h.name].c, c.name, h.name, by[h.name].token, h.token))
+            end
+            by[h.name] = h
+            if L and L ~= h.limit then
+              self:violation('kind', string.format('permits of %s held with limits %d and %d at once',
+                sem, L, h.limit))
+            end
+            L = math.min(L or h.limit, h.limit)
           end
-          by[h.name] = h
         end
       end
     end
-    if n > L then
+    if lock and n > 0 then
+      self:violation('kind', string.format('%s holds %s as a lock beside %d permits of it', lock,
+        sem, n))
+    end
+    if L and n > L then
       self:violation('limit', string.format('%d permits of %s held at once, above its limit %d', n, sem, L))
     end
   end
@@ -1508,7 +1607,21 @@ function W:run()
       local back = 0
       for _, nd in ipairs(self.nodes) do back = math.max(back, nd.back) end
       self.calm = true
-      self.now = self.now + 4 * self.cfg.L + 2 * self.cfg.drift_us + back
+      -- (and, where c1 used the semaphores' names as locks, their locks'
+      -- data, which a claim must wait out: on each node until its clock
+      -- passes the record lifetime and every token's time, lua/p2/
+      -- acquire.lua)
+      local data = 0
+      for _, nd in ipairs(self.cfg.other == 'lock' and self.nodes or {}) do
+        local now_ms = floor((self.now * nd.rate + nd.off) / 1000)
+        for _, nm in ipairs(self.names) do
+          local o = nd.srv and nd.srv.db['dlock:{' .. nm .. '}']
+          if o and o.exp and o.exp > now_ms then
+            data = math.max(data, ceil((o.exp - now_ms) * 1000 / nd.rate))
+          end
+        end
+      end
+      self.now = self.now + 4 * self.cfg.L + 2 * self.cfg.drift_us + back + data
       self:add_client(#self.clients + 1, true)
     else
       local ev = heap_pop(h)
