@@ -153,6 +153,11 @@ void ctl_key_of(char *out, size_t n, const char *name, const char *suffix);
  * or 1 if its data is of a protocol this dlockctl does not speak: refused
  * (said on stderr), li then holds nothing. */
 int ctl_read_lock(redisContext *c, const char *name, int first, lockinfo *li);
+/* ctl_read_lock of the lock whose keys are "<prefix>{<name>}<tail>" and
+ * the suffixes (a Redlock semaphore's slot k: tail ":s<k>",
+ * src/route/redlock.h). */
+int ctl_read_lock_at(redisContext *c, const char *name, const char *tail, int first,
+                     lockinfo *li);
 void ctl_lock_free(lockinfo *li);
 
 /* s for a terminal: control characters, backslashes and bytes above 126

@@ -93,7 +93,9 @@ static void scan_locks(redisContext *c, const char *pattern, seen_name **seen, i
             lockinfo li;
             if (ctl_read_lock(c, name, *first, &li) == 0)
                 *first = li.protocol;
-            if (ctl_is_held(&li))
+            /* (over the nodes, a semaphore's claim too: its permits are
+             * its slots, which dlockctl_quorum.c reads) */
+            if (ctl_is_held(&li) || (O.redlock_nodes && li.semaphore))
                 fn(name, &li, arg); /* (else released since the scan saw it, or,
                                        protocol 2's, kept after its release; or a
                                        semaphore with no permit in use) */

@@ -133,6 +133,10 @@ typedef struct rl_name {
     long long top_token;  /* the highest token counting nodes granted owner; -1 none */
     unsigned shared;      /* counting nodes that hold it shared (shared mode) */
     long long readers;    /* the most clients one of them holds it shared for */
+    /* a semaphore's (a node holds its claim, lua/p2/sem_claim.lua): */
+    long long limit;      /* the claim's limit (the highest a node says), 0 none */
+    unsigned permits;     /* its slots held by a majority */
+    struct rl_name *slot; /* slot k read as a lock, limit of them */
 } rl_name;
 
 /* A holder's name as its client named it: without the "@<ticket>.<id>"
@@ -150,16 +154,18 @@ static void strip_ticket(char *holder, const char *owner)
         *at = '\0';
 }
 
-/* Reads name on every node that is up, and sums it up: the owner most
- * counting nodes hold it exclusively for (a majority's if any). */
-static void rl_read(rl_set *s, const char *name, rl_name *x)
+/* Reads the lock of keys "<prefix>{<name>}<tail>..." on every node that is
+ * up, and sums it up: the owner most counting nodes hold it exclusively
+ * for (a majority's if any). */
+static void rl_read_at(rl_set *s, const char *name, const char *tail, rl_name *x)
 {
     memset(x, 0, sizeof *x);
     snprintf(x->name, sizeof x->name, "%s", name);
     x->top_token = -1;
     for (unsigned i = 0; i < s->n; i++)
         if (s->node[i].c)
-            x->read[i] = ctl_read_lock(s->node[i].c, name, DLOCK_PROTOCOL_MAX, &x->li[i]) == 0;
+            x->read[i] = ctl_read_lock_at(s->node[i].c, name, tail, DLOCK_PROTOCOL_MAX,
+                                          &x->li[i]) == 0;
     for (unsigned i = 0; i < s->n; i++)
         if (x->read[i] && x->li[i].held)
             strip_ticket(x->li[i].holder, x->li[i].owner);
@@ -189,11 +195,38 @@ static void rl_read(rl_set *s, const char *name, rl_name *x)
             x->top_token = atoll(x->li[i].token);
 }
 
+/* rl_read_at of the name; a semaphore's (a node holds its claim) with
+ * each of its slots too, "<prefix>{<name>}:s<k>..." (src/route/redlock.h,
+ * dlock_redlock_slot_keys). */
+static void rl_read(rl_set *s, const char *name, rl_name *x)
+{
+    rl_read_at(s, name, "", x);
+    for (unsigned i = 0; i < s->n; i++)
+        if (x->read[i] && x->li[i].semaphore && x->li[i].limit > x->limit)
+            x->limit = x->li[i].limit;
+    if (x->limit > DLOCK_REDLOCK_SEM_MAX)
+        x->limit = DLOCK_REDLOCK_SEM_MAX;
+    if (!x->limit)
+        return;
+    x->slot = calloc((size_t)x->limit, sizeof *x->slot);
+    if (!x->slot)
+        ctl_die("out of memory");
+    for (long long k = 0; k < x->limit; k++) {
+        char tail[32];
+        snprintf(tail, sizeof tail, ":s%lld", k);
+        rl_read_at(s, name, tail, &x->slot[k]);
+        x->permits += x->slot[k].majority;
+    }
+}
+
 static void rl_free(rl_set *s, rl_name *x)
 {
     for (unsigned i = 0; i < s->n; i++)
         if (x->read[i])
             ctl_lock_free(&x->li[i]);
+    for (long long k = 0; x->slot && k < x->limit; k++)
+        rl_free(s, &x->slot[k]);
+    free(x->slot);
 }
 
 /* What node i says of the name, for the text form. */
@@ -205,7 +238,9 @@ static void node_says(const rl_node *nd, const lockinfo *li, int read, char *out
     } else if (!read) {
         snprintf(out, n, "data of a protocol this dlockctl does not speak");
     } else if (li->semaphore) {
-        snprintf(out, n, "a semaphore: %lld of %lld permits in use", li->permits, li->limit);
+        /* (over the nodes, a semaphore's name holds its claim: its
+         * permits are its slots, below) */
+        snprintf(out, n, "a semaphore's claim, limit %lld", li->limit);
     } else if (li->held) {
         ctl_fmt_ms(rem, sizeof rem, li->remaining_ms);
         snprintf(out, n, "held by %s (client id %s), token %s, %s of lease left",
@@ -222,7 +257,11 @@ static void node_says(const rl_node *nd, const lockinfo *li, int read, char *out
 static void print_text(rl_set *s, const rl_name *x)
 {
     char e1[4 * DLOCK_NAME_MAX + 8], e2[4 * DLOCK_CLIENT_NAME_MAX + 8], line[800];
-    if (x->majority)
+    if (x->limit)
+        printf("%s: a semaphore of limit %lld, %u of its slots held by a majority (permits in "
+               "use)\n",
+               ctl_esc(x->name, e1, sizeof e1), x->limit, x->permits);
+    else if (x->majority)
         printf("%s: held by %s (client id %s) on %u of %u nodes, a majority; highest token "
                "%lld\n",
                ctl_esc(x->name, e1, sizeof e1),
@@ -241,6 +280,18 @@ static void print_text(rl_set *s, const rl_name *x)
     for (unsigned i = 0; i < s->n; i++) {
         node_says(&s->node[i], &x->li[i], x->read[i], line, sizeof line);
         printf("  %-22s %-10s %s\n", s->node[i].addr, state_of(&s->node[i]), line);
+    }
+    for (long long k = 0; k < x->limit; k++) {
+        const rl_name *y = &x->slot[k];
+        if (y->majority)
+            printf("  slot %lld: held by %s (client id %s) on %u of %u nodes\n", k,
+                   y->holder[0] ? ctl_esc(y->holder, e2, sizeof e2) : "?", y->owner, y->agree,
+                   s->n);
+        else if (y->agree)
+            printf("  slot %lld: no majority holder (client id %s holds it on %u of %u nodes)\n",
+                   k, y->owner, y->agree, s->n);
+        else
+            printf("  slot %lld: free\n", k);
     }
 }
 
@@ -281,7 +332,28 @@ static void print_json(rl_set *s, const rl_name *x)
         }
         printf("}");
     }
-    printf("]}");
+    printf("],\"semaphore\":");
+    if (!x->limit) {
+        printf("null}");
+        return;
+    }
+    printf("{\"limit\":%lld,\"permits\":%u,\"slots\":[", x->limit, x->permits);
+    for (long long k = 0; k < x->limit; k++) {
+        const rl_name *y = &x->slot[k];
+        printf("%s{\"slot\":%lld,\"held\":%s,\"owner\":", k ? "," : "", k,
+               y->majority ? "true" : "false");
+        if (y->majority)
+            ctl_json_str(y->owner);
+        else
+            printf("null");
+        printf(",\"holder_name\":");
+        if (y->majority)
+            ctl_json_str(y->holder);
+        else
+            printf("null");
+        printf(",\"agree\":%u}", y->agree);
+    }
+    printf("]}}");
 }
 
 /* The names, for list: held on any node, each once. */
@@ -376,7 +448,7 @@ int ctl_rl_show(const char *name, int watch)
         }
         print_text(&s, x);
     }
-    int held = x->majority || x->shared >= s.m;
+    int held = x->majority || x->shared >= s.m || x->permits > 0;
     rl_free(&s, x);
     free(x);
     rl_close(&s);

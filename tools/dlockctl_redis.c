@@ -292,14 +292,21 @@ static void read_semaphore(const redisReply *r, const char *name, lockinfo *li)
  * then holds nothing. */
 int ctl_read_lock(redisContext *c, const char *name, int first, lockinfo *li)
 {
-    char k[4][DLOCK_NAME_MAX + 128];
+    return ctl_read_lock_at(c, name, "", first, li);
+}
+
+int ctl_read_lock_at(redisContext *c, const char *name, const char *tail, int first,
+                     lockinfo *li)
+{
+    char k[4][DLOCK_NAME_MAX + 128], sfx[4][64];
     memset(li, 0, sizeof *li);
     /* one step (lua/ctl_read.lua: a script runs alone, a consistent
      * snapshot), with the server's clock */
-    ctl_key_of(k[0], sizeof k[0], name, dlock_script_key_suffix(DLOCK_KEY_LEASE));
-    ctl_key_of(k[1], sizeof k[1], name, dlock_script_key_suffix(DLOCK_KEY_QUEUE));
-    ctl_key_of(k[2], sizeof k[2], name, dlock_script_key_suffix(DLOCK_KEY_LIVE));
-    ctl_key_of(k[3], sizeof k[3], name, dlock_script_key_suffix(DLOCK_KEY_TURN));
+    static const int which[4] = {DLOCK_KEY_LEASE, DLOCK_KEY_QUEUE, DLOCK_KEY_LIVE, DLOCK_KEY_TURN};
+    for (int i = 0; i < 4; i++) {
+        snprintf(sfx[i], sizeof sfx[i], "%s%s", tail, dlock_script_key_suffix(which[i]));
+        ctl_key_of(k[i], sizeof k[i], name, sfx[i]);
+    }
     /* Protocol `first`'s script; refused as the other's data, the other's;
      * protocol 2's lock read refused as a semaphore's data (another kind),
      * the semaphore's read (lua/p2/sem_ctl_read.lua), which refuses a

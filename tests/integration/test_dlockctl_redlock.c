@@ -5,7 +5,8 @@
  * process holds names in Redlock mode: what each node says of a name, the
  * holder a majority of the counting nodes agree on and the highest token
  * they granted it, a node down, a node whose seed key does not hold its
- * run id (it does not count), and the commands that refuse the option.
+ * run id (it does not count), a semaphore's slots and claim, and the
+ * commands that refuse the option.
  *
  * Each test runs on a key prefix of its own, seeded fresh by `dlockctl
  * seed-fresh`. Timing: leases of 1500 ms, so that a lease no majority
@@ -327,6 +328,55 @@ static void test_list_and_watch(void **state)
     dlock_client_close(c);
 }
 
+/* A semaphore over the nodes (its permits are its slots, its name holds
+ * its claim): show names its limit and how many slots a majority holds,
+ * each node's claim, each slot's holder, and exits 0 while a permit is
+ * held; the JSON's "semaphore"; list finds the name; once the permits are
+ * back, 0 slots held and exit 1 (the claim lives on two leases). */
+static void test_show_semaphore(void **state)
+{
+    (void)state;
+    fresh_prefix();
+    dlock_client *c = open_client("rl-sem");
+    assert_int_equal(dlock_sem_acquire(c, "sm", 3, FIRST_WAIT_MS), DLOCK_OK);
+    assert_int_equal(dlock_sem_acquire(c, "sm", 3, 0), DLOCK_OK);
+    char out[16384], want[300];
+    assert_int_equal(ctl(out, sizeof out, "--redlock-nodes %s --prefix %s show sm", nodes,
+                         prefix),
+                     0);
+    if (!strstr(out, "sm: a semaphore of limit 3, 2 of its slots held by a majority (permits "
+                     "in use)\n"))
+        fail_msg("no semaphore summary in:\n%s", out);
+    assert_int_equal(count_of(out, "counts     a semaphore's claim, limit 3\n"), 3);
+    snprintf(want, sizeof want, ": held by rl-sem (client id %s) on 3 of 3 nodes\n",
+             dlock_client_id(c));
+    assert_int_equal(count_of(out, want), 2);
+    assert_int_equal(count_of(out, ": free\n"), 1);
+    assert_int_equal(ctl(out, sizeof out, "--redlock-nodes %s --prefix %s --json show sm", nodes,
+                         prefix),
+                     0);
+    if (!strstr(out, "\"semaphore\":{\"limit\":3,\"permits\":2,\"slots\":[{\"slot\":0,"))
+        fail_msg("no semaphore in the JSON:\n%s", out);
+    assert_int_equal(count_of(out, "\"held\":true,\"owner\":"), 2);
+    assert_int_equal(ctl(out, sizeof out, "--redlock-nodes %s --prefix %s list", nodes, prefix),
+                     0);
+    assert_non_null(strstr(out, "\nsm: a semaphore of limit 3, 2 of its slots"));
+    assert_int_equal(dlock_sem_release(c, "sm"), DLOCK_OK);
+    assert_int_equal(dlock_sem_release(c, "sm"), DLOCK_OK);
+    assert_int_equal(ctl(out, sizeof out, "--redlock-nodes %s --prefix %s show sm", nodes,
+                         prefix),
+                     1);
+    assert_non_null(strstr(out, "sm: a semaphore of limit 3, 0 of its slots held"));
+    assert_int_equal(count_of(out, ": free\n"), 3);
+    /* a lock is no semaphore */
+    must_acquire(c, "lk", 0);
+    assert_int_equal(ctl(out, sizeof out, "--redlock-nodes %s --prefix %s --json show lk", nodes,
+                         prefix),
+                     0);
+    assert_non_null(strstr(out, "\"semaphore\":null}"));
+    dlock_client_close(c);
+}
+
 /* release and doctor work on one node: bad usage with --redlock-nodes; a
  * bad node list is refused as seed-fresh refuses it. */
 static void test_refused(void **state)
@@ -348,6 +398,7 @@ int main(void)
         cmocka_unit_test_teardown(test_show_shared, restore),
         cmocka_unit_test_teardown(test_uncounted_and_down, restore),
         cmocka_unit_test_teardown(test_list_and_watch, restore),
+        cmocka_unit_test_teardown(test_show_semaphore, restore),
         cmocka_unit_test_teardown(test_refused, restore),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
