@@ -15,16 +15,20 @@
 -- that limit (the hash written, or found so; its time to live raised to
 -- at least ARGV[1]); -1 where the name holds a lock's data, or another
 -- protocol's (nothing written); L > 0 where it is claimed for another
--- limit L (nothing written).
+-- limit L (nothing written). A time to live or a limit that is not a whole
+-- number of at least 1: DLOCKARG, nothing written.
 local ttl = tonumber(ARGV[1])
-local out = {}
 for i, key in ipairs(KEYS) do
-  local h = redis.call('HMGET', key, 'pv', 'k', 'g', 'l')
   local limit = tonumber(ARGV[1 + i])
   if not ttl or ttl < 1 or not limit or limit < 1 or limit % 1 ~= 0 then
     return redis.error_reply('DLOCKARG claim of ' .. key .. ': time to live ' .. ARGV[1] ..
       ', limit ' .. (ARGV[1 + i] or 'none'))
   end
+end
+local out = {}
+for i, key in ipairs(KEYS) do
+  local h = redis.call('HMGET', key, 'pv', 'k', 'g', 'l')
+  local limit = tonumber(ARGV[1 + i])
   local exists = h[1] or redis.call('EXISTS', key) == 1
   if exists and (h[1] ~= '2' or h[2] ~= 's' or h[3]) then
     out[i] = -1
