@@ -28,6 +28,14 @@
 //
 // --no-lock, a planted mistake: no lock at all around the read-modify-write
 // (the lost-update count must then be above 0).
+//
+// --semaphore L: a counting semaphore of limit L over the nodes instead
+// (npm redis-semaphore 5.8.0, RedlockSemaphore: one per acquisition, with
+// its defaults but lockTimeout = --lease-ms; acquire() polls every
+// retryInterval, 10 ms, for up to acquireTimeout, 10 s). Inside a permit a
+// worker INCRs the name's holder count on the store, holds the critical
+// section, and DECRs it: a count above L is a holder over the limit
+// (over_limit), as exclusion's lost updates are for a lock. No counter.
 // --table: read the JSON lines of runs on stdin, print a Markdown table.
 'use strict';
 
@@ -39,7 +47,7 @@ function parseArgs(argv) {
     nodes: [], store: null, procs: 4, workers: 16, names: 1, csUs: 100,
     csSleep: false, thinkUs: 1000, leaseMs: 10000, seconds: 10,
     retryCount: 10, retryDelay: 200, retryJitter: 100, drift: 0.01,
-    pauseEveryMs: 0, pauseMs: 0, noLock: false, table: false, child: false,
+    pauseEveryMs: 0, pauseMs: 0, noLock: false, table: false, child: false, semaphore: 0,
   };
   const num = (k, v) => {
     const x = Number(v);
@@ -51,7 +59,7 @@ function parseArgs(argv) {
     'think-us': 'thinkUs', 'lease-ms': 'leaseMs', seconds: 'seconds',
     'retry-count': 'retryCount', 'retry-delay': 'retryDelay',
     'retry-jitter': 'retryJitter', drift: 'drift',
-    'pause-every-ms': 'pauseEveryMs', 'pause-ms': 'pauseMs',
+    'pause-every-ms': 'pauseEveryMs', 'pause-ms': 'pauseMs', semaphore: 'semaphore',
   };
   for (let i = 2; i < argv.length; i++) {
     const a = argv[i].replace(/^--/, '');
@@ -73,6 +81,7 @@ const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 const nowUs = () => Number(process.hrtime.bigint() / 1000n);
 const nameOf = (i) => `peer:hot:${i}`;
 const counterOf = (i) => `peer:counter:${i}`;
+const holdersOf = (i) => `peer:holders:${i}`;
 
 // ---- a worker process ------------------------------------------------------
 
@@ -86,7 +95,9 @@ async function child(o) {
     driftFactor: o.drift, retryCount: o.retryCount, retryDelay: o.retryDelay, retryJitter: o.retryJitter,
   });
   redlock.on('clientError', () => { st.clientErrors++; });
-  const st = { acquisitions: 0, waitsUs: [], lockErrors: 0, otherErrors: 0, unlockErrors: 0, clientErrors: 0, acked: 0, pauses: 0 };
+  const st = { acquisitions: 0, waitsUs: [], lockErrors: 0, otherErrors: 0, unlockErrors: 0, clientErrors: 0, acked: 0, pauses: 0,
+    maxHolders: 0, overLimit: 0 };
+  const RedlockSemaphore = o.semaphore ? require('redis-semaphore').RedlockSemaphore : null;
   let running = false; let stopping = false; let armed = false;
 
   await Promise.all([...nodes, store].map((c) => c.ping()));
@@ -99,7 +110,32 @@ async function child(o) {
   process.send({ ready: true });
   while (!running && !stopping) await sleep(1);
 
+  async function semWorker() {
+    while (!stopping) {
+      const n = Math.floor(Math.random() * o.names);
+      const t0 = nowUs();
+      const sem = new RedlockSemaphore(nodes, nameOf(n), o.semaphore, { lockTimeout: o.leaseMs });
+      try {
+        await sem.acquire();
+      } catch (e) {
+        if (/timeout|acquire/i.test(String(e && e.message))) st.lockErrors++; else st.otherErrors++;
+        continue;
+      }
+      if (running) { st.acquisitions++; st.waitsUs.push(nowUs() - t0); }
+      const h = await store.incr(holdersOf(n));
+      if (h > st.maxHolders) st.maxHolders = h;
+      if (h > o.semaphore) st.overLimit++;
+      if (o.csSleep) await sleep(o.csUs / 1000);
+      else { const end = nowUs() + o.csUs; while (nowUs() < end); }
+      await store.decr(holdersOf(n));
+      st.acked++;
+      try { await sem.release(); } catch (e) { st.unlockErrors++; }
+      if (o.thinkUs > 0) await sleep(o.thinkUs / 1000);
+    }
+  }
+
   async function worker() {
+    if (o.semaphore) return semWorker();
     while (!stopping) {
       const n = Math.floor(Math.random() * o.names);
       const t0 = nowUs();
@@ -164,7 +200,8 @@ async function parent(o) {
   const Redis = require('ioredis');
   const nodes = o.nodes.map((port) => new Redis({ host: '127.0.0.1', port }));
   const store = new Redis({ host: '127.0.0.1', port: o.store });
-  await store.del(...Array.from({ length: o.names }, (_, i) => counterOf(i)));
+  await store.del(...Array.from({ length: o.names }, (_, i) => counterOf(i)),
+    ...Array.from({ length: o.names }, (_, i) => holdersOf(i)));
   for (const c of nodes) await c.del(...Array.from({ length: o.names }, (_, i) => nameOf(i)));
 
   const kids = [];
@@ -230,11 +267,11 @@ async function parent(o) {
   clearInterval(cont);
   clearTimeout(hard);
 
+  const sum = (k) => results.reduce((a, r) => a + r[k], 0);
   let final = 0;
   for (let i = 0; i < o.names; i++) final += Number(await store.get(counterOf(i)) || 0);
+  if (o.semaphore) final = sum('acked'); // (no counter: the holders' count says it)
   await Promise.all([...nodes, store].map((c) => c.quit()));
-
-  const sum = (k) => results.reduce((a, r) => a + r[k], 0);
   const waits = [].concat(...results.map((r) => r.waitsUs)).sort((a, b) => a - b);
   const cmds = {};
   let ncmds = 0; let trips = 0;
@@ -250,10 +287,12 @@ async function parent(o) {
   const cpu = after.cpu - before.cpu;
   const ms = (us) => (us === null ? null : +(us / 1000).toFixed(2));
   const out = {
-    client: 'node-redlock 4.2.0', nodes: o.nodes.length, procs: o.procs, workers: o.workers,
+    client: o.semaphore ? 'redis-semaphore 5.8.0 RedlockSemaphore' : 'node-redlock 4.2.0',
+    sem_limit: o.semaphore || null, nodes: o.nodes.length, procs: o.procs, workers: o.workers,
     names: o.names, cs_us: o.csUs, cs: o.csSleep ? 'sleep' : 'spin', think_us: o.thinkUs,
     lease_ms: o.leaseMs, seconds: +elapsed.toFixed(2), no_lock: o.noLock,
-    retry: { retryCount: o.retryCount, retryDelay: o.retryDelay, retryJitter: o.retryJitter, driftFactor: o.drift },
+    retry: o.semaphore ? { lockTimeout: o.leaseMs, acquireTimeout: 10000, retryInterval: 10 }
+      : { retryCount: o.retryCount, retryDelay: o.retryDelay, retryJitter: o.retryJitter, driftFactor: o.drift },
     acquisitions: acq, acq_per_s: +(acq / elapsed).toFixed(1),
     wait_p50_ms: ms(quantile(waits, 0.5)), wait_p99_ms: ms(quantile(waits, 0.99)), wait_max_ms: ms(quantile(waits, 1)),
     lock_errors: sum('lockErrors'), other_errors: sum('otherErrors'), unlock_errors: sum('unlockErrors'),
@@ -263,6 +302,8 @@ async function parent(o) {
     redis_cpu_s: +cpu.toFixed(3), redis_cpu_us_per_acq: acq ? +(cpu * 1e6 / acq).toFixed(1) : null,
     pause_every_ms: o.pauseEveryMs, pause_ms: o.pauseMs, pauses, paused_ms: pausedMs,
     acked: sum('acked'), final, lost_updates: sum('acked') - final,
+    max_holders: o.semaphore ? Math.max(...results.map((r) => r.maxHolders)) : null,
+    over_limit: o.semaphore ? sum('overLimit') : null,
   };
   console.log(JSON.stringify(out));
 }
@@ -278,6 +319,7 @@ function table() {
     ['lock errors', 'lock_errors'], ['pauses', 'pauses'], ['acked', 'acked'], ['lost updates', 'lost_updates'],
   ];
   const median = (xs) => { const s = xs.filter((x) => x !== null).sort((a, b) => a - b); return s.length ? s[(s.length - 1) >> 1] : null; };
+  if (runs.some((r) => r.sem_limit)) cols.push(['max holders', 'max_holders'], ['over limit', 'over_limit']);
   const rows = runs.map((r, i) => [`${i + 1}`].concat(cols.map(([, k]) => r[k])));
   if (runs.length > 1) rows.push(['**median**'].concat(cols.map(([, k]) => median(runs.map((r) => r[k])))));
   console.log(`| run | ${cols.map(([h]) => h).join(' | ')} |`);
