@@ -278,7 +278,9 @@ typedef struct dlock_config {
      * (each lease confirmed by its own majority): a stopped node delays
      * each such exchange by up to a connect and a command timeout, so
      * keep (held names / 256, rounded up) x (connect_timeout_ms +
-     * command_timeout_ms) well below lease_ms / 3; an acquire or release
+     * command_timeout_ms) well below lease_ms / 3 (semaphores over the
+     * nodes: twice that, their names' claims are a second exchange);
+     * an acquire or release
      * meets it once, then skips a node whose last exchange did not
      * answer for up to a second (a third of the lease; an answer to a
      * renewal or a background job ends the skipping).
@@ -576,15 +578,17 @@ DLOCK_API int dlock_release_shared(dlock_client *c, const char *name);
  * assumptions (dlock_acquire, Redlock mode). One slot of this client lost
  * loses all its permits of the name (on_lost once). A try asks each slot
  * this client does not hold in turn, one quorum exchange each; a wait
- * queues on one of them. Each try first claims the name on the nodes for
- * its limit (one more quorum exchange), and the renewals claim it again
- * while permits are held: while a claim lives on a majority, a second
- * limit (DLOCK_EINVAL) and a lock of the name (DLOCK_ESERVER from
- * dlock_acquire; the name holding a lock's data: DLOCK_ESERVER from this
- * call) are refused across clients, under the same assumptions as the
- * exclusion. A claim ends two leases after this client's last permit or
- * try of the name. Not yet in this mode: the waiting clients are served
- * in order per slot, not across a name's slots.
+ * queues on one of them. A try first claims the name on the nodes for its
+ * limit (one more quorum exchange) unless this client's own claim holds
+ * half a lease more, and the renewals claim it again while permits are
+ * held: while a claim lives on a majority, a second limit (DLOCK_EINVAL)
+ * and a lock of the name (DLOCK_ESERVER from dlock_acquire; the name
+ * holding a lock's data: DLOCK_ESERVER from this call) are refused across
+ * clients, under the same assumptions as the exclusion (a refusal by
+ * fewer nodes is no refusal: a wait goes on). A claim ends about two
+ * leases after this client's last permit or try of the name. Not yet in
+ * this mode: the waiting clients are served in order per slot, not
+ * across a name's slots.
  */
 DLOCK_API int dlock_sem_acquire(dlock_client *c, const char *name, uint32_t limit,
                                 int64_t wait_ms);

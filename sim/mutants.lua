@@ -674,6 +674,14 @@ M.list = {
 -- them too.
 M.scenario_only = {
   {
+    name = 'redlock_claim_two_leases', run = 'redlock', rsem = true,
+    why = "a claim is relied on for its time to live (2 leases), not a lease: a node restarted "
+      .. 'without it counts again before it ends (sim/test-redlock-scenarios: claim_restart, '
+      .. 'claim_slow)',
+    file = 'redlock_model', find = 'local valid = first + (cfg.L - cfg.drift_us) -- (a lease, as a grant\'s)',
+    replace = 'local valid = first + 2 * (cfg.L - cfg.drift_us)',
+  },
+  {
     name = 'redlock_validity_without_drift', run = 'redlock',
     why = 'the validity is the lease less the time elapsed, with no allowance for clock drift',
     file = 'redlock_model', find = 'local valid = first + cfg.L - cfg.drift_us',

@@ -1062,23 +1062,26 @@ function W:slot_order(c, sem)
 end
 
 -- The name's claim for c's limit (lua/p2/sem_claim.lua on every node, as
--- src/route/redlock_claim.c): its validity on c's clock (the first send + 2
--- leases - twice the drift allowance) if a majority of counting nodes
--- claimed it, else nil and whether a counting node refused it (another
--- limit, or a lock's data).
+-- src/route/redlock_claim.c): its validity on c's clock (the first send + a
+-- lease - the drift allowance, as a grant's: a node restarted without it
+-- counts again a lease + the drift allowance later; its time to live is 2
+-- leases) if a majority of counting nodes claimed it, else nil and whether
+-- more than n - m counting nodes refused it (another limit, or a lock's
+-- data: no majority can claim it).
 function W:claim(c, sem)
   local cfg = self.cfg
   local first = cnow(self, c)
-  local valid = first + 2 * (cfg.L - cfg.drift_us)
+  local valid = first + (cfg.L - cfg.drift_us) -- (a lease, as a grant's)
   local reps = self:gather(c, self:all_nodes(), 'sem_claim', {'dlock:{' .. sem .. '}'},
     {tostring(2 * cfg.lease_ms), tostring(c.limit)})
-  local ok, refused = 0, false
+  local ok, no = 0, 0
   for i = 1, cfg.n do
     local r = reps[i]
     if r and type(r.rep) == 'table' and not r.rep.err and self:counts(r.meta) then
-      if r.rep[1] == 0 then ok = ok + 1 else refused = true end
+      if r.rep[1] == 0 then ok = ok + 1 else no = no + 1 end
     end
   end
+  local refused = no > cfg.n - cfg.m
   if ok >= cfg.m and cnow(self, c) < valid then
     c.claims[sem] = math.max(c.claims[sem] or 0, valid)
     return valid
@@ -1088,11 +1091,11 @@ function W:claim(c, sem)
   return nil, refused
 end
 
--- A try's claim (src/local/rlsem.c, R4): c's own, if it lives a lease
--- more, else a new one (as W:claim).
+-- A try's claim (src/local/rlsem.c, R4): c's own, if it lives half a
+-- lease more, else a new one (as W:claim).
 function W:claimed(c, sem)
   local v = c.claims[sem]
-  if v and v > cnow(self, c) + self.cfg.L then return v end
+  if v and v > cnow(self, c) + self.cfg.L / 2 then return v end
   return self:claim(c, sem)
 end
 

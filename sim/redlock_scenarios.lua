@@ -53,6 +53,37 @@ local function tokens(w, name)
   return out
 end
 
+-- A semaphore scenario's world: one name x, limit 2, c1 the semaphore's
+-- client A, c2 a lock's client B (sim/redlock.lua, "Semaphores").
+local function sem_setup(w)
+  setup(w, 500)
+  local cfg = w.cfg
+  cfg.keep_ms, cfg.timeout_us = 2000, 45000
+  cfg.limit, cfg.other = 2, 'lock'
+  cfg.horizon_us = 3e6
+  w.names, w.handed = {'x'}, {x = {}}
+  w.store = {x = {high = -1, max_first = -math.huge}}
+  w.net_hook = function() return 200 end
+end
+
+-- B takes x as a lock as soon as it can after `from` (us), trying every
+-- 500 us up to n times, and holds it 100 ms.
+local function lock_when_free(w, from, n)
+  local B = w:add_client(2, false, function(w, c)
+    w:sleep(c, from)
+    local h = acquire_soon(w, c, 'x', n)
+    if h then
+      h.lock = true
+      w:hand_out(c, h)
+      c.holds = {h}
+      w:sleep(c, 100000)
+      c.holds = nil
+      w:release_all(c, 'x', h.att, '0')
+    end
+  end)
+  B.name, B.timeout_us = 'B', 20000
+end
+
 S.list = {
   {
     -- A node that restarted empty votes with the marks it lost: its vote
@@ -344,11 +375,88 @@ S.list = {
       end
     end,
   },
+  {
+    -- A semaphore's claim is relied on for a lease, not its time to live
+    -- (2 leases): a node restarted without it counts again a lease + the
+    -- drift allowance later. A claims x on nodes 1 and 2 (cut from node
+    -- 3), node 2 restarts empty, A's second try at 450 ms must claim
+    -- again (nodes 1 and 3) rather than rely on the first; A is then cut
+    -- off, its permit running to its validity; B's lock, once node 2
+    -- counts, must meet a claim on a majority until then.
+    name = 'claim_restart',
+    rsem = true,
+    mutants = {'redlock_claim_two_leases'},
+    kind = 'kind',
+    run = function(w)
+      sem_setup(w)
+      local got = 0
+      local A = w:add_client(1, false, function(w, c)
+        c.cut[3] = 440000
+        local h0 = w:permit(c, 'x')
+        if not h0 then return end
+        got = got + 1
+        w:hand_out(c, h0)
+        c.holds = {h0}
+        while w.now < 380000 do
+          w:sleep(c, 160000)
+          w:renew_due(c)
+        end
+        w:sleep(c, 450000 - w.now)
+        local h1 = w:permit(c, 'x')
+        if not h1 then return end
+        got = got + 1
+        w:hand_out(c, h1)
+        c.holds[#c.holds + 1] = h1
+        c.cut = {1e15, 1e15, 1e15}
+        while cnow(w, c) < h1.valid do w:sleep(c, 1000) end
+        c.holds = nil
+      end)
+      A.name, A.timeout_us = 'A', 20000
+      w:at(100000, function() w:restart(w.nodes[2], 'empty', 10000) end)
+      lock_when_free(w, 600000, 400)
+      w.scenario_check = function()
+        if got ~= 2 then return 'A took ' .. got .. ' permits, not 2' end
+      end
+    end,
+  },
+  {
+    -- A claim's exchange waits a command timeout for a node it cannot
+    -- reach (the one without the claim), and the slot is granted after
+    -- it: the permit's validity is the claim's (from its first send), not
+    -- the slot's. Every try claims (no claim of A's own reused); node 2
+    -- restarts empty right after the claim; A is cut off once it holds.
+    name = 'claim_slow',
+    rsem = true,
+    mutants = {'redlock_claim_two_leases'},
+    kind = 'kind',
+    run = function(w)
+      sem_setup(w)
+      w.claimed = function(self, c, sem) return self:claim(c, sem) end
+      local got = 0
+      local A = w:add_client(1, false, function(w, c)
+        c.cut[3] = 44000
+        local h = w:permit(c, 'x')
+        if not h then return end
+        got = 1
+        w:hand_out(c, h)
+        c.holds = {h}
+        c.cut = {1e15, 1e15, 1e15}
+        while cnow(w, c) < h.valid do w:sleep(c, 1000) end
+        c.holds = nil
+      end)
+      A.name, A.timeout_us = 'A', 45000
+      w:at(1000, function() w:restart(w.nodes[2], 'empty', 1000) end)
+      lock_when_free(w, 505000, 200)
+      w.scenario_check = function()
+        if got ~= 1 then return 'A took no permit' end
+      end
+    end,
+  },
 }
 
 -- Runs scenario s on a world of module W with scripts fns: the world.
 function S.run(W, fns, s)
-  local w = W.new(1, {faults = {}, trace = true}, fns)
+  local w = W.new(1, {faults = {}, trace = true, rsem = s.rsem}, fns)
   s.run(w)
   return w:run()
 end

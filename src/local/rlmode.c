@@ -127,6 +127,11 @@ int dlock_rlmode_acquire(dlock_client *c, dlock_entry *e, dlock_rpc_try *t)
                  busy.holder);
         return DLOCK_EBUSY;
     }
+    if (rc == DLOCK_ESERVER && t->queue)
+        /* (a semaphore's claim on a majority: the wait ends; a node that
+         * refused it as held may have queued the client: the last waiter
+         * leaves every queue, as below) */
+        t->unanswered = 1;
     if (rc != DLOCK_EREDIS)
         return rc;
     /* A node that did not answer (or did not count) may have run the

@@ -146,15 +146,16 @@ int dlock_rlsem_acquire(dlock_client *c, dlock_entry *e, dlock_sem_try *t)
     pthread_mutex_unlock(&e->mu);
 
     /* R4: the name claimed for this limit first, unless a claim of this
-     * client (a try's, a renewal's) surely lives a lease more: a slot
-     * taken now is valid a lease at most */
+     * client (a try's, a renewal's) surely lives half a lease more: a slot
+     * taken now is valid while it does, and the next renewal round (a
+     * third of a lease) claims it again */
     int64_t deadline = dlock_rlmode_exchange_deadline(c);
     if (t->queue && t->deadline > deadline)
         deadline = t->deadline; /* (waits for a pooled connection until then) */
     dlock_redlock_claim cl = {.name = e->name, .key = e->keys[DLOCK_KEY_LEASE], .limit = limit,
                               .valid_boot = claim_valid};
     int claimed = DLOCK_OK;
-    if (claim_valid <= dlock_boot_ns() + (int64_t)c->lease_ms * DLOCK_NS_PER_MS)
+    if (claim_valid <= dlock_boot_ns() + (int64_t)c->lease_ms * DLOCK_NS_PER_MS / 2)
         claimed = dlock_redlock_claim_many(c->redlock, &cl, 1, deadline);
 
     unsigned from = home ? home - 1 : draw(limit), asked = 0;
@@ -256,7 +257,15 @@ int dlock_rlsem_acquire(dlock_client *c, dlock_entry *e, dlock_sem_try *t)
         return DLOCK_OK; /* (t->held and t->sent_boot: dlock_rlsem_granted) */
     }
     int again = 0;
-    if (rc == DLOCK_EREDIS && t->queue) {
+    if (claimed != DLOCK_OK && claimed != DLOCK_EREDIS && t->queue) {
+        /* R4: a refused claim ends the wait (its call returns the
+         * refusal): out of the home slot's queue, where an earlier try of
+         * it may have queued the client, and its ticket gone */
+        if (h->home)
+            leave_bg(c, e, h->home - 1, 0, NULL);
+        h->home = 0;
+        h->ticket = 0;
+    } else if (rc == DLOCK_EREDIS && t->queue) {
         /* As a lock's waiting try (rlmode.c): on while its deadline leaves
          * time for another; else the wait ends, and the home slot's nodes
          * that answered may have queued the client. */

@@ -38,11 +38,12 @@
  *       dlock_redlock_claim: a lock of the name, or another limit, is
  *       refused while a claim lives on a majority) and asks no slot unless
  *       a majority claimed it, or a claim of this client (a try's or a
- *       renewal's: e->lease.rls->claim_valid, under e->mu) surely lives a
- *       lease more; a slot it takes is valid at most while the claim
- *       surely lives, and the renewal rounds claim the name again with its
+ *       renewal's: e->lease.rls->claim_valid, under e->mu) surely holds
+ *       half a lease more; a slot it takes is valid at most while the
+ *       claim surely holds (a lease from its send, as a grant: route/
+ *       redlock.h), and the renewal rounds claim the name again with its
  *       slots (renew_redlock.c), so the claim outlives every permit
- *       counted.
+ *       counted. A claim refused (by more than n - m nodes) ends a wait.
  */
 #ifndef DLOCK_RLSEM_H
 #define DLOCK_RLSEM_H

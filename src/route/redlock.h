@@ -301,21 +301,25 @@ typedef struct dlock_redlock_lease {
  * "Redlock", Semaphores): its hash on the nodes says that the name is a
  * semaphore of one limit, so that a lock's scripts refuse the name, and a
  * claim of another limit is refused, while the claim lives on a majority.
- * A claim lives DLOCK_REDLOCK_CLAIM_LEASES leases from its script's run. */
+ * A claim lives DLOCK_REDLOCK_CLAIM_LEASES leases from its script's run on
+ * a node, but is relied on for one (valid_boot, below): a node restarted
+ * without persistence loses its claims, and counts again a lease and the
+ * drift allowance after it came back, as for a grant. */
 #define DLOCK_REDLOCK_CLAIM_LEASES 2
 
 typedef struct dlock_redlock_claim {
     const char *name;   /* for messages */
     const char *key;    /* the name's hash (DLOCK_KEY_LEASE of its keys) */
     uint32_t limit;
-    int verdict;        /* out: 1 claimed by m counting nodes; 0 refused by a
-                           counting node, and not claimed by m (theirs says
-                           why); -1 not confirmed (too few answered) */
+    int verdict;        /* out: 1 claimed by m counting nodes; 0 refused by more
+                           than n - m counting nodes (no majority can claim it
+                           while they stand; theirs says why); -1 not
+                           confirmed (too few answered, or refused by fewer) */
     long long theirs;   /* out, verdict 0: -1 a lock's data (or another
                            protocol's) holds the name, else the limit in use */
-    int64_t valid_boot; /* out, verdict 1: until when the claim surely lives
-                           (the exchange's first send + its time to live - the
-                           drift allowance, CLOCK_BOOTTIME) */
+    int64_t valid_boot; /* out, verdict 1: until when a majority surely holds the
+                           claim (the exchange's first send + a lease - the
+                           drift allowance, CLOCK_BOOTTIME, as a grant's) */
 } dlock_redlock_claim;
 
 /* Claims the names of cl[0 .. n) on every node in one pipelined exchange
@@ -323,7 +327,8 @@ typedef struct dlock_redlock_claim {
  * counts as for an acquire (its seed, its run id once). Each name's
  * verdict in cl[j]. DLOCK_OK if every name was claimed; else the first
  * failure: DLOCK_EINVAL (another limit in use), DLOCK_ESERVER (the name
- * holds a lock's data), DLOCK_EREDIS (too few nodes count and answered),
+ * holds a lock's data), both only when refused by more than n - m
+ * counting nodes; DLOCK_EREDIS (too few nodes count and claimed it),
  * the message naming the name and why; DLOCK_ENOMEM. */
 int dlock_redlock_claim_many(dlock_redlock *rl, dlock_redlock_claim *cl, size_t n,
                              int64_t deadline);

@@ -19,7 +19,7 @@ static int claim_chunk(dlock_redlock *rl, dlock_redlock_claim *cl, size_t k, int
     memset(p, 0, sizeof p);
     const char **argv = malloc(sizeof *argv * (2 * k + 1));
     char *lim = malloc(16 * k), ttl[24];
-    unsigned *ok = calloc(k, sizeof *ok);
+    unsigned *ok = calloc(2 * k, sizeof *ok), *no = ok + k; /* claimed, refused */
     for (size_t j = 0; j < k; j++)
         cl[j].verdict = -1, cl[j].theirs = 0;
     if (!argv || !lim || !ok) {
@@ -38,7 +38,10 @@ static int claim_chunk(dlock_redlock *rl, dlock_redlock_claim *cl, size_t k, int
     argv[k] = ttl;
     dlock_rl_peers_open(rl, p, deadline);
     int64_t first = dlock_boot_ns();
-    int64_t valid = first + DLOCK_REDLOCK_CLAIM_LEASES * (rl->lease_ns - rl->drift_ns);
+    /* (relied on for a lease, as a grant: a node restarted without the
+     * claim counts again a lease + the drift allowance after it came
+     * back, route/redlock.h; its time to live is longer) */
+    int64_t valid = first + rl->lease_ns - rl->drift_ns;
     dlock_rl_peers_call(rl, p, NULL, 1, DLOCK_SCRIPT_SEM_CLAIM, (int)k, (int)k + 1, argv, 1,
                         dlock_rl_step_deadline(rl, deadline));
     char msg[600] = "", err[300] = "";
@@ -64,9 +67,12 @@ static int claim_chunk(dlock_redlock *rl, dlock_redlock_claim *cl, size_t k, int
         }
         for (size_t j = 0; counts && j < k; j++) {
             long long v = r->element[j]->integer;
-            if (v == 0)
+            if (v == 0) {
                 ok[j]++;
-            else if (cl[j].theirs == 0 || v == -1)
+                continue;
+            }
+            no[j]++;
+            if (cl[j].theirs == 0 || v == -1)
                 cl[j].theirs = v; /* (a lock's data first: the graver refusal) */
         }
     }
@@ -75,8 +81,8 @@ static int claim_chunk(dlock_redlock *rl, dlock_redlock_claim *cl, size_t k, int
         if (ok[j] >= rl->m && in_time) {
             cl[j].verdict = 1;
             cl[j].valid_boot = valid;
-        } else if (cl[j].theirs) {
-            cl[j].verdict = 0;
+        } else if (no[j] > rl->n - rl->m) {
+            cl[j].verdict = 0; /* (no majority can claim it while those refusals stand) */
         }
     }
     int rc = DLOCK_OK;
@@ -86,15 +92,16 @@ static int claim_chunk(dlock_redlock *rl, dlock_redlock_claim *cl, size_t k, int
         if (cl[j].verdict == 0 && cl[j].theirs < 0)
             rc = dlock_err_set(DLOCK_ESERVER, "redlock claim of the semaphore '%s': the name holds "
                           "a lock's data on %u of %u counting nodes (a name is a lock or a "
-                          "semaphore, never both)", cl[j].name, rl->n - ok[j], rl->n);
+                          "semaphore, never both)", cl[j].name, no[j], rl->n);
         else if (cl[j].verdict == 0)
             rc = dlock_err_set(DLOCK_EINVAL, "the semaphore '%s' is used with limit %lld by its "
                           "holders or waiters; this call gives limit %" PRIu32, cl[j].name,
                           cl[j].theirs, cl[j].limit);
         else
             rc = dlock_err_set(DLOCK_EREDIS, "redlock claim of the semaphore '%s': %u of %u nodes "
-                          "count and claimed it, %u needed%s%s%s", cl[j].name, ok[j], rl->n,
-                          rl->m, in_time ? "" : " within its validity", msg, err);
+                          "count and claimed it, %u needed (%u refused it)%s%s%s", cl[j].name,
+                          ok[j], rl->n, rl->m, no[j], in_time ? "" : " within its validity", msg,
+                          err);
     }
     dlock_rl_peers_close(rl, p);
     free(argv);

@@ -328,7 +328,8 @@ int dlock_redlock_acquire(dlock_redlock *rl, const dlock_redlock_req *q, dlock_r
     }
     unsigned votes = 0, counting = 0;
     int own_mode = 0; /* a node refused it for this client's own lease of the other mode */
-    unsigned kind = 0; /* nodes that refused the name as a semaphore's */
+    unsigned kind = 0; /* nodes that refused the name as a semaphore's (a claim): more
+                          than n - m, and no majority can grant it while they stand */
     unsigned ends[4] = {0}; /* votes by the end they report (acquire.lua, End) */
     uint64_t top = 0;
     char why[900] = "", err[300] = "";
@@ -399,7 +400,7 @@ int dlock_redlock_acquire(dlock_redlock *rl, const dlock_redlock_req *q, dlock_r
         /* (in one server's words: rpc.c) */
         snprintf(busy->holder, sizeof busy->holder, "%s",
                  "this client in the other mode (given up or lost, not ended yet)");
-    if (counting < rl->m && kind)
+    if (counting < rl->m && kind > rl->n - rl->m)
         /* (as a single server's refusal: conn.c, a configuration error) */
         return acq_failed(rl, p, q, may, dlock_err_set(DLOCK_ESERVER, "redlock acquire of "
                           "'%s': the name is a semaphore's on %u of %u nodes (a name is a lock "
