@@ -1080,6 +1080,9 @@ function W:claim(c, sem)
     if r and type(r.rep) == 'table' and not r.rep.err and self:counts(r.meta) then
       if r.rep[1] == 0 then ok = ok + 1 else no = no + 1 end
     end
+    -- (a node seen unseeded is seeded, as after any call: the C's renewal
+    -- thread seeds the nodes due whatever calls run)
+    if r then self:maybe_seed(c, i, r.meta, self:hw(sem)) end
   end
   local refused = no > cfg.n - cfg.m
   if ok >= cfg.m and cnow(self, c) < valid then
