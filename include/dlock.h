@@ -563,7 +563,8 @@ DLOCK_API int dlock_release_shared(dlock_client *c, const char *name);
  *
  * `limit` (1 or more) must be the one every current holder and waiter of
  * the name uses: otherwise DLOCK_EINVAL, with a message naming both; once
- * nobody holds or waits, a new limit takes over. wait_ms as for
+ * nobody holds or waits, a new limit takes over (in Redlock mode, about
+ * two leases later: the name's claim, below). wait_ms as for
  * dlock_acquire. Errors: those of dlock_acquire (DLOCK_EBUSY, DLOCK_ETIMEDOUT,
  * DLOCK_EREDIS, DLOCK_ESERVER, DLOCK_ECLOSED, DLOCK_ENOMEM, DLOCK_EINVAL,
  * DLOCK_EFORK). A thread that exits holding permits has them given back for
@@ -580,7 +581,7 @@ DLOCK_API int dlock_release_shared(dlock_client *c, const char *name);
  * this client does not hold in turn, one quorum exchange each; a wait
  * queues on one of them. A try first claims the name on the nodes for its
  * limit (one more quorum exchange) unless this client's own claim holds
- * half a lease more, and the renewals claim it again while permits are
+ * two thirds of a lease more, and the renewals claim it again while permits are
  * held: while a claim lives on a majority, a second limit (DLOCK_EINVAL)
  * and a lock of the name (DLOCK_ESERVER from dlock_acquire; the name
  * holding a lock's data: DLOCK_ESERVER from this call) are refused across

@@ -660,7 +660,7 @@ M.list = {
     replace = '    local cv = math.huge\n    for _, x in ipairs(renewed)',
   },
   {
-    name = 'redlock_leave_turn_to_tail', run = 'redlock', rsem = true, wait = true, schedules = 20,
+    name = 'redlock_leave_turn_to_tail', run = 'redlock', rsem = true, wait = true, schedules = 60,
     why = 'a leave passes the turn to the last live waiter of the queue, not the first',
     file = 'leave', protocol = 2, find = "  local w = redis.call('ZRANGE', KEYS[3], 0, 0)[1]",
     replace = "  local w = redis.call('ZRANGE', KEYS[3], -1, -1)[1]",

@@ -650,12 +650,17 @@ function W:acquire(c, name, shared, single)
     tostring(att), tostring(pl), tostring(cfg.lease_ms), wait and '1' or '0', tostring(cfg.keep_ms),
     cname})
   local votes, tokens, node_tok, voted = 0, {}, {}, {}
+  local kind = 0 -- counting nodes that refused it as a semaphore's (a claim)
   local older -- a node that refused it is held by a client waiting since before it
   c.pttl = nil
   for i = 1, cfg.n do
     local r = reps[i]
     if r then
       if type(r.rep) == 'table' and r.rep[1] == 1 then node_tok[i] = r.rep[2] end
+      if type(r.rep) == 'table' and r.rep.err and string.match(r.rep.err, '^DLOCKKIND ')
+          and self:counts(r.meta) then
+        kind = kind + 1
+      end
       if type(r.rep) == 'table' and r.rep[1] == 1 and self:counts(r.meta) then
         votes = votes + 1
         tokens[#tokens + 1] = r.rep[2]
@@ -673,6 +678,14 @@ function W:acquire(c, name, shared, single)
       end
       self:maybe_seed(c, i, r.meta, keys[7])
     end
+  end
+  if kind > cfg.n - cfg.m then
+    -- a semaphore's name on a majority (src/route/redlock_grant.c:
+    -- DLOCK_ESERVER): the call ends, a wait too (c.kind_refused)
+    self:trace(string.format('%s: %s refused as a semaphore\'s by %d nodes', c.name, name, kind))
+    self:release_all(c, name, att, '0', nil, shared)
+    c.kind_refused = true
+    return nil
   end
   if votes < cfg.m or cnow(self, c) >= valid then
     self:trace(string.format('%s: %s refused (%d votes)%s', c.name, name, votes, shared and ' shared' or ''))
@@ -757,11 +770,12 @@ function W:acquire_waiting(c, name, deadline, shared)
   local h, kept
   while true do
     local before = kept
+    c.kind_refused = nil
     h, kept = self:acquire(c, name, shared)
     -- (grants an earlier try kept, on nodes this try did not reach: a
     -- release by that attempt leaves a newer grant of the client alone)
     if before and before ~= kept then self:release_all(c, name, before, '0', nil, shared) end
-    if h or cnow(self, c) >= deadline then break end
+    if h or c.kind_refused or cnow(self, c) >= deadline then break end
     local p = c.pttl and c.pttl * 1000 or floor(cfg.L / 3)
     self:await(c, math.max(5000, math.min(p, floor(cfg.L / 3))) + self:rint(0, 2000))
   end
@@ -1094,11 +1108,11 @@ function W:claim(c, sem)
   return nil, refused
 end
 
--- A try's claim (src/local/rlsem.c, R4): c's own, if it lives half a
--- lease more, else a new one (as W:claim).
+-- A try's claim (src/local/rlsem.c, R4): c's own, if it holds two thirds
+-- of a lease more, else a new one (as W:claim).
 function W:claimed(c, sem)
   local v = c.claims[sem]
-  if v and v > cnow(self, c) + self.cfg.L / 2 then return v end
+  if v and v > cnow(self, c) + 2 * self.cfg.L / 3 then return v end
   return self:claim(c, sem)
 end
 
@@ -1144,6 +1158,12 @@ function W:permit_waiting(c, sem, deadline)
     -- confirmed, the try asks no slot)
     cv, refused = self:claimed(c, sem)
     if refused then break end
+    if not cv and kept then
+      -- (a try that asks no slot keeps no split vote: the one kept goes
+      -- back, as rlsem.c's R3)
+      self:release_all(c, home, kept, '0')
+      kept = nil
+    end
     for j = 2, cv and #order or 0 do
       h = self:acquire(c, order[j], nil, true)
       if h then break end
@@ -1184,14 +1204,16 @@ end
 -- renew_redlock.c): a renewed permit's validity is at most the claim's,
 -- and a claim not made confirms none (their validity stands).
 function W:renew_due(c)
-  local renewed = {}
+  local renewed, sem = {}, nil
   for _, h in ipairs(c.holds or {}) do
     if not h.lost and h.valid - cnow(self, c) < 2 * self.cfg.L / 3 then
+      sem = sem or h.sem
       local old = h.valid
       if self:renew(c, h) then renewed[#renewed + 1] = {h = h, old = old} end
     end
   end
-  local sem = renewed[1] and renewed[1].h.sem
+  -- (the round claims a name whose permits it renewed, whatever their
+  -- renewals answered, as the C's claim_all)
   if sem then
     local cv = self:claim(c, sem)
     for _, x in ipairs(renewed) do x.h.valid = cv and math.min(x.h.valid, cv) or x.old end

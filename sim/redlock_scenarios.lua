@@ -379,10 +379,11 @@ S.list = {
     -- A semaphore's claim is relied on for a lease, not its time to live
     -- (2 leases): a node restarted without it counts again a lease + the
     -- drift allowance later. A claims x on nodes 1 and 2 (cut from node
-    -- 3), node 2 restarts empty, A's second try at 450 ms must claim
-    -- again (nodes 1 and 3) rather than rely on the first; A is then cut
-    -- off, its permit running to its validity; B's lock, once node 2
-    -- counts, must meet a claim on a majority until then.
+    -- 3), then is cut from node 2 too, which restarts empty; A's second
+    -- try at 450 ms must claim again (nodes 1 and 3) rather than rely on
+    -- the first; A is then cut off, its permit running to its validity;
+    -- B's lock, once node 2 counts, must meet a claim on a majority until
+    -- then.
     name = 'claim_restart',
     rsem = true,
     mutants = {'redlock_claim_two_leases'},
@@ -391,12 +392,13 @@ S.list = {
       sem_setup(w)
       local got = 0
       local A = w:add_client(1, false, function(w, c)
-        c.cut[3] = 440000
+        c.cut[3] = 445000
         local h0 = w:permit(c, 'x')
         if not h0 then return end
         got = got + 1
         w:hand_out(c, h0)
         c.holds = {h0}
+        c.cut[2] = 1e15 -- (its renewals' claims cannot mend node 2's loss)
         while w.now < 380000 do
           w:sleep(c, 160000)
           w:renew_due(c)

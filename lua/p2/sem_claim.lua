@@ -4,10 +4,10 @@
 -- name's own hash carries what a single server's semaphore hash says of
 -- the name: that it is a semaphore (k 's', which every lock script
 -- refuses with DLOCKKIND) of one limit (l). A client claims the name on
--- every node before it tries a slot (unless its own claim holds half a
--- lease more), and its renewal rounds claim it again while it holds
--- permits: a claim lives a time to live from then, and a
--- claim of another limit, or a lock, is refused while one lives on a
+-- every node before it tries a slot (unless its own claim holds two
+-- thirds of a lease more), and its renewal rounds claim it again while it
+-- holds permits: a claim lives a time to live from then, and a claim of
+-- another limit, or a lock, is refused while one lives on a
 -- majority (lua/p2/SEM.txt, "Redlock's claim").
 -- KEYS[i]  the hash of the i-th semaphore name (<prefix>{<name>})
 -- ARGV[1]  the claim's time to live, ms

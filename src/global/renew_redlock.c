@@ -143,7 +143,7 @@ static void claim_all(dlock_renew *r, rsnap *s, size_t n)
             cl[g++] = (dlock_redlock_claim){.name = s[i].e->name,
                                             .key = s[i].e->keys[DLOCK_KEY_LEASE],
                                             .limit = s[i].limit};
-    (void)dlock_redlock_claim_many(r->cfg.redlock, cl, groups, command_deadline(r));
+    (void)dlock_redlock_claim_many(r->cfg.redlock, cl, groups, command_deadline(r), 0);
     g = 0;
     for (size_t i = 0; i < n;) {
         size_t cnt = group_of(s, i, n);

@@ -146,17 +146,18 @@ int dlock_rlsem_acquire(dlock_client *c, dlock_entry *e, dlock_sem_try *t)
     pthread_mutex_unlock(&e->mu);
 
     /* R4: the name claimed for this limit first, unless a claim of this
-     * client (a try's, a renewal's) surely lives half a lease more: a slot
-     * taken now is valid while it does, and the next renewal round (a
-     * third of a lease) claims it again */
+     * client (a try's, a renewal's) surely holds two thirds of a lease
+     * more: a slot taken now is valid while it does, as long as a lock's
+     * first renewal leaves it (the next round, within a third of a lease,
+     * claims the name again) */
     int64_t deadline = dlock_rlmode_exchange_deadline(c);
     if (t->queue && t->deadline > deadline)
         deadline = t->deadline; /* (waits for a pooled connection until then) */
     dlock_redlock_claim cl = {.name = e->name, .key = e->keys[DLOCK_KEY_LEASE], .limit = limit,
                               .valid_boot = claim_valid};
     int claimed = DLOCK_OK;
-    if (claim_valid <= dlock_boot_ns() + (int64_t)c->lease_ms * DLOCK_NS_PER_MS / 2)
-        claimed = dlock_redlock_claim_many(c->redlock, &cl, 1, deadline);
+    if (claim_valid <= dlock_boot_ns() + (int64_t)c->lease_ms * DLOCK_NS_PER_MS * 2 / 3)
+        claimed = dlock_redlock_claim_many(c->redlock, &cl, 1, deadline, 1);
 
     unsigned from = home ? home - 1 : draw(limit), asked = 0;
     uint64_t kept = 0; /* this try's split vote kept on the home slot */

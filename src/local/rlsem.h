@@ -39,7 +39,7 @@
  *       refused while a claim lives on a majority) and asks no slot unless
  *       a majority claimed it, or a claim of this client (a try's or a
  *       renewal's: e->lease.rls->claim_valid, under e->mu) surely holds
- *       half a lease more; a slot it takes is valid at most while the
+ *       two thirds of a lease more; a slot it takes is valid at most while the
  *       claim surely holds (a lease from its send, as a grant: route/
  *       redlock.h), and the renewal rounds claim the name again with its
  *       slots (renew_redlock.c), so the claim outlives every permit

@@ -324,14 +324,17 @@ typedef struct dlock_redlock_claim {
 
 /* Claims the names of cl[0 .. n) on every node in one pipelined exchange
  * per DLOCK_REDLOCK_RENEW_BATCH names, by deadline (monotonic); a node
- * counts as for an acquire (its seed, its run id once). Each name's
+ * counts as for an acquire (its seed, its run id once). caller: a caller's
+ * try (a node that did not answer lately is skipped, and one that does
+ * not answer now is marked down, as an acquire does); else the renewal's
+ * (every node asked). Each name's
  * verdict in cl[j]. DLOCK_OK if every name was claimed; else the first
  * failure: DLOCK_EINVAL (another limit in use), DLOCK_ESERVER (the name
  * holds a lock's data), both only when refused by more than n - m
  * counting nodes; DLOCK_EREDIS (too few nodes count and claimed it),
  * the message naming the name and why; DLOCK_ENOMEM. */
 int dlock_redlock_claim_many(dlock_redlock *rl, dlock_redlock_claim *cl, size_t n,
-                             int64_t deadline);
+                             int64_t deadline, int caller);
 
 /* Leases re-granted in one renewal exchange (of DLOCK_REDLOCK_RENEW_BATCH),
  * at most: one round trip each (the rest wait for the next round). */

@@ -13,13 +13,15 @@
 
 /* One exchange: cl[0 .. k) on every node. DLOCK_OK, or the first failure
  * (its message), as dlock_redlock_claim_many's. */
-static int claim_chunk(dlock_redlock *rl, dlock_redlock_claim *cl, size_t k, int64_t deadline)
+static int claim_chunk(dlock_redlock *rl, dlock_redlock_claim *cl, size_t k, int64_t deadline,
+                       int caller)
 {
     peer p[DLOCK_REDLOCK_NODES_MAX];
     memset(p, 0, sizeof p);
     const char **argv = malloc(sizeof *argv * (2 * k + 1));
     char *lim = malloc(16 * k), ttl[24];
-    unsigned *ok = calloc(2 * k, sizeof *ok), *no = ok + k; /* claimed, refused */
+    /* claimed, refused, refused as a lock's (counting nodes) */
+    unsigned *ok = calloc(3 * k, sizeof *ok), *no = ok + k, *lk = ok + 2 * k;
     for (size_t j = 0; j < k; j++)
         cl[j].verdict = -1, cl[j].theirs = 0;
     if (!argv || !lim || !ok) {
@@ -36,14 +38,19 @@ static int claim_chunk(dlock_redlock *rl, dlock_redlock_claim *cl, size_t k, int
         argv[k + 1 + j] = lim + 16 * j;
     }
     argv[k] = ttl;
-    dlock_rl_peers_open(rl, p, deadline);
+    if (caller)
+        dlock_rl_peers_open_up(rl, p, deadline); /* (as an acquire: a node down lately skipped) */
+    else
+        dlock_rl_peers_open(rl, p, deadline);
     int64_t first = dlock_boot_ns();
     /* (relied on for a lease, as a grant: a node restarted without the
      * claim counts again a lease + the drift allowance after it came
      * back, route/redlock.h; its time to live is longer) */
     int64_t valid = first + rl->lease_ns - rl->drift_ns;
-    dlock_rl_peers_call(rl, p, NULL, 1, DLOCK_SCRIPT_SEM_CLAIM, (int)k, (int)k + 1, argv, 1,
-                        dlock_rl_step_deadline(rl, deadline));
+    int64_t d = dlock_rl_step_deadline(rl, deadline);
+    if (caller)
+        dlock_rl_judge(rl, p, d);
+    dlock_rl_peers_call(rl, p, NULL, 1, DLOCK_SCRIPT_SEM_CLAIM, (int)k, (int)k + 1, argv, 1, d);
     char msg[600] = "", err[300] = "";
     size_t len = 0;
     for (unsigned i = 0; i < rl->n; i++) {
@@ -72,6 +79,7 @@ static int claim_chunk(dlock_redlock *rl, dlock_redlock_claim *cl, size_t k, int
                 continue;
             }
             no[j]++;
+            lk[j] += v == -1;
             if (cl[j].theirs == 0 || v == -1)
                 cl[j].theirs = v; /* (a lock's data first: the graver refusal) */
         }
@@ -90,13 +98,14 @@ static int claim_chunk(dlock_redlock *rl, dlock_redlock_claim *cl, size_t k, int
         if (cl[j].verdict == 1)
             continue;
         if (cl[j].verdict == 0 && cl[j].theirs < 0)
-            rc = dlock_err_set(DLOCK_ESERVER, "redlock claim of the semaphore '%s': the name holds "
-                          "a lock's data on %u of %u counting nodes (a name is a lock or a "
-                          "semaphore, never both)", cl[j].name, no[j], rl->n);
+            rc = dlock_err_set(DLOCK_ESERVER, "redlock claim of the semaphore '%s': refused by %u "
+                          "of %u nodes, %u of them holding a lock's data there (a name is a "
+                          "lock or a semaphore, never both)", cl[j].name, no[j], rl->n, lk[j]);
         else if (cl[j].verdict == 0)
             rc = dlock_err_set(DLOCK_EINVAL, "the semaphore '%s' is used with limit %lld by its "
-                          "holders or waiters; this call gives limit %" PRIu32, cl[j].name,
-                          cl[j].theirs, cl[j].limit);
+                          "holders or waiters (its claim on %u of %u nodes, which ends about two "
+                          "leases after its last use); this call gives limit %" PRIu32,
+                          cl[j].name, cl[j].theirs, no[j], rl->n, cl[j].limit);
         else
             rc = dlock_err_set(DLOCK_EREDIS, "redlock claim of the semaphore '%s': %u of %u nodes "
                           "count and claimed it, %u needed (%u refused it)%s%s%s", cl[j].name,
@@ -111,13 +120,13 @@ static int claim_chunk(dlock_redlock *rl, dlock_redlock_claim *cl, size_t k, int
 }
 
 int dlock_redlock_claim_many(dlock_redlock *rl, dlock_redlock_claim *cl, size_t n,
-                             int64_t deadline)
+                             int64_t deadline, int caller)
 {
     int rc = DLOCK_OK;
     char why[700] = "";
     for (size_t from = 0; from < n; from += DLOCK_REDLOCK_RENEW_BATCH) {
         size_t k = n - from < DLOCK_REDLOCK_RENEW_BATCH ? n - from : DLOCK_REDLOCK_RENEW_BATCH;
-        int r = claim_chunk(rl, cl + from, k, deadline);
+        int r = claim_chunk(rl, cl + from, k, deadline, caller);
         if (r != DLOCK_OK && rc == DLOCK_OK) {
             rc = r;
             snprintf(why, sizeof why, "%s", dlock_last_error());

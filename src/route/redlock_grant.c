@@ -328,8 +328,9 @@ int dlock_redlock_acquire(dlock_redlock *rl, const dlock_redlock_req *q, dlock_r
     }
     unsigned votes = 0, counting = 0;
     int own_mode = 0; /* a node refused it for this client's own lease of the other mode */
-    unsigned kind = 0; /* nodes that refused the name as a semaphore's (a claim): more
-                          than n - m, and no majority can grant it while they stand */
+    unsigned kind = 0; /* counting nodes that refused the name as a semaphore's (a
+                          claim): more than n - m, and no majority can grant it
+                          while they stand */
     unsigned ends[4] = {0}; /* votes by the end they report (acquire.lua, End) */
     uint64_t top = 0;
     char why[900] = "", err[300] = "";
@@ -384,8 +385,9 @@ int dlock_redlock_acquire(dlock_redlock *rl, const dlock_redlock_req *q, dlock_r
             if (!p[i].failed && r && r->type == REDIS_REPLY_ERROR && !err[0])
                 snprintf(err, sizeof err, "; %s refused: %s", rl->node[i].addr, r->str);
             if (!p[i].failed && r && r->type == REDIS_REPLY_ERROR &&
-                !strncmp(r->str, "DLOCKKIND", 9))
-                kind++; /* (a semaphore's claim: lua/p2/sem_claim.lua) */
+                !strncmp(r->str, "DLOCKKIND", 9) && dlock_rl_same_run(rl, p, i) < 0 &&
+                dlock_rl_counts_now(rl, i, p[i].run, p[i].seed, first))
+                kind++; /* (a semaphore's claim, lua/p2/sem_claim.lua, where it counts) */
             if (!p[i].failed)
                 dlock_rl_peer_fail(&p[i], "answered %s", r && r->type == REDIS_REPLY_ERROR ? r->str
                                    : "no vote");
@@ -403,8 +405,8 @@ int dlock_redlock_acquire(dlock_redlock *rl, const dlock_redlock_req *q, dlock_r
     if (counting < rl->m && kind > rl->n - rl->m)
         /* (as a single server's refusal: conn.c, a configuration error) */
         return acq_failed(rl, p, q, may, dlock_err_set(DLOCK_ESERVER, "redlock acquire of "
-                          "'%s': the name is a semaphore's on %u of %u nodes (a name is a lock "
-                          "or a semaphore, never both)%s", q->name, kind, rl->n, err));
+                          "'%s': the name is a semaphore's on %u of %u counting nodes (a name "
+                          "is a lock or a semaphore, never both)%s", q->name, kind, rl->n, err));
     if (counting < rl->m)
         return acq_failed(rl, p, q, may, dlock_err_set(DLOCK_EREDIS, "redlock acquire of '%s': "
                           "%u of %u nodes count and answered, %u needed%s%s", q->name, counting,
