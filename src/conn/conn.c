@@ -477,6 +477,8 @@ static int setup(redisContext *c, const dlock_conn_cfg *cfg, dlock_counters *ctr
         int rc = setup_reply(st[i].kind, st[i].what, r, cfg, where, not_master);
         if (rc == DLOCK_OK && st[i].kind == ST_SCRIPT && r->type == REDIS_REPLY_STRING)
             dlock_script_set_sha(st[i].id, r->str, r->len);
+        if (rc == DLOCK_OK && st[i].kind == ST_INFO && cfg->saw_info)
+            cfg->saw_info(cfg->saw_info_arg, c, r->str);
         freeReplyObject(r);
         if (rc != DLOCK_OK)
             return rc; /* (the connection is dropped: the replies after it do not matter) */

@@ -63,6 +63,13 @@ struct dlock_conn_cfg {
     uint32_t connect_timeout_ms;
     uint32_t command_timeout_ms;
     const dlock_conn_route *route; /* NULL: host/port or unix_path is the server */
+    /* Non-NULL: called with saw_info_arg, each new connection and its
+     * setup's INFO text once INFO passed its check (route/redlock.c keeps
+     * the run id of the server each connection reached: a connection
+     * reaches one server for its life). Copies of the settings call it
+     * too. */
+    void (*saw_info)(void *arg, const redisContext *c, const char *info);
+    void *saw_info_arg;
 };
 
 /* Parses "host:port,host:port,..." (an IPv6 host in brackets: "[::1]:6379";

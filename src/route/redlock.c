@@ -43,6 +43,7 @@ void dlock_redlock_destroy(dlock_redlock *rl)
     for (unsigned i = 0; i < rl->n; i++) {
         dlock_pool_destroy(rl->node[i].pool);
         free(rl->node[i].cfg.host);
+        free(rl->node[i].conns);
     }
     pthread_mutex_destroy(&rl->mu);
     free(rl->prefix);
@@ -79,6 +80,8 @@ static char *concat(const char *a, const char *b)
     }
     return s;
 }
+
+static void node_saw_info(void *arg, const redisContext *c, const char *info);
 
 int dlock_redlock_create(const dlock_conn_cfg *base, const char *nodes, const char *prefix,
                          uint32_t lease_ms, unsigned pool_size, dlock_counters *ctr,
@@ -145,7 +148,15 @@ int dlock_redlock_create(const dlock_conn_cfg *base, const char *nodes, const ch
         nd->cfg.host = strdup(a[i].host);
         nd->cfg.port = a[i].port;
         snprintf(nd->addr, sizeof nd->addr, "%s:%d", a[i].host, a[i].port);
-        nd->pool = nd->cfg.host ? dlock_pool_create(&nd->cfg, pool_size, ctr) : NULL;
+        nd->set = rl;
+        nd->idx = i;
+        nd->cfg.saw_info = node_saw_info;
+        nd->cfg.saw_info_arg = nd;
+        /* room for the pool's connections, the subscriber's and a
+         * release's own (they record here too) */
+        nd->nconns = 4 * rl->pool_size + 16;
+        nd->conns = calloc(nd->nconns, sizeof nd->conns[0]);
+        nd->pool = nd->cfg.host && nd->conns ? dlock_pool_create(&nd->cfg, pool_size, ctr) : NULL;
         ok = nd->pool != NULL;
     }
     dlock_addrs_free(a, n);
@@ -174,6 +185,81 @@ static void saw_run(dlock_redlock *rl, unsigned i, const char *run)
         nd->seeded = 0;
     }
     pthread_mutex_unlock(&rl->mu);
+}
+
+/* The run id in INFO's text into run ("" if none). */
+static void parse_run_text(const char *info, char *run)
+{
+    run[0] = '\0';
+    const char *s = info ? strstr(info, "run_id:") : NULL;
+    if (!s)
+        return;
+    s += 7;
+    size_t k = 0;
+    while (k < RUN_ID_MAX - 1 && ((s[k] >= '0' && s[k] <= '9') || (s[k] >= 'a' && s[k] <= 'f')))
+        k++;
+    memcpy(run, s, k);
+    run[k] = '\0';
+}
+
+/* The two entries of node nd's table where connection c may be (a
+ * two-way cache by address: a connection that fell out of it, or never
+ * got in, reads INFO again). */
+static unsigned conn_slot(const rl_node *nd, const redisContext *c)
+{
+    uintptr_t h = (uintptr_t)c;
+    h ^= h >> 17;
+    h *= (uintptr_t)0x9e3779b97f4a7c15ULL;
+    return (unsigned)((h >> 8) % (nd->nconns - 1));
+}
+
+/* Records that connection c of node i reached run id run (its setup's INFO,
+ * or an INFO read on it later). */
+static void conn_saw_run(dlock_redlock *rl, unsigned i, const redisContext *c, const char *run)
+{
+    rl_node *nd = &rl->node[i];
+    unsigned k = conn_slot(nd, c);
+    pthread_mutex_lock(&rl->mu);
+    if (nd->conns[k].c != c && nd->conns[k].c) {
+        if (nd->conns[k + 1].c == c || !nd->conns[k + 1].c) {
+            k++;
+        } else {
+            nd->next ^= 1; /* both taken by others: one of them goes, in turn */
+            k += nd->next;
+        }
+    }
+    nd->conns[k].c = c;
+    snprintf(nd->conns[k].run, sizeof nd->conns[k].run, "%s", run);
+    pthread_mutex_unlock(&rl->mu);
+}
+
+/* The run id connection c of node i reached, into run: 1, or 0 if not known. */
+static int conn_run(dlock_redlock *rl, unsigned i, const redisContext *c, char *run)
+{
+    rl_node *nd = &rl->node[i];
+    unsigned k = conn_slot(nd, c);
+    int found = 0;
+    pthread_mutex_lock(&rl->mu);
+    for (unsigned j = k; j <= k + 1 && !found; j++)
+        if (nd->conns[j].c == c && nd->conns[j].run[0]) {
+            memcpy(run, nd->conns[j].run, RUN_ID_MAX);
+            found = 1;
+        }
+    pthread_mutex_unlock(&rl->mu);
+    return found;
+}
+
+/* A new connection's setup read INFO (conn.h, saw_info): its run id is
+ * seen, and kept for the connection's life. */
+static void node_saw_info(void *arg, const redisContext *c, const char *info)
+{
+    rl_node *nd = arg;
+    char run[RUN_ID_MAX];
+    parse_run_text(info, run);
+    if (!run[0])
+        return;
+    saw_run(nd->set, nd->idx, run);
+    conn_saw_run(nd->set, nd->idx, c, run);
 }
 
 /* (redlock_int.h) */
@@ -313,26 +399,19 @@ void dlock_rl_peers_close(dlock_redlock *rl, peer *p)
 /* The run id in INFO server's text into run ("" if none). */
 static void parse_run(const redisReply *r, char *run)
 {
-    run[0] = '\0';
-    if (!r || r->type != REDIS_REPLY_STRING)
-        return;
-    const char *s = strstr(r->str, "run_id:");
-    if (!s)
-        return;
-    s += 7;
-    size_t k = 0;
-    while (k < RUN_ID_MAX - 1 && ((s[k] >= '0' && s[k] <= '9') || (s[k] >= 'a' && s[k] <= 'f')))
-        k++;
-    memcpy(run, s, k);
-    run[k] = '\0';
+    parse_run_text(r && r->type == REDIS_REPLY_STRING ? r->str : NULL, run);
 }
 
 /* (redlock_int.h) */
-int dlock_rl_append_one(dlock_redlock *rl, peer *p, int info, dlock_script_id id, int eval,
-                        int nkeys, int nargs, const char **argv, int get_seed)
+int dlock_rl_append_one(dlock_redlock *rl, unsigned i, peer *p, int info, dlock_script_id id,
+                        int eval, int nkeys, int nargs, const char **argv, int get_seed)
 {
     redisContext *c = p->c;
+    p->info_sent = 0;
+    if (info && conn_run(rl, i, c, p->run))
+        info = 0;
     if (info) {
+        p->info_sent = 1;
         const char *v[] = {"INFO", "server"};
         if (redisAppendCommandArgv(c, 2, v, NULL) != REDIS_OK)
             return -1;
@@ -355,13 +434,15 @@ static int read_one(dlock_redlock *rl, unsigned i, peer *p, int info, int get_se
                     int64_t deadline)
 {
     redisReply *r = NULL;
-    if (info) {
+    if (info && p->info_sent) {
         if (dlock_conn_read(p->c, deadline, &r) != 0)
             return -1;
         p->used = 1;
         parse_run(r, p->run);
         freeReplyObject(r);
         saw_run(rl, i, p->run);
+        if (p->run[0])
+            conn_saw_run(rl, i, p->c, p->run);
     }
     if (get_seed) {
         if (dlock_conn_read(p->c, deadline, &r) != 0)
@@ -387,7 +468,7 @@ static int resend_eval(dlock_redlock *rl, unsigned i, peer *p, dlock_script_id i
                        int nargs, const char **argv, int get_seed, int64_t deadline)
 {
     dlock_count(&rl->ctr->redis_round_trips, 1);
-    if (dlock_rl_append_one(rl, p, 0, id, 1, nkeys, nargs, argv, get_seed) != 0) {
+    if (dlock_rl_append_one(rl, i, p, 0, id, 1, nkeys, nargs, argv, get_seed) != 0) {
         dlock_rl_peer_broke(p, "%s", "out of memory");
         return -1;
     }
@@ -414,7 +495,7 @@ void dlock_rl_retry_fresh(dlock_redlock *rl, unsigned i, peer *p, int info, dloc
         }
         p->used = 0;
         dlock_count(&rl->ctr->redis_round_trips, 1);
-        if (dlock_rl_append_one(rl, p, info, id, 0, nkeys, nargs, argv, get_seed) != 0) {
+        if (dlock_rl_append_one(rl, i, p, info, id, 0, nkeys, nargs, argv, get_seed) != 0) {
             dlock_rl_peer_broke(p, "%s", "out of memory");
             return;
         }
@@ -445,7 +526,7 @@ void dlock_rl_peers_call_each(dlock_redlock *rl, peer *p, const int *only, int i
     for (unsigned i = 0; i < rl->n; i++) {
         if (!IN(i))
             continue;
-        if (dlock_rl_append_one(rl, &p[i], info, id, 0, nkeys, nargs, argv[i], get_seed) != 0)
+        if (dlock_rl_append_one(rl, i, &p[i], info, id, 0, nkeys, nargs, argv[i], get_seed) != 0)
             dlock_rl_peer_broke(&p[i], "%s", "out of memory");
         else
             any = 1;
@@ -477,7 +558,7 @@ void dlock_rl_peers_call_each(dlock_redlock *rl, peer *p, const int *only, int i
         } else if (r == 1) {
             again[i] = 1;
             dlock_count(&rl->ctr->redis_round_trips, 1);
-            if (dlock_rl_append_one(rl, &p[i], 0, id, 1, nkeys, nargs, argv[i], get_seed) != 0)
+            if (dlock_rl_append_one(rl, i, &p[i], 0, id, 1, nkeys, nargs, argv[i], get_seed) != 0)
                 dlock_rl_peer_broke(&p[i], "%s", "out of memory");
             else if (dlock_conn_flush(p[i].c, deadline) != 0)
                 dlock_rl_peer_broke(&p[i], "%s", p[i].c->errstr);

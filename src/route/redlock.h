@@ -10,8 +10,11 @@
  * slot's mark write-back, which also writes the node's seed key).
  *
  *   counts  a node's reply counts when its seed key ("<prefix>redlock:seed")
- *           holds the run id of the server that answered (INFO server's
- *           run_id, and a GET of the seed key, read before the script in
+ *           holds the run id of the server that answered (the run_id its
+ *           connection's setup read with INFO when it opened: a connection
+ *           reaches one server for its life, a restart closes it; INFO
+ *           server in the pipeline on a connection whose run id is not
+ *           known; and a GET of the seed key, read before the script in
  *           the same pipeline: within one run the seed key only ever takes
  *           that run's id, so a reading before the script holds at the
  *           script; mark.lua's replies carry the key as the script read
@@ -60,8 +63,11 @@
  *
  * Shared state: each node's record (the run id last seen, when this
  * client first saw it, whether its seed key held it at the last reading, whether a
- * seeding is under way) is guarded by rl->mu, which is never held during
- * I/O; a node's pool has its own mutex (conn.c), never taken under rl->mu.
+ * seeding is under way, the run id each of its connections reached) is
+ * guarded by rl->mu, which is never held during I/O (a new connection's
+ * setup records its run id through conn.h's saw_info after its INFO was
+ * read, holding no pool's mutex); a node's pool has its own mutex
+ * (conn.c), never taken under rl->mu.
  * Any thread may call any function here; a seeding of one node runs at
  * most once at a time (the others return DLOCK_EBUSY).
  */

@@ -14,11 +14,28 @@
 
 #define RUN_ID_MAX 48
 
+/* A connection and the run id its server reported when it opened. */
+typedef struct rl_conn_run {
+    const redisContext *c;
+    char run[RUN_ID_MAX];
+} rl_conn_run;
+
 typedef struct rl_node {
-    dlock_conn_cfg cfg; /* base's, with this node's address */
+    dlock_conn_cfg cfg; /* base's, with this node's address; its saw_info
+                           records each new connection's run id */
     dlock_pool *pool;
     char addr[280];     /* "host:port", for messages */
+    struct dlock_redlock *set;
+    unsigned idx;       /* set->node[idx] is this one */
     /* under rl->mu */
+    rl_conn_run *conns; /* the run id of each connection opened to this node
+                           (its setup's INFO), nconns entries, a two-way
+                           cache by the connection's address (one not found
+                           in it reads INFO again: dlock_rl_append_one); a
+                           closed connection's entry is left, and replaced
+                           when its address opens anew (always through
+                           setup, which records it first) */
+    unsigned nconns, next; /* next: which of two taken entries goes next */
     char run[RUN_ID_MAX]; /* the run id last seen, "" none yet */
     int64_t seen_boot;  /* when this client first saw it (CLOCK_BOOTTIME) */
     int seeded;         /* its seed key held it at the last reading */
@@ -56,6 +73,8 @@ typedef struct peer {
     int judge;       /* its failure in this step marks the node down (an acquire's or
                         a release's step with a whole command timeout to answer:
                         dlock_rl_peers_open_up, dlock_rl_judge) */
+    int info_sent;   /* INFO server was sent before the script on c (its run id
+                        was not known: dlock_rl_append_one) */
     char run[RUN_ID_MAX]; /* the run id this connection reported, "" unknown */
     char seed[RUN_ID_MAX]; /* the seed key as last read on it */
     redisReply *rep; /* the last script's reply (owned), NULL none */
@@ -113,8 +132,12 @@ void dlock_rl_judge(dlock_redlock *rl, peer *p, int64_t deadline);
  * or timed out, in a step that judges it (peer.judge), down. */
 void dlock_rl_peers_close(dlock_redlock *rl, peer *p);
 
-/* Appends peer p's requests: INFO server if info, GET of the seed key if
- * get_seed, then the script (EVALSHA unless eval). The seed key is read
+/* Appends peer p's (node i's) requests: INFO server if info and the run
+ * id of p's connection is not known (the one its setup read: p->run set
+ * from it, p->info_sent 0), GET of the seed key if get_seed, then the
+ * script (EVALSHA unless eval). A connection reaches one server for its
+ * life (a restart closes it: a new connection, whose setup reads the new
+ * run id), so the run id read when it opened holds at the script. The seed key is read
  * BEFORE the script, in the same pipeline on the same connection: a node's
  * seed key changes within one run of its server only from another run's id
  * (or none) to this run's id (mark.lua writes the run id its caller read
@@ -124,8 +147,8 @@ void dlock_rl_peers_close(dlock_redlock *rl, peer *p);
  * seeding made in between, and count a vote made on a node not seeded
  * yet. (A node wiped without a restart, FLUSHALL or an eviction, is
  * outside this assumption: docs/design.md, "Redlock".) 0 or -1. */
-int dlock_rl_append_one(dlock_redlock *rl, peer *p, int info, dlock_script_id id, int eval,
-                        int nkeys, int nargs, const char **argv, int get_seed);
+int dlock_rl_append_one(dlock_redlock *rl, unsigned i, peer *p, int info, dlock_script_id id,
+                        int eval, int nkeys, int nargs, const char **argv, int get_seed);
 
 /* Peer i's pooled connection was closed under it while idle (a restart, an
  * idle timeout: it failed at once with EOF or a reset, before any reply):

@@ -511,6 +511,75 @@ static void test_restart_seeded(void **state)
     client_free(a);
 }
 
+/* Calls of command `cmd` on server i since its last CONFIG RESETSTAT
+ * (INFO commandstats; 0 if none). */
+static long long calls_of(int i, const char *cmd)
+{
+    redisReply *r = fx_cmd_at(srv[i].port, "INFO commandstats");
+    assert_non_null(r);
+    assert_int_equal(r->type, REDIS_REPLY_STRING);
+    char field[64];
+    snprintf(field, sizeof field, "cmdstat_%s:calls=", cmd);
+    const char *s = strstr(r->str, field);
+    long long n = s ? strtoll(s + strlen(field), NULL, 10) : 0;
+    freeReplyObject(r);
+    return n;
+}
+
+/* An acquire judges whether a node counts by the run id its connection's
+ * setup read when it opened (a connection reaches one server for its
+ * life): 20 grants send no INFO to a node once its connections are open
+ * (at most one per connection the pool opens anew: 2). */
+static void test_run_id_read_once_per_connection(void **state)
+{
+    (void)state;
+    char px[32];
+    client *a = client_new(3, new_prefix(px, sizeof px), 1, 600);
+    seed_all(a);
+    grant_token(a, "n");
+    cmd_at(0, "CONFIG RESETSTAT", NULL, NULL);
+    for (int k = 0; k < 20; k++)
+        grant_token(a, "n");
+    long long info = calls_of(0, "info"), evals = calls_of(0, "evalsha");
+    if (info > 2)
+        fail_msg("%lld INFO calls on node 0 for 20 grants", info);
+    assert_true(evals >= 40); /* (each grant's acquire and release reached it) */
+    client_free(a);
+}
+
+/* A node restarted with its data (its seed key back from its dump, naming
+ * the run before) does not count on the connections opened to its new
+ * run, though this client's pooled connections knew the old one: with
+ * node 1 down, node 0 and node 2 do not make a majority. */
+static void test_restart_with_data_not_counted(void **state)
+{
+    (void)state;
+    char px[32], before[64], after[64];
+    client *a = client_new(3, new_prefix(px, sizeof px), 1, 600);
+    seed_all(a);
+    grant_token(a, "n");
+    run_id_of(0, before, sizeof before);
+    cmd_at(0, "SAVE", NULL, NULL);
+    kill_srv(0);
+    restart_srv(0);
+    run_id_of(0, after, sizeof after);
+    assert_string_not_equal(before, after);
+    redisReply *r = fx_cmd_at(srv[0].port, "GET %sredlock:seed", px);
+    assert_non_null(r);
+    assert_int_equal(r->type, REDIS_REPLY_STRING);
+    assert_string_equal(r->str, before); /* (the old run's seeding, from the dump) */
+    freeReplyObject(r);
+    kill_srv(1);
+    dlock_redlock_grant g;
+    int rc = acquire(a, "n", &g, NULL);
+    if (rc == DLOCK_OK)
+        fail_msg("granted token %" PRIu64 " with node 0's old seeding counted", g.token);
+    assert_int_equal(rc, DLOCK_EREDIS);
+    assert_non_null(strstr(dlock_last_error(), "1 of 3 nodes count and answered"));
+    assert_false(dlock_redlock_counts(a->rl, 0));
+    client_free(a);
+}
+
 /* A node whose mark is above every vote (it refused: another client's
  * lone grant there) makes the write-back raise the token above that mark
  * before it is handed out. */
@@ -1241,6 +1310,8 @@ int main(void)
         cmocka_unit_test_teardown(test_write_back_acks_count, restore),
         cmocka_unit_test_teardown(test_failed_acquire_releases_all, restore),
         cmocka_unit_test_teardown(test_restart_pooled_retry, restore),
+        cmocka_unit_test_teardown(test_run_id_read_once_per_connection, restore),
+        cmocka_unit_test_teardown(test_restart_with_data_not_counted, restore),
         cmocka_unit_test_teardown(test_two_threads, restore),
         cmocka_unit_test_teardown(test_check_node_deadline, restore),
     };
