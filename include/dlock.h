@@ -268,7 +268,11 @@ typedef struct dlock_config {
      * nodes that count: a node counts once seeded in its current run (a
      * fresh deployment by dlockctl seed-fresh; a restarted node by the
      * clients, a lease + the drift allowance after the first of them saw
-     * it), for every client at once, a client that starts fresh too; a
+     * it), for every client at once, a client that starts fresh too (the
+     * run is read when a connection opens: each address must reach its
+     * server directly, or through a proxy that closes the client's
+     * connection when the server's closes, never one that keeps it
+     * across a restart of the server behind it); a
      * try fails with DLOCK_EREDIS while too few count. A waiting acquire
      * that finds too few nodes counting tries again every lease_ms / 10
      * (5 ms to lease_ms / 3) while its wait leaves time for another try,

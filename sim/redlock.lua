@@ -405,7 +405,9 @@ function W:srv_time(nd)
 end
 
 -- Runs a script on node nd now: its reply, and what the client's pipeline
--- reads beside it (INFO's run_id and uptime, GET of the seed key).
+-- reads beside it (INFO's run_id and uptime, GET of the seed key). (The C
+-- reads the run id when its connection to the node opens, which reaches
+-- that run until it closes: the same run as the script's, as here.)
 function W:run_on(nd, c, script, keys, argv)
   local high = nd.high or 0
   local now_us = self:srv_time(nd)

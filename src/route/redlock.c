@@ -233,7 +233,9 @@ static void conn_saw_run(dlock_redlock *rl, unsigned i, const redisContext *c, c
     pthread_mutex_unlock(&rl->mu);
 }
 
-/* The run id connection c of node i reached, into run: 1, or 0 if not known. */
+/* The run id connection c of node i reached, into run: 1, or 0 if not known,
+ * or not the node's record's (the record was last set from another run:
+ * an INFO read on c sets it right, dlock_rl_append_one). */
 static int conn_run(dlock_redlock *rl, unsigned i, const redisContext *c, char *run)
 {
     rl_node *nd = &rl->node[i];
@@ -241,7 +243,7 @@ static int conn_run(dlock_redlock *rl, unsigned i, const redisContext *c, char *
     int found = 0;
     pthread_mutex_lock(&rl->mu);
     for (unsigned j = k; j <= k + 1 && !found; j++)
-        if (nd->conns[j].c == c && nd->conns[j].run[0]) {
+        if (nd->conns[j].c == c && nd->conns[j].run[0] && strcmp(nd->conns[j].run, nd->run) == 0) {
             memcpy(run, nd->conns[j].run, RUN_ID_MAX);
             found = 1;
         }
@@ -256,10 +258,9 @@ static void node_saw_info(void *arg, const redisContext *c, const char *info)
     rl_node *nd = arg;
     char run[RUN_ID_MAX];
     parse_run_text(info, run);
-    if (!run[0])
-        return;
     saw_run(nd->set, nd->idx, run);
-    conn_saw_run(nd->set, nd->idx, c, run);
+    conn_saw_run(nd->set, nd->idx, c, run); /* ("": not known, an entry of c's
+                                               address before forgotten) */
 }
 
 /* (redlock_int.h) */
@@ -441,8 +442,7 @@ static int read_one(dlock_redlock *rl, unsigned i, peer *p, int info, int get_se
         parse_run(r, p->run);
         freeReplyObject(r);
         saw_run(rl, i, p->run);
-        if (p->run[0])
-            conn_saw_run(rl, i, p->c, p->run);
+        conn_saw_run(rl, i, p->c, p->run);
     }
     if (get_seed) {
         if (dlock_conn_read(p->c, deadline, &r) != 0)

@@ -134,7 +134,9 @@ void dlock_rl_peers_close(dlock_redlock *rl, peer *p);
 
 /* Appends peer p's (node i's) requests: INFO server if info and the run
  * id of p's connection is not known (the one its setup read: p->run set
- * from it, p->info_sent 0), GET of the seed key if get_seed, then the
+ * from it, p->info_sent 0), or is not the node's record's (the record,
+ * last set by another connection, may lag or lead: the INFO read sets it
+ * to this connection's), GET of the seed key if get_seed, then the
  * script (EVALSHA unless eval). A connection reaches one server for its
  * life (a restart closes it: a new connection, whose setup reads the new
  * run id), so the run id read when it opened holds at the script. The seed key is read
