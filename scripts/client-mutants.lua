@@ -367,10 +367,10 @@ return {
     why = "Redlock mode: a semaphore's granted try is taken although the renewal found the "
       .. 'permits lost meanwhile and took its fresh slot out (a permit counted on no slot)',
     file = 'src/local/rlsem.c',
-    find = '    if (at < 0)\n        /* the renewal found a slot',
+    find = '    if (at < 0) {\n        /* the renewal found a slot',
     replace = '    if (at < 0) { /* the count as the try saw it */\n'
       .. '        t->held = h->n + 1;\n        t->sent_boot = dlock_boot_ns();\n'
-      .. '        return DLOCK_OK;\n    }\n    if (0)\n        /* the renewal found a slot',
+      .. '        return DLOCK_OK;\n    }\n    if (0) {\n        /* the renewal found a slot',
   },
   {
     name = 'rl_sem_claim_not_renewed',
@@ -394,5 +394,23 @@ return {
     file = 'src/route/redlock_grant.c',
     find = '    r.shared = g->shared;\n',
     replace = '',
+  },
+  {
+    name = 'rl_sem_valid_latest_slot',
+    why = "Redlock mode: a granted try counts its semaphore's permits valid until their slots' "
+      .. 'latest validity, not their earliest (a permit used after its slot could have ended)',
+    file = 'src/local/rlsem.c',
+    find = '        if (h->s[i].g.valid_boot < valid)\n            valid = h->s[i].g.valid_boot;\n'
+      .. '    t->held = h->n;',
+    replace = '        if (valid == DLOCK_NEVER || h->s[i].g.valid_boot > valid)\n'
+      .. '            valid = h->s[i].g.valid_boot;\n    t->held = h->n;',
+  },
+  {
+    name = 'rl_sem_slot_past_claim',
+    why = "Redlock mode: a semaphore's slot is counted valid for its grant's lease, past the "
+      .. "name's claim it relied on (R4)",
+    file = 'src/local/rlsem.c',
+    find = '            if (g.valid_boot > cl.valid_boot)\n',
+    replace = '            if (0)\n',
   },
 }

@@ -35,6 +35,8 @@
 --     leaves the entry); a give-back names an attempt in doubt; a "P"
 --     message names an attempt this client queued.
 --
+-- In Redlock mode a try's lines are sem.rltry and sem.rlgranted, and a
+-- renewal's sem.rlverdict (TS:redlock, below, with their checks).
 -- The lines (times on the boot clock, ns), by kind:
 --   sem.try    NAME SENT MADE KEYS(7) ARGV(12)   the acquire script sent (sem_rpc.c), by
 --                                             the entry MADE (a name's entry made anew
@@ -165,12 +167,34 @@ function TS:epoch_before(name, epoch)
   return e ~= nil and epoch == e.epoch + 1
 end
 
+-- A try numbered nonce of the entry made `made` begins (sem.try, sem.rltry):
+-- one call at a time (M2), a new number; an entry made anew only at rest
+-- (its last user gone, M1), its generation and epoch starting again.
+function TS:begin_try(e, nonce, made)
+  if e.pending or e.rel then
+    return string.format('attempt %d of %s sent while %s is out: one call at a time (M2)', nonce,
+      e.name, e.pending and 'attempt ' .. e.pending.nonce or 'a release')
+  end
+  if e.made and made ~= e.made then
+    if not self:at_rest(e) then
+      return string.format('the entry of %s made anew while the model counts %d permits held, '
+        .. '%d in use, attempt %d in doubt', e.name, e.held, e.in_use, e.doubt)
+    end
+    e.gen, e.epoch = 0, 0
+  end
+  e.made = made
+  local why = self:number(e, nonce, 'attempt')
+  if why then return why end
+  self.stats.sem_tries = self.stats.sem_tries + 1
+end
+
 -- The fields of each kind (with time, thread, kind and name).
 local FIELDS = {['sem.try'] = 25, ['sem.rep'] = 11, ['sem.tried'] = 10, ['sem.grant'] = 9,
                 ['sem.take'] = 9, ['sem.rec'] = 7, ['sem.give'] = 11, ['sem.back'] = 6,
                 ['sem.rel'] = 6, ['sem.backrc'] = 5, ['sem.settle'] = 5, ['sem.verdict'] = 9,
                 ['sem.leave'] = 6, ['sem.giveback'] = 6, ['sem.left'] = 6, ['sem.msg'] = 6,
-                ['sem.ranout'] = 5, ['sem.handle'] = 7}
+                ['sem.ranout'] = 5, ['sem.handle'] = 7, ['sem.rltry'] = 16,
+                ['sem.rlgranted'] = 9, ['sem.rlverdict'] = 15}
 
 -- One line (fields f: f[1] time, f[2] thread, f[3] kind, f[4] name, ...) of
 -- client c (sim/trace.lua's). Returns why it does not conform, or nil.
@@ -226,23 +250,8 @@ function TS:line(c, f)
       p.resent, p.sent, p.rep = true, sent, nil
       return
     end
-    if p or e.rel then
-      return string.format('attempt %d of %s sent while %s is out: one call at a time (M2)', nonce,
-        e.name, p and 'attempt ' .. p.nonce or 'a release')
-    end
-    if e.made and made ~= e.made then
-      -- the entry was freed and made anew: only at rest (its last user
-      -- gone, M1), and its generation and epoch start again
-      if not self:at_rest(e) then
-        return string.format('the entry of %s made anew while the model counts %d permits held, '
-          .. '%d in use, attempt %d in doubt', e.name, e.held, e.in_use, e.doubt)
-      end
-      e.gen, e.epoch = 0, 0
-    end
-    e.made = made
-    local why = self:number(e, nonce, 'attempt')
+    local why = self:begin_try(e, nonce, made)
     if why then return why end
-    st.sem_tries = st.sem_tries + 1
     local k, a = {}, {}
     for i = 7, 13 do k[#k + 1] = unesc(f[i]) end
     for i = 14, 25 do a[#a + 1] = unesc(f[i]) end
@@ -258,6 +267,10 @@ function TS:line(c, f)
       end
     end
     e.pending = {nonce = nonce, sent = sent, once = once, args = table.concat(f, ' ', 6, 25)}
+  elseif kind == 'sem.rltry' or kind == 'sem.rlgranted' or kind == 'sem.rlverdict' then
+    if not c.rl then return string.format('a %s line of %s by a client not in Redlock mode', kind,
+      e.name) end
+    return self:redlock(e, kind, f)
   elseif kind == 'sem.rep' then
     local nonce, sent, answered, k, v, acked, rc = num(f[5]), f[6] == '1', f[7] == '1', num(f[8]),
       num(f[9]), num(f[10]), num(f[11])
@@ -288,8 +301,13 @@ function TS:line(c, f)
         nonce, e.name)
     end
     local want_rc, want_doubt = p.rep.rc, p.rep.in_doubt
-    if want_rc == OK and rule.too_late(r, p.sent, now) then
+    if not p.rl and want_rc == OK and rule.too_late(r, p.sent, now) then
       want_rc, want_doubt = -6, true -- answered after the permits could have ended
+    elseif p.rl and want_rc == OK and now >= p.rl.valid then
+      -- Redlock mode: the slot taken up after its validity, given back
+      -- (src/local/rlsem.c, dlock_rlsem_granted; never in doubt)
+      return string.format('attempt %d of %s taken up %.3f ms after its slot\'s validity ended',
+        nonce, e.name, (now - p.rl.valid) / 1e6)
     end
     if (rc == OK) ~= (want_rc == OK) or (rc == EBUSY) ~= (want_rc == EBUSY) then
       return string.format('attempt %d of %s answered %.3f ms after its send (reply rc %d): rc %d; '
@@ -300,8 +318,10 @@ function TS:line(c, f)
       return string.format('attempt %d of %s %s in doubt; the model %s', nonce, e.name,
         in_doubt and 'counted' or 'not counted', want_doubt and 'counts it' or 'does not')
     end
-    if in_doubt or (rc == EBUSY and not p.once) then e.doubt = nonce end
-    if rc == EBUSY and not p.once then
+    -- (Redlock mode: a try whose fresh slot went with permits found lost
+    -- neither queues nor names an attempt: src/local/sem.c, fresh_lost)
+    if not p.fresh_lost and (in_doubt or (rc == EBUSY and not p.once)) then e.doubt = nonce end
+    if rc == EBUSY and not p.once and not p.fresh_lost then
       e.queued = true
       e.queued_tries[nonce] = true
     end
@@ -324,6 +344,11 @@ function TS:line(c, f)
     end
     local gen0 = e.gen
     rule.apply_grant(r, e, x.held, x.sent)
+    if c.rl then
+      -- Redlock mode: the permits' validity is their slots' earliest, which
+      -- a renewal may have set below this grant's own (src/local/sem.c)
+      e.valid = rule.grant_valid(r, x.sent)
+    end
     if e.gen ~= gen0 then e.qpass = 0 end -- (permits passed in the queue: lost in passing)
     if held ~= x.held then
       return string.format('%s counts %d permits after a grant; Redis granted %d in all', e.name,
@@ -554,6 +579,176 @@ function TS:line(c, f)
     end
   else
     return 'a line of an unknown kind ' .. kind
+  end
+end
+
+-- Redlock mode's lines (src/local/rlsem.c, src/global/renew_redlock.c; the
+-- rules of docs/design.md "Redlock", Semaphores, and local/rlsem.h):
+--   sem.rltry NAME NONCE SENT MADE LIMIT QUEUE RC SLOT FIRST VALID HOW CSENT CVALID
+--       a try, in place of sem.try and sem.rep: its send, the entry, the
+--       limit, whether it queued, what it returned, the slot granted (-1
+--       none) with the grant's first send and validity, and the claim it
+--       relied on (HOW c claimed now, r a live claim reused, f none
+--       confirmed; the claim's first send, 0 if reused, and validity)
+--   sem.rlgranted NAME NONCE RC HELD VALID SLOTS
+--       a granted try taken up (dlock_rlsem_granted): the slots this
+--       client holds, their earliest validity, and each (K:VALID,...; -
+--       none); RC EBUSY if the renewal took the fresh slot out with
+--       permits found lost, EREDIS if it came after the slot's validity
+--   sem.rlverdict NAME EPOCH GONE LATE N RENEWED RSENT CSENT CVALID BEFORE AFTER SLOTS
+--       a renewal round's verdict on the permits' slots: a slot gone (all
+--       lost, M8), slots not confirmed yet, slots held, how many were
+--       renewed and the latest of their sends, the claim the round took
+--       (0 0 none), the permits' validity before and after, the slots
+-- The checks: a grant is valid at most its first send + the lease - the
+-- drift allowance, and at most its claim's validity (R4); a claim made is
+-- valid at most its send + the lease - the drift allowance; a claim
+-- reused is one this client's tries or renewals were shown, with two
+-- thirds of a lease left at the try's send; each slot held is one a
+-- try was granted, valid until its grant's validity or a renewal's
+-- (within that renewal's send + the lease - the drift allowance and its
+-- claim's validity); a granted try's permits are those held before (none
+-- unless HELD) and its slot, valid until the earliest of their slots.
+
+-- "k:valid,..." (or "-") as a list of {k, valid}.
+local function slot_list(s)
+  local l = {}
+  if s ~= '-' then
+    for k, v in s:gmatch('(%d+):(%d+)') do l[#l + 1] = {num(k), num(v)} end
+  end
+  return l
+end
+
+function TS:redlock(e, kind, f)
+  local r = self.r
+  local span = r.lease - r.drift -- (ns: a grant's validity after its first send)
+  e.slots = e.slots or {}
+  if kind == 'sem.rltry' then
+    local nonce, sent, made, limit, queue, rc = num(f[5]), num(f[6]), num(f[7]), num(f[8]),
+      f[9] == '1', num(f[10])
+    local slot, first, valid, how, csent, cvalid = num(f[11]), num(f[12]), num(f[13]), f[14],
+      num(f[15]), num(f[16])
+    local why = self:begin_try(e, nonce, made)
+    if why then return why end
+    if e.limit ~= limit then e.limit, e.claim = limit, 0 end
+    if how == 'c' then
+      if csent < sent or cvalid > csent + span then
+        return string.format('attempt %d of %s: a claim sent %.3f ms after the try, valid %.3f ms '
+          .. 'after its send; at most %.3f ms (the lease - the drift allowance)', nonce, e.name,
+          (csent - sent) / 1e6, (cvalid - csent) / 1e6, span / 1e6)
+      end
+      if cvalid > e.claim then e.claim = cvalid end
+    elseif how == 'r' then
+      if cvalid > e.claim then
+        return string.format('attempt %d of %s relied on a claim valid until %.0f; this client\'s '
+          .. 'claims were valid until %.0f at most', nonce, e.name, cvalid, e.claim)
+      elseif cvalid - sent <= r.lease * 2 / 3 then
+        return string.format('attempt %d of %s reused a claim with %.3f ms left; it needs two thirds '
+          .. 'of a lease (R4)', nonce, e.name, (cvalid - sent) / 1e6)
+      end
+    elseif how ~= 'f' then
+      return 'a claim of an unknown kind ' .. how
+    end
+    if rc == OK then
+      if how == 'f' then
+        return string.format('attempt %d of %s granted with no claim confirmed (R4)', nonce, e.name)
+      elseif slot < 0 or slot >= limit then
+        return string.format('attempt %d of %s granted slot %d of a limit of %d', nonce, e.name,
+          slot, limit)
+      elseif first < sent or valid > first + span then
+        return string.format('attempt %d of %s: its slot valid %.3f ms after the votes\' send; at '
+          .. 'most %.3f ms', nonce, e.name, (valid - first) / 1e6, span / 1e6)
+      elseif valid > cvalid then
+        return string.format('attempt %d of %s: its slot valid %.3f ms past its claim (R4)', nonce,
+          e.name, (valid - cvalid) / 1e6)
+      end
+      e.slots[slot] = valid
+    elseif slot ~= -1 then
+      return string.format('attempt %d of %s refused (rc %d) with slot %d', nonce, e.name, rc, slot)
+    end
+    e.pending = {nonce = nonce, sent = sent, once = not queue, rl = {valid = valid, slot = slot}}
+    if rc ~= OK then
+      e.pending.rep = {sent = true, answered = true, k = rc == EBUSY and 0 or -9, v = 0, rc = rc,
+                       in_doubt = false}
+    end
+    return
+  end
+  -- the slots listed: each one granted, valid until its grant's or a
+  -- renewal's validity; their earliest
+  local list = slot_list(kind == 'sem.rlgranted' and f[9] or f[15])
+  local renew = kind == 'sem.rlverdict' and {sent = num(f[10]), n = num(f[9]),
+                                              csent = num(f[11]), cvalid = num(f[12])}
+  if renew and renew.csent > 0 then
+    if renew.cvalid > renew.csent + span then
+      return string.format('a renewal\'s claim of %s valid %.3f ms after its send; at most %.3f ms',
+        e.name, (renew.cvalid - renew.csent) / 1e6, span / 1e6)
+    end
+    if renew.cvalid > e.claim then e.claim = renew.cvalid end
+  end
+  if renew and (f[6] == '1' or e.lease ~= 'HELD' or num(f[5]) ~= e.epoch) then
+    -- (a slot gone: every permit lost, M8; checked below for the rest)
+    if e.lease ~= 'HELD' or num(f[5]) ~= e.epoch then
+      return string.format('a renewal verdict on %s for grant epoch %s; the model has epoch %d, %s',
+        e.name, f[5], e.epoch, e.lease)
+    end
+    self.stats.sem_verdicts = self.stats.sem_verdicts + 1
+    e.lease = 'LOST'
+    return
+  end
+  local low
+  for _, kv in ipairs(list) do
+    local k, v = kv[1], kv[2]
+    local known = e.slots[k]
+    if not known then
+      return string.format('%s: slot %d held, which no try of this client was granted', e.name, k)
+    elseif v ~= known then
+      if not renew or renew.n == 0 or v < known or v > renew.sent + span or v > e.claim then
+        return string.format('%s: slot %d valid until %.0f; its grant or last renewal said %.0f%s',
+          e.name, k, v, known, renew and renew.n > 0 and string.format(' (this renewal, sent '
+          .. 'at %.0f, allows %.0f at most, its claims %.0f)', renew.sent, renew.sent + span,
+          e.claim) or '')
+      end
+      e.slots[k] = v
+    end
+    if not low or v < low then low = v end
+  end
+  if kind == 'sem.rlgranted' then
+    local nonce, rc, held, valid = num(f[5]), num(f[6]), num(f[7]), num(f[8])
+    local p = e.pending
+    if not p or not p.rl or p.nonce ~= nonce or p.rep then
+      return string.format('attempt %d of %s taken up, which no granted try made', nonce, e.name)
+    end
+    if rc == OK then
+      local want_held, fresh = e.lease == 'HELD' and e.held + 1 or 1, false
+      for _, kv in ipairs(list) do fresh = fresh or kv[1] == p.rl.slot end
+      if held ~= want_held or #list ~= held or not fresh or valid ~= low then
+        return string.format('attempt %d of %s taken up: %d permits valid until %.0f, slots %s; the '
+          .. 'model %d (the permits %s before, and slot %d) until their earliest, %.0f', nonce,
+          e.name, held, valid, f[9], want_held, e.lease, p.rl.slot, low or 0)
+      end
+      p.sent = valid - r.lease + r.drift -- (the local tier's validity: send + lease - drift)
+    elseif rc == EBUSY then
+      if e.lease ~= 'LOST' then
+        return string.format('attempt %d of %s: its slot taken out as lost while the model counts '
+          .. 'the permits %s', nonce, e.name, e.lease)
+      end
+      p.fresh_lost = true
+    elseif rc ~= -6 then
+      return string.format('attempt %d of %s taken up with rc %d', nonce, e.name, rc)
+    end
+    p.rep = {sent = true, answered = true, k = rc == OK and 1 or 0, v = held, rc = rc,
+             in_doubt = false}
+  else -- sem.rlverdict, no slot gone
+    local before, after = num(f[13]), num(f[14])
+    self.stats.sem_verdicts = self.stats.sem_verdicts + 1
+    if before ~= e.valid then
+      return string.format('%s valid until %.0f before its renewal; the model %.0f', e.name, before,
+        e.valid)
+    elseif #list > 0 and after ~= low then
+      return string.format('%s valid until %.0f after its renewal; its slots\' earliest %.0f',
+        e.name, after, low)
+    end
+    e.valid = after
   end
 end
 

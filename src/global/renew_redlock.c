@@ -26,6 +26,7 @@ typedef struct rsnap {
     unsigned k;
     uint32_t limit;    /* sem: the permits' limit (their name's claim) */
     int64_t claim_valid; /* sem, the group's first: the claim's validity this round, 0 none */
+    int64_t claim_sent;  /* sem, the group's first: that claim's first send, 0 none */
     char *kbuf;        /* sem: its keys' bytes (owned) */
     char *keys[DLOCK_SCRIPT_KEYS];
     int found;         /* sem, applied: the entry still held the slot */
@@ -149,6 +150,7 @@ static void claim_all(dlock_renew *r, rsnap *s, size_t n)
         size_t cnt = group_of(s, i, n);
         if (s[i].sem) {
             s[i].claim_valid = cl[g].verdict == 1 ? cl[g].valid_boot : 0;
+            s[i].claim_sent = cl[g].verdict == 1 ? cl[g].first_boot : 0;
             for (size_t j = i; j < i + cnt; j++) {
                 if (s[j].verdict != 1)
                     continue;
@@ -236,6 +238,9 @@ static int apply_sem(dlock_renew *r, rsnap *s, size_t cnt, int64_t *earliest, in
         pthread_mutex_unlock(&e->mu);
         return 0;
     }
+    int64_t before = e->lease.valid_until_ns, rsent = 0;
+    unsigned renewed = 0;
+    int claimed = 0;
     for (size_t j = 0; j < cnt; j++) {
         dlock_redlock_slot *mine = NULL;
         for (unsigned i = 0; i < h->n && !mine; i++)
@@ -247,16 +252,16 @@ static int apply_sem(dlock_renew *r, rsnap *s, size_t cnt, int64_t *earliest, in
         for (unsigned i = 0; i < DLOCK_REDLOCK_NODES_MAX; i++)
             if (s[j].regrant[i] && !mine->g.node_token[i])
                 mine->g.node_token[i] = s[j].regrant[i];
-        if (s[j].verdict == 1)
+        if (s[j].verdict == 1) {
             mine->g.valid_boot = s[j].valid;
-        else if (s[j].verdict == 0 || now >= mine->g.valid_boot)
+            if (!renewed++ || s[j].sent > rsent)
+                rsent = s[j].sent;
+        } else if (s[j].verdict == 0 || now >= mine->g.valid_boot)
             gone = 1;
         else
             late = 1;
         s[j].g = mine->g; /* (its release, if lost: by every token known) */
     }
-    dlock_trace_event(r->cfg.trace, "rl.sverdict", e->name, "%" PRIu64 " %d %d %u",
-                      e->lease.epoch, gone, late, h->n);
     if (gone) {
         unsigned w = 0;
         for (unsigned i = 0; i < h->n; i++) {
@@ -273,7 +278,8 @@ static int apply_sem(dlock_renew *r, rsnap *s, size_t cnt, int64_t *earliest, in
             lost = 1;
         }
     } else {
-        if (h->limit == s[0].limit && s[0].claim_valid > h->claim_valid)
+        claimed = h->limit == s[0].limit && s[0].claim_valid > h->claim_valid;
+        if (claimed)
             h->claim_valid = s[0].claim_valid; /* (rlsem.h, R4: a try may rely on it) */
         (void)dlock_renew_rl_slots_sync(r, e); /* (the re-grants: the next round's) */
         int64_t v = DLOCK_NEVER;
@@ -284,6 +290,18 @@ static int apply_sem(dlock_renew *r, rsnap *s, size_t cnt, int64_t *earliest, in
             e->lease.valid_until_ns = v;
         if (late && v < *earliest)
             *earliest = v;
+    }
+    /* (sim/trace_sem.lua, sem.rlverdict: the slots renewed and the latest
+     * of their sends, the claim this round took (0 0 none), the
+     * permits' validity before and after, the slots held after) */
+    if (r->cfg.trace) {
+        char slots[DLOCK_REDLOCK_SLOTS_TEXT];
+        dlock_redlock_slots_text(h, slots, sizeof slots);
+        dlock_trace_event(r->cfg.trace, "sem.rlverdict", e->name,
+                          "%" PRIu64 " %d %d %u %u %" PRId64 " %" PRId64 " %" PRId64 " %" PRId64
+                          " %" PRId64 " %s", e->lease.epoch, gone, late, h->n, renewed, rsent,
+                          claimed ? s[0].claim_sent : 0, claimed ? s[0].claim_valid : 0,
+                          before, e->lease.valid_until_ns, slots);
     }
     pthread_mutex_unlock(&e->mu);
     return lost;

@@ -106,6 +106,25 @@ static uint32_t all_nodes(const dlock_client *c)
     return (uint32_t)((1u << dlock_redlock_nodes(c->redlock)) - 1);
 }
 
+/* The trace's line of a try (sim/trace_sem.lua, sem.rltry): its send, the
+ * entry, the limit, whether it queued, what it returns, the slot granted
+ * (-1 none) with the grant's first send and validity (0 0 none), and the
+ * claim it relied on: how ('c' claimed by this try, 'r' a live claim of
+ * this client reused, 'f' none confirmed), the claim's first send (0 if
+ * none sent) and its validity. e->mu held (or, on a failure before any
+ * call, not: nothing else of e happened meanwhile, the call slot is
+ * the caller's). */
+static void trace_try(dlock_client *c, dlock_entry *e, const dlock_sem_try *t, uint32_t limit,
+                      int rc, int slot, const dlock_redlock_grant *g, char how,
+                      const dlock_redlock_claim *cl)
+{
+    dlock_trace_event(c->trace, "sem.rltry", e->name,
+                      "%s %" PRId64 " %" PRIu64 " %" PRIu32 " %d %d %d %" PRId64 " %" PRId64
+                      " %c %" PRId64 " %" PRId64, t->nonce, t->sent_boot, e->made, limit,
+                      t->queue, rc, slot, g ? g->first_boot : 0, g ? g->valid_boot : 0, how,
+                      cl ? cl->first_boot : 0, cl ? cl->valid_boot : 0);
+}
+
 int dlock_rlsem_acquire(dlock_client *c, dlock_entry *e, dlock_sem_try *t)
 {
     t->in_doubt = 0;
@@ -115,11 +134,14 @@ int dlock_rlsem_acquire(dlock_client *c, dlock_entry *e, dlock_sem_try *t)
     t->sent_boot = dlock_boot_ns();
     uint64_t attempt = strtoull(t->nonce, NULL, 10);
     char *kbuf = malloc(dlock_redlock_slot_keys_size(e->keys)), *keys[DLOCK_SCRIPT_KEYS];
-    if (!kbuf)
+    if (!kbuf) {
+        trace_try(c, e, t, t->limit, DLOCK_ENOMEM, -1, NULL, 'f', NULL);
         return dlock_err_set(DLOCK_ENOMEM, "out of memory");
+    }
     pthread_mutex_lock(&e->mu);
     int rc = slots_for(c, e, t->limit);
     if (rc != DLOCK_OK) {
+        trace_try(c, e, t, t->limit, rc, -1, NULL, 'f', NULL);
         pthread_mutex_unlock(&e->mu);
         free(kbuf);
         return rc;
@@ -156,8 +178,11 @@ int dlock_rlsem_acquire(dlock_client *c, dlock_entry *e, dlock_sem_try *t)
     dlock_redlock_claim cl = {.name = e->name, .key = e->keys[DLOCK_KEY_LEASE], .limit = limit,
                               .valid_boot = claim_valid};
     int claimed = DLOCK_OK;
-    if (claim_valid <= dlock_boot_ns() + (int64_t)c->lease_ms * DLOCK_NS_PER_MS * 2 / 3)
+    char how = 'r';
+    if (claim_valid <= dlock_boot_ns() + (int64_t)c->lease_ms * DLOCK_NS_PER_MS * 2 / 3) {
         claimed = dlock_redlock_claim_many(c->redlock, &cl, 1, deadline, 1);
+        how = claimed == DLOCK_OK ? 'c' : 'f';
+    }
 
     unsigned from = home ? home - 1 : draw(limit), asked = 0;
     uint64_t kept = 0; /* this try's split vote kept on the home slot */
@@ -247,6 +272,7 @@ int dlock_rlsem_acquire(dlock_client *c, dlock_entry *e, dlock_sem_try *t)
         if (dlock_renew_rl_slots_sync(c->renew, e) != DLOCK_OK) {
             h->n--;
             give_back(c, e, (unsigned)got, attempt, 0);
+            trace_try(c, e, t, limit, DLOCK_ENOMEM, -1, NULL, how, &cl);
             pthread_mutex_unlock(&e->mu);
             return dlock_err_set(DLOCK_ENOMEM, "out of memory registering a permit of '%s'",
                                  e->name);
@@ -254,6 +280,7 @@ int dlock_rlsem_acquire(dlock_client *c, dlock_entry *e, dlock_sem_try *t)
         h->fresh = attempt;
         h->fresh_k = (unsigned)got;
         t->answered = 1;
+        trace_try(c, e, t, limit, DLOCK_OK, got, &g, how, &cl);
         pthread_mutex_unlock(&e->mu);
         return DLOCK_OK; /* (t->held and t->sent_boot: dlock_rlsem_granted) */
     }
@@ -282,6 +309,7 @@ int dlock_rlsem_acquire(dlock_client *c, dlock_entry *e, dlock_sem_try *t)
             h->kept = 0;
         }
     }
+    trace_try(c, e, t, limit, again ? DLOCK_EBUSY : rc, -1, NULL, how, &cl);
     pthread_mutex_unlock(&e->mu);
     if (again)
         return dlock_err_set(DLOCK_EBUSY, "%s", why);
@@ -302,12 +330,15 @@ int dlock_rlsem_granted(dlock_client *c, dlock_entry *e, dlock_sem_try *t)
         if (h->s[i].k == h->fresh_k && h->s[i].g.attempt == h->fresh)
             at = (int)i;
     h->fresh = 0;
-    if (at < 0)
+    if (at < 0) {
         /* the renewal found a slot of the permits gone while this try was
          * answered, and took the fresh slot out with them (M8): not this
          * client's any more */
+        dlock_trace_event(c->trace, "sem.rlgranted", e->name, "%s %d 0 0 -", t->nonce,
+                          DLOCK_EBUSY);
         return dlock_err_set(DLOCK_EBUSY, "the permits of '%s' were lost while a try of it "
                              "was answered (a slot gone, found by the renewal)", e->name);
+    }
     dlock_redlock_slot fresh = h->s[at];
     if (dlock_boot_ns() >= fresh.g.valid_boot) {
         /* taken up after its validity (the caller was held up): the nodes
@@ -316,6 +347,8 @@ int dlock_rlsem_granted(dlock_client *c, dlock_entry *e, dlock_sem_try *t)
         h->s[at] = h->s[--h->n];
         (void)dlock_renew_rl_slots_sync(c->renew, e); /* (fewer: no allocation) */
         give_back(c, e, fresh.k, fresh.g.attempt, 0);
+        dlock_trace_event(c->trace, "sem.rlgranted", e->name, "%s %d 0 0 -", t->nonce,
+                          DLOCK_EREDIS);
         return dlock_err_set(DLOCK_EREDIS, "timed out: the acquire of a permit of '%s' was "
                              "taken up after the permit could have ended", e->name);
     }
@@ -332,6 +365,14 @@ int dlock_rlsem_granted(dlock_client *c, dlock_entry *e, dlock_sem_try *t)
             valid = h->s[i].g.valid_boot;
     t->held = h->n;
     t->sent_boot = valid - (int64_t)c->lease_ms * DLOCK_NS_PER_MS + c->drift_ns;
+    /* (sim/trace_sem.lua, sem.rlgranted: the permits counted, their
+     * validity, the slots) */
+    if (c->trace) {
+        char slots[DLOCK_REDLOCK_SLOTS_TEXT];
+        dlock_redlock_slots_text(h, slots, sizeof slots);
+        dlock_trace_event(c->trace, "sem.rlgranted", e->name, "%s %d %u %" PRId64 " %s",
+                          t->nonce, DLOCK_OK, t->held, valid, slots);
+    }
     return DLOCK_OK;
 }
 
@@ -406,6 +447,10 @@ static int take_out(dlock_client *c, dlock_entry *e, unsigned count, dlock_redlo
 
 int dlock_rlsem_release(dlock_client *c, dlock_entry *e, unsigned count)
 {
+    char number[24]; /* (its slots' releases are numbered by their attempts: this
+                        one, unused by the nodes, numbers the call for the trace) */
+    dlock_rpc_number(c, number);
+    dlock_trace_event(c->trace, "sem.rel", e->name, "%s %u", number, count);
     dlock_redlock_slot *s;
     unsigned n;
     int rc = take_out(c, e, count, &s, &n);
@@ -438,7 +483,9 @@ int dlock_rlsem_release(dlock_client *c, dlock_entry *e, unsigned count)
 
 void dlock_rlsem_leave(dlock_client *c, dlock_entry *e, uint64_t gave_up)
 {
-    (void)gave_up;
+    char number[24];
+    dlock_rpc_number(c, number);
+    dlock_trace_event(c->trace, "sem.leave", e->name, "%s %" PRIu64, number, gave_up);
     pthread_mutex_lock(&e->mu);
     dlock_redlock_slots *h = e->lease.rls;
     unsigned home = h ? h->home : 0;
@@ -457,8 +504,6 @@ void dlock_rlsem_leave(dlock_client *c, dlock_entry *e, uint64_t gave_up)
         return;
     char keep[256]; /* the caller's own error message stays the one reported */
     snprintf(keep, sizeof keep, "%s", dlock_last_error());
-    char number[24];
-    dlock_rpc_number(c, number);
     char *kbuf = malloc(dlock_redlock_slot_keys_size(e->keys)), *keys[DLOCK_SCRIPT_KEYS];
     int down[DLOCK_REDLOCK_NODES_MAX] = {0};
     int rc = DLOCK_ENOMEM, asked = kbuf != NULL;

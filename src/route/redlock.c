@@ -681,6 +681,17 @@ int dlock_redlock_check_node(dlock_redlock *rl, unsigned i, int64_t deadline)
     return rc;
 }
 
+void dlock_redlock_slots_text(const dlock_redlock_slots *h, char *out, size_t size)
+{
+    size_t at = 0;
+    out[0] = '\0';
+    for (unsigned i = 0; h && i < h->n && at < size; i++)
+        at += (size_t)snprintf(out + at, size - at, "%s%u:%" PRId64, i ? "," : "", h->s[i].k,
+                               h->s[i].g.valid_boot);
+    if (!out[0])
+        snprintf(out, size, "-");
+}
+
 size_t dlock_redlock_slot_keys_size(char *const *keys)
 {
     size_t total = 0;

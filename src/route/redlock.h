@@ -290,6 +290,12 @@ typedef struct dlock_redlock_slots {
     dlock_redlock_slot s[]; /* limit of them */
 } dlock_redlock_slots;
 
+/* The slots held, for a trace line: "k:valid,k:valid,..." (each slot and
+ * its validity on the boot clock, ns), "-" if none, into out (size bytes:
+ * DLOCK_REDLOCK_SLOTS_TEXT holds every slot). */
+#define DLOCK_REDLOCK_SLOTS_TEXT (DLOCK_REDLOCK_SEM_MAX * 24 + 2)
+void dlock_redlock_slots_text(const dlock_redlock_slots *h, char *out, size_t size);
+
 /* A held lease, for dlock_redlock_renew_many. */
 typedef struct dlock_redlock_lease {
     const char *name;              /* for messages */
@@ -326,6 +332,8 @@ typedef struct dlock_redlock_claim {
     int64_t valid_boot; /* out, verdict 1: until when a majority surely holds the
                            claim (the exchange's first send + a lease - the
                            drift allowance, CLOCK_BOOTTIME, as a grant's) */
+    int64_t first_boot; /* out: the exchange's first send (CLOCK_BOOTTIME), for
+                           the trace; 0 if none was sent */
 } dlock_redlock_claim;
 
 /* Claims the names of cl[0 .. n) on every node in one pipelined exchange

@@ -86,6 +86,7 @@ static int claim_chunk(dlock_redlock *rl, dlock_redlock_claim *cl, size_t k, int
     }
     int in_time = dlock_boot_ns() < valid;
     for (size_t j = 0; j < k; j++) {
+        cl[j].first_boot = first;
         if (ok[j] >= rl->m && in_time) {
             cl[j].verdict = 1;
             cl[j].valid_boot = valid;
