@@ -413,4 +413,13 @@ return {
     find = '            if (g.valid_boot > cl.valid_boot)\n',
     replace = '            if (0)\n',
   },
+  {
+    name = 'rl_kind_from_uncounted',
+    why = "Redlock mode: a lock's try counts a refusal as a semaphore's name (DLOCKKIND) from a "
+      .. 'node that does not count, and fails as a configuration error where too few nodes count',
+    file = 'src/route/redlock_grant.c',
+    find = '!strncmp(r->str, "DLOCKKIND", 9) && dlock_rl_same_run(rl, p, i) < 0 &&\n'
+      .. '                dlock_rl_counts_now(rl, i, p[i].run, p[i].seed, first))',
+    replace = '!strncmp(r->str, "DLOCKKIND", 9) && dlock_rl_same_run(rl, p, i) < 0)',
+  },
 }

@@ -7,7 +7,7 @@
  * claim lives while permits are held (the renewals claim again), and
  * ends two leases after the last; a claim on a minority of the nodes
  * stops no one (a wait goes on while a node is stopped), one on a
- * majority does.
+ * majority does; a lock's try counts the claims of counting nodes only.
  *
  * Each test runs on a key prefix of its own, seeded fresh before its
  * clients open.
@@ -207,6 +207,33 @@ static void test_claim_needs_a_majority(void **state)
     dlock_client_close(a);
 }
 
+/* A lock's try refused as a semaphore's name (DLOCKKIND) by a node that
+ * does not count (its seed key names another run) and by one that does,
+ * the third granting: one counting refusal is not more than n - m, so the
+ * try fails as too few nodes counting (DLOCK_EREDIS), not as the name
+ * being a semaphore's (DLOCK_ESERVER, which a refusal counted from the
+ * node that does not count would make). */
+static void test_kind_counts_counting_nodes_only(void **state)
+{
+    (void)state;
+    rl_prefix_new(1);
+    dlock_client *a = open_client();
+    assert_int_equal(dlock_acquire(a, "warm", FIRST_WAIT_MS, NULL), DLOCK_OK);
+    assert_int_equal(dlock_release(a, "warm"), DLOCK_OK);
+    char key[160];
+    snprintf(key, sizeof key, "%s{k1}", prefix);
+    for (int i = 0; i < 2; i++) {
+        redisReply *r = fx_cmd_at(srv[i].port, "HSET %s pv 2 k s l 5", key);
+        assert_non_null(r);
+        freeReplyObject(r);
+    }
+    redisReply *r = fx_cmd_at(srv[0].port, "SET %sredlock:seed another-run", prefix);
+    assert_non_null(r);
+    freeReplyObject(r);
+    refused(dlock_acquire(a, "k1", 0, NULL), DLOCK_EREDIS, "1 of 3 nodes count and answered");
+    dlock_client_close(a);
+}
+
 /* Another limit's claim on one node (a minority, left by a client gone)
  * while a third node is stopped for 0.8 s: a lock's wait and a wait for a
  * permit of this limit go on while too few nodes answer (DLOCK_EREDIS
@@ -261,6 +288,7 @@ int main(void)
         cmocka_unit_test(test_lock_and_semaphore_refuse_each_other),
         cmocka_unit_test(test_claim_lives_while_held),
         cmocka_unit_test(test_claim_needs_a_majority),
+        cmocka_unit_test(test_kind_counts_counting_nodes_only),
         cmocka_unit_test_teardown(test_minority_claim_waits_for_node, restore),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
