@@ -303,12 +303,10 @@ function TS:line(c, f)
     local want_rc, want_doubt = p.rep.rc, p.rep.in_doubt
     if not p.rl and want_rc == OK and rule.too_late(r, p.sent, now) then
       want_rc, want_doubt = -6, true -- answered after the permits could have ended
-    elseif p.rl and want_rc == OK and now >= p.rl.valid then
-      -- Redlock mode: the slot taken up after its validity, given back
-      -- (src/local/rlsem.c, dlock_rlsem_granted; never in doubt)
-      return string.format('attempt %d of %s taken up %.3f ms after its slot\'s validity ended',
-        nonce, e.name, (now - p.rl.valid) / 1e6)
     end
+    -- (Redlock mode: the take-up's own check of the slots' validity, by a
+    -- later reading of the clock, is sem.rlgranted's; a renewal may have
+    -- extended the fresh slot meanwhile)
     if (rc == OK) ~= (want_rc == OK) or (rc == EBUSY) ~= (want_rc == EBUSY) then
       return string.format('attempt %d of %s answered %.3f ms after its send (reply rc %d): rc %d; '
         .. 'the model %s', nonce, e.name, (now - p.sent) / 1e6, p.rep.rc, rc,
@@ -693,7 +691,22 @@ function TS:redlock(e, kind, f)
     end
     self.stats.sem_verdicts = self.stats.sem_verdicts + 1
     e.lease = 'LOST'
+    local p = e.pending
+    if p and p.rl and p.rl.slot >= 0 and not p.rep then
+      p.lost_round = true -- (its fresh slot, registered, went with them)
+    end
     return
+  end
+  if renew then
+    -- R1: the slots held are the permits counted, but for a granted try
+    -- not taken up yet and a give-back's slots not yet taken out
+    local n = num(f[8])
+    local extra = (e.pending and e.pending.rl and e.pending.rl.slot >= 0 and 1 or 0) +
+      (e.rel and e.rel.n or 0)
+    if n < e.held or n > e.held + extra then
+      return string.format('%s: %d slots held at a renewal; the model counts %d permits (%d more '
+        .. 'at most in flight)', e.name, n, e.held, extra)
+    end
   end
   local low
   for _, kv in ipairs(list) do
@@ -728,9 +741,10 @@ function TS:redlock(e, kind, f)
       end
       p.sent = valid - r.lease + r.drift -- (the local tier's validity: send + lease - drift)
     elseif rc == EBUSY then
-      if e.lease ~= 'LOST' then
-        return string.format('attempt %d of %s: its slot taken out as lost while the model counts '
-          .. 'the permits %s', nonce, e.name, e.lease)
+      -- (the lease LOST, or settled since by another thread: NONE)
+      if not p.lost_round then
+        return string.format('attempt %d of %s: its slot taken out as lost, but no renewal found '
+          .. 'the permits gone since the try', nonce, e.name)
       end
       p.fresh_lost = true
     elseif rc ~= -6 then

@@ -352,6 +352,24 @@ int dlock_rlsem_granted(dlock_client *c, dlock_entry *e, dlock_sem_try *t)
         return dlock_err_set(DLOCK_EREDIS, "timed out: the acquire of a permit of '%s' was "
                              "taken up after the permit could have ended", e->name);
     }
+    if (e->lease.state == DLOCK_LEASE_HELD && e->lease.sem) {
+        /* the permits held before are valid until their slots' earliest:
+         * one whose renewal is late and has run out (not yet found gone
+         * by the renewal round, which will find it so: M8) leaves no
+         * permit to hand out now, the fresh one given back */
+        int64_t now = dlock_boot_ns();
+        for (unsigned i = 0; i < h->n; i++)
+            if ((int)i != at && h->s[i].g.valid_boot <= now) {
+                h->s[at] = h->s[--h->n];
+                (void)dlock_renew_rl_slots_sync(c->renew, e); /* (fewer: no allocation) */
+                give_back(c, e, fresh.k, fresh.g.attempt, 0);
+                dlock_trace_event(c->trace, "sem.rlgranted", e->name, "%s %d 0 0 -", t->nonce,
+                                  DLOCK_EREDIS);
+                return dlock_err_set(DLOCK_EREDIS, "timed out: the permits of '%s' this client "
+                                     "holds ran out unconfirmed (their renewal late); the new "
+                                     "one given back", e->name);
+            }
+    }
     if (e->lease.state != DLOCK_LEASE_HELD || !e->lease.sem) {
         /* R1: the others are stale (their permits were lost): back, and
          * the fresh slot alone is counted */

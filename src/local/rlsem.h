@@ -67,7 +67,10 @@ int dlock_rlsem_acquire(dlock_client *c, dlock_entry *e, dlock_sem_try *t);
  * slot): t->held and t->sent_boot as e's slots are now (the renewal may
  * have changed them while e->mu was free). DLOCK_OK; DLOCK_EBUSY when the
  * renewal found the permits lost meanwhile and took the fresh slot out
- * with them (it released it: a refused try). */
+ * with them (it released it: a refused try); DLOCK_EREDIS when the fresh
+ * slot's validity, or that of a slot held before (its renewal late, the
+ * round that finds it gone not applied yet), has run out: the fresh slot
+ * is given back. */
 int dlock_rlsem_granted(dlock_client *c, dlock_entry *e, dlock_sem_try *t);
 
 /* The fresh slot of attempt `nonce` given back (the local tier could not
