@@ -401,9 +401,9 @@ return {
       .. 'latest validity, not their earliest (a permit used after its slot could have ended)',
     file = 'src/local/rlsem.c',
     find = '        if (h->s[i].g.valid_boot < valid)\n            valid = h->s[i].g.valid_boot;\n'
-      .. '    t->held = h->n;',
+      .. '    if (dlock_boot_ns() >= valid) {',
     replace = '        if (valid == DLOCK_NEVER || h->s[i].g.valid_boot > valid)\n'
-      .. '            valid = h->s[i].g.valid_boot;\n    t->held = h->n;',
+      .. '            valid = h->s[i].g.valid_boot;\n    if (dlock_boot_ns() >= valid) {',
   },
   {
     name = 'rl_sem_slot_past_claim',

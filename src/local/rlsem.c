@@ -340,47 +340,34 @@ int dlock_rlsem_granted(dlock_client *c, dlock_entry *e, dlock_sem_try *t)
                              "was answered (a slot gone, found by the renewal)", e->name);
     }
     dlock_redlock_slot fresh = h->s[at];
-    if (dlock_boot_ns() >= fresh.g.valid_boot) {
-        /* taken up after its validity (the caller was held up): the nodes
-         * may have ended it, as a single server's grant answered late
-         * (sem.c) */
-        h->s[at] = h->s[--h->n];
-        (void)dlock_renew_rl_slots_sync(c->renew, e); /* (fewer: no allocation) */
-        give_back(c, e, fresh.k, fresh.g.attempt, 0);
-        dlock_trace_event(c->trace, "sem.rlgranted", e->name, "%s %d 0 0 -", t->nonce,
-                          DLOCK_EREDIS);
-        return dlock_err_set(DLOCK_EREDIS, "timed out: the acquire of a permit of '%s' was "
-                             "taken up after the permit could have ended", e->name);
-    }
-    if (e->lease.state == DLOCK_LEASE_HELD && e->lease.sem) {
-        /* the permits held before are valid until their slots' earliest:
-         * one whose renewal is late and has run out (not yet found gone
-         * by the renewal round, which will find it so: M8) leaves no
-         * permit to hand out now, the fresh one given back */
-        int64_t now = dlock_boot_ns();
-        for (unsigned i = 0; i < h->n; i++)
-            if ((int)i != at && h->s[i].g.valid_boot <= now) {
-                h->s[at] = h->s[--h->n];
-                (void)dlock_renew_rl_slots_sync(c->renew, e); /* (fewer: no allocation) */
-                give_back(c, e, fresh.k, fresh.g.attempt, 0);
-                dlock_trace_event(c->trace, "sem.rlgranted", e->name, "%s %d 0 0 -", t->nonce,
-                                  DLOCK_EREDIS);
-                return dlock_err_set(DLOCK_EREDIS, "timed out: the permits of '%s' this client "
-                                     "holds ran out unconfirmed (their renewal late); the new "
-                                     "one given back", e->name);
-            }
-    }
     if (e->lease.state != DLOCK_LEASE_HELD || !e->lease.sem) {
         /* R1: the others are stale (their permits were lost): back, and
          * the fresh slot alone is counted */
         h->s[at] = h->s[--h->n];
         stale_out(c, e);
         h->s[h->n++] = fresh;
+        at = (int)h->n - 1;
     }
+    /* The permits are valid until their slots' earliest. Taken up after it
+     * (the caller held up past the fresh slot's validity, or a slot held
+     * before ran out unconfirmed, its renewal late, not yet found gone:
+     * M8), the nodes may have ended it: as a single server's grant
+     * answered late (sem.c), the fresh slot goes back. */
     int64_t valid = DLOCK_NEVER;
     for (unsigned i = 0; i < h->n; i++)
         if (h->s[i].g.valid_boot < valid)
             valid = h->s[i].g.valid_boot;
+    if (dlock_boot_ns() >= valid) {
+        h->s[at] = h->s[--h->n];
+        (void)dlock_renew_rl_slots_sync(c->renew, e); /* (fewer: no allocation) */
+        give_back(c, e, fresh.k, fresh.g.attempt, 0);
+        dlock_trace_event(c->trace, "sem.rlgranted", e->name, "%s %d 0 0 -", t->nonce,
+                          DLOCK_EREDIS);
+        return dlock_err_set(DLOCK_EREDIS, "timed out: the acquire of a permit of '%s' was "
+                             "taken up after the permit could have ended (the new one, or one "
+                             "held before whose renewal was late); the new one given back",
+                             e->name);
+    }
     t->held = h->n;
     t->sent_boot = valid - (int64_t)c->lease_ms * DLOCK_NS_PER_MS + c->drift_ns;
     /* (sim/trace_sem.lua, sem.rlgranted: the permits counted, their
