@@ -583,7 +583,10 @@ DLOCK_API int dlock_release_shared(dlock_client *c, const char *name);
  * assumptions (dlock_acquire, Redlock mode). One slot of this client lost
  * loses all its permits of the name (on_lost once). A try asks each slot
  * this client does not hold in turn, one quorum exchange each; a wait
- * queues on one of them. A try first claims the name on the nodes for its
+ * queues on every slot it asks (a release of any of them grants it to
+ * the first waiter of that slot's queue, and wakes it), and leaves the
+ * others' queues once it has a permit (or gives up).
+ * A try first claims the name on the nodes for its
  * limit (one more quorum exchange) unless this client's own claim holds
  * two thirds of a lease more, and the renewals claim it again while permits are
  * held: while a claim lives on a majority, a second limit (DLOCK_EINVAL)

@@ -322,8 +322,8 @@ return {
     name = 'rl_split_kept_from_older',
     why = 'Redlock mode: a wait keeps its split vote although an older waiter holds a node',
     file = 'src/route/redlock_grant.c',
-    find = '        if (votes > 0 && !busy->older && dlock_boot_ns() < valid) {',
-    replace = '        if (votes > 0 && dlock_boot_ns() < valid) {',
+    find = '        if (votes > 0 && !q->no_keep && !busy->older && dlock_boot_ns() < valid) {',
+    replace = '        if (votes > 0 && !q->no_keep && dlock_boot_ns() < valid) {',
   },
   {
     name = 'rl_kept_not_given_back',
@@ -421,5 +421,28 @@ return {
     find = '!strncmp(r->str, "DLOCKKIND", 9) && dlock_rl_same_run(rl, p, i) < 0 &&\n'
       .. '                dlock_rl_counts_now(rl, i, p[i].run, p[i].seed, first))',
     replace = '!strncmp(r->str, "DLOCKKIND", 9) && dlock_rl_same_run(rl, p, i) < 0)',
+  },
+  {
+    name = 'rl_sem_wait_queues_home_only',
+    why = "Redlock mode: a semaphore's wait queues on its home slot only, so that a release of "
+      .. 'another slot wakes nobody (found by the fallback poll)',
+    file = 'src/local/rlsem.c',
+    find = '        int queue = home != 0;\n',
+    replace = '        int queue = home && k == home - 1;\n',
+  },
+  {
+    name = 'rl_sem_grant_leaves_home_only',
+    why = "Redlock mode: a semaphore's wait that got a permit leaves its home slot's queue only, "
+      .. 'staying queued (and granted directly) on the other slots for a waiter ttl',
+    file = 'src/local/rlsem.c',
+    find = '    uint64_t q = h->queued | (h->home ? 1ull << (h->home - 1) : 0);\n',
+    replace = '    uint64_t q = h->home ? 1ull << (h->home - 1) : 0;\n',
+  },
+  {
+    name = 'rl_sem_leave_home_only',
+    why = "Redlock mode: a semaphore's wait that gave up leaves its home slot's queue only",
+    file = 'src/local/rlsem.c',
+    find = '        q = h->queued | (h->home ? 1ull << (h->home - 1) : 0);\n',
+    replace = '        q = h->home ? 1ull << (h->home - 1) : 0;\n',
   },
 }

@@ -89,11 +89,12 @@
 -- "dlock:{<name>}:s<k>" + the lock's suffixes, the name's slot mark) under
 -- the same scripts and rule. A permit is a slot held: tried in an order
 -- that starts at a drawn slot and skips those the client holds already;
--- with --wait a client's wait queues on one slot only (its home: the first
--- of that order), woken as a lock's waiter, and each of its tries first
--- tries the other slots once without queueing (a split vote there is given
--- back at once); a permit got elsewhere ends the wait with a leave
--- (leave.lua) of the home slot. A client may hold two permits at once (as
+-- with --wait a client's wait queues on every slot of that order, woken
+-- as a lock's waiter by a release of any of them; it keeps a split vote
+-- only on its home (the first of the order, which each try asks first; a
+-- split vote elsewhere is given back at once, not where refused), and a
+-- permit ends the wait with a leave (leave.lua) of every other slot's
+-- queue. A client may hold two permits at once (as
 -- two threads of one process). Each try first claims the name for its
 -- limit (lua/p2/sem_claim.lua on every node, counted by a majority), unless
 -- the client's own claim lives a lease more; the renewals claim it again,
@@ -632,9 +633,11 @@ end
 -- shared: a shared lease (acquire_shared.lua on every node, the same rule:
 -- any two majorities share a node, which grants no exclusive lease beside a
 -- shared one; no local passes, so the write-back writes T alone).
--- single: a try outside the client's wait (a semaphore's other slots): not
--- queued, no split vote kept, whatever cfg.wait.
-function W:acquire(c, name, shared, single)
+-- single: a try outside the client's wait: not queued, no split vote
+-- kept, whatever cfg.wait. nokeep: a try of a wait that keeps no split
+-- vote (a semaphore's slot other than its wait's home): queued where
+-- refused, a split vote given back as a wait's (not where refused).
+function W:acquire(c, name, shared, single, nokeep)
   local cfg = self.cfg
   local wait = cfg.wait and not single
   local pl = shared and 0 or c.pl or cfg.pl -- (a scenario may give a client a pass limit of its own)
@@ -696,7 +699,7 @@ function W:acquire(c, name, shared, single)
       -- A split vote: the client waiting longest keeps its grants (its
       -- next try, within a third of a lease, renews them); any other gives
       -- them back, so that those nodes pass to their next waiter.
-      if not older and cnow(self, c) < valid then
+      if not older and not nokeep and cnow(self, c) < valid then
         self.wstats.kept = self.wstats.kept + 1
         self:trace(string.format('%s keeps its %d votes for %s (ticket %.0f)', c.name, votes, name,
           c.ticket))
@@ -1146,13 +1149,18 @@ function W:leave_all(c, s)
 end
 
 -- A permit of sem, waiting (cfg.wait) until c's clock passes deadline: as
--- acquire_waiting on the home slot (the first of c's order), each try
--- first trying the other slots once without queueing.
+-- acquire_waiting on every slot of c's order, each try asking the first
+-- (its home, the only slot where a split vote is kept) before the others;
+-- a wake-up from any of them ends the pause between tries. A split vote
+-- kept at home is given back once a later try ended, or the wait did (a
+-- permit got on another slot: src/local/rlsem.c, R3).
 function W:permit_waiting(c, sem, deadline)
   local cfg = self.cfg
   local order = self:slot_order(c, sem)
   local home = order[1]
-  c.ticket, c.waiting, c.woken = self:ticket(c), home, nil
+  local waiting = {}
+  for _, s in ipairs(order) do waiting[s] = true end
+  c.ticket, c.waiting, c.woken = self:ticket(c), waiting, nil
   local start = self.now
   local h, kept, cv, refused
   while true do
@@ -1166,15 +1174,14 @@ function W:permit_waiting(c, sem, deadline)
       self:release_all(c, home, kept, '0')
       kept = nil
     end
-    for j = 2, cv and #order or 0 do
-      h = self:acquire(c, order[j], nil, true)
+    local before = kept
+    if cv then h, kept = self:acquire(c, home) end
+    for j = 2, (cv and not h) and #order or 0 do
+      h = self:acquire(c, order[j], nil, nil, true)
       if h then break end
     end
-    if cv and not h then
-      local before = kept
-      h, kept = self:acquire(c, home)
-      if before and before ~= kept then self:release_all(c, home, before, '0') end
-    end
+    -- (the try before's kept vote, once this try ended: rlsem.c, R3)
+    if before and before ~= kept then self:release_all(c, home, before, '0') end
     if h or cnow(self, c) >= deadline then break end
     self:renew_due(c)
     local p = c.pttl and c.pttl * 1000 or floor(cfg.L / 3)
@@ -1182,7 +1189,11 @@ function W:permit_waiting(c, sem, deadline)
   end
   c.waiting, c.wtok, c.woken = nil, nil, nil
   if kept then self:release_all(c, home, kept, '0') end
-  if not h or h.name ~= home then self:leave_all(c, home) end
+  -- (out of every queue but the granted slot's: src/local/rlsem.c leaves
+  -- the slots its wait asked)
+  for _, s in ipairs(order) do
+    if not h or h.name ~= s then self:leave_all(c, s) end
+  end
   local waited = self.now - start
   local ws = self.wstats
   ws.waits = ws.waits + 1
@@ -1523,7 +1534,8 @@ function W:wake(nd, chan, msg)
   if not self:link_up(c, nd.i) or (lossy and self:rand() < 0.08) then return end
   self:at(self.now + self:delay(c, nd.i), function()
     local name = string.match(msg, '(%S+)$')
-    if c.waiting ~= name then return end
+    local w = c.waiting
+    if w ~= name and not (type(w) == 'table' and w[name]) then return end
     self.wstats.wakeups = self.wstats.wakeups + 1
     self:trace(string.format('%s woken for %s by node %d (%s)', c.name, name, nd.i, msg))
     if c.wtok then

@@ -64,6 +64,34 @@ static void leave_bg(dlock_client *c, dlock_entry *e, unsigned k, uint32_t skip,
     dlock_renew_rl_slot_job(c->renew, e, k, 1, number, skip);
 }
 
+/* The nodes' bits. */
+static uint32_t all_nodes(const dlock_client *c)
+{
+    return (uint32_t)((1u << dlock_redlock_nodes(c->redlock)) - 1);
+}
+
+/* R2: a wait's end, out of the queue of every slot it asked (and of its
+ * home), in the background: slot `got` (-1 none), granted by the nodes of
+ * `granted`, only on the others, numbered `nonce` as the grant's attempt
+ * (leave.lua gives up grants of older attempts only); the rest as a new
+ * call. e->mu held. */
+static void leave_wait(dlock_client *c, dlock_entry *e, int got, uint32_t granted,
+                       const char *nonce)
+{
+    dlock_redlock_slots *h = e->lease.rls;
+    uint64_t q = h->queued | (h->home ? 1ull << (h->home - 1) : 0);
+    for (unsigned k = 0; k < h->limit; k++) {
+        if (!(q >> k & 1))
+            continue;
+        if ((int)k != got)
+            leave_bg(c, e, k, 0, NULL);
+        else if (granted != all_nodes(c))
+            dlock_renew_rl_slot_job(c->renew, e, k, 1, nonce, granted);
+    }
+    h->home = 0;
+    h->queued = 0;
+}
+
 /* e's slots for `limit`: made, or made anew for another limit (none held
  * then: local/sem.h refuses a second limit while the first is in use).
  * e->mu held. DLOCK_OK or DLOCK_ENOMEM. */
@@ -98,12 +126,6 @@ static void stale_out(dlock_client *c, dlock_entry *e)
     for (unsigned i = 0; i < h->n; i++)
         give_back(c, e, h->s[i].k, h->s[i].g.attempt, 0);
     h->n = 0;
-}
-
-/* The nodes' bits. */
-static uint32_t all_nodes(const dlock_client *c)
-{
-    return (uint32_t)((1u << dlock_redlock_nodes(c->redlock)) - 1);
 }
 
 /* The trace's line of a try (sim/trace_sem.lua, sem.rltry): its send, the
@@ -185,6 +207,7 @@ int dlock_rlsem_acquire(dlock_client *c, dlock_entry *e, dlock_sem_try *t)
     }
 
     unsigned from = home ? home - 1 : draw(limit), asked = 0;
+    uint64_t queued = 0; /* the slots this try asked queued (R2) */
     uint64_t kept = 0; /* this try's split vote kept on the home slot */
     int got = -1;
     uint32_t granted = 0; /* the nodes that granted it */
@@ -192,7 +215,7 @@ int dlock_rlsem_acquire(dlock_client *c, dlock_entry *e, dlock_sem_try *t)
     char why[700] = "";
     rc = DLOCK_EBUSY;
     if (claimed != DLOCK_OK) {
-        /* (refused: the wait ends, sem.c leaves the home slot's queue;
+        /* (refused: the wait ends, and its queues are left below;
          * unconfirmed: as a try too few nodes answered, below) */
         snprintf(why, sizeof why, "%s", dlock_last_error());
         rc = claimed;
@@ -202,7 +225,10 @@ int dlock_rlsem_acquire(dlock_client *c, dlock_entry *e, dlock_sem_try *t)
         if (held >> k & 1)
             continue;
         dlock_redlock_slot_keys(e->keys, k, kbuf, keys);
-        int queue = home && k == home - 1;
+        /* R2: a wait's try queues on every slot it asks, and keeps a split
+         * vote at home only */
+        int queue = home != 0;
+        queued |= (uint64_t)queue << k;
         /* each slot a whole exchange (as a lock's try: rlmode.c) */
         deadline = dlock_rlmode_exchange_deadline(c);
         if (t->queue && t->deadline > deadline)
@@ -211,10 +237,11 @@ int dlock_rlsem_acquire(dlock_client *c, dlock_entry *e, dlock_sem_try *t)
         dlock_redlock_req q = {.name = e->name, .keys = keys, .args = &c->args,
                                .client_name = c->conn.client_name, .attempt = attempt,
                                .deadline = deadline, .queue = queue,
+                               .no_keep = queue && k != home - 1,
                                .ticket = queue ? ticket : 0, .client_id = c->args.client_id};
         dlock_redlock_busy b;
         int r = dlock_redlock_acquire(c->redlock, &q, &g, &b);
-        if (queue && r == DLOCK_EBUSY && b.kept)
+        if (queue && k == home - 1 && r == DLOCK_EBUSY && b.kept)
             kept = attempt;
         if (r == DLOCK_OK) {
             got = (int)k;
@@ -242,26 +269,17 @@ int dlock_rlsem_acquire(dlock_client *c, dlock_entry *e, dlock_sem_try *t)
     h = e->lease.rls;
     if (claimed == DLOCK_OK && cl.valid_boot > h->claim_valid)
         h->claim_valid = cl.valid_boot;
+    h->queued |= queued;
     /* R3: the try before's kept split vote, once this try ended */
     if (h->kept && h->kept != kept)
         give_back(c, e, h->kept_k, h->kept, 0);
     h->kept = kept;
     h->kept_k = home ? home - 1 : 0;
     if (rc == DLOCK_OK) {
-        if (h->home) {
-            /* R2: the wait ends (this try's, or a single try's that got a
-             * permit meanwhile): out of the home slot's queue where this
-             * grant did not take it out; a grant of the home slot itself
-             * leaves it numbered as its attempt, which leave.lua does not
-             * give up (as a lock's wait: rlmode.c) */
-            if (got == (int)h->home - 1) {
-                if (granted != all_nodes(c))
-                    dlock_renew_rl_slot_job(c->renew, e, (unsigned)got, 1, t->nonce, granted);
-            } else {
-                leave_bg(c, e, h->home - 1, 0, NULL);
-            }
-            h->home = 0;
-        }
+        /* R2: the wait ends (this try's, or a single try's that got a
+         * permit meanwhile): out of every queue where this grant did not
+         * take it out (as a lock's wait: rlmode.c) */
+        leave_wait(c, e, got, granted, t->nonce);
         if (t->queue)
             h->ticket = 0; /* (the wait's own grant: it ends) */
         if (h->kept) { /* (refused at home, granted elsewhere: the vote goes back) */
@@ -287,22 +305,18 @@ int dlock_rlsem_acquire(dlock_client *c, dlock_entry *e, dlock_sem_try *t)
     int again = 0;
     if (claimed != DLOCK_OK && claimed != DLOCK_EREDIS && t->queue) {
         /* R4: a refused claim ends the wait (its call returns the
-         * refusal): out of the home slot's queue, where an earlier try of
-         * it may have queued the client, and its ticket gone */
-        if (h->home)
-            leave_bg(c, e, h->home - 1, 0, NULL);
-        h->home = 0;
+         * refusal): out of the queues where its earlier tries may have
+         * queued the client, and its ticket gone */
+        leave_wait(c, e, -1, 0, NULL);
         h->ticket = 0;
     } else if (rc == DLOCK_EREDIS && t->queue) {
         /* As a lock's waiting try (rlmode.c): on while its deadline leaves
-         * time for another; else the wait ends, and the home slot's nodes
-         * that answered may have queued the client. */
+         * time for another; else the wait ends, and the nodes that
+         * answered may have queued the client on the slots asked. */
         int64_t pause = dlock_rlmode_retry_ms(c, c->lease_ms / 10) * DLOCK_NS_PER_MS;
         again = t->deadline == DLOCK_NEVER || dlock_now_ns() + pause + DLOCK_NS_PER_MS < t->deadline;
         if (!again) {
-            if (home) /* (0 only when every slot is held: then no slot was asked) */
-                leave_bg(c, e, home - 1, 0, NULL);
-            h->home = 0;
+            leave_wait(c, e, -1, 0, NULL);
             h->ticket = 0;
             if (h->kept)
                 give_back(c, e, h->kept_k, h->kept, 0);
@@ -493,40 +507,49 @@ void dlock_rlsem_leave(dlock_client *c, dlock_entry *e, uint64_t gave_up)
     dlock_trace_event(c->trace, "sem.leave", e->name, "%s %" PRIu64, number, gave_up);
     pthread_mutex_lock(&e->mu);
     dlock_redlock_slots *h = e->lease.rls;
-    unsigned home = h ? h->home : 0;
-    for (unsigned i = 0; home && i < h->n; i++)
-        if (h->s[i].k == home - 1)
-            home = 0; /* (never: R2; a leave would give that grant up) */
-    if (h && h->kept)
-        give_back(c, e, h->kept_k, h->kept, 0);
+    uint64_t q = 0; /* R2: the slots its tries asked, and its home */
+    unsigned limit = 0;
     if (h) {
+        limit = h->limit;
+        q = h->queued | (h->home ? 1ull << (h->home - 1) : 0);
+        for (unsigned i = 0; i < h->n; i++)
+            q &= ~(1ull << h->s[i].k); /* (never: R2; a leave would give that grant up) */
+        if (h->kept)
+            give_back(c, e, h->kept_k, h->kept, 0);
         h->home = 0;
+        h->queued = 0;
         h->kept = 0;
         h->ticket = 0;
     }
     pthread_mutex_unlock(&e->mu);
-    if (!home)
+    if (!q)
         return;
     char keep[256]; /* the caller's own error message stays the one reported */
     snprintf(keep, sizeof keep, "%s", dlock_last_error());
     char *kbuf = malloc(dlock_redlock_slot_keys_size(e->keys)), *keys[DLOCK_SCRIPT_KEYS];
+    /* (one row: a node that failed one leave is not asked for the others,
+     * dlock_redlock_leave_past, and gets them in the background) */
     int down[DLOCK_REDLOCK_NODES_MAX] = {0};
-    int rc = DLOCK_ENOMEM, asked = kbuf != NULL;
-    if (kbuf) {
-        dlock_redlock_slot_keys(e->keys, home - 1, kbuf, keys);
-        dlock_redlock_req q = {.name = e->name, .keys = keys, .args = &c->args,
-                               .client_name = c->conn.client_name,
-                               .attempt = strtoull(number, NULL, 10),
-                               .deadline = dlock_rlmode_exchange_deadline(c)};
-        rc = dlock_redlock_leave_past(c->redlock, &q, down, 0);
-        free(kbuf);
+    for (unsigned k = 0; k < limit; k++) {
+        if (!(q >> k & 1))
+            continue;
+        int rc = DLOCK_ENOMEM;
+        if (kbuf) {
+            dlock_redlock_slot_keys(e->keys, k, kbuf, keys);
+            dlock_redlock_req lq = {.name = e->name, .keys = keys, .args = &c->args,
+                                    .client_name = c->conn.client_name,
+                                    .attempt = strtoull(number, NULL, 10),
+                                    .deadline = dlock_rlmode_exchange_deadline(c)};
+            rc = dlock_redlock_leave_past(c->redlock, &lq, down, 0);
+        }
+        if (rc != DLOCK_OK) {
+            /* the nodes that did not answer, in the background */
+            uint32_t skip = 0;
+            for (unsigned i = 0; kbuf && i < dlock_redlock_nodes(c->redlock); i++)
+                skip |= (uint32_t)!down[i] << i;
+            dlock_renew_rl_slot_job(c->renew, e, k, 1, number, skip);
+        }
     }
-    if (rc != DLOCK_OK) {
-        /* the nodes that did not answer, in the background */
-        uint32_t skip = 0;
-        for (unsigned i = 0; asked && i < dlock_redlock_nodes(c->redlock); i++)
-            skip |= (uint32_t)!down[i] << i;
-        dlock_renew_rl_slot_job(c->renew, e, home - 1, 1, number, skip);
-    }
+    free(kbuf);
     dlock_err_set(0, "%s", keep);
 }

@@ -21,15 +21,16 @@
  *       held while the lease is not HELD are stale (their permits were
  *       lost, M8) and are given back by the next acquire or by the next
  *       thread to leave e with nobody in its call slot.
- *   R2. A wait's tries queue on one slot, its home, drawn at its first
- *       try among the slots not held; every other slot not held is tried
- *       once per try without queueing. Any grant ends the wait (the
- *       wait's own, or a single try's meanwhile): a permit got from
- *       another slot with a leave of the home slot (in the background),
- *       a grant of the home slot with a leave of the nodes that did not
- *       grant it, numbered as its attempt (as a lock's wait). The home
- *       slot is never one e holds: leave.lua gives up a held grant of an
- *       older attempt.
+ *   R2. A wait's tries queue on every slot not held that they ask
+ *       (e->lease.rls->queued), so that a release of any of them wakes
+ *       the wait; a split vote is kept only on its home, drawn at its
+ *       first try among the slots not held and asked first, and given
+ *       back elsewhere (route/redlock.h, no_keep). Any grant ends the
+ *       wait (the wait's own, or a single try's meanwhile): a leave of
+ *       every queued slot but the one granted (in the background), and
+ *       of the granted one on the nodes that did not grant it, numbered
+ *       as its attempt (as a lock's wait). A leave never names a slot e
+ *       holds: leave.lua gives up a held grant of an older attempt.
  *       The wait's ticket is kept until the wait ends (its own grant, or
  *       its leave), whatever homes it draws.
  *   R3. A split vote the home slot's try kept (route/redlock.h, wait) is
@@ -88,9 +89,9 @@ void dlock_rlsem_tidy(dlock_client *c, dlock_entry *e);
  * a lease). */
 int dlock_rlsem_release(dlock_client *c, dlock_entry *e, unsigned count);
 
-/* dlock_sem_rpc_leave in Redlock mode: the wait's home slot's queue left
- * on every node (in the background if a node does not answer), and a
- * split vote kept given back (R3). `gave_up` unused: the leave's own
+/* dlock_sem_rpc_leave in Redlock mode: the queue of every slot the wait
+ * asked left on every node (in the background where a node does not
+ * answer), and a split vote kept given back (R3). `gave_up` unused: the leave's own
  * number gives up grants of older attempts (leave.lua). */
 void dlock_rlsem_leave(dlock_client *c, dlock_entry *e, uint64_t gave_up);
 

@@ -51,8 +51,9 @@
  *   wait    with q->queue (a try of a wait, docs/design.md "Redlock",
  *           Waiting): every node that refuses queues the client, under
  *           the name "<client_name>@<ticket>.<client id>"; a split vote
- *           (some votes, fewer than m) is kept, not released, unless a
- *           node that refused it is held by a client whose ticket (then
+ *           (some votes, fewer than m) is kept, not released, unless the
+ *           try keeps none (q->no_keep) or a node that refused it is held
+ *           by a client whose ticket (then
  *           client id) comes first (wait-die: the caller's next try grants
  *           them anew under its new attempt, and the caller gives this
  *           attempt back once that try ends); a release after a failed try
@@ -179,6 +180,9 @@ typedef struct dlock_redlock_req {
                                      on the nodes released by token */
     int queue;                    /* acquire: a try of a wait (above, wait): queued
                                      where refused, a split vote kept or given back */
+    int no_keep;                  /* with queue: no split vote kept (given back as a
+                                     wait's: not to the nodes that refused it); a
+                                     semaphore's slot other than its wait's home */
     uint64_t ticket;              /* with queue: the wait's ticket, the client's wall
                                      clock (us) when the wait began, kept by its tries */
     const char *client_id;        /* with queue: the client's id (args->client_id) */
@@ -276,7 +280,10 @@ typedef struct dlock_redlock_slot {
 typedef struct dlock_redlock_slots {
     uint32_t limit;       /* the slots: 0 .. limit - 1 */
     unsigned n;           /* slots held: s[0 .. n) */
-    unsigned home;        /* a wait's home slot + 1 (its tries queue there), 0 none */
+    unsigned home;        /* a wait's home slot + 1 (its tries keep a split vote
+                             there), 0 none */
+    uint64_t queued;      /* the slots a wait's tries asked, queued where refused
+                             (bit k: slot k), 0 none: left when the wait ends */
     uint64_t ticket;      /* the wait's ticket (redlock.h, wait), kept until it ends
                              (its own grant, its leave), 0 none */
     uint64_t kept;        /* an attempt whose split vote on the home slot was kept,

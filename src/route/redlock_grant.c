@@ -414,14 +414,14 @@ int dlock_redlock_acquire(dlock_redlock *rl, const dlock_redlock_req *q, dlock_r
     busy->votes = votes;
     if (votes < rl->m && q->queue) {
         /* A wait's split vote (docs/design.md "Redlock", Waiting): kept,
-         * unless a node that refused it is held by a client waiting since
-         * before this one (then given back, so that those nodes pass to
-         * their next waiter); a release skips the nodes that refused it
-         * (nothing of this attempt there; a direct grant one makes later
-         * is this client's turn). */
+         * unless the try keeps none (q->no_keep) or a node that refused it
+         * is held by a client waiting since before this one (then given
+         * back, so that those nodes pass to their next waiter); a release
+         * skips the nodes that refused it (nothing of this attempt there;
+         * a direct grant one makes later is this client's turn). */
         for (unsigned i = 0; i < rl->n && !busy->older; i++)
             busy->older = !p[i].failed && dlock_rl_refused_by_older(p[i].rep, q);
-        if (votes > 0 && !busy->older && dlock_boot_ns() < valid) {
+        if (votes > 0 && !q->no_keep && !busy->older && dlock_boot_ns() < valid) {
             busy->kept = 1;
             dlock_rl_peers_close(rl, p);
             return dlock_err_set(DLOCK_EBUSY, "redlock acquire of '%s': %u of %u nodes granted, "

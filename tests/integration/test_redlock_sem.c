@@ -55,6 +55,19 @@ static dlock_client *open_client(void)
     return rl_open_of(LEASE_MS, 100);
 }
 
+/* A client whose waits poll rarely: a lease of 30 s and a waiter ttl of
+ * 40 s make its fallback retry 10 s (the smaller of a third of the lease
+ * and a quarter of the ttl), and its places in the queues live 40 s, so
+ * that only a wake-up ends its wait soon and only a leave empties them. */
+static dlock_client *open_waiting_client(void)
+{
+    dlock_config cfg;
+    rl_config(&cfg, 30000, 400);
+    cfg.waiter_ttl_ms = 40000;
+    cfg.on_lost = rl_on_lost;
+    return rl_open(&cfg);
+}
+
 /* Takes a permit of name (limit) on c, which must succeed within wait. */
 static void must(dlock_client *c, const char *name, uint32_t limit, int64_t wait)
 {
@@ -165,13 +178,13 @@ static void *waiter_main(void *arg)
 }
 
 /* A client waits for the one permit another holds: the holder's release
- * wakes it (a node's message) well before its fallback retry (a third of
- * the lease, 10 s here: lease 30 s), and then no slot is left held. */
+ * wakes it (a node's message) well before its fallback retry (10 s:
+ * open_waiting_client), and then no slot is left held. */
 static void test_waiter_woken_by_release(void **state)
 {
     (void)state;
     rl_prefix_new(1);
-    dlock_client *a = open_client_of(30000, 400), *b = open_client_of(30000, 400);
+    dlock_client *a = open_waiting_client(), *b = open_waiting_client();
     must(a, "s3", 1, FIRST_WAIT_MS);
     must(b, "s3w", 1, FIRST_WAIT_MS); /* b counts the nodes now */
     assert_int_equal(dlock_sem_release(b, "s3w"), DLOCK_OK);
@@ -197,6 +210,115 @@ static void test_waiter_woken_by_release(void **state)
     printf("# woken %" PRId64 " ms after the release\n", w.got_ms - t0);
     assert_true(w.got_ms - t0 < 5000); /* the fallback: 10 s */
     assert_int_equal(slots_held("s3", 1), 0);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+/* The clients queued on slot k of name at node i (its queue's ZCARD). */
+static long long queued_on(unsigned i, const char *name, unsigned k)
+{
+    redisReply *r = fx_cmd_at(srv[i].port, "ZCARD %s{%s}:s%u:q", prefix, name, k);
+    long long n = r && r->type == REDIS_REPLY_INTEGER ? r->integer : -1;
+    if (r)
+        freeReplyObject(r);
+    return n;
+}
+
+/* Whether every queue of name's slots 0 .. limit - 1 at every node holds
+ * at least one client (want 1), or none (want 0): polled for up to 10 s,
+ * generous for a loaded machine (the leaves go out in the background). */
+static int queues_are(const char *name, uint32_t limit, int want)
+{
+    for (int t = 0; t < 1000; t++) {
+        int all = 1;
+        for (unsigned i = 0; i < NSRV; i++)
+            for (unsigned k = 0; k < limit; k++)
+                all &= want ? queued_on(i, name, k) > 0 : queued_on(i, name, k) == 0;
+        if (all)
+            return 1;
+        fx_sleep_ms(10);
+    }
+    return 0;
+}
+
+/* The queues of name's 3 slots at every node, for a failure's message. */
+static void queues_text(const char *name, char *out, size_t size)
+{
+    size_t at = 0;
+    for (unsigned k = 0; k < 3; k++)
+        for (unsigned i = 0; i < NSRV && at < size; i++)
+            at += (size_t)snprintf(out + at, size - at, "%ss%u@%u=%lld", at ? " " : "", k, i,
+                                   queued_on(i, name, k));
+}
+
+/* A client waits for a permit of 3 another holds all of: its tries queue
+ * it on every slot at every node, so that a release of any wakes it well
+ * before its fallback retry (10 s: open_waiting_client); once it has a
+ * permit it is out of the other slots' queues, which would otherwise keep
+ * it (and a direct grant to it) for its waiter ttl (40 s). With 3 slots,
+ * one of them is neither the wait's home nor the slot released, whatever
+ * the draws. Before, a wait queued on its home slot only: a release of
+ * another slot was found by the fallback. */
+static void test_waiter_queued_on_every_slot(void **state)
+{
+    (void)state;
+    rl_prefix_new(1);
+    dlock_client *a = open_waiting_client(), *b = open_waiting_client();
+    for (int i = 0; i < 3; i++)
+        must(a, "s8", 3, FIRST_WAIT_MS);
+    must(b, "s8w", 1, FIRST_WAIT_MS); /* b counts the nodes now */
+    assert_int_equal(dlock_sem_release(b, "s8w"), DLOCK_OK);
+    waiter w = {.c = b, .name = "s8", .limit = 3, .wait_ms = 20000};
+    assert_int_equal(pthread_create(&w.th, NULL, waiter_main, &w), 0);
+    char q[256];
+    if (!queues_are("s8", 3, 1)) {
+        queues_text("s8", q, sizeof q);
+        fail_msg("the waiter is not queued on every slot at every node: %s", q);
+    }
+    int64_t t0 = now_ms();
+    assert_int_equal(dlock_sem_release(a, "s8"), DLOCK_OK);
+    pthread_join(w.th, NULL);
+    assert_int_equal(w.rc, DLOCK_OK);
+    printf("# woken %" PRId64 " ms after the release\n", w.got_ms - t0);
+    assert_true(w.got_ms - t0 < 5000); /* the fallback: 10 s */
+    if (!queues_are("s8", 3, 0)) {
+        queues_text("s8", q, sizeof q);
+        fail_msg("the waiter is still queued: %s", q);
+    }
+    assert_int_equal(dlock_sem_release(a, "s8"), DLOCK_OK);
+    assert_int_equal(dlock_sem_release(a, "s8"), DLOCK_OK);
+    assert_int_equal(slots_held("s8", 3), 0);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+/* A wait that times out leaves the queue of every slot it asked (its
+ * places would otherwise live its waiter ttl, 40 s: open_waiting_client). */
+static void test_timed_out_wait_leaves_every_queue(void **state)
+{
+    (void)state;
+    rl_prefix_new(1);
+    dlock_client *a = open_waiting_client(), *b = open_waiting_client();
+    must(a, "s9", 3, FIRST_WAIT_MS);
+    must(a, "s9", 3, FIRST_WAIT_MS);
+    must(a, "s9", 3, FIRST_WAIT_MS);
+    must(b, "s9w", 1, FIRST_WAIT_MS); /* b counts the nodes now */
+    assert_int_equal(dlock_sem_release(b, "s9w"), DLOCK_OK);
+    waiter w = {.c = b, .name = "s9", .limit = 3, .wait_ms = 3000};
+    assert_int_equal(pthread_create(&w.th, NULL, waiter_main, &w), 0);
+    char q[256];
+    if (!queues_are("s9", 3, 1)) { /* (well within its 3 s) */
+        queues_text("s9", q, sizeof q);
+        fail_msg("the waiter is not queued on every slot at every node: %s", q);
+    }
+    pthread_join(w.th, NULL);
+    assert_int_equal(w.rc, DLOCK_ETIMEDOUT);
+    if (!queues_are("s9", 3, 0)) {
+        queues_text("s9", q, sizeof q);
+        fail_msg("the wait that ended is still queued: %s", q);
+    }
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(dlock_sem_release(a, "s9"), DLOCK_OK);
     dlock_client_close(a);
     dlock_client_close(b);
 }
@@ -318,6 +440,8 @@ int main(void)
         cmocka_unit_test_teardown(test_bad_limits, restore),
         cmocka_unit_test_teardown(test_wait_for_second_permit_keeps_first, restore),
         cmocka_unit_test_teardown(test_waiter_woken_by_release, restore),
+        cmocka_unit_test_teardown(test_waiter_queued_on_every_slot, restore),
+        cmocka_unit_test_teardown(test_timed_out_wait_leaves_every_queue, restore),
         cmocka_unit_test_teardown(test_renewed_kept_then_lost, restore),
         cmocka_unit_test_teardown(test_close_gives_back, restore),
         cmocka_unit_test_teardown(test_storm_within_limit, restore),

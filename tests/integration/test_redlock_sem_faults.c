@@ -179,14 +179,16 @@ static void taker_start(taker *t, dlock_client *c, const char *name, uint32_t li
 
 /* ---------------------------------------------------------------- tests */
 
-/* A wait of client a, queued on its home slot H, times out while a second
- * thread of a waits behind it (so no leave is sent yet), and that thread
- * is held still as it wakes, until the single try below is done. H's holder releases: H goes to a directly,
- * and a third thread's single try takes it. That grant ends the wait: the
- * second thread's wait that follows does not keep H as its home, whose
- * leave would give the single try's permit up (leave.lua gives up grants
- * of older attempts). Before the mend it did: a's permit was gone from
- * the nodes, a fourth client got one, and three held a limit of 2. */
+/* A wait of client a, queued on both slots (H: one of them), times out
+ * while a second thread of a waits behind it (so no leave is sent yet),
+ * and that thread is held still as it wakes, until the single try below
+ * is done. H's holder releases: H goes to a directly, and a third
+ * thread's single try takes it. That grant ends the wait: the second
+ * thread's wait that follows does not queue on H, whose leave would give
+ * the single try's permit up (leave.lua gives up grants of older
+ * attempts). Before the mend it kept H as its home (a wait then queued on
+ * its home alone): a's permit was gone from the nodes, a fourth client
+ * got one, and three held a limit of 2. */
 static void test_single_try_on_the_home_slot_ends_the_wait(void **state)
 {
     (void)state;
