@@ -194,7 +194,7 @@ local FIELDS = {['sem.try'] = 25, ['sem.rep'] = 11, ['sem.tried'] = 10, ['sem.gr
                 ['sem.rel'] = 6, ['sem.backrc'] = 5, ['sem.settle'] = 5, ['sem.verdict'] = 9,
                 ['sem.leave'] = 6, ['sem.giveback'] = 6, ['sem.left'] = 6, ['sem.msg'] = 6,
                 ['sem.ranout'] = 5, ['sem.handle'] = 7, ['sem.rltry'] = 16,
-                ['sem.rlgranted'] = 9, ['sem.rlverdict'] = 15}
+                ['sem.rlgranted'] = 9, ['sem.rlverdict'] = 17}
 
 -- One line (fields f: f[1] time, f[2] thread, f[3] kind, f[4] name, ...) of
 -- client c (sim/trace.lua's). Returns why it does not conform, or nil.
@@ -594,10 +594,13 @@ end
 --       none); RC EBUSY if the renewal took the fresh slot out with
 --       permits found lost, EREDIS if it came after the slot's validity
 --   sem.rlverdict NAME EPOCH GONE LATE N RENEWED RSENT CSENT CVALID BEFORE AFTER SLOTS
+--                 NOW JUDGED
 --       a renewal round's verdict on the permits' slots: a slot gone (all
 --       lost, M8), slots not confirmed yet, slots held, how many were
 --       renewed and the latest of their sends, the claim the round took
---       (0 0 none), the permits' validity before and after, the slots
+--       (0 0 none), the permits' validity before and after, the slots,
+--       the clock's reading the judgement used, and the round's slots it
+--       did not renew (K:-1 not confirmed yet, K:0 gone; - none)
 -- The checks: a grant is valid at most its first send + the lease - the
 -- drift allowance, and at most its claim's validity (R4); a claim made is
 -- valid at most its send + the lease - the drift allowance; a claim
@@ -606,7 +609,9 @@ end
 -- try was granted, valid until its grant's validity or a renewal's
 -- (within that renewal's send + the lease - the drift allowance and its
 -- claim's validity); a granted try's permits are those held before (none
--- unless HELD) and its slot, valid until the earliest of their slots.
+-- unless HELD) and its slot, valid until the earliest of their slots; a
+-- round that loses nothing leaves no slot it did not renew past its
+-- validity (one is gone then: M8).
 
 -- "k:valid,..." (or "-") as a list of {k, valid}.
 local function slot_list(s)
@@ -753,8 +758,30 @@ function TS:redlock(e, kind, f)
     p.rep = {sent = true, answered = true, k = rc == OK and 1 or 0, v = held, rc = rc,
              in_doubt = false}
   else -- sem.rlverdict, no slot gone
-    local before, after = num(f[13]), num(f[14])
+    local before, after, now = num(f[13]), num(f[14]), num(f[16])
     self.stats.sem_verdicts = self.stats.sem_verdicts + 1
+    -- (a slot not renewed is gone once its validity passed: M8)
+    if string.find(f[17], ':0', 1, true) then
+      return string.format('%s: a slot judged gone, and the permits kept', e.name)
+    end
+    local valid_of, late = {}, false
+    for _, kv in ipairs(list) do valid_of[kv[1]] = kv[2] end
+    for _, kv in ipairs(slot_list((f[17]:gsub(':%-1', ':1')))) do
+      local k = kv[1]
+      late = true
+      if not valid_of[k] then
+        return string.format('%s: slot %d judged by a renewal that keeps the permits, and not held',
+          e.name, k)
+      elseif valid_of[k] <= now then
+        return string.format('%s: slot %d not confirmed by its renewal and %.3f ms past its '
+          .. 'validity, and the permits kept; one slot unconfirmed past its validity loses them '
+          .. '(M8)', e.name, k, (now - valid_of[k]) / 1e6)
+      end
+    end
+    if late ~= (f[7] == '1') then
+      return string.format('%s: a renewal says LATE %s; its slots not confirmed: %s', e.name, f[7],
+        f[17])
+    end
     if before ~= e.valid then
       return string.format('%s valid until %.0f before its renewal; the model %.0f', e.name, before,
         e.valid)

@@ -19,10 +19,11 @@
 #include "common/trace.h"
 
 /* A line of dlock_trace_event fits TRACE_LINE (a name escaped takes at
- * most 4 x DLOCK_NAME_MAX; the other fields at most 2 KiB, a Redlock
- * semaphore's 64 slots with their validities about 1.3 KiB of them);
- * dlock_trace_argv's are measured first and allocated when longer. */
-enum { TRACE_BUF = 1 << 16, TRACE_LINE = 4 * DLOCK_NAME_MAX + 2048 };
+ * most 4 x DLOCK_NAME_MAX; the other fields at most 3 KiB, a Redlock
+ * semaphore's 64 slots with their validities and their renewal's
+ * judgements about 1.9 KiB of them); dlock_trace_argv's are measured
+ * first and allocated when longer. */
+enum { TRACE_BUF = 1 << 16, TRACE_LINE = 4 * DLOCK_NAME_MAX + 3072 };
 
 struct dlock_trace {
     pthread_mutex_t mu;

@@ -241,6 +241,11 @@ static int apply_sem(dlock_renew *r, rsnap *s, size_t cnt, int64_t *earliest, in
     int64_t before = e->lease.valid_until_ns, rsent = 0;
     unsigned renewed = 0;
     int claimed = 0;
+    /* the slots of the round not renewed, and how judged, for the trace:
+     * "k:-1" not confirmed yet (valid after now), "k:0" gone (found so,
+     * or past its validity) */
+    char judged[DLOCK_REDLOCK_SEM_MAX * 8 + 2] = "";
+    size_t jn = 0;
     for (size_t j = 0; j < cnt; j++) {
         dlock_redlock_slot *mine = NULL;
         for (unsigned i = 0; i < h->n && !mine; i++)
@@ -252,14 +257,22 @@ static int apply_sem(dlock_renew *r, rsnap *s, size_t cnt, int64_t *earliest, in
         for (unsigned i = 0; i < DLOCK_REDLOCK_NODES_MAX; i++)
             if (s[j].regrant[i] && !mine->g.node_token[i])
                 mine->g.node_token[i] = s[j].regrant[i];
+        int how;
         if (s[j].verdict == 1) {
             mine->g.valid_boot = s[j].valid;
             if (!renewed++ || s[j].sent > rsent)
                 rsent = s[j].sent;
-        } else if (s[j].verdict == 0 || now >= mine->g.valid_boot)
+            how = 1;
+        } else if (s[j].verdict == 0 || now >= mine->g.valid_boot) {
             gone = 1;
-        else
+            how = 0;
+        } else {
             late = 1;
+            how = -1;
+        }
+        if (r->cfg.trace && how < 1 && jn < sizeof judged)
+            jn += (size_t)snprintf(judged + jn, sizeof judged - jn, "%s%u:%d", jn ? "," : "",
+                                   s[j].k, how);
         s[j].g = mine->g; /* (its release, if lost: by every token known) */
     }
     if (gone) {
@@ -293,15 +306,18 @@ static int apply_sem(dlock_renew *r, rsnap *s, size_t cnt, int64_t *earliest, in
     }
     /* (sim/trace_sem.lua, sem.rlverdict: the slots renewed and the latest
      * of their sends, the claim this round took (0 0 none), the
-     * permits' validity before and after, the slots held after) */
+     * permits' validity before and after, the slots held after, the
+     * reading of the clock the judgement used, and the slots of the round
+     * it did not renew, with their judgement) */
     if (r->cfg.trace) {
         char slots[DLOCK_REDLOCK_SLOTS_TEXT];
         dlock_redlock_slots_text(h, slots, sizeof slots);
         dlock_trace_event(r->cfg.trace, "sem.rlverdict", e->name,
                           "%" PRIu64 " %d %d %u %u %" PRId64 " %" PRId64 " %" PRId64 " %" PRId64
-                          " %" PRId64 " %s", e->lease.epoch, gone, late, h->n, renewed, rsent,
-                          claimed ? s[0].claim_sent : 0, claimed ? s[0].claim_valid : 0,
-                          before, e->lease.valid_until_ns, slots);
+                          " %" PRId64 " %s %" PRId64 " %s", e->lease.epoch, gone, late, h->n,
+                          renewed, rsent, claimed ? s[0].claim_sent : 0,
+                          claimed ? s[0].claim_valid : 0, before, e->lease.valid_until_ns, slots,
+                          now, jn ? judged : "-");
     }
     pthread_mutex_unlock(&e->mu);
     return lost;
