@@ -573,8 +573,8 @@ M.list = {
     schedules = 120, seed = 8,
     why = 'a client with a split vote keeps its grants whoever waited longer: split votes '
       .. 'deadlock until the waiters give up',
-    file = 'redlock_model', find = 'if not older and cnow(self, c) < valid then',
-    replace = 'if cnow(self, c) < valid then',
+    file = 'redlock_model', find = 'if not older and not nokeep and cnow(self, c) < valid then',
+    replace = 'if not nokeep and cnow(self, c) < valid then',
   },
   -- Its shared mode (shared = F: sim --redlock --shared F).
   {
