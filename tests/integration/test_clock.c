@@ -96,11 +96,22 @@ static dlock_client *client(void)
     return c;
 }
 
-/* One acquire and release of name: its token. */
+/* One acquire and release of name: its token. The server fsyncs every
+ * write: on a loaded machine (two busy loops beside a sanitizer build) an
+ * answer has come after the lease, which the library refuses (DLOCK_EREDIS,
+ * "answered ... after the lease could have expired") and gives back. The
+ * tests judge tokens, not timing: such an acquire is made again, up to 3
+ * times, and said so. */
 static uint64_t take(dlock_client *c, const char *name)
 {
     uint64_t t = 0;
     int rc = dlock_acquire(c, name, 5000, &t);
+    for (int again = 0; again < 3 && rc == DLOCK_EREDIS &&
+                        strstr(dlock_last_error(), "after the lease could have expired");
+         again++) {
+        printf("# acquire %s answered late (%s): made again\n", name, dlock_last_error());
+        rc = dlock_acquire(c, name, 5000, &t);
+    }
     if (rc != DLOCK_OK)
         fail_msg("acquire %s: %s (%s)", name, dlock_strerror(rc), dlock_last_error());
     rc = dlock_release(c, name);
