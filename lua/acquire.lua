@@ -42,6 +42,9 @@
 --         holder released it, '1' for a holder thread that exited, '2' it
 --         was lost): if it is still the client's lease, the new grant
 --         reports that end (see End)
+-- ARGV[11] protocol 2 only (lua/p2/acquire.lua), a lock over several
+--         masters only, absent otherwise: the token the client proposes
+--         (a floor); this script ignores it
 -- Returns {1, token, end} when granted, or {0, pttl, holder, held, waiting}
 -- when the client must wait (pttl: the lease's remaining time, or -1 when the
 -- lease is free but another client's turn comes first; for the caller's

@@ -423,6 +423,23 @@ return {
     replace = '!strncmp(r->str, "DLOCKKIND", 9) && dlock_rl_same_run(rl, p, i) < 0)',
   },
   {
+    name = 'rl_floor_one_vote',
+    why = 'Redlock mode: a grant skips the write-back when one counting vote, not a majority, '
+      .. 'is the highest: the token is handed out above the marks of the other voters',
+    file = 'src/route/redlock_grant.c',
+    find = 'int floored = !q->shared && same == rl->n;',
+    replace = 'int floored = !q->shared && same >= 1;',
+  },
+  {
+    name = 'rl_floor_majority',
+    why = 'Redlock mode: a grant skips the write-back when a majority of counting votes, not '
+      .. 'every node, is the highest: an overlapping acquire confirmed by nodes that refused it '
+      .. 'may hold a higher token, handed out first',
+    file = 'src/route/redlock_grant.c',
+    find = 'int floored = !q->shared && same == rl->n;',
+    replace = 'int floored = !q->shared && same >= rl->m;',
+  },
+  {
     name = 'rl_sem_wait_queues_home_only',
     why = "Redlock mode: a semaphore's wait queues on its home slot only, so that a release of "
       .. 'another slot wakes nobody (found by the fallback poll)',

@@ -252,6 +252,7 @@ end
 
 local sacq = 0 -- the shared worlds: acquisitions of shared leases
 local rnw, rlost, rgr = 0, 0, 0 -- the Redlock world: renewals confirmed, holds lost, re-grants
+local fhit, fmiss = 0, 0 -- and its exclusive grants confirmed by the floor, or written back
 local wst, jain, jn, starved = {}, 0, 0, 0 -- with --wait: its counts; Jain's index summed,
 -- schedules, clients without a token
 
@@ -275,8 +276,8 @@ end
 local function protocol_json()
   if opts.sem then return ',"world":"sem"' end
   if opts.redlock then
-    return string.format(',"world":"redlock","nodes":%d,"renewals":%d,"holds_lost":%d,"regrants":%d',
-      opts.nodes or 3, rnw, rlost, rgr) .. (opts.rsem and ',"sem":true' or '') .. (opts.shared ~= nil and string.format(
+    return string.format(',"world":"redlock","nodes":%d,"renewals":%d,"holds_lost":%d,"regrants":%d,'
+      .. '"floor_grants":%d,"written_back":%d', opts.nodes or 3, rnw, rlost, rgr, fhit, fmiss) .. (opts.rsem and ',"sem":true' or '') .. (opts.shared ~= nil and string.format(
       ',"shared":%s,"shared_acquisitions":%d', opts.shared == 'mix' and '"mix"' or tostring(opts.shared),
       sacq) or '') .. wait_json()
   end
@@ -293,6 +294,7 @@ if opts.replay then
   local w = run_one(opts.replay, true)
   sacq = w.shared_acquisitions or 0
   rnw, rlost, rgr = w.renewals or 0, w.holds_lost or 0, w.regrants or 0
+  fhit, fmiss = w.floor_stats and w.floor_stats.hits or 0, w.floor_stats and w.floor_stats.misses or 0
   add_wait(w)
   for _, l in ipairs(w.tr) do io.stdout:write(l, '\n') end
   local v = #w.violations
@@ -318,6 +320,7 @@ while n < max_sched and os.clock() - t0 < limit_s do
   acq = acq + (w.acquisitions or 0)
   sacq = sacq + (w.shared_acquisitions or 0)
   rnw, rlost, rgr = rnw + (w.renewals or 0), rlost + (w.holds_lost or 0), rgr + (w.regrants or 0)
+  if w.floor_stats then fhit, fmiss = fhit + w.floor_stats.hits, fmiss + w.floor_stats.misses end
   add_wait(w)
   for k, v in pairs(w.faults) do faults[k] = (faults[k] or 0) + v end
   if #w.violations > 0 then

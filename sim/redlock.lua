@@ -284,6 +284,10 @@ function W.new(seed, opts, scripts)
   -- --wait only, drawing nothing more from the schedule's stream when off
   cfg.wait = opts.wait
   self.wstats = {wakeups = 0, polls = 0, splits = 0, kept = 0, waits = 0, wait_max_us = 0}
+  self.floor_stats = {hits = 0, misses = 0} -- exclusive grants by the floor, or written back
+  -- the floors' own stream (W:acquire), so that a floor drawn changes no
+  -- other draw
+  self.rs5 = new_rng(seed + 3333333)
   -- shared mode (sim --redlock --shared F|mix): each acquire's mode drawn
   -- from a stream of its own (W:rand4), so that --shared 0 runs the
   -- schedules without it event for event
@@ -311,6 +315,11 @@ function W.new(seed, opts, scripts)
 end
 
 -- The shared mode's stream (opts.shared).
+function W:rand5()
+  self.rs5 = (self.rs5 * 16807) % rng.M31
+  return self.rs5 / rng.M31
+end
+
 function W:rand4()
   self.rs4 = (self.rs4 * 16807) % rng.M31
   return self.rs4 / rng.M31
@@ -347,6 +356,9 @@ function W:add_client(i, probe, main)
     end
     c.shared_frac = f
   end
+  -- (c2 is an older client in a schedule of an even lease: it proposes no
+  -- floor, its every exclusive grant written back, as before the floor)
+  c.no_floor = i == 2 and not probe and not main and self.cfg.lease_ms % 2 == 0
   -- (clients configured apart: a command timeout of their own)
   c.timeout_us = probe and self.cfg.timeout_us or self:rint(7000, self.cfg.timeout_us)
   c.rate = 1 + ((self.cfg.faults.clock and not probe) and self:rint(-30, 30) / 10000 or 0)
@@ -637,6 +649,9 @@ end
 -- kept, whatever cfg.wait. nokeep: a try of a wait that keeps no split
 -- vote (a semaphore's slot other than its wait's home): queued where
 -- refused, a split vote given back as a wait's (not where refused).
+-- The floor's least margin (us; docs/design.md "Redlock", Tokens).
+W.FLOOR_MIN = 1000
+
 function W:acquire(c, name, shared, single, nokeep)
   local cfg = self.cfg
   local wait = cfg.wait and not single
@@ -651,10 +666,42 @@ function W:acquire(c, name, shared, single, nokeep)
   -- (a try outside a wait is a wait of its own)
   if wait and not c.waiting then c.ticket = self:ticket(c) end
   local cname = wait and c.name .. '@' .. string.format('%.0f', c.ticket) or c.name
-  local reps = self:gather(c, self:all_nodes(), shared and 'acquire_shared' or 'acquire', keys, {c.id, tostring(cfg.lease_ms),
-    tostring(att), tostring(pl), tostring(cfg.lease_ms), wait and '1' or '0', tostring(cfg.keep_ms),
-    cname})
+  local args = {c.id, tostring(cfg.lease_ms), tostring(att), tostring(pl), tostring(cfg.lease_ms),
+    wait and '1' or '0', tostring(cfg.keep_ms), cname}
+  -- The floor (docs/design.md "Redlock", Tokens): an exclusive try
+  -- proposes the highest of the nodes' clocks as this client last read
+  -- them (off[i]: node i's clock less c's, from its last grant's reply),
+  -- plus a margin; 0 while it has read none. The rule must hold whatever
+  -- the floor, so half the tries propose another: 0, or the client's
+  -- guess less up to a lease (a guess gone stale), which leave the token
+  -- to the votes and the write-back.
+  local F
+  if not shared and not c.no_floor then
+    c.off, c.margin = c.off or {}, c.margin or W.FLOOR_MIN
+    F = 0
+    for i = 1, cfg.n do
+      if c.off[i] then F = math.max(F, first + c.off[i] + c.margin) end
+    end
+    local r = self:rand5()
+    if r < 0.25 then
+      F = 0
+    elseif r < 0.5 then
+      F = math.max(0, F - floor(self:rand5() * cfg.L))
+    end
+    args[9], args[10], args[11] = '0', '0', string.format('%.0f', F)
+  end
+  local reps = self:gather(c, self:all_nodes(), shared and 'acquire_shared' or 'acquire', keys, args)
   local votes, tokens, node_tok, voted = 0, {}, {}, {}
+  -- (each counting node's clock, as its grant's reply tells it, less c's
+  -- at the send; late: a node's clock had passed a floor proposed)
+  local late = false
+  for i = 1, cfg.n do
+    local r = reps[i]
+    if F and r and type(r.rep) == 'table' and r.rep[1] == 1 and r.rep[4] and self:counts(r.meta) then
+      c.off[i] = r.rep[4] - first
+      late = late or (F > 0 and r.rep[4] >= F)
+    end
+  end
   local kind = 0 -- counting nodes that refused it as a semaphore's (a claim)
   local older -- a node that refused it is held by a client waiting since before it
   c.pttl = nil
@@ -722,9 +769,33 @@ function W:acquire(c, name, shared, single, nokeep)
   end
   local T = 0
   for _, t in ipairs(tokens) do T = math.max(T, t) end
-  T = T + 1
+  -- Votes of one token T from every node, each counting and each having
+  -- taken the floor, wrote T + the pass limit as their marks with the
+  -- votes: the write-back's work is done. (Every node, not a majority:
+  -- an acquire whose write-back its votes overlapped may have been
+  -- confirmed by nodes that refused it, and handed out before a vote
+  -- here; one of every node is then a node that granted it, whose vote
+  -- here came after its lease there, so after its write-back:
+  -- docs/design.md "Redlock", hand-out order.) Else the write-back, from
+  -- above the marks this client's own votes wrote (vote + pl, read +
+  -- another pl while the node's clock is behind).
+  local same = 0
+  for _, t in ipairs(tokens) do
+    if t == T then same = same + 1 end
+  end
+  local floored = F and same >= cfg.n
+  if F then
+    c.margin = late and math.min(2 * c.margin, floor(cfg.L / 8))
+      or math.max(W.FLOOR_MIN, c.margin - floor(c.margin / 32))
+    self.floor_stats[floored and 'hits' or 'misses'] = self.floor_stats[floored and 'hits' or 'misses'] + 1
+  end
+  if not floored then T = T + (F and 2 * pl or 0) + 1 end
   local ok = false
   for _ = 1, 3 do
+    if floored then
+      ok = true
+      break
+    end
     local wr = self:gather(c, self:all_nodes(), 'mark', {keys[7], 'dlock:redlock:seed'},
       {string.format('%.0f', T + pl), ''})
     local acks, top = 0, nil

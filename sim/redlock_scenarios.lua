@@ -84,6 +84,51 @@ local function lock_when_free(w, from, n)
   B.name, B.timeout_us = 'B', 20000
 end
 
+-- The scenario floor_beside_writeback (below); older: A proposes no
+-- floor.
+local function floor_beside_writeback(w, older)
+  setup(w, 500)
+  w.nodes[2].off = w.nodes[2].off - 60e6
+  w.rand5 = function() return 0.9 end -- every floor the client's own guess, as the C's
+  w.net_hook = function(c, i, script, leg)
+    if c.name == 'A' then
+      if script == 'acquire' and i == 3 and leg == 'request' then return 3000 end
+      if script == 'mark' and i == 2 and leg == 'request' then return 'lose' end
+    elseif c.name == 'B' and script == 'acquire' and c.phase == 2 then
+      if i == 2 and leg == 'request' then return 45000 end
+    end
+    return 200
+  end
+  local A = w:add_client(1, false, function(w, c)
+    w:sleep(c, 10000)
+    local h = w:acquire(c, 'r1')
+    if h then
+      w:hand_out(c, h)
+      w:release_all(c, 'r1', h.att, '0')
+    end
+  end)
+  A.name, A.timeout_us = 'A', 20000
+  A.no_floor = older -- (a client of a release before the floor)
+  local B = w:add_client(2, false, function(w, c)
+    c.phase = 1
+    local h0 = w:acquire(c, 'r2') -- (the nodes' clocks)
+    if h0 then w:release_all(c, 'r2', h0.att, '0') end
+    w:sleep(c, 11000 - w.now)
+    c.phase = 2
+    local h = w:acquire(c, 'r1')
+    if h then w:hand_out(c, h) end
+  end)
+  B.name, B.timeout_us = 'B', 60000
+  w.scenario_check = function()
+    local t = tokens(w, 'r1')
+    if not (t[1] and t[1]:match('^A=') and t[2] and t[2]:match('^B=')) then
+      return 'the hand-outs were ' .. table.concat(t, ' ') .. ', not A then B'
+    end
+    local h = w.handed.r1
+    if h[2].first >= h[1].handout then return 'B began after A\'s hand-out: no overlap' end
+  end
+  end
+
 S.list = {
   {
     -- A node that restarted empty votes with the marks it lost: its vote
@@ -173,6 +218,29 @@ S.list = {
         if h[2].first >= h[1].handout then return 'B began after A\'s hand-out: no overlap' end
       end
     end,
+  },
+  {
+    -- The same with A a client of a release before the floor (it proposes
+    -- none, and writes every token back).
+    name = 'older_beside_floor',
+    mutants = {'redlock_floor_majority'},
+    kind = 'order',
+    run = function(w) floor_beside_writeback(w, true) end,
+  },
+  {
+    -- A written back, B confirmed by its floor, overlapping: B (which
+    -- learned the nodes' clocks on another name) wins node 3 before A's
+    -- delayed vote; A's votes on nodes 1 and 2 differ (node 2 a minute
+    -- behind, A's first acquire: no floor), so A writes back, meets B's
+    -- vote on node 3, goes above it, and is confirmed by nodes 1 and 3
+    -- (its write-back to node 2 is lost), then released. B's vote on node
+    -- 2 comes after that release, at B's floor: nodes 2 and 3 agree, a
+    -- majority, but not every node; only B's write-back, meeting A's
+    -- token on node 3, finds it.
+    name = 'floor_beside_writeback',
+    mutants = {'redlock_floor_majority'},
+    kind = 'order',
+    run = function(w) floor_beside_writeback(w, false) end,
   },
   {
     -- The nodes' clocks run 0.3% fast, A's 0.3% slow (within the drift

@@ -23,6 +23,14 @@
 -- time) removes r and every s:<id> field (all past their exp), so that a
 -- step back of the clock cannot bring one back beside the grant.
 --
+-- The floor (a lock over several masters, Redlock: docs/design.md
+-- "Redlock", Tokens proposed): ARGV[11], absent on one server. With it,
+-- a grant's token is at least the floor, its mark is written as the token
+-- + the pass limit (the write-back's value, not reserved only while the
+-- clock is behind), and the reply carries the server time it read:
+-- {1, token, end, now_us}. A majority whose votes are one token thus holds
+-- that token's mark already, and needs no write-back.
+--
 -- Cost: the common case, a name this client used before with nobody
 -- queued, runs 6 commands (HMGET, TIME, MGET of the mark (and protocol 1's
 -- record), HSET, PEXPIRE, SET of the mark); a new hash 8 (an EXISTS of
@@ -339,6 +347,11 @@ else
     token = last + 1 -- ahead of server time, after a step back of its clock
     gt = string.format('%.0f', token)
   end
+  local floor_us = tonumber(ARGV[11] or '')
+  if floor_us and token < floor_us then
+    token = floor_us -- the token the client proposed (Redlock)
+    gt = string.format('%.0f', token)
+  end
   if h[9] then
     -- Every shared lease has ended: r and their fields go (rare: the last
     -- shared lease expired unreleased), as a newer grant replaces g, so
@@ -369,8 +382,15 @@ else
   if mpl and tonumber(mpl) > tonumber(mp) then
     mp = mpl
   end
-  redis.call('SET', KEYS[7], gt .. ' ' .. t[1] .. us6 .. ' ' .. mp)
+  local mt = gt
+  if floor_us then
+    mt = string.format('%.0f', token + tonumber(ARGV[4]))
+  end
+  redis.call('SET', KEYS[7], mt .. ' ' .. t[1] .. us6 .. ' ' .. mp)
   reply = {1, token, ended}
+  if floor_us then
+    reply[4] = now_us
+  end
 end
 if new then
   redis.call('HSET', KEYS[1], 'pv', '2', unpack(put))

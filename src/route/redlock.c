@@ -122,6 +122,7 @@ int dlock_redlock_create(const dlock_conn_cfg *base, const char *nodes, const ch
         return dlock_err_set(DLOCK_ENOMEM, "out of memory");
     }
     pthread_mutex_init(&rl->mu, NULL);
+    rl->floor_margin_us = DLOCK_REDLOCK_FLOOR_MIN_US;
     DLOCK_LOCKSTAT_NAME(&rl->mu, "redlock");
     rl->ctr = ctr;
     rl->n = n;

@@ -25,7 +25,21 @@
  *           docs/design.md "Redlock"). Two nodes that report one run id
  *           (one server listed under two names) count once.
  *   acquire acquire.lua on every node with one attempt number; votes
- *           only from nodes that count; T = highest vote + 1; how the
+ *           only from nodes that count. An exclusive acquire proposes a
+ *           token, the floor F: the highest of the nodes' clocks as their
+ *           last grants' replies told them, read on this client's
+ *           CLOCK_BOOTTIME at its send, plus a margin (from 1 ms, after
+ *           an acquire with a majority of votes doubled up to a lease / 8
+ *           if a counting node's clock had passed a floor above 0 at its
+ *           vote, else a 32nd less; F = 0 before any node's clock is
+ *           known); each node votes at least F and writes its vote + the
+ *           pass limit as its mark. If every node counts and voted the
+ *           highest vote, T is that vote, handed out with no write-back
+ *           (their marks hold T + the pass limit already; a majority
+ *           would not do: docs/design.md "Redlock", hand-out order); else
+ *           the write-back below, from T = highest vote + 2 * pass limit
+ *           + 1 (above the marks this acquire's own votes wrote). A
+ *           shared acquire proposes none; T = highest vote + 1. How the
  *           hold before ended, the end (acquire.lua's third reply) that at
  *           least m votes report alike, else 0; mark.lua T on
  *           every node, at most 3 rounds (a reply whose mark was T or more
@@ -85,6 +99,10 @@
 #define DLOCK_REDLOCK_NODES_MAX 15
 /* Write-back rounds of one acquire. */
 #define DLOCK_REDLOCK_ROUNDS 3
+
+/* The floor's least margin above the nodes' clocks, in us (redlock.h,
+ * acquire; sim/redlock.lua's W.FLOOR_MIN). */
+#define DLOCK_REDLOCK_FLOOR_MIN_US 1000
 
 typedef struct dlock_redlock dlock_redlock;
 

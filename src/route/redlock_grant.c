@@ -260,6 +260,64 @@ int dlock_rl_refused_by_older(const redisReply *r, const dlock_redlock_req *q)
     return t < q->ticket || (t == q->ticket && strcmp(id, q->client_id) < 0);
 }
 
+/* The token an exclusive acquire proposes, read at `at` (CLOCK_BOOTTIME,
+ * ns): the highest clock of the nodes whose grants this client has seen,
+ * plus the margin; 0 while it has seen none (redlock.h, acquire). Takes
+ * rl->mu. */
+static uint64_t floor_at(dlock_redlock *rl, int64_t at)
+{
+    int64_t f = 0;
+    pthread_mutex_lock(&rl->mu);
+    for (unsigned i = 0; i < rl->n; i++) {
+        const rl_node *nd = &rl->node[i];
+        if (nd->clock_known && at / 1000 + nd->clock_off_us + rl->floor_margin_us > f)
+            f = at / 1000 + nd->clock_off_us + rl->floor_margin_us;
+    }
+    pthread_mutex_unlock(&rl->mu);
+    return (uint64_t)f;
+}
+
+/* Records the clock of each counting node (counted[i]) as its grant's
+ * reply told it (acquire.lua's fourth element, sent with a floor), less
+ * this client's at the send, `first` (CLOCK_BOOTTIME, ns): the reply's
+ * time less the one-way delay, read high so that the floor errs above.
+ * Whether a node's clock had reached a floor F > 0 at its vote. Takes
+ * rl->mu. */
+static int floor_learn(dlock_redlock *rl, const peer *p, const int *counted, uint64_t F,
+                       int64_t first)
+{
+    int late = 0;
+    pthread_mutex_lock(&rl->mu);
+    for (unsigned i = 0; i < rl->n; i++) {
+        const redisReply *r = p[i].rep;
+        if (!counted[i] || !r || r->type != REDIS_REPLY_ARRAY || r->elements < 4 ||
+            r->element[0]->type != REDIS_REPLY_INTEGER || r->element[0]->integer != 1 ||
+            r->element[3]->type != REDIS_REPLY_INTEGER)
+            continue;
+        rl->node[i].clock_off_us = r->element[3]->integer - first / 1000;
+        rl->node[i].clock_known = 1;
+        late |= F > 0 && (uint64_t)r->element[3]->integer >= F;
+    }
+    pthread_mutex_unlock(&rl->mu);
+    return late;
+}
+
+/* The floor's margin after an acquire with a majority of votes: doubled,
+ * up to a lease / 8, if a node's clock had reached the floor at its vote
+ * (late), else a 32nd less, down to DLOCK_REDLOCK_FLOOR_MIN_US. Takes
+ * rl->mu. */
+static void floor_adapt(dlock_redlock *rl, int late)
+{
+    pthread_mutex_lock(&rl->mu);
+    int64_t m = rl->floor_margin_us, cap = rl->lease_ns / 1000 / 8;
+    if (late)
+        m = 2 * m < cap ? 2 * m : cap;
+    else
+        m -= m / 32;
+    rl->floor_margin_us = m > DLOCK_REDLOCK_FLOOR_MIN_US ? m : DLOCK_REDLOCK_FLOOR_MIN_US;
+    pthread_mutex_unlock(&rl->mu);
+}
+
 int dlock_redlock_acquire(dlock_redlock *rl, const dlock_redlock_req *q, dlock_redlock_grant *g,
                           dlock_redlock_busy *busy)
 {
@@ -273,7 +331,7 @@ int dlock_redlock_acquire(dlock_redlock *rl, const dlock_redlock_req *q, dlock_r
     memset(p, 0, sizeof p);
     char att[24];
     snprintf(att, sizeof att, "%" PRIu64, q->attempt);
-    const char *argv[DLOCK_SCRIPT_KEYS + DLOCK_ACQUIRE_ARGS];
+    const char *argv[DLOCK_SCRIPT_KEYS + DLOCK_ACQUIRE_ARGS + 1];
     for (int k = 0; k < DLOCK_SCRIPT_KEYS; k++)
         argv[k] = q->keys[k];
     const char **a = argv + DLOCK_SCRIPT_KEYS;
@@ -296,6 +354,8 @@ int dlock_redlock_acquire(dlock_redlock *rl, const dlock_redlock_req *q, dlock_r
     a[7] = q->queue ? waiter : q->client_name;
     a[8] = "0";
     a[9] = "0";
+    char floor_s[24]; /* a[10], the floor: an exclusive acquire's, set at the first send */
+    a[10] = floor_s;
 
     /* 1. Votes, read until a command timeout, the caller's deadline or the
      * validity, whichever comes first; the validity counts from the first
@@ -312,10 +372,12 @@ int dlock_redlock_acquire(dlock_redlock *rl, const dlock_redlock_req *q, dlock_r
     g->valid_boot = valid;
     g->attempt = q->attempt;
     g->shared = q->shared;
+    uint64_t F = q->shared ? 0 : floor_at(rl, first);
+    snprintf(floor_s, sizeof floor_s, "%" PRIu64, F);
     dlock_rl_judge(rl, p, d);
     dlock_rl_peers_call(rl, p, NULL, 1, q->shared ? DLOCK_SCRIPT_ACQUIRE_SHARED
                         : dlock_script_in(DLOCK_SCRIPT_ACQUIRE, 2), DLOCK_SCRIPT_KEYS,
-                        DLOCK_ACQUIRE_ARGS, argv, 1, d);
+                        DLOCK_ACQUIRE_ARGS + !q->shared, argv, 1, d);
     /* may[i]: the request reached node i, perhaps (a release goes there on
      * a failure); counted[i]: node i counts for this acquire, judged at the
      * first send (its seed key read before the script: dlock_rl_append_one) */
@@ -398,6 +460,7 @@ int dlock_redlock_acquire(dlock_redlock *rl, const dlock_redlock_req *q, dlock_r
             }
         }
     }
+    int late = !q->shared && floor_learn(rl, p, counted, F, first);
     if (own_mode && !busy->holder[0])
         /* (in one server's words: rpc.c) */
         snprintf(busy->holder, sizeof busy->holder, "%s",
@@ -443,9 +506,24 @@ int dlock_redlock_acquire(dlock_redlock *rl, const dlock_redlock_req *q, dlock_r
                           "the votes came after the validity (%" PRIu32 " ms lease)",
                           q->name, rl->lease_ms));
 
-    /* 2., 3. The token, and its write-back. */
-    uint64_t T = top + 1;
-    int confirmed = 0, met = 0;
+    /* 2., 3. The token, and its write-back: none when every node counts
+     * and voted the highest vote (each took the floor and wrote the vote
+     * + the pass limit as its mark; every node, not a majority: an
+     * acquire whose write-back these votes overlapped may have been
+     * confirmed by nodes that refused it and handed out first, and one of
+     * every node granted it, and voted here after its lease there, so
+     * after its write-back: docs/design.md "Redlock", hand-out order);
+     * else from above the marks this acquire's own votes wrote (each vote
+     * + the pass limit, read + another pass limit while the node's clock
+     * is behind it). */
+    unsigned same = 0;
+    for (unsigned i = 0; i < rl->n; i++)
+        same += counted[i] && g->node_token[i] == top;
+    int floored = !q->shared && same == rl->n;
+    if (!q->shared)
+        floor_adapt(rl, late);
+    uint64_t T = floored ? top : top + 1 + (q->shared ? 0 : 2 * (uint64_t)q->pass_limit);
+    int confirmed = floored, met = 0;
     unsigned acks = 0;
     for (int round = 0; round < DLOCK_REDLOCK_ROUNDS && !confirmed; round++) {
         /* T + the pass limit: the holder's local handoffs hand out up to it */

@@ -43,6 +43,10 @@ typedef struct rl_node {
     int64_t down_until; /* monotonic: an acquire or release skips the node until
                            then (its last exchange did not answer: a connection
                            failed or timed out), 0 none */
+    int64_t clock_off_us; /* its clock (TIME, us) less this client's CLOCK_BOOTTIME,
+                             as its last grant's reply told (the floor: redlock.h),
+                             valid when clock_known */
+    int clock_known;
 } rl_node;
 
 struct dlock_redlock {
@@ -58,6 +62,8 @@ struct dlock_redlock {
     char *any_match;  /* SCAN pattern of every key of the prefix: "<prefix, escaped>*" */
     char *hw_any;     /* "<prefix>hw:{0}": mark.lua's KEYS[1] when only the seed is written */
     pthread_mutex_t mu;
+    int64_t floor_margin_us; /* under mu: the floor's margin above the nodes' clocks
+                                (DLOCK_REDLOCK_FLOOR_MIN_US .. a lease / 8) */
     rl_node node[DLOCK_REDLOCK_NODES_MAX];
 };
 

@@ -938,10 +938,11 @@ static void test_restarted_node_seeded(void **state)
     dlock_client_close(a);
 }
 
-/* The quorum grant's write-back reserves the holder's local handoffs: a
- * majority's marks hold at least T + pass_limit once T is handed out (on
- * tokens of the servers' own time, where no node's mark adds its pass
- * limit by itself: the clock is not behind them). */
+/* The quorum grant reserves the holder's local handoffs: a majority's
+ * marks hold at least T + pass_limit once T is handed out, whether the
+ * write-back wrote it or the votes did (a fresh client's first acquire:
+ * its floor is 0, so its votes are the servers' clocks, and differ but
+ * rarely; a vote with a floor writes its token + the pass limit). */
 static void test_write_back_reserves_pass_limit(void **state)
 {
     (void)state;
