@@ -410,6 +410,7 @@ function W.new(seed, opts, scripts)
   -- the script that last set the expiry of a name's lease or fence key
   -- (check_keys: a direct grant's key and a leave's fence live longer)
   self.key_origin = {}
+  self.q_until = {} -- by name: server ms until which a queue its hash carried needed it
   for i = 1, cfg.names do
     self.names[i] = NAMES[i]
     self.lease_keys[i] = 'dlock:{' .. NAMES[i] .. '}'
@@ -1008,6 +1009,15 @@ function W:run_script(c, script, names, keys, argv, meta)
   local sb, qb
   if self.shared then sb, qb = self:shared_before(names, keys, script) end
   local rep = R.run(srv, f, keys, argv, now_us)
+  for _, name in ipairs(names) do
+    -- (a hash that carries the queue's field q lives 2 waiter ttls; the
+    -- grant to the last waiter takes q away and leaves the time to live,
+    -- which only grows: check_hashes)
+    local o = srv.db[lk[name]]
+    if o and o.type == 'hash' and o.v.q then
+      self.q_until[name] = math.max(self.q_until[name] or 0, srv.now_ms + 2 * self.cfg.waiter_ttl_ms)
+    end
+  end
   for i = 1, p2 and 0 or 2 do
     local o = keys[i] and srv.db[keys[i]]
     if o and o.exp ~= exp_before[i] then self.key_origin[keys[i]] = script end
@@ -1923,9 +1933,10 @@ end
 -- token, which the releaser's record, written with it, covers); any step
 -- back of the server's clock (a record rewritten after one ends earlier);
 -- after one, a lease time and a waiter ttl past the slot's mark (a grant
--- ahead of the clock, since released, whose tokens the mark keeps); and
--- an hour once an operator forced a release (its u, taken by the next
--- grant).
+-- ahead of the clock, since released, whose tokens the mark keeps); the
+-- 2 waiter ttls a queue's field q needed when a script last left it (the
+-- grant to the last waiter takes q away); and an hour once an operator
+-- forced a release (its u, taken by the next grant).
 -- A hash whose fields are not the layout's breaks the layout (as after
 -- every script).
 function W:check_hashes()
@@ -1962,6 +1973,7 @@ function W:check_hashes()
           need = math.max(need, tonumber(v:match(' (%d+)$')))
         end -- (pv, o and n have no end of their own)
       end
+      need = math.max(need, self.q_until[name] or -math.huge)
       if self.stepped_ever then
         local mtok, mpl = self:mark_of(name)
         need = math.max(need, math.ceil((mtok + mpl) / 1000) + math.max(l, cfg.waiter_ttl_ms) + 1)
