@@ -424,7 +424,7 @@ return {
   },
   {
     name = 'rl_floor_one_vote',
-    why = 'Redlock mode: a grant skips the write-back when one counting vote, not a majority, '
+    why = 'Redlock mode: a grant skips the write-back when one counting vote, not every node\'s, '
       .. 'is the highest: the token is handed out above the marks of the other voters',
     file = 'src/route/redlock_grant.c',
     find = 'int floored = !q->shared && same == rl->n;',

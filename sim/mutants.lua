@@ -498,7 +498,7 @@ M.list = {
   {
     name = 'redlock_floor_one_vote', run = 'redlock',
     schedules = 300,
-    why = 'a floor-proposing grant skips the write-back when one vote, not a majority, is the token',
+    why = 'a floor-proposing grant skips the write-back when one vote, not every node\'s, is the token',
     file = 'redlock_model', find = 'local floored = F and same >= cfg.n',
     replace = 'local floored = F and same >= 1',
   },

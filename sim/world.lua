@@ -1013,9 +1013,11 @@ function W:run_script(c, script, names, keys, argv, meta)
     -- (a hash that carries the queue's field q lives 2 waiter ttls; the
     -- grant to the last waiter takes q away and leaves the time to live,
     -- which only grows: check_hashes)
-    local o = srv.db[lk[name]]
+    local o = R.live(srv, lk[name])
     if o and o.type == 'hash' and o.v.q then
       self.q_until[name] = math.max(self.q_until[name] or 0, srv.now_ms + 2 * self.cfg.waiter_ttl_ms)
+    elseif not o then
+      self.q_until[name] = nil -- (a hash made later owes that queue nothing)
     end
   end
   for i = 1, p2 and 0 or 2 do

@@ -24,12 +24,13 @@
 -- step back of the clock cannot bring one back beside the grant.
 --
 -- The floor (a lock over several masters, Redlock: docs/design.md
--- "Redlock", Tokens proposed): ARGV[11], absent on one server. With it,
+-- "Redlock", the token): ARGV[11], absent on one server. With it,
 -- a grant's token is at least the floor, its mark is written as the token
 -- + the pass limit (the write-back's value, not reserved only while the
 -- clock is behind), and the reply carries the server time it read:
--- {1, token, end, now_us}. A majority whose votes are one token thus holds
--- that token's mark already, and needs no write-back.
+-- {1, token, end, now_us}. Votes of one token from every node thus hold
+-- that token's mark already, and need no write-back (a majority would
+-- not do: docs/design.md, "Redlock", hand-out order).
 --
 -- Cost: the common case, a name this client used before with nobody
 -- queued, runs 6 commands (HMGET, TIME, MGET of the mark (and protocol 1's

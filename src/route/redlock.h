@@ -30,7 +30,7 @@
  *           last grants' replies told them, read on this client's
  *           CLOCK_BOOTTIME at its send, plus a margin (from 1 ms, after
  *           an acquire with a majority of votes doubled up to a lease / 8
- *           if a counting node's clock had passed a floor above 0 at its
+ *           if a counting node's clock had reached a floor above 0 at its
  *           vote, else a 32nd less; F = 0 before any node's clock is
  *           known); each node votes at least F and writes its vote + the
  *           pass limit as its mark. If every node counts and voted the
